@@ -1,0 +1,197 @@
+// The one PYBIND11_MODULE. Arguments are validated here, once, with messages that name the argument;
+// the model and its backends trust their inputs.
+#include <omp.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <sstream>
+#include <string>
+
+#include "cpu/backend_cpu.h"
+#include "model/gpt2.h"
+
+namespace py = pybind11;
+using gpt2::GPT2Model;
+using gpt2::ModelConfig;
+
+namespace {
+
+[[noreturn]] void arg_error(const std::string& msg) { throw py::value_error(msg); }
+
+// An int32, C-contiguous, 2-D array: the only form the core reads token ids in.
+py::array_t<int32_t> check_tokens(const py::handle& obj, const char* name, int B, int Tn, bool allow_ignore,
+                                  int vocab_size, int max_T) {
+  if (!py::isinstance<py::array>(obj)) arg_error(std::string(name) + " must be a numpy array of int32");
+  auto arr = py::reinterpret_borrow<py::array>(obj);
+  if (!arr.dtype().is(py::dtype::of<int32_t>()))
+    arg_error(std::string(name) + " must be int32 of shape (B, T), got dtype " + std::string(py::str(arr.dtype())));
+  if (arr.ndim() != 2) arg_error(std::string(name) + " must be int32 of shape (B, T), got " + std::to_string(arr.ndim()) + " dimensions");
+  if (!(arr.flags() & py::array::c_style)) arg_error(std::string(name) + " must be C-contiguous (use np.ascontiguousarray)");
+  if (B >= 0 && (arr.shape(0) != B || arr.shape(1) != Tn)) {
+    std::ostringstream s;
+    s << name << " must have the same shape as idx (" << B << ", " << Tn << "), got (" << arr.shape(0) << ", " << arr.shape(1) << ")";
+    arg_error(s.str());
+  }
+  if (arr.shape(0) <= 0 || arr.shape(1) <= 0) arg_error(std::string(name) + " must be non-empty");
+  if (arr.shape(1) > max_T) {
+    std::ostringstream s;
+    s << name << ": sequence length T=" << arr.shape(1) << " exceeds the model's block size (max_seq_len=" << max_T << ")";
+    arg_error(s.str());
+  }
+  auto a = py::reinterpret_borrow<py::array_t<int32_t>>(arr);
+  const int32_t* p = a.data();
+  const py::ssize_t n = a.size();
+  const int lo = allow_ignore ? -1 : 0;
+  for (py::ssize_t i = 0; i < n; i++) {
+    if (p[i] < lo || p[i] >= vocab_size) {
+      std::ostringstream s;
+      s << name << " contains id " << p[i] << " at flat position " << i << "; valid ids are " << lo << ".."
+        << vocab_size - 1 << (allow_ignore ? " (-1 = ignored)" : "");
+      arg_error(s.str());
+    }
+  }
+  return a;
+}
+
+ModelConfig make_config(int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd) {
+  ModelConfig c;
+  c.max_seq_len = max_seq_len;
+  c.vocab_size = vocab_size;
+  c.padded_vocab_size = padded_vocab_size;
+  c.n_layer = n_layer;
+  c.n_head = n_head;
+  c.n_embd = n_embd;
+  try {
+    c.validate();
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
+  return c;
+}
+
+// A numpy view of count values at ptr, owned by `owner` (no copy).
+template <typename T>
+py::array view(T* ptr, std::vector<py::ssize_t> shape, py::handle owner) {
+  return py::array(py::dtype::of<T>(), shape, ptr, owner);
+}
+
+template <typename T>
+py::dict named_views(GPT2Model<T>& m, T* base, py::handle owner) {
+  py::dict out;
+  auto shapes = gpt2::param_shapes(m.config());
+  const auto& names = gpt2::param_names();
+  for (int i = 0; i < gpt2::kNumParamTensors; i++) {
+    std::vector<py::ssize_t> shape;
+    for (size_t d : shapes[i]) if (d) shape.push_back(py::ssize_t(d));
+    out[names[i]] = view(base + m.param_offsets()[i], shape, owner);
+  }
+  return out;
+}
+
+template <typename T>
+void bind_model(py::module_& m, const char* cls_name) {
+  using M = GPT2Model<T>;
+  py::class_<M>(m, cls_name, "GPT-2 in the C++ core: parameters, gradients, forward/backward, AdamW.")
+      .def(py::init([](int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd,
+                       const std::string& device) {
+             if (device != "cpu")
+               throw py::value_error("device '" + device + "' is not available in this build of gpt2core._C "
+                                     "(compiled backends: cpu)");
+             return new M(make_config(max_seq_len, vocab_size, padded_vocab_size, n_layer, n_head, n_embd),
+                          std::make_unique<gpt2::cpu::CpuBackend<T>>());
+           }),
+           py::arg("max_seq_len"), py::arg("vocab_size"), py::arg("padded_vocab_size"), py::arg("n_layer"),
+           py::arg("n_head"), py::arg("n_embd"), py::arg("device") = "cpu")
+      .def_property_readonly("num_parameters", &M::num_parameters)
+      .def_property_readonly("device", [](M& self) { return std::string(self.backend().name()); })
+      .def("params", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.params(), self); },
+           "Parameters by name as numpy views (no copy; writes go into the model).")
+      .def("grads", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.grads(), self); })
+      .def("adam_m", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.adam_m(), self); })
+      .def("adam_v", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.adam_v(), self); })
+      .def("flat_params", [](py::object self) { auto& s = self.cast<M&>(); return view(s.params(), {py::ssize_t(s.num_parameters())}, self); })
+      .def("flat_grads", [](py::object self) { auto& s = self.cast<M&>(); return view(s.grads(), {py::ssize_t(s.num_parameters())}, self); })
+      .def("forward",
+           [](M& self, py::object idx, py::object targets) {
+             const auto& c = self.config();
+             auto x = check_tokens(idx, "idx", -1, -1, false, c.vocab_size, c.max_seq_len);
+             const int B = int(x.shape(0)), Tn = int(x.shape(1));
+             py::array_t<int32_t> y;
+             if (!targets.is_none()) y = check_tokens(targets, "targets", B, Tn, true, c.vocab_size, c.max_seq_len);
+             const int32_t* yp = targets.is_none() ? nullptr : y.data();
+             py::gil_scoped_release nogil;
+             return self.forward(x.data(), yp, B, Tn);
+           },
+           py::arg("idx"), py::arg("targets") = py::none(),
+           "Forward pass. idx, targets: int32 (B, T); targets -1 are ignored. Returns the mean loss (NaN without targets).")
+      .def("logits",
+           [](M& self) {
+             py::array_t<T> out({self.last_B(), self.last_T(), self.config().padded_vocab_size});
+             self.logits_to_host(out.mutable_data());
+             return out;
+           },
+           "Logits (B, T, padded_vocab) of the last forward (valid until backward).")
+      .def("token_losses",
+           [](M& self) {
+             py::array_t<T> out({self.last_B(), self.last_T()});
+             self.losses_to_host(out.mutable_data());
+             return out;
+           },
+           "Per-token cross-entropy (B, T) of the last forward with targets (0 where ignored).")
+      .def("backward", [](M& self, float grad_scale) { py::gil_scoped_release nogil; self.backward(grad_scale); },
+           py::arg("grad_scale") = 1.0f, "Accumulate gradients of grad_scale * loss into grads().")
+      .def("zero_grad", &M::zero_grad)
+      .def("grad_norm", [](M& self) { py::gil_scoped_release nogil; return self.grad_norm(); })
+      .def("adamw_update",
+           [](M& self, float lr, float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale) {
+             if (!(lr >= 0)) throw py::value_error("lr must be >= 0");
+             if (!(grad_scale >= 0) || !std::isfinite(grad_scale)) throw py::value_error("grad_scale must be finite and >= 0");
+             if (step < 1) throw py::value_error("step counts from 1");
+             py::gil_scoped_release nogil;
+             self.adamw_update(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+           },
+           py::arg("lr"), py::arg("beta1") = 0.9f, py::arg("beta2") = 0.95f, py::arg("eps") = 1e-8f,
+           py::arg("weight_decay") = 0.1f, py::arg("step"), py::arg("grad_scale") = 1.0f,
+           "AdamW over all parameters; weight decay on 2-D tensors only; grads are multiplied by grad_scale "
+           "(gradient clipping folds in here).");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "gpt2core C++ core";
+  m.def("build_info", []() {
+    py::dict d;
+    d["version"] = GPT2CORE_VERSION;
+    py::list backends;
+    backends.append("cpu");
+    d["backends"] = backends;
+    d["blas"] = GPT2CORE_BLAS_NAME;
+    d["openmp"] = true;
+    d["cuda"] = false;  // the CUDA backend (kernels) is not compiled yet
+    d["cuda_toolkit"] = bool(GPT2CORE_HAS_CUDA);
+    py::list archs;
+    std::string s = GPT2CORE_CUDA_ARCHS_STR;
+    size_t pos = 0;
+    while (pos < s.size()) {
+      size_t e = s.find(',', pos);
+      if (e == std::string::npos) e = s.size();
+      if (e > pos) archs.append(s.substr(pos, e - pos));
+      pos = e + 1;
+    }
+    d["cuda_archs"] = archs;
+    d["cudnn"] = bool(GPT2CORE_HAS_CUDNN);
+    d["nccl"] = bool(GPT2CORE_HAS_NCCL);
+    return d;
+  });
+  m.def("set_num_threads", [](int n) {
+    if (n < 1) throw py::value_error("num_threads must be >= 1");
+    omp_set_num_threads(n);
+    gpt2::cpu::blas_set_num_threads(n);
+  }, py::arg("n"), "Threads for OpenMP ops and BLAS.");
+  m.def("get_num_threads", []() { return omp_get_max_threads(); });
+  m.def("param_names", []() { std::vector<std::string> v(gpt2::param_names().begin(), gpt2::param_names().end()); return v; });
+  bind_model<float>(m, "Model");
+  bind_model<double>(m, "ModelF64");
+}

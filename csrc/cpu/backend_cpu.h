@@ -1,0 +1,91 @@
+// The CPU backend: host memory, OpenMP + BLAS ops from cpu/ops.h.
+#pragma once
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "cpu/ops.h"
+#include "model/backend.h"
+
+namespace gpt2::cpu {
+
+template <typename T>
+class CpuBackend final : public Backend<T> {
+ public:
+  const char* name() const override { return "cpu"; }
+
+  T* alloc(size_t n) override { return static_cast<T*>(zeroed(n * sizeof(T))); }
+  void free(T* p) override { std::free(p); }
+  int32_t* alloc_i32(size_t n) override { return static_cast<int32_t*>(zeroed(n * sizeof(int32_t))); }
+  void free_i32(int32_t* p) override { std::free(p); }
+  void zero(T* p, size_t n) override {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) p[i] = 0;
+  }
+  void to_device_i32(int32_t* dst, const int32_t* src, size_t n) override { std::memcpy(dst, src, n * sizeof(int32_t)); }
+  void to_host(T* dst, const T* src, size_t n) override { std::memcpy(dst, src, n * sizeof(T)); }
+
+  void encoder_forward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C) override {
+    cpu::encoder_forward(out, inp, wte, wpe, B, Tn, C);
+  }
+  void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C) override {
+    cpu::encoder_backward(dwte, dwpe, dout, inp, B, Tn, C);
+  }
+  void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int N, int C) override {
+    cpu::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean,
+                          const T* rstd, int N, int C) override {
+    cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) override {
+    cpu::matmul_forward(out, inp, w, bias, N, C, OC);
+  }
+  void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N, int C, int OC) override {
+    cpu::matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
+  }
+  void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH) override {
+    cpu::attention_forward(out, att, qkv, B, Tn, C, NH);
+  }
+  void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int B, int Tn, int C, int NH) override {
+    cpu::attention_backward(dqkv, dout, qkv, att, B, Tn, C, NH);
+  }
+  void gelu_forward(T* out, const T* inp, size_t N) override { cpu::gelu_forward(out, inp, N); }
+  void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N) override { cpu::gelu_backward(dinp, inp, dout, N); }
+  void residual_forward(T* out, const T* a, const T* b, size_t N) override { cpu::residual_forward(out, a, b, N); }
+  long crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int N, int V, int Vp) override {
+    return cpu::crossentropy_forward(losses, lse, logits, targets, N, V, Vp);
+  }
+  void crossentropy_backward_inplace(T* logits, const T* lse, const int32_t* targets, T dloss, int N, int V,
+                                     int Vp) override {
+    cpu::crossentropy_backward_inplace(logits, lse, targets, dloss, N, V, Vp);
+  }
+  double sum_squares(const T* p, size_t n) override {
+    double s = 0;
+#pragma omp parallel for reduction(+ : s)
+    for (size_t i = 0; i < n; i++) s += double(p[i]) * double(p[i]);
+    return s;
+  }
+  void adamw(T* param, const T* grad, T* m, T* v, size_t n, float lr, float beta1, float beta2, float eps,
+             float decay, float grad_scale, float bc1, float bc2) override {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+      T g = grad[i] * T(grad_scale);
+      T mi = T(beta1) * m[i] + T(1 - beta1) * g;
+      T vi = T(beta2) * v[i] + T(1 - beta2) * g * g;
+      m[i] = mi;
+      v[i] = vi;
+      T mhat = mi / T(bc1), vhat = vi / T(bc2);
+      param[i] -= T(lr) * (mhat / (std::sqrt(vhat) + T(eps)) + T(decay) * param[i]);
+    }
+  }
+
+ private:
+  static void* zeroed(size_t bytes) {
+    void* p = std::calloc(bytes ? bytes : 1, 1);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+};
+
+}  // namespace gpt2::cpu

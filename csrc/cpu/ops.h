@@ -1,0 +1,278 @@
+// CPU backend ops: the reference every other backend is checked against.
+// Templated on the scalar type: float for training, double for finite-difference tests.
+// Conventions (as in llm.c): outputs first, then inputs, then sizes; backward ops ACCUMULATE (+=)
+// into parameter gradients and into dinp, so callers zero gradients once per optimizer step.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "cpu/blas.h"
+
+namespace gpt2::cpu {
+
+// out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
+template <typename T>
+void encoder_forward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C) {
+#pragma omp parallel for collapse(2)
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < Tn; t++) {
+      T* o = out + ((size_t)b * Tn + t) * C;
+      const T* we = wte + (size_t)inp[b * Tn + t] * C;
+      const T* pe = wpe + (size_t)t * C;
+      for (int i = 0; i < C; i++) o[i] = we[i] + pe[i];
+    }
+}
+
+// dwte[inp[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:]. Deterministic: parallel over channels.
+template <typename T>
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C) {
+#pragma omp parallel for
+  for (int i = 0; i < C; i++)
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < Tn; t++) {
+        T d = dout[((size_t)b * Tn + t) * C + i];
+        dwte[(size_t)inp[b * Tn + t] * C + i] += d;
+        dwpe[(size_t)t * C + i] += d;
+      }
+}
+
+// y = (x - mean) * rstd * w + b over the last dim, eps 1e-5; saves mean and rstd for backward.
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* bias, int N, int C) {
+  const T eps = T(1e-5);
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    const T* x = inp + (size_t)n * C;
+    T m = 0;
+    for (int i = 0; i < C; i++) m += x[i];
+    m /= C;
+    T v = 0;
+    for (int i = 0; i < C; i++) { T d = x[i] - m; v += d * d; }
+    v /= C;
+    T s = T(1) / std::sqrt(v + eps);
+    T* o = out + (size_t)n * C;
+    for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i] + bias[i];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+template <typename T>
+void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean,
+                        const T* rstd, int N, int C) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    const T* dy = dout + (size_t)n * C;
+    const T* x = inp + (size_t)n * C;
+    T* dx = dinp + (size_t)n * C;
+    const T m = mean[n], s = rstd[n];
+    T dnorm_mean = 0, dnorm_norm_mean = 0;
+    for (int i = 0; i < C; i++) {
+      T norm = (x[i] - m) * s;
+      T dnorm = w[i] * dy[i];
+      dnorm_mean += dnorm;
+      dnorm_norm_mean += dnorm * norm;
+    }
+    dnorm_mean /= C;
+    dnorm_norm_mean /= C;
+    for (int i = 0; i < C; i++) {
+      T norm = (x[i] - m) * s;
+      T dnorm = w[i] * dy[i];
+      dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    }
+  }
+  // parameter gradients: parallel over channels so the sum over rows is deterministic
+#pragma omp parallel for
+  for (int i = 0; i < C; i++) {
+    T sw = 0, sb = 0;
+    for (int n = 0; n < N; n++) {
+      T dy = dout[(size_t)n * C + i];
+      sw += (inp[(size_t)n * C + i] - mean[n]) * rstd[n] * dy;
+      sb += dy;
+    }
+    dw[i] += sw;
+    db[i] += sb;
+  }
+}
+
+// out (N, OC) = inp (N, C) @ w^T + bias, w is (OC, C); bias may be null.
+template <typename T>
+void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) {
+  if (bias) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++)
+      for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] = bias[o];
+  }
+  gemm(false, true, N, OC, C, T(1), inp, C, w, C, bias ? T(1) : T(0), out, OC);
+}
+
+// dinp (N, C) += dout @ w; dw (OC, C) += dout^T @ inp; dbias (OC) += sum_n dout. dbias may be null.
+template <typename T>
+void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N, int C, int OC) {
+  gemm(false, false, N, C, OC, T(1), dout, OC, w, C, T(1), dinp, C);
+  gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dw, C);
+  if (dbias) {
+#pragma omp parallel for
+    for (int o = 0; o < OC; o++) {
+      T s = 0;
+      for (int n = 0; n < N; n++) s += dout[(size_t)n * OC + o];
+      dbias[o] += s;
+    }
+  }
+}
+
+// Causal multi-head attention over qkv (B, T, 3C) laid out [q | k | v], heads of size hs = C/NH.
+// out (B, T, C); att (B, NH, T, T) keeps the softmax probabilities (row t valid for t2 <= t).
+template <typename T>
+void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH) {
+  const int C3 = 3 * C, hs = C / NH;
+  const T scale = T(1) / std::sqrt(T(hs));
+#pragma omp parallel for collapse(3)
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int t = 0; t < Tn; t++) {
+        const T* q = qkv + ((size_t)b * Tn + t) * C3 + h * hs;
+        T* p = att + (((size_t)b * NH + h) * Tn + t) * Tn;
+        T maxv = -INFINITY;
+        for (int t2 = 0; t2 <= t; t2++) {
+          const T* k = qkv + ((size_t)b * Tn + t2) * C3 + C + h * hs;
+          T s = 0;
+          for (int i = 0; i < hs; i++) s += q[i] * k[i];
+          s *= scale;
+          p[t2] = s;
+          if (s > maxv) maxv = s;
+        }
+        T sum = 0;
+        for (int t2 = 0; t2 <= t; t2++) { p[t2] = std::exp(p[t2] - maxv); sum += p[t2]; }
+        const T inv = T(1) / sum;
+        for (int t2 = 0; t2 <= t; t2++) p[t2] *= inv;
+        for (int t2 = t + 1; t2 < Tn; t2++) p[t2] = 0;
+        T* o = out + ((size_t)b * Tn + t) * C + h * hs;
+        for (int i = 0; i < hs; i++) o[i] = 0;
+        for (int t2 = 0; t2 <= t; t2++) {
+          const T* v = qkv + ((size_t)b * Tn + t2) * C3 + 2 * C + h * hs;
+          const T a = p[t2];
+          for (int i = 0; i < hs; i++) o[i] += a * v[i];
+        }
+      }
+}
+
+// dqkv += d(attention)/d(qkv) . dout. Parallel over (b, h): each task owns its head's dq/dk/dv slices.
+template <typename T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int B, int Tn, int C, int NH) {
+  const int C3 = 3 * C, hs = C / NH;
+  const T scale = T(1) / std::sqrt(T(hs));
+#pragma omp parallel
+  {
+    std::vector<T> dp(Tn);
+#pragma omp for collapse(2)
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < NH; h++)
+        for (int t = 0; t < Tn; t++) {
+          const T* p = att + (((size_t)b * NH + h) * Tn + t) * Tn;
+          const T* dy = dout + ((size_t)b * Tn + t) * C + h * hs;
+          const T* q = qkv + ((size_t)b * Tn + t) * C3 + h * hs;
+          T* dq = dqkv + ((size_t)b * Tn + t) * C3 + h * hs;
+          // dP = dY . V, and dV += P * dY
+          T pdp = 0;
+          for (int t2 = 0; t2 <= t; t2++) {
+            const T* v = qkv + ((size_t)b * Tn + t2) * C3 + 2 * C + h * hs;
+            T* dv = dqkv + ((size_t)b * Tn + t2) * C3 + 2 * C + h * hs;
+            T s = 0;
+            for (int i = 0; i < hs; i++) { s += dy[i] * v[i]; dv[i] += p[t2] * dy[i]; }
+            dp[t2] = s;
+            pdp += p[t2] * s;
+          }
+          // dS = P * (dP - sum(P dP)); dQ += scale dS K; dK += scale dS Q
+          for (int t2 = 0; t2 <= t; t2++) {
+            const T ds = p[t2] * (dp[t2] - pdp) * scale;
+            const T* k = qkv + ((size_t)b * Tn + t2) * C3 + C + h * hs;
+            T* dk = dqkv + ((size_t)b * Tn + t2) * C3 + C + h * hs;
+            for (int i = 0; i < hs; i++) { dq[i] += ds * k[i]; dk[i] += ds * q[i]; }
+          }
+        }
+  }
+}
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+template <typename T>
+void gelu_forward(T* out, const T* inp, size_t N) {
+  const T s = std::sqrt(T(2) / T(M_PI));
+#pragma omp parallel for
+  for (size_t i = 0; i < N; i++) {
+    T x = inp[i];
+    out[i] = T(0.5) * x * (T(1) + std::tanh(s * (x + T(0.044715) * x * x * x)));
+  }
+}
+
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N) {
+  const T s = std::sqrt(T(2) / T(M_PI));
+#pragma omp parallel for
+  for (size_t i = 0; i < N; i++) {
+    T x = inp[i];
+    T u = s * (x + T(0.044715) * x * x * x);
+    T th = std::tanh(u);
+    T sech2 = T(1) - th * th;
+    T grad = T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * s * (T(1) + T(3) * T(0.044715) * x * x);
+    dinp[i] += grad * dout[i];
+  }
+}
+
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, size_t N) {
+#pragma omp parallel for
+  for (size_t i = 0; i < N; i++) out[i] = a[i] + b[i];
+}
+
+template <typename T>
+void add_inplace(T* dst, const T* src, size_t N) {
+#pragma omp parallel for
+  for (size_t i = 0; i < N; i++) dst[i] += src[i];
+}
+
+// Softmax cross-entropy over the first V of Vp columns of each row of logits (N, Vp).
+// losses[n] = logsumexp(logits[n,:V]) - logits[n, target]; target -1 marks an ignored row (loss 0).
+// lse[n] is kept for the backward pass. Returns the number of non-ignored rows.
+template <typename T>
+long crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int N, int V, int Vp) {
+  long valid = 0;
+#pragma omp parallel for reduction(+ : valid)
+  for (int n = 0; n < N; n++) {
+    const T* row = logits + (size_t)n * Vp;
+    T maxv = -INFINITY;
+    for (int i = 0; i < V; i++) maxv = row[i] > maxv ? row[i] : maxv;
+    T sum = 0;
+    for (int i = 0; i < V; i++) sum += std::exp(row[i] - maxv);
+    const T l = maxv + std::log(sum);
+    lse[n] = l;
+    if (targets && targets[n] >= 0) {
+      losses[n] = l - row[targets[n]];
+      valid++;
+    } else {
+      losses[n] = 0;
+    }
+  }
+  return valid;
+}
+
+// In place: logits (N, Vp) become dlogits = (softmax - onehot) * dloss for valid rows, 0 elsewhere,
+// and 0 in the padded columns V..Vp-1.
+template <typename T>
+void crossentropy_backward_inplace(T* logits, const T* lse, const int32_t* targets, T dloss, int N, int V, int Vp) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    T* row = logits + (size_t)n * Vp;
+    if (targets[n] < 0) {
+      for (int i = 0; i < Vp; i++) row[i] = 0;
+      continue;
+    }
+    const T l = lse[n];
+    for (int i = 0; i < V; i++) row[i] = std::exp(row[i] - l) * dloss;
+    for (int i = V; i < Vp; i++) row[i] = 0;
+    row[targets[n]] -= dloss;
+  }
+}
+
+}  // namespace gpt2::cpu

@@ -1,0 +1,207 @@
+#include "model/gpt2.h"
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace gpt2 {
+
+template <typename T>
+GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> backend)
+    : config_(config), backend_(std::move(backend)) {
+  config_.validate();
+  sizes_ = param_sizes(config_);
+  for (int i = 0; i < kNumParamTensors; i++) {
+    offsets_[i] = num_params_;
+    num_params_ += sizes_[i];
+  }
+  params_ = backend_->alloc(num_params_);
+  grads_ = backend_->alloc(num_params_);
+}
+
+template <typename T>
+GPT2Model<T>::~GPT2Model() {
+  backend_->free(params_);
+  backend_->free(grads_);
+  if (m_) backend_->free(m_);
+  if (v_) backend_->free(v_);
+  if (acts_mem_) backend_->free(acts_mem_);
+  if (inputs_) backend_->free_i32(inputs_);
+  if (targets_) backend_->free_i32(targets_);
+}
+
+template <typename T>
+void GPT2Model<T>::ensure_optimizer_state() {
+  if (!m_) m_ = backend_->alloc(num_params_);
+  if (!v_) v_ = backend_->alloc(num_params_);
+}
+
+template <typename T>
+void GPT2Model<T>::ensure_activations(int B, int Tn) {
+  if (B == B_ && Tn == T_) return;
+  if (acts_mem_) backend_->free(acts_mem_);
+  if (inputs_) backend_->free_i32(inputs_);
+  if (targets_) backend_->free_i32(targets_);
+  acts_mem_ = nullptr; inputs_ = targets_ = nullptr; B_ = T_ = 0;
+  const size_t L = config_.n_layer, C = config_.n_embd, NH = config_.n_head, Vp = config_.padded_vocab_size;
+  const size_t BT = size_t(B) * Tn;
+  // (pointer, count) in layout order
+  std::vector<std::pair<T**, size_t>> slots = {
+      {&a_.encoded, BT * C}, {&a_.ln1, L * BT * C}, {&a_.ln1_mean, L * BT}, {&a_.ln1_rstd, L * BT},
+      {&a_.qkv, L * BT * 3 * C}, {&a_.atty, L * BT * C}, {&a_.att, L * B * NH * Tn * Tn},
+      {&a_.attproj, L * BT * C}, {&a_.residual2, L * BT * C}, {&a_.ln2, L * BT * C}, {&a_.ln2_mean, L * BT},
+      {&a_.ln2_rstd, L * BT}, {&a_.fch, L * BT * 4 * C}, {&a_.fch_gelu, L * BT * 4 * C},
+      {&a_.fcproj, L * BT * C}, {&a_.residual3, L * BT * C}, {&a_.lnf, BT * C}, {&a_.lnf_mean, BT},
+      {&a_.lnf_rstd, BT}, {&a_.logits, BT * Vp}, {&a_.losses, BT}, {&a_.lse, BT},
+      {&a_.dres, BT * C}, {&a_.dln, BT * C}, {&a_.datty, BT * C}, {&a_.dqkv, BT * 3 * C},
+      {&a_.dfch, BT * 4 * C}, {&a_.dfch_gelu, BT * 4 * C}};
+  size_t total = 0;
+  for (auto& s : slots) total += s.second;
+  acts_mem_ = backend_->alloc(total);
+  act_count_ = total;
+  T* p = acts_mem_;
+  for (auto& s : slots) { *s.first = p; p += s.second; }
+  inputs_ = backend_->alloc_i32(BT);
+  targets_ = backend_->alloc_i32(BT);
+  B_ = B; T_ = Tn;
+}
+
+template <typename T>
+double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, int Tn) {
+  if (B <= 0 || Tn <= 0 || Tn > config_.max_seq_len)
+    throw std::invalid_argument("forward: need B > 0 and 0 < T <= max_seq_len");
+  ensure_activations(B, Tn);
+  Backend<T>& be = *backend_;
+  const int L = config_.n_layer, C = config_.n_embd, NH = config_.n_head;
+  const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
+  const int N = B * Tn;
+  const size_t NC = size_t(N) * C;
+  be.to_device_i32(inputs_, inp, N);
+  have_targets_ = false;
+
+  be.encoder_forward(a_.encoded, inputs_, param(0), param(1), B, Tn, C);
+  for (int l = 0; l < L; l++) {
+    const T* x = l == 0 ? a_.encoded : a_.residual3 + (l - 1) * NC;
+    T* ln1 = a_.ln1 + l * NC;
+    T* qkv = a_.qkv + l * NC * 3;
+    T* atty = a_.atty + l * NC;
+    T* att = a_.att + size_t(l) * B * NH * Tn * Tn;
+    T* attproj = a_.attproj + l * NC;
+    T* res2 = a_.residual2 + l * NC;
+    T* ln2 = a_.ln2 + l * NC;
+    T* fch = a_.fch + l * NC * 4;
+    T* fch_gelu = a_.fch_gelu + l * NC * 4;
+    T* fcproj = a_.fcproj + l * NC;
+    T* res3 = a_.residual3 + l * NC;
+    be.layernorm_forward(ln1, a_.ln1_mean + l * N, a_.ln1_rstd + l * N, x, param(2) + l * C, param(3) + l * C, N, C);
+    be.matmul_forward(qkv, ln1, param(4) + size_t(l) * 3 * C * C, param(5) + l * 3 * C, N, C, 3 * C);
+    be.attention_forward(atty, att, qkv, B, Tn, C, NH);
+    be.matmul_forward(attproj, atty, param(6) + size_t(l) * C * C, param(7) + l * C, N, C, C);
+    be.residual_forward(res2, x, attproj, NC);
+    be.layernorm_forward(ln2, a_.ln2_mean + l * N, a_.ln2_rstd + l * N, res2, param(8) + l * C, param(9) + l * C, N, C);
+    be.matmul_forward(fch, ln2, param(10) + size_t(l) * 4 * C * C, param(11) + l * 4 * C, N, C, 4 * C);
+    be.gelu_forward(fch_gelu, fch, NC * 4);
+    be.matmul_forward(fcproj, fch_gelu, param(12) + size_t(l) * 4 * C * C, param(13) + l * C, N, 4 * C, C);
+    be.residual_forward(res3, res2, fcproj, NC);
+  }
+  be.layernorm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, a_.residual3 + (L - 1) * NC, param(14), param(15), N, C);
+  be.matmul_forward(a_.logits, a_.lnf, param(0), nullptr, N, C, Vp);  // lm_head tied to wte
+
+  if (!targets) {
+    be.crossentropy_forward(a_.losses, a_.lse, a_.logits, nullptr, N, V, Vp);
+    n_valid_ = 0;
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  be.to_device_i32(targets_, targets, N);
+  n_valid_ = be.crossentropy_forward(a_.losses, a_.lse, a_.logits, targets_, N, V, Vp);
+  have_targets_ = true;
+  std::vector<T> losses(N);
+  be.to_host(losses.data(), a_.losses, N);
+  double sum = 0;
+  for (int i = 0; i < N; i++) sum += double(losses[i]);
+  return n_valid_ ? sum / double(n_valid_) : std::numeric_limits<double>::quiet_NaN();
+}
+
+template <typename T>
+void GPT2Model<T>::logits_to_host(T* dst) const {
+  if (!B_) throw std::runtime_error("logits: no forward pass has run yet");
+  backend_->to_host(dst, a_.logits, size_t(B_) * T_ * config_.padded_vocab_size);
+}
+
+template <typename T>
+void GPT2Model<T>::losses_to_host(T* dst) const {
+  if (!B_) throw std::runtime_error("token_losses: no forward pass has run yet");
+  backend_->to_host(dst, a_.losses, size_t(B_) * T_);
+}
+
+template <typename T>
+void GPT2Model<T>::zero_grad() { backend_->zero(grads_, num_params_); }
+
+template <typename T>
+void GPT2Model<T>::backward(float grad_scale) {
+  if (!have_targets_)
+    throw std::runtime_error("backward: call forward(idx, targets) first (each forward allows one backward)");
+  have_targets_ = false;  // the logits buffer becomes dlogits below
+  Backend<T>& be = *backend_;
+  const int B = B_, Tn = T_, L = config_.n_layer, C = config_.n_embd, NH = config_.n_head;
+  const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
+  const int N = B * Tn;
+  const size_t NC = size_t(N) * C;
+  if (n_valid_ == 0) return;  // every target ignored: the loss does not depend on the parameters
+
+  be.crossentropy_backward_inplace(a_.logits, a_.lse, targets_, T(grad_scale / double(n_valid_)), N, V, Vp);
+  T* dlogits = a_.logits;
+  be.zero(a_.dln, NC);
+  be.matmul_backward(a_.dln, grad(0), nullptr, dlogits, a_.lnf, param(0), N, C, Vp);
+  be.zero(a_.dres, NC);
+  be.layernorm_backward(a_.dres, grad(14), grad(15), a_.dln, a_.residual3 + (L - 1) * NC, param(14),
+                        a_.lnf_mean, a_.lnf_rstd, N, C);
+  // a_.dres now holds d(loss)/d(output of the last layer); walk the layers backwards.
+  for (int l = L - 1; l >= 0; l--) {
+    const T* x = l == 0 ? a_.encoded : a_.residual3 + (l - 1) * NC;
+    // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
+    be.zero(a_.dfch_gelu, NC * 4);
+    be.matmul_backward(a_.dfch_gelu, grad(12) + size_t(l) * 4 * C * C, grad(13) + l * C, a_.dres,
+                       a_.fch_gelu + l * NC * 4, param(12) + size_t(l) * 4 * C * C, N, 4 * C, C);
+    be.zero(a_.dfch, NC * 4);
+    be.gelu_backward(a_.dfch, a_.fch + l * NC * 4, a_.dfch_gelu, NC * 4);
+    be.zero(a_.dln, NC);
+    be.matmul_backward(a_.dln, grad(10) + size_t(l) * 4 * C * C, grad(11) + l * 4 * C, a_.dfch, a_.ln2 + l * NC,
+                       param(10) + size_t(l) * 4 * C * C, N, C, 4 * C);
+    be.layernorm_backward(a_.dres, grad(8) + l * C, grad(9) + l * C, a_.dln, a_.residual2 + l * NC,
+                          param(8) + l * C, a_.ln2_mean + l * N, a_.ln2_rstd + l * N, N, C);
+    // residual2 = x + attproj(attention(qkv(ln1(x))))
+    be.zero(a_.datty, NC);
+    be.matmul_backward(a_.datty, grad(6) + size_t(l) * C * C, grad(7) + l * C, a_.dres, a_.atty + l * NC,
+                       param(6) + size_t(l) * C * C, N, C, C);
+    be.zero(a_.dqkv, NC * 3);
+    be.attention_backward(a_.dqkv, a_.datty, a_.qkv + l * NC * 3, a_.att + size_t(l) * B * NH * Tn * Tn, B, Tn, C, NH);
+    be.zero(a_.dln, NC);
+    be.matmul_backward(a_.dln, grad(4) + size_t(l) * 3 * C * C, grad(5) + l * 3 * C, a_.dqkv, a_.ln1 + l * NC,
+                       param(4) + size_t(l) * 3 * C * C, N, C, 3 * C);
+    be.layernorm_backward(a_.dres, grad(2) + l * C, grad(3) + l * C, a_.dln, x, param(2) + l * C,
+                          a_.ln1_mean + l * N, a_.ln1_rstd + l * N, N, C);
+  }
+  be.encoder_backward(grad(0), grad(1), a_.dres, inputs_, B, Tn, C);
+}
+
+template <typename T>
+double GPT2Model<T>::grad_norm() { return std::sqrt(backend_->sum_squares(grads_, num_params_)); }
+
+template <typename T>
+void GPT2Model<T>::adamw_update(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
+                                float grad_scale) {
+  if (step < 1) throw std::invalid_argument("adamw_update: step counts from 1");
+  ensure_optimizer_state();
+  const float bc1 = 1.0f - std::pow(beta1, float(step));
+  const float bc2 = 1.0f - std::pow(beta2, float(step));
+  for (int i = 0; i < kNumParamTensors; i++) {
+    backend_->adamw(param(i), grad(i), m_ + offsets_[i], v_ + offsets_[i], sizes_[i], lr, beta1, beta2, eps,
+                    param_decays(i) ? weight_decay : 0.0f, grad_scale, bc1, bc2);
+  }
+}
+
+template class GPT2Model<float>;
+template class GPT2Model<double>;
+
+}  // namespace gpt2

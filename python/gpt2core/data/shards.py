@@ -1,0 +1,85 @@
+"""Token shards in llm.c's layout.
+
+A shard is a header of 256 little-endian int32 (magic 20240520, version 1, number of tokens, then
+zeros) followed by that many uint16 tokens. The file size must be exactly 1024 + 2*n.
+Shard 0 of a data set (``*_val_*.bin``) is validation, the others are training data.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = 20240520
+VERSION = 1
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+
+
+class ShardError(ValueError):
+    """A token shard that cannot be read: the message names the file and what is wrong."""
+
+
+def write_shard(path, tokens) -> Path:
+    """Write `tokens` (ints in [0, 65535]) as a shard. Atomic: written to a temporary name, then
+    renamed, so an interrupted write never leaves a file with a valid-looking header."""
+    path = Path(path)
+    toks = np.asarray(tokens)
+    if toks.ndim != 1:
+        raise ValueError(f"{path}: tokens must be 1-D, got shape {toks.shape}")
+    if toks.size and (toks.min() < 0 or toks.max() > 65535):
+        raise ValueError(f"{path}: token ids must fit in uint16 (0..65535), got range "
+                         f"[{int(toks.min())}, {int(toks.max())}]")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[0], header[1], header[2] = MAGIC, VERSION, toks.size
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(toks.astype("<u2", copy=False).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_header(path) -> int:
+    """Validate a shard's header and size; return its number of tokens."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_BYTES)
+    except OSError as e:
+        raise ShardError(f"{path}: cannot read shard ({e.strerror})") from e
+    if len(raw) < HEADER_BYTES:
+        raise ShardError(f"{path}: truncated shard header ({len(raw)} bytes, need {HEADER_BYTES})")
+    header = np.frombuffer(raw, dtype="<i4")
+    if header[0] != MAGIC:
+        raise ShardError(f"{path}: bad magic number {int(header[0])} (expected {MAGIC}); "
+                         "not a gpt2core/llm.c token shard")
+    if header[1] != VERSION:
+        raise ShardError(f"{path}: unsupported shard version {int(header[1])} (expected {VERSION})")
+    n = int(header[2])
+    if n < 0 or size != HEADER_BYTES + 2 * n:
+        raise ShardError(f"{path}: header says {n} tokens ({HEADER_BYTES + 2 * n} bytes) but the file "
+                         f"has {size} bytes; the shard is truncated or corrupt")
+    return n
+
+
+def load_tokens(path) -> np.ndarray:
+    """The tokens of a shard as a read-only uint16 array (memory-mapped, no copy)."""
+    n = read_header(path)
+    if n == 0:
+        return np.zeros(0, dtype=np.uint16)
+    return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
+
+
+def find_shards(data_dir, split: str) -> list[Path]:
+    """Sorted shard files of a split ('train' or 'val') in `data_dir` (names contain _train_/_val_)."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"data directory {data_dir} does not exist")
+    files = sorted(p for p in data_dir.glob("*.bin") if f"_{split}_" in p.name or p.name.startswith(f"{split}_"))
+    return files

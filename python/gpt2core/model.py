@@ -1,0 +1,165 @@
+"""GPT2: the Python face of the C++ model (`gpt2core._C.Model`).
+
+Parameters and gradients are numpy views into the core's buffers (no copies): `model.params["wte"]`
+is the (padded_vocab_size, n_embd) token embedding, and writing into it changes the model.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import _C
+from .config import GPT2Config, get_preset
+
+# the tensors that are residual projections: init scaled by 1/sqrt(2 * n_layer) (GPT-2 paper, sec. 2.3)
+_RESIDUAL_PROJ = ("attprojw", "fcprojw")
+_MATRICES = ("wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw")
+_LN_WEIGHTS = ("ln1w", "ln2w", "lnfw")
+
+
+class DeviceError(RuntimeError):
+    """The requested device is not usable (no CUDA backend compiled, or no GPU present)."""
+
+
+def _check_device(device: str) -> str:
+    if device == "cpu":
+        return device
+    if device.startswith("cuda"):
+        info = _C.build_info()
+        if "cuda" not in info["backends"]:
+            raise DeviceError(
+                f"device={device!r}: this build of gpt2core has no CUDA backend (compiled backends: "
+                f"{', '.join(info['backends'])}). Use device='cpu', or reinstall on a machine with the CUDA "
+                "toolkit (GPT2CORE_CUDA=ON pip install gpt2core).")
+        raise DeviceError(f"device={device!r}: no CUDA device is available")
+    raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+
+def as_tokens(a, name: str) -> np.ndarray:
+    """Integer array-like -> C-contiguous int32 (B, T); a clear error for anything else."""
+    arr = np.asarray(a)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must have shape (B, T), got {arr.shape}")
+    if arr.size and (arr.min() < -1 or arr.max() > np.iinfo(np.int32).max):
+        raise ValueError(f"{name} contains ids outside the int32 range")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+class GPT2:
+    """GPT-2 (pre-LN, tanh GELU, tied lm_head) trained by the C++ core.
+
+    >>> model = GPT2("tiny", seed=0)
+    >>> loss = model.forward(x, y); model.backward(); norm = model.step(lr=1e-3)
+    """
+
+    def __init__(self, config: GPT2Config | str = "d12", device: str = "cpu", seed: int = 0,
+                 dtype: str = "float32", init: bool = True):
+        if isinstance(config, str):
+            config = get_preset(config)
+        self.config = config
+        self.device = _check_device(device)
+        if dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be 'float32' or 'float64' (float64 is for tests), got {dtype!r}")
+        cls = _C.Model if dtype == "float32" else _C.ModelF64
+        c = config
+        self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size, padded_vocab_size=c.padded_vocab_size,
+                      n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, device=self.device)
+        self.params: dict[str, np.ndarray] = self._m.params()
+        self.grads: dict[str, np.ndarray] = self._m.grads()
+        self.step_count = 0  # optimizer steps taken (AdamW bias correction)
+        if init:
+            self.init_weights(seed)
+
+    # ------------------------------------------------------------------ parameters
+    @property
+    def num_parameters(self) -> int:
+        return self._m.num_parameters
+
+    def init_weights(self, seed: int = 0) -> None:
+        """GPT-2 init: N(0, 0.02) matrices and embeddings, residual projections scaled by
+        1/sqrt(2*n_layer), zero biases, LayerNorm weight 1 and bias 0, padded vocab rows zero.
+        Reproducible: the same seed gives the same weights on every machine (numpy's PCG64)."""
+        rng = np.random.default_rng(seed)
+        std_resid = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for name in _C.param_names():  # fixed order, so the random stream is stable
+            p = self.params[name]
+            if name in _MATRICES:
+                tmp = rng.standard_normal(p.shape, dtype=np.float32)
+                p[...] = tmp * (std_resid if name in _RESIDUAL_PROJ else 0.02)
+            elif name in _LN_WEIGHTS:
+                p[...] = 1.0
+            else:
+                p[...] = 0.0
+        self.params["wte"][self.config.vocab_size:] = 0.0
+        self.step_count = 0
+
+    def opt_state(self) -> tuple[dict, dict]:
+        """AdamW first and second moments by name (numpy views)."""
+        return self._m.adam_m(), self._m.adam_v()
+
+    # ------------------------------------------------------------------ compute
+    def forward(self, idx, targets=None, return_logits: bool = False):
+        """Mean cross-entropy over targets != -1 (NaN without targets); with return_logits also the
+        logits (B, T, padded_vocab_size) as a new array."""
+        x = as_tokens(idx, "idx")
+        y = None if targets is None else as_tokens(targets, "targets")
+        loss = self._m.forward(x, y)
+        if return_logits:
+            return loss, self._m.logits()
+        return loss
+
+    def token_losses(self) -> np.ndarray:
+        """(B, T) per-token losses of the last forward with targets (0 at ignored positions)."""
+        return self._m.token_losses()
+
+    def backward(self, grad_scale: float = 1.0) -> None:
+        """Accumulate d(grad_scale * loss)/d(params) into self.grads."""
+        self._m.backward(float(grad_scale))
+
+    def zero_grad(self) -> None:
+        self._m.zero_grad()
+
+    def grad_norm(self) -> float:
+        return self._m.grad_norm()
+
+    def step(self, lr: float, weight_decay: float = 0.1, beta1: float = 0.9, beta2: float = 0.95,
+             eps: float = 1e-8, grad_clip: float = 1.0) -> float:
+        """Clip the global gradient norm to grad_clip (0 disables), take one AdamW step, return the
+        pre-clip norm. A non-finite norm raises FloatingPointError and leaves the weights untouched."""
+        norm = self.grad_norm()
+        if not math.isfinite(norm):
+            raise FloatingPointError(f"gradient norm is {norm} at step {self.step_count + 1}; weights not updated")
+        scale = 1.0
+        if grad_clip and grad_clip > 0 and norm > grad_clip:
+            scale = grad_clip / (norm + 1e-6)
+        self.step_count += 1
+        self._m.adamw_update(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+                             step=self.step_count, grad_scale=scale)
+        return norm
+
+    # ------------------------------------------------------------------ sampling
+    def generate(self, idx, max_new_tokens: int, top_k: int = 50, temperature: float = 1.0,
+                 seed: int = 0) -> np.ndarray:
+        """Top-k sampling; returns (B, T + max_new_tokens) token ids. Seeded, so reproducible."""
+        x = as_tokens(idx, "idx")
+        if temperature <= 0:
+            raise ValueError("temperature must be > 0")
+        rng = np.random.default_rng(seed)
+        V = self.config.vocab_size
+        for _ in range(max_new_tokens):
+            ctx = x[:, -self.config.block_size:]
+            _, logits = self.forward(ctx, return_logits=True)
+            last = logits[:, -1, :V].astype(np.float64) / temperature
+            k = min(top_k, V) if top_k else V
+            top = np.argpartition(-last, k - 1, axis=1)[:, :k]
+            vals = np.take_along_axis(last, top, axis=1)
+            probs = np.exp(vals - vals.max(axis=1, keepdims=True))
+            probs /= probs.sum(axis=1, keepdims=True)
+            nxt = np.array([top[b, rng.choice(k, p=probs[b])] for b in range(x.shape[0])], dtype=np.int32)
+            x = np.concatenate([x, nxt[:, None]], axis=1)
+        return x
