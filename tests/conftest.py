@@ -1,0 +1,54 @@
+"""Shared fixtures for the model tests: tiny odd shapes, random weights and batches.
+
+Two shapes: "padded" (vocab 97 padded to 128, B=3, T=7 < block size 11, C=48, 3 heads, 2 layers) and
+"unpadded" (vocab 61 == padded, B=2, T=9 == block size, C=20, 2 heads of 10, 1 layer).
+"""
+import os
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # so tests can `import numpy_gpt2`
+
+import numpy_gpt2 as ref  # noqa: E402
+from gpt2core import _C  # noqa: E402
+
+SHAPES = {
+    "padded": dict(maxT=11, V=97, Vp=128, L=2, NH=3, C=48, B=3, T=7),
+    "unpadded": dict(maxT=9, V=61, Vp=61, L=1, NH=2, C=20, B=2, T=9),
+}
+
+
+def make_problem(shape="padded", seed=0):
+    """Random float64 weights (numpy_gpt2.random_params), random idx, targets with two -1 entries,
+    and `model(cls)` building a _C model (Model or ModelF64) holding those weights."""
+    s = SHAPES[shape]
+    rng = np.random.default_rng(seed)
+    arch = {k: s[k] for k in ("maxT", "V", "Vp", "L", "NH", "C")}
+    params = ref.random_params(rng, **arch)
+    idx = rng.integers(0, s["V"], (s["B"], s["T"])).astype(np.int32)
+    targets = rng.integers(0, s["V"], (s["B"], s["T"])).astype(np.int32)
+    targets[0, 1] = -1
+    targets[-1, -1] = -1
+
+    def model(cls=_C.ModelF64, p=None):
+        m = cls(max_seq_len=s["maxT"], vocab_size=s["V"], padded_vocab_size=s["Vp"], n_layer=s["L"],
+                n_head=s["NH"], n_embd=s["C"])
+        views = m.params()
+        for k, v in (params if p is None else p).items():
+            views[k][...] = v
+        return m
+
+    return SimpleNamespace(shape=shape, rng=rng, params=params, idx=idx, targets=targets, model=model, **s)
+
+
+@pytest.fixture(params=sorted(SHAPES))
+def problem(request):
+    return make_problem(request.param)
+
+
+@pytest.fixture()
+def padded():
+    return make_problem("padded")
