@@ -1,0 +1,182 @@
+"""Train GPT-2: `python -m gpt2core.train` (console script `gpt2core-train`).
+
+With no arguments it trains the small preset "s4" (4 layers, 4 heads, C=256) on the bundled tiny
+Shakespeare on the CPU for a few minutes; the loss falls from ln(50257) = 10.8 to about 6 and a text
+sample is printed. The 124M reproduction is
+
+    gpt2core-train --preset d12 --data-dir data/edu_fineweb10B --device cuda -B 64 -T 1024 \
+        --total-batch-tokens 524288 --steps 19073 --lr 6e-4 --warmup 715 --val-every 250
+
+Each step prints step, loss, lr, grad norm, ms and tokens/s; metrics go to <out>/metrics.jsonl.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import _C, tokenizer
+from .checkpoint import save_model
+from .config import PRESETS, get_preset
+from .data.loader import DataLoader
+from .distributed import from_env
+from .model import GPT2
+from .schedule import lr_at
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gpt2core-train", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_argument_group("model")
+    g.add_argument("--preset", default="s4", choices=sorted(PRESETS), help="model shape (default: s4)")
+    g.add_argument("--padded-vocab-size", type=int, default=None, help="override the padded vocab (50257 disables padding)")
+    g.add_argument("--device", default="cpu", help="cpu or cuda")
+    g = ap.add_argument_group("data")
+    g.add_argument("--data-dir", default=None,
+                   help="directory of token shards (*_train_*.bin, *_val_*.bin); default: the bundled tiny "
+                        "Shakespeare, prepared in <output-dir>/data")
+    g.add_argument("-B", "--batch-size", type=int, default=8, help="micro-batch size per process")
+    g.add_argument("-T", "--seq-len", type=int, default=128, help="sequence length (<= the preset's block size)")
+    g.add_argument("--total-batch-tokens", type=int, default=None,
+                   help="tokens per optimizer step; gradient accumulation makes up the difference (default: B*T*world)")
+    g.add_argument("--no-shuffle", action="store_true", help="read shards and windows sequentially")
+    g = ap.add_argument_group("optimization")
+    g.add_argument("--steps", type=int, default=120, help="optimizer steps")
+    g.add_argument("--lr", type=float, default=1e-3, help="max learning rate")
+    g.add_argument("--min-lr-frac", type=float, default=0.1, help="min LR as a fraction of --lr (cosine)")
+    g.add_argument("--warmup", type=int, default=10, help="linear warmup steps")
+    g.add_argument("--schedule", choices=["cosine", "constant"], default="cosine")
+    g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip (0 disables)")
+    g.add_argument("--beta1", type=float, default=0.9)
+    g.add_argument("--beta2", type=float, default=0.95)
+    g = ap.add_argument_group("evaluation and output")
+    g.add_argument("--val-every", type=int, default=40, help="validation loss every N steps (0: never)")
+    g.add_argument("--val-steps", type=int, default=8, help="batches per validation")
+    g.add_argument("--sample-every", type=int, default=0, help="print a text sample every M steps (0: only at the end)")
+    g.add_argument("--sample-tokens", type=int, default=48)
+    g.add_argument("--sample-prompt", default="\n")
+    g.add_argument("--output-dir", default="out", help="metrics.jsonl and model.bin go here")
+    g.add_argument("--seed", type=int, default=1337)
+    g.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    return ap
+
+
+class Trainer:
+    def __init__(self, args):
+        self.args = args
+        self.dist = from_env()
+        if self.dist.world_size > 1:
+            raise SystemExit("gpt2core-train: multi-process training (WORLD_SIZE > 1) is not available in this "
+                             "version; run a single process")
+        if args.threads:
+            _C.set_num_threads(args.threads)
+        config = get_preset(args.preset)
+        if args.padded_vocab_size:
+            config = config.replace(padded_vocab_size=args.padded_vocab_size)
+        B, T, W = args.batch_size, args.seq_len, self.dist.world_size
+        if B <= 0 or T <= 0:
+            raise SystemExit(f"gpt2core-train: -B and -T must be positive (got B={B}, T={T})")
+        if T > config.block_size:
+            raise SystemExit(f"gpt2core-train: -T {T} exceeds the block size {config.block_size} of preset {args.preset}")
+        tokens_per_micro = B * T * W
+        total = args.total_batch_tokens or tokens_per_micro
+        if total % tokens_per_micro:
+            raise SystemExit(f"gpt2core-train: --total-batch-tokens {total} is not a multiple of B*T*world_size = "
+                             f"{B}*{T}*{W} = {tokens_per_micro}")
+        self.grad_accum = total // tokens_per_micro
+        self.total = total
+        self.out = Path(args.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        data_dir = args.data_dir
+        if data_dir is None:
+            from .data import shakespeare
+            data_dir = shakespeare.ensure(self.out / "data")
+        self.train_loader = DataLoader(data_dir, "train", B, T, rank=self.dist.rank, world_size=W,
+                                       shuffle=not args.no_shuffle, seed=args.seed)
+        self.val_loader = DataLoader(data_dir, "val", B, T, rank=self.dist.rank, world_size=W, shuffle=False)
+        self.model = GPT2(config, device=args.device, seed=args.seed)
+        self.config = config
+        self.metrics_path = self.out / "metrics.jsonl"
+        self.flops_per_token = config.flops_per_token(T)
+
+    def log(self, msg: str) -> None:
+        if self.dist.is_master:
+            print(msg, flush=True)
+
+    def write_metrics(self, rec: dict) -> None:
+        if self.dist.is_master:
+            with open(self.metrics_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+    def val_loss(self) -> float:
+        self.val_loader.reset()
+        losses = []
+        for _ in range(self.args.val_steps):
+            x, y = self.val_loader.next_batch()
+            losses.append(self.model.forward(x, y))
+        return float(np.mean(losses))
+
+    def sample(self) -> str:
+        prompt = tokenizer.encode(self.args.sample_prompt) or [tokenizer.EOT]
+        out = self.model.generate(np.array([prompt]), self.args.sample_tokens, top_k=50, seed=self.args.seed)
+        return tokenizer.decode(out[0, len(prompt):])
+
+    def run(self) -> dict:
+        a, m = self.args, self.model
+        self.log(f"gpt2core {_C.build_info()['version']} | preset {a.preset}: {m.num_parameters:,} params | "
+                 f"device {a.device} | threads {_C.get_num_threads()}")
+        self.log(f"batch: B={a.batch_size} T={a.seq_len} world={self.dist.world_size} grad_accum={self.grad_accum} "
+                 f"-> {self.total:,} tokens/step | train tokens {self.train_loader.n_tokens:,} | "
+                 f"val tokens {self.val_loader.n_tokens:,}")
+        last = {}
+        for step in range(a.steps):
+            last_step = step == a.steps - 1
+            if a.val_every and (step % a.val_every == 0 or last_step):
+                vl = self.val_loss()
+                self.log(f"step {step:5d} | val loss {vl:.4f}")
+                self.write_metrics({"step": step, "val_loss": vl})
+                last["val_loss"] = vl
+            if a.sample_every and step > 0 and step % a.sample_every == 0:
+                self.log(f"step {step:5d} | sample: {self.sample()!r}")
+            t0 = time.perf_counter()
+            lr = lr_at(step, a.lr, a.warmup, a.steps, a.min_lr_frac * a.lr, a.schedule)
+            m.zero_grad()
+            loss = 0.0
+            for _ in range(self.grad_accum):
+                x, y = self.train_loader.next_batch()
+                micro = m.forward(x, y)
+                if not math.isfinite(micro):
+                    raise FloatingPointError(f"loss is {micro} at step {step}; weights were not updated "
+                                             "(try a lower --lr)")
+                m.backward(1.0 / self.grad_accum)
+                loss += micro / self.grad_accum
+            norm = m.step(lr, weight_decay=a.weight_decay, beta1=a.beta1, beta2=a.beta2, grad_clip=a.grad_clip)
+            dt = time.perf_counter() - t0
+            tps = self.total / dt
+            gflops = tps * self.flops_per_token / 1e9
+            self.log(f"step {step + 1:5d}/{a.steps} | loss {loss:.4f} | lr {lr:.2e} | norm {norm:.3f} | "
+                     f"{dt * 1e3:.0f} ms | {tps:,.0f} tok/s | {gflops:.1f} GFLOP/s")
+            rec = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm, "dt_ms": dt * 1e3, "tok_per_s": tps}
+            self.write_metrics(rec)
+            last.update(rec)
+        if self.dist.is_master:
+            path = save_model(m, self.out / "model.bin")
+            self.log(f"saved {path}")
+            self.log(f"sample: {self.sample()!r}")
+        return last
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    return Trainer(args).run()
+
+
+if __name__ == "__main__":
+    main()
