@@ -1,0 +1,351 @@
+// runtime_api.cpp: the CUDA runtime API subset the project uses, against NVIDIA's declarations in
+// cuda_runtime_api.h, for the emulated device. Memory is host memory; everything is synchronous.
+// Fresh device allocations are filled with 0xFF bytes (NaN for fp32, bf16 and fp16).
+#include "emu/cuda_emu.h"
+#include "emu/runtime_internal.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+namespace {
+
+struct ApiState {
+  std::mutex m;
+  std::unordered_map<const void*, size_t> device_allocs;
+  std::set<const void*> host_allocs;
+  std::unordered_map<const void*, double> events;  // recorded time in ms (or -1)
+  int device = 0;
+};
+ApiState& st() {
+  static ApiState* s = new ApiState();  // never destroyed: usable from static destructors
+  return *s;
+}
+
+double now_ms() {
+  using namespace std::chrono;
+  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+constexpr size_t kTotalMem = size_t(80) << 30;  // pretend H100 80 GB
+
+cudaError_t fail(cudaError_t e, const char* msg) { return gpt2emu::detail::api_set_error(e, msg); }
+
+// A device pointer argument must point into a live allocation with `n` bytes from it.
+bool device_range_ok(const void* p, size_t n) {
+  if (n == 0) return true;
+  ApiState& s = st();
+  std::lock_guard<std::mutex> lock(s.m);
+  const char* c = static_cast<const char*>(p);
+  for (const auto& [base, size] : s.device_allocs) {
+    const char* b = static_cast<const char*>(base);
+    if (c >= b && c + n <= b + size) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaMalloc(void** p, size_t size) {
+  if (!p) return fail(cudaErrorInvalidValue, "cudaMalloc: null output pointer");
+  void* m = aligned_alloc(256, (std::max<size_t>(size, 1) + 255) / 256 * 256);
+  if (!m) return fail(cudaErrorMemoryAllocation, "cudaMalloc: out of memory");
+  memset(m, 0xff, size);
+  {
+    ApiState& s = st();
+    std::lock_guard<std::mutex> lock(s.m);
+    s.device_allocs[m] = size;
+  }
+  *p = m;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocManaged(void** p, size_t size, unsigned int) { return cudaMalloc(p, size); }
+
+cudaError_t cudaFree(void* p) {
+  if (!p) return cudaSuccess;
+  {
+    ApiState& s = st();
+    std::lock_guard<std::mutex> lock(s.m);
+    if (!s.device_allocs.erase(p)) return fail(cudaErrorInvalidValue, "cudaFree: not a pointer from cudaMalloc");
+  }
+  free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** p, size_t size) {
+  if (!p) return fail(cudaErrorInvalidValue, "cudaMallocHost: null output pointer");
+  void* m = aligned_alloc(256, (std::max<size_t>(size, 1) + 255) / 256 * 256);
+  if (!m) return fail(cudaErrorMemoryAllocation, "cudaMallocHost: out of memory");
+  memset(m, 0xff, size);
+  {
+    ApiState& s = st();
+    std::lock_guard<std::mutex> lock(s.m);
+    s.host_allocs.insert(m);
+  }
+  *p = m;
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void** p, size_t size, unsigned int) { return cudaMallocHost(p, size); }
+
+cudaError_t cudaFreeHost(void* p) {
+  if (!p) return cudaSuccess;
+  {
+    ApiState& s = st();
+    std::lock_guard<std::mutex> lock(s.m);
+    if (!s.host_allocs.erase(p)) return fail(cudaErrorInvalidValue, "cudaFreeHost: not a pointer from cudaMallocHost");
+  }
+  free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+  if (count && (!dst || !src)) return fail(cudaErrorInvalidValue, "cudaMemcpy: null pointer");
+  const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (dst_dev && !device_range_ok(dst, count))
+    return fail(cudaErrorInvalidValue, "cudaMemcpy: destination is not inside a device allocation");
+  if (src_dev && !device_range_ok(src, count))
+    return fail(cudaErrorInvalidValue, "cudaMemcpy: source is not inside a device allocation");
+  if (count) memmove(dst, src, count);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind, cudaStream_t) {
+  return cudaMemcpy(dst, src, count, kind);
+}
+
+cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                         enum cudaMemcpyKind) {
+  for (size_t r = 0; r < height; ++r)
+    memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* p, int value, size_t count) {
+  if (!device_range_ok(p, count)) return fail(cudaErrorInvalidValue, "cudaMemset: not inside a device allocation");
+  if (count) memset(p, value, count);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void* p, int value, size_t count, cudaStream_t) { return cudaMemset(p, value, count); }
+
+cudaError_t cudaMemcpyToSymbol(const void* symbol, const void* src, size_t count, size_t offset, enum cudaMemcpyKind) {
+  memcpy(const_cast<char*>(static_cast<const char*>(symbol)) + offset, src, count);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyFromSymbol(void* dst, const void* symbol, size_t count, size_t offset, enum cudaMemcpyKind) {
+  memcpy(dst, static_cast<const char*>(symbol) + offset, count);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  size_t used = 0;
+  {
+    ApiState& s = st();
+    std::lock_guard<std::mutex> lock(s.m);
+    for (const auto& kv : s.device_allocs) used += kv.second;
+  }
+  if (total) *total = kTotalMem;
+  if (free_bytes) *free_bytes = used < kTotalMem ? kTotalMem - used : 0;
+  return cudaSuccess;
+}
+
+// ---- streams and events (all work is already done when a call returns)
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
+  if (!s) return fail(cudaErrorInvalidValue, "cudaStreamCreate: null output pointer");
+  *s = reinterpret_cast<cudaStream_t>(new char[1]);
+  gpt2emu::detail::api_register_stream(*s, true);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (!gpt2emu::detail::api_register_stream(s, false))
+    return fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: not a stream");
+  delete[] reinterpret_cast<char*>(s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return gpt2emu::detail::api_take_error(); }
+cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return gpt2emu::detail::api_take_error(); }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+  if (!e) return fail(cudaErrorInvalidValue, "cudaEventCreate: null output pointer");
+  *e = reinterpret_cast<cudaEvent_t>(new char[1]);
+  ApiState& s = st();
+  std::lock_guard<std::mutex> lock(s.m);
+  s.events[*e] = -1.0;
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  {
+    ApiState& s = st();
+    std::lock_guard<std::mutex> lock(s.m);
+    if (!s.events.erase(e)) return fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy: not an event");
+  }
+  delete[] reinterpret_cast<char*>(e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  ApiState& s = st();
+  std::lock_guard<std::mutex> lock(s.m);
+  auto it = s.events.find(e);
+  if (it == s.events.end()) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: not an event");
+  it->second = now_ms();
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return gpt2emu::detail::api_take_error(); }
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  ApiState& s = st();
+  std::lock_guard<std::mutex> lock(s.m);
+  auto ia = s.events.find(a), ib = s.events.find(b);
+  if (ia == s.events.end() || ib == s.events.end())
+    return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: not an event");
+  if (ia->second < 0 || ib->second < 0) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: event not recorded");
+  *ms = static_cast<float>(ib->second - ia->second);
+  return cudaSuccess;
+}
+
+// ---- errors
+cudaError_t cudaGetLastError(void) { return gpt2emu::detail::api_take_error(); }
+cudaError_t cudaPeekAtLastError(void) { return gpt2emu::detail::api_peek_error(); }
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    default: return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  const char* detail = gpt2emu::detail::api_message_for(e);
+  if (detail) return detail;
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorNotSupported: return "operation not supported";
+    default: return "unknown error (emulated device)";
+  }
+}
+
+// ---- the pretend device: an sm_90 part with H100-like limits
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) {
+  return d == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice, "cudaSetDevice: the emulator has one device (0)");
+}
+cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
+cudaError_t cudaRuntimeGetVersion(int* v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* p, int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties: the emulator has one device (0)");
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "gpt2core emulated device (sm_90, CPU)");
+  p->totalGlobalMem = kTotalMem;
+  p->sharedMemPerBlock = 48 * 1024;
+  p->regsPerBlock = 65536;
+  p->warpSize = 32;
+  p->memPitch = size_t(1) << 31;
+  p->maxThreadsPerBlock = 1024;
+  p->maxThreadsDim[0] = 1024;
+  p->maxThreadsDim[1] = 1024;
+  p->maxThreadsDim[2] = 64;
+  p->maxGridSize[0] = 2147483647;
+  p->maxGridSize[1] = 65535;
+  p->maxGridSize[2] = 65535;
+  p->totalConstMem = 65536;
+  p->major = 9;
+  p->minor = 0;
+  p->textureAlignment = 512;
+  p->multiProcessorCount = 132;
+  p->concurrentKernels = 1;
+  p->asyncEngineCount = 2;
+  p->unifiedAddressing = 1;
+  p->memoryBusWidth = 5120;
+  p->l2CacheSize = 50 * 1024 * 1024;
+  p->maxThreadsPerMultiProcessor = 2048;
+  p->sharedMemPerMultiprocessor = 228 * 1024;
+  p->regsPerMultiprocessor = 65536;
+  p->managedMemory = 1;
+  p->cooperativeLaunch = 1;
+  p->sharedMemPerBlockOptin = 227 * 1024;
+  p->maxBlocksPerMultiProcessor = 32;
+  p->reservedSharedMemPerBlock = 1024;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int device) {
+  cudaDeviceProp p;
+  cudaError_t e = cudaGetDeviceProperties(&p, device);
+  if (e != cudaSuccess) return e;
+  switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock: *value = p.maxThreadsPerBlock; break;
+    case cudaDevAttrMaxBlockDimX: *value = p.maxThreadsDim[0]; break;
+    case cudaDevAttrMaxBlockDimY: *value = p.maxThreadsDim[1]; break;
+    case cudaDevAttrMaxBlockDimZ: *value = p.maxThreadsDim[2]; break;
+    case cudaDevAttrMaxGridDimX: *value = p.maxGridSize[0]; break;
+    case cudaDevAttrMaxGridDimY: *value = p.maxGridSize[1]; break;
+    case cudaDevAttrMaxGridDimZ: *value = p.maxGridSize[2]; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = static_cast<int>(p.sharedMemPerBlock); break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = static_cast<int>(p.sharedMemPerBlockOptin); break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = static_cast<int>(p.sharedMemPerMultiprocessor); break;
+    case cudaDevAttrWarpSize: *value = 32; break;
+    case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = p.major; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = p.minor; break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = p.maxThreadsPerMultiProcessor; break;
+    case cudaDevAttrL2CacheSize: *value = p.l2CacheSize; break;
+    case cudaDevAttrMaxRegistersPerBlock: *value = p.regsPerBlock; break;
+    default: return fail(cudaErrorNotSupported, "cudaDeviceGetAttribute: attribute not emulated");
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr, int value) {
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+    if (value < 0 || value > 227 * 1024)
+      return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: MaxDynamicSharedMemorySize above the device's 227 KiB");
+    gpt2emu::detail::api_set_max_dyn_smem(func, value);
+  }
+  return cudaSuccess;
+}
+
+}  // extern "C"

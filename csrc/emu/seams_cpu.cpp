@@ -1,0 +1,1 @@
+// seams_cpu.cpp: placeholder
