@@ -1,0 +1,52 @@
+"""Package-level behaviour: build_info, device selection, presets."""
+import numpy as np
+import pytest
+
+import gpt2core
+from gpt2core import GPT2, PRESETS
+from gpt2core.model import DeviceError
+
+
+def test_build_info_reports_what_was_compiled():
+    info = gpt2core.build_info()
+    for key in ("version", "backends", "blas", "cuda", "cuda_archs", "cudnn", "nccl"):
+        assert key in info
+    assert "cpu" in info["backends"]
+    assert "openblas" in info["blas"].lower() or "blas" in info["blas"].lower()
+    assert info["version"] == gpt2core.__version__
+    assert all(a.isdigit() for a in info["cuda_archs"])
+
+
+def test_cuda_without_gpu_is_a_clear_python_error():
+    if "cuda" in gpt2core.build_info()["backends"]:
+        pytest.skip("CUDA backend compiled; covered by the CUDA tests")
+    with pytest.raises(DeviceError, match="cuda"):
+        GPT2("tiny", device="cuda")
+    with pytest.raises(ValueError, match="device"):
+        GPT2("tiny", device="tpu")
+
+
+def test_d12_has_gpt2_small_parameter_count():
+    assert PRESETS["d12"].num_parameters() == 124_475_904
+    # ~0.80 GFLOP per token at T=1024 (DESIGN.md)
+    assert abs(PRESETS["d12"].flops_per_token() / 1e9 - 0.80) < 0.01
+
+
+def test_presets_build_and_agree_with_core_count():
+    for name in ("tiny", "s2"):
+        m = GPT2(name)
+        assert m.num_parameters == PRESETS[name].num_parameters()
+        assert m.params["wte"].shape == (PRESETS[name].padded_vocab_size, PRESETS[name].n_embd)
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="unknown preset"):
+        GPT2("d13")
+
+
+def test_generate_is_seeded_and_in_vocab():
+    m = GPT2("tiny", seed=3)
+    a = m.generate(np.array([[1, 2, 3]]), 5, seed=7)
+    b = m.generate(np.array([[1, 2, 3]]), 5, seed=7)
+    np.testing.assert_array_equal(a, b)
+    assert a.shape == (1, 8) and a.max() < 50257
