@@ -121,6 +121,23 @@ unsigned long long launch_count();
 
 }  // namespace gpt2emu
 
+// ---------------------------------------------------------------------------------- runtime C++ API
+// The template overloads cuda_runtime.h only declares under nvcc (they take a kernel or a symbol).
+template <class T>
+inline cudaError_t cudaFuncSetAttribute(T* entry, enum cudaFuncAttribute attr, int value) {
+  return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(entry), attr, value);
+}
+template <class T>
+inline cudaError_t cudaMemcpyToSymbol(const T& symbol, const void* src, size_t count, size_t offset = 0,
+                                      enum cudaMemcpyKind kind = cudaMemcpyHostToDevice) {
+  return ::cudaMemcpyToSymbol(static_cast<const void*>(&symbol), src, count, offset, kind);
+}
+template <class T>
+inline cudaError_t cudaMemcpyFromSymbol(void* dst, const T& symbol, size_t count, size_t offset = 0,
+                                        enum cudaMemcpyKind kind = cudaMemcpyDeviceToHost) {
+  return ::cudaMemcpyFromSymbol(dst, static_cast<const void*>(&symbol), count, offset, kind);
+}
+
 // ---------------------------------------------------------------------------------- project macros
 #define LAUNCH(kernel, grid, block, smem, stream, ...) \
   ((void)::gpt2emu::launch(#kernel, kernel, (grid), (block), (smem), (stream), ##__VA_ARGS__))
