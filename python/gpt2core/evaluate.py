@@ -51,7 +51,8 @@ def hellaswag_batches(data: "_hs.Rendered", items_per_batch: int, seq_len: int, 
     """Yield (item ids, idx (4k, seq_len) int32, targets (4k, seq_len) int32) where targets hold the
     ending tokens (at the position that predicts them) and -1 elsewhere. Every batch has the same
     shape (4 * items_per_batch rows; the last one padded with empty rows), so the model allocates once.
-    Rows longer than seq_len + 1 tokens lose context tokens from the left."""
+    Rows longer than seq_len + 1 tokens lose context tokens from the left; an ending longer than
+    seq_len (not in HellaSwag with GPT-2's 1024) is scored on its first seq_len tokens."""
     rows_per_batch = 4 * items_per_batch
     for b0 in range(0, len(item_ids), items_per_batch):
         ids = item_ids[b0:b0 + items_per_batch]
@@ -61,11 +62,10 @@ def hellaswag_batches(data: "_hs.Rendered", items_per_batch: int, seq_len: int, 
             c = int(data.ctx_lens[i])
             for r in range(4):
                 row = data.row(i, r)
-                cut = max(0, len(row) - 1 - seq_len)     # tokens dropped from the left
-                if c - cut < 1:
-                    raise ValueError(f"HellaSwag item {i}: its ending ({len(row) - c} tokens) does not fit "
-                                     f"in block_size {seq_len} with at least one context token")
-                row = row[cut:]
+                # too long: drop context tokens from the left (keeping at least one), then, only if
+                # the ending alone is longer than seq_len, its last tokens
+                cut = min(max(0, len(row) - 1 - seq_len), c - 1)
+                row = row[cut:cut + seq_len + 1]
                 n = len(row) - 1
                 idx[4 * k + r, :n] = row[:-1]
                 tgt[4 * k + r, c - cut - 1:n] = row[c - cut:]
