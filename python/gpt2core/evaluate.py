@@ -93,6 +93,7 @@ def score_hellaswag(model, data=None, items_per_batch: int = 4, rank: int = 0, w
     if progress:
         from tqdm.auto import tqdm
         it = tqdm(it, total=math.ceil(len(item_ids) / items_per_batch), unit="batch", desc="hellaswag")
+    bar = it if progress else None
     for ids, idx, tgt in it:
         model.forward(idx, tgt)
         mask = tgt != -1
@@ -104,6 +105,9 @@ def score_hellaswag(model, data=None, items_per_batch: int = 4, rank: int = 0, w
         labels = data.labels[ids]
         correct += int((sums.argmin(axis=1) == labels).sum())
         correct_norm += int((means.argmin(axis=1) == labels).sum())
+        if bar is not None:
+            done = min(len(item_ids), (bar.n + 1) * items_per_batch)
+            bar.set_postfix(acc_norm=f"{correct_norm / done:.4f}", refresh=False)
     n = int(len(item_ids))
     return {"n": n, "correct": correct, "correct_norm": correct_norm,
             "acc": correct / n if n else float("nan"), "acc_norm": correct_norm / n if n else float("nan")}
@@ -111,6 +115,7 @@ def score_hellaswag(model, data=None, items_per_batch: int = 4, rank: int = 0, w
 
 # ------------------------------------------------------------------------------------ CLI
 def _load_checkpoint(path, device: str):
+    """A model file (llm.c format), a training checkpoint directory or a Hugging Face model."""
     from .checkpoint import load_model
     return load_model(path, device=device)
 
@@ -118,10 +123,10 @@ def _load_checkpoint(path, device: str):
 def _cmd_hellaswag(args) -> int:
     try:
         data = _hs.load(args.data, args.limit)
-    except _hs.HellaSwagError as e:
+        model = _load_checkpoint(args.checkpoint, args.device)
+    except (ValueError, OSError) as e:      # HellaSwagError, CheckpointError, missing files
         print(f"error: {e}", file=sys.stderr)
         return 1
-    model = _load_checkpoint(args.checkpoint, args.device)
     t0 = time.perf_counter()
     r = score_hellaswag(model, data, items_per_batch=args.items_per_batch, progress=not args.no_progress)
     dt = time.perf_counter() - t0
@@ -132,9 +137,13 @@ def _cmd_hellaswag(args) -> int:
 
 def _cmd_val(args) -> int:
     from .data.loader import DataLoader
-    model = _load_checkpoint(args.checkpoint, args.device)
-    T = args.seq_len or int(model.config.block_size)
-    loader = DataLoader(args.data_dir, "val", args.batch_size, T, shuffle=False)
+    try:
+        model = _load_checkpoint(args.checkpoint, args.device)
+        T = args.seq_len or int(model.config.block_size)
+        loader = DataLoader(args.data_dir, "val", args.batch_size, T, shuffle=False)
+    except (ValueError, OSError) as e:      # CheckpointError, ShardError, no val shard
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     loss = evaluate_loss(model, loader, args.steps)
     print(f"val loss {loss:.4f} over {min(args.steps, loader.batches_per_epoch)} batches of "
           f"{args.batch_size}x{T} tokens")
@@ -145,7 +154,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpt2core.evaluate", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     h = sub.add_parser("hellaswag", help="HellaSwag accuracy of a checkpoint")
-    h.add_argument("--checkpoint", "-c", required=True, help="model checkpoint (.bin, llm.c format)")
+    h.add_argument("--checkpoint", "-c", required=True,
+                   help="model file (llm.c .bin), training checkpoint directory or Hugging Face model")
     h.add_argument("--data", help="rendered .npz, rowanz jsonl or 6-line .txt (default: download)")
     h.add_argument("--limit", type=int, help="only the first N items")
     h.add_argument("--items-per-batch", type=int, default=4, help="items per forward (4 rows each)")
