@@ -236,3 +236,10 @@ def test_cli(tmp_path, capsys):
     assert "3 shards" in out and "edufineweb_train_000002.bin" in out
     rc = main(["fineweb", "--input", str(tmp_path / "nope.jsonl"), "--out-dir", str(tmp_path / "x")])
     assert rc == 1 and "no such file" in capsys.readouterr().err
+
+
+def test_cli_dispatches_shakespeare(tmp_path):
+    from gpt2core.data.__main__ import main
+    assert main(["shakespeare", "--out", str(tmp_path)]) == 0
+    # nanoGPT's 90/10 split of Tiny Shakespeare (shared/data/SOURCES.md)
+    assert [read_header(p) for p in find_shards(tmp_path, "val") + find_shards(tmp_path, "train")] == [36059, 301966]
