@@ -1,0 +1,120 @@
+// seams.h: the narrow interfaces through which CUDA backend code reaches the vendor libraries that
+// cannot be emulated (cuBLASLt, cuDNN, NCCL).
+//
+//   GPU build:       implemented in csrc/cuda/ over cuBLASLt / cuDNN / NCCL (CUDA backend issue).
+//   emulated build:  implemented in csrc/emu/seams_cpu.cpp on the host, with the same numerics contract,
+//                    so the whole CUDA training step runs in CI.
+//
+// All calls are stream-ordered (synchronous in the emulation), take device pointers, return a
+// cudaError_t (cudaErrorInvalidValue for bad shapes, cudaErrorNotSupported for what a build lacks)
+// and never throw. Callers check with their CUDA_CHECK; kernels and host launchers stay unaware of
+// which implementation is linked.
+//
+// Numerics contract (both implementations):
+//   - inputs are read in their dtype and widened to fp32; products are accumulated in fp32 (order
+//     unspecified, so results agree to fp32 rounding, not bit for bit);
+//   - epilogues (alpha, bias, GELU, GELU backward, accumulation into D) are applied to the fp32 value;
+//   - every stored output is rounded once to its dtype (round to nearest even for bf16).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gpt2core::seams {
+
+enum class DType : int { F32 = 0, BF16 = 1 };
+
+inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+
+// ---------------------------------------------------------------------------------------- matmul
+enum class Epilogue : int {
+  None = 0,      // v = alpha * acc (+ bias if given)
+  Gelu = 1,      // pre = alpha * acc (+ bias); v = gelu(pre); pre_gelu (if given) receives pre
+  GeluBackward = 2,  // v = alpha * acc * gelu'(pre_gelu)            (pre_gelu required)
+};
+
+// D (m, n) = epilogue(op(A) @ op(B)), all matrices row-major with leading dimensions in elements.
+//   op(A) is (m, k): A is stored (m, k), or (k, m) when trans_a;
+//   op(B) is (k, n): B is stored (k, n), or (n, k) when trans_b (a Linear weight (out, in) gives
+//   x @ W^T with trans_b = true, n = out, k = in).
+// accumulate: D = D + v (beta = 1) instead of D = v. batch > 1 repeats the product with the strides.
+// bias: (n) in d_type, broadcast over rows. pre_gelu: (m, n) in d_type with leading dimension ldd.
+// The cuBLASLt implementation maps this row-major product onto column-major D^T = op(B)^T op(A)^T.
+struct MatmulParams {
+  void* d = nullptr;
+  DType d_type = DType::F32;
+  int ldd = 0;
+  const void* a = nullptr;
+  DType a_type = DType::F32;
+  int lda = 0;
+  bool trans_a = false;
+  const void* b = nullptr;
+  DType b_type = DType::F32;
+  int ldb = 0;
+  bool trans_b = false;
+  int m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  bool accumulate = false;
+  Epilogue epilogue = Epilogue::None;
+  const void* bias = nullptr;
+  void* pre_gelu = nullptr;
+  int batch = 1;
+  long long stride_a = 0, stride_b = 0, stride_d = 0;  // elements between batch entries
+  cudaStream_t stream = nullptr;
+};
+cudaError_t matmul(const MatmulParams& p);
+
+// ---------------------------------------------------------------------------------------- attention
+// Causal multi-head self-attention as cuDNN's fused SDPA computes it, in llm.c's layouts:
+//   qkv (B, T, 3, NH, HS) in dtype; out (B, T, NH, HS) in dtype; stats (B, NH, T) fp32 logsumexp of
+//   the scaled scores per query row (saved by forward, read by backward).
+// scale is usually 1 / sqrt(HS). Backward writes dqkv (B, T, 3, NH, HS) (overwrites, no +=).
+struct AttentionForwardParams {
+  void* out = nullptr;
+  float* stats = nullptr;
+  const void* qkv = nullptr;
+  DType dtype = DType::F32;
+  int B = 0, T = 0, NH = 0, HS = 0;
+  float scale = 0.0f;
+  cudaStream_t stream = nullptr;
+};
+cudaError_t attention_forward(const AttentionForwardParams& p);
+
+struct AttentionBackwardParams {
+  void* dqkv = nullptr;
+  const void* dout = nullptr;
+  const void* qkv = nullptr;
+  const void* out = nullptr;
+  const float* stats = nullptr;
+  DType dtype = DType::F32;
+  int B = 0, T = 0, NH = 0, HS = 0;
+  float scale = 0.0f;
+  cudaStream_t stream = nullptr;
+};
+cudaError_t attention_backward(const AttentionBackwardParams& p);
+
+// ---------------------------------------------------------------------------------------- collectives
+// A communicator over the ranks of one training run (NCCL in the GPU build). The emulation supports
+// a single rank, for which every collective is a copy (or nothing, in place).
+struct Comm;
+enum class ReduceOp : int { Sum = 0, Avg = 1 };
+
+// unique_id: the bytes rank 0 created with comm_unique_id and shared out of band (ignored when world == 1).
+cudaError_t comm_unique_id(void* id, size_t size);
+cudaError_t comm_init(Comm** comm, int rank, int world, const void* unique_id, size_t id_size);
+cudaError_t comm_destroy(Comm* comm);
+int comm_rank(const Comm* comm);
+int comm_world(const Comm* comm);
+
+// out (count) = op over ranks of in (count); out == in allowed.
+cudaError_t all_reduce(Comm* comm, void* out, const void* in, size_t count, DType dtype, ReduceOp op,
+                       cudaStream_t stream);
+// out (count) = op over ranks of in[rank * count : (rank + 1) * count]; in has world * count elements.
+cudaError_t reduce_scatter(Comm* comm, void* out, const void* in, size_t count, DType dtype, ReduceOp op,
+                           cudaStream_t stream);
+// out (world * count) = concatenation over ranks of in (count).
+cudaError_t all_gather(Comm* comm, void* out, const void* in, size_t count, DType dtype, cudaStream_t stream);
+
+}  // namespace gpt2core::seams
