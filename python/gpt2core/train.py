@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from . import _C, tokenizer
-from .checkpoint import save_model
+from .checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint,
+                         prune_checkpoints, save_checkpoint, save_model)
 from .config import PRESETS, get_preset
 from .data.loader import DataLoader
 from .distributed import from_env
@@ -65,7 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--output-dir", default="out", help="metrics.jsonl and model.bin go here")
     g.add_argument("--seed", type=int, default=1337)
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    g = ap.add_argument_group("checkpoints")
+    g.add_argument("--checkpoint-every", type=int, default=0,
+                   help="write <output-dir>/checkpoints/step_NNNNNN every N steps and at the end (0: never)")
+    g.add_argument("--keep-last", type=int, default=0, help="keep only the newest K checkpoints (0: all)")
+    g.add_argument("--resume", default=None, metavar="DIR|auto",
+                   help="continue from a checkpoint directory, or 'auto': the newest complete checkpoint in "
+                        "<output-dir>/checkpoints (a fresh start if there is none)")
     return ap
+
+
+# arguments that change the trajectory: a resumed run that changes them is no longer exact
+_RESUME_ARGS = ("preset", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens", "no_shuffle",
+                "steps", "lr", "min_lr_frac", "warmup", "schedule", "weight_decay", "grad_clip", "beta1", "beta2",
+                "seed")
 
 
 class Trainer:
@@ -105,6 +119,71 @@ class Trainer:
         self.config = config
         self.metrics_path = self.out / "metrics.jsonl"
         self.flops_per_token = config.flops_per_token(T)
+        self.ckpt_root = self.out / "checkpoints"
+        self.start_step = 0
+        if getattr(args, "resume", None):
+            self.resume(args.resume)
+
+    def resume(self, where: str) -> None:
+        """Restore weights, AdamW state, step, loader position and metrics from a checkpoint."""
+        if where == "auto":
+            ck = latest_checkpoint(self.ckpt_root, log=self.log)
+            if ck is None:
+                self.log(f"resume auto: no complete checkpoint in {self.ckpt_root}; starting from step 0")
+                return
+        else:
+            d = Path(where)
+            if d.is_dir() and not (d / "manifest.json").exists() and list_checkpoints(d):
+                ck = latest_checkpoint(d, log=self.log)  # a checkpoints/ folder: its newest complete one
+                if ck is None:
+                    raise CheckpointError(f"{d}: no complete checkpoint in this directory")
+            else:
+                ck = load_checkpoint(d)
+        if ck.config != self.config:
+            raise CheckpointError(f"{ck.path}: checkpoint model {ck.config} does not match this run's {self.config} "
+                                  "(use the same --preset and --padded-vocab-size)")
+        saved = ck.state.get("args", {})
+        changed = [f"--{k.replace('_', '-')} {saved.get(k)!r} -> {getattr(self.args, k, None)!r}"
+                   for k in _RESUME_ARGS if k in saved and saved[k] != getattr(self.args, k, None)]
+        if changed:
+            self.log("warning: resuming with changed arguments, the run will not match an uninterrupted one: "
+                     + ", ".join(changed))
+        ck.restore(self.model)
+        try:
+            self.train_loader.load_state_dict(ck.state["train_loader"])
+        except (KeyError, ValueError) as e:
+            raise CheckpointError(f"{ck.path}: cannot restore the data loader position: {e}") from e
+        self.start_step = ck.step
+        if self.dist.is_master:
+            tmp = self.metrics_path.with_name(self.metrics_path.name + ".resume.tmp")
+            if ck.metrics_path is not None:
+                tmp.write_bytes(ck.metrics_path.read_bytes())
+            else:
+                tmp.write_bytes(b"")
+            os.replace(tmp, self.metrics_path)  # drop records of steps after the checkpoint
+        self.log(f"resumed from {ck.path} at step {ck.step}")
+
+    def save_checkpoint(self, step: int) -> Path | None:
+        """Checkpoint after `step` optimizer steps (master only), then prune to --keep-last."""
+        if not self.dist.is_master:
+            return None
+        a = self.args
+        t0 = time.perf_counter()
+        state = {
+            "train_loader": self.train_loader.state_dict(),
+            "args": {k: v for k, v in vars(a).items() if isinstance(v, (str, int, float, bool, type(None)))},
+            "lr_next": lr_at(step, a.lr, a.warmup, a.steps, a.min_lr_frac * a.lr, a.schedule),
+            "grad_accum": self.grad_accum,
+            "world_size": self.dist.world_size,
+            # the data order is a function of (seed, loader position); sampling is seeded per call
+            "rng": {"data": "train_loader position + seed", "sampling": f"seed {a.seed} per call"},
+        }
+        path = save_checkpoint(self.ckpt_root, step, self.model, state, metrics_path=self.metrics_path)
+        keep = getattr(a, "keep_last", 0)
+        removed = prune_checkpoints(self.ckpt_root, keep) if keep else []
+        self.log(f"checkpoint {path} ({time.perf_counter() - t0:.1f} s)"
+                 + (f"; removed {len(removed)} old" if removed else ""))
+        return path
 
     def log(self, msg: str) -> None:
         if self.dist.is_master:
@@ -136,7 +215,8 @@ class Trainer:
                  f"-> {self.total:,} tokens/step | train tokens {self.train_loader.n_tokens:,} | "
                  f"val tokens {self.val_loader.n_tokens:,}")
         last = {}
-        for step in range(a.steps):
+        every = getattr(a, "checkpoint_every", 0)
+        for step in range(self.start_step, a.steps):
             last_step = step == a.steps - 1
             if a.val_every and (step % a.val_every == 0 or last_step):
                 vl = self.val_loss()
@@ -166,6 +246,8 @@ class Trainer:
             rec = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm, "dt_ms": dt * 1e3, "tok_per_s": tps}
             self.write_metrics(rec)
             last.update(rec)
+            if every and ((step + 1) % every == 0 or last_step):
+                self.save_checkpoint(step + 1)
         if self.dist.is_master:
             path = save_model(m, self.out / "model.bin")
             self.log(f"saved {path}")
@@ -175,7 +257,10 @@ class Trainer:
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
-    return Trainer(args).run()
+    try:
+        return Trainer(args).run()
+    except CheckpointError as e:
+        raise SystemExit(f"gpt2core-train: {e}") from e
 
 
 if __name__ == "__main__":
