@@ -102,6 +102,26 @@ class GPT2:
         """AdamW first and second moments by name (numpy views)."""
         return self._m.adam_m(), self._m.adam_v()
 
+    # ------------------------------------------------------------------ interop (gpt2core.checkpoint, .hf)
+    @classmethod
+    def from_pretrained(cls, path, device: str = "cpu", padded_vocab_size: int | None = None) -> "GPT2":
+        """Load a Hugging Face GPT-2 directory (config.json + model.safetensors or pytorch_model.bin), a
+        Hub name such as "gpt2" (needs huggingface_hub and network), an llm.c model file (v3/v5) or a
+        gpt2core checkpoint directory. padded_vocab_size: for HF models (default: vocab rounded up to 128)."""
+        from .checkpoint import load_model
+        return load_model(path, device=device, padded_vocab_size=padded_vocab_size)
+
+    def save_pretrained(self, path):
+        """Write a Hugging Face GPT-2 directory (config.json + model.safetensors) that transformers'
+        GPT2LMHeadModel.from_pretrained loads; the padded vocab rows are dropped."""
+        from .hf import save_pretrained
+        return save_pretrained(self, path)
+
+    def save(self, path, dtype: str = "float32"):
+        """Write an llm.c model file: dtype "float32" (version 3) or "bfloat16" (version 5)."""
+        from .checkpoint import save_model
+        return save_model(self, path, dtype=dtype)
+
     # ------------------------------------------------------------------ compute
     def forward(self, idx, targets=None, return_logits: bool = False):
         """Mean cross-entropy over targets != -1 (NaN without targets); with return_logits also the
