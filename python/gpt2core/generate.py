@@ -7,13 +7,15 @@ import argparse
 import numpy as np
 
 from . import tokenizer
-from .checkpoint import load_model
+from .checkpoint import CheckpointError, load_model
 
 
 def main(argv=None) -> list[str]:
     ap = argparse.ArgumentParser(prog="gpt2core-generate", description=__doc__)
     ap.add_argument("prompt", nargs="?", default="\n", help="text to continue")
-    ap.add_argument("--model", required=True, help="model file (llm.c layout, written by gpt2core-train)")
+    ap.add_argument("--model", required=True,
+                    help="an llm.c model file (v3 fp32 or v5 bf16, e.g. out/model.bin), a training checkpoint "
+                         "directory, a Hugging Face GPT-2 directory, or a Hub name such as gpt2")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--top-k", type=int, default=50)
     ap.add_argument("--temperature", type=float, default=1.0)
@@ -21,7 +23,10 @@ def main(argv=None) -> list[str]:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
-    model = load_model(args.model, device=args.device)
+    try:
+        model = load_model(args.model, device=args.device)
+    except CheckpointError as e:
+        raise SystemExit(f"gpt2core-generate: {e}") from e
     prompt = tokenizer.encode(args.prompt) or [tokenizer.EOT]
     x = np.array([prompt] * args.num_samples)
     out = model.generate(x, args.max_new_tokens, top_k=args.top_k, temperature=args.temperature, seed=args.seed)
