@@ -12,6 +12,7 @@
 #include "model/gpt2.h"
 
 namespace py = pybind11;
+void bind_dist(py::module_& m);  // bindings_dist.cpp
 using gpt2::GPT2Model;
 using gpt2::ModelConfig;
 
@@ -154,7 +155,33 @@ void bind_model(py::module_& m, const char* cls_name) {
            py::arg("lr"), py::arg("beta1") = 0.9f, py::arg("beta2") = 0.95f, py::arg("eps") = 1e-8f,
            py::arg("weight_decay") = 0.1f, py::arg("step"), py::arg("grad_scale") = 1.0f,
            "AdamW over all parameters; weight decay on 2-D tensors only; grads are multiplied by grad_scale "
-           "(gradient clipping folds in here).");
+           "(gradient clipping folds in here).")
+      .def("adamw_update_range",
+           [](M& self, size_t lo, size_t hi, py::array m, py::array v, float lr, float beta1,
+              float beta2, float eps, float weight_decay, int step, float grad_scale) {
+             if (lo > hi || hi > self.num_parameters())
+               throw py::value_error("need 0 <= lo <= hi <= num_parameters (" + std::to_string(self.num_parameters()) +
+                                     "), got lo=" + std::to_string(lo) + " hi=" + std::to_string(hi));
+             for (auto* a : {&m, &v}) {
+               const char* name = a == &m ? "m" : "v";
+               if (!a->dtype().is(py::dtype::of<T>()) || a->ndim() != 1 || size_t(a->shape(0)) != hi - lo ||
+                   !(a->flags() & py::array::c_style) || !a->writeable())
+                 throw py::value_error(std::string(name) + " must be a writable contiguous 1-D array of hi - lo = " +
+                                       std::to_string(hi - lo) + " values of the model's dtype");
+             }
+             if (!(lr >= 0)) throw py::value_error("lr must be >= 0");
+             if (!(grad_scale >= 0) || !std::isfinite(grad_scale)) throw py::value_error("grad_scale must be finite and >= 0");
+             if (step < 1) throw py::value_error("step counts from 1");
+             T* mp = static_cast<T*>(m.mutable_data());
+             T* vp = static_cast<T*>(v.mutable_data());
+             py::gil_scoped_release nogil;
+             self.adamw_update_range(lo, hi, mp, vp, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+           },
+           py::arg("lo"), py::arg("hi"), py::arg("m"), py::arg("v"), py::arg("lr"), py::arg("beta1") = 0.9f,
+           py::arg("beta2") = 0.95f, py::arg("eps") = 1e-8f, py::arg("weight_decay") = 0.1f, py::arg("step"),
+           py::arg("grad_scale") = 1.0f,
+           "AdamW over flat parameters [lo, hi) only (ZeRO-1 shard) with the moments m, v of that range "
+           "(arrays of hi - lo values, updated in place); same weight-decay policy as adamw_update.");
 }
 
 }  // namespace
@@ -183,6 +210,7 @@ PYBIND11_MODULE(_C, m) {
     d["cuda_archs"] = archs;
     d["cudnn"] = bool(GPT2CORE_HAS_CUDNN);
     d["nccl"] = bool(GPT2CORE_HAS_NCCL);
+    d["gloo"] = bool(GPT2CORE_HAS_GLOO);  // CPU multi-process training (gpt2core._C.dist)
     return d;
   });
   m.def("set_num_threads", [](int n) {
@@ -194,4 +222,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("param_names", []() { std::vector<std::string> v(gpt2::param_names().begin(), gpt2::param_names().end()); return v; });
   bind_model<float>(m, "Model");
   bind_model<double>(m, "ModelF64");
+  bind_dist(m);
 }

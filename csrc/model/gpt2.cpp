@@ -1,5 +1,6 @@
 #include "model/gpt2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -197,6 +198,21 @@ void GPT2Model<T>::adamw_update(float lr, float beta1, float beta2, float eps, f
   const float bc2 = 1.0f - std::pow(beta2, float(step));
   for (int i = 0; i < kNumParamTensors; i++) {
     backend_->adamw(param(i), grad(i), m_ + offsets_[i], v_ + offsets_[i], sizes_[i], lr, beta1, beta2, eps,
+                    param_decays(i) ? weight_decay : 0.0f, grad_scale, bc1, bc2);
+  }
+}
+
+template <typename T>
+void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, T* m, T* v, float lr, float beta1, float beta2,
+                                      float eps, float weight_decay, int step, float grad_scale) {
+  if (step < 1) throw std::invalid_argument("adamw_update_range: step counts from 1");
+  if (lo > hi || hi > num_params_) throw std::invalid_argument("adamw_update_range: bad range");
+  const float bc1 = 1.0f - std::pow(beta1, float(step));
+  const float bc2 = 1.0f - std::pow(beta2, float(step));
+  for (int i = 0; i < kNumParamTensors; i++) {  // the part of each tensor inside [lo, hi)
+    const size_t a = std::max(lo, offsets_[i]), b = std::min(hi, offsets_[i] + sizes_[i]);
+    if (a >= b) continue;
+    backend_->adamw(params_ + a, grads_ + a, m + (a - lo), v + (a - lo), b - a, lr, beta1, beta2, eps,
                     param_decays(i) ? weight_decay : 0.0f, grad_scale, bc1, bc2);
   }
 }

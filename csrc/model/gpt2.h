@@ -51,6 +51,11 @@ class GPT2Model {
   void zero_grad();
   double grad_norm();  // global L2 norm of all gradients
   void adamw_update(float lr, float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale);
+  // AdamW over the flat parameter range [lo, hi) only (ZeRO-1: this rank's shard), with the same per-tensor
+  // weight-decay policy as adamw_update. m and v are the shard's moments: hi - lo values each in backend
+  // memory, owned by the caller; the model's own adam_m()/adam_v() are not touched (nor allocated).
+  void adamw_update_range(size_t lo, size_t hi, T* m, T* v, float lr, float beta1, float beta2, float eps,
+                          float weight_decay, int step, float grad_scale);
   int last_B() const { return B_; }
   int last_T() const { return T_; }
 

@@ -1,0 +1,110 @@
+// Python bindings of the communicator seam (csrc/dist): gpt2core._C.dist. Buffers are validated here
+// (float32, C-contiguous, writable: they are reduced in place); collectives release the GIL.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <string>
+
+#include "dist/comm.h"
+
+namespace py = pybind11;
+using gpt2::dist::Comm;
+using gpt2::dist::ReduceOp;
+
+namespace {
+
+// (pointer, count) of a writable, C-contiguous float32 array.
+std::pair<float*, size_t> float_buffer(const py::handle& obj, const char* name) {
+  if (!py::isinstance<py::array>(obj)) throw py::type_error(std::string(name) + " must be a numpy float32 array");
+  auto arr = py::reinterpret_borrow<py::array>(obj);
+  if (!arr.dtype().is(py::dtype::of<float>()))
+    throw py::type_error(std::string(name) + " must be float32, got dtype " + std::string(py::str(arr.dtype())));
+  if (!(arr.flags() & py::array::c_style)) throw py::value_error(std::string(name) + " must be C-contiguous");
+  if (!arr.writeable()) throw py::value_error(std::string(name) + " must be writable (collectives work in place)");
+  return {static_cast<float*>(arr.mutable_data()), size_t(arr.size())};
+}
+
+ReduceOp parse_op(const std::string& op) {
+  if (op == "sum") return ReduceOp::Sum;
+  if (op == "avg" || op == "mean") return ReduceOp::Avg;
+  throw py::value_error("op must be 'sum' or 'avg', got '" + op + "'");
+}
+
+}  // namespace
+
+void bind_dist(py::module_& m) {
+  auto d = m.def_submodule("dist", "Process groups for data-parallel training (Gloo on CPU).");
+  py::register_exception<gpt2::dist::DistError>(d, "DistError", PyExc_RuntimeError);
+  d.def("have_gloo", &gpt2::dist::have_gloo, "Whether Gloo (CPU collectives) is compiled in.");
+
+  py::class_<Comm>(d, "Comm",
+                   "A process group. Collectives are blocking, in place on float32 numpy arrays, bounded by "
+                   "the timeout; a failure (dead or hung peer) raises DistError and breaks the group.")
+      .def_property_readonly("rank", &Comm::rank)
+      .def_property_readonly("size", &Comm::size)
+      .def_property_readonly("backend", &Comm::backend)
+      .def_property_readonly("timeout", [](const Comm& c) { return c.timeout().count() / 1000.0; },
+                             "seconds")
+      .def("shard", [](const Comm& c, size_t n, int r) {
+             if (r < 0) r = c.rank();
+             if (r >= c.size()) throw py::value_error("rank " + std::to_string(r) + " is outside the group");
+             return std::make_pair(c.shard_lo(n, r), c.shard_hi(n, r));
+           },
+           py::arg("n"), py::arg("rank") = -1,
+           "[lo, hi) of rank's shard of an n-value buffer (reduce_scatter / all_gather layout).")
+      .def("allreduce", [](Comm& c, py::object buf, const std::string& op) {
+             auto [p, n] = float_buffer(buf, "buf");
+             ReduceOp o = parse_op(op);
+             py::gil_scoped_release nogil;
+             c.allreduce(p, n, o);
+           },
+           py::arg("buf"), py::arg("op") = "sum", "In place: buf = sum (op='sum') or mean (op='avg') over ranks.")
+      .def("reduce_scatter", [](Comm& c, py::object buf, const std::string& op) {
+             auto [p, n] = float_buffer(buf, "buf");
+             ReduceOp o = parse_op(op);
+             py::gil_scoped_release nogil;
+             c.reduce_scatter(p, n, o);
+           },
+           py::arg("buf"), py::arg("op") = "sum",
+           "In place: buf[lo:hi] (this rank's shard) = sum/mean over ranks; the rest of buf is scratch.")
+      .def("all_gather", [](Comm& c, py::object buf) {
+             auto [p, n] = float_buffer(buf, "buf");
+             py::gil_scoped_release nogil;
+             c.all_gather(p, n);
+           },
+           py::arg("buf"), "In place: every rank's shard of buf to every rank.")
+      .def("broadcast", [](Comm& c, py::object buf, int root) {
+             auto [p, n] = float_buffer(buf, "buf");
+             py::gil_scoped_release nogil;
+             c.broadcast(p, n, root);
+           },
+           py::arg("buf"), py::arg("root") = 0)
+      .def("barrier", [](Comm& c) {
+             py::gil_scoped_release nogil;
+             c.barrier();
+           });
+
+  d.def("init_gloo",
+        [](int rank, int world_size, const std::string& master_addr, int master_port, double timeout,
+           const std::string& hostname, const std::string& iface, const std::string& prefix) {
+          if (!(timeout > 0)) throw py::value_error("timeout must be > 0 seconds");
+          gpt2::dist::RendezvousOptions o;
+          o.rank = rank;
+          o.world_size = world_size;
+          o.master_addr = master_addr;
+          o.master_port = master_port;
+          o.timeout = std::chrono::milliseconds(long(timeout * 1000));
+          o.hostname = hostname;
+          o.iface = iface;
+          o.prefix = prefix;
+          py::gil_scoped_release nogil;
+          return gpt2::dist::make_gloo_comm(o);
+        },
+        py::arg("rank"), py::arg("world_size"), py::arg("master_addr") = "127.0.0.1", py::arg("master_port") = 29500,
+        py::arg("timeout") = 300.0, py::arg("hostname") = "", py::arg("iface") = "", py::arg("prefix") = "gpt2core",
+        "Join a Gloo process group: rank 0 serves the rendezvous store on master_port, all ranks meet at "
+        "master_addr:master_port; raises DistError naming the ranks that did not arrive within timeout "
+        "seconds.");
+}

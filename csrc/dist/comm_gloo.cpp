@@ -1,0 +1,215 @@
+// Comm over Gloo's TCP transport (CPU data parallelism).
+//
+//   allreduce        gloo::allreduce (ring), then * 1/size for Avg
+//   reduce_scatter   ring over Gloo's unbound buffers: size-1 steps, each sending one shard to the right
+//                    neighbour and adding the one from the left, so rank r ends with the sum of shard r
+//                    (Gloo's own reduce-scatter of this version has no per-call timeout)
+//   all_gather       gloo::allgatherv in place (uneven shards)
+//   broadcast, barrier  gloo::broadcast, gloo::barrier
+// Every call is bounded by the timeout; Gloo's exceptions (peer closed the connection, timed out)
+// become DistError naming the operation and this rank.
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+#include "dist/comm.h"
+#include "dist/rendezvous.h"
+
+#if GPT2CORE_HAS_GLOO
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#endif
+
+namespace gpt2::dist {
+
+#if GPT2CORE_HAS_GLOO
+
+bool have_gloo() { return true; }
+
+namespace {
+
+// Gloo's Store interface over our TcpStore.
+class GlooStore : public gloo::rendezvous::Store {
+ public:
+  GlooStore(TcpStore& s, std::chrono::milliseconds timeout) : s_(s), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override { s_.set(key, data); }
+  std::vector<char> get(const std::string& key) override { return s_.get(key, timeout_); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    auto missing = s_.wait(keys, timeout);
+    if (!missing.empty())
+      throw DistError("rendezvous store: key '" + missing[0] + "' (published by the rank it names) did not "
+                      "appear within " + std::to_string(timeout.count() / 1000.0) + " s");
+  }
+
+ private:
+  TcpStore& s_;
+  std::chrono::milliseconds timeout_;
+};
+
+constexpr uint64_t kReduceScatterSlot = 0x6770743272730000ull;  // "gpt2rs": our ring's messages
+
+class GlooComm final : public Comm {
+ public:
+  explicit GlooComm(const RendezvousOptions& o) : rank_(o.rank), size_(o.world_size) {
+    timeout_ = o.timeout;
+    store_ = rendezvous(o);
+    try {
+      GlooStore adapter(*store_, o.timeout);
+      gloo::rendezvous::PrefixStore prefixed(o.prefix + "/gloo", adapter);
+      gloo::transport::tcp::attr attr;
+      if (!o.iface.empty())
+        attr.iface = o.iface;
+      else
+        attr.hostname = local_address(o);
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(o.rank, o.world_size);
+      ctx->setTimeout(o.timeout);
+      ctx->connectFullMesh(prefixed, device_);
+      ctx_ = ctx;
+    } catch (const DistError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw DistError("rank " + std::to_string(rank_) + ": connecting to the other " +
+                      std::to_string(size_ - 1) + " rank(s) through Gloo failed: " + e.what());
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "gloo"; }
+
+  void allreduce(float* buf, size_t n, ReduceOp op) override {
+    if (size_ == 1 || n == 0) return;
+    guarded("allreduce", n, [&] {
+      gloo::AllreduceOptions opts(ctx_);
+      opts.setOutput(buf, n);
+      opts.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      opts.setTimeout(timeout_);
+      gloo::allreduce(opts);
+    });
+    if (op == ReduceOp::Avg) scale(buf, n);
+  }
+
+  void reduce_scatter(float* buf, size_t n, ReduceOp op) override {
+    if (size_ == 1 || n == 0) return;
+    const size_t S = shard_size(n, size_);
+    if (scratch_.size() < S) scratch_.resize(S);
+    guarded("reduce_scatter", n, [&] {
+      auto out = ctx_->createUnboundBuffer(buf, n * sizeof(float));
+      auto tmp = ctx_->createUnboundBuffer(scratch_.data(), S * sizeof(float));
+      const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
+      for (int s = 0; s < size_ - 1; s++) {
+        // send the shard we finished adding into last step; receive the left neighbour's partial sum of
+        // the next one. At the last step the received shard is our own: it then holds the full sum.
+        const int send_idx = ((rank_ - s - 1) % size_ + size_) % size_;
+        const int recv_idx = ((rank_ - s - 2) % size_ + size_) % size_;
+        const size_t slo = shard_lo(n, send_idx), scount = shard_hi(n, send_idx) - slo;
+        const size_t rlo = shard_lo(n, recv_idx), rcount = shard_hi(n, recv_idx) - rlo;
+        if (scount) out->send(right, kReduceScatterSlot, slo * sizeof(float), scount * sizeof(float));
+        if (rcount) {
+          tmp->recv(left, kReduceScatterSlot, 0, rcount * sizeof(float));
+          tmp->waitRecv(timeout_);
+          float* dst = buf + rlo;
+          const float* src = scratch_.data();
+          for (size_t i = 0; i < rcount; i++) dst[i] += src[i];
+        }
+        if (scount) out->waitSend(timeout_);
+      }
+    });
+    if (op == ReduceOp::Avg) {
+      const size_t lo = shard_lo(n, rank_);
+      scale(buf + lo, shard_hi(n, rank_) - lo);
+    }
+  }
+
+  void all_gather(float* buf, size_t n) override {
+    if (size_ == 1 || n == 0) return;
+    guarded("all_gather", n, [&] {
+      std::vector<size_t> counts(size_);
+      for (int r = 0; r < size_; r++) counts[r] = shard_hi(n, r) - shard_lo(n, r);
+      gloo::AllgathervOptions opts(ctx_);
+      opts.setOutput(buf, counts);
+      opts.setTimeout(timeout_);
+      gloo::allgatherv(opts);
+    });
+  }
+
+  void broadcast(float* buf, size_t n, int root) override {
+    if (root < 0 || root >= size_)
+      throw DistError("broadcast: root " + std::to_string(root) + " is outside 0.." + std::to_string(size_ - 1));
+    if (size_ == 1 || n == 0) return;
+    guarded("broadcast", n, [&] {
+      gloo::BroadcastOptions opts(ctx_);
+      opts.setOutput(buf, n);
+      opts.setRoot(root);
+      opts.setTimeout(timeout_);
+      gloo::broadcast(opts);
+    });
+  }
+
+  void barrier() override {
+    if (size_ == 1) return;
+    guarded("barrier", 0, [&] {
+      gloo::BarrierOptions opts(ctx_);
+      opts.setTimeout(timeout_);
+      gloo::barrier(opts);
+    });
+  }
+
+ private:
+  void scale(float* p, size_t n) const {
+    const float f = 1.0f / float(size_);
+    for (size_t i = 0; i < n; i++) p[i] *= f;
+  }
+
+  template <typename F>
+  void guarded(const char* op, size_t n, F&& fn) {
+    if (broken_) throw DistError(std::string(op) + " on rank " + std::to_string(rank_) + ": " + broken_msg_);
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      std::ostringstream s;
+      s << op << " of " << n << " floats failed on rank " << rank_ << " of " << size_ << ": " << e.what()
+        << " (another rank exited, crashed or stopped responding for longer than the timeout of "
+        << timeout_.count() / 1000.0 << " s)";
+      broken_ = true;
+      broken_msg_ = "the process group is broken by an earlier failure: " + s.str();
+      throw DistError(s.str());
+    }
+  }
+
+  int rank_, size_;
+  std::unique_ptr<TcpStore> store_;  // kept: rank 0 serves it for as long as the group lives
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> ctx_;
+  std::vector<float> scratch_;
+  bool broken_ = false;
+  std::string broken_msg_;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_gloo_comm(const RendezvousOptions& opts) { return std::make_unique<GlooComm>(opts); }
+
+#else  // !GPT2CORE_HAS_GLOO
+
+bool have_gloo() { return false; }
+
+std::unique_ptr<Comm> make_gloo_comm(const RendezvousOptions&) {
+  throw DistError("this build of gpt2core has no Gloo: CPU multi-process training needs it. Install it "
+                  "(Debian/Ubuntu: apt-get install libgloo-dev) and reinstall gpt2core from source");
+}
+
+#endif
+
+}  // namespace gpt2::dist
