@@ -180,7 +180,7 @@ class Trainer:
         }
         path = save_checkpoint(self.ckpt_root, step, self.model, state, metrics_path=self.metrics_path)
         keep = getattr(a, "keep_last", 0)
-        removed = prune_checkpoints(self.ckpt_root, keep) if keep else []
+        removed = prune_checkpoints(self.ckpt_root, keep)  # also removes temporary dirs left by a crash
         self.log(f"checkpoint {path} ({time.perf_counter() - t0:.1f} s)"
                  + (f"; removed {len(removed)} old" if removed else ""))
         return path
