@@ -64,7 +64,18 @@ struct ThreadState {  // the running CUDA thread, as kernels see it
   dim3 block_dim;
   dim3 grid_dim;
 };
-extern thread_local ThreadState* t_thread;  // null outside kernels
+// The running CUDA thread of this OS thread (null outside kernels). __thread rather than thread_local:
+// no TLS init wrapper, so a threadIdx read is one %fs-relative load. Fibers never migrate between OS
+// threads, so caching its address across a fiber switch is safe.
+extern __thread ThreadState* t_thread;
+#if defined(GPT2CORE_EMU_SANITIZE)
+// GCC 12's -fsanitize=null can test stale flags on inlined TLS address computations (false "load of
+// null pointer" reports in kernels); sanitizer builds read the pointer through a call instead.
+ThreadState* current_thread();
+#define GPT2EMU_THREAD (::gpt2emu::detail::current_thread())
+#else
+#define GPT2EMU_THREAD (::gpt2emu::detail::t_thread)
+#endif
 
 struct KernelLaunch {
   const char* name;      // as written at the LAUNCH site
@@ -87,7 +98,6 @@ unsigned char* dynamic_smem();
 unsigned active_mask();
 [[noreturn]] void device_trap(const char* what, const char* file, int line);
 
-inline ThreadState& cur() { return *t_thread; }
 
 }  // namespace detail
 
@@ -148,10 +158,10 @@ inline cudaError_t cudaMemcpyFromSymbol(void* dst, const T& symbol, size_t count
 // ---------------------------------------------------------------------------------- built-in variables
 // NVIDIA's headers declare these as extern "C" objects for device code; in the emulation they are the
 // running fiber's.
-#define threadIdx (static_cast<const uint3&>(::gpt2emu::detail::t_thread->thread_idx))
-#define blockIdx (static_cast<const uint3&>(::gpt2emu::detail::t_thread->block_idx))
-#define blockDim (static_cast<const dim3&>(::gpt2emu::detail::t_thread->block_dim))
-#define gridDim (static_cast<const dim3&>(::gpt2emu::detail::t_thread->grid_dim))
+#define threadIdx (static_cast<const uint3&>(GPT2EMU_THREAD->thread_idx))
+#define blockIdx (static_cast<const uint3&>(GPT2EMU_THREAD->block_idx))
+#define blockDim (static_cast<const dim3&>(GPT2EMU_THREAD->block_dim))
+#define gridDim (static_cast<const dim3&>(GPT2EMU_THREAD->grid_dim))
 // warpSize: NVIDIA's `extern "C" const int warpSize`, defined as 32 in runtime.cpp.
 
 // ---------------------------------------------------------------------------------- synchronisation

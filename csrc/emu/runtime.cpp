@@ -43,7 +43,10 @@ extern "C" const int warpSize = 32;
 namespace gpt2emu {
 namespace detail {
 
-thread_local ThreadState* t_thread = nullptr;
+__thread ThreadState* t_thread = nullptr;
+#if defined(GPT2CORE_EMU_SANITIZE)
+ThreadState* current_thread() { return t_thread; }
+#endif
 
 namespace {
 

@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--output-dir", default="out", help="metrics.jsonl and model.bin go here")
     g.add_argument("--seed", type=int, default=1337)
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    g = ap.add_argument_group("data parallel (under torchrun, python -m gpt2core.launch, srun or mpirun)")
+    g.add_argument("--zero", type=int, choices=[0, 1], default=0,
+                   help="1: ZeRO-1, each rank keeps and updates only its shard of the AdamW state")
+    g.add_argument("--dist-timeout", type=float, default=300.0,
+                   help="seconds a collective waits for the other ranks before the run fails (a dead or hung rank)")
     g = ap.add_argument_group("checkpoints")
     g.add_argument("--checkpoint-every", type=int, default=0,
                    help="write <output-dir>/checkpoints/step_NNNNNN every N steps and at the end (0: never)")
@@ -86,9 +91,11 @@ class Trainer:
     def __init__(self, args):
         self.args = args
         self.dist = from_env()
-        if self.dist.world_size > 1:
-            raise SystemExit("gpt2core-train: multi-process training (WORLD_SIZE > 1) is not available in this "
-                             "version; run a single process")
+        self.comm = self.ddp = None
+        if self.dist.world_size > 1:  # join the process group first: a missing rank fails fast and by name
+            from .distributed import init_process_group
+            self.comm = init_process_group(self.dist, timeout=getattr(args, "dist_timeout", 300.0),
+                                           device=args.device)
         if args.threads:
             _C.set_num_threads(args.threads)
         config = get_preset(args.preset)
@@ -111,6 +118,10 @@ class Trainer:
         data_dir = args.data_dir
         if data_dir is None:
             from .data import shakespeare
+            if self.dist.is_master:  # one rank prepares the shards, the others wait for it
+                shakespeare.ensure(self.out / "data")
+            if self.comm is not None:
+                self.comm.barrier()
             data_dir = shakespeare.ensure(self.out / "data")
         self.train_loader = DataLoader(data_dir, "train", B, T, rank=self.dist.rank, world_size=W,
                                        shuffle=not args.no_shuffle, seed=args.seed)
@@ -123,6 +134,9 @@ class Trainer:
         self.start_step = 0
         if getattr(args, "resume", None):
             self.resume(args.resume)
+        if self.comm is not None:  # after resume: ZeRO-1 takes its shard of the restored AdamW state
+            from .distributed import DataParallel
+            self.ddp = DataParallel(self.model, self.comm, zero=getattr(args, "zero", 0))
 
     def resume(self, where: str) -> None:
         """Restore weights, AdamW state, step, loader position and metrics from a checkpoint."""
@@ -165,6 +179,8 @@ class Trainer:
 
     def save_checkpoint(self, step: int) -> Path | None:
         """Checkpoint after `step` optimizer steps (master only), then prune to --keep-last."""
+        if self.ddp:  # ZeRO-1: the checkpoint holds the full AdamW state (collective: every rank calls it)
+            self.ddp.gather_optimizer_state()
         if not self.dist.is_master:
             return None
         a = self.args
@@ -200,7 +216,8 @@ class Trainer:
         for _ in range(self.args.val_steps):
             x, y = self.val_loader.next_batch()
             losses.append(self.model.forward(x, y))
-        return float(np.mean(losses))
+        vl = float(np.mean(losses))
+        return self.ddp.mean(vl)[0] if self.ddp else vl  # each rank read its own rows: combine them
 
     def sample(self) -> str:
         prompt = tokenizer.encode(self.args.sample_prompt) or [tokenizer.EOT]
@@ -214,6 +231,8 @@ class Trainer:
         self.log(f"batch: B={a.batch_size} T={a.seq_len} world={self.dist.world_size} grad_accum={self.grad_accum} "
                  f"-> {self.total:,} tokens/step | train tokens {self.train_loader.n_tokens:,} | "
                  f"val tokens {self.val_loader.n_tokens:,}")
+        if self.ddp:
+            self.log(self.ddp.describe())
         last = {}
         every = getattr(a, "checkpoint_every", 0)
         for step in range(self.start_step, a.steps):
@@ -237,7 +256,11 @@ class Trainer:
                                              "(try a lower --lr)")
                 m.backward(1.0 / self.grad_accum)
                 loss += micro / self.grad_accum
-            norm = m.step(lr, weight_decay=a.weight_decay, beta1=a.beta1, beta2=a.beta2, grad_clip=a.grad_clip)
+            # data parallel: the one gradient exchange of the step, after the last micro-step
+            norm = (self.ddp.step if self.ddp else m.step)(lr, weight_decay=a.weight_decay, beta1=a.beta1,
+                                                           beta2=a.beta2, grad_clip=a.grad_clip)
+            if self.ddp:
+                loss = self.ddp.mean(loss)[0]
             dt = time.perf_counter() - t0
             tps = self.total / dt
             gflops = tps * self.flops_per_token / 1e9
