@@ -194,7 +194,7 @@ def load_model(path, device: str = "cpu", padded_vocab_size: int | None = None):
     if p.is_dir():
         if (p / MANIFEST).exists() or (p / "state.json").exists():
             return load_checkpoint(p).load_model(device=device)
-        if (p / "config.json").exists():
+        if any((p / n).exists() for n in ("config.json", "model.safetensors", "pytorch_model.bin")):
             from . import hf
             return hf.load_pretrained(p, device=device, padded_vocab_size=padded_vocab_size)
         raise CheckpointError(f"{p}: directory holds neither a gpt2core checkpoint (manifest.json) nor a Hugging "
