@@ -470,3 +470,6 @@ inline float min(float a, float b) { return fminf(a, b); }
 inline float max(float a, float b) { return fmaxf(a, b); }
 inline double min(double a, double b) { return fmin(a, b); }
 inline double max(double a, double b) { return fmax(a, b); }
+
+// ---------------------------------------------------------------------------------- cooperative groups
+#include "emu/cooperative_groups.h"

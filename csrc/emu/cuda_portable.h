@@ -10,7 +10,8 @@
 //                                                        commas goes in parentheses: LAUNCH((k<T, 4>), ...)
 //   DYNAMIC_SMEM(type, name);                            instead of `extern __shared__ type name[];`
 //                                                        (name is a `type*` into the dynamic shared memory)
-// Everything else (__shared__, __syncthreads, __shfl_*_sync, atomics, bf16/fp16) is ordinary CUDA C++.
+// Everything else (__shared__, __syncthreads, __shfl_*_sync, atomics, bf16/fp16, the cooperative groups
+// subset listed in emu/cooperative_groups.h) is ordinary CUDA C++.
 #pragma once
 
 #if defined(__CUDACC__)
@@ -18,6 +19,8 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
 
 #define GPT2CORE_EMU 0
 
