@@ -282,3 +282,24 @@ def test_evaluate_cli_on_checkpoint(tmp_path, capsys):
                  "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "hellaswag: 8 items, acc " in out and "acc_norm" in out
+
+
+@needs_data
+def test_train_logs_hellaswag(tmp_path):
+    pytest.importorskip("gpt2core._C")
+    from gpt2core import train
+    from gpt2core.data.shards import write_shard as ws
+    d = tmp_path / "data"
+    toks = np.random.default_rng(0).integers(0, 50257, 3000)
+    ws(d / "x_val_000000.bin", toks[:1000])
+    ws(d / "x_train_000001.bin", toks[1000:])
+    last = train.main(["--preset", "tiny", "--data-dir", str(d), "-B", "2", "-T", "32", "--steps", "2",
+                       "--val-every", "0", "--hellaswag-every", "1", "--hellaswag-path", str(SUBSET),
+                       "--hellaswag-limit", "4", "--sample-tokens", "1", "--output-dir", str(tmp_path / "out")])
+    recs = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
+    hs_recs = [r for r in recs if "hellaswag_acc" in r]
+    assert [r["step"] for r in hs_recs] == [0, 1]
+    for r in hs_recs:
+        assert r["hellaswag_acc"] * 4 == int(r["hellaswag_acc"] * 4)     # a count out of 4 items
+        assert 0 <= r["hellaswag_acc_norm"] <= 1
+    assert last["hellaswag_acc_norm"] == hs_recs[-1]["hellaswag_acc_norm"]

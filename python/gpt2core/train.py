@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("evaluation and output")
     g.add_argument("--val-every", type=int, default=40, help="validation loss every N steps (0: never)")
     g.add_argument("--val-steps", type=int, default=8, help="batches per validation")
+    g.add_argument("--hellaswag-every", type=int, default=0,
+                   help="HellaSwag accuracy every N steps and at the end (0: never)")
+    g.add_argument("--hellaswag-path", default=None,
+                   help="HellaSwag val set: rendered .npz, rowanz .jsonl or 6-line .txt (default: download)")
+    g.add_argument("--hellaswag-limit", type=int, default=None, help="score only the first N HellaSwag items")
     g.add_argument("--sample-every", type=int, default=0, help="print a text sample every M steps (0: only at the end)")
     g.add_argument("--sample-tokens", type=int, default=48)
     g.add_argument("--sample-prompt", default="\n")
@@ -126,6 +131,10 @@ class Trainer:
         self.train_loader = DataLoader(data_dir, "train", B, T, rank=self.dist.rank, world_size=W,
                                        shuffle=not args.no_shuffle, seed=args.seed)
         self.val_loader = DataLoader(data_dir, "val", B, T, rank=self.dist.rank, world_size=W, shuffle=False)
+        self.hellaswag = None
+        if getattr(args, "hellaswag_every", 0):
+            from .data import hellaswag
+            self.hellaswag = hellaswag.load(args.hellaswag_path, args.hellaswag_limit)
         self.model = GPT2(config, device=args.device, seed=args.seed)
         self.config = config
         self.metrics_path = self.out / "metrics.jsonl"
@@ -219,6 +228,22 @@ class Trainer:
         vl = float(np.mean(losses))
         return self.ddp.mean(vl)[0] if self.ddp else vl  # each rank read its own rows: combine them
 
+    def hellaswag_eval(self) -> dict:
+        """HellaSwag accuracy: each rank scores items i % world_size == rank, counts summed over ranks."""
+        from .evaluate import score_hellaswag
+        a = self.args
+        # batches of about one training micro-batch's tokens: activations the size training already uses
+        row_len = min(self.config.block_size, self.hellaswag.max_row_len())
+        per = max(1, (a.batch_size * a.seq_len) // (4 * row_len))
+        r = score_hellaswag(self.model, self.hellaswag, items_per_batch=per, rank=self.dist.rank,
+                            world_size=self.dist.world_size)
+        counts = np.array([r["n"], r["correct"], r["correct_norm"]], dtype=np.float64)
+        if self.comm is not None:
+            counts = counts.astype(np.float32)  # exact for counts below 2**24
+            self.comm.allreduce(counts, "sum")
+        n, c, cn = (int(round(float(v))) for v in counts)
+        return {"n": n, "acc": c / n, "acc_norm": cn / n}
+
     def sample(self) -> str:
         prompt = tokenizer.encode(self.args.sample_prompt) or [tokenizer.EOT]
         out = self.model.generate(np.array([prompt]), self.args.sample_tokens, top_k=50, seed=self.args.seed)
@@ -242,6 +267,12 @@ class Trainer:
                 self.log(f"step {step:5d} | val loss {vl:.4f}")
                 self.write_metrics({"step": step, "val_loss": vl})
                 last["val_loss"] = vl
+            if getattr(a, "hellaswag_every", 0) and (step % a.hellaswag_every == 0 or last_step):
+                hs = self.hellaswag_eval()
+                self.log(f"step {step:5d} | hellaswag acc {hs['acc']:.4f} acc_norm {hs['acc_norm']:.4f} "
+                         f"({hs['n']} items)")
+                self.write_metrics({"step": step, "hellaswag_acc": hs["acc"], "hellaswag_acc_norm": hs["acc_norm"]})
+                last["hellaswag_acc"], last["hellaswag_acc_norm"] = hs["acc"], hs["acc_norm"]
             if a.sample_every and step > 0 and step % a.sample_every == 0:
                 self.log(f"step {step:5d} | sample: {self.sample()!r}")
             t0 = time.perf_counter()
