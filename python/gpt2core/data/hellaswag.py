@@ -127,7 +127,7 @@ def download(dest_dir=DEFAULT_DIR, url: str = HELLASWAG_URL) -> Path:
         return dest
     import urllib.request
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".tmp")
+    tmp = dest.with_name(f"{dest.name}.{os.getpid()}.tmp")   # ranks may download at the same time
     try:
         with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as f:
             while chunk := r.read(1 << 20):
