@@ -172,8 +172,11 @@ struct Block {
   int n = 0;
   Fiber* f = nullptr;
   std::deque<int> ready;
-  std::vector<int> scratch;
   int done = 0, at_bar = 0;
+  // per warp (at most 32 per block), bit l = lane l
+  unsigned warp_exists[32];
+  unsigned warp_done[32];
+  unsigned warp_waiting[32];  // lanes blocked in a warp collective
   bool failed = false;
   std::string err;
   Schedule sched;
@@ -255,11 +258,17 @@ void block_error(Block& b, const Fiber& f, const char* fmt, ...) {
   __builtin_unreachable();
 }
 
-void enqueue_sorted(Block& b, std::vector<int>& ids) {  // ids ascending
-  if (b.sched.kind == Sched::Rev) std::reverse(ids.begin(), ids.end());
-  for (int i : ids) {
-    b.f[i].st = St::Ready;
-    b.ready.push_back(i);
+void enqueue_sorted(Block& b, const int* ids, int n) {  // ids ascending
+  if (b.sched.kind == Sched::Rev) {
+    for (int k = n - 1; k >= 0; --k) {
+      b.f[ids[k]].st = St::Ready;
+      b.ready.push_back(ids[k]);
+    }
+  } else {
+    for (int k = 0; k < n; ++k) {
+      b.f[ids[k]].st = St::Ready;
+      b.ready.push_back(ids[k]);
+    }
   }
 }
 
@@ -314,28 +323,17 @@ void reduce_typed(WarpOp op, Fiber* const* lanes, int nl, void* out) {
   memcpy(out, &acc, sizeof(T));
 }
 
-// Completes the collective `f` waits in if every lane named in its mask waits in the same one.
+// Called when every lane named in f's mask waits in a warp collective: checks that they all wait in
+// the same one (same operation, mask and width), computes each lane's result and makes them runnable.
 // Returns false (with the block failed) on a semantic error.
-bool try_complete_warp(Block& b, Fiber& f) {
+bool complete_warp(Block& b, Fiber& f) {
   const int warp = f.tid / 32, base = warp * 32;
   Fiber* lanes[32];
-  int lane_of[32];
+  int lane_of[32], ids[32];
   int nl = 0;
-  for (int l = 0; l < 32; ++l) {
-    if (!(f.mask >> l & 1u)) continue;
-    const int idx = base + l;
-    if (idx >= b.n) {
-      block_error(b, f, "%s (%s:%d) mask 0x%08x names lane %d, which does not exist (the block has %d threads)",
-                  warp_op_name(f.op), f.file, f.line, f.mask, l, b.n);
-      return false;
-    }
-    Fiber& g = b.f[idx];
-    if (g.st == St::Done) {
-      block_error(b, f, "%s (%s:%d) mask 0x%08x names lane %d, which has exited", warp_op_name(f.op), f.file,
-                  f.line, f.mask, l);
-      return false;
-    }
-    if (g.st != St::WaitWarp) return true;  // not there yet
+  for (unsigned m = f.mask; m; m &= m - 1) {
+    const int l = __builtin_ctz(m);
+    Fiber& g = b.f[base + l];
     if (g.op != f.op || g.mask != f.mask || g.size != f.size || g.width != f.width) {
       block_error(b, f, "%s (%s:%d) with mask 0x%08x meets lane %d in %s (%s:%d) with mask 0x%08x",
                   warp_op_name(f.op), f.file, f.line, f.mask, l, warp_op_name(g.op), g.file, g.line, g.mask);
@@ -343,9 +341,9 @@ bool try_complete_warp(Block& b, Fiber& f) {
     }
     lanes[nl] = &g;
     lane_of[nl] = l;
+    ids[nl] = g.tid;
     ++nl;
   }
-  // everyone is here: compute each lane's result
   switch (f.op) {
     case WarpOp::ShflIdx: case WarpOp::ShflUp: case WarpOp::ShflDown: case WarpOp::ShflXor:
       for (int i = 0; i < nl; ++i) {
@@ -384,19 +382,18 @@ bool try_complete_warp(Block& b, Fiber& f) {
       break;
     }
   }
-  b.scratch.clear();
-  for (int i = 0; i < nl; ++i) b.scratch.push_back(lanes[i]->tid);
-  std::vector<int> ids(b.scratch);
-  enqueue_sorted(b, ids);
+  b.warp_waiting[warp] &= ~f.mask;
+  enqueue_sorted(b, ids, nl);
   return true;
 }
 
 // A lane that exits while warp-mates wait for it in a collective: report the waiting lane.
 bool check_exit_against_warp(Block& b, Fiber& f) {
   const int warp = f.tid / 32, base = warp * 32, lane = f.tid % 32;
-  for (int l = 0; l < 32 && base + l < b.n; ++l) {
-    Fiber& g = b.f[base + l];
-    if (g.st == St::WaitWarp && (g.mask >> lane & 1u)) {
+  b.warp_done[warp] |= 1u << lane;
+  for (unsigned m = b.warp_waiting[warp]; m; m &= m - 1) {
+    Fiber& g = b.f[base + __builtin_ctz(m)];
+    if (g.mask >> lane & 1u) {
       block_error(b, g, "%s (%s:%d) mask 0x%08x names lane %d, which has exited", warp_op_name(g.op), g.file,
                   g.line, g.mask, lane);
       return false;
@@ -467,6 +464,17 @@ void warp_collective(WarpOp op, unsigned mask, const void* in, void* out, size_t
     block_error(b, f, "%s (%s:%d) width %d is not a power of two in [1, 32]", warp_op_name(op), file, line, width);
     abandon(f);
   }
+  const int warp = f.tid / 32;
+  if (mask & ~b.warp_exists[warp]) {
+    block_error(b, f, "%s (%s:%d) mask 0x%08x names lane %d, which does not exist (the block has %d threads)",
+                warp_op_name(op), file, line, mask, __builtin_ctz(mask & ~b.warp_exists[warp]), b.n);
+    abandon(f);
+  }
+  if (mask & b.warp_done[warp]) {
+    block_error(b, f, "%s (%s:%d) mask 0x%08x names lane %d, which has exited", warp_op_name(op), file, line, mask,
+                __builtin_ctz(mask & b.warp_done[warp]));
+    abandon(f);
+  }
   f.st = St::WaitWarp;
   f.op = op;
   f.mask = mask;
@@ -477,7 +485,8 @@ void warp_collective(WarpOp op, unsigned mask, const void* in, void* out, size_t
   f.file = file;
   f.line = line;
   if (size) memcpy(f.in, in, size);
-  if (!try_complete_warp(b, f)) abandon(f);
+  b.warp_waiting[warp] |= 1u << lane;
+  if ((b.warp_waiting[warp] & mask) == mask && !complete_warp(b, f)) abandon(f);
   switch_to_scheduler(f, false);
   if (size) memcpy(out, f.out, size);
 }
@@ -570,6 +579,12 @@ void run_block(Worker& w, Job& job, size_t linear) {
   }
 #endif
   std::vector<int> ids(b.n);
+  for (int wi = 0; wi < 32; ++wi) {
+    const int lanes = std::max(0, std::min(32, b.n - 32 * wi));
+    b.warp_exists[wi] = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
+    b.warp_done[wi] = 0;
+    b.warp_waiting[wi] = 0;
+  }
   for (int i = 0; i < b.n; ++i) {
     Fiber& f = b.f[i];
     f.blk = &b;
@@ -580,10 +595,12 @@ void run_block(Worker& w, Job& job, size_t linear) {
     f.ts.block_idx = b.bidx;
     f.ts.block_dim = L.block;
     f.ts.grid_dim = L.grid;
-    fiber::make(f.ctx, f.stack_lo, f.stack_size, fiber_main, &f);
+    // Stagger the stack tops so the hot frames of different fibers do not all map to the same cache sets.
+    const size_t color = size_t(i % 61) * 64 + size_t(i / 61 % 4) * 4096;
+    fiber::make(f.ctx, f.stack_lo, f.stack_size - color, fiber_main, &f);
     ids[i] = i;
   }
-  enqueue_sorted(b, ids);
+  enqueue_sorted(b, ids.data(), b.n);
   w.blk = &b;
   for (;;) {
     while (!b.ready.empty() && !b.failed) {
@@ -635,7 +652,7 @@ void run_block(Worker& w, Job& job, size_t linear) {
       }
       b.at_bar = 0;
       for (int i = 0; i < b.n; ++i) ids[i] = i;
-      enqueue_sorted(b, ids);
+      enqueue_sorted(b, ids.data(), b.n);
       continue;
     }
     // Stuck: describe the first waiter in a warp collective, and what its lanes do instead.
@@ -649,6 +666,11 @@ void run_block(Worker& w, Job& job, size_t linear) {
         if (h.st == St::WaitBar) {
           block_error(b, g, "%s (%s:%d) waits for lane %d, which waits at __syncthreads (%s:%d): deadlock",
                       warp_op_name(g.op), g.file, g.line, l, h.file, h.line);
+          break;
+        }
+        if (h.st == St::WaitWarp && (h.op != g.op || h.mask != g.mask)) {
+          block_error(b, g, "%s (%s:%d) with mask 0x%08x meets lane %d in %s (%s:%d) with mask 0x%08x: deadlock",
+                      warp_op_name(g.op), g.file, g.line, g.mask, l, warp_op_name(h.op), h.file, h.line, h.mask);
           break;
         }
       }
