@@ -1,0 +1,344 @@
+"""Data-parallel training on the CPU through Gloo, with real processes over loopback TCP.
+
+* 2 ranks x micro-batch B give the same losses and weights as 1 process with micro-batch 2B and the same
+  global batch (gradient accumulation 2 in both), with and without ZeRO-1; the two ranks read different
+  rows and together exactly what the single process read.
+* A rank killed (SIGKILL) or hung (SIGSTOP) makes the other one fail within the timeout; the launcher
+  stops the remaining ranks when one fails; a rank that never arrives is named by the rendezvous.
+* The collectives (uneven shards, 3 ranks) and AdamW over a flat range (ZeRO-1) against references.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from gpt2core import _C
+from gpt2core.distributed import DataParallel, from_env
+from gpt2core.model import GPT2
+
+pytestmark = pytest.mark.skipif(not _C.build_info().get("gloo"), reason="gpt2core built without Gloo")
+
+B, T, STEPS = 2, 16, 3
+GLOBAL = 2 * B * T * 2  # 2 ranks x B x T x grad_accum 2  (= 1 process x 2B x T x grad_accum 2)
+TRAIN_ARGS = ["--preset", "tiny", "-T", str(T), "--total-batch-tokens", str(GLOBAL), "--steps", str(STEPS),
+              "--val-every", "2", "--val-steps", "2", "--sample-tokens", "2", "--warmup", "2", "--lr", "3e-3",
+              "--threads", "1"]
+
+# Runs gpt2core.train's Trainer, recording the training batches it reads, then saves this rank's weights.
+RECORDER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from gpt2core import train
+    from gpt2core.data.loader import DataLoader
+    seen, orig = [], DataLoader.next_batch
+    def record(self):
+        x, y = orig(self)
+        if self.split == "train":
+            seen.append(x.copy())
+        return x, y
+    DataLoader.next_batch = record
+    t = train.Trainer(train.build_parser().parse_args(sys.argv[2:]))
+    t.run()
+    np.save(f"{sys.argv[1]}/params{t.dist.rank}.npy", t.model._m.flat_params())
+    np.save(f"{sys.argv[1]}/batches{t.dist.rank}.npy", np.stack(seen))
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank, world, port):
+    env = dict(os.environ, OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+               LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    return env
+
+
+def start_ranks(world, cmd, tmp_path, name, port=None):
+    port = port or free_port()
+    procs = []
+    for r in range(world):
+        out = open(tmp_path / f"{name}.rank{r}.log", "w")
+        procs.append(subprocess.Popen(cmd, env=rank_env(r, world, port), stdout=out, stderr=subprocess.STDOUT))
+    return procs
+
+
+def wait_all(procs, timeout):
+    deadline = time.monotonic() + timeout
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    return codes
+
+
+def metrics(out_dir):
+    recs = [json.loads(line) for line in open(out_dir / "metrics.jsonl")]
+    return ([r["loss"] for r in recs if "loss" in r], [r["grad_norm"] for r in recs if "grad_norm" in r],
+            [r["val_loss"] for r in recs if "val_loss" in r])
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    from gpt2core.data import shakespeare
+    return shakespeare.ensure(tmp_path_factory.mktemp("shakespeare"))
+
+
+@pytest.fixture(scope="module")
+def recorder(tmp_path_factory):
+    p = tmp_path_factory.mktemp("rec") / "record_train.py"
+    p.write_text(RECORDER)
+    return p
+
+
+def run_training(tmp_path, name, world, recorder, data_dir, extra=()):
+    out = tmp_path / name
+    out.mkdir()
+    micro = 2 * B if world == 1 else B
+    cmd = [sys.executable, str(recorder), str(out), *TRAIN_ARGS, "-B", str(micro), "--data-dir", str(data_dir),
+           "--output-dir", str(out), *extra]
+    if world == 1:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
+            env.pop(k, None)
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+    else:
+        codes = wait_all(start_ranks(world, cmd, tmp_path, name), timeout=120)
+        logs = "".join((tmp_path / f"{name}.rank{r}.log").read_text() for r in range(world))
+        assert codes == [0] * world, logs
+    return out
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, recorder, data_dir):
+    return run_training(tmp_path_factory.mktemp("single"), "single", 1, recorder, data_dir)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero):
+    ddp = run_training(tmp_path, f"ddp_zero{zero}", 2, recorder, data_dir, extra=["--zero", str(zero)])
+
+    # data: each rank read different rows; side by side they are what the single process read
+    b0, b1, b1p = (np.load(ddp / "batches0.npy"), np.load(ddp / "batches1.npy"), np.load(single / "batches0.npy"))
+    assert b0.shape == (STEPS * 2, B, T) and b1p.shape == (STEPS * 2, 2 * B, T)
+    assert not np.array_equal(b0, b1)
+    np.testing.assert_array_equal(np.concatenate([b0, b1], axis=1), b1p)
+
+    # losses (mean over ranks), grad norms and val losses as logged by rank 0: fp32 accumulation-order noise
+    loss1, norm1, val1 = metrics(single)
+    loss2, norm2, val2 = metrics(ddp)
+    assert len(loss2) == STEPS and len(val2) == 2
+    np.testing.assert_allclose(loss2, loss1, rtol=1e-5)
+    np.testing.assert_allclose(norm2, norm1, rtol=1e-4)
+    np.testing.assert_allclose(val2, val1, rtol=1e-5)
+
+    # weights: both ranks hold bit-identical replicas, equal to the single process's to fp32 tolerance
+    # (gradients summed in another order, ~1e-7 relative, moved by AdamW's normalised update of lr=3e-3)
+    p0, p1, p = np.load(ddp / "params0.npy"), np.load(ddp / "params1.npy"), np.load(single / "params0.npy")
+    np.testing.assert_array_equal(p0, p1)
+    np.testing.assert_allclose(p0, p, rtol=0, atol=2e-5)
+    assert (ddp / "model.bin").exists()  # only rank 0 writes (same output dir for both ranks)
+
+    log0 = (tmp_path / f"ddp_zero{zero}.rank0.log").read_text()
+    log1 = (tmp_path / f"ddp_zero{zero}.rank1.log").read_text()
+    assert "step     3/3" in log0 and log1.strip() == ""  # only rank 0 prints
+    if zero:
+        assert "ZeRO-1 over 2 ranks" in log0 and "saves" in log0
+
+
+def _wait_for(path, text, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{text!r} did not appear in {path}: {path.read_text() if path.exists() else ''}")
+
+
+@pytest.mark.parametrize("how", ["kill", "hang"])
+def test_dead_or_hung_rank_fails_the_run(tmp_path, data_dir, how):
+    timeout = 3.0
+    cmd = [sys.executable, "-m", "gpt2core.train", *TRAIN_ARGS[:2], "-B", str(B), "-T", str(T), "--steps", "1000",
+           "--val-every", "0", "--data-dir", str(data_dir), "--output-dir", str(tmp_path), "--threads", "1",
+           "--dist-timeout", str(timeout)]
+    procs = start_ranks(2, cmd, tmp_path, how)
+    try:
+        _wait_for(tmp_path / f"{how}.rank0.log", "step     2/1000", timeout=60)
+        t0 = time.monotonic()
+        os.kill(procs[1].pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        code = procs[0].wait(timeout=timeout + 15)
+        took = time.monotonic() - t0
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert code != 0
+    log = (tmp_path / f"{how}.rank0.log").read_text()
+    assert "DistError" in log and "rank 0 of 2" in log, log
+    if how == "hang":
+        assert "Timed out" in log and took >= timeout * 0.9
+    assert took < timeout + 15
+
+
+def test_launcher_stops_the_other_ranks(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("import os, sys, time\n"
+                      "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], os.environ['LOCAL_WORLD_SIZE'],"
+                      " os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'], flush=True)\n"
+                      "if os.environ['RANK'] == '1':\n    time.sleep(0.5); sys.exit(7)\n"
+                      "time.sleep(60)\n")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "gpt2core.launch", "--nproc-per-node", "3", "--master-port", "auto",
+                        "--kill-timeout", "2", str(script)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 7, r.stdout + r.stderr
+    assert time.monotonic() - t0 < 15
+    assert "rank 1" in r.stderr and "exited with code 7" in r.stderr
+    lines = sorted(line for line in r.stdout.splitlines() if line.startswith("rank"))
+    assert [line.split()[1:5] for line in lines] == [[str(i), "of", "3", "3"] for i in range(3)]
+
+    ok = subprocess.run([sys.executable, "-m", "gpt2core.launch", "--nproc-per-node", "2", "--master-port", "auto",
+                         "-m", "json.tool", "--help"], capture_output=True, text=True, timeout=30)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_rendezvous_names_the_missing_rank():
+    t0 = time.monotonic()
+    with pytest.raises(_C.dist.DistError, match=r"rank 1 of 2 never joined"):
+        _C.dist.init_gloo(0, 2, "127.0.0.1", free_port(), timeout=1.0)
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(_C.dist.DistError, match="could not reach the rendezvous store"):
+        _C.dist.init_gloo(1, 2, "127.0.0.1", free_port(), timeout=0.5)
+
+
+COLLECTIVES = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from gpt2core import _C, distributed
+    c = distributed.init_process_group(timeout=20)
+    r, w = c.rank, c.size
+    for n in (1, 2, 7, 1000, 100_003):
+        base = np.arange(n, dtype=np.float32)
+        a = base * (r + 1)
+        c.allreduce(a, "sum")
+        np.testing.assert_array_equal(a, base * (w * (w + 1) // 2))
+        a = base * (r + 1)
+        c.allreduce(a, "avg")
+        np.testing.assert_allclose(a, base * (w + 1) / 2, rtol=1e-6)
+        lo, hi = c.shard(n)
+        assert (lo, hi) == (min(r * -(-n // w), n), min((r + 1) * -(-n // w), n))
+        a = base * (r + 1)
+        c.reduce_scatter(a, "sum")
+        np.testing.assert_array_equal(a[lo:hi], (base * (w * (w + 1) // 2))[lo:hi])
+        g = np.full(n, -1.0, np.float32)
+        g[lo:hi] = base[lo:hi]
+        c.all_gather(g)
+        np.testing.assert_array_equal(g, base)
+        b = np.full(n, float(r), np.float32)
+        c.broadcast(b, root=w - 1)
+        assert (b == w - 1).all()
+    c.barrier()
+    print("ok", r, flush=True)
+""")
+
+
+def test_collectives_three_ranks_uneven_shards(tmp_path):
+    script = tmp_path / "coll.py"
+    script.write_text(COLLECTIVES)
+    procs = start_ranks(3, [sys.executable, str(script)], tmp_path, "coll")
+    codes = wait_all(procs, timeout=60)
+    logs = "".join((tmp_path / f"coll.rank{r}.log").read_text() for r in range(3))
+    assert codes == [0, 0, 0], logs
+
+
+def test_single_rank_group_and_bad_buffers():
+    c = _C.dist.init_gloo(0, 1, "127.0.0.1", free_port(), timeout=5)
+    a = np.arange(5, dtype=np.float32)
+    c.allreduce(a, "avg"), c.reduce_scatter(a), c.all_gather(a), c.broadcast(a), c.barrier()
+    np.testing.assert_array_equal(a, np.arange(5))
+    assert (c.rank, c.size, c.backend, c.shard(5)) == (0, 1, "gloo", (0, 5))
+    with pytest.raises(TypeError, match="float32"):
+        c.allreduce(np.zeros(3))
+    with pytest.raises(ValueError, match="contiguous"):
+        c.allreduce(np.zeros(6, np.float32)[::2])
+    with pytest.raises(ValueError, match="op must be"):
+        c.allreduce(a, "max")
+    with pytest.raises(_C.dist.DistError, match="root"):
+        c.broadcast(a, root=1)
+
+
+def test_adamw_update_range_matches_full_step():
+    """ZeRO-1's C++ entry: AdamW over [lo, hi) pieces (cutting tensors mid-way) equals the full update."""
+    full, part = GPT2("tiny", seed=3), GPT2("tiny", seed=3)
+    n = full.num_parameters
+    cuts = [0, 1234, n // 2 + 17, n - 5, n]
+    ms = [np.zeros(b - a, np.float32) for a, b in zip(cuts, cuts[1:])]
+    vs = [np.zeros(b - a, np.float32) for a, b in zip(cuts, cuts[1:])]
+    rng = np.random.default_rng(0)
+    for step in (1, 2, 3):
+        g = rng.standard_normal(n).astype(np.float32)
+        full._m.flat_grads()[:] = g
+        part._m.flat_grads()[:] = g
+        full._m.adamw_update(lr=1e-2, weight_decay=0.1, step=step, grad_scale=0.5)
+        for (a, b), m, v in zip(zip(cuts, cuts[1:]), ms, vs):
+            part._m.adamw_update_range(a, b, m, v, lr=1e-2, weight_decay=0.1, step=step, grad_scale=0.5)
+        np.testing.assert_array_equal(part._m.flat_params(), full._m.flat_params())
+    fm = full._m.adam_m()
+    np.testing.assert_array_equal(np.concatenate(ms)[:fm["wte"].size], fm["wte"].ravel())
+    with pytest.raises(ValueError, match="hi - lo"):
+        part._m.adamw_update_range(0, 10, np.zeros(9, np.float32), np.zeros(10, np.float32), lr=1e-3, step=1)
+    with pytest.raises(ValueError, match="lo <= hi"):
+        part._m.adamw_update_range(5, n + 1, np.zeros(n - 4, np.float32), np.zeros(n - 4, np.float32), lr=1e-3, step=1)
+
+
+def test_memory_report_of_zero1():
+    class FakeComm:  # a 4-rank group seen from rank 3, for the arithmetic only
+        size, rank, backend = 4, 3, "gloo"
+
+        def shard(self, n):
+            s = -(-n // 4)
+            return min(3 * s, n), n
+
+        def broadcast(self, buf, root=0):
+            pass
+
+    m = GPT2("tiny", seed=0)
+    dp = DataParallel(m, FakeComm(), zero=1)
+    rep = dp.memory_report()
+    n = m.num_parameters
+    assert rep["optimizer_bytes_unsharded"] == 8 * n
+    assert rep["optimizer_bytes_per_rank"] == 8 * (n - 3 * -(-n // 4)) == 8 * dp.m.size
+    assert "saves" in dp.describe()
+
+
+def test_from_env_launchers():
+    assert from_env({}).world_size == 1 and not from_env({}).is_distributed
+    tr = from_env({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2",
+                   "MASTER_ADDR": "node0", "MASTER_PORT": "1234", "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    assert (tr.rank, tr.local_rank, tr.world_size, tr.local_world_size, tr.master_addr, tr.master_port,
+            tr.store_port, tr.source) == (3, 1, 8, 2, "node0", 1234, 1235, "torchrun")
+    assert from_env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "9", "GPT2CORE_STORE_PORT": "77"}).store_port == 77
+    sl = from_env({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4",
+                   "SLURM_JOB_NODELIST": "gpu[07-08,11]"})
+    assert (sl.rank, sl.local_rank, sl.world_size, sl.local_world_size, sl.master_addr) == (5, 1, 8, 4, "gpu07")
+    mp = from_env({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+                   "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    assert (mp.rank, mp.world_size, mp.master_addr, mp.master_port, mp.source) == (1, 2, "127.0.0.1", 29500, "mpirun")
+    with pytest.raises(ValueError, match="outside"):
+        from_env({"RANK": "2", "WORLD_SIZE": "2"})
+    with pytest.raises(ValueError, match="MASTER_ADDR"):
+        from_env({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
