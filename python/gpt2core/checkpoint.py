@@ -140,6 +140,14 @@ def read_model_header(path) -> GPT2Config:
 def _load_llmc(path: Path, device: str = "cpu", config: GPT2Config | None = None):
     from .model import GPT2
 
+    hconfig, flat = _read_llmc(path, config)
+    model = GPT2(hconfig, device=device, init=False)
+    _fill_params(model, flat, path)
+    return model
+
+
+def _read_llmc(path: Path, config: GPT2Config | None = None) -> tuple[GPT2Config, np.ndarray]:
+    """(config, all weights as one flat fp32 vector) of an llm.c model file, checked against its header."""
     hconfig, version = _read_header(path)
     if config is not None and hconfig != config:
         raise CheckpointError(f"{path}: the file holds a model of shape {_shape(hconfig)}, but {_shape(config)} "
@@ -155,9 +163,7 @@ def _load_llmc(path: Path, device: str = "cpu", config: GPT2Config | None = None
         flat = np.fromfile(path, dtype="<f4", offset=1024)
     else:
         flat = bf16_to_float32(np.fromfile(path, dtype="<u2", offset=1024))
-    model = GPT2(hconfig, device=device, init=False)
-    _fill_params(model, flat, path)
-    return model
+    return hconfig, flat
 
 
 def _fill_params(model, flat: np.ndarray, path) -> None:
@@ -347,17 +353,17 @@ class Checkpoint:
         if model.config != self.config:
             raise CheckpointError(f"{self.path}: checkpoint holds a model of shape {_shape(self.config)}, the "
                                   f"model to restore into is {_shape(model.config)}")
-        src = _load_llmc(self.path / "model.bin", device="cpu", config=self.config)
+        _, flat = _read_llmc(self.path / "model.bin", config=self.config)
         order = self.state["optimizer"]["param_order"]
         if list(order) != list(_C.param_names()):
             raise CheckpointError(f"{self.path}: optimizer state is in parameter order {order}, this version "
                                   f"uses {list(_C.param_names())}")
         am, av = self._moments()
+        _fill_params(model, flat, self.path / "model.bin")
         m, v = model.opt_state()
         off = 0
         for name in order:
             p = model.params[name]
-            p[...] = src.params[name]
             m[name][...] = am[off:off + p.size].reshape(p.shape)
             v[name][...] = av[off:off + p.size].reshape(p.shape)
             off += p.size
