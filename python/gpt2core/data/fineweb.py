@@ -23,8 +23,11 @@ What it does
     carries on from there.
 
 Commands and what they produce
-    python -m gpt2core.data fineweb --out-dir data/edu_fineweb10B
-        about 9.7B tokens in ~100 shards (1 val + ~99 train, 200 MB each), about 19 GB.
+    python -m gpt2core.data fineweb --out-dir data/edu_fineweb10B --num-procs 16
+        about 10B tokens in about 100 shards (edufineweb_val_000000.bin, then edufineweb_train_000001.bin
+        ...; 1e8 tokens = 200 MB each), about 20 GB. The Hub download (tens of GB of parquet) is cached by
+        datasets. Tokenizing costs about 0.5 us of CPU per token (2.3M tokens/s with 1 process, 3.8M with 2,
+        measured on a 2-core machine), so 10B tokens take minutes, not hours, with 16 processes.
     python -m gpt2core.data fineweb --input ../shared/data/fineweb/fineweb_10BT_sample300.jsonl \\
         --out-dir /tmp/fw300 --shard-size 100000
         300 documents, 496,714 tokens: edufineweb_val_000000.bin and edufineweb_train_000001..000004.bin
