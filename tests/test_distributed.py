@@ -131,7 +131,8 @@ def single(tmp_path_factory, recorder, data_dir):
 
 @pytest.mark.parametrize("zero", [0, 1])
 def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero):
-    ddp = run_training(tmp_path, f"ddp_zero{zero}", 2, recorder, data_dir, extra=["--zero", str(zero)])
+    extra = ["--zero", str(zero)] + (["--checkpoint-every", "2"] if zero else [])
+    ddp = run_training(tmp_path, f"ddp_zero{zero}", 2, recorder, data_dir, extra=extra)
 
     # data: each rank read different rows; side by side they are what the single process read
     b0, b1, b1p = (np.load(ddp / "batches0.npy"), np.load(ddp / "batches1.npy"), np.load(single / "batches0.npy"))
@@ -159,6 +160,11 @@ def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero)
     assert "step     3/3" in log0 and log1.strip() == ""  # only rank 0 prints
     if zero:
         assert "ZeRO-1 over 2 ranks" in log0 and "saves" in log0
+        # the checkpoint holds the full AdamW state (shards gathered), so one process can resume it
+        res = run_training(tmp_path, "resume1", 1, recorder, data_dir,
+                           extra=["--resume", str(ddp / "checkpoints" / "step_000002")])
+        np.testing.assert_allclose(np.load(res / "params0.npy"), p0, rtol=0, atol=2e-5)
+        np.testing.assert_allclose(metrics(res)[0], loss2, rtol=1e-5)
 
 
 def _wait_for(path, text, timeout):
