@@ -303,3 +303,24 @@ def test_train_logs_hellaswag(tmp_path):
         assert r["hellaswag_acc"] * 4 == int(r["hellaswag_acc"] * 4)     # a count out of 4 items
         assert 0 <= r["hellaswag_acc_norm"] <= 1
     assert last["hellaswag_acc_norm"] == hs_recs[-1]["hellaswag_acc_norm"]
+
+
+@needs_data
+def test_batched_losses_equal_one_row_at_a_time(subset_items):
+    """Padding and batching change nothing: each ending's loss equals a forward of that row alone."""
+    gpt2core = pytest.importorskip("gpt2core")
+    from gpt2core.evaluate import hellaswag_losses
+    model = gpt2core.GPT2("tiny", seed=3)
+    items = [it for it in subset_items[:40] if len(hs.render([it]).tokens) < 4 * 60][:3]
+    data = hs.render(items)
+    sums, counts = hellaswag_losses(model, data, items_per_batch=2)
+    for i in range(len(items)):
+        for k in range(4):
+            row = data.row(i, k)
+            c = int(data.ctx_lens[i])
+            tgt = row[1:].copy()
+            tgt[:c - 1] = -1
+            loss = model.forward(row[None, :-1], tgt[None, :])
+            assert counts[i, k] == len(row) - c
+            # fp32: other batch shapes change BLAS blocking, so the sums agree to ~1e-6 relative
+            assert sums[i, k] == pytest.approx(loss * (len(row) - c), rel=1e-5)

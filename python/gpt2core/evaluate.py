@@ -72,6 +72,34 @@ def hellaswag_batches(data: "_hs.Rendered", items_per_batch: int, seq_len: int, 
         yield ids, idx, tgt
 
 
+def hellaswag_losses(model, data, items_per_batch: int = 4, item_ids=None, progress: bool = False):
+    """Summed loss and token count of each ending: two (len(item_ids), 4) arrays (float64, int64).
+    data is a Rendered set; item_ids defaults to all items."""
+    if item_ids is None:
+        item_ids = np.arange(len(data))
+    item_ids = np.asarray(item_ids, dtype=np.int64)
+    seq_len = min(int(model.config.block_size), max(1, data.max_row_len() - 1))
+    sums = np.zeros((len(item_ids), 4), dtype=np.float64)
+    counts = np.zeros((len(item_ids), 4), dtype=np.int64)
+    it = hellaswag_batches(data, items_per_batch, seq_len, item_ids)
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(it, total=math.ceil(len(item_ids) / items_per_batch), unit="batch", desc="hellaswag")
+    done = 0
+    for ids, idx, tgt in it:
+        model.forward(idx, tgt)
+        mask = tgt != -1
+        losses = np.where(mask, np.asarray(model.token_losses(), dtype=np.float64), 0.0)
+        k = len(ids)
+        sums[done:done + k] = losses.sum(axis=1)[:4 * k].reshape(k, 4)
+        counts[done:done + k] = mask.sum(axis=1)[:4 * k].reshape(k, 4)
+        done += k
+        if progress:
+            hits = (sums[:done] / counts[:done]).argmin(axis=1) == data.labels[item_ids[:done]]
+            it.set_postfix(acc_norm=f"{hits.mean():.4f}", refresh=False)
+    return sums, counts
+
+
 def score_hellaswag(model, data=None, items_per_batch: int = 4, rank: int = 0, world_size: int = 1,
                     limit: int | None = None, progress: bool = False) -> dict:
     """Completion-style HellaSwag: for each item, the loss of each ending's tokens given the context.
@@ -86,28 +114,10 @@ def score_hellaswag(model, data=None, items_per_batch: int = 4, rank: int = 0, w
         limit = None
     n_items = len(data) if limit is None else min(limit, len(data))
     item_ids = np.arange(rank, n_items, world_size)
-    block = int(model.config.block_size)
-    seq_len = min(block, max(1, data.max_row_len() - 1))
-    correct = correct_norm = 0
-    it = hellaswag_batches(data, items_per_batch, seq_len, item_ids)
-    if progress:
-        from tqdm.auto import tqdm
-        it = tqdm(it, total=math.ceil(len(item_ids) / items_per_batch), unit="batch", desc="hellaswag")
-    bar = it if progress else None
-    for ids, idx, tgt in it:
-        model.forward(idx, tgt)
-        mask = tgt != -1
-        losses = np.where(mask, np.asarray(model.token_losses(), dtype=np.float64), 0.0)
-        k = len(ids)
-        sums = losses.sum(axis=1)[:4 * k].reshape(k, 4)
-        counts = mask.sum(axis=1)[:4 * k].reshape(k, 4)
-        means = sums / counts
-        labels = data.labels[ids]
-        correct += int((sums.argmin(axis=1) == labels).sum())
-        correct_norm += int((means.argmin(axis=1) == labels).sum())
-        if bar is not None:
-            done = min(len(item_ids), (bar.n + 1) * items_per_batch)
-            bar.set_postfix(acc_norm=f"{correct_norm / done:.4f}", refresh=False)
+    sums, counts = hellaswag_losses(model, data, items_per_batch, item_ids, progress)
+    labels = data.labels[item_ids]
+    correct = int((sums.argmin(axis=1) == labels).sum())
+    correct_norm = int(((sums / np.maximum(counts, 1)).argmin(axis=1) == labels).sum())
     n = int(len(item_ids))
     return {"n": n, "correct": correct, "correct_norm": correct_norm,
             "acc": correct / n if n else float("nan"), "acc_norm": correct_norm / n if n else float("nan")}
@@ -172,7 +182,7 @@ def main(argv=None) -> int:
     return {"hellaswag": _cmd_hellaswag, "val": _cmd_val}[args.cmd](args)
 
 
-__all__ = ["evaluate_loss", "score_hellaswag", "hellaswag_batches", "main"]
+__all__ = ["evaluate_loss", "score_hellaswag", "hellaswag_losses", "hellaswag_batches", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())
