@@ -14,12 +14,10 @@ from gpt2core.data.loader import DataLoader
 from gpt2core.data.shards import find_shards, load_tokens, read_header
 from gpt2core.tokenizer import EOT, get_encoding
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "fineweb"
-if not DATA.is_dir():
-    DATA = Path("/work/shared/data/fineweb")
-EDU5 = DATA / "fineweb_edu_sample5.jsonl"
-SAMPLE300 = DATA / "fineweb_10BT_sample300.jsonl"
-needs_data = pytest.mark.skipif(not EDU5.exists(), reason="shared/data/fineweb not available")
+HERE = Path(__file__).resolve().parent
+EDU5 = HERE / "data" / "fineweb_edu_sample5.jsonl"      # a copy of shared/data/fineweb's (see data/SOURCES.md)
+SAMPLE300 = HERE.parents[1] / "shared" / "data" / "fineweb" / "fineweb_10BT_sample300.jsonl"
+needs_sample300 = pytest.mark.skipif(not SAMPLE300.exists(), reason="shared/data/fineweb not available")
 
 
 def reference_stream(texts):
@@ -41,7 +39,6 @@ def texts_of(path):
     return [json.loads(line)["text"] for line in open(path, encoding="utf-8")]
 
 
-@needs_data
 def test_shards_match_reference_stream(tmp_path):
     r = prepare([EDU5], tmp_path, shard_size=3000, num_procs=1, progress=False, log=lambda *a: None)
     ref = reference_stream(texts_of(EDU5))
@@ -58,21 +55,33 @@ def test_shards_match_reference_stream(tmp_path):
     assert toks[0] == EOT and (toks == EOT).sum() == 5
 
 
-@needs_data
 def test_pool_gives_identical_shards(tmp_path):
-    kw = dict(shard_size=50_000, progress=False, log=lambda *a: None)
-    prepare([SAMPLE300], tmp_path / "one", num_procs=1, **kw)
-    r2 = prepare([SAMPLE300], tmp_path / "two", num_procs=2, **kw)
-    f1, t1 = all_tokens(tmp_path / "one")
-    f2, t2 = all_tokens(tmp_path / "two")
-    assert [f.name for f in f1] == [f.name for f in f2]
+    texts = texts_of(EDU5) * 8
+    kw = dict(name="p", shard_size=7000, progress=False, log=lambda *a: None, chunk_chars=20_000)
+    write_shards(texts, tmp_path / "one", num_procs=1, **kw)
+    r2 = write_shards(texts, tmp_path / "two", num_procs=2, **kw)
+    f1, t1 = all_tokens(tmp_path / "one", "p")
+    f2, t2 = all_tokens(tmp_path / "two", "p")
+    assert [f.name for f in f1] == [f.name for f in f2] and len(f1) > 5
     for a, b in zip(f1, f2):
         assert a.read_bytes() == b.read_bytes()
-    assert r2["docs"] == 300 and t1.size == r2["n_tokens"]
+    np.testing.assert_array_equal(t2, reference_stream(texts))
+    assert r2["docs"] == 40 and t1.size == r2["n_tokens"]
     # the result feeds the loader
     dl = DataLoader(tmp_path / "two", "train", 4, 64)
     x, y = dl.next_batch()
-    assert x.shape == (4, 64) and dl.n_tokens == t1.size - 50_000
+    assert x.shape == (4, 64) and dl.n_tokens == t1.size - 7000
+
+
+@needs_sample300
+def test_sample300_cli_with_two_processes(tmp_path, capsys):
+    from gpt2core.data.__main__ import main
+    assert main(["fineweb", "--input", str(SAMPLE300), "--out-dir", str(tmp_path), "--shard-size", "1e5",
+                 "-j", "2", "--no-progress"]) == 0
+    # the numbers in fineweb.py's docstring
+    assert "5 shards, 496,714 tokens" in capsys.readouterr().out
+    assert [read_header(p) for p in sorted(tmp_path.glob("*.bin"), key=lambda p: p.name[-10:])] == \
+        [100000] * 4 + [96714]
 
 
 def _flaky_docs(texts, fail_at):
@@ -181,7 +190,6 @@ def test_shard_size_checked(tmp_path):
         write_shards(["a"], tmp_path, shard_size=2**31, progress=False)
 
 
-@needs_data
 def test_parquet_input(tmp_path):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
@@ -226,7 +234,6 @@ def test_hub_source_through_datasets(tmp_path, monkeypatch):
         prepare(None, tmp_path / "b", dataset="fineweb", progress=False)
 
 
-@needs_data
 def test_cli(tmp_path, capsys):
     from gpt2core.data.__main__ import main
     rc = main(["fineweb", "--input", str(EDU5), "--out-dir", str(tmp_path), "--shard-size", "4e3",

@@ -14,14 +14,16 @@ from gpt2core.data.shards import write_shard
 from gpt2core.evaluate import evaluate_loss, score_hellaswag
 from gpt2core.tokenizer import get_encoding
 
-DATA = Path("/work/shared/data/hellaswag")
-for _cand in (Path(__file__).resolve().parents[2] / "shared" / "data" / "hellaswag", DATA):
-    if _cand.is_dir():
-        DATA = _cand
-        break
-FULL = DATA / "hellaswag_val_full.txt"
-SUBSET = DATA / "hellaswag_val_subset1000.jsonl"
-needs_data = pytest.mark.skipif(not SUBSET.exists(), reason="shared/data/hellaswag not available")
+HERE = Path(__file__).resolve().parent
+# copies in tests/data (see data/SOURCES.md): the first 120 items of the 1000-item jsonl sample and the
+# first 3 items of the 6-line text file; the whole files live in shared/data/hellaswag
+SUBSET = HERE / "data" / "hellaswag_val_120.jsonl"
+FIRST3 = HERE / "data" / "hellaswag_val_first3.txt"
+SHARED = HERE.parents[1] / "shared" / "data" / "hellaswag"
+FULL = SHARED / "hellaswag_val_full.txt"
+SUBSET1000 = SHARED / "hellaswag_val_subset1000.jsonl"
+needs_data = pytest.mark.skipif(not (FULL.exists() and SUBSET1000.exists()),
+                                reason="shared/data/hellaswag not available")
 
 # val item ind 24, the first of the 6-line file; tokens of its context and " " + each ending
 ROOF_CTX = [32, 582, 318, 5586, 319, 257, 9753, 13, 339]
@@ -41,6 +43,11 @@ def subset_items():
     return hs.load_items(SUBSET)
 
 
+@pytest.fixture(scope="module")
+def first3():
+    return hs.load_items(FIRST3)
+
+
 # ------------------------------------------------------------------------------------ reading
 @needs_data
 def test_text_format_whole_val_set(full_items):
@@ -53,8 +60,9 @@ def test_text_format_whole_val_set(full_items):
 
 
 @needs_data
-def test_jsonl_agrees_with_text_format(full_items, subset_items):
-    raw = [json.loads(line) for line in open(SUBSET, encoding="utf-8")]
+def test_jsonl_agrees_with_text_format(full_items):
+    subset_items = hs.load_items(SUBSET1000)
+    raw = [json.loads(line) for line in open(SUBSET1000, encoding="utf-8")]
     assert len(subset_items) == 1000 and [it["ind"] for it in subset_items] == [r["ind"] for r in raw]
     by_endings = {tuple(it["endings"]): it for it in full_items}
     n = 0
@@ -108,8 +116,9 @@ def test_download_failure_suggests_a_local_file(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------ rendering
-@needs_data
-def test_render_known_item(full_items):
+def test_render_known_item(first3):
+    full_items = first3
+    assert len(first3) == 3 and first3[0]["ctx"] == "A man is sitting on a roof. he"
     r = hs.render(full_items[:3])
     tokens, mask, label = r.item(0)
     assert label == 3 and tokens.shape == (4, len(ROOF_CTX) + max(map(len, ROOF_ENDS)))
@@ -127,7 +136,6 @@ def test_render_known_item(full_items):
     assert ctx == ROOF_CTX and ends == ROOF_ENDS
 
 
-@needs_data
 def test_prepare_saves_rendered_npz(tmp_path, subset_items):
     out = hs.prepare(SUBSET, tmp_path / "hs.npz", limit=50, log=lambda *a: None)
     r = hs.load(out)
@@ -180,7 +188,6 @@ def reference_scores(items, cost, max_len=None):
     return hits, hits_norm, differ
 
 
-@needs_data
 @pytest.mark.parametrize("block_size", [1024, 40])
 def test_scoring_matches_reference(subset_items, block_size):
     items = subset_items[:120]
@@ -220,7 +227,6 @@ def test_scoring_picks_lowest_sum_and_lowest_mean():
     assert (r["correct"], r["correct_norm"]) == (1, 0)
 
 
-@needs_data
 def test_untrained_model_scores_near_chance(subset_items):
     gpt2core = pytest.importorskip("gpt2core")
     from gpt2core.config import GPT2Config
@@ -260,18 +266,16 @@ def test_evaluate_loss_fixed_batches(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ CLIs
-@needs_data
 def test_data_cli(tmp_path, capsys):
     from gpt2core.data.__main__ import main
-    assert main(["hellaswag", "--input", str(FULL), "--out", str(tmp_path / "h.npz"), "--limit", "30"]) == 0
-    assert "30 items" in capsys.readouterr().out and len(hs.load(tmp_path / "h.npz")) == 30
+    assert main(["hellaswag", "--input", str(FIRST3), "--out", str(tmp_path / "h.npz")]) == 0
+    assert "3 items" in capsys.readouterr().out and len(hs.load(tmp_path / "h.npz")) == 3
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"ctx": "a", "endings": ["a", "b", "c", "d"]}\n')
     assert main(["hellaswag", "--input", str(bad)]) == 1
     assert "no 'label' field" in capsys.readouterr().err
 
 
-@needs_data
 def test_evaluate_cli_on_checkpoint(tmp_path, capsys):
     gpt2core = pytest.importorskip("gpt2core")
     checkpoint = pytest.importorskip("gpt2core.checkpoint")
@@ -284,7 +288,6 @@ def test_evaluate_cli_on_checkpoint(tmp_path, capsys):
     assert "hellaswag: 8 items, acc " in out and "acc_norm" in out
 
 
-@needs_data
 def test_train_logs_hellaswag(tmp_path):
     pytest.importorskip("gpt2core._C")
     from gpt2core import train
@@ -305,7 +308,6 @@ def test_train_logs_hellaswag(tmp_path):
     assert last["hellaswag_acc_norm"] == hs_recs[-1]["hellaswag_acc_norm"]
 
 
-@needs_data
 def test_batched_losses_equal_one_row_at_a_time(subset_items):
     """Padding and batching change nothing: each ending's loss equals a forward of that row alone."""
     gpt2core = pytest.importorskip("gpt2core")
