@@ -250,3 +250,28 @@ def test_cli_dispatches_shakespeare(tmp_path):
     assert main(["shakespeare", "--out", str(tmp_path)]) == 0
     # nanoGPT's 90/10 split of Tiny Shakespeare (shared/data/SOURCES.md)
     assert [read_header(p) for p in find_shards(tmp_path, "val") + find_shards(tmp_path, "train")] == [36059, 301966]
+
+
+def test_hub_source_through_huggingface_hub(tmp_path, monkeypatch):
+    """Without `datasets`, the sample's parquet files come from huggingface_hub.snapshot_download."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    texts = texts_of(EDU5)
+    snap = tmp_path / "snap"
+    (snap / "sample" / "10BT").mkdir(parents=True)
+    pq.write_table(pa.table({"text": texts[:2]}), snap / "sample" / "10BT" / "000_00000.parquet")
+    pq.write_table(pa.table({"text": texts[2:]}), snap / "sample" / "10BT" / "001_00000.parquet")
+    seen = {}
+
+    def snapshot_download(repo, repo_type, allow_patterns, cache_dir=None):
+        seen.update(repo=repo, repo_type=repo_type, patterns=allow_patterns)
+        return str(snap)
+    monkeypatch.setitem(sys.modules, "datasets", None)      # import datasets -> ImportError
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=snapshot_download))
+    prepare(None, tmp_path / "o", shard_size=3000, progress=False, log=lambda *a: None)
+    assert seen == {"repo": "HuggingFaceFW/fineweb-edu", "repo_type": "dataset", "patterns": ["sample/10BT/*.parquet"]}
+    _, toks = all_tokens(tmp_path / "o")
+    np.testing.assert_array_equal(toks, reference_stream(texts))
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    with pytest.raises(RuntimeError, match=r"needs `datasets` or `huggingface_hub`.*--input"):
+        prepare(None, tmp_path / "o2", progress=False)
