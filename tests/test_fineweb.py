@@ -275,3 +275,12 @@ def test_hub_source_through_huggingface_hub(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
     with pytest.raises(RuntimeError, match=r"needs `datasets` or `huggingface_hub`.*--input"):
         prepare(None, tmp_path / "o2", progress=False)
+
+
+def test_hub_unavailable_writes_nothing(tmp_path, monkeypatch, capsys):
+    from gpt2core.data.__main__ import main
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    assert main(["fineweb", "--out-dir", str(tmp_path / "fw")]) == 1
+    assert "pip install 'gpt2core[data]'" in capsys.readouterr().err
+    assert not (tmp_path / "fw").exists()

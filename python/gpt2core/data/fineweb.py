@@ -147,7 +147,9 @@ def iter_local_documents(inputs, text_field: str = "text", utf8_errors: str = "s
 
 def iter_hf_documents(dataset: str = "edu", sample: str = "10BT", text_field: str = "text",
                       cache_dir=None):
-    """Documents of FineWeb(-Edu) from the Hugging Face Hub (downloaded and cached on first use)."""
+    """Documents of FineWeb(-Edu) from the Hugging Face Hub (downloaded and cached on first use).
+    The download happens here, so a missing package or network fails before anything is written;
+    the returned iterator yields the texts."""
     repo, config = DATASETS[dataset], f"sample-{sample}"
     hint = ("; without network access, download the parquet files elsewhere and pass them (or jsonl/txt "
             "files) with --input")
@@ -162,10 +164,12 @@ def iter_hf_documents(dataset: str = "edu", sample: str = "10BT", text_field: st
             raise RuntimeError(f"could not load {repo} ({config}) with datasets: {e}{hint}") from e
         if hasattr(ds, "select_columns"):
             ds = ds.select_columns([text_field])
-        for batch in ds.iter(batch_size=1024):
-            for text in batch[text_field]:
-                yield "" if text is None else text
-        return
+
+        def rows():
+            for batch in ds.iter(batch_size=1024):
+                for text in batch[text_field]:
+                    yield "" if text is None else text
+        return rows()
     try:
         import huggingface_hub
     except ImportError:
@@ -180,8 +184,7 @@ def iter_hf_documents(dataset: str = "edu", sample: str = "10BT", text_field: st
     files = sorted(Path(root).glob(pattern))
     if not files:
         raise RuntimeError(f"{repo}: no files match {pattern} in {root}")
-    for path in files:
-        yield from _iter_parquet(path, text_field)
+    return (text for path in files for text in _iter_parquet(path, text_field))
 
 
 # ------------------------------------------------------------------------------------ tokenizing
