@@ -188,6 +188,7 @@ void bind_model(py::module_& m, const char* cls_name) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "gpt2core C++ core";
+  gpt2::cpu::blas_init();
   m.def("build_info", []() {
     py::dict d;
     d["version"] = GPT2CORE_VERSION;
@@ -216,8 +217,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_num_threads", [](int n) {
     if (n < 1) throw py::value_error("num_threads must be >= 1");
     omp_set_num_threads(n);
-    gpt2::cpu::blas_set_num_threads(n);
-  }, py::arg("n"), "Threads for OpenMP ops and BLAS.");
+  }, py::arg("n"), "Threads for the CPU backend (OpenMP; BLAS calls are split over the same threads).");
   m.def("get_num_threads", []() { return omp_get_max_threads(); });
   m.def("param_names", []() { std::vector<std::string> v(gpt2::param_names().begin(), gpt2::param_names().end()); return v; });
   bind_model<float>(m, "Model");

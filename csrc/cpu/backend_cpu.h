@@ -88,4 +88,8 @@ class CpuBackend final : public Backend<T> {
   }
 };
 
+// Instantiated once in backend_cpu.cpp, with the CPU library's flags (-O3, -march=native).
+extern template class CpuBackend<float>;
+extern template class CpuBackend<double>;
+
 }  // namespace gpt2::cpu

@@ -1,6 +1,10 @@
 // The one place the CPU backend calls BLAS. Row-major GEMM for float and double:
 //   C (M, N) = alpha * op(A) (M, K) @ op(B) (K, N) + beta * C
 // With scipy-openblas32 every symbol carries the prefix "scipy_" (GPT2CORE_BLAS_PREFIX).
+//
+// Threading: OpenBLAS runs single-threaded and we split C's rows over the OpenMP threads, so only one
+// thread pool exists. Two pools (OpenMP's and OpenBLAS's) that both spin-wait between calls took
+// ~45% of a d12 step on 2 cores in a profile (blas_thread_server / inner_thread / libgomp spinning).
 #pragma once
 #include <cblas.h>
 
@@ -10,18 +14,12 @@
 
 namespace gpt2::cpu {
 
-inline void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
-                 const float* B, int ldb, float beta, float* C, int ldc) {
-  GPT2CORE_BLAS(cblas_sgemm)(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
-                             transB ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
+void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc);
+void gemm(bool transA, bool transB, int M, int N, int K, double alpha, const double* A, int lda,
+          const double* B, int ldb, double beta, double* C, int ldc);
 
-inline void gemm(bool transA, bool transB, int M, int N, int K, double alpha, const double* A, int lda,
-                 const double* B, int ldb, double beta, double* C, int ldc) {
-  GPT2CORE_BLAS(cblas_dgemm)(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
-                             transB ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
-void blas_set_num_threads(int n);
+// Pin BLAS to one thread per caller (done once when the module loads).
+void blas_init();
 
 }  // namespace gpt2::cpu
