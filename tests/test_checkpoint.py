@@ -158,8 +158,7 @@ def test_bad_model_files_name_the_file_and_problem(tmp_path, good_file, case, ne
         header[5] = 5  # n_head 5 does not divide n_embd 32
         _write(path, header, body)
     elif case == "directory":
-        path.mkdir()
-        path = path  # a directory with neither manifest nor config.json
+        path.mkdir()  # a directory with neither manifest nor config.json
     with pytest.raises(CheckpointError) as e:
         ck.load_model(path)
     assert str(path) in str(e.value) and needle in str(e.value), str(e.value)

@@ -11,7 +11,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from gpt2core import GPT2, GPT2Config, _C, hf
+from gpt2core import GPT2, GPT2Config, hf
 from gpt2core import checkpoint as ck
 from gpt2core.checkpoint import CheckpointError
 
