@@ -4,9 +4,9 @@ Both work with any model object that has the GPT2 interface:
 ``forward(idx, targets)`` -> mean loss over targets != -1, ``token_losses()`` -> (B, T) per-token losses
 of that forward (0 where targets == -1), and ``config.block_size``.
 
-    python -m gpt2core.evaluate hellaswag --checkpoint out/model_019073.bin
+    python -m gpt2core.evaluate hellaswag --checkpoint out/model.bin      # or out/checkpoints/step_019073
         [--data data/hellaswag/hellaswag_val.npz | hellaswag_val.jsonl | hellaswag_val_full.txt]
-    python -m gpt2core.evaluate val --checkpoint out/model_019073.bin --data-dir data/edufineweb10BT
+    python -m gpt2core.evaluate val --checkpoint out/model.bin --data-dir data/edu_fineweb10B
         [--batch-size 8 --seq-len 1024 --steps 20]
 
 GPT-2 124M (OpenAI's weights) scores acc 0.2859 / acc_norm 0.2955 on the 10,042 HellaSwag val items;
