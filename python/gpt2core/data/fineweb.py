@@ -23,7 +23,7 @@ What it does
     carries on from there.
 
 Commands and what they produce
-    python -m gpt2core.data fineweb --out-dir data/edu_fineweb10B --num-procs 16
+    python -m gpt2core.data fineweb --num-procs 16          # into data/edu_fineweb10B
         about 10B tokens in about 100 shards (edufineweb_val_000000.bin, then edufineweb_train_000001.bin
         ...; 1e8 tokens = 200 MB each), about 20 GB. The Hub download (tens of GB of parquet) is cached by
         datasets. Tokenizing costs about 0.5 us of CPU per token (2.3M tokens/s with 1 process, 3.8M with 2,
@@ -391,6 +391,11 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
             "resumed_shards": n_resumed}
 
 
+def default_out_dir(dataset: str = "edu", sample: str = "10BT") -> Path:
+    """data/edu_fineweb10B for FineWeb-Edu sample-10BT, data/fineweb100B for FineWeb sample-100BT..."""
+    return Path("data") / (("edu_fineweb" if dataset == "edu" else "fineweb") + sample.rstrip("T"))
+
+
 def _input_signature(files) -> list:
     return [[str(Path(p).resolve()), Path(p).stat().st_size] for p in files]
 
@@ -407,7 +412,7 @@ def prepare(inputs=None, out_dir=None, dataset: str = "edu", sample: str = "10BT
         raise ValueError(f"utf8_errors must be 'strict' or 'replace', got {utf8_errors!r}")
     name = name or DEFAULT_NAMES[dataset]
     if out_dir is None:
-        out_dir = Path("data") / f"{name}{sample}"
+        out_dir = default_out_dir(dataset, sample)
     if num_procs is None:
         num_procs = max(1, (os.cpu_count() or 2) // 2)
     if inputs:
@@ -427,7 +432,8 @@ def add_arguments(p: argparse.ArgumentParser):
     p.add_argument("--dataset", choices=sorted(DATASETS), default="edu",
                    help="edu: HuggingFaceFW/fineweb-edu (default); fineweb: HuggingFaceFW/fineweb")
     p.add_argument("--sample", default="10BT", help="Hub sample config: 10BT (default), 100BT, 350BT")
-    p.add_argument("--out-dir", "-o", help="output directory (default: data/<name><sample>)")
+    p.add_argument("--out-dir", "-o", help="output directory (default: data/edu_fineweb10B, data/fineweb100B, "
+                                           "... after --dataset and --sample)")
     p.add_argument("--name", help="shard name prefix (default: edufineweb, or fineweb for --dataset fineweb)")
     p.add_argument("--shard-size", type=lambda s: int(float(s)), default=10**8,
                    help="tokens per shard (default 1e8); shard 0 is validation")
