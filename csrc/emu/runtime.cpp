@@ -744,6 +744,7 @@ struct Pool {
   }
 };
 Pool* g_pool = nullptr;  // never destroyed: its threads sleep until the process ends
+pid_t g_pool_pid = 0;    // a forked child has none of the parent's pool threads: it starts its own
 std::mutex g_launch_mutex;
 std::atomic<unsigned long long> g_launches{0};
 
@@ -862,8 +863,9 @@ cudaError_t launch_kernel(const KernelLaunch& L) {
   if (g_nthreads <= 1 || job.nblocks == 1) {
     run_job(job);
   } else {
-    if (!g_pool) {
+    if (!g_pool || g_pool_pid != getpid()) {
       g_pool = new Pool();
+      g_pool_pid = getpid();
       g_pool->start(g_nthreads - 1);
     }
     g_pool->run(job);
