@@ -25,7 +25,7 @@ py::array_t<int32_t> check_tokens(const py::handle& obj, const char* name, int B
                                   int vocab_size, int max_T) {
   if (!py::isinstance<py::array>(obj)) arg_error(std::string(name) + " must be a numpy array of int32");
   auto arr = py::reinterpret_borrow<py::array>(obj);
-  if (!arr.dtype().is(py::dtype::of<int32_t>()))
+  if (!py::array_t<int32_t>::check_(arr))  // numpy's dtype equivalence, not identity (pickled arrays)
     arg_error(std::string(name) + " must be int32 of shape (B, T), got dtype " + std::string(py::str(arr.dtype())));
   if (arr.ndim() != 2) arg_error(std::string(name) + " must be int32 of shape (B, T), got " + std::to_string(arr.ndim()) + " dimensions");
   if (!(arr.flags() & py::array::c_style)) arg_error(std::string(name) + " must be C-contiguous (use np.ascontiguousarray)");

@@ -157,9 +157,9 @@ class GPT2:
         scale = 1.0
         if grad_clip and grad_clip > 0 and norm > grad_clip:
             scale = grad_clip / (norm + 1e-6)
-        self.step_count += 1
         self._m.adamw_update(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
-                             step=self.step_count, grad_scale=scale)
+                             step=self.step_count + 1, grad_scale=scale)
+        self.step_count += 1  # only once the update was accepted
         return norm
 
     # ------------------------------------------------------------------ sampling
