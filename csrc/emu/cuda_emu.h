@@ -380,6 +380,42 @@ inline __half2 atomicAdd(__half2* a, __half2 v) {
 #define atomicAdd_block atomicAdd
 #define atomicAdd_system atomicAdd
 
+// ---------------------------------------------------------------------------------- bf16 / fp16 device-only math
+// What cuda_bf16.h / cuda_fp16.h declare for device code only: computed in double or float and rounded
+// once to the 16-bit type (round to nearest even).
+inline __nv_bfloat16 __hfma(__nv_bfloat16 a, __nv_bfloat16 b, __nv_bfloat16 c) {
+  return __double2bfloat16(double(__bfloat162float(a)) * __bfloat162float(b) + __bfloat162float(c));
+}
+inline __nv_bfloat16 __hfma_relu(__nv_bfloat16 a, __nv_bfloat16 b, __nv_bfloat16 c) {
+  const __nv_bfloat16 r = __hfma(a, b, c);
+  return __bfloat162float(r) < 0.0f ? __float2bfloat16(0.0f) : r;
+}
+inline __nv_bfloat162 __hfma2(__nv_bfloat162 a, __nv_bfloat162 b, __nv_bfloat162 c) {
+  return __halves2bfloat162(__hfma(__low2bfloat16(a), __low2bfloat16(b), __low2bfloat16(c)),
+                            __hfma(__high2bfloat16(a), __high2bfloat16(b), __high2bfloat16(c)));
+}
+inline __half __hfma(__half a, __half b, __half c) {
+  return __double2half(double(__half2float(a)) * __half2float(b) + __half2float(c));
+}
+inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) {
+  return __halves2half2(__hfma(__low2half(a), __low2half(b), __low2half(c)),
+                        __hfma(__high2half(a), __high2half(b), __high2half(c)));
+}
+inline __nv_bfloat16 hexp(__nv_bfloat16 x) { return __float2bfloat16(expf(__bfloat162float(x))); }
+inline __nv_bfloat16 hlog(__nv_bfloat16 x) { return __float2bfloat16(logf(__bfloat162float(x))); }
+inline __nv_bfloat16 hsqrt(__nv_bfloat16 x) { return __float2bfloat16(sqrtf(__bfloat162float(x))); }
+inline __nv_bfloat16 hrsqrt(__nv_bfloat16 x) { return __float2bfloat16(1.0f / sqrtf(__bfloat162float(x))); }
+inline __nv_bfloat16 hrcp(__nv_bfloat16 x) { return __float2bfloat16(1.0f / __bfloat162float(x)); }
+inline __nv_bfloat16 htanh(__nv_bfloat16 x) { return __float2bfloat16(tanhf(__bfloat162float(x))); }
+inline __nv_bfloat162 h2exp(__nv_bfloat162 x) { return __floats2bfloat162_rn(expf(__low2float(x)), expf(__high2float(x))); }
+inline __nv_bfloat162 h2sqrt(__nv_bfloat162 x) { return __floats2bfloat162_rn(sqrtf(__low2float(x)), sqrtf(__high2float(x))); }
+inline __half hexp(__half x) { return __float2half(expf(__half2float(x))); }
+inline __half hlog(__half x) { return __float2half(logf(__half2float(x))); }
+inline __half hsqrt(__half x) { return __float2half(sqrtf(__half2float(x))); }
+inline __half hrsqrt(__half x) { return __float2half(1.0f / sqrtf(__half2float(x))); }
+inline int __bfloat162int_rn(__nv_bfloat16 x) { return static_cast<int>(nearbyintf(__bfloat162float(x))); }
+inline int __half2int_rn(__half x) { return static_cast<int>(nearbyintf(__half2float(x))); }
+
 // ---------------------------------------------------------------------------------- loads and stores
 template <class T> inline T __ldg(const T* p) { return *p; }
 template <class T> inline T __ldcg(const T* p) { return *p; }
