@@ -113,7 +113,7 @@ def test_launch_trace_lists_every_kernel(emu_build, tmp_path):
     _assert_ok(_run(emu_build, "block_reduce", "fwd", GPT2CORE_EMU_TRACE=str(trace)), "traced run")
     lines = trace.read_text().splitlines()
     assert lines[0] == "earlier_kernel"  # appended, not overwritten
-    assert lines[1:] == ["row_sum_kernel"] * 3 + ["row_sum_2d_kernel", "barrier_pred_kernel"]
+    assert lines[1:] == ["row_sum_kernel"] * 3 + ["row_sum_2d_kernel", "barrier_pred_kernel", "coords_kernel"]
 
 
 def test_bad_schedule_falls_back_to_fwd_with_a_warning(emu_build):

@@ -574,7 +574,7 @@ void run_block(Worker& w, Job& job, size_t linear) {
   }
 #if defined(GPT2EMU_ASAN)
   if (w.stacks_dirty) {  // frames abandoned by a failed block keep their poisoned redzones
-    for (int i = 0; i < b.n; ++i) __asan_unpoison_memory_region(w.fibers[i].stack_lo, w.fibers[i].stack_size);
+    for (Fiber& f : w.fibers) __asan_unpoison_memory_region(f.stack_lo, f.stack_size);
     w.stacks_dirty = false;
   }
 #endif

@@ -48,6 +48,15 @@ __global__ void barrier_pred_kernel(int* counts) {
   }
 }
 
+// Every thread of a 3-D grid of 3-D blocks writes its coordinates at its linear global index.
+__global__ void coords_kernel(int* out) {
+  const int block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  const int thread = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+  const int g = block * blockDim.x * blockDim.y * blockDim.z + thread;
+  out[2 * g] = block;
+  out[2 * g + 1] = thread;
+}
+
 int main() {
   const int B = 37, C = 1000;
   std::vector<float> h = random_floats(size_t(B) * C, 1);
@@ -82,6 +91,18 @@ int main() {
               counts[3 * b], counts[3 * b + 1], counts[3 * b + 2]);
   printf("ok syncthreads_count\n");
 
+  const dim3 grid3(2, 3, 4), block3(4, 2, 3);
+  const int total = 24 * 24;
+  int* d_coords = device_alloc<int>(2 * total);
+  LAUNCH(coords_kernel, grid3, block3, 0, 0, d_coords);
+  TEST_CUDA(cudaGetLastError());
+  std::vector<int> coords = to_host(d_coords, 2 * total);
+  for (int g = 0; g < total; ++g)
+    TEST_TRUE(coords[2 * g] == g / 24 && coords[2 * g + 1] == g % 24, "3-D index %d: %d %d", g, coords[2 * g],
+              coords[2 * g + 1]);
+  printf("ok grid_3d\n");
+
+  TEST_CUDA(cudaFree(d_coords));
   TEST_CUDA(cudaFree(d_inp));
   TEST_CUDA(cudaFree(d_out));
   TEST_CUDA(cudaFree(d_counts));
