@@ -15,6 +15,16 @@ PB = make_problem("padded")  # V=97, Vp=128, block size 11, B=3, T=7
 I32 = np.int32
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """~200 tiny forwards that test validation, not threading: one thread keeps them fast on a loaded
+    machine (OpenMP barriers stall when other processes hold the cores). Restored afterwards."""
+    n = _C.get_num_threads()
+    _C.set_num_threads(1)
+    yield
+    _C.set_num_threads(n)
+
+
 def _bad_idx():
     V, Vp, maxT = PB.V, PB.Vp, PB.maxT
     ok = PB.idx

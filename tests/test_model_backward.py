@@ -19,6 +19,16 @@ def _grads(m, idx, targets, scale=1.0):
     return loss, {k: v.copy() for k, v in m.grads().items()}
 
 
+@pytest.fixture()
+def one_thread():
+    """The finite-difference loops run ~100 tiny forwards: on one thread they cost well under a
+    millisecond each even when other processes load the machine (OpenMP barriers do not). Gradients
+    are still computed with the default thread count."""
+    n = _C.get_num_threads()
+    yield lambda: _C.set_num_threads(1)
+    _C.set_num_threads(n)
+
+
 def _loss_at(m, name, delta, idx, targets):
     view = m.params()[name]
     orig = view.copy()
@@ -29,11 +39,12 @@ def _loss_at(m, name, delta, idx, targets):
         view[...] = orig
 
 
-def test_f64_grads_match_finite_differences_directional(problem):
+def test_f64_grads_match_finite_differences_directional(problem, one_thread):
     """<grad, d> against (L(p + eps d) - L(p - eps d)) / 2 eps along a random direction, every tensor."""
     pb = problem
     m = pb.model()
     _, g = _grads(m, pb.idx, pb.targets)
+    one_thread()
     for name in ref.NAMES:
         d = pb.rng.standard_normal(g[name].shape)
         d /= np.linalg.norm(d)
@@ -43,11 +54,12 @@ def test_f64_grads_match_finite_differences_directional(problem):
         assert an == pytest.approx(fd, rel=FD_RTOL, abs=1e-9), name
 
 
-def test_f64_grads_match_finite_differences_elements(problem):
+def test_f64_grads_match_finite_differences_elements(problem, one_thread):
     """Three single elements per tensor: the largest-gradient one and two random ones."""
     pb = problem
     m = pb.model()
     _, g = _grads(m, pb.idx, pb.targets)
+    one_thread()
     for name in ref.NAMES:
         flat = g[name].reshape(-1)
         picks = [int(np.abs(flat).argmax())] + list(pb.rng.integers(0, flat.size, 2))
