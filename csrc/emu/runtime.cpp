@@ -409,15 +409,18 @@ void fiber_main(void* p) {
   Worker& w = worker();
   __sanitizer_finish_switch_fiber(nullptr, &w.sched_stack_bottom, &w.sched_stack_size);
 #endif
+  bool threw = false;
   try {
     b.L->invoke(b.L->ctx);
   } catch (const std::exception& e) {
     block_error(b, f, "C++ exception escaped the kernel: %s", e.what());
-    abandon(f);
+    threw = true;
   } catch (...) {
     block_error(b, f, "C++ exception escaped the kernel");
-    abandon(f);
+    threw = true;
   }
+  // Leave the handler first: the C++ runtime's caught-exception stack belongs to the OS thread.
+  if (threw) abandon(f);
   f.st = St::Done;
   ++b.done;
   check_exit_against_warp(b, f);

@@ -4,6 +4,7 @@
 #include "emu_test.h"
 
 #include <cstring>
+#include <stdexcept>
 
 constexpr unsigned FULL = 0xffffffffu;
 
@@ -54,6 +55,20 @@ __global__ void warp_vs_block_barrier_kernel(float* out) {
   else out[threadIdx.x] = __shfl_sync(FULL, 1.0f, 1);
 }
 
+// One thread traps: the launch fails (as it would on the GPU, with an unrecoverable error there).
+__global__ void trap_kernel(float* out) {
+  if (threadIdx.x == 5) __trap();
+  out[threadIdx.x] = 1.0f;
+}
+
+#if GPT2CORE_EMU
+// Emulator only (device code cannot throw): a C++ exception leaving a kernel fails the launch.
+__global__ void throwing_kernel(float* out) {
+  if (threadIdx.x == 7) throw std::runtime_error("boom");
+  out[threadIdx.x] = 1.0f;
+}
+#endif
+
 __global__ void fill_kernel(float* out, float v) { out[blockIdx.x * blockDim.x + threadIdx.x] = v; }
 
 static void expect_failure(const char* kernel, const char* fragment) {
@@ -82,6 +97,13 @@ int main() {
   expect_failure("mismatched_collectives_kernel", "meets lane");
   LAUNCH(warp_vs_block_barrier_kernel, 1, 32, 0, 0, d);
   expect_failure("warp_vs_block_barrier_kernel", "deadlock");
+
+  LAUNCH(trap_kernel, 1, 32, 0, 0, d);
+  expect_failure("trap_kernel", "__trap()");
+#if GPT2CORE_EMU
+  LAUNCH(throwing_kernel, 1, 32, 0, 0, d);
+  expect_failure("throwing_kernel", "boom");
+#endif
 
   // The failure surfaces at the next synchronising call too, when nobody asked cudaGetLastError.
   LAUNCH(early_exit_sync_kernel, 1, 32, 0, 0, d);
