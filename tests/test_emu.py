@@ -143,13 +143,14 @@ def test_asan_ubsan_build():
             assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr, proc.stderr[-4000:]
 
 
-def test_asan_catches_out_of_bounds_in_a_kernel(tmp_path):
-    """The sanitizer build really checks kernel memory accesses (and is not silenced by the fibers)."""
-    build = _build(ROOT / "build" / "emu-asan", "-DGPT2CORE_EMU_SANITIZE=ON", targets=["emu_oob_probe"])
-    proc = _run(build, "oob_probe", "fwd", ASAN_OPTIONS="detect_leaks=0")
+@pytest.mark.parametrize("probe, kernel", [("oob_probe", "oob_kernel"), ("smem_oob_probe", "smem_oob_kernel")])
+def test_asan_catches_out_of_bounds_in_a_kernel(probe, kernel):
+    """The sanitizer build really checks kernel accesses to global and dynamic shared memory."""
+    build = _build(ROOT / "build" / "emu-asan", "-DGPT2CORE_EMU_SANITIZE=ON", targets=[f"emu_{probe}"])
+    proc = _run(build, probe, "fwd", ASAN_OPTIONS="detect_leaks=0")
     assert proc.returncode != 0
     assert "heap-buffer-overflow" in proc.stderr, proc.stderr[-4000:]
-    assert "oob_kernel" in proc.stderr, proc.stderr[-4000:]
+    assert kernel in proc.stderr, proc.stderr[-4000:]
 
 
 def _load_check_script():

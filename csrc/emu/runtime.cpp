@@ -567,10 +567,15 @@ void run_block(Worker& w, Job& job, size_t linear) {
   ensure_fibers(w, b.n);
   b.f = w.fibers.data();
   if (L.smem) {
-    if (w.smem_cap < L.smem) {
+    if (w.smem_cap != L.smem) {  // exactly the requested size, so ASan sees overflows of it
       free(w.smem);
-      w.smem_cap = (L.smem + 63) / 64 * 64;
-      w.smem = static_cast<unsigned char*>(aligned_alloc(64, w.smem_cap));
+      void* m = nullptr;
+      if (posix_memalign(&m, 64, L.smem) != 0) {
+        fprintf(stderr, "gpt2core emu: cannot allocate %zu bytes of dynamic shared memory\n", L.smem);
+        abort();
+      }
+      w.smem = static_cast<unsigned char*>(m);
+      w.smem_cap = L.smem;
     }
     memset(w.smem, 0xff, L.smem);  // NaN bytes for every float type
     b.smem = w.smem;

@@ -35,6 +35,12 @@ double now_ms() {
 
 constexpr size_t kTotalMem = size_t(80) << 30;  // pretend H100 80 GB
 
+// 256-byte aligned like cudaMalloc, and exactly `size` bytes long so ASan reports any overflow.
+void* aligned_block(size_t size) {
+  void* m = nullptr;
+  return posix_memalign(&m, 256, std::max<size_t>(size, 1)) == 0 ? m : nullptr;
+}
+
 cudaError_t fail(cudaError_t e, const char* msg) { return gpt2emu::detail::api_set_error(e, msg); }
 
 // A device pointer argument must point into a live allocation with `n` bytes from it.
@@ -56,7 +62,7 @@ extern "C" {
 
 cudaError_t cudaMalloc(void** p, size_t size) {
   if (!p) return fail(cudaErrorInvalidValue, "cudaMalloc: null output pointer");
-  void* m = aligned_alloc(256, (std::max<size_t>(size, 1) + 255) / 256 * 256);
+  void* m = aligned_block(size);
   if (!m) return fail(cudaErrorMemoryAllocation, "cudaMalloc: out of memory");
   memset(m, 0xff, size);
   {
@@ -83,7 +89,7 @@ cudaError_t cudaFree(void* p) {
 
 cudaError_t cudaMallocHost(void** p, size_t size) {
   if (!p) return fail(cudaErrorInvalidValue, "cudaMallocHost: null output pointer");
-  void* m = aligned_alloc(256, (std::max<size_t>(size, 1) + 255) / 256 * 256);
+  void* m = aligned_block(size);
   if (!m) return fail(cudaErrorMemoryAllocation, "cudaMallocHost: out of memory");
   memset(m, 0xff, size);
   {
