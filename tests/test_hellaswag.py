@@ -100,6 +100,8 @@ def test_missing_and_bad_fields(tmp_path):
         hs.load_items(t)
     t.write_text("Act: ctx one\n2\ne1\ne2\ne3\ne4\n")
     assert hs.load_items(t) == [{"ctx": "ctx one", "label": 2, "endings": ["e1", "e2", "e3", "e4"]}]
+    t.write_bytes(b"Act: ctx one\r\n2\r\ne1\r\ne2\r\ne3\r\ne4\r\n")       # Windows line ends
+    assert hs.load_items(t) == [{"ctx": "ctx one", "label": 2, "endings": ["e1", "e2", "e3", "e4"]}]
     with pytest.raises(HellaSwagError, match="no such file"):
         hs.load_items(tmp_path / "none.jsonl")
 

@@ -96,7 +96,7 @@ def read_text(path, limit: int | None = None) -> list[dict]:
     """Items of the 6-line text format. The context is line 1 after the activity label and ': '."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")
+        lines = [ln.removesuffix("\r") for ln in path.read_text(encoding="utf-8").split("\n")]
     except UnicodeDecodeError as e:
         raise HellaSwagError(f"{path}: invalid UTF-8 at byte {e.start}") from None
     if lines and lines[-1] == "":
