@@ -9,10 +9,25 @@
 #include <string>
 
 #include "cpu/backend_cpu.h"
+#include "model/backend_factory.h"
 #include "model/gpt2.h"
 
+// The module's name: _C for the package; the test-only emulated-CUDA module (tests/cuda_emu) builds this
+// same file under another name, without the distributed bindings, plus its own extra bindings.
+#ifndef GPT2CORE_MODULE_NAME
+#define GPT2CORE_MODULE_NAME _C
+#endif
+#ifndef GPT2CORE_WITH_DIST
+#define GPT2CORE_WITH_DIST 1
+#endif
+
 namespace py = pybind11;
+#if GPT2CORE_WITH_DIST
 void bind_dist(py::module_& m);  // bindings_dist.cpp
+#endif
+#ifdef GPT2CORE_EXTRA_BINDINGS
+void GPT2CORE_EXTRA_BINDINGS(py::module_& m);
+#endif
 using gpt2::GPT2Model;
 using gpt2::ModelConfig;
 
@@ -93,14 +108,13 @@ py::dict named_views(GPT2Model<T>& m, T* base, py::handle owner) {
 template <typename T>
 void bind_model(py::module_& m, const char* cls_name) {
   using M = GPT2Model<T>;
-  py::class_<M>(m, cls_name, "GPT-2 in the C++ core: parameters, gradients, forward/backward, AdamW.")
+  // module_local: the test-only emulated module binds the same C++ type in the same interpreter
+  py::class_<M>(m, cls_name, "GPT-2 in the C++ core: parameters, gradients, forward/backward, AdamW.",
+                py::module_local())
       .def(py::init([](int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd,
                        const std::string& device) {
-             if (device != "cpu")
-               throw py::value_error("device '" + device + "' is not available in this build of gpt2core._C "
-                                     "(compiled backends: cpu)");
-             return new M(make_config(max_seq_len, vocab_size, padded_vocab_size, n_layer, n_head, n_embd),
-                          std::make_unique<gpt2::cpu::CpuBackend<T>>());
+             auto config = make_config(max_seq_len, vocab_size, padded_vocab_size, n_layer, n_head, n_embd);
+             return new M(config, gpt2::make_backend<T>(device));
            }),
            py::arg("max_seq_len"), py::arg("vocab_size"), py::arg("padded_vocab_size"), py::arg("n_layer"),
            py::arg("n_head"), py::arg("n_embd"), py::arg("device") = "cpu")
@@ -186,7 +200,7 @@ void bind_model(py::module_& m, const char* cls_name) {
 
 }  // namespace
 
-PYBIND11_MODULE(_C, m) {
+PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
   m.doc() = "gpt2core C++ core";
   gpt2::cpu::blas_init();
   m.def("build_info", []() {
@@ -194,10 +208,11 @@ PYBIND11_MODULE(_C, m) {
     d["version"] = GPT2CORE_VERSION;
     py::list backends;
     backends.append("cpu");
+    if (GPT2CORE_BACKEND_CUDA) backends.append("cuda");
     d["backends"] = backends;
     d["blas"] = GPT2CORE_BLAS_NAME;
     d["openmp"] = true;
-    d["cuda"] = false;  // the CUDA backend (kernels) is not compiled yet
+    d["cuda"] = bool(GPT2CORE_BACKEND_CUDA);  // the CUDA backend (csrc/cuda) is compiled in
     d["cuda_toolkit"] = bool(GPT2CORE_HAS_CUDA);
     py::list archs;
     std::string s = GPT2CORE_CUDA_ARCHS_STR;
@@ -222,5 +237,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("param_names", []() { std::vector<std::string> v(gpt2::param_names().begin(), gpt2::param_names().end()); return v; });
   bind_model<float>(m, "Model");
   bind_model<double>(m, "ModelF64");
+  m.def("cuda_status", []() { return gpt2::cuda_status(); },
+        "'' when device='cuda' is usable here, otherwise why not (no CUDA backend compiled, no driver, no GPU).");
+#if GPT2CORE_WITH_DIST
   bind_dist(m);
+#endif
+#ifdef GPT2CORE_EXTRA_BINDINGS
+  GPT2CORE_EXTRA_BINDINGS(m);
+#endif
 }

@@ -32,7 +32,10 @@ def _check_device(device: str) -> str:
                 f"device={device!r}: this build of gpt2core has no CUDA backend (compiled backends: "
                 f"{', '.join(info['backends'])}). Use device='cpu', or reinstall on a machine with the CUDA "
                 "toolkit (GPT2CORE_CUDA=ON pip install gpt2core).")
-        raise DeviceError(f"device={device!r}: no CUDA device is available")
+        why = _C.cuda_status()  # "" when the CUDA backend can run here (driver and a GPU found)
+        if why:
+            raise DeviceError(f"device={device!r}: {why}. Use device='cpu' on this machine.")
+        return device
     raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
 
 

@@ -1,0 +1,13 @@
+// Extras of the cuBLASLt implementation of gpt2core::seams::matmul (csrc/cuda/seams_cublaslt.cu),
+// GPU build only. Plain C++ (no CUDA headers needed).
+#pragma once
+#include <string>
+
+namespace gpt2core::seams {
+
+// fp32 matmuls use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) when on, plain fp32 otherwise.
+void set_matmul_tf32(bool on);
+// The cuBLASLt message behind the last failed matmul on this thread ("" if none).
+std::string last_matmul_error();
+
+}  // namespace gpt2core::seams

@@ -1,0 +1,50 @@
+// device string -> Backend: the one place that knows which backends this build has.
+// GPT2CORE_BACKEND_CUDA (set by the build on targets that link csrc/cuda) adds "cuda" / "cuda:<index>":
+// the real CUDA backend in gpt2core._C, the emulated one in the test-only module.
+#pragma once
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "cpu/backend_cpu.h"
+#include "model/backend.h"
+
+#ifndef GPT2CORE_BACKEND_CUDA
+#define GPT2CORE_BACKEND_CUDA 0
+#endif
+#if GPT2CORE_BACKEND_CUDA
+#include "cuda/backend_cuda.h"
+#endif
+
+namespace gpt2 {
+
+inline const char* compiled_backends() { return GPT2CORE_BACKEND_CUDA ? "cpu, cuda" : "cpu"; }
+
+inline bool is_cuda_device(const std::string& device) { return device == "cuda" || device.rfind("cuda:", 0) == 0; }
+
+// "" when device="cuda" can be used (a CUDA backend is compiled and a GPU is visible), else why not.
+inline std::string cuda_status() {
+#if GPT2CORE_BACKEND_CUDA
+  return cuda::device_status();
+#else
+  return "this build of gpt2core has no CUDA backend";
+#endif
+}
+
+// Throws std::invalid_argument for a device this build does not have (or a dtype it does not support),
+// std::runtime_error when the device exists in the build but not on this machine.
+template <class T>
+std::unique_ptr<Backend<T>> make_backend(const std::string& device) {
+  if (device == "cpu") return std::make_unique<cpu::CpuBackend<T>>();
+#if GPT2CORE_BACKEND_CUDA
+  if (is_cuda_device(device)) {
+    if constexpr (std::is_same_v<T, float>) return cuda::make_backend(device);
+    else throw std::invalid_argument("device '" + device + "' supports float32 models only");
+  }
+#endif
+  throw std::invalid_argument("device '" + device + "' is not available in this build of gpt2core._C (compiled backends: " +
+                              compiled_backends() + ")");
+}
+
+}  // namespace gpt2

@@ -1,0 +1,106 @@
+"""Every op of the emulated CUDA backend against the CPU backend, on random inputs with odd shapes.
+
+Run by tests/test_cuda_emu.py in a subprocess per emulator schedule (GPT2CORE_EMU_SCHED=fwd|rev|random:<seed>,
+GPT2CORE_EMU_TRACE=<file> recording the launched kernels):
+
+    python tests/cuda_emu/compare_ops.py build/emu-py
+
+Prints one JSON object: {op name: normwise error}, where error = max|cuda - cpu| / max|cpu| over every output
+of the op (accumulated-into outputs start from random values, so the += contract is checked too).
+"""
+import json
+import sys
+
+import numpy as np
+
+sys.path.insert(0, sys.argv[1])
+import gpt2core_cuda_emu as E  # noqa: E402
+
+rng = np.random.default_rng(1234)
+cpu, cuda = E.Ops("cpu"), E.Ops("cuda")
+errors = {}
+
+
+def f32(*shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def record(name, got, want):
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    worst = 0.0
+    for g, w in zip(got, want):
+        if w is None:
+            continue
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        assert g.shape == w.shape, (name, g.shape, w.shape)
+        if not np.all(np.isfinite(g)):
+            worst = float("inf")
+            continue
+        denom = max(np.max(np.abs(w)), 1e-30) if w.size else 1.0
+        worst = max(worst, float(np.max(np.abs(g - w)) / denom) if w.size else 0.0)
+    errors[name] = max(errors.get(name, 0.0), worst)
+
+
+def both(method, *args):
+    return getattr(cuda, method)(*args), getattr(cpu, method)(*args)
+
+
+B, T, C = 3, 37, 192           # T not a multiple of the 32-row attention tile; C = 3 * 64
+N = B * T
+V, Vp, maxT = 97, 128, 40
+
+# encoder
+inp = rng.integers(0, V, (B, T)).astype(np.int32)
+inp[1, :5] = inp[0, 3]          # repeated tokens: the deterministic bucketed dwte sum
+wte, wpe = f32(Vp, C), f32(maxT, C)
+record("encoder_forward", *both("encoder_forward", inp, wte, wpe))
+record("encoder_backward", *both("encoder_backward", f32(Vp, C), f32(maxT, C), f32(B, T, C), inp))
+
+# layernorm
+x, w, b = f32(N, C, scale=2.0) + 0.5, f32(C), f32(C)
+out, mean, rstd = cpu.layernorm_forward(x, w, b)
+record("layernorm_forward", cuda.layernorm_forward(x, w, b), (out, mean, rstd))
+record("layernorm_backward", *both("layernorm_backward", f32(N, C), f32(C), f32(C), f32(N, C), x, w, mean, rstd))
+
+# matmul (through the seam) with and without bias; OC odd
+for OC in (3 * C, 101):
+    xin, wt, bias = f32(N, C), f32(OC, C, scale=0.1), f32(OC)
+    record("matmul_forward", *both("matmul_forward", xin, wt, bias))
+    record("matmul_forward", *both("matmul_forward", xin, wt, None))
+    record("matmul_backward", *both("matmul_backward", f32(N, C), f32(OC, C), f32(OC), f32(N, OC), xin, wt))
+    record("matmul_backward", *both("matmul_backward", f32(N, C), f32(OC, C), None, f32(N, OC), xin, wt))
+
+# attention: head sizes 64 (C=192, 3 heads), 16 and 10 (the 32-wide path, zero padding), 128
+for (Ca, NH, Ta) in ((192, 3, T), (48, 3, T), (20, 2, 9), (256, 2, 33)):
+    qkv = f32(B, Ta, 3 * Ca)
+    record(f"attention(hs={Ca // NH})", *both("attention", qkv, f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH))
+
+# gelu, residual
+g = f32(N * 4 + 3, scale=2.0)
+record("gelu_forward", *both("gelu_forward", g))
+record("gelu_backward", *both("gelu_backward", f32(g.size), g, f32(g.size)))
+record("residual_forward", *both("residual_forward", f32(1001), f32(1001)))
+
+# fused classifier: padded vocab, ignored targets
+logits = f32(N, Vp, scale=3.0)
+targets = rng.integers(0, V, N).astype(np.int32)
+targets[[0, 5, N - 1]] = -1
+(l1, s1, n1), (l0, s0, n0) = both("crossentropy_forward", logits, targets, V)
+assert n1 == n0 == N - 3, (n1, n0)
+record("crossentropy_forward", (l1, s1), (l0, s0))
+(l1, s1, n1), (l0, s0, n0) = both("crossentropy_forward", logits, None, V)
+assert n1 == n0 == 0
+record("crossentropy_forward", (l1, s1), (l0, s0))
+record("crossentropy_backward_inplace", *both("crossentropy_backward_inplace", logits, s0, targets, 1.0 / 7, V))
+
+# global norm and AdamW
+p = f32(70001)
+s1, s0 = both("sum_squares", p)
+errors["sum_squares"] = abs(s1 - s0) / s0
+pw, gw = f32(5003), f32(5003, scale=1e-2)
+m0, v0 = f32(5003, scale=1e-3), np.abs(f32(5003, scale=1e-5))
+record("adamw", *both("adamw", pw, gw, m0, v0, 1e-3, 0.9, 0.95, 1e-8, 0.1, 0.5, 1 - 0.9 ** 3, 1 - 0.95 ** 3))
+record("adamw", *both("adamw", pw, gw, m0, v0, 1e-3, 0.9, 0.95, 1e-8, 0.0, 1.0, 1 - 0.9, 1 - 0.95))
+
+print(json.dumps(errors))

@@ -1,0 +1,224 @@
+"""The CUDA backend (csrc/cuda) without a GPU: compiled with g++ against the CUDA-on-CPU emulator (csrc/emu)
+into the test-only module gpt2core_cuda_emu (tests/cuda_emu/CMakeLists.txt, built here into build/emu-py,
+incrementally), and compared with the CPU backend.
+
+- every op, forward and backward, on odd shapes (B=3, T=37 not a multiple of the 32-row attention tile,
+  C=192=3*64, head sizes 64/16/10/128, padded vocab, ignored targets), under the emulator schedules fwd, rev
+  and random:<seed> (each in a subprocess: GPT2CORE_EMU_SCHED is read once per process), with the launch trace
+  (GPT2CORE_EMU_TRACE) showing that every __global__ kernel in csrc/cuda ran;
+- a whole training step of a tiny model (forward, backward, clipping, AdamW) and five steps of training.
+
+Tolerances (fp32): op outputs within 1e-5 of the largest reference value (normwise): both backends compute in
+fp32 and differ only in summation order (tree vs sequential reductions, tiled online softmax vs two-pass
+softmax), whose rounding error grows like n * 2^-24 ~ 1e-6 for the n <= 768 terms of these shapes.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "emu-py"
+CUDA_SRC = ROOT / "csrc" / "cuda"
+
+
+def _cuda_headers_present():
+    for base in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if base and (Path(base) / "include" / "cuda_bf16.h").exists():
+            return True
+    return False
+
+
+@pytest.fixture(scope="session")
+def emu():
+    """Builds (incrementally) and imports gpt2core_cuda_emu."""
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake not found")
+    if not _cuda_headers_present():
+        pytest.skip("NVIDIA's CUDA headers (cuda_bf16.h) not found: the emulated backend compiles against them")
+    if not (BUILD / "CMakeCache.txt").exists():
+        subprocess.run(["cmake", "-S", str(ROOT / "tests" / "cuda_emu"), "-B", str(BUILD),
+                        "-DCMAKE_BUILD_TYPE=Release", f"-DPython_EXECUTABLE={sys.executable}"],
+                       check=True, capture_output=True, text=True)
+    r = subprocess.run(["cmake", "--build", str(BUILD), "-j2"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail("building gpt2core_cuda_emu failed:\n" + r.stdout[-6000:] + r.stderr[-6000:])
+    sys.path.insert(0, str(BUILD))
+    import gpt2core_cuda_emu
+    return gpt2core_cuda_emu
+
+
+def kernel_names():
+    """Names of all __global__ kernels defined in csrc/cuda."""
+    names = set()
+    for f in list(CUDA_SRC.glob("*.cuh")) + list(CUDA_SRC.glob("*.cu")):
+        if f.name == "seams_cublaslt.cu":
+            continue  # GPU-only library calls, no kernels
+        text = f.read_text()
+        names |= set(re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(", text))
+    return names
+
+
+def test_kernel_names_found():
+    names = kernel_names()
+    assert {"encoder_forward_kernel", "layernorm_forward_kernel", "attention_forward_kernel",
+            "attention_backward_dq_kernel", "adamw_kernel", "crossentropy_forward_kernel"} <= names
+
+
+@pytest.mark.parametrize("sched", ["fwd", "rev", "random:7"])
+def test_ops_match_cpu_and_every_kernel_runs(emu, sched, tmp_path):
+    trace = tmp_path / "trace.txt"
+    env = dict(os.environ, GPT2CORE_EMU_SCHED=sched, GPT2CORE_EMU_TRACE=str(trace))
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "cuda_emu" / "compare_ops.py"), str(BUILD)],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    errors = json.loads(r.stdout.strip().splitlines()[-1])
+    expected_ops = {"encoder_forward", "encoder_backward", "layernorm_forward", "layernorm_backward",
+                    "matmul_forward", "matmul_backward", "attention(hs=64)", "attention(hs=16)",
+                    "attention(hs=10)", "attention(hs=128)", "gelu_forward", "gelu_backward", "residual_forward",
+                    "crossentropy_forward", "crossentropy_backward_inplace", "sum_squares", "adamw"}
+    assert expected_ops <= set(errors)
+    bad = {k: v for k, v in errors.items() if not v <= 1e-5}
+    assert not bad, f"ops differing from the CPU backend (normwise error > 1e-5) under {sched}: {bad}"
+    launched = set(re.sub(r"[()]|<.*", "", line.strip()) for line in trace.read_text().splitlines() if line.strip())
+    missing = kernel_names() - launched
+    assert not missing, f"__global__ kernels in csrc/cuda never launched: {sorted(missing)}"
+
+
+# ----------------------------------------------------------------------------- whole model
+CFG = dict(max_seq_len=40, vocab_size=97, padded_vocab_size=128, n_layer=2, n_head=3, n_embd=192)
+B, T = 3, 37
+
+
+def init_params(model, seed=0):
+    """GPT-2-like random init (numpy views; under the emulation device memory is host memory)."""
+    rng = np.random.default_rng(seed)
+    for name, v in model.params().items():
+        if name.endswith("w") and v.ndim == 2 or name in ("wte", "wpe"):
+            v[...] = rng.standard_normal(v.shape) * 0.02
+        elif name in ("ln1w", "ln2w", "lnfw"):
+            v[...] = 1.0 + rng.standard_normal(v.shape) * 0.1
+        else:
+            v[...] = rng.standard_normal(v.shape) * 0.02
+    v = model.params()["wte"]
+    v[CFG["vocab_size"]:] = 0.0
+
+
+def batch(seed=0):
+    rng = np.random.default_rng(100 + seed)
+    idx = rng.integers(0, CFG["vocab_size"], (B, T)).astype(np.int32)
+    tgt = rng.integers(0, CFG["vocab_size"], (B, T)).astype(np.int32)
+    tgt[0, 2] = -1
+    tgt[2, -1] = -1
+    return idx, tgt
+
+
+def normwise(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def train_step(m, idx, tgt, step, clip=1.0, lr=1e-3):
+    m.zero_grad()
+    loss = m.forward(idx, tgt)
+    m.backward()
+    norm = m.grad_norm()
+    scale = min(1.0, clip / (norm + 1e-6))
+    m.adamw_update(lr=lr, step=step, grad_scale=scale)
+    return loss, norm
+
+
+def test_model_reports_cuda(emu):
+    info = emu.build_info()
+    assert info["cuda"] and "cuda" in info["backends"]
+    m = emu.Model(**CFG, device="cuda")
+    assert m.device == "cuda"
+    assert emu.cuda_status() == ""
+    with pytest.raises(ValueError, match="float32"):
+        emu.ModelF64(**CFG, device="cuda")
+
+
+def test_training_step_matches_cpu(emu):
+    """Forward (logits, loss), backward (every gradient), grad norm, clipping and AdamW (every updated weight
+    and moment) of a tiny 2-layer model: fp32 within 1e-5 normwise per tensor (summation-order rounding, see
+    the module docstring)."""
+    idx, tgt = batch()
+    models = {}
+    for dev in ("cpu", "cuda"):
+        m = emu.Model(**CFG, device=dev)
+        init_params(m)
+        models[dev] = m
+    cpu, gpu = models["cpu"], models["cuda"]
+    loss_c, loss_g = cpu.forward(idx, tgt), gpu.forward(idx, tgt)
+    assert abs(loss_g - loss_c) <= 1e-5 * abs(loss_c)
+    assert normwise(gpu.logits(), cpu.logits()) <= 1e-5
+    assert normwise(gpu.token_losses(), cpu.token_losses()) <= 1e-5
+    for m in (cpu, gpu):
+        m.zero_grad()
+        m.forward(idx, tgt)
+        m.backward()
+    gc, gg = cpu.grads(), gpu.grads()
+    errs = {k: normwise(gg[k], gc[k]) for k in gc}
+    assert max(errs.values()) <= 1e-5, errs
+    nc, ng = cpu.grad_norm(), gpu.grad_norm()
+    assert abs(ng - nc) <= 1e-5 * nc
+    scale = 0.5 / nc  # clip to half the norm: exercises grad_scale
+    before = {k: v.copy() for k, v in cpu.params().items()}
+    grads = {k: v.copy() for k, v in gc.items()}
+    lr = 1e-3
+    for m in (cpu, gpu):
+        m.adamw_update(lr=lr, step=1, grad_scale=scale)
+    for what in ("adam_m", "adam_v"):  # linear / quadratic in the gradient: same 1e-5 as the gradients
+        c, g = getattr(cpu, what)(), getattr(gpu, what)()
+        errs = {k: normwise(g[k], c[k]) for k in c}
+        assert max(errs.values()) <= 1e-5, (what, errs)
+    # Updated weights. Adam's first step moves each weight by lr * g / (|g| + eps) ~ lr * sign(g): not
+    # continuous at g = 0, so a weight whose gradient is within rounding (1e-5 * max|g|) of zero may move by
+    # up to 2 lr differently. Weights with a clear gradient (|g| > 1e-3 max|g|) match within 1e-5 of the
+    # update's and the tensor's largest magnitude; every weight within 2 lr.
+    c, g = cpu.params(), gpu.params()
+    for k in c:
+        clear = np.abs(grads[k]) > 1e-3 * np.max(np.abs(grads[k])) if np.any(grads[k]) else np.ones_like(grads[k], bool)
+        upd_c = (c[k] - before[k])[clear].astype(np.float64)
+        upd_g = (g[k] - before[k])[clear].astype(np.float64)
+        if upd_c.size:
+            assert np.max(np.abs(upd_g - upd_c)) <= 1e-5 * max(np.max(np.abs(upd_c)), 1e-30) + 1e-5 * np.max(np.abs(c[k])), k
+        assert np.max(np.abs(g[k] - c[k])) <= 2 * lr + 1e-6, k
+
+
+def test_five_steps_lower_the_loss_like_cpu(emu):
+    losses = {}
+    for dev in ("cpu", "cuda"):
+        m = emu.Model(**CFG, device=dev)
+        init_params(m, seed=3)
+        idx, tgt = batch(1)
+        losses[dev] = [train_step(m, idx, tgt, step)[0] for step in range(1, 6)]
+    lc, lg = np.array(losses["cpu"]), np.array(losses["cuda"])
+    assert lg[-1] < lg[0] - 0.1, lg  # it learns (the same batch every step)
+    assert np.all(np.diff(lg) < 0), lg
+    np.testing.assert_allclose(lg, lc, rtol=1e-4)  # loose: AdamW's m/sqrt(v) amplifies rounding over steps
+
+
+# ----------------------------------------------------------------------------- the real build, no GPU
+def test_real_cuda_build_without_gpu_is_a_clear_device_error():
+    """gpt2core._C compiled with the CUDA backend (pip install . with nvcc) on a machine without a usable GPU:
+    device='cuda' raises DeviceError saying why (cudaGetDeviceCount's error or no device)."""
+    from gpt2core import GPT2, GPT2Config, _C
+    from gpt2core.model import DeviceError
+
+    if "cuda" not in _C.build_info()["backends"]:
+        pytest.skip("this gpt2core._C has no CUDA backend")
+    assert _C.build_info()["cuda"] is True
+    if _C.cuda_status() == "":
+        pytest.skip("a CUDA device is available here")
+    cfg = GPT2Config(block_size=8, vocab_size=10, padded_vocab_size=16, n_layer=1, n_head=2, n_embd=8)
+    with pytest.raises(DeviceError, match="cuda"):
+        GPT2(cfg, device="cuda")
+    with pytest.raises(RuntimeError, match="CUDA"):  # the backend constructor says the same at the _C level
+        _C.Model(max_seq_len=8, vocab_size=10, padded_vocab_size=16, n_layer=1, n_head=2, n_embd=8, device="cuda")
