@@ -98,7 +98,6 @@ unsigned char* dynamic_smem();
 unsigned active_mask();
 [[noreturn]] void device_trap(const char* what, const char* file, int line);
 
-
 }  // namespace detail
 
 // Launches `kernel` with CUDA's argument passing (each argument converted to the parameter type,
