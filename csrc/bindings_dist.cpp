@@ -9,6 +9,14 @@
 
 #include "dist/comm.h"
 
+// Set by the build when the NCCL communicator is linked into _C (CUDA backend + NCCL found).
+#ifndef GPT2CORE_DIST_NCCL
+#define GPT2CORE_DIST_NCCL 0
+#endif
+#if GPT2CORE_DIST_NCCL
+#include "dist/comm_nccl.h"
+#endif
+
 namespace py = pybind11;
 using gpt2::dist::Comm;
 using gpt2::dist::ReduceOp;
@@ -38,6 +46,8 @@ void bind_dist(py::module_& m) {
   auto d = m.def_submodule("dist", "Process groups for data-parallel training (Gloo on CPU).");
   py::register_exception<gpt2::dist::DistError>(d, "DistError", PyExc_RuntimeError);
   d.def("have_gloo", &gpt2::dist::have_gloo, "Whether Gloo (CPU collectives) is compiled in.");
+  d.def("have_nccl", []() { return bool(GPT2CORE_DIST_NCCL); },
+        "Whether the NCCL communicator (GPU collectives) is compiled in.");
 
   py::class_<Comm>(d, "Comm",
                    "A process group. Collectives are blocking, in place on float32 numpy arrays, bounded by "
@@ -107,4 +117,30 @@ void bind_dist(py::module_& m) {
         "Join a Gloo process group: rank 0 serves the rendezvous store on master_port, all ranks meet at "
         "master_addr:master_port; raises DistError naming the ranks that did not arrive within timeout "
         "seconds.");
+
+  d.def("init_nccl",
+        [](int rank, int world_size, const std::string& master_addr, int master_port, double timeout, int device,
+           const std::string& prefix) -> std::unique_ptr<Comm> {
+          if (!(timeout > 0)) throw py::value_error("timeout must be > 0 seconds");
+          if (device < 0) throw py::value_error("device must be a GPU index >= 0");
+#if GPT2CORE_DIST_NCCL
+          gpt2::dist::RendezvousOptions o;
+          o.rank = rank;
+          o.world_size = world_size;
+          o.master_addr = master_addr;
+          o.master_port = master_port;
+          o.timeout = std::chrono::milliseconds(long(timeout * 1000));
+          o.prefix = prefix;
+          py::gil_scoped_release nogil;
+          return gpt2::dist::make_nccl_comm(o, device, nullptr);
+#else
+          (void)rank, (void)world_size, (void)master_addr, (void)master_port, (void)prefix;
+          throw gpt2::dist::DistError("this build of gpt2core has no NCCL communicator: it needs the CUDA backend "
+                                      "and NCCL (nccl.h, libnccl) at build time");
+#endif
+        },
+        py::arg("rank"), py::arg("world_size"), py::arg("master_addr") = "127.0.0.1", py::arg("master_port") = 29500,
+        py::arg("timeout") = 300.0, py::arg("device") = 0, py::arg("prefix") = "gpt2core",
+        "Join an NCCL process group on GPU `device` (rendezvous as init_gloo; rank 0 hands out the "
+        "ncclUniqueId). Collectives take device, managed or host float32 buffers (host ones are staged).");
 }

@@ -348,3 +348,11 @@ def test_from_env_launchers():
         from_env({"RANK": "2", "WORLD_SIZE": "2"})
     with pytest.raises(ValueError, match="MASTER_ADDR"):
         from_env({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+
+
+def test_nccl_entry_point_fails_cleanly_without_a_gpu():
+    if hasattr(_C, "cuda_status") and _C.cuda_status() == "":
+        pytest.skip("a GPU is present")
+    assert _C.dist.have_nccl() == (_C.build_info()["nccl"] and "cuda" in _C.build_info()["backends"])
+    with pytest.raises(_C.dist.DistError, match="NCCL|CUDA"):
+        _C.dist.init_nccl(0, 1, "127.0.0.1", free_port(), timeout=2.0, device=0)

@@ -78,6 +78,7 @@ class NcclComm final : public Comm {
 
   ~NcclComm() override {
     if (one_) cudaFree(one_);
+    if (staging_) cudaFree(staging_);
     if (!comm_) return;
     if (broken_) {
       ncclCommAbort(comm_);
@@ -104,14 +105,20 @@ class NcclComm final : public Comm {
   int size() const override { return size_; }
   const char* backend() const override { return "nccl"; }
 
+  // Buffers in device or managed memory go to NCCL as they are; host buffers (a loss value, a norm) are
+  // staged through device memory.
   void allreduce(float* buf, size_t n, ReduceOp op) override {
     if (n == 0) return;
-    GPT2_NCCL_CHECK(comm_, ncclAllReduce(buf, buf, n, ncclFloat, red(op), comm_, stream_));
+    Staged s(this, buf, n);
+    GPT2_NCCL_CHECK(comm_, ncclAllReduce(s.p, s.p, n, ncclFloat, red(op), comm_, stream_));
     wait_state("allreduce", true);
+    s.finish();
   }
 
-  void reduce_scatter(float* buf, size_t n, ReduceOp op) override {
+  void reduce_scatter(float* host_or_dev, size_t n, ReduceOp op) override {
     if (n == 0) return;
+    Staged s(this, host_or_dev, n);
+    float* buf = s.p;
     const size_t S = shard_size(n, size_);
     if (S * size_t(size_) == n) {
       GPT2_NCCL_CHECK(comm_, ncclReduceScatter(buf, buf + S * size_t(rank_), S, ncclFloat, red(op), comm_, stream_));
@@ -124,10 +131,13 @@ class NcclComm final : public Comm {
       GPT2_NCCL_CHECK(comm_, ncclGroupEnd());
     }
     wait_state("reduce_scatter", true);
+    s.finish();
   }
 
-  void all_gather(float* buf, size_t n) override {
+  void all_gather(float* host_or_dev, size_t n) override {
     if (n == 0) return;
+    Staged s(this, host_or_dev, n);
+    float* buf = s.p;
     const size_t S = shard_size(n, size_);
     if (S * size_t(size_) == n) {
       GPT2_NCCL_CHECK(comm_, ncclAllGather(buf + S * size_t(rank_), buf, S, ncclFloat, comm_, stream_));
@@ -140,14 +150,17 @@ class NcclComm final : public Comm {
       GPT2_NCCL_CHECK(comm_, ncclGroupEnd());
     }
     wait_state("all_gather", true);
+    s.finish();
   }
 
   void broadcast(float* buf, size_t n, int root) override {
     if (root < 0 || root >= size_)
       throw DistError("broadcast: root " + std::to_string(root) + " is outside 0.." + std::to_string(size_ - 1));
     if (n == 0) return;
-    GPT2_NCCL_CHECK(comm_, ncclBroadcast(buf, buf, n, ncclFloat, root, comm_, stream_));
+    Staged s(this, buf, n);
+    GPT2_NCCL_CHECK(comm_, ncclBroadcast(s.p, s.p, n, ncclFloat, root, comm_, stream_));
     wait_state("broadcast", true);
+    s.finish();
   }
 
   void barrier() override {
@@ -157,6 +170,39 @@ class NcclComm final : public Comm {
 
  private:
   static ncclRedOp_t red(ReduceOp op) { return op == ReduceOp::Avg ? ncclAvg : ncclSum; }
+
+  static bool on_device(const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  }
+
+  // p: the buffer itself, or a device copy of a host buffer, copied back by finish().
+  struct Staged {
+    NcclComm* c;
+    float* host = nullptr;
+    float* p;
+    size_t n;
+    Staged(NcclComm* comm, float* buf, size_t count) : c(comm), p(buf), n(count) {
+      if (on_device(buf)) return;
+      if (c->staging_cap_ < n) {
+        if (c->staging_) cudaFree(c->staging_);
+        c->staging_ = nullptr;
+        c->staging_cap_ = 0;
+        GPT2_CUDA_CHECK(cudaMalloc(&c->staging_, n * sizeof(float)));
+        c->staging_cap_ = n;
+      }
+      host = buf;
+      p = c->staging_;
+      GPT2_CUDA_CHECK(cudaMemcpy(p, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    void finish() {  // after the collective completed
+      if (host) GPT2_CUDA_CHECK(cudaMemcpy(host, p, n * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+  };
 
   // Polls the communicator (and the stream) until the operation completed, failed or timed out; on
   // failure or timeout the communicator is aborted (which also unblocks its kernels) and DistError thrown.
@@ -195,6 +241,8 @@ class NcclComm final : public Comm {
   std::unique_ptr<TcpStore> store_;
   ncclComm_t comm_ = nullptr;
   float* one_ = nullptr;
+  float* staging_ = nullptr;
+  size_t staging_cap_ = 0;
   bool broken_ = false;
 };
 

@@ -12,7 +12,10 @@ Environment (first match wins):
 The process group meets at MASTER_ADDR:MASTER_PORT: rank 0 serves a small rendezvous store there (the C++
 core, csrc/dist). torchrun's agent already serves its own store on MASTER_PORT
 (TORCHELASTIC_USE_AGENT_STORE=True), so under torchrun we use MASTER_PORT + 1; GPT2CORE_STORE_PORT
-overrides the port in every case. On the CPU the collectives run over Gloo (TCP).
+overrides the port in every case. On the CPU the collectives run over Gloo (TCP); with device "cuda" over
+NCCL, each process on GPU LOCAL_RANK (the CUDA backend's buffers are managed memory, so the same numpy
+views reach NCCL as device pointers). Every collective is bounded by a timeout: a rank that died or hangs
+makes the others raise DistError instead of waiting forever.
 
 One optimizer step (``DataParallel.step``), after the last micro-step of gradient accumulation (the
 micro-steps before it do not communicate):
@@ -124,9 +127,16 @@ def init_process_group(env: DistEnv | None = None, timeout: float = DEFAULT_TIME
     from . import _C
 
     env = from_env() if env is None else env
+    if device.startswith("cuda"):  # NCCL on GPU LOCAL_RANK (or the index in "cuda:N")
+        if not _C.dist.have_nccl():
+            raise RuntimeError(f"multi-process training on device {device!r} needs the NCCL communicator, which this "
+                               "build of gpt2core does not include (it needs the CUDA backend and NCCL at build "
+                               "time); use --device cpu for Gloo")
+        index = int(device.split(":", 1)[1]) if ":" in device else env.local_rank
+        return _C.dist.init_nccl(env.rank, env.world_size, env.master_addr, env.store_port, timeout=float(timeout),
+                                 device=index)
     if device != "cpu":
-        raise NotImplementedError(f"multi-process training on device {device!r} needs the CUDA backend's NCCL "
-                                  "communicator, which this build does not include; use --device cpu")
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
     if not _C.dist.have_gloo():
         raise RuntimeError("this build of gpt2core has no Gloo, which CPU multi-process training needs: install "
                            "it (Debian/Ubuntu: apt-get install libgloo-dev) and reinstall gpt2core from source")
@@ -157,7 +167,13 @@ class DataParallel:
             comm.broadcast(model._m.flat_params(), root=0)
         self.lo, self.hi = comm.shard(self.n) if zero else (0, self.n)
         self.m = self.v = None
-        if zero:
+        # On a GPU the moments must live in device memory, which only the model allocates: there ZeRO-1 uses
+        # this rank's slice of the model's own (full-size) AdamW buffers, so it does not save memory yet.
+        self.shard_owned = zero and getattr(model, "device", "cpu") == "cpu"
+        if zero and not self.shard_owned:
+            self.m = _flat(model._m.adam_m(), model)[self.lo:self.hi]
+            self.v = _flat(model._m.adam_v(), model)[self.lo:self.hi]
+        elif zero:
             self.m = np.zeros(self.hi - self.lo, dtype=np.float32)
             self.v = np.zeros(self.hi - self.lo, dtype=np.float32)
             if model.step_count > 0:  # resumed: take this rank's shard of the restored moments
@@ -205,14 +221,15 @@ class DataParallel:
             return
         am, av = _flat(self.model._m.adam_m(), self.model), _flat(self.model._m.adam_v(), self.model)
         for full, shard in ((am, self.m), (av, self.v)):
-            full[self.lo:self.hi] = shard
+            if self.shard_owned:
+                full[self.lo:self.hi] = shard
             self.comm.all_gather(full)
 
     # ------------------------------------------------------------------ reporting
     def memory_report(self) -> dict:
         """Bytes of AdamW state (m and v, fp32) per rank, with and without ZeRO-1."""
         full = 2 * 4 * self.n
-        ours = 2 * 4 * (self.hi - self.lo) if self.zero else full
+        ours = 2 * 4 * (self.hi - self.lo) if self.shard_owned else full
         return {"optimizer_bytes_per_rank": ours, "optimizer_bytes_unsharded": full, "saved_bytes": full - ours}
 
     def describe(self) -> str:
@@ -221,6 +238,10 @@ class DataParallel:
                     f"optimizer step")
         r = self.memory_report()
         mb = 1 / 2**20
+        if not self.shard_owned:
+            return (f"ZeRO-1 over {self.world} ranks ({self.comm.backend}): this rank updates parameters "
+                    f"[{self.lo:,}, {self.hi:,}); its AdamW shard is a slice of full-size buffers on "
+                    f"{self.model.device} (no memory saved on GPUs yet)")
         return (f"ZeRO-1 over {self.world} ranks ({self.comm.backend}): this rank updates parameters "
                 f"[{self.lo:,}, {self.hi:,}); AdamW state {r['optimizer_bytes_per_rank'] * mb:.1f} MiB per rank "
                 f"instead of {r['optimizer_bytes_unsharded'] * mb:.1f} MiB (saves {r['saved_bytes'] * mb:.1f} MiB)")

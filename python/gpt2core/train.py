@@ -97,10 +97,13 @@ class Trainer:
         self.args = args
         self.dist = from_env()
         self.comm = self.ddp = None
+        # each process of a multi-GPU run drives GPU LOCAL_RANK
+        self.device = (f"cuda:{self.dist.local_rank}" if self.dist.world_size > 1 and args.device == "cuda"
+                       else args.device)
         if self.dist.world_size > 1:  # join the process group first: a missing rank fails fast and by name
             from .distributed import init_process_group
             self.comm = init_process_group(self.dist, timeout=getattr(args, "dist_timeout", 300.0),
-                                           device=args.device)
+                                           device=self.device)
         if args.threads:
             _C.set_num_threads(args.threads)
         config = get_preset(args.preset)
@@ -135,7 +138,7 @@ class Trainer:
         if getattr(args, "hellaswag_every", 0):
             from .data import hellaswag
             self.hellaswag = hellaswag.load(args.hellaswag_path, args.hellaswag_limit)
-        self.model = GPT2(config, device=args.device, seed=args.seed)
+        self.model = GPT2(config, device=self.device, seed=args.seed)
         self.config = config
         self.metrics_path = self.out / "metrics.jsonl"
         self.flops_per_token = config.flops_per_token(T)
