@@ -10,8 +10,8 @@
 // xor-shuffles inside the group. Tiles of kTile = 32 rows; 128 threads per block.
 // Backward is deterministic without atomics: one kernel per key tile computes dk, dv; a second, per
 // query tile, computes dq (recomputing P), after a small kernel computes D.
-// HS (template) is the head size rounded up to 32, 64 or 128; the padding dims are zeros in shared
-// memory and registers.
+// HS (template) is the head size rounded up to 64 or 128; the padding dims are zeros in shared memory and
+// registers.
 #pragma once
 #include "cuda/common.cuh"
 
@@ -97,8 +97,8 @@ attention_forward_kernel(float* __restrict__ out,        // (B, T, C)
       tmax = fmaxf(tmax, s[j]);
     }
     const float mnew = fmaxf(m, tmax);
-    if (mnew == -INFINITY) continue;  // no valid key yet (only rows past T)
-    const float corr = expf(m - mnew);
+    const float mref = mnew == -INFINITY ? 0.0f : mnew;  // no valid key yet (rows past T): everything stays 0
+    const float corr = expf(m - mref);
     l *= corr;
 #pragma unroll
     for (int e = 0; e < CPT; e++) {
@@ -106,7 +106,7 @@ attention_forward_kernel(float* __restrict__ out,        // (B, T, C)
     }
 #pragma unroll
     for (int j = 0; j < kAttTile; j++) {
-      const float p = expf(s[j] - mnew);
+      const float p = expf(s[j] - mref);
       l += p;
 #pragma unroll
       for (int e = 0; e < CPT; e++) axpy4(o[e], p, Vs[j][e * kAttGroup + g]);
@@ -276,11 +276,11 @@ attention_backward_dq_kernel(float* __restrict__ dqkv,       // (B, T, 3C), accu
 }
 
 // ----------------------------------------------------------------------------------------- launchers
-// Calls f(std::integral_constant<int, HS>) with HS = hs rounded up to 32, 64 or 128.
+// Calls f(std::integral_constant<int, HS>) with HS = hs rounded up to 64 or 128 (GPT-2's heads are 64 wide;
+// smaller heads run zero-padded in the 64 kernels).
 template <class F>
 inline void dispatch_head_size(int hs, F&& f) {
-  if (hs <= 32) f(std::integral_constant<int, 32>());
-  else if (hs <= 64) f(std::integral_constant<int, 64>());
+  if (hs <= 64) f(std::integral_constant<int, 64>());
   else if (hs <= 128) f(std::integral_constant<int, 128>());
   else throw std::invalid_argument("CUDA attention: head size " + std::to_string(hs) + " > 128 is not supported");
 }

@@ -71,7 +71,7 @@ for OC in (3 * C, 101):
     record("matmul_backward", *both("matmul_backward", f32(N, C), f32(OC, C), f32(OC), f32(N, OC), xin, wt))
     record("matmul_backward", *both("matmul_backward", f32(N, C), f32(OC, C), None, f32(N, OC), xin, wt))
 
-# attention: head sizes 64 (C=192, 3 heads), 16 and 10 (the 32-wide path, zero padding), 128
+# attention: head sizes 64 (C=192, 3 heads), 16 and 10 (zero-padded in the 64-wide kernels), 128
 for (Ca, NH, Ta) in ((192, 3, T), (48, 3, T), (20, 2, 9), (256, 2, 33)):
     qkv = f32(B, Ta, 3 * Ca)
     record(f"attention(hs={Ca // NH})", *both("attention", qkv, f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH))
