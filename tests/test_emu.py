@@ -5,10 +5,12 @@ Builds csrc/emu as its own CMake project into build/emu (and build/emu-asan, bui
 the build directories are reused, so reruns are incremental. Needs cmake, g++ and NVIDIA's CUDA
 headers (cuda_bf16.h); the compile check also needs nvcc and is skipped without it.
 """
+import hashlib
 import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,10 +180,23 @@ ptxas info    : Used 40 registers, used 0 barriers, 360 bytes cmem[0]
 
 
 def test_kernels_compile_with_nvcc_for_sm80_sm90():
-    """Every emulator test kernel is ordinary CUDA: nvcc -Werror, no spills, shared memory in limits."""
-    if _nvcc() is None:
+    """Every emulator test kernel is ordinary CUDA: nvcc -Werror, no spills, shared memory in limits.
+
+    Incremental like the builds: a stamp in build/emu records the hash of the inputs (kernel files, the
+    headers they include from csrc/emu and tests/emu, the script, nvcc's version) of the last passing run."""
+    nvcc = _nvcc()
+    if nvcc is None:
         pytest.skip("nvcc not found")
-    proc = subprocess.run(["python3", str(ROOT / "scripts" / "check_cuda_compile.py"), "-q", "--archs", "80,90",
+    inputs = [*KERNEL_FILES, TEST_DIR / "emu_test.h", EMU_SRC / "cuda_portable.h", ROOT / "scripts" / "check_cuda_compile.py"]
+    digest = hashlib.sha256(subprocess.run([nvcc, "--version"], capture_output=True).stdout)
+    for path in inputs:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    stamp = ROOT / "build" / "emu" / "nvcc-check.stamp"
+    if stamp.exists() and stamp.read_text() == digest.hexdigest():
+        return
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_cuda_compile.py"), "-q", "--archs", "80,90",
                            *map(str, KERNEL_FILES)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     assert "OK:" in proc.stdout
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(digest.hexdigest())
