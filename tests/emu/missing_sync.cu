@@ -1,5 +1,6 @@
 // missing_sync.cu: a kernel that forgot a __syncthreads between writing shared memory and reading a
-// neighbour's slot. Run under several schedules: "fwd" happens to give the right answer (thread i-1
+// neighbour's slot. The count of wrong answers depends only on the schedule (a read of a slot not yet
+// written this block never equals the right value). Run under several schedules: "fwd" happens to give the right answer (thread i-1
 // runs before thread i), "rev" and most random schedules expose the race. The fixed kernel is right
 // under every schedule. Prints "value racy_mismatches <n>" and "value fixed_mismatches <n>".
 #include "emu_test.h"
@@ -7,7 +8,7 @@
 __global__ void shift_racy_kernel(float* out, int n) {
   __shared__ float buf[128];
   const int t = threadIdx.x;
-  buf[t] = 1000.0f * blockIdx.x + t;
+  buf[t] = 1000.0f * blockIdx.x + t + 1;  // never 0 (fresh memory) nor another block's value
   // BUG: missing __syncthreads();
   out[blockIdx.x * n + t] = t > 0 ? buf[t - 1] : -1.0f;
 }
@@ -15,7 +16,7 @@ __global__ void shift_racy_kernel(float* out, int n) {
 __global__ void shift_fixed_kernel(float* out, int n) {
   __shared__ float buf[128];
   const int t = threadIdx.x;
-  buf[t] = 1000.0f * blockIdx.x + t;
+  buf[t] = 1000.0f * blockIdx.x + t + 1;
   __syncthreads();
   out[blockIdx.x * n + t] = t > 0 ? buf[t - 1] : -1.0f;
 }
@@ -25,7 +26,7 @@ static int mismatches(const float* d_out, int blocks, int n) {
   int bad = 0;
   for (int b = 0; b < blocks; ++b)
     for (int t = 0; t < n; ++t) {
-      const float want = t > 0 ? 1000.0f * b + (t - 1) : -1.0f;
+      const float want = t > 0 ? 1000.0f * b + t : -1.0f;
       bad += got[size_t(b) * n + t] != want;
     }
   return bad;
