@@ -8,6 +8,7 @@
 #include <string>
 
 #include "dist/comm.h"
+#include "model/gpt2.h"
 
 // Set by the build when the NCCL communicator is linked into _C (CUDA backend + NCCL found).
 #ifndef GPT2CORE_DIST_NCCL
@@ -95,6 +96,27 @@ void bind_dist(py::module_& m) {
              py::gil_scoped_release nogil;
              c.barrier();
            });
+
+  d.def("alloc_state",
+        [](py::object model, size_t n) {
+          auto& m = model.cast<gpt2::GPT2Model<float>&>();
+          float* p = m.backend().alloc(n);
+          // the capsule keeps the model (and so its backend) alive for as long as the array lives
+          struct Owner {
+            py::object model;
+            float* p;
+          };
+          auto* owner = new Owner{model, p};
+          py::capsule cap(owner, [](void* o) {
+            auto* ow = static_cast<Owner*>(o);
+            ow->model.cast<gpt2::GPT2Model<float>&>().backend().free(ow->p);
+            delete ow;
+          });
+          return py::array_t<float>({py::ssize_t(n)}, {py::ssize_t(sizeof(float))}, p, cap);
+        },
+        py::arg("model"), py::arg("n"),
+        "n zero-filled float32 values in a float32 Model's backend memory (host memory on the CPU, managed "
+        "device memory on GPUs, readable from numpy either way): ZeRO-1's moment shards.");
 
   d.def("init_gloo",
         [](int rank, int world_size, const std::string& master_addr, int master_port, double timeout,

@@ -167,15 +167,14 @@ class DataParallel:
             comm.broadcast(model._m.flat_params(), root=0)
         self.lo, self.hi = comm.shard(self.n) if zero else (0, self.n)
         self.m = self.v = None
-        # On a GPU the moments must live in device memory, which only the model allocates: there ZeRO-1 uses
-        # this rank's slice of the model's own (full-size) AdamW buffers, so it does not save memory yet.
-        self.shard_owned = zero and getattr(model, "device", "cpu") == "cpu"
-        if zero and not self.shard_owned:
-            self.m = _flat(model._m.adam_m(), model)[self.lo:self.hi]
-            self.v = _flat(model._m.adam_v(), model)[self.lo:self.hi]
-        elif zero:
-            self.m = np.zeros(self.hi - self.lo, dtype=np.float32)
-            self.v = np.zeros(self.hi - self.lo, dtype=np.float32)
+        if zero:  # this rank's moments, in the backend's memory (device memory on GPUs)
+            from . import _C
+            S = self.hi - self.lo
+            if isinstance(model._m, _C.Model):
+                self.m, self.v = _C.dist.alloc_state(model._m, S), _C.dist.alloc_state(model._m, S)
+            else:  # float64 test models (CPU)
+                dtype = model.params["wte"].dtype
+                self.m, self.v = np.zeros(S, dtype=dtype), np.zeros(S, dtype=dtype)
             if model.step_count > 0:  # resumed: take this rank's shard of the restored moments
                 am, av = model._m.adam_m(), model._m.adam_v()
                 self.m[:] = _flat(am, model)[self.lo:self.hi]
@@ -221,15 +220,14 @@ class DataParallel:
             return
         am, av = _flat(self.model._m.adam_m(), self.model), _flat(self.model._m.adam_v(), self.model)
         for full, shard in ((am, self.m), (av, self.v)):
-            if self.shard_owned:
-                full[self.lo:self.hi] = shard
+            full[self.lo:self.hi] = shard
             self.comm.all_gather(full)
 
     # ------------------------------------------------------------------ reporting
     def memory_report(self) -> dict:
         """Bytes of AdamW state (m and v, fp32) per rank, with and without ZeRO-1."""
         full = 2 * 4 * self.n
-        ours = 2 * 4 * (self.hi - self.lo) if self.shard_owned else full
+        ours = 2 * 4 * (self.hi - self.lo) if self.zero else full
         return {"optimizer_bytes_per_rank": ours, "optimizer_bytes_unsharded": full, "saved_bytes": full - ours}
 
     def describe(self) -> str:
@@ -238,10 +236,6 @@ class DataParallel:
                     f"optimizer step")
         r = self.memory_report()
         mb = 1 / 2**20
-        if not self.shard_owned:
-            return (f"ZeRO-1 over {self.world} ranks ({self.comm.backend}): this rank updates parameters "
-                    f"[{self.lo:,}, {self.hi:,}); its AdamW shard is a slice of full-size buffers on "
-                    f"{self.model.device} (no memory saved on GPUs yet)")
         return (f"ZeRO-1 over {self.world} ranks ({self.comm.backend}): this rank updates parameters "
                 f"[{self.lo:,}, {self.hi:,}); AdamW state {r['optimizer_bytes_per_rank'] * mb:.1f} MiB per rank "
                 f"instead of {r['optimizer_bytes_unsharded'] * mb:.1f} MiB (saves {r['saved_bytes'] * mb:.1f} MiB)")
