@@ -165,6 +165,10 @@ def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero)
                            extra=["--resume", str(ddp / "checkpoints" / "step_000002")])
         np.testing.assert_allclose(np.load(res / "params0.npy"), p0, rtol=0, atol=2e-5)
         np.testing.assert_allclose(metrics(res)[0], loss2, rtol=1e-5)
+        # and 2 ranks resume it exactly (each takes its shard of the restored moments)
+        res2 = run_training(tmp_path, "resume2", 2, recorder, data_dir,
+                            extra=["--zero", "1", "--resume", str(ddp / "checkpoints" / "step_000002")])
+        np.testing.assert_array_equal(np.load(res2 / "params0.npy"), p0)
 
 
 def _wait_for(path, text, timeout):
