@@ -144,6 +144,7 @@ def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero)
     loss1, norm1, val1 = metrics(single)
     loss2, norm2, val2 = metrics(ddp)
     assert len(loss2) == STEPS and len(val2) == 2
+    assert all("comm_ms" in json.loads(line) for line in open(ddp / "metrics.jsonl") if "grad_norm" in line)
     np.testing.assert_allclose(loss2, loss1, rtol=1e-5)
     np.testing.assert_allclose(norm2, norm1, rtol=1e-4)
     np.testing.assert_allclose(val2, val1, rtol=1e-5)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,6 +167,7 @@ class DataParallel:
         if broadcast:  # the replicas start identical even if their seeds or checkpoints differ
             comm.broadcast(model._m.flat_params(), root=0)
         self.lo, self.hi = comm.shard(self.n) if zero else (0, self.n)
+        self.last_comm_ms = 0.0  # wall time of the last step's gradient/parameter collectives
         self.m = self.v = None
         if zero:  # this rank's moments, in the backend's memory (device memory on GPUs)
             from . import _C
@@ -194,12 +196,15 @@ class DataParallel:
         the pre-clip global grad norm, the same on every rank."""
         m = self.model
         grads = m._m.flat_grads()
+        t0 = time.perf_counter()
         if not self.zero:
             self.comm.allreduce(grads, "avg")
+            self.last_comm_ms = (time.perf_counter() - t0) * 1e3
             return m.step(lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, eps=eps, grad_clip=grad_clip)
         self.comm.reduce_scatter(grads, "avg")
         ss = np.array([_sum_squares(grads[self.lo:self.hi])], dtype=np.float32)
         self.comm.allreduce(ss, "sum")
+        comm_ms = (time.perf_counter() - t0) * 1e3
         norm = math.sqrt(float(ss[0]))
         if not math.isfinite(norm):
             raise FloatingPointError(f"gradient norm is {norm} at step {m.step_count + 1}; weights not updated")
@@ -209,7 +214,9 @@ class DataParallel:
         m.step_count += 1
         m._m.adamw_update_range(self.lo, self.hi, self.m, self.v, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                                 weight_decay=weight_decay, step=m.step_count, grad_scale=scale)
+        t1 = time.perf_counter()
         self.comm.all_gather(m._m.flat_params())
+        self.last_comm_ms = comm_ms + (time.perf_counter() - t1) * 1e3
         return norm
 
     def gather_optimizer_state(self) -> None:

@@ -301,6 +301,8 @@ class Trainer:
             self.log(f"step {step + 1:5d}/{a.steps} | loss {loss:.4f} | lr {lr:.2e} | norm {norm:.3f} | "
                      f"{dt * 1e3:.0f} ms | {tps:,.0f} tok/s | {gflops:.1f} GFLOP/s")
             rec = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm, "dt_ms": dt * 1e3, "tok_per_s": tps}
+            if self.ddp:  # rank 0's time in the step's gradient/parameter collectives (scaling analysis)
+                rec["comm_ms"] = self.ddp.last_comm_ms
             self.write_metrics(rec)
             last.update(rec)
             if every and ((step + 1) % every == 0 or last_step):
