@@ -118,6 +118,18 @@ void bind_dist(py::module_& m) {
         "n zero-filled float32 values in a float32 Model's backend memory (host memory on the CPU, managed "
         "device memory on GPUs, readable from numpy either way): ZeRO-1's moment shards.");
 
+  d.def("grad_sum_squares",
+        [](py::object model, size_t lo, size_t hi) {
+          auto& m = model.cast<gpt2::GPT2Model<float>&>();
+          if (lo > hi || hi > m.num_parameters())
+            throw py::value_error("need 0 <= lo <= hi <= num_parameters (" + std::to_string(m.num_parameters()) + ")");
+          py::gil_scoped_release nogil;
+          return m.backend().sum_squares(m.grads() + lo, hi - lo);
+        },
+        py::arg("model"), py::arg("lo"), py::arg("hi"),
+        "Sum of squares of flat gradients [lo, hi) of a float32 Model, on its backend (double accumulation): "
+        "ZeRO-1's per-shard part of the global grad norm.");
+
   d.def("init_gloo",
         [](int rank, int world_size, const std::string& master_addr, int master_port, double timeout,
            const std::string& hostname, const std::string& iface, const std::string& prefix) {

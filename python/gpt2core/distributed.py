@@ -202,7 +202,10 @@ class DataParallel:
             self.last_comm_ms = (time.perf_counter() - t0) * 1e3
             return m.step(lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, eps=eps, grad_clip=grad_clip)
         self.comm.reduce_scatter(grads, "avg")
-        ss = np.array([_sum_squares(grads[self.lo:self.hi])], dtype=np.float32)
+        from . import _C
+        local = (_C.dist.grad_sum_squares(m._m, self.lo, self.hi) if isinstance(m._m, _C.Model)
+                 else _sum_squares(grads[self.lo:self.hi]))
+        ss = np.array([local], dtype=np.float32)
         self.comm.allreduce(ss, "sum")
         comm_ms = (time.perf_counter() - t0) * 1e3
         norm = math.sqrt(float(ss[0]))
