@@ -105,10 +105,10 @@ def recorder(tmp_path_factory):
     return p
 
 
-def run_training(tmp_path, name, world, recorder, data_dir, extra=()):
+def run_training(tmp_path, name, world, recorder, data_dir, extra=(), micro=None):
     out = tmp_path / name
     out.mkdir()
-    micro = 2 * B if world == 1 else B
+    micro = micro or (2 * B if world == 1 else B)
     cmd = [sys.executable, str(recorder), str(out), *TRAIN_ARGS, "-B", str(micro), "--data-dir", str(data_dir),
            "--output-dir", str(out), *extra]
     if world == 1:
@@ -170,6 +170,18 @@ def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero)
         res2 = run_training(tmp_path, "resume2", 2, recorder, data_dir,
                             extra=["--zero", "1", "--resume", str(ddp / "checkpoints" / "step_000002")])
         np.testing.assert_array_equal(np.load(res2 / "params0.npy"), p0)
+
+
+def test_three_ranks_zero1_uneven_shards(tmp_path, recorder, data_dir):
+    """3 ranks: the ZeRO-1 shards (ceil(N/3) values) are uneven and cut tensors mid-way."""
+    extra = ["--total-batch-tokens", str(3 * T * 2), "--val-every", "0"]
+    one = run_training(tmp_path, "one", 1, recorder, data_dir, extra=extra, micro=3)
+    three = run_training(tmp_path, "three", 3, recorder, data_dir, extra=extra + ["--zero", "1"], micro=1)
+    np.testing.assert_allclose(metrics(three)[0], metrics(one)[0], rtol=1e-5)
+    p = [np.load(three / f"params{r}.npy") for r in range(3)]
+    np.testing.assert_array_equal(p[0], p[1])
+    np.testing.assert_array_equal(p[0], p[2])
+    np.testing.assert_allclose(p[0], np.load(one / "params0.npy"), rtol=0, atol=2e-5)
 
 
 def _wait_for(path, text, timeout):
