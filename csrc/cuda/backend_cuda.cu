@@ -67,7 +67,11 @@ class CudaBackend final : public Backend<float> {
     // destructors only log
     for (void* p : {static_cast<void*>(norm_work_), static_cast<void*>(valid_), static_cast<void*>(scratch_),
                     static_cast<void*>(iwork_)})
-      if (p && cudaFree(p) != cudaSuccess) fprintf(stderr, "gpt2core: cudaFree failed in ~CudaBackend\n");
+      if (p) {
+        const cudaError_t e = cudaFree(p);
+        if (e != cudaSuccess && e != cudaErrorCudartUnloading)
+          fprintf(stderr, "gpt2core: cudaFree failed in ~CudaBackend: %s\n", cudaGetErrorString(e));
+      }
   }
 
   const char* name() const override { return "cuda"; }
@@ -172,10 +176,17 @@ class CudaBackend final : public Backend<float> {
     CUDA_CHECK(cudaMemset(p, 0, want));
     return p;
   }
+  // Never throws: the model frees from its destructor (at interpreter exit the CUDA runtime may already be
+  // unloading, which is not worth a message).
   void release(void* p) {
     if (!p) return;
-    sync();
-    CUDA_CHECK(cudaFree(p));
+    cudaError_t e = cudaStreamSynchronize(stream_);
+    if (e == cudaSuccess) e = cudaFree(p);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (e != cudaErrorCudartUnloading)
+        fprintf(stderr, "gpt2core: freeing CUDA memory failed: %s\n", cudaGetErrorString(e));
+    }
     for (auto it = att_out_.begin(); it != att_out_.end();) it = (it->first == p || it->second == p) ? att_out_.erase(it) : std::next(it);
   }
   // Device scratch of at least n floats / ints, reused between ops (one stream, so ordered).

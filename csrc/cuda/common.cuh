@@ -2,6 +2,7 @@
 // Included by every kernel file; compiles with nvcc and, through emu/cuda_portable.h, with g++ against
 // the CUDA-on-CPU emulator (csrc/emu).
 #pragma once
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -35,6 +36,13 @@ namespace gpt2::cuda {
 constexpr unsigned kFullMask = 0xffffffffu;
 
 inline int ceil_div(size_t a, size_t b) { return static_cast<int>((a + b - 1) / b); }
+
+// True when every pointer is 16-byte aligned: the memory-bound kernels then move float4 (16 bytes) per
+// thread and finish the last N % 4 values one by one; otherwise they fall back to one float per thread.
+template <class... P>
+inline bool aligned16(const P*... p) {
+  return ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
+}
 
 template <class T>
 __device__ inline T warp_sum(T v) {

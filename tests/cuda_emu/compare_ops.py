@@ -76,7 +76,7 @@ for (Ca, NH, Ta) in ((192, 3, T), (48, 3, T), (20, 2, 9), (256, 2, 33)):
     qkv = f32(B, Ta, 3 * Ca)
     record(f"attention(hs={Ca // NH})", *both("attention", qkv, f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH))
 
-# gelu, residual
+# gelu, residual (sizes not a multiple of 4: the float4 paths finish with a scalar tail)
 g = f32(N * 4 + 3, scale=2.0)
 record("gelu_forward", *both("gelu_forward", g))
 record("gelu_backward", *both("gelu_backward", f32(g.size), g, f32(g.size)))
@@ -102,5 +102,16 @@ pw, gw = f32(5003), f32(5003, scale=1e-2)
 m0, v0 = f32(5003, scale=1e-3), np.abs(f32(5003, scale=1e-5))
 record("adamw", *both("adamw", pw, gw, m0, v0, 1e-3, 0.9, 0.95, 1e-8, 0.1, 0.5, 1 - 0.9 ** 3, 1 - 0.95 ** 3))
 record("adamw", *both("adamw", pw, gw, m0, v0, 1e-3, 0.9, 0.95, 1e-8, 0.0, 1.0, 1 - 0.9, 1 - 0.95))
+
+# the memory-bound kernels' one-float-per-thread paths: buffers that are not 16-byte aligned
+cuda_unaligned = E.Ops("cuda", misalign=True)
+record("unaligned encoder_forward", cuda_unaligned.encoder_forward(inp, wte, wpe), cpu.encoder_forward(inp, wte, wpe))
+record("unaligned gelu_forward", cuda_unaligned.gelu_forward(g), cpu.gelu_forward(g))
+args = (f32(g.size), g, f32(g.size))
+record("unaligned gelu_backward", cuda_unaligned.gelu_backward(*args), cpu.gelu_backward(*args))
+args = (f32(1001), f32(1001))
+record("unaligned residual_forward", cuda_unaligned.residual_forward(*args), cpu.residual_forward(*args))
+args = (pw, gw, m0, v0, 1e-3, 0.9, 0.95, 1e-8, 0.1, 0.5, 1 - 0.9 ** 3, 1 - 0.95 ** 3)
+record("unaligned adamw", cuda_unaligned.adamw(*args), cpu.adamw(*args))
 
 print(json.dumps(errors))

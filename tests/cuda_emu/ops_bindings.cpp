@@ -25,10 +25,11 @@ namespace {
 
 struct Ops {
   std::unique_ptr<gpt2::Backend<float>> be;
-  std::vector<std::pair<float*, size_t>> bufs;
+  std::vector<std::pair<float*, size_t>> bufs;  // (allocation, size)
   std::vector<int32_t*> ibufs;
+  int shift = 0;  // misalign: float buffers start 4 bytes into their allocation (not 16-byte aligned)
 
-  explicit Ops(const std::string& device) : be(gpt2::make_backend<float>(device)) {}
+  Ops(const std::string& device, bool misalign) : be(gpt2::make_backend<float>(device)), shift(misalign ? 1 : 0) {}
   ~Ops() { clear(); }
   void clear() {
     for (auto& b : bufs) be->free(b.first);
@@ -37,15 +38,14 @@ struct Ops {
     ibufs.clear();
   }
   float* up(const F& a) {
-    float* p = be->alloc(a.size());
+    float* p = zeros(a.size());
     std::memcpy(p, a.data(), a.size() * sizeof(float));
-    bufs.push_back({p, size_t(a.size())});
     return p;
   }
   float* zeros(size_t n) {
-    float* p = be->alloc(n);
-    bufs.push_back({p, n});
-    return p;
+    float* p = be->alloc(n + shift);
+    bufs.push_back({p, n + shift});
+    return p + shift;
   }
   int32_t* up(const I& a) {
     int32_t* p = be->alloc_i32(a.size());
@@ -67,7 +67,7 @@ void bind_cuda_emu_ops(py::module_& m) {
         "Emulator schedule for later launches: fwd, rev or random:<seed>.");
   m.def("launch_count", []() { return gpt2emu::launch_count(); });
   py::class_<Ops>(m, "Ops", "Backend<float> ops of one backend on numpy arrays (tests only).")
-      .def(py::init<const std::string&>(), py::arg("device"))
+      .def(py::init<const std::string&, bool>(), py::arg("device"), py::arg("misalign") = false)
       .def("encoder_forward",
            [](Ops& o, I inp, F wte, F wpe) {
              const int B = inp.shape(0), T = inp.shape(1), C = wte.shape(1);
