@@ -45,7 +45,25 @@ RECORDER = textwrap.dedent("""
         return x, y
     DataLoader.next_batch = record
     t = train.Trainer(train.build_parser().parse_args(sys.argv[2:]))
+
+    class Counting:  # records (collective, buffer size) of every call the data-parallel wrapper makes
+        def __init__(self, comm):
+            self.comm, self.calls = comm, []
+        def __getattr__(self, name):
+            f = getattr(self.comm, name)
+            if not callable(f):
+                return f
+            def call(*a, **k):
+                if a and hasattr(a[0], "size"):
+                    self.calls.append([name, int(a[0].size)])
+                return f(*a, **k)
+            return call
+    if t.ddp:
+        t.ddp.comm = Counting(t.ddp.comm)
     t.run()
+    if t.ddp:
+        import json
+        json.dump(t.ddp.comm.calls, open(f"{sys.argv[1]}/calls{t.dist.rank}.json", "w"))
     np.save(f"{sys.argv[1]}/params{t.dist.rank}.npy", t.model._m.flat_params())
     np.save(f"{sys.argv[1]}/batches{t.dist.rank}.npy", np.stack(seen))
 """)
@@ -139,6 +157,12 @@ def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero)
     assert b0.shape == (STEPS * 2, B, T) and b1p.shape == (STEPS * 2, 2 * B, T)
     assert not np.array_equal(b0, b1)
     np.testing.assert_array_equal(np.concatenate([b0, b1], axis=1), b1p)
+
+    # gradients cross the wire once per optimizer step, not once per micro-step (grad_accum is 2)
+    n = np.load(single / "params0.npy").size
+    calls = json.load(open(ddp / "calls0.json"))
+    assert [c for c in calls if c[1] == n and c[0] in ("allreduce", "reduce_scatter")] == \
+        [["reduce_scatter" if zero else "allreduce", n]] * STEPS
 
     # losses (mean over ranks), grad norms and val losses as logged by rank 0: fp32 accumulation-order noise
     loss1, norm1, val1 = metrics(single)
