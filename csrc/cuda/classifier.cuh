@@ -3,7 +3,8 @@
 //             the target is -1 (ignored) or targets is null; counts the non-ignored rows (integer atomics).
 //   backward (in place): logits[n, i] becomes (softmax - onehot(target)) * dloss for i < V of valid rows,
 //             0 in the padded columns V..Vp-1 and in ignored rows.
-// One block per row; softmax statistics in fp32 with a fixed-order block reduction.
+// One block per row; forward reads the row once (online max/sum), backward reads and writes it once;
+// softmax statistics in fp32 with a fixed-order block reduction.
 #pragma once
 #include "cuda/common.cuh"
 
@@ -20,12 +21,20 @@ __global__ void crossentropy_forward_kernel(float* __restrict__ losses,        /
   __shared__ float scratch[32];
   const int n = blockIdx.x;
   const float* row = logits + size_t(n) * Vp;
-  float m = -INFINITY;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, row[i]);
-  m = block_max(m, scratch);
-  float s = 0.0f;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) s += expf(row[i] - m);
-  s = block_sum(s, scratch);
+  // one pass over the row: each thread keeps a running max and the sum of exp(x - max), rescaled when
+  // the max grows (online softmax); then the block combines the pairs
+  float tm = -INFINITY, ts = 0.0f;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    const float x = row[i];
+    if (x > tm) {
+      ts = ts * expf(tm - x) + 1.0f;
+      tm = x;
+    } else {
+      ts += expf(x - tm);
+    }
+  }
+  const float m = block_max(tm, scratch);
+  const float s = block_sum(tm == -INFINITY ? 0.0f : ts * expf(tm - m), scratch);
   if (threadIdx.x == 0) {
     const float l = m + logf(s);
     lse[n] = l;

@@ -13,28 +13,45 @@
 namespace gpt2::cuda {
 
 // ----------------------------------------------------------------------------------------- kernels
+// vec (C % 4 == 0 and 16-byte aligned pointers): lanes move float4; otherwise one float per access.
 __global__ void layernorm_forward_kernel(float* __restrict__ out,        // (N, C)
                                          float* __restrict__ mean,       // (N)
                                          float* __restrict__ rstd,       // (N)
                                          const float* __restrict__ inp,  // (N, C)
                                          const float* __restrict__ w,    // (C)
                                          const float* __restrict__ b,    // (C)
-                                         int N, int C) {
+                                         int N, int C, bool vec) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= N) return;  // the whole warp leaves together
   const float* x = inp + size_t(row) * C;
+  float* o = out + size_t(row) * C;
+  const int C4 = vec ? C / 4 : 0;  // float4 part; the scalar loops below cover [4 * C4, C)
+  const float4* x4 = reinterpret_cast<const float4*>(x);
   float s = 0.0f;
-  for (int i = lane; i < C; i += 32) s += x[i];
+  for (int i = lane; i < C4; i += 32) {
+    const float4 v = x4[i];
+    s += (v.x + v.y) + (v.z + v.w);
+  }
+  for (int i = 4 * C4 + lane; i < C; i += 32) s += x[i];
   const float m = warp_sum(s) / C;
   float v = 0.0f;
-  for (int i = lane; i < C; i += 32) {
+  for (int i = lane; i < C4; i += 32) {
+    const float4 a = x4[i];
+    const float d0 = a.x - m, d1 = a.y - m, d2 = a.z - m, d3 = a.w - m;
+    v += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
+  }
+  for (int i = 4 * C4 + lane; i < C; i += 32) {
     const float d = x[i] - m;
     v += d * d;
   }
   const float r = 1.0f / sqrtf(warp_sum(v) / C + 1e-5f);
-  float* o = out + size_t(row) * C;
-  for (int i = lane; i < C; i += 32) o[i] = (x[i] - m) * r * w[i] + b[i];
+  for (int i = lane; i < C4; i += 32) {
+    const float4 a = x4[i], ww = reinterpret_cast<const float4*>(w)[i], bb = reinterpret_cast<const float4*>(b)[i];
+    reinterpret_cast<float4*>(o)[i] = make_float4((a.x - m) * r * ww.x + bb.x, (a.y - m) * r * ww.y + bb.y,
+                                                  (a.z - m) * r * ww.z + bb.z, (a.w - m) * r * ww.w + bb.w);
+  }
+  for (int i = 4 * C4 + lane; i < C; i += 32) o[i] = (x[i] - m) * r * w[i] + b[i];
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
@@ -47,7 +64,7 @@ __global__ void layernorm_backward_input_kernel(float* __restrict__ dinp,       
                                                 const float* __restrict__ w,     // (C)
                                                 const float* __restrict__ mean,  // (N)
                                                 const float* __restrict__ rstd,  // (N)
-                                                int N, int C) {
+                                                int N, int C, bool vec) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= N) return;
@@ -55,15 +72,34 @@ __global__ void layernorm_backward_input_kernel(float* __restrict__ dinp,       
   const float* x = inp + size_t(row) * C;
   float* dx = dinp + size_t(row) * C;
   const float m = mean[row], s = rstd[row];
+  const int C4 = vec ? C / 4 : 0;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const float4* dy4 = reinterpret_cast<const float4*>(dy);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
   float dmean = 0.0f, dnmean = 0.0f;
-  for (int i = lane; i < C; i += 32) {
+  for (int i = lane; i < C4; i += 32) {
+    const float4 a = x4[i], g = dy4[i], ww = w4[i];
+    const float n0 = ww.x * g.x, n1 = ww.y * g.y, n2 = ww.z * g.z, n3 = ww.w * g.w;
+    dmean += (n0 + n1) + (n2 + n3);
+    dnmean += (n0 * (a.x - m) * s + n1 * (a.y - m) * s) + (n2 * (a.z - m) * s + n3 * (a.w - m) * s);
+  }
+  for (int i = 4 * C4 + lane; i < C; i += 32) {
     const float dnorm = w[i] * dy[i];
     dmean += dnorm;
     dnmean += dnorm * (x[i] - m) * s;
   }
   dmean = warp_sum(dmean) / C;
   dnmean = warp_sum(dnmean) / C;
-  for (int i = lane; i < C; i += 32) {
+  for (int i = lane; i < C4; i += 32) {
+    const float4 a = x4[i], g = dy4[i], ww = w4[i];
+    float4 d = reinterpret_cast<float4*>(dx)[i];
+    d.x += (ww.x * g.x - dmean - (a.x - m) * s * dnmean) * s;
+    d.y += (ww.y * g.y - dmean - (a.y - m) * s * dnmean) * s;
+    d.z += (ww.z * g.z - dmean - (a.z - m) * s * dnmean) * s;
+    d.w += (ww.w * g.w - dmean - (a.w - m) * s * dnmean) * s;
+    reinterpret_cast<float4*>(dx)[i] = d;
+  }
+  for (int i = 4 * C4 + lane; i < C; i += 32) {
     const float norm = (x[i] - m) * s;
     const float dnorm = w[i] * dy[i];
     dx[i] += (dnorm - dmean - norm * dnmean) * s;
@@ -110,7 +146,9 @@ inline void layernorm_forward(float* out, float* mean, float* rstd, const float*
                               int N, int C, cudaStream_t stream) {
   if (N <= 0) return;
   const int block = 256, rows_per_block = block / 32;
-  LAUNCH(layernorm_forward_kernel, ceil_div(N, rows_per_block), block, 0, stream, out, mean, rstd, inp, w, b, N, C);
+  const bool vec = C % 4 == 0 && aligned16(out, inp, w, b);
+  LAUNCH(layernorm_forward_kernel, ceil_div(N, rows_per_block), block, 0, stream, out, mean, rstd, inp, w, b, N, C,
+         vec);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -120,8 +158,9 @@ inline void layernorm_backward(float* dinp, float* dw, float* db, const float* d
                                cudaStream_t stream) {
   if (N <= 0) return;
   const int block = 256, rows_per_block = block / 32;
+  const bool vec = C % 4 == 0 && aligned16(dinp, dout, inp, w);
   LAUNCH(layernorm_backward_input_kernel, ceil_div(N, rows_per_block), block, 0, stream, dinp, dout, inp, w, mean,
-         rstd, N, C);
+         rstd, N, C, vec);
   CUDA_CHECK_LAUNCH();
   const int R = column_chunks(N);
   float* pdw = scratch;
