@@ -244,9 +244,11 @@ def test_dead_or_hung_rank_fails_the_run(tmp_path, data_dir, how):
 
 def test_launcher_stops_the_other_ranks(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text("import os, sys, time\n"
-                      "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], os.environ['LOCAL_WORLD_SIZE'],"
-                      " os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'], flush=True)\n"
+    script.write_text("import os, sys, time\n"  # one write per line: the ranks share the launcher's stdout
+                      "e = os.environ\n"
+                      "sys.stdout.write(f\"rank {e['RANK']} of {e['WORLD_SIZE']} {e['LOCAL_WORLD_SIZE']} "
+                      "{e['MASTER_ADDR']} {e['MASTER_PORT']}\\n\")\n"
+                      "sys.stdout.flush()\n"
                       "if os.environ['RANK'] == '1':\n    time.sleep(0.5); sys.exit(7)\n"
                       "time.sleep(60)\n")
     t0 = time.monotonic()

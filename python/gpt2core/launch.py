@@ -77,9 +77,9 @@ def launch(args) -> int:
     if args.no_python:
         cmd = [args.target]
     elif args.module:
-        cmd = [sys.executable, "-u", "-m", args.target]
+        cmd = [sys.executable, "-m", args.target]
     else:
-        cmd = [sys.executable, "-u", args.target]
+        cmd = [sys.executable, args.target]
     cmd += args.args
     threads = max(1, (os.cpu_count() or 1) // n)
 
