@@ -262,3 +262,9 @@ def test_gradients_and_norm_are_bitwise_deterministic_across_schedules(emu):
         for k in g0:
             assert np.array_equal(g[k], g0[k]), k
             assert np.array_equal(p[k], p0[k]), k
+
+
+def test_out_of_memory_names_the_size(emu):
+    with pytest.raises(RuntimeError, match=r"CUDA out of memory: asked for .* MiB.*smaller micro-batch"):
+        emu.Model(max_seq_len=1024, vocab_size=97, padded_vocab_size=128, n_layer=48, n_head=3, n_embd=12288,
+                  device="cuda")

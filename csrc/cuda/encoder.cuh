@@ -81,24 +81,25 @@ inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const 
   const int block = 256;
   LAUNCH(encoder_backward_wpe_kernel, ceil_div(size_t(T) * C, block), block, 0, stream, dwpe, dout, B, T, C);
   CUDA_CHECK_LAUNCH();
-  // stable counting sort of positions by token id: buckets in increasing token order
-  std::vector<int> order(BT);
-  for (int i = 0; i < BT; i++) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return inp_host[a] < inp_host[b]; });
+  // counting sort of positions by token id (stable: positions in increasing order within a bucket)
+  int max_id = 0;
+  for (int i = 0; i < BT; i++) max_id = std::max(max_id, int(inp_host[i]));
+  std::vector<int> count(size_t(max_id) + 2, 0);
+  for (int i = 0; i < BT; i++) count[size_t(inp_host[i]) + 1]++;
   std::vector<int> host(3 * size_t(BT) + 1);  // [order (BT) | token (U) | start (U + 1)]
-  std::copy(order.begin(), order.end(), host.begin());
   int U = 0;
-  std::vector<int> token, start;
-  for (int i = 0; i < BT; i++) {
-    if (i == 0 || inp_host[order[i]] != inp_host[order[i - 1]]) {
-      token.push_back(inp_host[order[i]]);
-      start.push_back(i);
+  for (int v = 0; v <= max_id; v++) {
+    if (count[size_t(v) + 1] > 0) {
+      host[size_t(BT) + U] = v;  // token, start filled in below once U is known
       U++;
     }
+    count[size_t(v) + 1] += count[v];  // count[v] becomes the first slot of token v
   }
-  start.push_back(BT);
-  std::copy(token.begin(), token.end(), host.begin() + BT);
-  std::copy(start.begin(), start.end(), host.begin() + BT + U);
+  for (int i = 0; i < BT; i++) host[size_t(count[inp_host[i]]++)] = i;
+  // after the scatter, count[v] is the end of token v's slots: start[u] = end of the previous token
+  int* start = host.data() + BT + U;
+  start[0] = 0;
+  for (int u = 0; u < U; u++) start[u + 1] = count[host[size_t(BT) + u]];
   CUDA_CHECK(cudaMemcpyAsync(work_dev, host.data(), (size_t(BT) + 2 * U + 1) * sizeof(int), cudaMemcpyHostToDevice,
                              stream));
   const int cblock = 64;

@@ -1,0 +1,90 @@
+"""The real CUDA backend of gpt2core._C on a GPU, against the CPU backend. Skipped unless this _C has the CUDA
+backend and a usable GPU (gpt2core._C.cuda_status() == ""); the same checks run without a GPU on the emulated
+build in tests/test_cuda_emu.py.
+
+Tolerances: fp32 (default) within 1e-5 normwise per tensor, as under emulation (summation order only; cuBLASLt
+in CUBLAS_COMPUTE_32F). With GPT2CORE_CUDA_TF32=1 the matmuls round their inputs to TF32 (10-bit mantissa,
+~5e-4 relative per product), so 2e-3.
+"""
+import os
+
+import numpy as np
+import pytest
+
+from gpt2core import _C
+
+pytestmark = pytest.mark.skipif(
+    "cuda" not in _C.build_info()["backends"] or _C.cuda_status() != "",
+    reason="needs gpt2core._C with the CUDA backend and a usable GPU")
+
+CFG = dict(max_seq_len=64, vocab_size=97, padded_vocab_size=128, n_layer=2, n_head=3, n_embd=192)
+B, T = 3, 61
+TOL = 2e-3 if os.environ.get("GPT2CORE_CUDA_TF32") == "1" else 1e-5
+
+
+def init_params(model, seed=0):
+    rng = np.random.default_rng(seed)
+    for name, v in model.params().items():
+        if name in ("ln1w", "ln2w", "lnfw"):
+            v[...] = 1.0 + rng.standard_normal(v.shape) * 0.1
+        else:
+            v[...] = rng.standard_normal(v.shape) * 0.02
+    model.params()["wte"][CFG["vocab_size"]:] = 0.0
+
+
+def batch(seed=0):
+    rng = np.random.default_rng(100 + seed)
+    idx = rng.integers(0, CFG["vocab_size"], (B, T)).astype(np.int32)
+    tgt = rng.integers(0, CFG["vocab_size"], (B, T)).astype(np.int32)
+    tgt[0, 2] = -1
+    return idx, tgt
+
+
+def normwise(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def test_forward_backward_match_cpu():
+    idx, tgt = batch()
+    cpu, gpu = _C.Model(**CFG, device="cpu"), _C.Model(**CFG, device="cuda")
+    for m in (cpu, gpu):
+        init_params(m)
+    lc, lg = cpu.forward(idx, tgt), gpu.forward(idx, tgt)
+    assert abs(lg - lc) <= TOL * abs(lc)
+    assert normwise(gpu.logits(), cpu.logits()) <= TOL
+    for m in (cpu, gpu):
+        m.zero_grad()
+        m.forward(idx, tgt)
+        m.backward()
+    gc, gg = cpu.grads(), gpu.grads()
+    errs = {k: normwise(gg[k], gc[k]) for k in gc}
+    assert max(errs.values()) <= TOL, errs
+    assert abs(gpu.grad_norm() - cpu.grad_norm()) <= TOL * cpu.grad_norm()
+
+
+def test_training_lowers_loss_like_cpu_and_is_deterministic():
+    runs = {}
+    for dev in ("cpu", "cuda", "cuda"):
+        m = _C.Model(**CFG, device=dev)
+        init_params(m, seed=3)
+        idx, tgt = batch(1)
+        losses = []
+        for step in range(1, 6):
+            m.zero_grad()
+            losses.append(m.forward(idx, tgt))
+            m.backward()
+            norm = m.grad_norm()
+            m.adamw_update(lr=1e-3, step=step, grad_scale=min(1.0, 1.0 / (norm + 1e-6)))
+        runs.setdefault(dev, []).append((np.array(losses), m.flat_params().copy()))
+    (lc, _), = runs["cpu"]
+    (lg, pg), (lg2, pg2) = runs["cuda"]
+    assert lg[-1] < lg[0] - 0.1
+    np.testing.assert_allclose(lg, lc, rtol=max(1e-4, TOL))
+    assert np.array_equal(lg, lg2) and np.array_equal(pg, pg2), "two identical CUDA runs differ"
+
+
+def test_out_of_memory_is_a_clear_error():
+    big = dict(CFG, max_seq_len=1024, n_layer=48, n_embd=192 * 64 // 3 * 3)  # ~1e12 bytes of parameters
+    with pytest.raises(RuntimeError, match="out of memory"):
+        _C.Model(**dict(big, n_head=3), device="cuda")
