@@ -23,7 +23,7 @@ from gpt2core import _C
 from gpt2core.distributed import DataParallel, from_env
 from gpt2core.model import GPT2
 
-pytestmark = pytest.mark.skipif(not _C.build_info().get("gloo"), reason="gpt2core built without Gloo")
+needs_gloo = pytest.mark.skipif(not _C.build_info().get("gloo"), reason="gpt2core built without Gloo")
 
 B, T, STEPS = 2, 16, 3
 GLOBAL = 2 * B * T * 2  # 2 ranks x B x T x grad_accum 2  (= 1 process x 2B x T x grad_accum 2)
@@ -147,6 +147,7 @@ def single(tmp_path_factory, recorder, data_dir):
     return run_training(tmp_path_factory.mktemp("single"), "single", 1, recorder, data_dir)
 
 
+@needs_gloo
 @pytest.mark.parametrize("zero", [0, 1])
 def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero):
     extra = ["--zero", str(zero)] + (["--checkpoint-every", "2"] if zero else [])
@@ -196,6 +197,7 @@ def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero)
         np.testing.assert_array_equal(np.load(res2 / "params0.npy"), p0)
 
 
+@needs_gloo
 def test_three_ranks_zero1_uneven_shards(tmp_path, recorder, data_dir):
     """3 ranks: the ZeRO-1 shards (ceil(N/3) values) are uneven and cut tensors mid-way."""
     extra = ["--total-batch-tokens", str(3 * T * 2), "--val-every", "0"]
@@ -217,6 +219,7 @@ def _wait_for(path, text, timeout):
     raise AssertionError(f"{text!r} did not appear in {path}: {path.read_text() if path.exists() else ''}")
 
 
+@needs_gloo
 @pytest.mark.parametrize("how", ["kill", "hang"])
 def test_dead_or_hung_rank_fails_the_run(tmp_path, data_dir, how):
     timeout = 3.0
@@ -265,6 +268,7 @@ def test_launcher_stops_the_other_ranks(tmp_path):
     assert ok.returncode == 0, ok.stderr
 
 
+@needs_gloo
 def test_rendezvous_names_the_missing_rank():
     t0 = time.monotonic()
     with pytest.raises(_C.dist.DistError, match=r"rank 1 of 2 never joined"):
@@ -305,6 +309,7 @@ COLLECTIVES = textwrap.dedent("""
 """)
 
 
+@needs_gloo
 def test_collectives_three_ranks_uneven_shards(tmp_path):
     script = tmp_path / "coll.py"
     script.write_text(COLLECTIVES)
@@ -314,6 +319,7 @@ def test_collectives_three_ranks_uneven_shards(tmp_path):
     assert codes == [0, 0, 0], logs
 
 
+@needs_gloo
 def test_single_rank_group_and_bad_buffers():
     c = _C.dist.init_gloo(0, 1, "127.0.0.1", free_port(), timeout=5)
     a = np.arange(5, dtype=np.float32)
