@@ -170,6 +170,7 @@ class NcclComm final : public Comm {
 
  private:
   static ncclRedOp_t red(ReduceOp op) { return op == ReduceOp::Avg ? ncclAvg : ncclSum; }
+  static constexpr size_t kKeepStaging = size_t(1) << 20;  // floats of staging kept between calls
 
   static bool on_device(const void* p) {
     cudaPointerAttributes a{};
@@ -200,7 +201,13 @@ class NcclComm final : public Comm {
       GPT2_CUDA_CHECK(cudaMemcpy(p, host, n * sizeof(float), cudaMemcpyHostToDevice));
     }
     void finish() {  // after the collective completed
-      if (host) GPT2_CUDA_CHECK(cudaMemcpy(host, p, n * sizeof(float), cudaMemcpyDeviceToHost));
+      if (!host) return;
+      GPT2_CUDA_CHECK(cudaMemcpy(host, p, n * sizeof(float), cudaMemcpyDeviceToHost));
+      if (c->staging_cap_ > kKeepStaging) {  // a large host buffer (a checkpoint gather): do not hold on to it
+        cudaFree(c->staging_);
+        c->staging_ = nullptr;
+        c->staging_cap_ = 0;
+      }
     }
   };
 

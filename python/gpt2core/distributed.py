@@ -223,15 +223,17 @@ class DataParallel:
         return norm
 
     def gather_optimizer_state(self) -> None:
-        """ZeRO-1: all-gather the moment shards into the model's own AdamW buffers, so that a checkpoint of
-        the model holds the full optimizer state (and resumes with any world size). Allocates 2·N floats
-        on every rank; plain DDP keeps them there already."""
+        """ZeRO-1: all-gather the moment shards into rank 0's model's AdamW buffers, so that the checkpoint
+        rank 0 writes holds the full optimizer state (and resumes with any world size). Rank 0 allocates
+        2·N floats for it from then on; the other ranks gather into a temporary. Plain DDP: nothing to do."""
         if not self.zero:
             return
-        am, av = _flat(self.model._m.adam_m(), self.model), _flat(self.model._m.adam_v(), self.model)
-        for full, shard in ((am, self.m), (av, self.v)):
+        m = self.model._m
+        for get, shard in ((m.adam_m, self.m), (m.adam_v, self.v)):
+            full = _flat(get(), self.model) if self.comm.rank == 0 else np.empty(self.n, dtype=shard.dtype)
             full[self.lo:self.hi] = shard
             self.comm.all_gather(full)
+            del full
 
     # ------------------------------------------------------------------ reporting
     def memory_report(self) -> dict:
