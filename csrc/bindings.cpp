@@ -178,7 +178,7 @@ void bind_model(py::module_& m, const char* cls_name) {
                                      "), got lo=" + std::to_string(lo) + " hi=" + std::to_string(hi));
              for (auto* a : {&m, &v}) {
                const char* name = a == &m ? "m" : "v";
-               if (!a->dtype().is(py::dtype::of<T>()) || a->ndim() != 1 || size_t(a->shape(0)) != hi - lo ||
+               if (!py::array_t<T>::check_(*a) || a->ndim() != 1 || size_t(a->shape(0)) != hi - lo ||
                    !(a->flags() & py::array::c_style) || !a->writeable())
                  throw py::value_error(std::string(name) + " must be a writable contiguous 1-D array of hi - lo = " +
                                        std::to_string(hi - lo) + " values of the model's dtype");

@@ -28,7 +28,7 @@ namespace {
 std::pair<float*, size_t> float_buffer(const py::handle& obj, const char* name) {
   if (!py::isinstance<py::array>(obj)) throw py::type_error(std::string(name) + " must be a numpy float32 array");
   auto arr = py::reinterpret_borrow<py::array>(obj);
-  if (!arr.dtype().is(py::dtype::of<float>()))
+  if (!py::array_t<float>::check_(arr))  // dtype equivalence, not identity (pickled arrays)
     throw py::type_error(std::string(name) + " must be float32, got dtype " + std::string(py::str(arr.dtype())));
   if (!(arr.flags() & py::array::c_style)) throw py::value_error(std::string(name) + " must be C-contiguous");
   if (!arr.writeable()) throw py::value_error(std::string(name) + " must be writable (collectives work in place)");

@@ -50,3 +50,29 @@ def test_generate_is_seeded_and_in_vocab():
     b = m.generate(np.array([[1, 2, 3]]), 5, seed=7)
     np.testing.assert_array_equal(a, b)
     assert a.shape == (1, 8) and a.max() < 50257
+
+
+def test_core_accepts_equivalent_float32_dtypes_in_optimizer_and_collectives():
+    # arrays that went through pickle (multiprocessing queues) carry an equal but distinct dtype object
+    import pickle
+
+    from gpt2core import _C
+    m = GPT2("tiny", seed=1)
+    x = np.random.default_rng(0).integers(0, 50257, (2, 8)).astype(np.int32)
+    m.forward(x, x)
+    m.backward()
+    n = 64
+    mom = pickle.loads(pickle.dumps(np.zeros(n, np.float32)))
+    var = pickle.loads(pickle.dumps(np.zeros(n, np.float32)))
+    before = m._m.flat_params()[:n].copy()
+    m._m.adamw_update_range(0, n, mom, var, lr=1e-2, step=1)
+    assert not np.array_equal(before, m._m.flat_params()[:n])
+    assert np.abs(mom).sum() > 0
+    with pytest.raises((TypeError, ValueError), match="m must"):
+        m._m.adamw_update_range(0, n, np.zeros(n, np.float64), var, lr=1e-2, step=1)
+
+
+def test_negative_ids_are_named():
+    m = GPT2("tiny")
+    with pytest.raises(ValueError, match=r"idx contains id -5"):
+        m.forward(np.array([[1, -5, 2]]))

@@ -48,8 +48,10 @@ def as_tokens(a, name: str) -> np.ndarray:
         arr = arr[None, :]
     if arr.ndim != 2:
         raise ValueError(f"{name} must have shape (B, T), got {arr.shape}")
-    if arr.size and (arr.min() < -1 or arr.max() > np.iinfo(np.int32).max):
-        raise ValueError(f"{name} contains ids outside the int32 range")
+    if arr.size and arr.min() < -1:
+        raise ValueError(f"{name} contains id {int(arr.min())}; token ids are >= 0 (-1 marks an ignored target)")
+    if arr.size and arr.max() > np.iinfo(np.int32).max:
+        raise ValueError(f"{name} contains id {int(arr.max())}, beyond the int32 range")
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
