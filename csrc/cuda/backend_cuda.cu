@@ -17,6 +17,7 @@
 
 #include "cuda/adamw.cuh"
 #include "cuda/attention.cuh"
+#include "cuda/attention_naive.cuh"
 #include "cuda/classifier.cuh"
 #include "cuda/common.cuh"
 #include "cuda/encoder.cuh"
@@ -60,6 +61,11 @@ class CudaBackend final : public Backend<float> {
     const char* tf32 = std::getenv("GPT2CORE_CUDA_TF32");
     gpt2core::seams::set_matmul_tf32(tf32 && tf32[0] == '1');
 #endif
+    const char* att = std::getenv("GPT2CORE_CUDA_ATTENTION");
+    if (att && std::string(att) == "naive") naive_attention_ = true;
+    else if (att && *att && std::string(att) != "flash")
+      throw std::invalid_argument(std::string("GPT2CORE_CUDA_ATTENTION must be 'flash' (default) or 'naive', got '") +
+                                  att + "'");
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&norm_work_), (kNormBlocks + 1) * sizeof(double)));
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&valid_), sizeof(int)));
   }
@@ -120,13 +126,23 @@ class CudaBackend final : public Backend<float> {
     float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
     cuda::matmul_backward(dinp, dw, dbias, dout, inp, w, s, N, C, OC, stream_);
   }
-  // att (B, NH, T, T) is only used for its first B * NH * T values: the logsumexp of each query row.
+  // flash (default): att (B, NH, T, T) is only used for its first B * NH * T values, the logsumexp of each
+  // query row. naive: att holds the softmax probabilities, as on the CPU.
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) override {
+    if (naive_attention_) {
+      cuda::attention_naive_forward(out, att, qkv, B, T, C, NH, stream_);
+      return;
+    }
     cuda::attention_forward(out, att, qkv, B, T, C, NH, stream_);
     att_out_[att] = out;  // backward needs out (for D = dout . out); the model keeps it alive
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                           int NH) override {
+    if (naive_attention_) {
+      float* ds = scratch(size_t(B) * NH * T * T);
+      cuda::attention_naive_backward(dqkv, dout, qkv, att, ds, B, T, C, NH, stream_);
+      return;
+    }
     auto it = att_out_.find(att);
     if (it == att_out_.end())
       throw std::runtime_error("CUDA attention_backward: no attention_forward ran with this att buffer");
@@ -212,6 +228,7 @@ class CudaBackend final : public Backend<float> {
   }
 
   int device_ = 0;
+  bool naive_attention_ = false;  // GPT2CORE_CUDA_ATTENTION=naive: materialised T x T attention
   cudaStream_t stream_ = nullptr;  // the default stream
   double* norm_work_ = nullptr;
   int* valid_ = nullptr;

@@ -9,6 +9,7 @@ Prints one JSON object: {op name: normwise error}, where error = max|cuda - cpu|
 of the op (accumulated-into outputs start from random values, so the += contract is checked too).
 """
 import json
+import os
 import sys
 
 import numpy as np
@@ -75,6 +76,14 @@ for OC in (3 * C, 101):
 for (Ca, NH, Ta) in ((192, 3, T), (48, 3, T), (20, 2, 9), (256, 2, 33)):
     qkv = f32(B, Ta, 3 * Ca)
     record(f"attention(hs={Ca // NH})", *both("attention", qkv, f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH))
+
+# the materialised ("naive") attention rung, selected by GPT2CORE_CUDA_ATTENTION when the backend is made
+os.environ["GPT2CORE_CUDA_ATTENTION"] = "naive"
+cuda_naive = E.Ops("cuda")
+del os.environ["GPT2CORE_CUDA_ATTENTION"]
+for (Ca, NH, Ta) in ((192, 3, T), (20, 2, 9)):
+    args = (f32(B, Ta, 3 * Ca), f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH)
+    record(f"naive attention(hs={Ca // NH})", cuda_naive.attention(*args), cpu.attention(*args))
 
 # gelu, residual (sizes not a multiple of 4: the float4 paths finish with a scalar tail)
 g = f32(N * 4 + 3, scale=2.0)
