@@ -145,6 +145,11 @@ def test_model_reports_cuda(emu):
     assert emu.cuda_status() == ""
     with pytest.raises(ValueError, match="float32"):
         emu.ModelF64(**CFG, device="cuda")
+    assert emu.Model(**CFG, device="cuda:0").device == "cuda"
+    with pytest.raises(RuntimeError, match="does not exist"):  # the emulator has one device
+        emu.Model(**CFG, device="cuda:1")
+    with pytest.raises(ValueError, match="cuda:<index>"):
+        emu.Model(**CFG, device="cuda:x")
 
 
 def test_training_step_matches_cpu(emu):

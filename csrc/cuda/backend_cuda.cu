@@ -48,13 +48,8 @@ int parse_device_index(const std::string& device) {
 class CudaBackend final : public Backend<float> {
  public:
   explicit CudaBackend(int device) {
-    const std::string why = device_status();
+    const std::string why = device_status(device);
     if (!why.empty()) throw std::runtime_error(why);
-    int count = 0;
-    CUDA_CHECK(cudaGetDeviceCount(&count));
-    if (device >= count)
-      throw std::runtime_error("device 'cuda:" + std::to_string(device) + "' does not exist (" + std::to_string(count) +
-                               " CUDA device(s) visible)");
     CUDA_CHECK(cudaSetDevice(device));
     device_ = device;
 #if !GPT2CORE_EMU
@@ -241,7 +236,7 @@ class CudaBackend final : public Backend<float> {
 
 }  // namespace
 
-std::string device_status() {
+std::string device_status(int device) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
@@ -250,6 +245,28 @@ std::string device_status() {
            cudaGetErrorString(e) + ")";
   }
   if (count == 0) return "no CUDA device found (cudaGetDeviceCount returned 0)";
+  if (device < 0) return "";  // no kernel-image check: it would create a context on the current device
+  if (device >= count)
+    return "device 'cuda:" + std::to_string(device) + "' does not exist (" + std::to_string(count) +
+           " CUDA device(s) visible)";
+#if !GPT2CORE_EMU
+  // a GPU this build has no kernels for (e.g. sm_75 with the default archs) fails here, not at the first launch
+  if (const cudaError_t e2 = cudaSetDevice(device); e2 != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::string("cudaSetDevice(") + std::to_string(device) + ") failed: " + cudaGetErrorString(e2);
+  }
+  cudaFuncAttributes attr;
+  const cudaError_t k = cudaFuncGetAttributes(&attr, residual_forward_kernel);
+  if (k != cudaSuccess) {
+    (void)cudaGetLastError();
+    int major = 0, minor = 0;
+    (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    return "this build of gpt2core has no CUDA kernels for this GPU (sm_" + std::to_string(major) +
+           std::to_string(minor) + "): " + cudaGetErrorString(k) + "; reinstall with GPT2CORE_CUDA_ARCHS=" +
+           std::to_string(major) + std::to_string(minor);
+  }
+#endif
   return "";
 }
 

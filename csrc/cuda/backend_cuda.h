@@ -8,8 +8,10 @@
 
 namespace gpt2::cuda {
 
-// "" when a CUDA device is usable, otherwise why not (no driver, no device, ...).
-std::string device_status();
+// "" when a CUDA device is usable, otherwise why not (no driver, no device, ...). With device >= 0 it also
+// checks that this index exists and that the build has kernels for that GPU (which makes it current and
+// creates its context); with -1 it creates no context.
+std::string device_status(int device = -1);
 
 // device: "cuda" or "cuda:<index>". Throws std::runtime_error when no usable device exists.
 // TF32 matmuls when the environment has GPT2CORE_CUDA_TF32=1 (fp32 otherwise).
