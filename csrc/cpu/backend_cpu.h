@@ -47,7 +47,8 @@ class CpuBackend final : public Backend<T> {
   void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH) override {
     cpu::attention_forward(out, att, qkv, B, Tn, C, NH);
   }
-  void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int B, int Tn, int C, int NH) override {
+  void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* /*out*/, const T* att, int B, int Tn, int C,
+                          int NH) override {
     cpu::attention_backward(dqkv, dout, qkv, att, B, Tn, C, NH);
   }
   void gelu_forward(T* out, const T* inp, size_t N) override { cpu::gelu_forward(out, inp, N); }

@@ -121,28 +121,27 @@ class CudaBackend final : public Backend<float> {
     float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
     cuda::matmul_backward(dinp, dw, dbias, dout, inp, w, s, N, C, OC, stream_);
   }
-  // flash (default): att (B, NH, T, T) is only used for its first B * NH * T values, the logsumexp of each
-  // query row. naive: att holds the softmax probabilities, as on the CPU.
+  // flash (default): att is the logsumexp of each query row, (B, NH, T); the T x T matrix never exists.
+  // naive: att holds the softmax probabilities (B, NH, T, T), as on the CPU.
+  size_t attention_state_size(int B, int NH, int T) const override {
+    return naive_attention_ ? size_t(B) * NH * T * T : size_t(B) * NH * T;
+  }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) override {
     if (naive_attention_) {
       cuda::attention_naive_forward(out, att, qkv, B, T, C, NH, stream_);
       return;
     }
     cuda::attention_forward(out, att, qkv, B, T, C, NH, stream_);
-    att_out_[att] = out;  // backward needs out (for D = dout . out); the model keeps it alive
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH) override {
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att, int B,
+                          int T, int C, int NH) override {
     if (naive_attention_) {
       float* ds = scratch(size_t(B) * NH * T * T);
       cuda::attention_naive_backward(dqkv, dout, qkv, att, ds, B, T, C, NH, stream_);
       return;
     }
-    auto it = att_out_.find(att);
-    if (it == att_out_.end())
-      throw std::runtime_error("CUDA attention_backward: no attention_forward ran with this att buffer");
     float* D = scratch(size_t(B) * NH * T);
-    cuda::attention_backward(dqkv, dout, qkv, it->second, att, D, B, T, C, NH, stream_);
+    cuda::attention_backward(dqkv, dout, qkv, out, att, D, B, T, C, NH, stream_);
   }
   void gelu_forward(float* out, const float* inp, size_t N) override { cuda::gelu_forward(out, inp, N, stream_); }
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) override {
@@ -198,7 +197,6 @@ class CudaBackend final : public Backend<float> {
       if (e != cudaErrorCudartUnloading)
         fprintf(stderr, "gpt2core: freeing CUDA memory failed: %s\n", cudaGetErrorString(e));
     }
-    for (auto it = att_out_.begin(); it != att_out_.end();) it = (it->first == p || it->second == p) ? att_out_.erase(it) : std::next(it);
   }
   // Device scratch of at least n floats / ints, reused between ops (one stream, so ordered).
   float* scratch(size_t n) {
@@ -231,7 +229,6 @@ class CudaBackend final : public Backend<float> {
   size_t scratch_cap_ = 0;
   int* iwork_ = nullptr;
   size_t iwork_cap_ = 0;
-  std::unordered_map<const float*, float*> att_out_;
 };
 
 }  // namespace

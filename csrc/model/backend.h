@@ -30,8 +30,13 @@ class Backend {
   virtual void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) = 0;
   virtual void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w,
                                int N, int C, int OC) = 0;
+  // Elements of the per-layer attention state `att` that forward saves for backward: the softmax
+  // probabilities (B, NH, T, T) by default; a flash kernel keeps only a logsumexp per query row.
+  virtual size_t attention_state_size(int B, int NH, int Tn) const { return size_t(B) * NH * Tn * Tn; }
   virtual void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH) = 0;
-  virtual void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int B, int Tn, int C, int NH) = 0;
+  // out is the forward's output (flash backward needs rowsum(dout * out)).
+  virtual void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* att, int B, int Tn,
+                                  int C, int NH) = 0;
   virtual void gelu_forward(T* out, const T* inp, size_t N) = 0;
   virtual void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N) = 0;
   virtual void residual_forward(T* out, const T* a, const T* b, size_t N) = 0;

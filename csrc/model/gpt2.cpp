@@ -46,10 +46,12 @@ void GPT2Model<T>::ensure_activations(int B, int Tn) {
   acts_mem_ = nullptr; inputs_ = targets_ = nullptr; B_ = T_ = 0;
   const size_t L = config_.n_layer, C = config_.n_embd, NH = config_.n_head, Vp = config_.padded_vocab_size;
   const size_t BT = size_t(B) * Tn;
+  const size_t att_size = backend_->attention_state_size(B, int(NH), Tn);  // per layer
+  att_size_ = att_size;
   // (pointer, count) in layout order
   std::vector<std::pair<T**, size_t>> slots = {
       {&a_.encoded, BT * C}, {&a_.ln1, L * BT * C}, {&a_.ln1_mean, L * BT}, {&a_.ln1_rstd, L * BT},
-      {&a_.qkv, L * BT * 3 * C}, {&a_.atty, L * BT * C}, {&a_.att, L * B * NH * Tn * Tn},
+      {&a_.qkv, L * BT * 3 * C}, {&a_.atty, L * BT * C}, {&a_.att, L * att_size},
       {&a_.attproj, L * BT * C}, {&a_.residual2, L * BT * C}, {&a_.ln2, L * BT * C}, {&a_.ln2_mean, L * BT},
       {&a_.ln2_rstd, L * BT}, {&a_.fch, L * BT * 4 * C}, {&a_.fch_gelu, L * BT * 4 * C},
       {&a_.fcproj, L * BT * C}, {&a_.residual3, L * BT * C}, {&a_.lnf, BT * C}, {&a_.lnf_mean, BT},
@@ -86,7 +88,7 @@ double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, 
     T* ln1 = a_.ln1 + l * NC;
     T* qkv = a_.qkv + l * NC * 3;
     T* atty = a_.atty + l * NC;
-    T* att = a_.att + size_t(l) * B * NH * Tn * Tn;
+    T* att = a_.att + l * att_size_;
     T* attproj = a_.attproj + l * NC;
     T* res2 = a_.residual2 + l * NC;
     T* ln2 = a_.ln2 + l * NC;
@@ -176,7 +178,8 @@ void GPT2Model<T>::backward(float grad_scale) {
     be.matmul_backward(a_.datty, grad(6) + size_t(l) * C * C, grad(7) + l * C, a_.dres, a_.atty + l * NC,
                        param(6) + size_t(l) * C * C, N, C, C);
     be.zero(a_.dqkv, NC * 3);
-    be.attention_backward(a_.dqkv, a_.datty, a_.qkv + l * NC * 3, a_.att + size_t(l) * B * NH * Tn * Tn, B, Tn, C, NH);
+    be.attention_backward(a_.dqkv, a_.datty, a_.qkv + l * NC * 3, a_.atty + l * NC, a_.att + l * att_size_, B, Tn,
+                          C, NH);
     be.zero(a_.dln, NC);
     be.matmul_backward(a_.dln, grad(4) + size_t(l) * 3 * C * C, grad(5) + l * 3 * C, a_.dqkv, a_.ln1 + l * NC,
                        param(4) + size_t(l) * 3 * C * C, N, C, 3 * C);

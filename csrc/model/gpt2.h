@@ -79,6 +79,7 @@ class GPT2Model {
   int32_t* inputs_ = nullptr;
   int32_t* targets_ = nullptr;
   int B_ = 0, T_ = 0;           // shape the activations are laid out for
+  size_t att_size_ = 0;         // per-layer attention state, sized by the backend
   bool have_targets_ = false;   // last forward had targets and its logits are intact
   long n_valid_ = 0;
 };

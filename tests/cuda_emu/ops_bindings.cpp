@@ -136,11 +136,11 @@ void bind_cuda_emu_ops(py::module_& m) {
              // forward, then backward with the forward's att buffer; returns (out, dqkv)
              const int B = qkv.shape(0), T = qkv.shape(1), C = qkv.shape(2) / 3;
              float* out = o.zeros(size_t(B) * T * C);
-             float* att = o.zeros(size_t(B) * NH * T * T);
+             float* att = o.zeros(o.be->attention_state_size(B, NH, T));
              float* q = o.up(qkv);
              o.be->attention_forward(out, att, q, B, T, C, NH);
              float* d = o.up(dqkv);
-             o.be->attention_backward(d, o.up(dout), q, att, B, T, C, NH);
+             o.be->attention_backward(d, o.up(dout), q, out, att, B, T, C, NH);
              auto r = py::make_tuple(Ops::down(out, {B, T, C}), Ops::down(d, {B, T, 3 * C}));
              o.clear();
              return r;
