@@ -62,8 +62,10 @@ class CpuBackend final : public Backend<T> {
     cpu::crossentropy_backward_inplace(logits, lse, targets, dloss, N, V, Vp);
   }
   double sum_squares(const T* p, size_t n) override {
+    // simd reduction: lets the compiler keep several double accumulators per thread (a plain loop is a
+    // serial scalar chain of cvtss2sd + fma: ~25% of a d12 step before this).
     double s = 0;
-#pragma omp parallel for reduction(+ : s)
+#pragma omp parallel for simd reduction(+ : s)
     for (size_t i = 0; i < n; i++) s += double(p[i]) * double(p[i]);
     return s;
   }
