@@ -119,6 +119,20 @@ void bind_model(py::module_& m, const char* cls_name) {
            py::arg("max_seq_len"), py::arg("vocab_size"), py::arg("padded_vocab_size"), py::arg("n_layer"),
            py::arg("n_head"), py::arg("n_embd"), py::arg("device") = "cpu")
       .def_property_readonly("num_parameters", &M::num_parameters)
+      .def_property("recompute_gelu", &M::recompute_gelu, &M::set_recompute_gelu,
+                    "Recompute GELU outputs in backward instead of keeping one per layer (saves memory).")
+      .def("memory_bytes",
+           [](M& self, int B, int Tn) {
+             if (B <= 0 || Tn <= 0) throw py::value_error("memory_bytes: B and T must be positive");
+             py::dict d;
+             const size_t n = self.num_parameters(), s = sizeof(T);
+             d["params"] = n * s;
+             d["grads"] = n * s;
+             d["optimizer"] = 2 * n * s;
+             d["activations"] = self.activation_count_for(B, Tn) * s;
+             return d;
+           },
+           py::arg("B"), py::arg("T"), "Bytes of parameters, gradients, AdamW state and activations for (B, T).")
       .def_property_readonly("device", [](M& self) { return std::string(self.backend().name()); })
       .def("params", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.params(), self); },
            "Parameters by name as numpy views (no copy; writes go into the model).")

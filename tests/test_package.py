@@ -76,3 +76,39 @@ def test_negative_ids_are_named():
     m = GPT2("tiny")
     with pytest.raises(ValueError, match=r"idx contains id -5"):
         m.forward(np.array([[1, -5, 2]]))
+
+
+def test_recompute_gelu_gives_identical_gradients_and_saves_memory():
+    from gpt2core import GPT2Config
+    cfg = GPT2Config(block_size=16, vocab_size=97, padded_vocab_size=128, n_layer=3, n_head=2, n_embd=32)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 97, (3, 11), dtype=np.int32)
+    y = rng.integers(0, 97, (3, 11), dtype=np.int32)
+    runs = {}
+    for recompute in (False, True):
+        m = GPT2(cfg, seed=5)
+        m.recompute_gelu = recompute
+        mem = m.memory_report(3, 11)
+        losses = []
+        for _ in range(2):  # two steps: the second backward uses weights changed by the first
+            m.zero_grad()
+            losses.append(m.forward(x, y))
+            m.backward()
+            m.step(lr=1e-2)
+        runs[recompute] = (losses, {k: g.copy() for k, g in m.grads.items()}, mem)
+    assert runs[True][0] == runs[False][0]  # same ops in the same order: bit-identical
+    for k in runs[False][1]:
+        np.testing.assert_array_equal(runs[True][1][k], runs[False][1][k])
+    saved = runs[False][2]["activations"] - runs[True][2]["activations"]
+    assert saved == (cfg.n_layer - 1) * 3 * 11 * 4 * cfg.n_embd * 4  # (L-1)*B*T*4C float32 values
+    assert runs[False][2]["params"] == 4 * m.num_parameters
+
+
+def test_train_reports_memory_at_start(tmp_path, capsys):
+    from gpt2core import train
+    from gpt2core.data import shakespeare
+    d = shakespeare.prepare(tmp_path / "data")[0].parent
+    train.main(["--preset", "tiny", "--data-dir", str(d), "-B", "2", "-T", "16", "--steps", "1",
+                "--val-every", "0", "--sample-tokens", "2", "--recompute-gelu", "--output-dir", str(tmp_path / "o")])
+    out = capsys.readouterr().out
+    assert "memory: params" in out and "activations" in out and "GELU recomputed" in out

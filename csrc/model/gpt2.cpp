@@ -37,27 +37,55 @@ void GPT2Model<T>::ensure_optimizer_state() {
   if (!v_) v_ = backend_->alloc(num_params_);
 }
 
+// (pointer, count) of every activation buffer for (B, Tn), in layout order. With recompute_gelu the GELU
+// output is one (B, T, 4C) buffer, refilled per layer in backward, instead of one per layer.
 template <typename T>
-void GPT2Model<T>::ensure_activations(int B, int Tn) {
-  if (B == B_ && Tn == T_) return;
-  if (acts_mem_) backend_->free(acts_mem_);
-  if (inputs_) backend_->free_i32(inputs_);
-  if (targets_) backend_->free_i32(targets_);
-  acts_mem_ = nullptr; inputs_ = targets_ = nullptr; B_ = T_ = 0;
+std::vector<std::pair<T**, size_t>> GPT2Model<T>::activation_slots(int B, int Tn) {
   const size_t L = config_.n_layer, C = config_.n_embd, NH = config_.n_head, Vp = config_.padded_vocab_size;
   const size_t BT = size_t(B) * Tn;
   const size_t att_size = backend_->attention_state_size(B, int(NH), Tn);  // per layer
-  att_size_ = att_size;
-  // (pointer, count) in layout order
-  std::vector<std::pair<T**, size_t>> slots = {
+  const size_t gelu_layers = recompute_gelu_ ? 1 : L;
+  return {
       {&a_.encoded, BT * C}, {&a_.ln1, L * BT * C}, {&a_.ln1_mean, L * BT}, {&a_.ln1_rstd, L * BT},
       {&a_.qkv, L * BT * 3 * C}, {&a_.atty, L * BT * C}, {&a_.att, L * att_size},
       {&a_.attproj, L * BT * C}, {&a_.residual2, L * BT * C}, {&a_.ln2, L * BT * C}, {&a_.ln2_mean, L * BT},
-      {&a_.ln2_rstd, L * BT}, {&a_.fch, L * BT * 4 * C}, {&a_.fch_gelu, L * BT * 4 * C},
+      {&a_.ln2_rstd, L * BT}, {&a_.fch, L * BT * 4 * C}, {&a_.fch_gelu, gelu_layers * BT * 4 * C},
       {&a_.fcproj, L * BT * C}, {&a_.residual3, L * BT * C}, {&a_.lnf, BT * C}, {&a_.lnf_mean, BT},
       {&a_.lnf_rstd, BT}, {&a_.logits, BT * Vp}, {&a_.losses, BT}, {&a_.lse, BT},
       {&a_.dres, BT * C}, {&a_.dln, BT * C}, {&a_.datty, BT * C}, {&a_.dqkv, BT * 3 * C},
       {&a_.dfch, BT * 4 * C}, {&a_.dfch_gelu, BT * 4 * C}};
+}
+
+template <typename T>
+size_t GPT2Model<T>::activation_count_for(int B, int Tn) {
+  size_t total = 0;
+  for (auto& s : activation_slots(B, Tn)) total += s.second;
+  return total;
+}
+
+template <typename T>
+void GPT2Model<T>::set_recompute_gelu(bool on) {
+  if (on == recompute_gelu_) return;
+  recompute_gelu_ = on;
+  release_activations();  // laid out again at the next forward
+}
+
+template <typename T>
+void GPT2Model<T>::release_activations() {
+  if (acts_mem_) backend_->free(acts_mem_);
+  if (inputs_) backend_->free_i32(inputs_);
+  if (targets_) backend_->free_i32(targets_);
+  acts_mem_ = nullptr; inputs_ = targets_ = nullptr; B_ = T_ = 0; act_count_ = 0;
+  have_targets_ = false;
+}
+
+template <typename T>
+void GPT2Model<T>::ensure_activations(int B, int Tn) {
+  if (B == B_ && Tn == T_) return;
+  release_activations();
+  att_size_ = backend_->attention_state_size(B, config_.n_head, Tn);
+  const size_t BT = size_t(B) * Tn;
+  auto slots = activation_slots(B, Tn);
   size_t total = 0;
   for (auto& s : slots) total += s.second;
   acts_mem_ = backend_->alloc(total);
@@ -93,7 +121,7 @@ double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, 
     T* res2 = a_.residual2 + l * NC;
     T* ln2 = a_.ln2 + l * NC;
     T* fch = a_.fch + l * NC * 4;
-    T* fch_gelu = a_.fch_gelu + l * NC * 4;
+    T* fch_gelu = recompute_gelu_ ? a_.fch_gelu : a_.fch_gelu + l * NC * 4;
     T* fcproj = a_.fcproj + l * NC;
     T* res3 = a_.residual3 + l * NC;
     be.layernorm_forward(ln1, a_.ln1_mean + l * N, a_.ln1_rstd + l * N, x, param(2) + l * C, param(3) + l * C, N, C);
@@ -163,9 +191,14 @@ void GPT2Model<T>::backward(float grad_scale) {
   for (int l = L - 1; l >= 0; l--) {
     const T* x = l == 0 ? a_.encoded : a_.residual3 + (l - 1) * NC;
     // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
+    const T* fch_gelu = a_.fch_gelu + l * NC * 4;
+    if (recompute_gelu_) {  // the forward kept only fch; rebuild gelu(fch) for this layer
+      be.gelu_forward(a_.fch_gelu, a_.fch + l * NC * 4, NC * 4);
+      fch_gelu = a_.fch_gelu;
+    }
     be.zero(a_.dfch_gelu, NC * 4);
     be.matmul_backward(a_.dfch_gelu, grad(12) + size_t(l) * 4 * C * C, grad(13) + l * C, a_.dres,
-                       a_.fch_gelu + l * NC * 4, param(12) + size_t(l) * 4 * C * C, N, 4 * C, C);
+                       fch_gelu, param(12) + size_t(l) * 4 * C * C, N, 4 * C, C);
     be.zero(a_.dfch, NC * 4);
     be.gelu_backward(a_.dfch, a_.fch + l * NC * 4, a_.dfch_gelu, NC * 4);
     be.zero(a_.dln, NC);

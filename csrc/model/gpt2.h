@@ -39,6 +39,11 @@ class GPT2Model {
   T* adam_m() { ensure_optimizer_state(); return m_; }
   T* adam_v() { ensure_optimizer_state(); return v_; }
   size_t activation_count() const { return act_count_; }
+  // values the activations for (B, Tn) take, without allocating them
+  size_t activation_count_for(int B, int Tn);
+  // keep one GELU output buffer and recompute it per layer in backward (saves (L-1)*B*T*4C values)
+  void set_recompute_gelu(bool on);
+  bool recompute_gelu() const { return recompute_gelu_; }
 
   // inp, targets: host arrays of B*Tn ints, already validated (ids in range, targets -1 or in range).
   // Returns the mean loss over non-ignored targets (NaN without targets).
@@ -61,6 +66,8 @@ class GPT2Model {
 
  private:
   void ensure_activations(int B, int Tn);
+  void release_activations();
+  std::vector<std::pair<T**, size_t>> activation_slots(int B, int Tn);
   void ensure_optimizer_state();
   T* param(int i) const { return params_ + offsets_[i]; }
   T* grad(int i) const { return grads_ + offsets_[i]; }
@@ -80,6 +87,7 @@ class GPT2Model {
   int32_t* targets_ = nullptr;
   int B_ = 0, T_ = 0;           // shape the activations are laid out for
   size_t att_size_ = 0;         // per-layer attention state, sized by the backend
+  bool recompute_gelu_ = false;
   bool have_targets_ = false;   // last forward had targets and its logits are intact
   long n_valid_ = 0;
 };

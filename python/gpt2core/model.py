@@ -103,6 +103,22 @@ class GPT2:
         self.params["wte"][self.config.vocab_size:] = 0.0
         self.step_count = 0
 
+    @property
+    def recompute_gelu(self) -> bool:
+        """Keep one GELU output buffer and recompute it per layer in backward: saves (L-1)*B*T*4C
+        activations for one extra GELU per layer."""
+        return self._m.recompute_gelu
+
+    @recompute_gelu.setter
+    def recompute_gelu(self, on: bool) -> None:
+        self._m.recompute_gelu = bool(on)
+
+    def memory_report(self, B: int, T: int) -> dict:
+        """Bytes of parameters, gradients, AdamW state and activations for micro-batch (B, T)."""
+        d = dict(self._m.memory_bytes(B, T))
+        d["total"] = sum(d.values())
+        return d
+
     def opt_state(self) -> tuple[dict, dict]:
         """AdamW first and second moments by name (numpy views)."""
         return self._m.adam_m(), self._m.adam_v()

@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--preset", default="s4", choices=sorted(PRESETS), help="model shape (default: s4)")
     g.add_argument("--padded-vocab-size", type=int, default=None, help="override the padded vocab (50257 disables padding)")
     g.add_argument("--device", default="cpu", help="cpu or cuda")
+    g.add_argument("--recompute-gelu", action="store_true",
+                   help="recompute GELU outputs in backward instead of storing one per layer (less memory)")
     g = ap.add_argument_group("data")
     g.add_argument("--data-dir", default=None,
                    help="directory of token shards (*_train_*.bin, *_val_*.bin); default: the bundled tiny "
@@ -139,6 +141,7 @@ class Trainer:
             from .data import hellaswag
             self.hellaswag = hellaswag.load(args.hellaswag_path, args.hellaswag_limit)
         self.model = GPT2(config, device=self.device, seed=args.seed)
+        self.model.recompute_gelu = getattr(args, "recompute_gelu", False)
         self.config = config
         self.metrics_path = self.out / "metrics.jsonl"
         self.flops_per_token = config.flops_per_token(T)
@@ -259,6 +262,9 @@ class Trainer:
         self.log(f"batch: B={a.batch_size} T={a.seq_len} world={self.dist.world_size} grad_accum={self.grad_accum} "
                  f"-> {self.total:,} tokens/step | train tokens {self.train_loader.n_tokens:,} | "
                  f"val tokens {self.val_loader.n_tokens:,}")
+        mem = m.memory_report(a.batch_size, a.seq_len)
+        self.log("memory: " + " | ".join(f"{k} {v / 2**20:,.1f} MiB" for k, v in mem.items()) +
+                 (" (GELU recomputed in backward)" if m.recompute_gelu else ""))
         if self.ddp:
             self.log(self.ddp.describe())
         last = {}
