@@ -16,7 +16,7 @@
 # rerunning the script resumes from the newest complete checkpoint (--resume auto).
 #
 # Data first (once):
-#   python scripts/fineweb.py --out-dir data/edufineweb10BT          # ~10B tokens, ~20 GB of shards
+#   python scripts/fineweb.py --out-dir data/edu_fineweb10B          # ~10B tokens, ~20 GB of shards
 #   python scripts/hellaswag.py --out data/hellaswag/hellaswag_val.npz
 #
 # Scaling down: fewer GPUs keep the global batch through gradient accumulation (8 GPUs: 1 micro-step,
@@ -33,7 +33,7 @@ NGPU=${NGPU:-8}
 B=${B:-64}
 T=${T:-1024}
 TOTAL_BATCH_TOKENS=${TOTAL_BATCH_TOKENS:-524288}
-DATA=${DATA:-data/edufineweb10BT}
+DATA=${DATA:-data/edu_fineweb10B}
 HELLASWAG=${HELLASWAG:-data/hellaswag/hellaswag_val.npz}
 OUT=${OUT:-runs/gpt2_124m}
 ZERO=${ZERO:-0}
