@@ -24,6 +24,20 @@ using gpt2::dist::ReduceOp;
 
 namespace {
 
+// Where and how long the ranks meet; shared by the Gloo and NCCL groups.
+gpt2::dist::RendezvousOptions rendezvous_options(int rank, int world_size, const std::string& master_addr,
+                                                 int master_port, double timeout, const std::string& prefix) {
+  if (!(timeout > 0)) throw py::value_error("timeout must be > 0 seconds");
+  gpt2::dist::RendezvousOptions o;
+  o.rank = rank;
+  o.world_size = world_size;
+  o.master_addr = master_addr;
+  o.master_port = master_port;
+  o.timeout = std::chrono::milliseconds(long(timeout * 1000));
+  o.prefix = prefix;
+  return o;
+}
+
 // (pointer, count) of a writable, C-contiguous float32 array.
 std::pair<float*, size_t> float_buffer(const py::handle& obj, const char* name) {
   if (!py::isinstance<py::array>(obj)) throw py::type_error(std::string(name) + " must be a numpy float32 array");
@@ -133,16 +147,9 @@ void bind_dist(py::module_& m) {
   d.def("init_gloo",
         [](int rank, int world_size, const std::string& master_addr, int master_port, double timeout,
            const std::string& hostname, const std::string& iface, const std::string& prefix) {
-          if (!(timeout > 0)) throw py::value_error("timeout must be > 0 seconds");
-          gpt2::dist::RendezvousOptions o;
-          o.rank = rank;
-          o.world_size = world_size;
-          o.master_addr = master_addr;
-          o.master_port = master_port;
-          o.timeout = std::chrono::milliseconds(long(timeout * 1000));
+          auto o = rendezvous_options(rank, world_size, master_addr, master_port, timeout, prefix);
           o.hostname = hostname;
           o.iface = iface;
-          o.prefix = prefix;
           py::gil_scoped_release nogil;
           return gpt2::dist::make_gloo_comm(o);
         },
@@ -158,13 +165,7 @@ void bind_dist(py::module_& m) {
           if (!(timeout > 0)) throw py::value_error("timeout must be > 0 seconds");
           if (device < 0) throw py::value_error("device must be a GPU index >= 0");
 #if GPT2CORE_DIST_NCCL
-          gpt2::dist::RendezvousOptions o;
-          o.rank = rank;
-          o.world_size = world_size;
-          o.master_addr = master_addr;
-          o.master_port = master_port;
-          o.timeout = std::chrono::milliseconds(long(timeout * 1000));
-          o.prefix = prefix;
+          auto o = rendezvous_options(rank, world_size, master_addr, master_port, timeout, prefix);
           py::gil_scoped_release nogil;
           return gpt2::dist::make_nccl_comm(o, device, nullptr);
 #else
