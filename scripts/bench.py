@@ -50,6 +50,9 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--peak-gflops", type=float, default=None, help="override the peak used for utilisation")
     ap.add_argument("--breakdown", action="store_true", help="also time forward / backward / optimizer")
+    ap.add_argument("--precision", choices=["fp32", "tf32"], default="fp32", help="CUDA matmuls: fp32 or TF32")
+    ap.add_argument("--attention", choices=["flash", "naive"], default=None, help="CUDA attention kernel")
+    ap.add_argument("--recompute-gelu", action="store_true")
     args = ap.parse_args(argv)
 
     from gpt2core import GPT2, _C, build_info
@@ -59,7 +62,8 @@ def main(argv=None):
         _C.set_num_threads(args.threads)
     threads = _C.get_num_threads()
     cfg = get_preset(args.preset)
-    model = GPT2(cfg, device=args.device, seed=0)
+    model = GPT2(cfg, device=args.device, seed=0, precision=args.precision, attention=args.attention)
+    model.recompute_gelu = args.recompute_gelu
     B, T = args.batch_size, args.seq_len
     rng = np.random.default_rng(0)
     x = rng.integers(0, cfg.vocab_size, size=(B, T), dtype=np.int32)

@@ -112,3 +112,15 @@ def test_train_reports_memory_at_start(tmp_path, capsys):
                 "--val-every", "0", "--sample-tokens", "2", "--recompute-gelu", "--output-dir", str(tmp_path / "o")])
     out = capsys.readouterr().out
     assert "memory: params" in out and "activations" in out and "GELU recomputed" in out
+
+
+def test_speed_ladder_switches_are_validated_on_cpu():
+    with pytest.raises(ValueError, match="tf32"):
+        GPT2("tiny", precision="tf32")
+    with pytest.raises(ValueError, match="flash"):
+        GPT2("tiny", attention="flash")
+    with pytest.raises(ValueError, match="precision"):
+        GPT2("tiny", precision="bf8")
+    GPT2("tiny", attention="naive")  # the CPU backend's own (materialised) attention
+    import os
+    assert "GPT2CORE_CUDA_TF32" not in os.environ  # switches do not leak into the environment

@@ -6,6 +6,7 @@ is the (padded_vocab_size, n_embd) token embedding, and writing into it changes 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -63,17 +64,41 @@ class GPT2:
     """
 
     def __init__(self, config: GPT2Config | str = "d12", device: str = "cpu", seed: int = 0,
-                 dtype: str = "float32", init: bool = True):
+                 dtype: str = "float32", init: bool = True, precision: str = "fp32",
+                 attention: str | None = None):
+        """precision: "fp32", or "tf32" (CUDA: TF32 tensor-core matmuls). attention (CUDA): "flash"
+        (default, never materialises T x T) or "naive" (the materialised rung of the speed ladder);
+        the CPU backend always materialises attention."""
         if isinstance(config, str):
             config = get_preset(config)
         self.config = config
+        if precision not in ("fp32", "tf32"):
+            raise ValueError(f"precision must be 'fp32' or 'tf32', got {precision!r}")
+        if attention not in (None, "flash", "naive"):
+            raise ValueError(f"attention must be 'flash' or 'naive', got {attention!r}")
+        if device == "cpu" and (precision != "fp32" or attention == "flash"):
+            raise ValueError(f"precision={precision!r}, attention={attention!r}: the CPU backend computes in "
+                             "fp32 with materialised attention; TF32 and flash attention need device='cuda'")
         self.device = _check_device(device)
         if dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64' (float64 is for tests), got {dtype!r}")
         cls = _C.Model if dtype == "float32" else _C.ModelF64
         c = config
-        self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size, padded_vocab_size=c.padded_vocab_size,
-                      n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, device=self.device)
+        # the CUDA backend reads its speed-ladder switches when it is created
+        switches = {"GPT2CORE_CUDA_TF32": "1" if precision == "tf32" else "0",
+                    "GPT2CORE_CUDA_ATTENTION": attention or "flash"}
+        saved = {k: os.environ.get(k) for k in switches}
+        os.environ.update(switches)
+        try:
+            self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size,
+                          padded_vocab_size=c.padded_vocab_size, n_layer=c.n_layer, n_head=c.n_head,
+                          n_embd=c.n_embd, device=self.device)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         self.params: dict[str, np.ndarray] = self._m.params()
         self.grads: dict[str, np.ndarray] = self._m.grads()
         self.step_count = 0  # optimizer steps taken (AdamW bias correction)
