@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _C
+from ._io import atomic_write
 from .config import GPT2Config
 
 MODEL_MAGIC = 20240326
@@ -88,22 +89,14 @@ def save_model(model, path, dtype: str = "float32") -> Path:
     header = np.zeros(256, dtype="<i4")
     header[:8] = [MODEL_MAGIC, version, c.block_size, c.vocab_size, c.n_layer, c.n_head, c.n_embd, c.padded_vocab_size]
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(header.tobytes())
-            for name in _C.param_names():
-                p = model.params[name]
-                if version == 3:
-                    f.write(np.ascontiguousarray(p, dtype="<f4").tobytes())
-                else:
-                    f.write(float32_to_bf16(p).tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_write(path, tmp_name=f".{path.name}.{os.getpid()}.tmp") as f:
+        f.write(header.tobytes())
+        for name in _C.param_names():
+            p = model.params[name]
+            if version == 3:
+                f.write(np.ascontiguousarray(p, dtype="<f4").tobytes())
+            else:
+                f.write(float32_to_bf16(p).tobytes())
     return path
 
 

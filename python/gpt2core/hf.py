@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _C
+from ._io import atomic_write
 from .checkpoint import CheckpointError, _fill_params, bf16_to_float32
 from .config import GPT2Config
 
@@ -93,13 +94,11 @@ def write_safetensors(path, tensors: dict[str, np.ndarray], metadata: dict | Non
         arrays.append(a)
     hb = json.dumps(header, separators=(",", ":")).encode("utf-8")
     hb += b" " * (-len(hb) % 8)  # the data starts 8-byte aligned
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_write(path, tmp_name=f".{path.name}.{os.getpid()}.tmp") as f:
         f.write(struct.pack("<Q", len(hb)))
         f.write(hb)
         for a in arrays:
             f.write(a.tobytes())
-    os.replace(tmp, path)
     return path
 
 

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._io import atomic_write
 from .shards import read_header, write_shard
 
 EOT = 50256
@@ -255,12 +256,8 @@ def shard_path(out_dir, name: str, index: int) -> Path:
 
 
 def _write_json_atomic(path: Path, obj):
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    with atomic_write(path, "w") as f:
         json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _resume_point(manifest_path: Path, settings: dict, out_dir: Path):

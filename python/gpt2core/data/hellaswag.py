@@ -29,7 +29,6 @@ Command and what it produces
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import sys
@@ -37,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .._io import atomic_write
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 DEFAULT_DIR = Path("data") / "hellaswag"
@@ -229,15 +230,9 @@ def save(rendered: Rendered, path) -> Path:
     """Write a rendered set as .npz (atomically: temporary name, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    buf = io.BytesIO()
-    np.savez(buf, version=np.int32(RENDER_VERSION), tokens=rendered.tokens.astype(np.uint16),
-             offsets=rendered.offsets, ctx_lens=rendered.ctx_lens, labels=rendered.labels)
-    with open(tmp, "wb") as f:
-        f.write(buf.getvalue())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with atomic_write(path) as f:
+        np.savez(f, version=np.int32(RENDER_VERSION), tokens=rendered.tokens.astype(np.uint16),
+                 offsets=rendered.offsets, ctx_lens=rendered.ctx_lens, labels=rendered.labels)
     return path
 
 

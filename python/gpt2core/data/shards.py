@@ -6,10 +6,11 @@ Shard 0 of a data set (``*_val_*.bin``) is validation, the others are training d
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
+
+from .._io import atomic_write
 
 MAGIC = 20240520
 VERSION = 1
@@ -34,13 +35,9 @@ def write_shard(path, tokens) -> Path:
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[0], header[1], header[2] = MAGIC, VERSION, toks.size
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_write(path) as f:
         f.write(header.tobytes())
         f.write(toks.astype("<u2", copy=False).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return path
 
 
