@@ -175,15 +175,14 @@ void set_matmul_tf32(bool on) {
 std::string last_matmul_error() { return t_last_error; }
 
 cudaError_t matmul(const MatmulParams& p) {
-  if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 1) return cudaErrorInvalidValue;
+  if (const cudaError_t e = validate_matmul(p); e != cudaSuccess) {
+    if (p.epilogue == Epilogue::GeluBackward && !p.pre_gelu) t_last_error = "GELU backward epilogue needs pre_gelu";
+    return e;
+  }
   if (p.m == 0 || p.n == 0) return cudaSuccess;
-  const int a_cols = p.trans_a ? p.m : p.k, b_cols = p.trans_b ? p.k : p.n;
-  if (!p.d || p.ldd < p.n || (p.k > 0 && (!p.a || !p.b || p.lda < a_cols || p.ldb < b_cols)))
-    return cudaErrorInvalidValue;
-  if (p.epilogue == Epilogue::GeluBackward && (!p.pre_gelu || p.accumulate)) {
-    t_last_error = p.pre_gelu ? "GELU backward epilogue with accumulation is not supported by cuBLASLt"
-                              : "GELU backward epilogue needs pre_gelu";
-    return p.pre_gelu ? cudaErrorNotSupported : cudaErrorInvalidValue;
+  if (p.epilogue == Epilogue::GeluBackward && p.accumulate) {
+    t_last_error = "GELU backward epilogue with accumulation is not supported by cuBLASLt";
+    return cudaErrorNotSupported;
   }
   try {
     matmul_impl(p);

@@ -66,6 +66,18 @@ struct MatmulParams {
 };
 cudaError_t matmul(const MatmulParams& p);
 
+// The argument checks every matmul implementation shares (shapes, pointers, leading dimensions, GELU
+// backward needs pre_gelu). The empty product (m == 0 or n == 0) is valid.
+inline cudaError_t validate_matmul(const MatmulParams& p) {
+  if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 1) return cudaErrorInvalidValue;
+  if (p.m == 0 || p.n == 0) return cudaSuccess;
+  const int a_cols = p.trans_a ? p.m : p.k, b_cols = p.trans_b ? p.k : p.n;
+  if (!p.d || p.ldd < p.n || (p.k > 0 && (!p.a || !p.b || p.lda < a_cols || p.ldb < b_cols)))
+    return cudaErrorInvalidValue;
+  if (p.epilogue == Epilogue::GeluBackward && !p.pre_gelu) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
 // ---------------------------------------------------------------------------------------- attention
 // Causal multi-head self-attention as cuDNN's fused SDPA computes it, in llm.c's layouts:
 //   qkv (B, T, 3, NH, HS) in dtype; out (B, T, NH, HS) in dtype; stats (B, NH, T) fp32 logsumexp of

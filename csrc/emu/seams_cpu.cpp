@@ -58,12 +58,8 @@ void parallel_rows(int n, double work, F f) {
 }  // namespace
 
 cudaError_t matmul(const MatmulParams& p) {
-  if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 1) return cudaErrorInvalidValue;
+  if (const cudaError_t e = validate_matmul(p); e != cudaSuccess) return e;
   if (p.m == 0 || p.n == 0) return cudaSuccess;
-  const int a_cols = p.trans_a ? p.m : p.k, b_cols = p.trans_b ? p.k : p.n;
-  if (!p.d || p.ldd < p.n || (p.k > 0 && (!p.a || !p.b || p.lda < a_cols || p.ldb < b_cols)))
-    return cudaErrorInvalidValue;
-  if (p.epilogue == Epilogue::GeluBackward && !p.pre_gelu) return cudaErrorInvalidValue;
   const int m = p.m, n = p.n, k = p.k;
   std::vector<float> af(size_t(m) * k), bt(size_t(n) * k);  // op(A) row-major, op(B)^T row-major
   for (int bi = 0; bi < p.batch; ++bi) {
