@@ -93,7 +93,7 @@ py::array view(T* ptr, std::vector<py::ssize_t> shape, py::handle owner) {
 }
 
 template <typename T>
-py::dict named_views(GPT2Model<T>& m, T* base, py::handle owner) {
+py::dict named_views(GPT2Model<T>& m, gpt2::Master<T>* base, py::handle owner) {
   py::dict out;
   auto shapes = gpt2::param_shapes(m.config());
   const auto& names = gpt2::param_names();
@@ -108,6 +108,7 @@ py::dict named_views(GPT2Model<T>& m, T* base, py::handle owner) {
 template <typename T>
 void bind_model(py::module_& m, const char* cls_name) {
   using M = GPT2Model<T>;
+  using F = gpt2::Master<T>;  // the dtype Python sees: master weights, gradients, AdamW state, logits, losses
   // module_local: the test-only emulated module binds the same C++ type in the same interpreter
   py::class_<M>(m, cls_name, "GPT-2 in the C++ core: parameters, gradients, forward/backward, AdamW.",
                 py::module_local())
@@ -125,21 +126,44 @@ void bind_model(py::module_& m, const char* cls_name) {
            [](M& self, int B, int Tn) {
              if (B <= 0 || Tn <= 0) throw py::value_error("memory_bytes: B and T must be positive");
              py::dict d;
-             const size_t n = self.num_parameters(), s = sizeof(T);
-             d["params"] = n * s;
-             d["grads"] = n * s;
-             d["optimizer"] = 2 * n * s;
-             d["activations"] = self.activation_count_for(B, Tn) * s;
+             const size_t n = self.num_parameters();
+             d["params"] = n * sizeof(T) + (gpt2::kHasMasterCopy<T> ? n * sizeof(F) : 0);  // + fp32 master
+             d["grads"] = n * sizeof(F);
+             d["optimizer"] = 2 * n * sizeof(F);
+             d["activations"] = self.activation_bytes_for(B, Tn);
              return d;
            },
-           py::arg("B"), py::arg("T"), "Bytes of parameters, gradients, AdamW state and activations for (B, T).")
+           py::arg("B"), py::arg("T"),
+           "Bytes of parameters (with the fp32 master copy in bf16), gradients, AdamW state and activations for (B, T).")
+      .def_property_readonly("dtype", [](M&) -> std::string {
+                               if constexpr (gpt2::kHasMasterCopy<T>) return "bfloat16";
+                               else return std::is_same_v<T, float> ? "float32" : "float64";
+                             },
+                             "Storage type of the activations and of the parameters the ops read.")
+      .def("params_changed", &M::params_changed,
+           "Tell the model its parameters were written from outside (bf16: its bf16 copy is rebuilt before the "
+           "next forward; no-op otherwise).")
+      .def_property("param_round_seed", &M::param_round_seed, &M::set_param_round_seed,
+                    "Seed of the stochastic rounding of the bf16 weight copy (the step of the last AdamW update; 0 = "
+                    "round to nearest). Set it to the restored step when resuming.")
       .def_property_readonly("device", [](M& self) { return std::string(self.backend().name()); })
-      .def("params", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.params(), self); },
-           "Parameters by name as numpy views (no copy; writes go into the model).")
+      .def("params",
+           [](py::object self) {
+             auto& s = self.cast<M&>();
+             s.params_changed();  // the caller may write through the views
+             return named_views(s, s.params(), self);
+           },
+           "Parameters by name as numpy views (no copy; writes go into the model). In bf16 these are the fp32 master "
+           "weights: after writing through views kept from an earlier call, call params_changed().")
       .def("grads", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.grads(), self); })
       .def("adam_m", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.adam_m(), self); })
       .def("adam_v", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.adam_v(), self); })
-      .def("flat_params", [](py::object self) { auto& s = self.cast<M&>(); return view(s.params(), {py::ssize_t(s.num_parameters())}, self); })
+      .def("flat_params",
+           [](py::object self) {
+             auto& s = self.cast<M&>();
+             s.params_changed();
+             return view(s.params(), {py::ssize_t(s.num_parameters())}, self);
+           })
       .def("flat_grads", [](py::object self) { auto& s = self.cast<M&>(); return view(s.grads(), {py::ssize_t(s.num_parameters())}, self); })
       .def("forward",
            [](M& self, py::object idx, py::object targets) {
@@ -156,14 +180,14 @@ void bind_model(py::module_& m, const char* cls_name) {
            "Forward pass. idx, targets: int32 (B, T); targets -1 are ignored. Returns the mean loss (NaN without targets).")
       .def("logits",
            [](M& self) {
-             py::array_t<T> out({self.last_B(), self.last_T(), self.config().padded_vocab_size});
+             py::array_t<F> out({self.last_B(), self.last_T(), self.config().padded_vocab_size});
              self.logits_to_host(out.mutable_data());
              return out;
            },
            "Logits (B, T, padded_vocab) of the last forward (valid until backward).")
       .def("token_losses",
            [](M& self) {
-             py::array_t<T> out({self.last_B(), self.last_T()});
+             py::array_t<F> out({self.last_B(), self.last_T()});
              self.losses_to_host(out.mutable_data());
              return out;
            },
@@ -192,7 +216,7 @@ void bind_model(py::module_& m, const char* cls_name) {
                                      "), got lo=" + std::to_string(lo) + " hi=" + std::to_string(hi));
              for (auto* a : {&m, &v}) {
                const char* name = a == &m ? "m" : "v";
-               if (!py::array_t<T>::check_(*a) || a->ndim() != 1 || size_t(a->shape(0)) != hi - lo ||
+               if (!py::array_t<F>::check_(*a) || a->ndim() != 1 || size_t(a->shape(0)) != hi - lo ||
                    !(a->flags() & py::array::c_style) || !a->writeable())
                  throw py::value_error(std::string(name) + " must be a writable contiguous 1-D array of hi - lo = " +
                                        std::to_string(hi - lo) + " values of the model's dtype");
@@ -200,8 +224,8 @@ void bind_model(py::module_& m, const char* cls_name) {
              if (!(lr >= 0)) throw py::value_error("lr must be >= 0");
              if (!(grad_scale >= 0) || !std::isfinite(grad_scale)) throw py::value_error("grad_scale must be finite and >= 0");
              if (step < 1) throw py::value_error("step counts from 1");
-             T* mp = static_cast<T*>(m.mutable_data());
-             T* vp = static_cast<T*>(v.mutable_data());
+             F* mp = static_cast<F*>(m.mutable_data());
+             F* vp = static_cast<F*>(v.mutable_data());
              py::gil_scoped_release nogil;
              self.adamw_update_range(lo, hi, mp, vp, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
            },
@@ -251,6 +275,9 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
   m.def("param_names", []() { std::vector<std::string> v(gpt2::param_names().begin(), gpt2::param_names().end()); return v; });
   bind_model<float>(m, "Model");
   bind_model<double>(m, "ModelF64");
+  bind_model<gpt2::bf16>(m, "ModelBF16");  // CUDA only: bf16 weights copy and activations, fp32 master state
+  m.def("cuda_capability", [](int index) { return gpt2::cuda_capability(index); }, py::arg("index") = 0,
+        "Compute capability of CUDA device `index` as major*10+minor (80 = A100, 90 = H100); -1 without one.");
   m.def("cuda_status", []() { return gpt2::cuda_status(); },
         "'' when device='cuda' is usable here, otherwise why not (no CUDA backend compiled, no driver, no GPU).");
 #if GPT2CORE_WITH_DIST

@@ -50,7 +50,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--peak-gflops", type=float, default=None, help="override the peak used for utilisation")
     ap.add_argument("--breakdown", action="store_true", help="also time forward / backward / optimizer")
-    ap.add_argument("--precision", choices=["fp32", "tf32"], default="fp32", help="CUDA matmuls: fp32 or TF32")
+    ap.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default=None,
+                    help="fp32, tf32 or bf16 mixed precision (CUDA); default bf16 on sm_80+, else fp32")
     ap.add_argument("--attention", choices=["flash", "naive"], default=None, help="CUDA attention kernel")
     ap.add_argument("--recompute-gelu", action="store_true")
     args = ap.parse_args(argv)
@@ -89,7 +90,7 @@ def main(argv=None):
     gflops = tps * flops / 1e9
     info = build_info()
     print(f"gpt2core {info['version']} | {args.device} | BLAS {info['blas']} | threads {threads}")
-    print(f"preset {args.preset} ({model.num_parameters:,} params) | B={B} T={T} | "
+    print(f"preset {args.preset} ({model.num_parameters:,} params) | precision {model.precision} | B={B} T={T} | "
           f"{flops / 1e9:.3f} GFLOP/token")
     print(f"ms/step {dt * 1e3:.1f} (median of {args.steps}) | tokens/s {tps:,.0f} | GFLOP/s {gflops:.1f}")
     if args.breakdown:

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "cpu/ops.h"
 #include "model/backend.h"
@@ -11,11 +12,16 @@ namespace gpt2::cpu {
 
 template <typename T>
 class CpuBackend final : public Backend<T> {
+  static_assert(std::is_same_v<T, Master<T>>, "the CPU backend computes in float or double");
+
  public:
   const char* name() const override { return "cpu"; }
 
   T* alloc(size_t n) override { return static_cast<T*>(zeroed(n * sizeof(T))); }
   void free(T* p) override { std::free(p); }
+  // CPU models are float or double: the master type is T itself
+  T* alloc_master(size_t n) override { return alloc(n); }
+  void free_master(T* p) override { std::free(p); }
   int32_t* alloc_i32(size_t n) override { return static_cast<int32_t*>(zeroed(n * sizeof(int32_t))); }
   void free_i32(int32_t* p) override { std::free(p); }
   void zero(T* p, size_t n) override {
@@ -23,7 +29,9 @@ class CpuBackend final : public Backend<T> {
     for (size_t i = 0; i < n; i++) p[i] = 0;
   }
   void to_device_i32(int32_t* dst, const int32_t* src, size_t n) override { std::memcpy(dst, src, n * sizeof(int32_t)); }
+  void zero_master(T* p, size_t n) override { zero(p, n); }
   void to_host(T* dst, const T* src, size_t n) override { std::memcpy(dst, src, n * sizeof(T)); }
+  void to_host_master(T* dst, const T* src, size_t n) override { to_host(dst, src, n); }
 
   void encoder_forward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C) override {
     cpu::encoder_forward(out, inp, wte, wpe, B, Tn, C);
@@ -69,8 +77,9 @@ class CpuBackend final : public Backend<T> {
     for (size_t i = 0; i < n; i++) s += double(p[i]) * double(p[i]);
     return s;
   }
-  void adamw(T* param, const T* grad, T* m, T* v, size_t n, float lr, float beta1, float beta2, float eps,
-             float decay, float grad_scale, float bc1, float bc2) override {
+  void adamw(T* param, T* /*master: none, M == T*/, const T* grad, T* m, T* v, size_t n, float lr, float beta1,
+             float beta2, float eps, float decay, float grad_scale, float bc1, float bc2, uint32_t /*seed*/,
+             size_t /*offset*/) override {
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
       T g = grad[i] * T(grad_scale);

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -45,7 +46,25 @@ int parse_device_index(const std::string& device) {
   throw std::invalid_argument("device must be 'cuda' or 'cuda:<index>', got '" + device + "'");
 }
 
-class CudaBackend final : public Backend<float> {
+// The kernels' element type for a model type: float, or NVIDIA's __nv_bfloat16 for gpt2::bf16 (same 16 bits).
+template <class T>
+struct KernelTypeOf {
+  using type = float;
+};
+template <>
+struct KernelTypeOf<bf16> {
+  using type = __nv_bfloat16;
+};
+
+// T: the model's storage type (float, or bf16 for mixed precision); master weights, gradients, AdamW state and
+// statistics are float either way.
+template <class T>
+class CudaBackend final : public Backend<T> {
+  using K = typename KernelTypeOf<T>::type;
+  static_assert(sizeof(K) == sizeof(T), "kernel and model element types must have the same size");
+  static K* k(T* p) { return reinterpret_cast<K*>(p); }
+  static const K* k(const T* p) { return reinterpret_cast<const K*>(p); }
+
  public:
   explicit CudaBackend(int device) {
     const std::string why = device_status(device);
@@ -77,96 +96,110 @@ class CudaBackend final : public Backend<float> {
 
   const char* name() const override { return "cuda"; }
 
-  float* alloc(size_t n) override { return static_cast<float*>(alloc_bytes(n * sizeof(float))); }
-  void free(float* p) override { release(p); }
+  T* alloc(size_t n) override { return static_cast<T*>(alloc_bytes(n * sizeof(T))); }
+  void free(T* p) override { release(p); }
+  float* alloc_master(size_t n) override { return static_cast<float*>(alloc_bytes(n * sizeof(float))); }
+  void free_master(float* p) override { release(p); }
   int32_t* alloc_i32(size_t n) override { return static_cast<int32_t*>(alloc_bytes(n * sizeof(int32_t))); }
   void free_i32(int32_t* p) override { release(p); }
-  void zero(float* p, size_t n) override {
-    if (n) CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream_));
-    sync();  // zero_grad may be followed by host reads of the gradients
-  }
+  void zero(T* p, size_t n) override { zero_bytes(p, n * sizeof(T)); }
+  void zero_master(float* p, size_t n) override { zero_bytes(p, n * sizeof(float)); }
   void to_device_i32(int32_t* dst, const int32_t* src, size_t n) override {
     if (n) CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice));
   }
-  void to_host(float* dst, const float* src, size_t n) override {
+  void to_host(T* dst, const T* src, size_t n) override {
+    if (n) CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost));
+  }
+  void to_host_master(float* dst, const float* src, size_t n) override {
     if (n) CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost));
   }
 
-  void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
-                       int C) override {
-    cuda::encoder_forward(out, inp, wte, wpe, B, T, C, stream_);
+  void encoder_forward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C) override {
+    cuda::encoder_forward(k(out), inp, k(wte), k(wpe), B, Tn, C, stream_);
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int T,
-                        int C) override {
-    const size_t BT = size_t(B) * T;
+  void encoder_backward(float* dwte, float* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C) override {
+    const size_t BT = size_t(B) * Tn;
     std::vector<int32_t> host(BT);
     if (BT) CUDA_CHECK(cudaMemcpy(host.data(), inp, BT * sizeof(int32_t), cudaMemcpyDeviceToHost));
-    cuda::encoder_backward(dwte, dwpe, dout, host.data(), int_work(3 * BT + 1), B, T, C, stream_);
+    cuda::encoder_backward(dwte, dwpe, k(dout), host.data(), int_work(3 * BT + 1), B, Tn, C, stream_);
     sync();  // the last op of backward
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N,
+  void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* w, const T* b, int N,
                          int C) override {
-    cuda::layernorm_forward(out, mean, rstd, inp, w, b, N, C, stream_);
+    cuda::layernorm_forward(k(out), mean, rstd, k(inp), k(w), k(b), N, C, stream_);
   }
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                          const float* mean, const float* rstd, int N, int C) override {
+  void layernorm_backward(T* dinp, float* dw, float* db, const T* dout, const T* inp, const T* w, const float* mean,
+                          const float* rstd, int N, int C) override {
     float* s = scratch(2 * size_t(column_chunks(N)) * C);
-    cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, s, N, C, stream_);
+    cuda::layernorm_backward(k(dinp), dw, db, k(dout), k(inp), k(w), mean, rstd, s, N, C, stream_);
   }
-  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC) override {
-    cuda::matmul_forward(out, inp, w, bias, N, C, OC, stream_);
+  void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) override {
+    cuda::matmul_forward(k(out), k(inp), k(w), k(bias), N, C, OC, stream_);
   }
-  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int N,
-                       int C, int OC) override {
+  void matmul_backward(T* dinp, float* dw, float* dbias, const T* dout, const T* inp, const T* w, int N, int C,
+                       int OC) override {
     float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
-    cuda::matmul_backward(dinp, dw, dbias, dout, inp, w, s, N, C, OC, stream_);
+    cuda::matmul_backward(k(dinp), dw, dbias, k(dout), k(inp), k(w), s, N, C, OC, stream_);
   }
   // flash (default): att is the logsumexp of each query row, (B, NH, T); the T x T matrix never exists.
   // naive: att holds the softmax probabilities (B, NH, T, T), as on the CPU.
-  size_t attention_state_size(int B, int NH, int T) const override {
-    return naive_attention_ ? size_t(B) * NH * T * T : size_t(B) * NH * T;
+  size_t attention_state_size(int B, int NH, int Tn) const override {
+    return naive_attention_ ? size_t(B) * NH * Tn * Tn : size_t(B) * NH * Tn;
   }
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) override {
+  void attention_forward(T* out, float* att, const T* qkv, int B, int Tn, int C, int NH) override {
     if (naive_attention_) {
-      cuda::attention_naive_forward(out, att, qkv, B, T, C, NH, stream_);
+      cuda::attention_naive_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
       return;
     }
-    cuda::attention_forward(out, att, qkv, B, T, C, NH, stream_);
+    cuda::attention_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att, int B,
-                          int T, int C, int NH) override {
+  void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* att, int B, int Tn, int C,
+                          int NH) override {
     if (naive_attention_) {
-      float* ds = scratch(size_t(B) * NH * T * T);
-      cuda::attention_naive_backward(dqkv, dout, qkv, att, ds, B, T, C, NH, stream_);
+      float* ds = scratch(size_t(B) * NH * Tn * Tn);
+      cuda::attention_naive_backward(k(dqkv), k(dout), k(qkv), att, ds, B, Tn, C, NH, stream_);
       return;
     }
-    float* D = scratch(size_t(B) * NH * T);
-    cuda::attention_backward(dqkv, dout, qkv, out, att, D, B, T, C, NH, stream_);
+    float* D = scratch(size_t(B) * NH * Tn);
+    cuda::attention_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
   }
-  void gelu_forward(float* out, const float* inp, size_t N) override { cuda::gelu_forward(out, inp, N, stream_); }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) override {
-    cuda::gelu_backward(dinp, inp, dout, N, stream_);
+  void gelu_forward(T* out, const T* inp, size_t N) override { cuda::gelu_forward(k(out), k(inp), N, stream_); }
+  void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N) override {
+    cuda::gelu_backward(k(dinp), k(inp), k(dout), N, stream_);
   }
-  void residual_forward(float* out, const float* a, const float* b, size_t N) override {
-    cuda::residual_forward(out, a, b, N, stream_);
+  void residual_forward(T* out, const T* a, const T* b, size_t N) override {
+    cuda::residual_forward(k(out), k(a), k(b), N, stream_);
   }
-  long crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V,
+  long crossentropy_forward(float* losses, float* lse, const T* logits, const int32_t* targets, int N, int V,
                             int Vp) override {
-    return cuda::crossentropy_forward(losses, lse, logits, targets, valid_, N, V, Vp, stream_);
+    return cuda::crossentropy_forward(losses, lse, k(logits), targets, valid_, N, V, Vp, stream_);
   }
-  void crossentropy_backward_inplace(float* logits, const float* lse, const int32_t* targets, float dloss, int N, int V,
+  void crossentropy_backward_inplace(T* logits, const float* lse, const int32_t* targets, float dloss, int N, int V,
                                      int Vp) override {
-    cuda::crossentropy_backward_inplace(logits, lse, targets, dloss, N, V, Vp, stream_);
+    cuda::crossentropy_backward_inplace(k(logits), lse, targets, dloss, N, V, Vp, stream_);
   }
   double sum_squares(const float* p, size_t n) override { return cuda::sum_squares(p, n, norm_work_, stream_); }
-  void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
-             float eps, float decay, float grad_scale, float bc1, float bc2) override {
-    cuda::adamw_update(param, grad, m, v, n, AdamWParams{lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2}, stream_);
+  void adamw(T* param, float* master, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+             float beta2, float eps, float decay, float grad_scale, float bc1, float bc2, uint32_t seed,
+             size_t offset) override {
+    (void)master; (void)seed; (void)offset;  // SHIM until the generic kernels land
+    cuda::adamw_update(k(param), grad, m, v, n, AdamWParams{lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2}, stream_);
     sync();  // parameters are read on the host through numpy views
+  }
+  void cast_params(T* param, const float* master, size_t n, uint32_t seed, size_t offset) override {
+    if constexpr (std::is_same_v<T, float>) {
+      Backend<T>::cast_params(param, master, n, seed, offset);  // fp32 models have no separate copy
+    } else {
+      throw std::logic_error("SHIM");
+    }
   }
 
  private:
   void sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void zero_bytes(void* p, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+    sync();  // zero_grad may be followed by host reads of the gradients
+  }
 
   void* alloc_bytes(size_t bytes) {
     const size_t want = bytes ? bytes : 1;
@@ -267,8 +300,22 @@ std::string device_status(int device) {
   return "";
 }
 
+int device_capability(int device) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return major * 10 + minor;
+}
+
 std::unique_ptr<Backend<float>> make_backend(const std::string& device) {
-  return std::make_unique<CudaBackend>(parse_device_index(device));
+  return std::make_unique<CudaBackend<float>>(parse_device_index(device));
+}
+
+std::unique_ptr<Backend<bf16>> make_backend_bf16(const std::string& device) {
+  throw std::runtime_error("SHIM: bf16 not built yet " + device);
 }
 
 }  // namespace gpt2::cuda

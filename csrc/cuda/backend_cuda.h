@@ -13,8 +13,14 @@ namespace gpt2::cuda {
 // creates its context); with -1 it creates no context.
 std::string device_status(int device = -1);
 
+// Compute capability of a visible device as major * 10 + minor (80 for A100, 90 for H100), or -1 if none.
+int device_capability(int device);
+
 // device: "cuda" or "cuda:<index>". Throws std::runtime_error when no usable device exists.
 // TF32 matmuls when the environment has GPT2CORE_CUDA_TF32=1 (fp32 otherwise).
 std::unique_ptr<Backend<float>> make_backend(const std::string& device);
+// The bf16 mixed-precision backend: bf16 parameters copy and activations, fp32 master weights, gradients,
+// AdamW state and statistics.
+std::unique_ptr<Backend<bf16>> make_backend_bf16(const std::string& device);
 
 }  // namespace gpt2::cuda

@@ -1,53 +1,80 @@
 // The seam between the model (layer loop, buffer layout, optimizer policy) and a device.
 // A backend supplies memory and the ops; the model never touches device memory itself.
 // Every op follows csrc/cpu/ops.h's contract (backward ops accumulate into their outputs).
+//
+// Two storage types (model/dtypes.h): T, what the ops read and write (parameters as the ops see them,
+// activations, activation gradients), and M = Master<T>, what must keep full precision (master weights,
+// parameter gradients, AdamW moments, per-row statistics: layernorm mean/rstd, attention state, losses,
+// logsumexps). For float and double models M == T; for bf16 models M is float.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+
+#include "model/dtypes.h"
 
 namespace gpt2 {
 
 template <typename T>
 class Backend {
  public:
+  using M = Master<T>;
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
 
   // memory: allocations are zero-filled; host<->device copies
   virtual T* alloc(size_t n) = 0;
   virtual void free(T* p) = 0;
+  virtual M* alloc_master(size_t n) = 0;
+  virtual void free_master(M* p) = 0;
   virtual int32_t* alloc_i32(size_t n) = 0;
   virtual void free_i32(int32_t* p) = 0;
   virtual void zero(T* p, size_t n) = 0;
+  virtual void zero_master(M* p, size_t n) = 0;
   virtual void to_device_i32(int32_t* dst, const int32_t* src, size_t n) = 0;
   virtual void to_host(T* dst, const T* src, size_t n) = 0;
+  virtual void to_host_master(M* dst, const M* src, size_t n) = 0;
 
   virtual void encoder_forward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C) = 0;
-  virtual void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C) = 0;
-  virtual void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int N, int C) = 0;
-  virtual void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
-                                  const T* mean, const T* rstd, int N, int C) = 0;
+  virtual void encoder_backward(M* dwte, M* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C) = 0;
+  virtual void layernorm_forward(T* out, M* mean, M* rstd, const T* inp, const T* w, const T* b, int N, int C) = 0;
+  virtual void layernorm_backward(T* dinp, M* dw, M* db, const T* dout, const T* inp, const T* w,
+                                  const M* mean, const M* rstd, int N, int C) = 0;
+  // residual = a + b, then out = layernorm(residual): one op so a backend can fuse the two passes.
+  virtual void residual_layernorm_forward(T* residual, T* out, M* mean, M* rstd, const T* a, const T* b,
+                                          const T* w, const T* bias, int N, int C) {
+    residual_forward(residual, a, b, size_t(N) * C);
+    layernorm_forward(out, mean, rstd, residual, w, bias, N, C);
+  }
   virtual void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) = 0;
-  virtual void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w,
+  virtual void matmul_backward(T* dinp, M* dw, M* dbias, const T* dout, const T* inp, const T* w,
                                int N, int C, int OC) = 0;
   // Elements of the per-layer attention state `att` that forward saves for backward: the softmax
   // probabilities (B, NH, T, T) by default; a flash kernel keeps only a logsumexp per query row.
   virtual size_t attention_state_size(int B, int NH, int Tn) const { return size_t(B) * NH * Tn * Tn; }
-  virtual void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH) = 0;
+  virtual void attention_forward(T* out, M* att, const T* qkv, int B, int Tn, int C, int NH) = 0;
   // out is the forward's output (flash backward needs rowsum(dout * out)).
-  virtual void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* att, int B, int Tn,
+  virtual void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const M* att, int B, int Tn,
                                   int C, int NH) = 0;
   virtual void gelu_forward(T* out, const T* inp, size_t N) = 0;
   virtual void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N) = 0;
   virtual void residual_forward(T* out, const T* a, const T* b, size_t N) = 0;
-  virtual long crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int N, int V, int Vp) = 0;
-  virtual void crossentropy_backward_inplace(T* logits, const T* lse, const int32_t* targets, T dloss,
+  virtual long crossentropy_forward(M* losses, M* lse, const T* logits, const int32_t* targets, int N, int V, int Vp) = 0;
+  virtual void crossentropy_backward_inplace(T* logits, const M* lse, const int32_t* targets, M dloss,
                                              int N, int V, int Vp) = 0;
   // sum of squares of n values, accumulated in double
-  virtual double sum_squares(const T* p, size_t n) = 0;
-  // AdamW on n values; decay is the weight decay for this tensor (0 for 1-D tensors).
-  virtual void adamw(T* param, const T* grad, T* m, T* v, size_t n, float lr, float beta1, float beta2,
-                     float eps, float decay, float grad_scale, float bc1, float bc2) = 0;
+  virtual double sum_squares(const M* p, size_t n) = 0;
+  // AdamW on n values; decay is the weight decay for this tensor (0 for 1-D tensors). master is null when the
+  // parameters are their own master copy (M == T); otherwise master is updated and param rewritten from it as
+  // cast_params(param, master, n, seed, offset) does.
+  virtual void adamw(T* param, M* master, const M* grad, M* m, M* v, size_t n, float lr, float beta1, float beta2,
+                     float eps, float decay, float grad_scale, float bc1, float bc2, uint32_t seed,
+                     size_t offset) = 0;
+  // param[i] = master[i] rounded to T: stochastically with random bits that are a function of (seed, offset + i)
+  // only, or to nearest even when seed == 0. Only backends whose models keep a master copy implement it.
+  virtual void cast_params(T* /*param*/, const M* /*master*/, size_t /*n*/, uint32_t /*seed*/, size_t /*offset*/) {
+    throw std::logic_error(std::string("backend ") + name() + " has no separate master weights to cast");
+  }
 };
 
 }  // namespace gpt2

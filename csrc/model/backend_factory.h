@@ -32,15 +32,31 @@ inline std::string cuda_status() {
 #endif
 }
 
+// Compute capability (major * 10 + minor) of CUDA device `index`, -1 without a usable one.
+inline int cuda_capability(int index) {
+#if GPT2CORE_BACKEND_CUDA
+  return cuda_status().empty() ? cuda::device_capability(index) : -1;
+#else
+  (void)index;
+  return -1;
+#endif
+}
+
 // Throws std::invalid_argument for a device this build does not have (or a dtype it does not support),
 // std::runtime_error when the device exists in the build but not on this machine.
 template <class T>
 std::unique_ptr<Backend<T>> make_backend(const std::string& device) {
-  if (device == "cpu") return std::make_unique<cpu::CpuBackend<T>>();
+  if (device == "cpu") {
+    if constexpr (std::is_same_v<T, bf16>)
+      throw std::invalid_argument("bf16 mixed precision needs device='cuda'; the CPU backend computes in fp32");
+    else
+      return std::make_unique<cpu::CpuBackend<T>>();
+  }
 #if GPT2CORE_BACKEND_CUDA
   if (is_cuda_device(device)) {
     if constexpr (std::is_same_v<T, float>) return cuda::make_backend(device);
-    else throw std::invalid_argument("device '" + device + "' supports float32 models only");
+    else if constexpr (std::is_same_v<T, bf16>) return cuda::make_backend_bf16(device);
+    else throw std::invalid_argument("device '" + device + "' supports float32 and bf16 models only");
   }
 #endif
   throw std::invalid_argument("device '" + device + "' is not available in this build of gpt2core._C (compiled backends: " +

@@ -17,50 +17,64 @@ GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> b
     num_params_ += sizes_[i];
   }
   params_ = backend_->alloc(num_params_);
-  grads_ = backend_->alloc(num_params_);
+  if constexpr (kHasMasterCopy<T>) master_ = backend_->alloc_master(num_params_);
+  grads_ = backend_->alloc_master(num_params_);
 }
 
 template <typename T>
 GPT2Model<T>::~GPT2Model() {
   backend_->free(params_);
-  backend_->free(grads_);
-  if (m_) backend_->free(m_);
-  if (v_) backend_->free(v_);
+  if (master_) backend_->free_master(master_);
+  backend_->free_master(grads_);
+  if (m_) backend_->free_master(m_);
+  if (v_) backend_->free_master(v_);
   if (acts_mem_) backend_->free(acts_mem_);
+  if (stats_mem_) backend_->free_master(stats_mem_);
   if (inputs_) backend_->free_i32(inputs_);
   if (targets_) backend_->free_i32(targets_);
 }
 
 template <typename T>
 void GPT2Model<T>::ensure_optimizer_state() {
-  if (!m_) m_ = backend_->alloc(num_params_);
-  if (!v_) v_ = backend_->alloc(num_params_);
+  if (!m_) m_ = backend_->alloc_master(num_params_);
+  if (!v_) v_ = backend_->alloc_master(num_params_);
+}
+
+template <typename T>
+void GPT2Model<T>::refresh_params() {
+  if constexpr (kHasMasterCopy<T>) {
+    if (params_stale_) backend_->cast_params(params_, master_, num_params_, round_seed_, 0);
+  }
+  params_stale_ = false;
 }
 
 // (pointer, count) of every activation buffer for (B, Tn), in layout order. With recompute_gelu the GELU
 // output is one (B, T, 4C) buffer, refilled per layer in backward, instead of one per layer.
 template <typename T>
-std::vector<std::pair<T**, size_t>> GPT2Model<T>::activation_slots(int B, int Tn) {
+typename GPT2Model<T>::Slots GPT2Model<T>::activation_slots(int B, int Tn) {
   const size_t L = config_.n_layer, C = config_.n_embd, NH = config_.n_head, Vp = config_.padded_vocab_size;
   const size_t BT = size_t(B) * Tn;
   const size_t att_size = backend_->attention_state_size(B, int(NH), Tn);  // per layer
   const size_t gelu_layers = recompute_gelu_ ? 1 : L;
-  return {
-      {&a_.encoded, BT * C}, {&a_.ln1, L * BT * C}, {&a_.ln1_mean, L * BT}, {&a_.ln1_rstd, L * BT},
-      {&a_.qkv, L * BT * 3 * C}, {&a_.atty, L * BT * C}, {&a_.att, L * att_size},
-      {&a_.attproj, L * BT * C}, {&a_.residual2, L * BT * C}, {&a_.ln2, L * BT * C}, {&a_.ln2_mean, L * BT},
-      {&a_.ln2_rstd, L * BT}, {&a_.fch, L * BT * 4 * C}, {&a_.fch_gelu, gelu_layers * BT * 4 * C},
-      {&a_.fcproj, L * BT * C}, {&a_.residual3, L * BT * C}, {&a_.lnf, BT * C}, {&a_.lnf_mean, BT},
-      {&a_.lnf_rstd, BT}, {&a_.logits, BT * Vp}, {&a_.losses, BT}, {&a_.lse, BT},
-      {&a_.dres, BT * C}, {&a_.dln, BT * C}, {&a_.datty, BT * C}, {&a_.dqkv, BT * 3 * C},
-      {&a_.dfch, BT * 4 * C}, {&a_.dfch_gelu, BT * 4 * C}};
+  Slots s;
+  s.t = {{&a_.encoded, BT * C}, {&a_.ln1, L * BT * C}, {&a_.qkv, L * BT * 3 * C}, {&a_.atty, L * BT * C},
+         {&a_.attproj, L * BT * C}, {&a_.residual2, L * BT * C}, {&a_.ln2, L * BT * C}, {&a_.fch, L * BT * 4 * C},
+         {&a_.fch_gelu, gelu_layers * BT * 4 * C}, {&a_.fcproj, L * BT * C}, {&a_.residual3, L * BT * C},
+         {&a_.lnf, BT * C}, {&a_.logits, BT * Vp},
+         {&a_.dres, BT * C}, {&a_.dln, BT * C}, {&a_.datty, BT * C}, {&a_.dqkv, BT * 3 * C},
+         {&a_.dfch, BT * 4 * C}, {&a_.dfch_gelu, BT * 4 * C}};
+  s.m = {{&a_.ln1_mean, L * BT}, {&a_.ln1_rstd, L * BT}, {&a_.att, L * att_size}, {&a_.ln2_mean, L * BT},
+         {&a_.ln2_rstd, L * BT}, {&a_.lnf_mean, BT}, {&a_.lnf_rstd, BT}, {&a_.losses, BT}, {&a_.lse, BT}};
+  return s;
 }
 
 template <typename T>
-size_t GPT2Model<T>::activation_count_for(int B, int Tn) {
-  size_t total = 0;
-  for (auto& s : activation_slots(B, Tn)) total += s.second;
-  return total;
+size_t GPT2Model<T>::activation_bytes_for(int B, int Tn) {
+  const Slots s = activation_slots(B, Tn);
+  size_t t = 0, m = 0;
+  for (auto& x : s.t) t += x.second;
+  for (auto& x : s.m) m += x.second;
+  return t * sizeof(T) + m * sizeof(M);
 }
 
 template <typename T>
@@ -73,9 +87,10 @@ void GPT2Model<T>::set_recompute_gelu(bool on) {
 template <typename T>
 void GPT2Model<T>::release_activations() {
   if (acts_mem_) backend_->free(acts_mem_);
+  if (stats_mem_) backend_->free_master(stats_mem_);
   if (inputs_) backend_->free_i32(inputs_);
   if (targets_) backend_->free_i32(targets_);
-  acts_mem_ = nullptr; inputs_ = targets_ = nullptr; B_ = T_ = 0; act_count_ = 0;
+  acts_mem_ = nullptr; stats_mem_ = nullptr; inputs_ = targets_ = nullptr; B_ = T_ = 0;
   have_targets_ = false;
 }
 
@@ -86,12 +101,15 @@ void GPT2Model<T>::ensure_activations(int B, int Tn) {
   att_size_ = backend_->attention_state_size(B, config_.n_head, Tn);
   const size_t BT = size_t(B) * Tn;
   auto slots = activation_slots(B, Tn);
-  size_t total = 0;
-  for (auto& s : slots) total += s.second;
-  acts_mem_ = backend_->alloc(total);
-  act_count_ = total;
+  size_t nt = 0, nm = 0;
+  for (auto& s : slots.t) nt += s.second;
+  for (auto& s : slots.m) nm += s.second;
+  acts_mem_ = backend_->alloc(nt);
+  stats_mem_ = backend_->alloc_master(nm);
   T* p = acts_mem_;
-  for (auto& s : slots) { *s.first = p; p += s.second; }
+  for (auto& s : slots.t) { *s.first = p; p += s.second; }
+  M* q = stats_mem_;
+  for (auto& s : slots.m) { *s.first = q; q += s.second; }
   inputs_ = backend_->alloc_i32(BT);
   targets_ = backend_->alloc_i32(BT);
   B_ = B; T_ = Tn;
@@ -110,13 +128,15 @@ double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, 
   be.to_device_i32(inputs_, inp, N);
   have_targets_ = false;
 
+  refresh_params();
   be.encoder_forward(a_.encoded, inputs_, param(0), param(1), B, Tn, C);
+  be.layernorm_forward(a_.ln1, a_.ln1_mean, a_.ln1_rstd, a_.encoded, param(2), param(3), N, C);
   for (int l = 0; l < L; l++) {
     const T* x = l == 0 ? a_.encoded : a_.residual3 + (l - 1) * NC;
-    T* ln1 = a_.ln1 + l * NC;
+    T* ln1 = a_.ln1 + l * NC;  // layernorm(x): written by the previous layer's fused residual + layernorm
     T* qkv = a_.qkv + l * NC * 3;
     T* atty = a_.atty + l * NC;
-    T* att = a_.att + l * att_size_;
+    M* att = a_.att + l * att_size_;
     T* attproj = a_.attproj + l * NC;
     T* res2 = a_.residual2 + l * NC;
     T* ln2 = a_.ln2 + l * NC;
@@ -124,18 +144,21 @@ double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, 
     T* fch_gelu = recompute_gelu_ ? a_.fch_gelu : a_.fch_gelu + l * NC * 4;
     T* fcproj = a_.fcproj + l * NC;
     T* res3 = a_.residual3 + l * NC;
-    be.layernorm_forward(ln1, a_.ln1_mean + l * N, a_.ln1_rstd + l * N, x, param(2) + l * C, param(3) + l * C, N, C);
     be.matmul_forward(qkv, ln1, param(4) + size_t(l) * 3 * C * C, param(5) + l * 3 * C, N, C, 3 * C);
     be.attention_forward(atty, att, qkv, B, Tn, C, NH);
     be.matmul_forward(attproj, atty, param(6) + size_t(l) * C * C, param(7) + l * C, N, C, C);
-    be.residual_forward(res2, x, attproj, NC);
-    be.layernorm_forward(ln2, a_.ln2_mean + l * N, a_.ln2_rstd + l * N, res2, param(8) + l * C, param(9) + l * C, N, C);
+    be.residual_layernorm_forward(res2, ln2, a_.ln2_mean + l * N, a_.ln2_rstd + l * N, x, attproj,
+                                  param(8) + l * C, param(9) + l * C, N, C);
     be.matmul_forward(fch, ln2, param(10) + size_t(l) * 4 * C * C, param(11) + l * 4 * C, N, C, 4 * C);
     be.gelu_forward(fch_gelu, fch, NC * 4);
     be.matmul_forward(fcproj, fch_gelu, param(12) + size_t(l) * 4 * C * C, param(13) + l * C, N, 4 * C, C);
-    be.residual_forward(res3, res2, fcproj, NC);
+    // residual3 = residual2 + fcproj, normalised by the next layer's ln1 (or, after the last layer, by lnf)
+    if (l + 1 < L)
+      be.residual_layernorm_forward(res3, a_.ln1 + (l + 1) * NC, a_.ln1_mean + (l + 1) * N, a_.ln1_rstd + (l + 1) * N,
+                                    res2, fcproj, param(2) + (l + 1) * C, param(3) + (l + 1) * C, N, C);
+    else
+      be.residual_layernorm_forward(res3, a_.lnf, a_.lnf_mean, a_.lnf_rstd, res2, fcproj, param(14), param(15), N, C);
   }
-  be.layernorm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, a_.residual3 + (L - 1) * NC, param(14), param(15), N, C);
   be.matmul_forward(a_.logits, a_.lnf, param(0), nullptr, N, C, Vp);  // lm_head tied to wte
 
   if (!targets) {
@@ -146,27 +169,34 @@ double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, 
   be.to_device_i32(targets_, targets, N);
   n_valid_ = be.crossentropy_forward(a_.losses, a_.lse, a_.logits, targets_, N, V, Vp);
   have_targets_ = true;
-  std::vector<T> losses(N);
-  be.to_host(losses.data(), a_.losses, N);
+  std::vector<M> losses(N);
+  be.to_host_master(losses.data(), a_.losses, N);
   double sum = 0;
   for (int i = 0; i < N; i++) sum += double(losses[i]);
   return n_valid_ ? sum / double(n_valid_) : std::numeric_limits<double>::quiet_NaN();
 }
 
 template <typename T>
-void GPT2Model<T>::logits_to_host(T* dst) const {
+void GPT2Model<T>::logits_to_host(M* dst) const {
   if (!B_) throw std::runtime_error("logits: no forward pass has run yet");
-  backend_->to_host(dst, a_.logits, size_t(B_) * T_ * config_.padded_vocab_size);
+  const size_t n = size_t(B_) * T_ * config_.padded_vocab_size;
+  if constexpr (kHasMasterCopy<T>) {  // bf16 logits, widened on the host
+    std::vector<T> tmp(n);
+    backend_->to_host(tmp.data(), a_.logits, n);
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_float(tmp[i]);
+  } else {
+    backend_->to_host(dst, a_.logits, n);
+  }
 }
 
 template <typename T>
-void GPT2Model<T>::losses_to_host(T* dst) const {
+void GPT2Model<T>::losses_to_host(M* dst) const {
   if (!B_) throw std::runtime_error("token_losses: no forward pass has run yet");
-  backend_->to_host(dst, a_.losses, size_t(B_) * T_);
+  backend_->to_host_master(dst, a_.losses, size_t(B_) * T_);
 }
 
 template <typename T>
-void GPT2Model<T>::zero_grad() { backend_->zero(grads_, num_params_); }
+void GPT2Model<T>::zero_grad() { backend_->zero_master(grads_, num_params_); }
 
 template <typename T>
 void GPT2Model<T>::backward(float grad_scale) {
@@ -180,7 +210,7 @@ void GPT2Model<T>::backward(float grad_scale) {
   const size_t NC = size_t(N) * C;
   if (n_valid_ == 0) return;  // every target ignored: the loss does not depend on the parameters
 
-  be.crossentropy_backward_inplace(a_.logits, a_.lse, targets_, T(grad_scale / double(n_valid_)), N, V, Vp);
+  be.crossentropy_backward_inplace(a_.logits, a_.lse, targets_, M(grad_scale / double(n_valid_)), N, V, Vp);
   T* dlogits = a_.logits;
   be.zero(a_.dln, NC);
   be.matmul_backward(a_.dln, grad(0), nullptr, dlogits, a_.lnf, param(0), N, C, Vp);
@@ -233,13 +263,15 @@ void GPT2Model<T>::adamw_update(float lr, float beta1, float beta2, float eps, f
   const float bc1 = 1.0f - std::pow(beta1, float(step));
   const float bc2 = 1.0f - std::pow(beta2, float(step));
   for (int i = 0; i < kNumParamTensors; i++) {
-    backend_->adamw(param(i), grad(i), m_ + offsets_[i], v_ + offsets_[i], sizes_[i], lr, beta1, beta2, eps,
-                    param_decays(i) ? weight_decay : 0.0f, grad_scale, bc1, bc2);
+    backend_->adamw(param(i), master(i), grad(i), m_ + offsets_[i], v_ + offsets_[i], sizes_[i], lr, beta1, beta2,
+                    eps, param_decays(i) ? weight_decay : 0.0f, grad_scale, bc1, bc2, uint32_t(step), offsets_[i]);
   }
+  round_seed_ = uint32_t(step);
+  params_stale_ = false;  // the update rewrote the ops' copy from the new master weights
 }
 
 template <typename T>
-void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, T* m, T* v, float lr, float beta1, float beta2,
+void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2,
                                       float eps, float weight_decay, int step, float grad_scale) {
   if (step < 1) throw std::invalid_argument("adamw_update_range: step counts from 1");
   if (lo > hi || hi > num_params_) throw std::invalid_argument("adamw_update_range: bad range");
@@ -248,12 +280,16 @@ void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, T* m, T* v, float lr
   for (int i = 0; i < kNumParamTensors; i++) {  // the part of each tensor inside [lo, hi)
     const size_t a = std::max(lo, offsets_[i]), b = std::min(hi, offsets_[i] + sizes_[i]);
     if (a >= b) continue;
-    backend_->adamw(params_ + a, grads_ + a, m + (a - lo), v + (a - lo), b - a, lr, beta1, beta2, eps,
-                    param_decays(i) ? weight_decay : 0.0f, grad_scale, bc1, bc2);
+    backend_->adamw(params_ + a, master_ ? master_ + a : nullptr, grads_ + a, m + (a - lo), v + (a - lo), b - a, lr,
+                    beta1, beta2, eps, param_decays(i) ? weight_decay : 0.0f, grad_scale, bc1, bc2, uint32_t(step), a);
   }
+  // the rest of the master weights arrive from the other ranks (all-gather), which calls params_changed();
+  // rebuilding the whole copy with this step's seed then gives every rank the bits a full update writes
+  round_seed_ = uint32_t(step);
 }
 
 template class GPT2Model<float>;
 template class GPT2Model<double>;
+template class GPT2Model<bf16>;
 
 }  // namespace gpt2

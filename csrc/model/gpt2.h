@@ -12,11 +12,13 @@
 
 namespace gpt2 {
 
-// Activations for one (B, T), each a slice of one allocation.
+// Activations for one (B, T): the T-typed ones are slices of one allocation, the per-row statistics
+// (Master<T>: layernorm mean/rstd, attention state, losses, logsumexps) slices of a second one.
 template <typename T>
 struct Activations {
-  T *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *attproj, *residual2, *ln2, *ln2_mean,
-      *ln2_rstd, *fch, *fch_gelu, *fcproj, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *lse;
+  using M = Master<T>;
+  T *encoded, *ln1, *qkv, *atty, *attproj, *residual2, *ln2, *fch, *fch_gelu, *fcproj, *residual3, *lnf, *logits;
+  M *ln1_mean, *ln1_rstd, *att, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *losses, *lse;
   // backward scratch (not kept between steps)
   T *dres, *dln, *datty, *dqkv, *dfch, *dfch_gelu;
 };
@@ -24,6 +26,7 @@ struct Activations {
 template <typename T>
 class GPT2Model {
  public:
+  using M = Master<T>;
   GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> backend);
   ~GPT2Model();
   GPT2Model(const GPT2Model&) = delete;
@@ -34,13 +37,25 @@ class GPT2Model {
   size_t num_parameters() const { return num_params_; }
   const std::array<size_t, kNumParamTensors>& param_offsets() const { return offsets_; }
 
-  T* params() { return params_; }
-  T* grads() { return grads_; }
-  T* adam_m() { ensure_optimizer_state(); return m_; }
-  T* adam_v() { ensure_optimizer_state(); return v_; }
-  size_t activation_count() const { return act_count_; }
-  // values the activations for (B, Tn) take, without allocating them
-  size_t activation_count_for(int B, int Tn);
+  // The parameters as the optimizer and the user see them: the master weights (the ops' own parameters when
+  // M == T). With a separate bf16 copy, call params_changed() after writing them from outside.
+  M* params() {
+    if constexpr (kHasMasterCopy<T>) return master_;
+    else return params_;
+  }
+  M* grads() { return grads_; }
+  M* adam_m() { ensure_optimizer_state(); return m_; }
+  M* adam_v() { ensure_optimizer_state(); return v_; }
+  // The master weights were written from outside (init, checkpoint load, a collective): the ops' copy is
+  // rebuilt from them before the next forward, rounded with param_round_seed() (no-op when M == T).
+  void params_changed() { params_stale_ = kHasMasterCopy<T>; }
+  // Seed of the stochastic rounding that produced the ops' copy: the step of the last AdamW update (0: round
+  // to nearest). A resumed run sets it to its step so the rebuilt copy has the same bits as a run that never
+  // stopped.
+  uint32_t param_round_seed() const { return round_seed_; }
+  void set_param_round_seed(uint32_t seed) { round_seed_ = seed; params_changed(); }
+  // bytes of the activations for (B, Tn), without allocating them
+  size_t activation_bytes_for(int B, int Tn);
   // keep one GELU output buffer and recompute it per layer in backward (saves (L-1)*B*T*4C values)
   void set_recompute_gelu(bool on);
   bool recompute_gelu() const { return recompute_gelu_; }
@@ -49,8 +64,8 @@ class GPT2Model {
   // Returns the mean loss over non-ignored targets (NaN without targets).
   double forward(const int32_t* inp, const int32_t* targets, int B, int Tn);
   // Copies logits (B, Tn, Vp) and per-token losses of the last forward to the host.
-  void logits_to_host(T* dst) const;
-  void losses_to_host(T* dst) const;
+  void logits_to_host(M* dst) const;
+  void losses_to_host(M* dst) const;
   // Accumulates gradients of (grad_scale * mean loss) into grads(). Needs a forward with targets.
   void backward(float grad_scale);
   void zero_grad();
@@ -59,29 +74,38 @@ class GPT2Model {
   // AdamW over the flat parameter range [lo, hi) only (ZeRO-1: this rank's shard), with the same per-tensor
   // weight-decay policy as adamw_update. m and v are the shard's moments: hi - lo values each in backend
   // memory, owned by the caller; the model's own adam_m()/adam_v() are not touched (nor allocated).
-  void adamw_update_range(size_t lo, size_t hi, T* m, T* v, float lr, float beta1, float beta2, float eps,
+  void adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
                           float weight_decay, int step, float grad_scale);
   int last_B() const { return B_; }
   int last_T() const { return T_; }
 
  private:
+  struct Slots {
+    std::vector<std::pair<T**, size_t>> t;  // (slot, count) in layout order
+    std::vector<std::pair<M**, size_t>> m;
+  };
   void ensure_activations(int B, int Tn);
   void release_activations();
-  std::vector<std::pair<T**, size_t>> activation_slots(int B, int Tn);
+  Slots activation_slots(int B, int Tn);
   void ensure_optimizer_state();
+  void refresh_params();
   T* param(int i) const { return params_ + offsets_[i]; }
-  T* grad(int i) const { return grads_ + offsets_[i]; }
+  M* master(int i) const { return master_ ? master_ + offsets_[i] : nullptr; }
+  M* grad(int i) const { return grads_ + offsets_[i]; }
 
   ModelConfig config_;
   std::unique_ptr<Backend<T>> backend_;
   std::array<size_t, kNumParamTensors> sizes_{}, offsets_{};
   size_t num_params_ = 0;
   T* params_ = nullptr;
-  T* grads_ = nullptr;
-  T* m_ = nullptr;
-  T* v_ = nullptr;
+  M* master_ = nullptr;  // only when M != T
+  M* grads_ = nullptr;
+  M* m_ = nullptr;
+  M* v_ = nullptr;
   T* acts_mem_ = nullptr;
-  size_t act_count_ = 0;
+  M* stats_mem_ = nullptr;
+  uint32_t round_seed_ = 0;
+  bool params_stale_ = false;
   Activations<T> a_{};
   int32_t* inputs_ = nullptr;
   int32_t* targets_ = nullptr;
@@ -94,5 +118,6 @@ class GPT2Model {
 
 extern template class GPT2Model<float>;
 extern template class GPT2Model<double>;
+extern template class GPT2Model<bf16>;
 
 }  // namespace gpt2

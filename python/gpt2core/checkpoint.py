@@ -172,6 +172,7 @@ def _fill_params(model, flat: np.ndarray, path) -> None:
             raise CheckpointError(f"{path}: weights contain NaN or Inf ({bad} values in tensor {name})")
         p[...] = chunk.reshape(p.shape)
         off += p.size
+    model.params_changed()
 
 
 def _shape(c: GPT2Config) -> str:

@@ -64,25 +64,35 @@ class GPT2:
     """
 
     def __init__(self, config: GPT2Config | str = "d12", device: str = "cpu", seed: int = 0,
-                 dtype: str = "float32", init: bool = True, precision: str = "fp32",
+                 dtype: str = "float32", init: bool = True, precision: str | None = None,
                  attention: str | None = None):
-        """precision: "fp32", or "tf32" (CUDA: TF32 tensor-core matmuls). attention (CUDA): "flash"
-        (default, never materialises T x T) or "naive" (the materialised rung of the speed ladder);
-        the CPU backend always materialises attention."""
+        """precision: "fp32"; "tf32" (CUDA: TF32 tensor-core matmuls); "bf16" (CUDA: bf16 weights copy and
+        activations, fp32 master weights, gradients, AdamW state, softmax and loss). None picks bf16 on a
+        GPU with bf16 tensor cores (sm_80+) and fp32 elsewhere. attention (CUDA): "flash" (default, never
+        materialises T x T) or "naive" (the materialised rung of the speed ladder); the CPU backend always
+        materialises attention."""
         if isinstance(config, str):
             config = get_preset(config)
         self.config = config
-        if precision not in ("fp32", "tf32"):
-            raise ValueError(f"precision must be 'fp32' or 'tf32', got {precision!r}")
+        if precision not in (None, "fp32", "tf32", "bf16"):
+            raise ValueError(f"precision must be 'fp32', 'tf32' or 'bf16', got {precision!r}")
         if attention not in (None, "flash", "naive"):
             raise ValueError(f"attention must be 'flash' or 'naive', got {attention!r}")
-        if device == "cpu" and (precision != "fp32" or attention == "flash"):
+        if device == "cpu" and (precision not in (None, "fp32") or attention == "flash"):
             raise ValueError(f"precision={precision!r}, attention={attention!r}: the CPU backend computes in "
-                             "fp32 with materialised attention; TF32 and flash attention need device='cuda'")
+                             "fp32 with materialised attention; TF32, bf16 and flash attention need device='cuda'")
         self.device = _check_device(device)
         if dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64' (float64 is for tests), got {dtype!r}")
-        cls = _C.Model if dtype == "float32" else _C.ModelF64
+        if precision is None:
+            precision = "fp32"
+            if self.device != "cpu" and dtype == "float32":
+                index = int(self.device.partition(":")[2] or 0)
+                precision = "bf16" if _C.cuda_capability(index) >= 80 else "fp32"
+        if precision == "bf16" and dtype != "float32":
+            raise ValueError("precision='bf16' keeps float32 master weights: use dtype='float32'")
+        self.precision = precision
+        cls = {"float64": _C.ModelF64, "float32": _C.ModelBF16 if precision == "bf16" else _C.Model}[dtype]
         c = config
         # the CUDA backend reads its speed-ladder switches when it is created
         switches = {"GPT2CORE_CUDA_TF32": "1" if precision == "tf32" else "0",
@@ -101,7 +111,7 @@ class GPT2:
                     os.environ[k] = v
         self.params: dict[str, np.ndarray] = self._m.params()
         self.grads: dict[str, np.ndarray] = self._m.grads()
-        self.step_count = 0  # optimizer steps taken (AdamW bias correction)
+        self.step_count = 0
         if init:
             self.init_weights(seed)
 
@@ -126,7 +136,25 @@ class GPT2:
             else:
                 p[...] = 0.0
         self.params["wte"][self.config.vocab_size:] = 0.0
+        self.params_changed()
         self.step_count = 0
+
+    def params_changed(self) -> None:
+        """Call after writing into self.params in place. In bf16 the ops read a bf16 copy of these (fp32
+        master) weights, rebuilt from them before the next forward; in fp32 this does nothing."""
+        self._m.params_changed()
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer steps taken (AdamW bias correction; in bf16 also the seed of the weights' stochastic
+        rounding, so a resumed run rebuilds exactly the bf16 weights an uninterrupted one has)."""
+        return self._step_count
+
+    @step_count.setter
+    def step_count(self, step: int) -> None:
+        self._step_count = int(step)
+        if self._m.param_round_seed != self._step_count:
+            self._m.param_round_seed = self._step_count
 
     @property
     def recompute_gelu(self) -> bool:

@@ -38,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--preset", default="s4", choices=sorted(PRESETS), help="model shape (default: s4)")
     g.add_argument("--padded-vocab-size", type=int, default=None, help="override the padded vocab (50257 disables padding)")
     g.add_argument("--device", default="cpu", help="cpu or cuda")
-    g.add_argument("--precision", choices=["fp32", "tf32"], default="fp32",
-                   help="CUDA matmul precision: fp32, or TF32 tensor cores")
+    g.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default=None,
+                   help="fp32; tf32 (CUDA: TF32 tensor-core matmuls); bf16 (CUDA: bf16 activations and weights "
+                        "copy, fp32 master weights and optimizer state). Default: bf16 on sm_80+ GPUs, else fp32")
     g.add_argument("--attention", choices=["flash", "naive"], default=None,
                    help="CUDA attention kernel: flash (default) or the materialised 'naive' rung")
     g.add_argument("--recompute-gelu", action="store_true",
@@ -144,7 +145,7 @@ class Trainer:
         if getattr(args, "hellaswag_every", 0):
             from .data import hellaswag
             self.hellaswag = hellaswag.load(args.hellaswag_path, args.hellaswag_limit)
-        self.model = GPT2(config, device=self.device, seed=args.seed, precision=getattr(args, "precision", "fp32"),
+        self.model = GPT2(config, device=self.device, seed=args.seed, precision=getattr(args, "precision", None),
                           attention=getattr(args, "attention", None))
         self.model.recompute_gelu = getattr(args, "recompute_gelu", False)
         self.config = config

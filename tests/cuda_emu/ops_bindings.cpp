@@ -1,13 +1,19 @@
-// Test-only bindings of the emulated module (gpt2core_cuda_emu.ops): every Backend<float> op of a backend
-// ("cpu" or the emulated "cuda") on numpy arrays, so tests can compare the two op by op. Inputs are copied
+// Test-only bindings of the emulated module (gpt2core_cuda_emu.Ops / OpsBF16): every Backend op of a backend
+// ("cpu" or the emulated "cuda") on numpy arrays, so tests can compare backends op by op. Inputs are copied
 // into backend allocations; outputs (and accumulated-into buffers, given with their initial values) come
-// back as new arrays. Under the emulation "device" memory is host memory, so copies are plain memcpy.
+// back as new float32 arrays. Under the emulation "device" memory is host memory, so copies are plain loops.
+//
+// Ops is Backend<float>. OpsBF16 is Backend<bf16> (CUDA only): arguments the op stores in the model's type T
+// (activations, the weights the ops read) are rounded to bf16 (to nearest even) on the way in and widened on
+// the way out; the ones it keeps in fp32 (gradients of parameters, statistics, master weights, AdamW moments)
+// stay float32. Which is which follows csrc/model/backend.h.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "model/backend_factory.h"
@@ -23,42 +29,253 @@ using I = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
 namespace {
 
+template <class T>
 struct Ops {
-  std::unique_ptr<gpt2::Backend<float>> be;
-  std::vector<std::pair<float*, size_t>> bufs;  // (allocation, size)
+  static_assert(std::is_same_v<gpt2::Master<T>, float>, "test ops cover float and bf16 models");
+  std::unique_ptr<gpt2::Backend<T>> be;
+  std::vector<T*> tbufs;
+  std::vector<float*> mbufs;
   std::vector<int32_t*> ibufs;
-  int shift = 0;  // misalign: float buffers start 4 bytes into their allocation (not 16-byte aligned)
+  int shift = 0;  // misalign: buffers start one element into their allocation (not 16-byte aligned)
 
-  Ops(const std::string& device, bool misalign) : be(gpt2::make_backend<float>(device)), shift(misalign ? 1 : 0) {}
+  Ops(const std::string& device, bool misalign) : be(gpt2::make_backend<T>(device)), shift(misalign ? 1 : 0) {}
   ~Ops() { clear(); }
   void clear() {
-    for (auto& b : bufs) be->free(b.first);
+    for (auto* p : tbufs) be->free(p);
+    for (auto* p : mbufs) be->free_master(p);
     for (auto* p : ibufs) be->free_i32(p);
-    bufs.clear();
+    tbufs.clear();
+    mbufs.clear();
     ibufs.clear();
   }
-  float* up(const F& a) {
-    float* p = zeros(a.size());
+  static T cvt(float x) {
+    if constexpr (std::is_same_v<T, float>) return x;
+    else return gpt2::float_to_bf16(x);
+  }
+  static float wide(T x) {
+    if constexpr (std::is_same_v<T, float>) return x;
+    else return gpt2::bf16_to_float(x);
+  }
+  T* zt(size_t n) {  // zero-filled T buffer
+    T* p = be->alloc(n + shift);
+    tbufs.push_back(p);
+    return p + shift;
+  }
+  float* zm(size_t n) {  // zero-filled float (master-type) buffer
+    float* p = be->alloc_master(n + shift);
+    mbufs.push_back(p);
+    return p + shift;
+  }
+  T* ut(const F& a) {  // upload rounded to T
+    T* p = zt(a.size());
+    for (py::ssize_t i = 0; i < a.size(); i++) p[i] = cvt(a.data()[i]);
+    return p;
+  }
+  float* um(const F& a) {
+    float* p = zm(a.size());
     std::memcpy(p, a.data(), a.size() * sizeof(float));
     return p;
   }
-  float* zeros(size_t n) {
-    float* p = be->alloc(n + shift);
-    bufs.push_back({p, n + shift});
-    return p + shift;
-  }
-  int32_t* up(const I& a) {
+  int32_t* ui(const I& a) {
     int32_t* p = be->alloc_i32(a.size());
     be->to_device_i32(p, a.data(), a.size());
     ibufs.push_back(p);
     return p;
   }
-  static F down(const float* p, std::vector<py::ssize_t> shape) {
+  static F dt(const T* p, std::vector<py::ssize_t> shape) {
+    F out(shape);
+    for (py::ssize_t i = 0; i < out.size(); i++) out.mutable_data()[i] = wide(p[i]);
+    return out;
+  }
+  static F dm(const float* p, std::vector<py::ssize_t> shape) {
     F out(shape);
     std::memcpy(out.mutable_data(), p, out.size() * sizeof(float));
     return out;
   }
 };
+
+template <class T>
+void bind_ops(py::module_& m, const char* name, const char* doc) {
+  using O = Ops<T>;
+  py::class_<O>(m, name, doc)
+      .def(py::init<const std::string&, bool>(), py::arg("device"), py::arg("misalign") = false)
+      .def("encoder_forward",
+           [](O& o, I inp, F wte, F wpe) {
+             const int B = inp.shape(0), T_ = inp.shape(1), C = wte.shape(1);
+             T* out = o.zt(size_t(B) * T_ * C);
+             o.be->encoder_forward(out, o.ui(inp), o.ut(wte), o.ut(wpe), B, T_, C);
+             auto r = O::dt(out, {B, T_, C});
+             o.clear();
+             return r;
+           })
+      .def("encoder_backward",
+           [](O& o, F dwte, F dwpe, F dout, I inp) {
+             const int B = inp.shape(0), T_ = inp.shape(1), C = dwte.shape(1);
+             float* a = o.um(dwte);
+             float* b = o.um(dwpe);
+             o.be->encoder_backward(a, b, o.ut(dout), o.ui(inp), B, T_, C);
+             auto r = py::make_tuple(O::dm(a, {dwte.shape(0), C}), O::dm(b, {dwpe.shape(0), C}));
+             o.clear();
+             return r;
+           })
+      .def("layernorm_forward",
+           [](O& o, F inp, F w, F b) {
+             const int N = inp.shape(0), C = inp.shape(1);
+             T* out = o.zt(size_t(N) * C);
+             float* mean = o.zm(N);
+             float* rstd = o.zm(N);
+             o.be->layernorm_forward(out, mean, rstd, o.ut(inp), o.ut(w), o.ut(b), N, C);
+             auto r = py::make_tuple(O::dt(out, {N, C}), O::dm(mean, {N}), O::dm(rstd, {N}));
+             o.clear();
+             return r;
+           })
+      .def("residual_layernorm_forward",
+           [](O& o, F a, F b, F w, F bias) {
+             const int N = a.shape(0), C = a.shape(1);
+             T* res = o.zt(size_t(N) * C);
+             T* out = o.zt(size_t(N) * C);
+             float* mean = o.zm(N);
+             float* rstd = o.zm(N);
+             o.be->residual_layernorm_forward(res, out, mean, rstd, o.ut(a), o.ut(b), o.ut(w), o.ut(bias), N, C);
+             auto r = py::make_tuple(O::dt(res, {N, C}), O::dt(out, {N, C}), O::dm(mean, {N}), O::dm(rstd, {N}));
+             o.clear();
+             return r;
+           })
+      .def("layernorm_backward",
+           [](O& o, F dinp, F dw, F db, F dout, F inp, F w, F mean, F rstd) {
+             const int N = inp.shape(0), C = inp.shape(1);
+             T* a = o.ut(dinp);
+             float* b = o.um(dw);
+             float* c = o.um(db);
+             o.be->layernorm_backward(a, b, c, o.ut(dout), o.ut(inp), o.ut(w), o.um(mean), o.um(rstd), N, C);
+             auto r = py::make_tuple(O::dt(a, {N, C}), O::dm(b, {C}), O::dm(c, {C}));
+             o.clear();
+             return r;
+           })
+      .def("matmul_forward",
+           [](O& o, F inp, F w, py::object bias) {
+             const int N = inp.shape(0), C = inp.shape(1), OC = w.shape(0);
+             T* out = o.zt(size_t(N) * OC);
+             const T* bp = bias.is_none() ? nullptr : o.ut(bias.cast<F>());
+             o.be->matmul_forward(out, o.ut(inp), o.ut(w), bp, N, C, OC);
+             auto r = O::dt(out, {N, OC});
+             o.clear();
+             return r;
+           })
+      .def("matmul_backward",
+           [](O& o, F dinp, F dw, py::object dbias, F dout, F inp, F w) {
+             const int N = inp.shape(0), C = inp.shape(1), OC = w.shape(0);
+             T* a = o.ut(dinp);
+             float* b = o.um(dw);
+             float* c = dbias.is_none() ? nullptr : o.um(dbias.cast<F>());
+             o.be->matmul_backward(a, b, c, o.ut(dout), o.ut(inp), o.ut(w), N, C, OC);
+             py::object cb = c ? py::object(O::dm(c, {OC})) : py::object(py::none());
+             auto r = py::make_tuple(O::dt(a, {N, C}), O::dm(b, {OC, C}), cb);
+             o.clear();
+             return r;
+           })
+      .def("attention",
+           [](O& o, F qkv, F dout, F dqkv, int NH) {
+             // forward, then backward with the forward's att buffer; returns (out, dqkv)
+             const int B = qkv.shape(0), T_ = qkv.shape(1), C = qkv.shape(2) / 3;
+             T* out = o.zt(size_t(B) * T_ * C);
+             float* att = o.zm(o.be->attention_state_size(B, NH, T_));
+             T* q = o.ut(qkv);
+             o.be->attention_forward(out, att, q, B, T_, C, NH);
+             T* d = o.ut(dqkv);
+             o.be->attention_backward(d, o.ut(dout), q, out, att, B, T_, C, NH);
+             auto r = py::make_tuple(O::dt(out, {B, T_, C}), O::dt(d, {B, T_, 3 * C}));
+             o.clear();
+             return r;
+           })
+      .def("gelu_forward",
+           [](O& o, F inp) {
+             T* out = o.zt(inp.size());
+             o.be->gelu_forward(out, o.ut(inp), inp.size());
+             auto r = O::dt(out, {inp.size()});
+             o.clear();
+             return r;
+           })
+      .def("gelu_backward",
+           [](O& o, F dinp, F inp, F dout) {
+             T* a = o.ut(dinp);
+             o.be->gelu_backward(a, o.ut(inp), o.ut(dout), inp.size());
+             auto r = O::dt(a, {inp.size()});
+             o.clear();
+             return r;
+           })
+      .def("residual_forward",
+           [](O& o, F a, F b) {
+             T* out = o.zt(a.size());
+             o.be->residual_forward(out, o.ut(a), o.ut(b), a.size());
+             auto r = O::dt(out, {a.size()});
+             o.clear();
+             return r;
+           })
+      .def("crossentropy_forward",
+           [](O& o, F logits, py::object targets, int V) {
+             const int N = logits.shape(0), Vp = logits.shape(1);
+             float* losses = o.zm(N);
+             float* lse = o.zm(N);
+             const int32_t* t = targets.is_none() ? nullptr : o.ui(targets.cast<I>());
+             const long valid = o.be->crossentropy_forward(losses, lse, o.ut(logits), t, N, V, Vp);
+             auto r = py::make_tuple(O::dm(losses, {N}), O::dm(lse, {N}), valid);
+             o.clear();
+             return r;
+           })
+      .def("crossentropy_backward_inplace",
+           [](O& o, F logits, F lse, I targets, float dloss, int V) {
+             const int N = logits.shape(0), Vp = logits.shape(1);
+             T* a = o.ut(logits);
+             o.be->crossentropy_backward_inplace(a, o.um(lse), o.ui(targets), dloss, N, V, Vp);
+             auto r = O::dt(a, {N, Vp});
+             o.clear();
+             return r;
+           })
+      .def("sum_squares",
+           [](O& o, F p) {
+             const double s = o.be->sum_squares(o.um(p), p.size());
+             o.clear();
+             return s;
+           })
+      .def("adamw",
+           [](O& o, F param, F grad, F m, F v, float lr, float beta1, float beta2, float eps, float decay,
+              float grad_scale, float bc1, float bc2, uint32_t seed, size_t offset) -> py::tuple {
+             const size_t n = param.size();
+             const py::ssize_t sn = py::ssize_t(n);
+             float* mm = o.um(m);
+             float* vv = o.um(v);
+             if constexpr (std::is_same_v<T, float>) {  // the parameters are their own master copy
+               float* p = o.um(param);
+               o.be->adamw(p, nullptr, o.um(grad), mm, vv, n, lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2,
+                           seed, offset);
+               auto r = py::make_tuple(O::dm(p, {sn}), O::dm(mm, {sn}), O::dm(vv, {sn}));
+               o.clear();
+               return r;
+             } else {  // param: the fp32 master; returns (bf16 copy, master, m, v)
+               float* master = o.um(param);
+               T* p = o.zt(n);
+               o.be->adamw(p, master, o.um(grad), mm, vv, n, lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2,
+                           seed, offset);
+               auto r = py::make_tuple(O::dt(p, {sn}), O::dm(master, {sn}), O::dm(mm, {sn}), O::dm(vv, {sn}));
+               o.clear();
+               return r;
+             }
+           },
+           py::arg("param"), py::arg("grad"), py::arg("m"), py::arg("v"), py::arg("lr"), py::arg("beta1"),
+           py::arg("beta2"), py::arg("eps"), py::arg("decay"), py::arg("grad_scale"), py::arg("bc1"), py::arg("bc2"),
+           py::arg("seed") = 0, py::arg("offset") = 0)
+      .def("cast_params",
+           [](O& o, F master, uint32_t seed, size_t offset) {
+             const size_t n = master.size();
+             T* p = o.zt(n);
+             o.be->cast_params(p, o.um(master), n, seed, offset);
+             auto r = O::dt(p, {py::ssize_t(n)});
+             o.clear();
+             return r;
+           },
+           py::arg("master"), py::arg("seed") = 0, py::arg("offset") = 0);
+}
 
 }  // namespace
 
@@ -66,145 +283,8 @@ void bind_cuda_emu_ops(py::module_& m) {
   m.def("set_schedule", [](const std::string& s) { gpt2emu::set_schedule(s.c_str()); },
         "Emulator schedule for later launches: fwd, rev or random:<seed>.");
   m.def("launch_count", []() { return gpt2emu::launch_count(); });
-  py::class_<Ops>(m, "Ops", "Backend<float> ops of one backend on numpy arrays (tests only).")
-      .def(py::init<const std::string&, bool>(), py::arg("device"), py::arg("misalign") = false)
-      .def("encoder_forward",
-           [](Ops& o, I inp, F wte, F wpe) {
-             const int B = inp.shape(0), T = inp.shape(1), C = wte.shape(1);
-             float* out = o.zeros(size_t(B) * T * C);
-             o.be->encoder_forward(out, o.up(inp), o.up(wte), o.up(wpe), B, T, C);
-             auto r = Ops::down(out, {B, T, C});
-             o.clear();
-             return r;
-           })
-      .def("encoder_backward",
-           [](Ops& o, F dwte, F dwpe, F dout, I inp) {
-             const int B = inp.shape(0), T = inp.shape(1), C = dwte.shape(1);
-             float* a = o.up(dwte);
-             float* b = o.up(dwpe);
-             o.be->encoder_backward(a, b, o.up(dout), o.up(inp), B, T, C);
-             auto r = py::make_tuple(Ops::down(a, {dwte.shape(0), C}), Ops::down(b, {dwpe.shape(0), C}));
-             o.clear();
-             return r;
-           })
-      .def("layernorm_forward",
-           [](Ops& o, F inp, F w, F b) {
-             const int N = inp.shape(0), C = inp.shape(1);
-             float* out = o.zeros(size_t(N) * C);
-             float* mean = o.zeros(N);
-             float* rstd = o.zeros(N);
-             o.be->layernorm_forward(out, mean, rstd, o.up(inp), o.up(w), o.up(b), N, C);
-             auto r = py::make_tuple(Ops::down(out, {N, C}), Ops::down(mean, {N}), Ops::down(rstd, {N}));
-             o.clear();
-             return r;
-           })
-      .def("layernorm_backward",
-           [](Ops& o, F dinp, F dw, F db, F dout, F inp, F w, F mean, F rstd) {
-             const int N = inp.shape(0), C = inp.shape(1);
-             float* a = o.up(dinp);
-             float* b = o.up(dw);
-             float* c = o.up(db);
-             o.be->layernorm_backward(a, b, c, o.up(dout), o.up(inp), o.up(w), o.up(mean), o.up(rstd), N, C);
-             auto r = py::make_tuple(Ops::down(a, {N, C}), Ops::down(b, {C}), Ops::down(c, {C}));
-             o.clear();
-             return r;
-           })
-      .def("matmul_forward",
-           [](Ops& o, F inp, F w, py::object bias) {
-             const int N = inp.shape(0), C = inp.shape(1), OC = w.shape(0);
-             float* out = o.zeros(size_t(N) * OC);
-             const float* bp = bias.is_none() ? nullptr : o.up(bias.cast<F>());
-             o.be->matmul_forward(out, o.up(inp), o.up(w), bp, N, C, OC);
-             auto r = Ops::down(out, {N, OC});
-             o.clear();
-             return r;
-           })
-      .def("matmul_backward",
-           [](Ops& o, F dinp, F dw, py::object dbias, F dout, F inp, F w) {
-             const int N = inp.shape(0), C = inp.shape(1), OC = w.shape(0);
-             float* a = o.up(dinp);
-             float* b = o.up(dw);
-             float* c = dbias.is_none() ? nullptr : o.up(dbias.cast<F>());
-             o.be->matmul_backward(a, b, c, o.up(dout), o.up(inp), o.up(w), N, C, OC);
-             py::object cb = c ? py::object(Ops::down(c, {OC})) : py::object(py::none());
-             auto r = py::make_tuple(Ops::down(a, {N, C}), Ops::down(b, {OC, C}), cb);
-             o.clear();
-             return r;
-           })
-      .def("attention",
-           [](Ops& o, F qkv, F dout, F dqkv, int NH) {
-             // forward, then backward with the forward's att buffer; returns (out, dqkv)
-             const int B = qkv.shape(0), T = qkv.shape(1), C = qkv.shape(2) / 3;
-             float* out = o.zeros(size_t(B) * T * C);
-             float* att = o.zeros(o.be->attention_state_size(B, NH, T));
-             float* q = o.up(qkv);
-             o.be->attention_forward(out, att, q, B, T, C, NH);
-             float* d = o.up(dqkv);
-             o.be->attention_backward(d, o.up(dout), q, out, att, B, T, C, NH);
-             auto r = py::make_tuple(Ops::down(out, {B, T, C}), Ops::down(d, {B, T, 3 * C}));
-             o.clear();
-             return r;
-           })
-      .def("gelu_forward",
-           [](Ops& o, F inp) {
-             float* out = o.zeros(inp.size());
-             o.be->gelu_forward(out, o.up(inp), inp.size());
-             auto r = Ops::down(out, {inp.size()});
-             o.clear();
-             return r;
-           })
-      .def("gelu_backward",
-           [](Ops& o, F dinp, F inp, F dout) {
-             float* a = o.up(dinp);
-             o.be->gelu_backward(a, o.up(inp), o.up(dout), inp.size());
-             auto r = Ops::down(a, {inp.size()});
-             o.clear();
-             return r;
-           })
-      .def("residual_forward",
-           [](Ops& o, F a, F b) {
-             float* out = o.zeros(a.size());
-             o.be->residual_forward(out, o.up(a), o.up(b), a.size());
-             auto r = Ops::down(out, {a.size()});
-             o.clear();
-             return r;
-           })
-      .def("crossentropy_forward",
-           [](Ops& o, F logits, py::object targets, int V) {
-             const int N = logits.shape(0), Vp = logits.shape(1);
-             float* losses = o.zeros(N);
-             float* lse = o.zeros(N);
-             const int32_t* t = targets.is_none() ? nullptr : o.up(targets.cast<I>());
-             const long valid = o.be->crossentropy_forward(losses, lse, o.up(logits), t, N, V, Vp);
-             auto r = py::make_tuple(Ops::down(losses, {N}), Ops::down(lse, {N}), valid);
-             o.clear();
-             return r;
-           })
-      .def("crossentropy_backward_inplace",
-           [](Ops& o, F logits, F lse, I targets, float dloss, int V) {
-             const int N = logits.shape(0), Vp = logits.shape(1);
-             float* a = o.up(logits);
-             o.be->crossentropy_backward_inplace(a, o.up(lse), o.up(targets), dloss, N, V, Vp);
-             auto r = Ops::down(a, {N, Vp});
-             o.clear();
-             return r;
-           })
-      .def("sum_squares",
-           [](Ops& o, F p) {
-             const double s = o.be->sum_squares(o.up(p), p.size());
-             o.clear();
-             return s;
-           })
-      .def("adamw",
-           [](Ops& o, F param, F grad, F m, F v, float lr, float beta1, float beta2, float eps, float decay,
-              float grad_scale, float bc1, float bc2) {
-             float* p = o.up(param);
-             float* mm = o.up(m);
-             float* vv = o.up(v);
-             o.be->adamw(p, o.up(grad), mm, vv, param.size(), lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2);
-             auto r = py::make_tuple(Ops::down(p, {param.size()}), Ops::down(mm, {param.size()}),
-                                     Ops::down(vv, {param.size()}));
-             o.clear();
-             return r;
-           });
+  bind_ops<float>(m, "Ops", "Backend<float> ops of one backend on numpy arrays (tests only).");
+  bind_ops<gpt2::bf16>(m, "OpsBF16",
+                       "Backend<bf16> ops of the emulated CUDA backend on numpy arrays: T-typed arguments rounded "
+                       "to bf16 (tests only).");
 }
