@@ -278,6 +278,8 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
   bind_model<gpt2::bf16>(m, "ModelBF16");  // CUDA only: bf16 weights copy and activations, fp32 master state
   m.def("cuda_capability", [](int index) { return gpt2::cuda_capability(index); }, py::arg("index") = 0,
         "Compute capability of CUDA device `index` as major*10+minor (80 = A100, 90 = H100); -1 without one.");
+  m.def("cuda_device_name", [](int index) { return gpt2::cuda_device_name(index); }, py::arg("index") = 0,
+        "Name of CUDA device `index` as the driver reports it; '' without one.");
   m.def("cuda_status", []() { return gpt2::cuda_status(); },
         "'' when device='cuda' is usable here, otherwise why not (no CUDA backend compiled, no driver, no GPU).");
 #if GPT2CORE_WITH_DIST

@@ -23,6 +23,19 @@ GPU_PEAK_TFLOPS = {  # dense, no sparsity: (bf16, tf32, fp32)
 }
 
 
+def gpu_peak_tflops(name: str, precision: str) -> tuple[float, str] | None:
+    """Dense peak of the GPU called `name` (as the driver reports it) for this precision, with the table's key."""
+    key = None
+    if "H100" in name:
+        key = "H100 PCIe" if "PCIe" in name else "H100 SXM"
+    else:
+        key = next((k for k in GPU_PEAK_TFLOPS if k in name), None)
+    if key is None:
+        return None
+    bf16, tf32, fp32 = GPU_PEAK_TFLOPS[key]
+    return {"bf16": bf16, "tf32": tf32, "fp32": fp32}[precision], key
+
+
 def cpu_peak_gflops(threads: int) -> tuple[float, str]:
     flags, mhz = "", 0.0
     try:
@@ -99,9 +112,13 @@ def main(argv=None):
         peak, how = (args.peak_gflops, "given") if args.peak_gflops else cpu_peak_gflops(threads)
         print(f"CPU fp32 FMA peak {peak:.1f} GFLOP/s ({how}) | utilisation {100 * gflops / peak:.1f}%")
     else:
-        peak = args.peak_gflops
+        peak, how = args.peak_gflops, "given"
+        index = int(args.device.partition(":")[2] or 0)
+        name = _C.cuda_device_name(index)
+        if not peak and (found := gpu_peak_tflops(name, model.precision)):
+            peak, how = found[0] * 1e3, f"{found[1]} dense {model.precision}"
         if peak:
-            print(f"MFU {100 * gflops / peak:.1f}% of {peak:.0f} GFLOP/s")
+            print(f"GPU {name} | MFU {100 * gflops / peak:.1f}% of {peak / 1e3:.1f} TFLOP/s ({how})")
         else:
             print("GPU peak table (dense TFLOP/s bf16/tf32/fp32): " +
                   ", ".join(f"{k} {v[0]:.0f}/{v[1]:.0f}/{v[2]:.0f}" for k, v in GPU_PEAK_TFLOPS.items()))

@@ -310,6 +310,15 @@ int device_capability(int device) {
   return major * 10 + minor;
 }
 
+std::string device_name(int device) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  return prop.name;
+}
+
 std::unique_ptr<Backend<float>> make_backend(const std::string& device) {
   return std::make_unique<CudaBackend<float>>(parse_device_index(device));
 }

@@ -15,6 +15,8 @@ std::string device_status(int device = -1);
 
 // Compute capability of a visible device as major * 10 + minor (80 for A100, 90 for H100), or -1 if none.
 int device_capability(int device);
+// The device's name as the driver reports it ("NVIDIA H100 80GB HBM3"), "" if none.
+std::string device_name(int device);
 
 // device: "cuda" or "cuda:<index>". Throws std::runtime_error when no usable device exists.
 // TF32 matmuls when the environment has GPT2CORE_CUDA_TF32=1 (fp32 otherwise).

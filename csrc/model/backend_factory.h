@@ -42,6 +42,16 @@ inline int cuda_capability(int index) {
 #endif
 }
 
+// Name of CUDA device `index` ("" without one).
+inline std::string cuda_device_name(int index) {
+#if GPT2CORE_BACKEND_CUDA
+  return cuda_status().empty() ? cuda::device_name(index) : "";
+#else
+  (void)index;
+  return "";
+#endif
+}
+
 // Throws std::invalid_argument for a device this build does not have (or a dtype it does not support),
 // std::runtime_error when the device exists in the build but not on this machine.
 template <class T>
