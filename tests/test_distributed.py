@@ -6,9 +6,16 @@
 * A rank killed (SIGKILL) or hung (SIGSTOP) makes the other one fail within the timeout; the launcher
   stops the remaining ranks when one fails; a rank that never arrives is named by the rendezvous.
 * The collectives (uneven shards, 3 ranks) and AdamW over a flat range (ZeRO-1) against references.
+* ZeRO-1 checkpoints: every rank saves its own optimizer shard (only its range), covered by the manifest;
+  kill -9 after a checkpoint + `--resume auto` is bit-identical to the uninterrupted run; another world size is
+  refused with a message naming the way out (`python -m gpt2core.checkpoint consolidate`), after which a single
+  process resumes it (fp32 tolerance) and 2 ZeRO-1 ranks resume the full state exactly; a missing or corrupt
+  shard makes the checkpoint rejected.
 """
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,7 +40,7 @@ TRAIN_ARGS = ["--preset", "tiny", "-T", str(T), "--total-batch-tokens", str(GLOB
 
 # Runs gpt2core.train's Trainer, recording the training batches it reads, then saves this rank's weights.
 RECORDER = textwrap.dedent("""
-    import sys
+    import os, signal, sys
     import numpy as np
     from gpt2core import train
     from gpt2core.data.loader import DataLoader
@@ -44,6 +51,14 @@ RECORDER = textwrap.dedent("""
             seen.append(x.copy())
         return x, y
     DataLoader.next_batch = record
+    kill_after = int(os.environ.get("KILL_AFTER_CHECKPOINT", 0))
+    if kill_after:  # die (SIGKILL, every rank) right after the checkpoint of that step is saved
+        save = train.Trainer.save_checkpoint
+        def save_then_die(self, step):
+            save(self, step)
+            if step == kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+        train.Trainer.save_checkpoint = save_then_die
     t = train.Trainer(train.build_parser().parse_args(sys.argv[2:]))
 
     class Counting:  # records (collective, buffer size) of every call the data-parallel wrapper makes
@@ -82,12 +97,13 @@ def rank_env(rank, world, port):
     return env
 
 
-def start_ranks(world, cmd, tmp_path, name, port=None):
+def start_ranks(world, cmd, tmp_path, name, port=None, env=None):
     port = port or free_port()
     procs = []
     for r in range(world):
         out = open(tmp_path / f"{name}.rank{r}.log", "w")
-        procs.append(subprocess.Popen(cmd, env=rank_env(r, world, port), stdout=out, stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen(cmd, env=dict(rank_env(r, world, port), **(env or {})), stdout=out,
+                                      stderr=subprocess.STDOUT))
     return procs
 
 
@@ -123,9 +139,9 @@ def recorder(tmp_path_factory):
     return p
 
 
-def run_training(tmp_path, name, world, recorder, data_dir, extra=(), micro=None):
+def run_training(tmp_path, name, world, recorder, data_dir, extra=(), micro=None, env=None, expect=0):
     out = tmp_path / name
-    out.mkdir()
+    out.mkdir(exist_ok=True)
     micro = micro or (2 * B if world == 1 else B)
     cmd = [sys.executable, str(recorder), str(out), *TRAIN_ARGS, "-B", str(micro), "--data-dir", str(data_dir),
            "--output-dir", str(out), *extra]
@@ -134,11 +150,11 @@ def run_training(tmp_path, name, world, recorder, data_dir, extra=(), micro=None
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
             env.pop(k, None)
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.returncode == expect, r.stdout + r.stderr
     else:
-        codes = wait_all(start_ranks(world, cmd, tmp_path, name), timeout=120)
+        codes = wait_all(start_ranks(world, cmd, tmp_path, name, env=env), timeout=120)
         logs = "".join((tmp_path / f"{name}.rank{r}.log").read_text() for r in range(world))
-        assert codes == [0] * world, logs
+        assert codes == [expect] * world, logs
     return out
 
 
@@ -147,11 +163,23 @@ def single(tmp_path_factory, recorder, data_dir):
     return run_training(tmp_path_factory.mktemp("single"), "single", 1, recorder, data_dir)
 
 
+@pytest.fixture(scope="module")
+def zero_run(tmp_path_factory, recorder, data_dir):
+    """2 ranks, ZeRO-1, STEPS steps, checkpoints after steps 2 and 3 (the tests below must not modify them)."""
+    if not _C.build_info().get("gloo"):
+        pytest.skip("gpt2core built without Gloo")
+    tmp = tmp_path_factory.mktemp("zero")
+    return run_training(tmp, "ddp_zero1", 2, recorder, data_dir, extra=["--zero", "1", "--checkpoint-every", "2"])
+
+
 @needs_gloo
 @pytest.mark.parametrize("zero", [0, 1])
-def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero):
-    extra = ["--zero", str(zero)] + (["--checkpoint-every", "2"] if zero else [])
-    ddp = run_training(tmp_path, f"ddp_zero{zero}", 2, recorder, data_dir, extra=extra)
+def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero, request):
+    if zero:
+        ddp = request.getfixturevalue("zero_run")
+        tmp_path = ddp.parent  # where its logs are
+    else:
+        ddp = run_training(tmp_path, "ddp_zero0", 2, recorder, data_dir, extra=["--zero", "0"])
 
     # data: each rank read different rows; side by side they are what the single process read
     b0, b1, b1p = (np.load(ddp / "batches0.npy"), np.load(ddp / "batches1.npy"), np.load(single / "batches0.npy"))
@@ -186,15 +214,6 @@ def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero)
     assert "step     3/3" in log0 and log1.strip() == ""  # only rank 0 prints
     if zero:
         assert "ZeRO-1 over 2 ranks" in log0 and "saves" in log0
-        # the checkpoint holds the full AdamW state (shards gathered), so one process can resume it
-        res = run_training(tmp_path, "resume1", 1, recorder, data_dir,
-                           extra=["--resume", str(ddp / "checkpoints" / "step_000002")])
-        np.testing.assert_allclose(np.load(res / "params0.npy"), p0, rtol=0, atol=2e-5)
-        np.testing.assert_allclose(metrics(res)[0], loss2, rtol=1e-5)
-        # and 2 ranks resume it exactly (each takes its shard of the restored moments)
-        res2 = run_training(tmp_path, "resume2", 2, recorder, data_dir,
-                            extra=["--zero", "1", "--resume", str(ddp / "checkpoints" / "step_000002")])
-        np.testing.assert_array_equal(np.load(res2 / "params0.npy"), p0)
 
 
 @needs_gloo
@@ -405,3 +424,116 @@ def test_nccl_entry_point_fails_cleanly_without_a_gpu():
     assert _C.dist.have_nccl() == (_C.build_info()["nccl"] and "cuda" in _C.build_info()["backends"])
     with pytest.raises(_C.dist.DistError, match="NCCL|CUDA"):
         _C.dist.init_nccl(0, 1, "127.0.0.1", free_port(), timeout=2.0, device=0)
+
+
+# ------------------------------------------------------------------------------------ ZeRO-1 checkpoints
+def _shard_ranges(n, world):
+    s = -(-n // world)
+    return [(min(r * s, n), min((r + 1) * s, n)) for r in range(world)]
+
+
+@needs_gloo
+def test_zero1_checkpoint_holds_one_shard_per_rank(zero_run, tmp_path):
+    from gpt2core import checkpoint as ck
+    n = np.load(zero_run / "params0.npy").size
+    c = ck.load_checkpoint(zero_run / "checkpoints" / "step_000002")
+    files = sorted(c.manifest["files"])
+    assert files == ["metrics.jsonl", "model.bin", "optim_shard_r0_of_2.npz", "optim_shard_r1_of_2.npz",
+                     "state.json"]  # no full adam_m.npy / adam_v.npy anywhere
+    assert c.manifest["version"] == 2 and c.manifest["zero"] == {"stage": 1, "world_size": 2}
+    ranges = _shard_ranges(n, 2)
+    assert [(s["lo"], s["hi"]) for s in c.zero["shards"]] == ranges and c.zero["world_size"] == 2
+    for r, (lo, hi) in enumerate(ranges):
+        with np.load(c.path / f"optim_shard_r{r}_of_2.npz") as z:  # only this rank's range of the moments
+            assert (int(z["lo"]), int(z["hi"]), int(z["num_parameters"]), int(z["step_count"])) == (lo, hi, n, 2)
+            assert z["m"].shape == z["v"].shape == (hi - lo,) and z["m"].dtype == np.float32
+            assert (z["v"] > 0).any()
+    with pytest.raises(ck.CheckpointError, match="with world size 2 .* world size 1 .*consolidate"):
+        c.restore(GPT2("tiny"))  # a full restore needs the merged state
+
+    # a corrupt or missing shard makes the checkpoint rejected; --resume auto's choice falls back
+    root = tmp_path / "checkpoints"
+    shutil.copytree(zero_run / "checkpoints", root)
+    shard = root / "step_000003" / "optim_shard_r1_of_2.npz"
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(ck.CheckpointError, match=r"step_000003/optim_shard_r1_of_2\.npz: sha256 does not match"):
+        ck.load_checkpoint(root / "step_000003")
+    skipped = []
+    assert ck.latest_checkpoint(root, log=skipped.append).step == 2 and "sha256" in skipped[0]
+    (root / "step_000002" / "optim_shard_r0_of_2.npz").unlink()
+    with pytest.raises(ck.CheckpointError, match=r"optim_shard_r0_of_2\.npz: missing"):
+        ck.load_checkpoint(root / "step_000002")
+    assert ck.latest_checkpoint(root, log=skipped.append) is None
+    m = json.loads((root / "step_000002" / "manifest.json").read_text())
+    del m["files"]["optim_shard_r0_of_2.npz"]  # a manifest that forgot a shard
+    (root / "step_000002" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ck.CheckpointError, match="does not list optim_shard_r0_of_2.npz .*rank 0"):
+        ck.load_checkpoint(root / "step_000002")
+
+
+@needs_gloo
+def test_zero1_kill_9_then_resume_auto_is_bit_identical(zero_run, tmp_path, recorder, data_dir):
+    """Both ranks SIGKILLed right after the checkpoint of step 2; 2 ranks resume it: the same bits."""
+    extra = ["--zero", "1", "--checkpoint-every", "2"]
+    out = run_training(tmp_path, "run", 2, recorder, data_dir, extra=extra, env={"KILL_AFTER_CHECKPOINT": "2"},
+                       expect=-signal.SIGKILL)
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_000002"]
+    assert not (out / "model.bin").exists()
+    run_training(tmp_path, "run", 2, recorder, data_dir, extra=extra + ["--resume", "auto", "--keep-last", "1"])
+    assert f"resumed from {out / 'checkpoints' / 'step_000002'} at step 2" in (tmp_path / "run.rank0.log").read_text()
+    p0 = np.load(zero_run / "params0.npy")
+    np.testing.assert_array_equal(np.load(out / "params0.npy"), p0)
+    np.testing.assert_array_equal(np.load(out / "params1.npy"), p0)
+    assert metrics(out) == metrics(zero_run)  # losses, grad norms, val losses: exact
+    assert (out / "model.bin").read_bytes() == (zero_run / "model.bin").read_bytes()
+    # --keep-last 1 pruned step 2 once step 3 was complete, shards and all
+    from gpt2core import checkpoint as ck
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_000003"]
+    assert ck.load_checkpoint(out / "checkpoints" / "step_000003").zero["world_size"] == 2
+
+
+@needs_gloo
+def test_zero1_other_world_size_needs_consolidate(zero_run, tmp_path, recorder, data_dir):
+    ck_dir = tmp_path / "step_000002"
+    shutil.copytree(zero_run / "checkpoints" / "step_000002", ck_dir)
+
+    # 1 process and 3 ZeRO-1 ranks are refused, with the saved and current world sizes and the way out
+    want = (f"{ck_dir}: this checkpoint was written by a ZeRO-1 run with world size 2 .* this run has world size "
+            "{w} .*python -m gpt2core.checkpoint consolidate " + str(ck_dir))
+    one = subprocess.run([sys.executable, "-m", "gpt2core.train", *TRAIN_ARGS, "-B", str(2 * B), "--data-dir",
+                          str(data_dir), "--output-dir", str(tmp_path / "one"), "--resume", str(ck_dir)],
+                         capture_output=True, text=True, timeout=60)
+    assert one.returncode != 0 and re.search(want.format(w=1), one.stderr), one.stderr
+    run_training(tmp_path, "three", 3, recorder, data_dir, micro=1, expect=1,
+                 extra=["--zero", "1", "--total-batch-tokens", str(3 * T * 2), "--resume", str(ck_dir)])
+    for r in range(3):
+        assert re.search(want.format(w=3), (tmp_path / f"three.rank{r}.log").read_text())
+
+    # consolidate: the shards merged into full adam_m / adam_v, exactly
+    shards = []
+    for r in range(2):
+        with np.load(ck_dir / f"optim_shard_r{r}_of_2.npz") as z:
+            shards.append((z["m"].copy(), z["v"].copy()))
+    r = subprocess.run([sys.executable, "-m", "gpt2core.checkpoint", "consolidate", str(ck_dir)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    from gpt2core import checkpoint as ck
+    c = ck.load_checkpoint(ck_dir)
+    assert c.zero is None and c.manifest["version"] == 1
+    assert sorted(c.manifest["files"]) == ["adam_m.npy", "adam_v.npy", "metrics.jsonl", "model.bin", "state.json"]
+    assert not list(ck_dir.glob("optim_shard_*")) and c.state["consolidated_from"]["zero"]["world_size"] == 2
+    np.testing.assert_array_equal(np.load(ck_dir / "adam_m.npy"), np.concatenate([m for m, _ in shards]))
+    np.testing.assert_array_equal(np.load(ck_dir / "adam_v.npy"), np.concatenate([v for _, v in shards]))
+
+    # one process resumes it: the 2-rank continuation to fp32 tolerance (gradients summed in another order,
+    # as in test_two_ranks_match_one_process)
+    p0 = np.load(zero_run / "params0.npy")
+    res1 = run_training(tmp_path, "resume1", 1, recorder, data_dir, extra=["--resume", str(ck_dir)])
+    np.testing.assert_allclose(np.load(res1 / "params0.npy"), p0, rtol=0, atol=2e-5)
+    np.testing.assert_allclose(metrics(res1)[0], metrics(zero_run)[0], rtol=1e-5)
+    # 2 ZeRO-1 ranks resume the full state (each slices its range): exactly the uninterrupted run
+    res2 = run_training(tmp_path, "resume2", 2, recorder, data_dir, extra=["--zero", "1", "--resume", str(ck_dir)])
+    np.testing.assert_array_equal(np.load(res2 / "params0.npy"), p0)
+    assert metrics(res2)[0] == metrics(zero_run)[0]

@@ -1,5 +1,6 @@
 """Exact resume on the CPU backend: 20 steps straight == 10 steps + crash/kill -9 + resume + 10 steps, bit for
-bit (losses, metrics.jsonl, final weights), and `--resume auto` skipping corrupt or half-written checkpoints.
+bit (losses, metrics.jsonl, final weights), and `--resume auto` skipping corrupt or half-written checkpoints;
+a ZeRO-1 rank's slice of a full checkpoint's optimizer state.
 
 The tiny preset (2 layers, C=64) with B=2, T=32 on the bundled Shakespeare, one thread, no validation."""
 import json
@@ -192,3 +193,31 @@ def test_resume_auto_without_checkpoints_starts_fresh_and_mismatch_is_an_error(s
         train.main(argv(shakespeare_dir, tmp_path / "other", "--resume", str(d), "--padded-vocab-size", "50432"))
     with pytest.raises(SystemExit, match="not a checkpoint directory"):
         train.main(argv(shakespeare_dir, tmp_path / "other", "--resume", str(tmp_path / "missing")))
+
+
+def test_full_checkpoint_slices_for_zero1_and_is_not_consolidated(tmp_path):
+    """What a ZeRO-1 rank reads from a full (non-ZeRO) checkpoint: exactly its range of adam_m / adam_v.
+    (The sharded format itself needs several ranks: tests/test_distributed.py.)"""
+    import numpy as np
+
+    from gpt2core.model import GPT2
+    m = GPT2("tiny", seed=1)
+    x = np.random.default_rng(0).integers(0, 50257, (2, 8)).astype(np.int32)
+    m.forward(x, np.roll(x, -1, 1))
+    m.backward()
+    m.step(lr=1e-3)
+    d = ck.save_checkpoint(tmp_path / "checkpoints", 1, m)
+    c = ck.load_checkpoint(d)
+    assert c.zero is None and c.manifest["version"] == 1
+    full_m, full_v = (np.load(d / f) for f in ("adam_m.npy", "adam_v.npy"))
+    lo, hi = 1000, m.num_parameters - 7
+    got_m, got_v = np.zeros(hi - lo, np.float32), np.zeros(hi - lo, np.float32)
+    c.load_optimizer_shard(1, 2, lo, hi, got_m, got_v)  # any world size, any range
+    np.testing.assert_array_equal(got_m, full_m[lo:hi])
+    np.testing.assert_array_equal(got_v, full_v[lo:hi])
+    with pytest.raises(SystemExit, match="not a ZeRO-1 checkpoint"):  # already the full state
+        ck.main(["consolidate", str(d)])
+    fresh = GPT2("tiny", seed=2)
+    c.restore(fresh, optimizer=False)  # weights and step count only
+    assert fresh.step_count == 1
+    np.testing.assert_array_equal(fresh._m.flat_params(), m._m.flat_params())

@@ -158,7 +158,10 @@ class DataParallel:
     """Gradient averaging (and optionally ZeRO-1) for a GPT2 over a Comm. Every rank must call the same
     methods in the same order."""
 
-    def __init__(self, model, comm, zero: int = 0, broadcast: bool = True):
+    def __init__(self, model, comm, zero: int = 0, broadcast: bool = True, resume_from=None):
+        """resume_from: the checkpoint.Checkpoint the model was restored from (weights and step count), from
+        which ZeRO-1 reads this rank's range of the AdamW moments (its own shard file, or a slice of a full
+        checkpoint's). Without it, a model with step_count > 0 is taken to hold the full restored moments."""
         if zero not in (0, 1):
             raise ValueError(f"zero must be 0 (plain data parallel) or 1 (ZeRO-1), got {zero!r}")
         self.model, self.comm, self.zero = model, comm, zero
@@ -177,7 +180,9 @@ class DataParallel:
             else:  # float64 test models (CPU)
                 dtype = model.params["wte"].dtype
                 self.m, self.v = np.zeros(S, dtype=dtype), np.zeros(S, dtype=dtype)
-            if model.step_count > 0:  # resumed: take this rank's shard of the restored moments
+            if resume_from is not None:
+                resume_from.load_optimizer_shard(comm.rank, self.world, self.lo, self.hi, self.m, self.v)
+            elif model.step_count > 0:  # restored in full by the caller: take this rank's shard of the moments
                 am, av = model._m.adam_m(), model._m.adam_v()
                 self.m[:] = _flat(am, model)[self.lo:self.hi]
                 self.v[:] = _flat(av, model)[self.lo:self.hi]
@@ -221,19 +226,6 @@ class DataParallel:
         self.comm.all_gather(m._m.flat_params())
         self.last_comm_ms = comm_ms + (time.perf_counter() - t1) * 1e3
         return norm
-
-    def gather_optimizer_state(self) -> None:
-        """ZeRO-1: all-gather the moment shards into rank 0's model's AdamW buffers, so that the checkpoint
-        rank 0 writes holds the full optimizer state (and resumes with any world size). Rank 0 allocates
-        2·N floats for it from then on; the other ranks gather into a temporary. Plain DDP: nothing to do."""
-        if not self.zero:
-            return
-        m = self.model._m
-        for get, shard in ((m.adam_m, self.m), (m.adam_v, self.v)):
-            full = _flat(get(), self.model) if self.comm.rank == 0 else np.empty(self.n, dtype=shard.dtype)
-            full[self.lo:self.hi] = shard
-            self.comm.all_gather(full)
-            del full
 
     # ------------------------------------------------------------------ reporting
     def memory_report(self) -> dict:

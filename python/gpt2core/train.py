@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _C, tokenizer
-from .checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint,
+from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints, load_checkpoint,
                          prune_checkpoints, save_checkpoint, save_model)
 from .config import PRESETS, get_preset
 from .data.loader import DataLoader
@@ -153,23 +153,36 @@ class Trainer:
         self.flops_per_token = config.flops_per_token(T)
         self.ckpt_root = self.out / "checkpoints"
         self.start_step = 0
-        if getattr(args, "resume", None):
-            self.resume(args.resume)
-        if self.comm is not None:  # after resume: ZeRO-1 takes its shard of the restored AdamW state
+        ck = self.resume(args.resume) if getattr(args, "resume", None) else None
+        if self.comm is not None:  # after resume: ZeRO-1 reads its shard of the checkpoint's AdamW state
             from .distributed import DataParallel
-            self.ddp = DataParallel(self.model, self.comm, zero=getattr(args, "zero", 0))
+            self.ddp = DataParallel(self.model, self.comm, zero=getattr(args, "zero", 0), resume_from=ck)
 
-    def resume(self, where: str) -> None:
-        """Restore weights, AdamW state, step, loader position and metrics from a checkpoint."""
+    def _newest(self, root: Path):
+        """The newest complete checkpoint under root, or None. In a multi-process run rank 0 chooses and
+        broadcasts its step, so that every rank resumes the same one."""
+        ck = latest_checkpoint(root, log=self.log) if self.dist.is_master else None
+        if self.comm is None:
+            return ck
+        step = np.array([ck.step if ck is not None else -1], dtype=np.float32)  # exact below 2**24 steps
+        self.comm.broadcast(step, root=0)
+        if step[0] < 0:
+            return None
+        return ck if ck is not None else load_checkpoint(checkpoint_dir(root, int(step[0])))
+
+    def resume(self, where: str):
+        """Restore weights, AdamW state, step, loader position and metrics from a checkpoint; returns it (None
+        when 'auto' found none). With ZeRO-1 the AdamW moments are left to DataParallel(resume_from=...),
+        which reads only this rank's range."""
         if where == "auto":
-            ck = latest_checkpoint(self.ckpt_root, log=self.log)
+            ck = self._newest(self.ckpt_root)
             if ck is None:
                 self.log(f"resume auto: no complete checkpoint in {self.ckpt_root}; starting from step 0")
-                return
+                return None
         else:
             d = Path(where)
             if d.is_dir() and not (d / "manifest.json").exists() and list_checkpoints(d):
-                ck = latest_checkpoint(d, log=self.log)  # a checkpoints/ folder: its newest complete one
+                ck = self._newest(d)  # a checkpoints/ folder: its newest complete one
                 if ck is None:
                     raise CheckpointError(f"{d}: no complete checkpoint in this directory")
             else:
@@ -183,7 +196,10 @@ class Trainer:
         if changed:
             self.log("warning: resuming with changed arguments, the run will not match an uninterrupted one: "
                      + ", ".join(changed))
-        ck.restore(self.model)
+        zero = self.comm is not None and bool(getattr(self.args, "zero", 0))
+        if ck.zero is not None and (not zero or ck.zero["world_size"] != self.dist.world_size):
+            raise ck.layout_error(self.dist.world_size, zero)
+        ck.restore(self.model, optimizer=not zero)
         try:
             self.train_loader.load_state_dict(ck.state["train_loader"])
         except (KeyError, ValueError) as e:
@@ -197,12 +213,13 @@ class Trainer:
                 tmp.write_bytes(b"")
             os.replace(tmp, self.metrics_path)  # drop records of steps after the checkpoint
         self.log(f"resumed from {ck.path} at step {ck.step}")
+        return ck
 
     def save_checkpoint(self, step: int) -> Path | None:
-        """Checkpoint after `step` optimizer steps (master only), then prune to --keep-last."""
-        if self.ddp:  # ZeRO-1: the checkpoint holds the full AdamW state (collective: every rank calls it)
-            self.ddp.gather_optimizer_state()
-        if not self.dist.is_master:
+        """Checkpoint after `step` optimizer steps (rank 0 writes it; with ZeRO-1 every rank also writes its
+        optimizer shard, a collective), then prune to --keep-last (rank 0, once every shard is on disk)."""
+        zero = self.ddp is not None and self.ddp.zero
+        if not (zero or self.dist.is_master):
             return None
         a = self.args
         t0 = time.perf_counter()
@@ -215,7 +232,10 @@ class Trainer:
             # the data order is a function of (seed, loader position); sampling is seeded per call
             "rng": {"data": "train_loader position + seed", "sampling": f"seed {a.seed} per call"},
         }
-        path = save_checkpoint(self.ckpt_root, step, self.model, state, metrics_path=self.metrics_path)
+        path = save_checkpoint(self.ckpt_root, step, self.model, state, metrics_path=self.metrics_path,
+                               zero=self.ddp if zero else None)
+        if not self.dist.is_master:
+            return path
         keep = getattr(a, "keep_last", 0)
         removed = prune_checkpoints(self.ckpt_root, keep)  # also removes temporary dirs left by a crash
         self.log(f"checkpoint {path} ({time.perf_counter() - t0:.1f} s)"
