@@ -24,6 +24,15 @@ using gpt2::dist::ReduceOp;
 
 namespace {
 
+// f(model) for a model whose gradients and optimizer state are float32: Model (fp32) or ModelBF16.
+template <class F>
+auto with_float_master(py::handle model, F&& f) {
+  if (py::isinstance<gpt2::GPT2Model<float>>(model)) return f(model.cast<gpt2::GPT2Model<float>&>());
+  if (py::isinstance<gpt2::GPT2Model<gpt2::bf16>>(model)) return f(model.cast<gpt2::GPT2Model<gpt2::bf16>&>());
+  throw py::type_error("expected a float32 or bf16 gpt2core._C model (Model or ModelBF16)");
+}
+
+
 // Where and how long the ranks meet; shared by the Gloo and NCCL groups.
 gpt2::dist::RendezvousOptions rendezvous_options(int rank, int world_size, const std::string& master_addr,
                                                  int master_port, double timeout, const std::string& prefix) {
@@ -113,36 +122,39 @@ void bind_dist(py::module_& m) {
 
   d.def("alloc_state",
         [](py::object model, size_t n) {
-          auto& m = model.cast<gpt2::GPT2Model<float>&>();
-          float* p = m.backend().alloc(n);
-          // the capsule keeps the model (and so its backend) alive for as long as the array lives
-          struct Owner {
-            py::object model;
-            float* p;
-          };
-          auto* owner = new Owner{model, p};
-          py::capsule cap(owner, [](void* o) {
-            auto* ow = static_cast<Owner*>(o);
-            ow->model.cast<gpt2::GPT2Model<float>&>().backend().free(ow->p);
-            delete ow;
+          return with_float_master(model, [&](auto& m) {
+            float* p = m.backend().alloc_master(n);
+            // the capsule keeps the model (and so its backend) alive for as long as the array lives
+            struct Owner {
+              py::object model;
+              float* p;
+            };
+            auto* owner = new Owner{model, p};
+            py::capsule cap(owner, [](void* o) {
+              auto* ow = static_cast<Owner*>(o);
+              with_float_master(ow->model, [&](auto& mm) { mm.backend().free_master(ow->p); });
+              delete ow;
+            });
+            return py::array_t<float>({py::ssize_t(n)}, {py::ssize_t(sizeof(float))}, p, cap);
           });
-          return py::array_t<float>({py::ssize_t(n)}, {py::ssize_t(sizeof(float))}, p, cap);
         },
         py::arg("model"), py::arg("n"),
-        "n zero-filled float32 values in a float32 Model's backend memory (host memory on the CPU, managed "
-        "device memory on GPUs, readable from numpy either way): ZeRO-1's moment shards.");
+        "n zero-filled float32 values in a float32 or bf16 Model's backend memory (host memory on the CPU, "
+        "managed device memory on GPUs, readable from numpy either way): ZeRO-1's moment shards.");
 
   d.def("grad_sum_squares",
         [](py::object model, size_t lo, size_t hi) {
-          auto& m = model.cast<gpt2::GPT2Model<float>&>();
-          if (lo > hi || hi > m.num_parameters())
-            throw py::value_error("need 0 <= lo <= hi <= num_parameters (" + std::to_string(m.num_parameters()) + ")");
-          py::gil_scoped_release nogil;
-          return m.backend().sum_squares(m.grads() + lo, hi - lo);
+          return with_float_master(model, [&](auto& m) {
+            if (lo > hi || hi > m.num_parameters())
+              throw py::value_error("need 0 <= lo <= hi <= num_parameters (" + std::to_string(m.num_parameters()) +
+                                    ")");
+            py::gil_scoped_release nogil;
+            return m.backend().sum_squares(m.grads() + lo, hi - lo);
+          });
         },
         py::arg("model"), py::arg("lo"), py::arg("hi"),
-        "Sum of squares of flat gradients [lo, hi) of a float32 Model, on its backend (double accumulation): "
-        "ZeRO-1's per-shard part of the global grad norm.");
+        "Sum of squares of flat gradients [lo, hi) of a float32 or bf16 Model, on its backend (double "
+        "accumulation): ZeRO-1's per-shard part of the global grad norm.");
 
   d.def("init_gloo",
         [](int rank, int world_size, const std::string& master_addr, int master_port, double timeout,

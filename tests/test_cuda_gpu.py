@@ -88,3 +88,37 @@ def test_out_of_memory_is_a_clear_error():
     big = dict(CFG, max_seq_len=1024, n_layer=48, n_embd=192 * 64 // 3 * 3)  # ~1e12 bytes of parameters
     with pytest.raises(RuntimeError, match="out of memory"):
         _C.Model(**dict(big, n_head=3), device="cuda")
+
+
+# ----------------------------------------------------------------------------- bf16 mixed precision
+def bf16_tolerances():
+    """Same reasoning as tests/test_cuda_emu_bf16_model.py: bf16 stores activations with 2^-9 relative
+    rounding; ~15 stored activations in a chain per direction."""
+    return dict(loss=1e-2, logits=2e-2, grads=5e-2)
+
+
+@pytest.mark.skipif("cuda" in _C.build_info()["backends"] and _C.cuda_capability(0) < 80,
+                    reason="bf16 tensor cores need sm_80+")
+def test_bf16_matches_float64_and_learns():
+    tol = bf16_tolerances()
+    idx, tgt = batch()
+    ref, m = _C.ModelF64(**CFG, device="cpu"), _C.ModelBF16(**CFG, device="cuda")
+    for x in (ref, m):
+        init_params(x)
+    m.params_changed()
+    lr_, lm = ref.forward(idx, tgt), m.forward(idx, tgt)
+    assert abs(lm - lr_) <= tol["loss"] * abs(lr_)
+    assert normwise(m.logits(), ref.logits()) <= tol["logits"]
+    for x in (ref, m):
+        x.zero_grad()
+        x.forward(idx, tgt)
+        x.backward()
+    errs = {k: normwise(m.grads()[k], ref.grads()[k]) for k in ref.grads()}
+    assert max(errs.values()) <= tol["grads"], errs
+    losses = []
+    for step in range(1, 6):
+        m.zero_grad()
+        losses.append(m.forward(idx, tgt))
+        m.backward()
+        m.adamw_update(lr=1e-3, step=step, grad_scale=min(1.0, 1.0 / (m.grad_norm() + 1e-6)))
+    assert np.all(np.diff(losses) < 0) and losses[-1] < losses[0] - 0.1, losses

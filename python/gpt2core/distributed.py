@@ -175,7 +175,7 @@ class DataParallel:
         if zero:  # this rank's moments, in the backend's memory (device memory on GPUs)
             from . import _C
             S = self.hi - self.lo
-            if isinstance(model._m, _C.Model):
+            if isinstance(model._m, (_C.Model, _C.ModelBF16)):
                 self.m, self.v = _C.dist.alloc_state(model._m, S), _C.dist.alloc_state(model._m, S)
             else:  # float64 test models (CPU)
                 dtype = model.params["wte"].dtype
@@ -208,7 +208,7 @@ class DataParallel:
             return m.step(lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, eps=eps, grad_clip=grad_clip)
         self.comm.reduce_scatter(grads, "avg")
         from . import _C
-        local = (_C.dist.grad_sum_squares(m._m, self.lo, self.hi) if isinstance(m._m, _C.Model)
+        local = (_C.dist.grad_sum_squares(m._m, self.lo, self.hi) if isinstance(m._m, (_C.Model, _C.ModelBF16))
                  else _sum_squares(grads[self.lo:self.hi]))
         ss = np.array([local], dtype=np.float32)
         self.comm.allreduce(ss, "sum")
