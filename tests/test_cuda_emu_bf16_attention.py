@@ -1,6 +1,6 @@
 """bf16 attention of the emulated CUDA backend (csrc/cuda/attention.cuh and attention_naive.cuh with
 floatX = __nv_bfloat16) through gpt2core_cuda_emu.OpsBF16.attention(qkv, dout, dqkv, NH) -> (out, dqkv),
-against a float64 numpy reference of causal attention over the bf16-ROUNDED inputs (notes/bf16_contract.md).
+against a float64 numpy reference of causal attention over the bf16-ROUNDED inputs (the bf16 contract).
 
 Shapes: B=3; T=37 (not a multiple of the 32-row tile), T=9 and T=70; C=192 with head sizes 64 and 16, head size
 10 (C=20; not a multiple of the 8-element bf16 pack: scalar loads), head size 128 (C=256); head sizes 64 and 16
