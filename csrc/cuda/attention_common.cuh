@@ -1,5 +1,5 @@
 // Storage-type helpers of the attention kernels (attention.cuh, attention_naive.cuh). floatX, the storage type
-// of qkv / out / dout / dqkv, is float or __nv_bfloat16(the bf16 mixed-precision contract); compute is fp32:
+// of qkv / out / dout / dqkv, is float or __nv_bfloat16 (the bf16 mixed-precision contract); compute is fp32:
 // values are converted on load and rounded once (to nearest even) on store. Kept in their own namespace so
 // they cannot collide with the general load/store helpers of common.cuh.
 #pragma once
