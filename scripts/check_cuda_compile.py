@@ -7,6 +7,7 @@ Each file is compiled (-c, host and device code) for the given architectures wit
 (spill stores or spill loads > 0), or when a kernel's static shared memory exceeds the architecture's
 per-block limit. No GPU is needed, only the CUDA toolkit.
 
+    python scripts/check_cuda_compile.py            # the CUDA backend: DEFAULT_FILES
     python scripts/check_cuda_compile.py tests/emu/*.cu
     python scripts/check_cuda_compile.py --archs 75,80,90 -I csrc csrc/cuda/*.cu
 
@@ -46,6 +47,12 @@ RE_PROPS = re.compile(r"Function properties for (\S+)")
 RE_SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 RE_USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 RE_ARCH = re.compile(r"for '(?:sm|compute)_(\d+)a?'")
+
+
+def default_files() -> list[Path]:
+    """csrc/cuda/*.cu (the backend, float instantiations) and tests/cuda_compile/*.cu (compile-only files that
+    instantiate the kernel templates for the other storage types, e.g. bf16)."""
+    return sorted((ROOT / "csrc" / "cuda").glob("*.cu")) + sorted((ROOT / "tests" / "cuda_compile").glob("*.cu"))
 
 
 def find_nvcc(explicit: str | None) -> str | None:
@@ -122,7 +129,8 @@ def compile_one(nvcc: str, src: Path, archs: list[str], includes: list[str], ext
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("files", nargs="+", type=Path, help=".cu files to compile")
+    ap.add_argument("files", nargs="*", type=Path,
+                    help=".cu files to compile (default: csrc/cuda/*.cu and tests/cuda_compile/*.cu)")
     ap.add_argument("--archs", default="80,90", help="comma-separated compute capabilities (default 80,90)")
     ap.add_argument("-I", dest="includes", action="append", default=None,
                     help="include directory (default: <repo>/csrc)")
@@ -138,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     if not nvcc:
         print("check_cuda_compile: nvcc not found", file=sys.stderr)
         return 2
+    if not args.files:
+        args.files = default_files()
     archs = [a.strip() for a in args.archs.split(",") if a.strip()]
     includes = args.includes or [str(ROOT / "csrc")]
     failures: list[str] = []

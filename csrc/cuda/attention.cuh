@@ -4,15 +4,21 @@
 //   forward:  out_t = sum_{t2 <= t} exp(s_{t,t2} - lse_t) v_t2
 //   backward: P = exp(S - lse); D_t = dout_t . out_t; dP = dout V^T; dS = P * (dP - D);
 //             dq += scale dS K;  dk += scale dS^T Q;  dv += P^T dout                      (accumulates)
+// Storage: qkv, out, dout, dqkv in floatX (float or __nv_bfloat16), lse and D in float. Compute is fp32
+// (converted on load into registers and shared memory); each result is rounded once to floatX on store, and
+// the dqkv accumulation reads floatX, adds in fp32 and rounds once.
 // Work split: a group of kGroup = 4 threads owns one query (or key) row, each thread a quarter of the
-// head dimension as float4 chunks (chunk c belongs to thread c % 4, so a group reads 16 consecutive
-// floats from shared memory: no bank conflicts, broadcast across groups). Dot products finish with two
-// xor-shuffles inside the group. Tiles of kTile = 32 rows; 128 threads per block.
+// head dimension as float4 chunks. A 16-byte pack of floatX (4 floats, 8 bf16: one vector load or store
+// when the head size and alignment allow, see attn::packs_fit) covers CPP = 1 or 2 chunks; pack p of a row
+// belongs to thread p % 4 (att_chunk), so for fp32 chunk c belongs to thread c % 4 and a group reads 16
+// consecutive floats from shared memory: no bank conflicts, broadcast across groups. Dot products finish
+// with two xor-shuffles inside the group. Tiles of kTile = 32 rows; 128 threads per block.
 // Backward is deterministic without atomics: one kernel per key tile computes dk, dv; a second, per
 // query tile, computes dq (recomputing P), after a small kernel computes D.
 // HS (template) is the head size rounded up to 64 or 128; the padding dims are zeros in shared memory and
 // registers.
 #pragma once
+#include "cuda/attention_common.cuh"
 #include "cuda/common.cuh"
 
 namespace gpt2::cuda {
@@ -34,64 +40,217 @@ __device__ inline float group_sum(float v) {
   return v;
 }
 
-// Loads this thread's chunks of row `row` (of T) of a (B*T, C3)-strided matrix, 0 outside [0,T) x [0,hs).
-template <int HS>
-__device__ inline void load_row_chunks(float4* dst, const float* base, int row, int T, int C3, int hs, int g,
-                                       float mul) {
-  constexpr int CPT = HS / 4 / kAttGroup;
+// Float4 chunks per 16-byte pack of floatX, and the chunk index (in the row) of thread g's e-th chunk.
+template <class floatX>
+constexpr int kAttCPP = attn::Pack<floatX>::N / 4;
+template <class floatX>
+__device__ inline int att_chunk(int e, int g) {
+  constexpr int CPP = kAttCPP<floatX>;
+  return ((e / CPP) * kAttGroup + g) * CPP + e % CPP;
+}
+
+// Rows of one head in a (B * T, stride) matrix of floatX: element (t, d) at p[t * stride + d], d < hs.
+template <class floatX>
+struct AttRows {
+  const floatX* p;
+  int stride;
+};
+
+// The views of block (b, h) = (blockIdx.z, blockIdx.y): q, k, v of qkv (B, T, 3C), dout (B, T, C) (when
+// given), and the offset of (b, h) in the (B, NH, T) statistics lse and D.
+template <class floatX>
+struct AttHead {
+  AttRows<floatX> q, k, v, dout;
+  size_t stats;
+};
+template <class floatX>
+__device__ inline AttHead<floatX> att_head(const floatX* qkv, const floatX* dout, int T, int NH, int hs) {
+  const int b = blockIdx.z, h = blockIdx.y, C = NH * hs;
+  const floatX* base = qkv + size_t(b) * T * 3 * C + size_t(h) * hs;
+  AttHead<floatX> v;
+  v.q = {base, 3 * C};
+  v.k = {base + C, 3 * C};
+  v.v = {base + 2 * C, 3 * C};
+  v.dout = {dout ? dout + size_t(b) * T * C + size_t(h) * hs : nullptr, C};
+  v.stats = (size_t(b) * NH + h) * T;
+  return v;
+}
+
+// Loads this thread's chunks of row `row` of src, times mul; 0 outside [0, T) x [0, hs).
+template <int HS, class floatX>
+__device__ inline void load_row_chunks(float4* dst, AttRows<floatX> src, int row, int T, int hs, int g, float mul,
+                                       bool vec) {
+  constexpr int CPT = HS / 4 / kAttGroup, CPP = kAttCPP<floatX>, N = 4 * CPP;
 #pragma unroll
-  for (int e = 0; e < CPT; e++) {
-    const int d0 = (e * kAttGroup + g) * 4;
-    float v[4];
+  for (int e = 0; e < CPT; e += CPP) {
+    const int d0 = att_chunk<floatX>(e, g) * 4;  // first dim of this pack
+    float v[N];
+    if (vec) {
+      if (row < T && d0 < hs) {  // hs is a multiple of the pack: the whole pack is in range
+        const attn::Pack<floatX> x = attn::load_pack(src.p + size_t(row) * src.stride + d0);
 #pragma unroll
-    for (int k = 0; k < 4; k++) v[k] = (row < T && d0 + k < hs) ? base[size_t(row) * C3 + d0 + k] * mul : 0.0f;
-    dst[e] = make_float4(v[0], v[1], v[2], v[3]);
+        for (int k = 0; k < N; k++) v[k] = attn::to_float(x.v[k]) * mul;
+      } else {
+#pragma unroll
+        for (int k = 0; k < N; k++) v[k] = 0.0f;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; k++)
+        v[k] = (row < T && d0 + k < hs) ? attn::to_float(src.p[size_t(row) * src.stride + d0 + k]) * mul : 0.0f;
+    }
+#pragma unroll
+    for (int c = 0; c < CPP; c++) dst[e + c] = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
   }
 }
 
-// Cooperative load of rows r0 .. r0 + kAttTile - 1 (dims 0..HS-1, zero-padded) into a float tile.
-template <int HS>
-__device__ inline void load_tile(float* tile, const float* base, int r0, int T, int C3, int hs) {
-  for (int idx = threadIdx.x; idx < kAttTile * HS; idx += blockDim.x) {
-    const int r = idx / HS, d = idx % HS, row = r0 + r;
-    tile[idx] = (row < T && d < hs) ? base[size_t(row) * C3 + d] : 0.0f;
+// Writes (Accumulate: adds) acc * mul to this thread's chunks of dst (one row), rounding once to floatX;
+// dims >= hs are skipped.
+template <bool Accumulate, int HS, class floatX>
+__device__ inline void store_row_chunks(floatX* dst, const float4* acc, float mul, int hs, int g, bool vec) {
+  constexpr int CPT = HS / 4 / kAttGroup, CPP = kAttCPP<floatX>, N = 4 * CPP;
+#pragma unroll
+  for (int e = 0; e < CPT; e += CPP) {
+    const int d0 = att_chunk<floatX>(e, g) * 4;
+    float a[N];
+#pragma unroll
+    for (int c = 0; c < CPP; c++) {
+      a[4 * c] = acc[e + c].x * mul;
+      a[4 * c + 1] = acc[e + c].y * mul;
+      a[4 * c + 2] = acc[e + c].z * mul;
+      a[4 * c + 3] = acc[e + c].w * mul;
+    }
+    if (vec) {
+      if (d0 < hs) {
+        attn::Pack<floatX> x;
+        if constexpr (Accumulate) x = attn::load_pack(dst + d0);
+#pragma unroll
+        for (int k = 0; k < N; k++) x.v[k] = attn::from_float<floatX>(Accumulate ? attn::to_float(x.v[k]) + a[k] : a[k]);
+        attn::store_pack(dst + d0, x);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; k++)
+        if (d0 + k < hs) dst[d0 + k] = attn::from_float<floatX>(Accumulate ? attn::to_float(dst[d0 + k]) + a[k] : a[k]);
+    }
   }
+}
+
+// Cooperative load of rows r0 .. r0 + kAttTile - 1 of src (dims 0..HS-1, zero-padded) into a float tile.
+template <int HS, class floatX>
+__device__ inline void load_tile(float4 (*tile)[HS / 4], AttRows<floatX> src, int r0, int T, int hs, bool vec) {
+  float* t = reinterpret_cast<float*>(tile);
+  if (vec) {
+    constexpr int N = attn::Pack<floatX>::N, PPR = HS / N;  // packs per row
+#pragma unroll 1
+    for (int idx = threadIdx.x; idx < kAttTile * PPR; idx += blockDim.x) {
+      const int r = idx / PPR, d0 = (idx % PPR) * N, row = r0 + r;
+      float v[N];
+      if (row < T && d0 < hs) {
+        const attn::Pack<floatX> x = attn::load_pack(src.p + size_t(row) * src.stride + d0);
+#pragma unroll
+        for (int k = 0; k < N; k++) v[k] = attn::to_float(x.v[k]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < N; k++) v[k] = 0.0f;
+      }
+      float4* dst = reinterpret_cast<float4*>(t + r * HS + d0);
+#pragma unroll
+      for (int c = 0; c < N / 4; c++) dst[c] = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kAttTile * HS; idx += blockDim.x) {
+      const int r = idx / HS, d = idx % HS, row = r0 + r;
+      t[idx] = (row < T && d < hs) ? attn::to_float(src.p[size_t(row) * src.stride + d]) : 0.0f;
+    }
+  }
+}
+
+// Replaces the block's shared tiles As, Bs with rows r0 .. r0 + kAttTile - 1 of a and b between two barriers
+// (every thread is done with the previous tiles before they are overwritten; the new ones are complete before
+// use). extra() runs between the barriers too: the dk/dv kernel loads its per-row statistics there.
+template <int HS, class floatX, class Extra>
+__device__ inline void refill_tiles(float4 (*As)[HS / 4], AttRows<floatX> a, float4 (*Bs)[HS / 4], AttRows<floatX> b,
+                                    int r0, int T, int hs, bool vec, Extra&& extra) {
+  __syncthreads();
+  load_tile<HS>(As, a, r0, T, hs, vec);
+  load_tile<HS>(Bs, b, r0, T, hs, vec);
+  extra();
+  __syncthreads();
+}
+template <int HS, class floatX>
+__device__ inline void refill_tiles(float4 (*As)[HS / 4], AttRows<floatX> a, float4 (*Bs)[HS / 4], AttRows<floatX> b,
+                                    int r0, int T, int hs, bool vec) {
+  refill_tiles<HS>(As, a, Bs, b, r0, T, hs, vec, [] {});
+}
+
+// x . tile_row over the head dims, summed over the group (x: this thread's chunks of a row).
+template <int HS, class floatX>
+__device__ inline float row_dot(const float4* x, const float4* tile_row, int g) {
+  constexpr int CPT = HS / 4 / kAttGroup;
+  float p = 0.0f;
+#pragma unroll
+  for (int e = 0; e < CPT; e++) p += dot4(x[e], tile_row[att_chunk<floatX>(e, g)]);
+  return group_sum(p);
+}
+
+// Both backward kernels' pair of dot products in one sweep: sp = x . xs_row, dp = y . ys_row (group sums).
+template <int HS, class floatX>
+__device__ inline void row_dots(float& sp, float& dp, const float4* x, const float4* xs_row, const float4* y,
+                                const float4* ys_row, int g) {
+  constexpr int CPT = HS / 4 / kAttGroup;
+  sp = 0.0f;
+  dp = 0.0f;
+#pragma unroll
+  for (int e = 0; e < CPT; e++) {
+    const int c = att_chunk<floatX>(e, g);
+    sp += dot4(x[e], xs_row[c]);
+    dp += dot4(y[e], ys_row[c]);
+  }
+  sp = group_sum(sp);
+  dp = group_sum(dp);
+}
+
+// y += a * tile_row on this thread's chunks.
+template <int HS, class floatX>
+__device__ inline void row_axpy(float4* y, float a, const float4* tile_row, int g) {
+  constexpr int CPT = HS / 4 / kAttGroup;
+#pragma unroll
+  for (int e = 0; e < CPT; e++) axpy4(y[e], a, tile_row[att_chunk<floatX>(e, g)]);
+}
+
+template <int N>
+__device__ inline void zero_chunks(float4 (&x)[N]) {
+#pragma unroll
+  for (int e = 0; e < N; e++) x[e] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 // ----------------------------------------------------------------------------------------- kernels
-// grid (ceil(T / kAttTile), NH, B), block kAttThreads.
-template <int HS>
+// grid (ceil(T / kAttTile), NH, B), block kAttThreads. vec: attn::packs_fit(hs, qkv, out).
+template <int HS, class floatX>
 __global__ void __launch_bounds__(kAttThreads)
-attention_forward_kernel(float* __restrict__ out,        // (B, T, C)
-                         float* __restrict__ lse,        // (B, NH, T)
-                         const float* __restrict__ qkv,  // (B, T, 3C)
-                         int T, int NH, int hs, float scale) {
+attention_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
+                         float* __restrict__ lse,         // (B, NH, T)
+                         const floatX* __restrict__ qkv,  // (B, T, 3C)
+                         int T, int NH, int hs, float scale, bool vec) {
   constexpr int NCH = HS / 4, CPT = NCH / kAttGroup;
   __shared__ float4 Ks[kAttTile][NCH];
   __shared__ float4 Vs[kAttTile][NCH];
-  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kAttTile;
+  const int q0 = blockIdx.x * kAttTile;
   const int r = threadIdx.x / kAttGroup, g = threadIdx.x % kAttGroup, i = q0 + r;
-  const int C = NH * hs, C3 = 3 * C;
-  const float* base = qkv + size_t(b) * T * C3 + size_t(h) * hs;
+  const AttHead<floatX> hd = att_head<floatX>(qkv, nullptr, T, NH, hs);
   float4 q[CPT], o[CPT];
-  load_row_chunks<HS>(q, base, i, T, C3, hs, g, scale);
-#pragma unroll
-  for (int e = 0; e < CPT; e++) o[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+  load_row_chunks<HS>(q, hd.q, i, T, hs, g, scale, vec);
+  zero_chunks(o);
   float m = -INFINITY, l = 0.0f;
   const int last = min(T - 1, q0 + kAttTile - 1);
   for (int k0 = 0; k0 <= last; k0 += kAttTile) {
-    __syncthreads();  // previous tile fully consumed
-    load_tile<HS>(reinterpret_cast<float*>(Ks), base + C, k0, T, C3, hs);
-    load_tile<HS>(reinterpret_cast<float*>(Vs), base + 2 * C, k0, T, C3, hs);
-    __syncthreads();
+    refill_tiles<HS>(Ks, hd.k, Vs, hd.v, k0, T, hs, vec);
     float s[kAttTile];
     float tmax = -INFINITY;
 #pragma unroll
     for (int j = 0; j < kAttTile; j++) {
-      float p = 0.0f;
-#pragma unroll
-      for (int e = 0; e < CPT; e++) p += dot4(q[e], Ks[j][e * kAttGroup + g]);
-      p = group_sum(p);
+      const float p = row_dot<HS, floatX>(q, Ks[j], g);
       const int key = k0 + j;
       s[j] = (key <= i && key < T) ? p : -INFINITY;
       tmax = fmaxf(tmax, s[j]);
@@ -108,171 +267,119 @@ attention_forward_kernel(float* __restrict__ out,        // (B, T, C)
     for (int j = 0; j < kAttTile; j++) {
       const float p = expf(s[j] - mref);
       l += p;
-#pragma unroll
-      for (int e = 0; e < CPT; e++) axpy4(o[e], p, Vs[j][e * kAttGroup + g]);
+      row_axpy<HS, floatX>(o, p, Vs[j], g);
     }
     m = mnew;
   }
   if (i >= T) return;
-  const float inv = 1.0f / l;
-  float* orow = out + (size_t(b) * T + i) * C + size_t(h) * hs;
-#pragma unroll
-  for (int e = 0; e < CPT; e++) {
-    const int d0 = (e * kAttGroup + g) * 4;
-    const float v[4] = {o[e].x, o[e].y, o[e].z, o[e].w};
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-      if (d0 + k < hs) orow[d0 + k] = v[k] * inv;
-  }
-  if (g == 0) lse[(size_t(b) * NH + h) * T + i] = m + logf(l);
+  const int C = NH * hs;
+  store_row_chunks<false, HS>(out + (size_t(blockIdx.z) * T + i) * C + size_t(blockIdx.y) * hs, o, 1.0f / l, hs, g,
+                              vec);
+  if (g == 0) lse[hd.stats + i] = m + logf(l);
 }
 
-// D[b, h, t] = dout[b, t, h, :] . out[b, t, h, :]; one thread per (b, t, h).
-__global__ void attention_backward_dot_kernel(float* __restrict__ Dout,        // (B, NH, T)
-                                              const float* __restrict__ dout,  // (B, T, C)
-                                              const float* __restrict__ out,   // (B, T, C)
-                                              int B, int T, int NH, int hs) {
+// D[b, h, t] = dout[b, t, h, :] . out[b, t, h, :]; one thread per (b, t, h). vec: attn::packs_fit(hs, dout, out).
+template <class floatX>
+__global__ void attention_backward_dot_kernel(float* __restrict__ Dout,         // (B, NH, T)
+                                              const floatX* __restrict__ dout,  // (B, T, C)
+                                              const floatX* __restrict__ out,   // (B, T, C)
+                                              int B, int T, int NH, int hs, bool vec) {
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;  // over (b, t, h)
   if (idx >= size_t(B) * T * NH) return;
   const int h = int(idx % NH);
   const size_t bt = idx / NH;
   const int t = int(bt % T), b = int(bt / T);
-  const float* dy = dout + idx * hs;
-  const float* y = out + idx * hs;
-  float s = 0.0f;
-  for (int d = 0; d < hs; d++) s += dy[d] * y[d];
-  Dout[(size_t(b) * NH + h) * T + t] = s;
+  Dout[(size_t(b) * NH + h) * T + t] = attn::dot_seq(dout + idx * hs, out + idx * hs, hs, vec);
 }
 
 // dk, dv for one tile of keys: grid (ceil(T / kAttTile), NH, B), block kAttThreads.
-template <int HS>
+// vec: attn::packs_fit(hs, dqkv, dout, qkv).
+template <int HS, class floatX>
 __global__ void __launch_bounds__(kAttThreads)
-attention_backward_dkdv_kernel(float* __restrict__ dqkv,       // (B, T, 3C), accumulated into
-                               const float* __restrict__ dout, // (B, T, C)
-                               const float* __restrict__ qkv,  // (B, T, 3C)
-                               const float* __restrict__ lse,  // (B, NH, T)
-                               const float* __restrict__ Dd,   // (B, NH, T)
-                               int T, int NH, int hs, float scale) {
+attention_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), accumulated into
+                               const floatX* __restrict__ dout, // (B, T, C)
+                               const floatX* __restrict__ qkv,  // (B, T, 3C)
+                               const float* __restrict__ lse,   // (B, NH, T)
+                               const float* __restrict__ Dd,    // (B, NH, T)
+                               int T, int NH, int hs, float scale, bool vec) {
   constexpr int NCH = HS / 4, CPT = NCH / kAttGroup;
   __shared__ float4 Qs[kAttTile][NCH];
   __shared__ float4 dOs[kAttTile][NCH];
   __shared__ float Ls[kAttTile], Ds[kAttTile];
-  const int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * kAttTile;
+  const int k0 = blockIdx.x * kAttTile;
   const int r = threadIdx.x / kAttGroup, g = threadIdx.x % kAttGroup, j = k0 + r;
-  const int C = NH * hs, C3 = 3 * C;
-  const float* base = qkv + size_t(b) * T * C3 + size_t(h) * hs;
-  const float* dbase = dout + size_t(b) * T * C + size_t(h) * hs;
-  const size_t sbase = (size_t(b) * NH + h) * T;
+  const AttHead<floatX> hd = att_head(qkv, dout, T, NH, hs);
   float4 k[CPT], v[CPT], dk[CPT], dv[CPT];
-  load_row_chunks<HS>(k, base + C, j, T, C3, hs, g, 1.0f);
-  load_row_chunks<HS>(v, base + 2 * C, j, T, C3, hs, g, 1.0f);
-#pragma unroll
-  for (int e = 0; e < CPT; e++) dk[e] = dv[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+  load_row_chunks<HS>(k, hd.k, j, T, hs, g, 1.0f, vec);
+  load_row_chunks<HS>(v, hd.v, j, T, hs, g, 1.0f, vec);
+  zero_chunks(dk);
+  zero_chunks(dv);
   for (int q0 = k0; q0 < T; q0 += kAttTile) {  // queries before k0 do not see these keys
-    __syncthreads();
-    load_tile<HS>(reinterpret_cast<float*>(Qs), base, q0, T, C3, hs);
-    load_tile<HS>(reinterpret_cast<float*>(dOs), dbase, q0, T, C, hs);
-    for (int ii = threadIdx.x; ii < kAttTile; ii += blockDim.x) {
-      const bool ok = q0 + ii < T;
-      Ls[ii] = ok ? lse[sbase + q0 + ii] : 0.0f;
-      Ds[ii] = ok ? Dd[sbase + q0 + ii] : 0.0f;
-    }
-    __syncthreads();
-#pragma unroll 4
-    for (int ii = 0; ii < kAttTile; ii++) {
-      float sp = 0.0f, dp = 0.0f;
-#pragma unroll
-      for (int e = 0; e < CPT; e++) {
-        sp += dot4(Qs[ii][e * kAttGroup + g], k[e]);
-        dp += dot4(dOs[ii][e * kAttGroup + g], v[e]);
+    refill_tiles<HS>(Qs, hd.q, dOs, hd.dout, q0, T, hs, vec, [&] {
+      for (int ii = threadIdx.x; ii < kAttTile; ii += blockDim.x) {
+        const bool ok = q0 + ii < T;
+        Ls[ii] = ok ? lse[hd.stats + q0 + ii] : 0.0f;
+        Ds[ii] = ok ? Dd[hd.stats + q0 + ii] : 0.0f;
       }
-      sp = group_sum(sp);
-      dp = group_sum(dp);
+    });
+    // unrolled less for HS = 128: k, v, dk, dv alone hold 128 registers, and 4 rows at a time spill
+#pragma unroll(HS > 64 ? 2 : 4)
+    for (int ii = 0; ii < kAttTile; ii++) {
+      float sp, dp;
+      row_dots<HS, floatX>(sp, dp, k, Qs[ii], v, dOs[ii], g);
       const int qi = q0 + ii;
       const float p = (qi < T && qi >= j) ? expf(sp * scale - Ls[ii]) : 0.0f;
       const float ds = p * (dp - Ds[ii]);
-#pragma unroll
-      for (int e = 0; e < CPT; e++) {
-        axpy4(dv[e], p, dOs[ii][e * kAttGroup + g]);
-        axpy4(dk[e], ds, Qs[ii][e * kAttGroup + g]);
-      }
+      row_axpy<HS, floatX>(dv, p, dOs[ii], g);
+      row_axpy<HS, floatX>(dk, ds, Qs[ii], g);
     }
   }
   if (j >= T) return;
-  float* dkrow = dqkv + (size_t(b) * T + j) * C3 + C + size_t(h) * hs;
-  float* dvrow = dkrow + C;
-#pragma unroll
-  for (int e = 0; e < CPT; e++) {
-    const int d0 = (e * kAttGroup + g) * 4;
-    const float a[4] = {dk[e].x, dk[e].y, dk[e].z, dk[e].w};
-    const float c[4] = {dv[e].x, dv[e].y, dv[e].z, dv[e].w};
-#pragma unroll
-    for (int x = 0; x < 4; x++)
-      if (d0 + x < hs) {
-        dkrow[d0 + x] += a[x] * scale;
-        dvrow[d0 + x] += c[x];
-      }
-  }
+  const int C = NH * hs;
+  floatX* dkrow = dqkv + (size_t(blockIdx.z) * T + j) * 3 * C + C + size_t(blockIdx.y) * hs;
+  store_row_chunks<true, HS>(dkrow, dk, scale, hs, g, vec);
+  store_row_chunks<true, HS>(dkrow + C, dv, 1.0f, hs, g, vec);
 }
 
 // dq for one tile of queries: grid (ceil(T / kAttTile), NH, B), block kAttThreads.
-template <int HS>
+// vec: attn::packs_fit(hs, dqkv, dout, qkv).
+template <int HS, class floatX>
 __global__ void __launch_bounds__(kAttThreads)
-attention_backward_dq_kernel(float* __restrict__ dqkv,       // (B, T, 3C), accumulated into
-                             const float* __restrict__ dout, // (B, T, C)
-                             const float* __restrict__ qkv,  // (B, T, 3C)
-                             const float* __restrict__ lse,  // (B, NH, T)
-                             const float* __restrict__ Dd,   // (B, NH, T)
-                             int T, int NH, int hs, float scale) {
+attention_backward_dq_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), accumulated into
+                             const floatX* __restrict__ dout, // (B, T, C)
+                             const floatX* __restrict__ qkv,  // (B, T, 3C)
+                             const float* __restrict__ lse,   // (B, NH, T)
+                             const float* __restrict__ Dd,    // (B, NH, T)
+                             int T, int NH, int hs, float scale, bool vec) {
   constexpr int NCH = HS / 4, CPT = NCH / kAttGroup;
   __shared__ float4 Ks[kAttTile][NCH];
   __shared__ float4 Vs[kAttTile][NCH];
-  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kAttTile;
+  const int q0 = blockIdx.x * kAttTile;
   const int r = threadIdx.x / kAttGroup, g = threadIdx.x % kAttGroup, i = q0 + r;
-  const int C = NH * hs, C3 = 3 * C;
-  const float* base = qkv + size_t(b) * T * C3 + size_t(h) * hs;
-  const float* dbase = dout + size_t(b) * T * C + size_t(h) * hs;
-  const size_t sbase = (size_t(b) * NH + h) * T;
+  const AttHead<floatX> hd = att_head(qkv, dout, T, NH, hs);
   float4 q[CPT], dO[CPT], dq[CPT];
-  load_row_chunks<HS>(q, base, i, T, C3, hs, g, 1.0f);
-  load_row_chunks<HS>(dO, dbase, i, T, C, hs, g, 1.0f);
-#pragma unroll
-  for (int e = 0; e < CPT; e++) dq[e] = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float L = i < T ? lse[sbase + i] : 0.0f;
-  const float Di = i < T ? Dd[sbase + i] : 0.0f;
+  load_row_chunks<HS>(q, hd.q, i, T, hs, g, 1.0f, vec);
+  load_row_chunks<HS>(dO, hd.dout, i, T, hs, g, 1.0f, vec);
+  zero_chunks(dq);
+  const float L = i < T ? lse[hd.stats + i] : 0.0f;
+  const float Di = i < T ? Dd[hd.stats + i] : 0.0f;
   const int last = min(T - 1, q0 + kAttTile - 1);
   for (int k0 = 0; k0 <= last; k0 += kAttTile) {
-    __syncthreads();
-    load_tile<HS>(reinterpret_cast<float*>(Ks), base + C, k0, T, C3, hs);
-    load_tile<HS>(reinterpret_cast<float*>(Vs), base + 2 * C, k0, T, C3, hs);
-    __syncthreads();
+    refill_tiles<HS>(Ks, hd.k, Vs, hd.v, k0, T, hs, vec);
 #pragma unroll 4
     for (int jj = 0; jj < kAttTile; jj++) {
-      float sp = 0.0f, dp = 0.0f;
-#pragma unroll
-      for (int e = 0; e < CPT; e++) {
-        sp += dot4(q[e], Ks[jj][e * kAttGroup + g]);
-        dp += dot4(dO[e], Vs[jj][e * kAttGroup + g]);
-      }
-      sp = group_sum(sp);
-      dp = group_sum(dp);
+      float sp, dp;
+      row_dots<HS, floatX>(sp, dp, q, Ks[jj], dO, Vs[jj], g);
       const int key = k0 + jj;
       const float p = (i < T && key <= i) ? expf(sp * scale - L) : 0.0f;
       const float ds = p * (dp - Di);
-#pragma unroll
-      for (int e = 0; e < CPT; e++) axpy4(dq[e], ds, Ks[jj][e * kAttGroup + g]);
+      row_axpy<HS, floatX>(dq, ds, Ks[jj], g);
     }
   }
   if (i >= T) return;
-  float* dqrow = dqkv + (size_t(b) * T + i) * C3 + size_t(h) * hs;
-#pragma unroll
-  for (int e = 0; e < CPT; e++) {
-    const int d0 = (e * kAttGroup + g) * 4;
-    const float a[4] = {dq[e].x, dq[e].y, dq[e].z, dq[e].w};
-#pragma unroll
-    for (int x = 0; x < 4; x++)
-      if (d0 + x < hs) dqrow[d0 + x] += a[x] * scale;
-  }
+  const int C = NH * hs;
+  store_row_chunks<true, HS>(dqkv + (size_t(blockIdx.z) * T + i) * 3 * C + size_t(blockIdx.y) * hs, dq, scale, hs, g,
+                             vec);
 }
 
 // ----------------------------------------------------------------------------------------- launchers
@@ -285,36 +392,41 @@ inline void dispatch_head_size(int hs, F&& f) {
   else throw std::invalid_argument("CUDA attention: head size " + std::to_string(hs) + " > 128 is not supported");
 }
 
-inline void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+template <class floatX>
+inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
                               cudaStream_t stream) {
   if (B <= 0 || T <= 0) return;
   const int hs = C / NH;
   const float scale = 1.0f / sqrtf(float(hs));
+  const bool vec = attn::packs_fit<floatX>(hs, out, qkv);
   dim3 grid(ceil_div(T, kAttTile), NH, B);
   dispatch_head_size(hs, [&](auto HSc) {
     constexpr int HS = decltype(HSc)::value;
-    LAUNCH((attention_forward_kernel<HS>), grid, kAttThreads, 0, stream, out, lse, qkv, T, NH, hs, scale);
+    LAUNCH((attention_forward_kernel<HS, floatX>), grid, kAttThreads, 0, stream, out, lse, qkv, T, NH, hs, scale, vec);
   });
   CUDA_CHECK_LAUNCH();
 }
 
 // out, lse: what attention_forward produced for this qkv. Dscratch: B * NH * T floats.
-inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+template <class floatX>
+inline void attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
                                float* Dscratch, int B, int T, int C, int NH, cudaStream_t stream) {
   if (B <= 0 || T <= 0) return;
   const int hs = C / NH;
   const float scale = 1.0f / sqrtf(float(hs));
   const size_t rows = size_t(B) * T * NH;
-  LAUNCH(attention_backward_dot_kernel, ceil_div(rows, 256), 256, 0, stream, Dscratch, dout, out, B, T, NH, hs);
+  LAUNCH(attention_backward_dot_kernel<floatX>, ceil_div(rows, 256), 256, 0, stream, Dscratch, dout, out, B, T, NH, hs,
+         attn::packs_fit<floatX>(hs, dout, out));
   CUDA_CHECK_LAUNCH();
+  const bool vec = attn::packs_fit<floatX>(hs, dqkv, dout, qkv);
   dim3 grid(ceil_div(T, kAttTile), NH, B);
   dispatch_head_size(hs, [&](auto HSc) {
     constexpr int HS = decltype(HSc)::value;
-    LAUNCH((attention_backward_dkdv_kernel<HS>), grid, kAttThreads, 0, stream, dqkv, dout, qkv, lse, Dscratch, T, NH,
-           hs, scale);
+    LAUNCH((attention_backward_dkdv_kernel<HS, floatX>), grid, kAttThreads, 0, stream, dqkv, dout, qkv, lse, Dscratch,
+           T, NH, hs, scale, vec);
     CUDA_CHECK_LAUNCH();
-    LAUNCH((attention_backward_dq_kernel<HS>), grid, kAttThreads, 0, stream, dqkv, dout, qkv, lse, Dscratch, T, NH,
-           hs, scale);
+    LAUNCH((attention_backward_dq_kernel<HS, floatX>), grid, kAttThreads, 0, stream, dqkv, dout, qkv, lse, Dscratch, T,
+           NH, hs, scale, vec);
   });
   CUDA_CHECK_LAUNCH();
 }

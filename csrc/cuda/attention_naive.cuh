@@ -5,7 +5,11 @@
 //   backward: dv_j += sum_t P[t,j] dout_t;  dS = P * (dout.v - sum_j P dout.v);  dq_t += scale sum_j dS[t,j] k_j;
 //             dk_j += scale sum_t dS[t,j] q_t    (accumulates; every output owned by one warp: deterministic)
 // One warp per (b, h, row); lanes over keys for scores and over head dims for the weighted sums.
+// Storage: qkv, out, dout, dqkv in floatX (float or __nv_bfloat16); att and the dS scratch in float; compute in
+// fp32, each result rounded once to floatX (dqkv: read, add in fp32, round once). vec: the per-lane dot
+// products over a whole head row read 16-byte packs (attn::packs_fit), in the same order.
 #pragma once
+#include "cuda/attention_common.cuh"
 #include "cuda/common.cuh"
 
 namespace gpt2::cuda {
@@ -20,20 +24,19 @@ __device__ inline bool naive_row(int B, int NH, int T, int& b, int& h, int& t) {
   return true;
 }
 
-__global__ void attention_naive_softmax_kernel(float* __restrict__ att,        // (B, NH, T, T)
-                                               const float* __restrict__ qkv,  // (B, T, 3C)
-                                               int B, int T, int NH, int hs, float scale) {
+template <class floatX>
+__global__ void attention_naive_softmax_kernel(float* __restrict__ att,         // (B, NH, T, T)
+                                               const floatX* __restrict__ qkv,  // (B, T, 3C)
+                                               int B, int T, int NH, int hs, float scale, bool vec) {
   int b, h, t;
   if (!naive_row(B, NH, T, b, h, t)) return;
   const int lane = threadIdx.x % 32, C = NH * hs, C3 = 3 * C;
-  const float* q = qkv + (size_t(b) * T + t) * C3 + size_t(h) * hs;
+  const floatX* q = qkv + (size_t(b) * T + t) * C3 + size_t(h) * hs;
   float* p = att + ((size_t(b) * NH + h) * T + t) * T;
   float m = -INFINITY;
   for (int j = lane; j <= t; j += 32) {
-    const float* k = qkv + (size_t(b) * T + j) * C3 + C + size_t(h) * hs;
-    float s = 0.0f;
-    for (int d = 0; d < hs; d++) s += q[d] * k[d];
-    s *= scale;
+    const floatX* k = qkv + (size_t(b) * T + j) * C3 + C + size_t(h) * hs;
+    const float s = attn::dot_seq(q, k, hs, vec) * scale;
     p[j] = s;
     m = fmaxf(m, s);
   }
@@ -48,9 +51,10 @@ __global__ void attention_naive_softmax_kernel(float* __restrict__ att,        /
   for (int j = lane; j < T; j += 32) p[j] = j <= t ? p[j] * inv : 0.0f;
 }
 
-__global__ void attention_naive_out_kernel(float* __restrict__ out,        // (B, T, C)
-                                           const float* __restrict__ att,  // (B, NH, T, T)
-                                           const float* __restrict__ qkv,  // (B, T, 3C)
+template <class floatX>
+__global__ void attention_naive_out_kernel(floatX* __restrict__ out,        // (B, T, C)
+                                           const float* __restrict__ att,   // (B, NH, T, T)
+                                           const floatX* __restrict__ qkv,  // (B, T, 3C)
                                            int B, int T, int NH, int hs) {
   int b, h, t;
   if (!naive_row(B, NH, T, b, h, t)) return;
@@ -58,29 +62,29 @@ __global__ void attention_naive_out_kernel(float* __restrict__ out,        // (B
   const float* p = att + ((size_t(b) * NH + h) * T + t) * T;
   for (int d = lane; d < hs; d += 32) {
     float o = 0.0f;
-    for (int j = 0; j <= t; j++) o += p[j] * qkv[(size_t(b) * T + j) * C3 + 2 * C + size_t(h) * hs + d];
-    out[(size_t(b) * T + t) * C + size_t(h) * hs + d] = o;
+    for (int j = 0; j <= t; j++) o += p[j] * attn::to_float(qkv[(size_t(b) * T + j) * C3 + 2 * C + size_t(h) * hs + d]);
+    out[(size_t(b) * T + t) * C + size_t(h) * hs + d] = attn::from_float<floatX>(o);
   }
 }
 
 // Per query row t: dS[t, :] into ds (B, NH, T, T), then dq_t += scale dS[t, :] K.
-__global__ void attention_naive_dq_kernel(float* __restrict__ dqkv,        // (B, T, 3C), accumulated into
-                                          float* __restrict__ ds,          // (B, NH, T, T) scratch
-                                          const float* __restrict__ dout,  // (B, T, C)
-                                          const float* __restrict__ qkv,   // (B, T, 3C)
-                                          const float* __restrict__ att,   // (B, NH, T, T)
-                                          int B, int T, int NH, int hs, float scale) {
+template <class floatX>
+__global__ void attention_naive_dq_kernel(floatX* __restrict__ dqkv,        // (B, T, 3C), accumulated into
+                                          float* __restrict__ ds,           // (B, NH, T, T) scratch
+                                          const floatX* __restrict__ dout,  // (B, T, C)
+                                          const floatX* __restrict__ qkv,   // (B, T, 3C)
+                                          const float* __restrict__ att,    // (B, NH, T, T)
+                                          int B, int T, int NH, int hs, float scale, bool vec) {
   int b, h, t;
   if (!naive_row(B, NH, T, b, h, t)) return;
   const int lane = threadIdx.x % 32, C = NH * hs, C3 = 3 * C;
   const float* p = att + ((size_t(b) * NH + h) * T + t) * T;
   float* dsr = ds + ((size_t(b) * NH + h) * T + t) * T;
-  const float* dy = dout + (size_t(b) * T + t) * C + size_t(h) * hs;
+  const floatX* dy = dout + (size_t(b) * T + t) * C + size_t(h) * hs;
   float pdp = 0.0f;
   for (int j = lane; j <= t; j += 32) {
-    const float* v = qkv + (size_t(b) * T + j) * C3 + 2 * C + size_t(h) * hs;
-    float dp = 0.0f;
-    for (int d = 0; d < hs; d++) dp += dy[d] * v[d];
+    const floatX* v = qkv + (size_t(b) * T + j) * C3 + 2 * C + size_t(h) * hs;
+    const float dp = attn::dot_seq(dy, v, hs, vec);
     dsr[j] = dp;
     pdp += p[j] * dp;
   }
@@ -89,17 +93,19 @@ __global__ void attention_naive_dq_kernel(float* __restrict__ dqkv,        // (B
   __syncwarp();  // the row of dS is read across lanes below
   for (int d = lane; d < hs; d += 32) {
     float g = 0.0f;
-    for (int j = 0; j <= t; j++) g += dsr[j] * qkv[(size_t(b) * T + j) * C3 + C + size_t(h) * hs + d];
-    dqkv[(size_t(b) * T + t) * C3 + size_t(h) * hs + d] += scale * g;
+    for (int j = 0; j <= t; j++) g += dsr[j] * attn::to_float(qkv[(size_t(b) * T + j) * C3 + C + size_t(h) * hs + d]);
+    floatX* dq = dqkv + (size_t(b) * T + t) * C3 + size_t(h) * hs + d;
+    *dq = attn::from_float<floatX>(attn::to_float(*dq) + scale * g);
   }
 }
 
 // Per key row j: dk_j += scale sum_{t >= j} dS[t, j] q_t and dv_j += sum_{t >= j} P[t, j] dout_t.
-__global__ void attention_naive_dkdv_kernel(float* __restrict__ dqkv,        // (B, T, 3C), accumulated into
-                                            const float* __restrict__ ds,    // (B, NH, T, T)
-                                            const float* __restrict__ dout,  // (B, T, C)
-                                            const float* __restrict__ qkv,   // (B, T, 3C)
-                                            const float* __restrict__ att,   // (B, NH, T, T)
+template <class floatX>
+__global__ void attention_naive_dkdv_kernel(floatX* __restrict__ dqkv,        // (B, T, 3C), accumulated into
+                                            const float* __restrict__ ds,     // (B, NH, T, T)
+                                            const floatX* __restrict__ dout,  // (B, T, C)
+                                            const floatX* __restrict__ qkv,   // (B, T, 3C)
+                                            const float* __restrict__ att,    // (B, NH, T, T)
                                             int B, int T, int NH, int hs, float scale) {
   int b, h, j;
   if (!naive_row(B, NH, T, b, h, j)) return;
@@ -109,37 +115,42 @@ __global__ void attention_naive_dkdv_kernel(float* __restrict__ dqkv,        // 
     float gk = 0.0f, gv = 0.0f;
     for (int t = j; t < T; t++) {
       const size_t at = base + size_t(t) * T + j;
-      gk += ds[at] * qkv[(size_t(b) * T + t) * C3 + size_t(h) * hs + d];
-      gv += att[at] * dout[(size_t(b) * T + t) * C + size_t(h) * hs + d];
+      gk += ds[at] * attn::to_float(qkv[(size_t(b) * T + t) * C3 + size_t(h) * hs + d]);
+      gv += att[at] * attn::to_float(dout[(size_t(b) * T + t) * C + size_t(h) * hs + d]);
     }
-    float* row = dqkv + (size_t(b) * T + j) * C3 + size_t(h) * hs + d;
-    row[C] += scale * gk;
-    row[2 * C] += gv;
+    floatX* row = dqkv + (size_t(b) * T + j) * C3 + size_t(h) * hs + d;
+    row[C] = attn::from_float<floatX>(attn::to_float(row[C]) + scale * gk);
+    row[2 * C] = attn::from_float<floatX>(attn::to_float(row[2 * C]) + gv);
   }
 }
 
-inline void attention_naive_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+template <class floatX>
+inline void attention_naive_forward(floatX* out, float* att, const floatX* qkv, int B, int T, int C, int NH,
                                     cudaStream_t stream) {
   if (B <= 0 || T <= 0) return;
   const int hs = C / NH;
   const float scale = 1.0f / sqrtf(float(hs));
   const int block = 256, rows = ceil_div(size_t(B) * NH * T, block / 32);
-  LAUNCH(attention_naive_softmax_kernel, rows, block, 0, stream, att, qkv, B, T, NH, hs, scale);
+  LAUNCH(attention_naive_softmax_kernel<floatX>, rows, block, 0, stream, att, qkv, B, T, NH, hs, scale,
+         attn::packs_fit<floatX>(hs, qkv));
   CUDA_CHECK_LAUNCH();
-  LAUNCH(attention_naive_out_kernel, rows, block, 0, stream, out, att, qkv, B, T, NH, hs);
+  LAUNCH(attention_naive_out_kernel<floatX>, rows, block, 0, stream, out, att, qkv, B, T, NH, hs);
   CUDA_CHECK_LAUNCH();
 }
 
 // ds_scratch: B * NH * T * T floats.
-inline void attention_naive_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
+template <class floatX>
+inline void attention_naive_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* att,
                                      float* ds_scratch, int B, int T, int C, int NH, cudaStream_t stream) {
   if (B <= 0 || T <= 0) return;
   const int hs = C / NH;
   const float scale = 1.0f / sqrtf(float(hs));
   const int block = 256, rows = ceil_div(size_t(B) * NH * T, block / 32);
-  LAUNCH(attention_naive_dq_kernel, rows, block, 0, stream, dqkv, ds_scratch, dout, qkv, att, B, T, NH, hs, scale);
+  LAUNCH(attention_naive_dq_kernel<floatX>, rows, block, 0, stream, dqkv, ds_scratch, dout, qkv, att, B, T, NH, hs,
+         scale, attn::packs_fit<floatX>(hs, dout, qkv));
   CUDA_CHECK_LAUNCH();
-  LAUNCH(attention_naive_dkdv_kernel, rows, block, 0, stream, dqkv, ds_scratch, dout, qkv, att, B, T, NH, hs, scale);
+  LAUNCH(attention_naive_dkdv_kernel<floatX>, rows, block, 0, stream, dqkv, ds_scratch, dout, qkv, att, B, T, NH, hs,
+         scale);
   CUDA_CHECK_LAUNCH();
 }
 
