@@ -161,7 +161,7 @@ class CudaBackend final : public Backend<float> {
   double sum_squares(const float* p, size_t n) override { return cuda::sum_squares(p, n, norm_work_, stream_); }
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
              float eps, float decay, float grad_scale, float bc1, float bc2) override {
-    cuda::adamw_update(param, grad, m, v, n, AdamWParams{lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2}, stream_);
+    cuda::adamw_update(param, nullptr, grad, m, v, n, AdamWParams{lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2, 0, 0}, stream_);
     sync();  // parameters are read on the host through numpy views
   }
 
@@ -253,7 +253,7 @@ std::string device_status(int device) {
     return std::string("cudaSetDevice(") + std::to_string(device) + ") failed: " + cudaGetErrorString(e2);
   }
   cudaFuncAttributes attr;
-  const cudaError_t k = cudaFuncGetAttributes(&attr, residual_forward_kernel);
+  const cudaError_t k = cudaFuncGetAttributes(&attr, residual_forward_kernel<float>);
   if (k != cudaSuccess) {
     (void)cudaGetLastError();
     int major = 0, minor = 0;
