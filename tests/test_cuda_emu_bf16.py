@@ -108,8 +108,14 @@ def test_encoder(bf16ops, mis):
     check_f32(dwpe, rp, np.abs(dwpe0) + np.pad(np.abs(dout).sum(0), ((0, maxT - T), (0, 0))))
 
 
+# rows: 3 * 37 x 192 (vector path, row cached in registers), 7 x 100 (C not a multiple of 8: scalar path),
+# 5 x 2056 (vector path, row too wide for the register cache: re-read per pass)
+SHAPES_LN = [(N, C), (7, 100), (5, 2056)]
+
+
 @pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-def test_layernorm(bf16ops, mis):
+@pytest.mark.parametrize("N,C", SHAPES_LN)
+def test_layernorm(bf16ops, mis, N, C):
     ops, rng = bf16ops[mis], np.random.default_rng(2)
     x, w, b = rnd(rng, N, C, scale=2.0, offset=0.5), rnd(rng, C, offset=1.0), rnd(rng, C)
     out, mean, rstd = ops.layernorm_forward(x, w, b)
@@ -133,7 +139,8 @@ def test_layernorm(bf16ops, mis):
 
 
 @pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-def test_residual_layernorm_forward(bf16ops, mis):
+@pytest.mark.parametrize("N,C", SHAPES_LN)
+def test_residual_layernorm_forward(bf16ops, mis, N, C):
     ops, rng = bf16ops[mis], np.random.default_rng(3)
     a, b = rnd(rng, N, C, scale=2.0, offset=0.5), rnd(rng, N, C)
     w, bias = rnd(rng, C, offset=1.0), rnd(rng, C)
@@ -299,7 +306,8 @@ def test_stochastic_rounding(bf16ops):
 
 # --------------------------------------------------------------------------------------------- fp32 fused op
 @pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-def test_residual_layernorm_forward_fp32(emu, mis):  # noqa: F811
+@pytest.mark.parametrize("N,C", SHAPES_LN)
+def test_residual_layernorm_forward_fp32(emu, mis, N, C):  # noqa: F811
     if not hasattr(emu.Ops, "residual_layernorm_forward"):
         pytest.skip("gpt2core_cuda_emu.Ops has no residual_layernorm_forward yet (tests/cuda_emu/ops_bindings.cpp)")
     rng = np.random.default_rng(9)

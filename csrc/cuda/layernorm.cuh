@@ -29,10 +29,18 @@ __device__ inline float pairwise_sum(const float (&v)[P::kSize]) {
   return t[0];
 }
 
+// Floats of the row kept in registers per lane by the cached forward variant: rows of up to 32 * 64 = 2048
+// channels are read from memory once (the residual inputs a and b once, not once per pass).
+constexpr int kLnCacheFloats = 64;
+
 // vec (C % kVec<floatX> == 0 and 16-byte aligned pointers): lanes move Vec<floatX> (16 bytes); otherwise one
-// value per access. kResidual: the row x is first formed as a + b (rounded to floatX) and written to
-// residual; the statistics and out are computed from the rounded values.
-template <class floatX, bool kResidual>
+// value per access. Lane l handles vectors l, l + 32, l + 64, ... in that order in every pass.
+// kCache > 0 (vec only, C <= 32 * kCache * kVec): the lane's kCache vectors stay in registers after pass 1,
+// so passes 2 and 3 do not re-read the row; kCache = 0 re-reads it (from cache) in each pass. Both variants
+// do the same arithmetic in the same order, so they give the same bits.
+// kResidual: the row x is first formed as a + b (rounded to floatX) and written to residual; the statistics
+// and out are computed from the rounded values.
+template <class floatX, bool kResidual, int kCache>
 __global__ void layernorm_forward_kernel(floatX* __restrict__ residual,    // (N, C) written when kResidual
                                          floatX* __restrict__ out,         // (N, C)
                                          float* __restrict__ mean,         // (N)
@@ -73,9 +81,28 @@ __global__ void layernorm_forward_kernel(floatX* __restrict__ residual,    // (N
     if constexpr (kResidual) return load_f(store_t<floatX>(load_f(x[i]) + load_f(x2[i])));
     else return load_f(x[i]);
   };
-  // pass 1: sum (and, fused, the residual write: the only pass that stores it)
+  // f(j, i) for the lane's vectors i = lane + 32 j in order (j < kCache: a register slot when cached)
+  auto for_each_vec = [&](auto&& f) {
+    if constexpr (kCache > 0) {
+#pragma unroll
+      for (int j = 0; j < kCache; j++)
+        if (lane + 32 * j < CV) f(j, lane + 32 * j);
+    } else {
+      for (int i = lane; i < CV; i += 32) f(0, i);
+    }
+  };
+  float cache[kCache > 0 ? kCache : 1][K];
+  auto fetch = [&](int j, int i, float (&v)[K]) {
+    if constexpr (kCache > 0) {
+#pragma unroll
+      for (int k = 0; k < K; k++) v[k] = cache[j][k];
+    } else {
+      load_vec(i, v);
+    }
+  };
+  // pass 1: sum (and, fused, the residual write)
   float s = 0.0f;
-  for (int i = lane; i < CV; i += 32) {
+  for_each_vec([&](int j, int i) {
     float v[K];
     load_vec(i, v);
     if constexpr (kResidual) {
@@ -84,8 +111,12 @@ __global__ void layernorm_forward_kernel(floatX* __restrict__ residual,    // (N
       for (int k = 0; k < K; k++) r.set(k, v[k]);
       r.store(res + size_t(i) * K);
     }
+    if constexpr (kCache > 0) {
+#pragma unroll
+      for (int k = 0; k < K; k++) cache[j][k] = v[k];
+    }
     s += pairwise_sum<V>(v);
-  }
+  });
   for (int i = K * CV + lane; i < C; i += 32) {
     const float v = load_one(i);
     if constexpr (kResidual) res[i] = store_t<floatX>(v);
@@ -94,29 +125,30 @@ __global__ void layernorm_forward_kernel(floatX* __restrict__ residual,    // (N
   const float m = warp_sum(s) / C;
   // pass 2: variance about the mean
   float var = 0.0f;
-  for (int i = lane; i < CV; i += 32) {
+  for_each_vec([&](int j, int i) {
     float v[K];
-    load_vec(i, v);
+    fetch(j, i, v);
 #pragma unroll
     for (int k = 0; k < K; k++) v[k] = (v[k] - m) * (v[k] - m);
     var += pairwise_sum<V>(v);
-  }
+  });
   for (int i = K * CV + lane; i < C; i += 32) {
     const float d = load_one(i) - m;
     var += d * d;
   }
   const float r = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
   // pass 3: normalise, scale, shift
-  for (int i = lane; i < CV; i += 32) {
+  for_each_vec([&](int j, int i) {
     float v[K];
-    load_vec(i, v);
+    fetch(j, i, v);
     const V ww = V::load(w + size_t(i) * K), bb = V::load(b + size_t(i) * K);
     V y;
 #pragma unroll
     for (int k = 0; k < K; k++) y.set(k, (v[k] - m) * r * ww.f(k) + bb.f(k));
     y.store(o + size_t(i) * K);
-  }
-  for (int i = K * CV + lane; i < C; i += 32) o[i] = store_t<floatX>((load_one(i) - m) * r * load_f(w[i]) + load_f(b[i]));
+  });
+  for (int i = K * CV + lane; i < C; i += 32)
+    o[i] = store_t<floatX>((load_one(i) - m) * r * load_f(w[i]) + load_f(b[i]));
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
@@ -211,29 +243,41 @@ __global__ void layernorm_param_partial_kernel(float* __restrict__ partial_dw,  
 }
 
 // ----------------------------------------------------------------------------------------- launchers
+// Shared by layernorm_forward (residual and b2 null) and residual_layernorm_forward: the register-cached
+// kernel when the row fits, else the re-reading one.
+template <class floatX, bool kResidual>
+void launch_layernorm_forward(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* a,
+                              const floatX* b2, const floatX* w, const floatX* bias, int N, int C, bool vec,
+                              cudaStream_t stream) {
+  constexpr int K = kVec<floatX>, kCache = kLnCacheFloats / K;
+  const int block = 256, rows_per_block = block / 32;
+  if (vec && C <= 32 * kCache * K)
+    LAUNCH((layernorm_forward_kernel<floatX, kResidual, kCache>), ceil_div(N, rows_per_block), block, 0, stream,
+           residual, out, mean, rstd, a, b2, w, bias, N, C, vec);
+  else
+    LAUNCH((layernorm_forward_kernel<floatX, kResidual, 0>), ceil_div(N, rows_per_block), block, 0, stream,
+           residual, out, mean, rstd, a, b2, w, bias, N, C, vec);
+  CUDA_CHECK_LAUNCH();
+}
+
 template <class floatX>
 void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w, const floatX* b, int N,
                        int C, cudaStream_t stream) {
   if (N <= 0) return;
-  const int block = 256, rows_per_block = block / 32;
   const bool vec = C % kVec<floatX> == 0 && aligned16(out, inp, w, b);
-  LAUNCH((layernorm_forward_kernel<floatX, false>), ceil_div(N, rows_per_block), block, 0, stream,
-         static_cast<floatX*>(nullptr), out, mean, rstd, inp, static_cast<const floatX*>(nullptr), w, b, N, C, vec);
-  CUDA_CHECK_LAUNCH();
+  launch_layernorm_forward<floatX, false>(nullptr, out, mean, rstd, inp, nullptr, w, b, N, C, vec, stream);
 }
 
-// residual = a + b (rounded to floatX); out, mean, rstd = layernorm of the rounded residual. One read of a and
-// b per pass, one write of residual and of out.
+// residual = a + b (rounded to floatX); out, mean, rstd = layernorm of the rounded residual. a and b are read
+// once and residual and out written once when the row fits the register cache (C <= 2048, aligned); wider or
+// misaligned rows re-read a and b in each of the three passes.
 template <class floatX>
 void residual_layernorm_forward(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* a,
                                 const floatX* b, const floatX* w, const floatX* bias, int N, int C,
                                 cudaStream_t stream) {
   if (N <= 0) return;
-  const int block = 256, rows_per_block = block / 32;
   const bool vec = C % kVec<floatX> == 0 && aligned16(residual, out, a, b, w, bias);
-  LAUNCH((layernorm_forward_kernel<floatX, true>), ceil_div(N, rows_per_block), block, 0, stream, residual, out, mean,
-         rstd, a, b, w, bias, N, C, vec);
-  CUDA_CHECK_LAUNCH();
+  launch_layernorm_forward<floatX, true>(residual, out, mean, rstd, a, b, w, bias, N, C, vec, stream);
 }
 
 // scratch: at least 2 * column_chunks(N) * C floats.
