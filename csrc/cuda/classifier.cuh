@@ -75,7 +75,8 @@ long crossentropy_forward(float* losses, float* lse, const floatX* logits, const
                           int V, int Vp, cudaStream_t stream) {
   if (N <= 0) return 0;
   CUDA_CHECK(cudaMemsetAsync(valid_dev, 0, sizeof(int), stream));
-  LAUNCH(crossentropy_forward_kernel<floatX>, N, kClassifierBlock, 0, stream, losses, lse, valid_dev, logits, targets, V, Vp);
+  LAUNCH(crossentropy_forward_kernel<floatX>, N, kClassifierBlock, 0, stream, losses, lse, valid_dev, logits, targets,
+         V, Vp);
   CUDA_CHECK_LAUNCH();
   int valid = 0;
   CUDA_CHECK(cudaMemcpyAsync(&valid, valid_dev, sizeof(int), cudaMemcpyDeviceToHost, stream));

@@ -16,10 +16,10 @@ namespace gpt2::cuda {
 // ----------------------------------------------------------------------------------------- kernels
 // vec (C % kVec<floatX> == 0, pointers 16-byte aligned): each thread writes kVec<floatX> channels (16 bytes).
 template <class floatX>
-__global__ void encoder_forward_kernel(floatX* __restrict__ out,            // (B, T, C)
-                                       const int* __restrict__ inp,    // (B, T)
-                                       const floatX* __restrict__ wte,      // (Vp, C)
-                                       const floatX* __restrict__ wpe,      // (maxT, C)
+__global__ void encoder_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
+                                       const int* __restrict__ inp,     // (B, T)
+                                       const floatX* __restrict__ wte,  // (Vp, C)
+                                       const floatX* __restrict__ wpe,  // (maxT, C)
                                        int BT, int T, int C, bool vec) {
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (vec) {
@@ -41,8 +41,8 @@ __global__ void encoder_forward_kernel(floatX* __restrict__ out,            // (
 
 // dwpe[t, c] += sum_b dout[b, t, c], b in order (fp32).
 template <class floatX>
-__global__ void encoder_backward_wpe_kernel(float* __restrict__ dwpe,      // (maxT, C)
-                                            const floatX* __restrict__ dout,    // (B, T, C)
+__global__ void encoder_backward_wpe_kernel(float* __restrict__ dwpe,         // (maxT, C)
+                                            const floatX* __restrict__ dout,  // (B, T, C)
                                             int B, int T, int C) {
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= size_t(T) * C) return;
@@ -53,11 +53,11 @@ __global__ void encoder_backward_wpe_kernel(float* __restrict__ dwpe,      // (m
 
 // Bucket u (blockIdx.x) covers positions order[start[u] .. start[u+1]) of token token[u].
 template <class floatX>
-__global__ void encoder_backward_wte_kernel(float* __restrict__ dwte,          // (Vp, C)
-                                            const floatX* __restrict__ dout,        // (B*T, C)
-                                            const int* __restrict__ token,     // (U)
-                                            const int* __restrict__ start,     // (U + 1)
-                                            const int* __restrict__ order,     // (B*T) positions by token
+__global__ void encoder_backward_wte_kernel(float* __restrict__ dwte,         // (Vp, C)
+                                            const floatX* __restrict__ dout,  // (B*T, C)
+                                            const int* __restrict__ token,    // (U)
+                                            const int* __restrict__ start,    // (U + 1)
+                                            const int* __restrict__ order,    // (B*T) positions by token
                                             int C) {
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   const int u = blockIdx.x;
@@ -69,21 +69,22 @@ __global__ void encoder_backward_wte_kernel(float* __restrict__ dwte,          /
 
 // ----------------------------------------------------------------------------------------- launchers
 template <class floatX>
-void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C, cudaStream_t stream) {
+void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
+                     cudaStream_t stream) {
   const size_t n = size_t(B) * T * C;
   if (n == 0) return;
   const int block = 256;
   const bool vec = C % kVec<floatX> == 0 && aligned16(out, wte, wpe);
-  LAUNCH(encoder_forward_kernel<floatX>, ceil_div(vec ? n / kVec<floatX> : n, block), block, 0, stream, out, inp, wte, wpe,
-         B * T, T, C, vec);
+  LAUNCH(encoder_forward_kernel<floatX>, ceil_div(vec ? n / kVec<floatX> : n, block), block, 0, stream, out, inp, wte,
+         wpe, B * T, T, C, vec);
   CUDA_CHECK_LAUNCH();
 }
 
 // inp_host: the same token ids as inp, on the host. work_dev: device int scratch of at least
 // 3 * B * T + 1 ints.
 template <class floatX>
-void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const int32_t* inp_host, int* work_dev, int B, int T,
-                      int C, cudaStream_t stream) {
+void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const int32_t* inp_host, int* work_dev, int B,
+                      int T, int C, cudaStream_t stream) {
   const int BT = B * T;
   if (BT == 0 || C == 0) return;
   const int block = 256;

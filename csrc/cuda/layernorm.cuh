@@ -261,8 +261,8 @@ void launch_layernorm_forward(floatX* residual, floatX* out, float* mean, float*
 }
 
 template <class floatX>
-void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w, const floatX* b, int N,
-                       int C, cudaStream_t stream) {
+void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w, const floatX* b,
+                       int N, int C, cudaStream_t stream) {
   if (N <= 0) return;
   const bool vec = C % kVec<floatX> == 0 && aligned16(out, inp, w, b);
   launch_layernorm_forward<floatX, false>(nullptr, out, mean, rstd, inp, nullptr, w, b, N, C, vec, stream);
