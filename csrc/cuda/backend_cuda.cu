@@ -52,7 +52,7 @@ struct KernelTypeOf {
   using type = float;
 };
 template <>
-struct KernelTypeOf<bf16> {
+struct KernelTypeOf<::gpt2::bf16> {
   using type = __nv_bfloat16;
 };
 
@@ -75,6 +75,8 @@ class CudaBackend final : public Backend<T> {
     const char* tf32 = std::getenv("GPT2CORE_CUDA_TF32");
     gpt2core::seams::set_matmul_tf32(tf32 && tf32[0] == '1');
 #endif
+    const char* fused = std::getenv("GPT2CORE_CUDA_FUSED");
+    fused_ = !(fused && fused[0] == '0');
     const char* att = std::getenv("GPT2CORE_CUDA_ATTENTION");
     if (att && std::string(att) == "naive") naive_attention_ = true;
     else if (att && *att && std::string(att) != "flash")
@@ -133,6 +135,16 @@ class CudaBackend final : public Backend<T> {
     float* s = scratch(2 * size_t(column_chunks(N)) * C);
     cuda::layernorm_backward(k(dinp), dw, db, k(dout), k(inp), k(w), mean, rstd, s, N, C, stream_);
   }
+  // fused (default): one kernel reads a and b once and writes the residual and its layernorm;
+  // GPT2CORE_CUDA_FUSED=0: the two separate kernels (the "no fusion" rung of the speed ladder).
+  void residual_layernorm_forward(T* residual, T* out, float* mean, float* rstd, const T* a, const T* b, const T* w,
+                                  const T* bias, int N, int C) override {
+    if (!fused_) {
+      Backend<T>::residual_layernorm_forward(residual, out, mean, rstd, a, b, w, bias, N, C);
+      return;
+    }
+    cuda::residual_layernorm_forward(k(residual), k(out), mean, rstd, k(a), k(b), k(w), k(bias), N, C, stream_);
+  }
   void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) override {
     cuda::matmul_forward(k(out), k(inp), k(w), k(bias), N, C, OC, stream_);
   }
@@ -182,15 +194,16 @@ class CudaBackend final : public Backend<T> {
   void adamw(T* param, float* master, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
              float beta2, float eps, float decay, float grad_scale, float bc1, float bc2, uint32_t seed,
              size_t offset) override {
-    (void)master; (void)seed; (void)offset;  // SHIM until the generic kernels land
-    cuda::adamw_update(k(param), grad, m, v, n, AdamWParams{lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2}, stream_);
+    cuda::adamw_update(k(param), master, grad, m, v, n,
+                       AdamWParams{lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2, seed, offset}, stream_);
     sync();  // parameters are read on the host through numpy views
   }
   void cast_params(T* param, const float* master, size_t n, uint32_t seed, size_t offset) override {
     if constexpr (std::is_same_v<T, float>) {
       Backend<T>::cast_params(param, master, n, seed, offset);  // fp32 models have no separate copy
     } else {
-      throw std::logic_error("SHIM");
+      cuda::cast_params(k(param), master, n, seed, offset, stream_);
+      sync();
     }
   }
 
@@ -254,6 +267,7 @@ class CudaBackend final : public Backend<T> {
   }
 
   int device_ = 0;
+  bool fused_ = true;             // GPT2CORE_CUDA_FUSED=0: unfused residual + layernorm
   bool naive_attention_ = false;  // GPT2CORE_CUDA_ATTENTION=naive: materialised T x T attention
   cudaStream_t stream_ = nullptr;  // the default stream
   double* norm_work_ = nullptr;
@@ -286,7 +300,7 @@ std::string device_status(int device) {
     return std::string("cudaSetDevice(") + std::to_string(device) + ") failed: " + cudaGetErrorString(e2);
   }
   cudaFuncAttributes attr;
-  const cudaError_t k = cudaFuncGetAttributes(&attr, residual_forward_kernel);
+  const cudaError_t k = cudaFuncGetAttributes(&attr, residual_forward_kernel<float>);
   if (k != cudaSuccess) {
     (void)cudaGetLastError();
     int major = 0, minor = 0;
@@ -323,8 +337,8 @@ std::unique_ptr<Backend<float>> make_backend(const std::string& device) {
   return std::make_unique<CudaBackend<float>>(parse_device_index(device));
 }
 
-std::unique_ptr<Backend<bf16>> make_backend_bf16(const std::string& device) {
-  throw std::runtime_error("SHIM: bf16 not built yet " + device);
+std::unique_ptr<Backend<::gpt2::bf16>> make_backend_bf16(const std::string& device) {
+  return std::make_unique<CudaBackend<::gpt2::bf16>>(parse_device_index(device));
 }
 
 }  // namespace gpt2::cuda

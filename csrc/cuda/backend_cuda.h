@@ -23,6 +23,6 @@ std::string device_name(int device);
 std::unique_ptr<Backend<float>> make_backend(const std::string& device);
 // The bf16 mixed-precision backend: bf16 parameters copy and activations, fp32 master weights, gradients,
 // AdamW state and statistics.
-std::unique_ptr<Backend<bf16>> make_backend_bf16(const std::string& device);
+std::unique_ptr<Backend<::gpt2::bf16>> make_backend_bf16(const std::string& device);
 
 }  // namespace gpt2::cuda

@@ -1,10 +1,21 @@
-// Shared helpers of the CUDA backend: error macros that throw, ceil_div, warp and block reductions.
+// Shared helpers of the CUDA backend: error macros that throw, ceil_div, warp and block reductions, and the
+// storage-type helpers of the bf16 contract (notes/bf16_contract.md):
+//   the storage type (T in the contract, the template parameter floatX in the kernel files) is float or
+//   __nv_bfloat16; compute is fp32 in registers:
+//     load_f(x) = float(x);  store_t<T>(v) = v rounded to T (round to nearest even for bf16)
+//   Pack<T, K>: K values of T moved as one aligned access; Vec<T> = Pack<T, 16 / sizeof(T)>, the 16-byte
+//   vector of the memory-bound kernels (4 floats or 8 bf16).
+//   stochastic_round_bf16(x, seed, idx): fp32 bit pattern + a 16-bit hash of (seed, idx), truncated to bf16
+//   (rounds away from zero with probability equal to the dropped fraction of an ulp, so E[result] = x);
+//   seed 0 = round to nearest even.
 // Included by every kernel file; compiles with nvcc and, through emu/cuda_portable.h, with g++ against
 // the CUDA-on-CPU emulator (csrc/emu).
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "emu/cuda_portable.h"
 
@@ -37,11 +48,92 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 inline int ceil_div(size_t a, size_t b) { return static_cast<int>((a + b - 1) / b); }
 
-// True when every pointer is 16-byte aligned: the memory-bound kernels then move float4 (16 bytes) per
-// thread and finish the last N % 4 values one by one; otherwise they fall back to one float per thread.
+// True when every pointer is A-byte aligned.
+template <size_t A, class... P>
+inline bool aligned_to(const P*... p) {
+  return ((reinterpret_cast<uintptr_t>(p) % A == 0) && ...);
+}
+// True when every pointer is 16-byte aligned: the memory-bound kernels then move one Vec<T> (16 bytes:
+// 4 floats or 8 bf16) per access and finish the ragged tail one value at a time; otherwise they fall back
+// to one value per thread.
 template <class... P>
 inline bool aligned16(const P*... p) {
-  return ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
+  return aligned_to<16>(p...);
+}
+
+// ----------------------------------------------------------------------------------------- storage types
+using bf16 = __nv_bfloat16;
+
+template <class T>
+constexpr bool kIsBF16 = std::is_same<T, bf16>::value;
+
+// T -> float (exact) and float -> T (round to nearest even).
+__host__ __device__ inline float load_f(float x) { return x; }
+__host__ __device__ inline float load_f(bf16 x) { return __bfloat162float(x); }
+template <class T>
+__host__ __device__ inline T store_t(float v);
+template <>
+__host__ __device__ inline float store_t<float>(float v) {
+  return v;
+}
+template <>
+__host__ __device__ inline bf16 store_t<bf16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// K values of T as one aligned access (K * sizeof(T) bytes: 8 or 16). Loaded and stored whole through
+// the pointer casts below, so the compiler emits one vector instruction.
+template <class T, int K>
+struct alignas(K * sizeof(T)) Pack {
+  static constexpr int kSize = K;
+  T x[K];
+  __device__ static Pack load(const T* p) { return *reinterpret_cast<const Pack*>(p); }
+  __device__ void store(T* p) const { *reinterpret_cast<Pack*>(p) = *this; }
+  __device__ float f(int i) const { return load_f(x[i]); }
+  __device__ void set(int i, float v) { x[i] = store_t<T>(v); }
+};
+template <class T>
+using Vec = Pack<T, 16 / sizeof(T)>;
+template <class T>
+constexpr int kVec = 16 / sizeof(T);  // values per 16-byte vector
+
+// ----------------------------------------------------------------------------------------- stochastic rounding
+// 64-bit xorshift-multiply mixer (the constants are the odd multipliers of Stafford's "Mix13" finaliser,
+// used by SplitMix64): every input bit affects every output bit.
+__host__ __device__ inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+// 16 random bits, a pure function of (seed, idx): two mixing rounds so that neighbouring indices and
+// neighbouring seeds give unrelated values.
+__host__ __device__ inline uint32_t sr_bits16(uint32_t seed, uint64_t idx) {
+  const uint64_t z = mix64(idx * 0x9e3779b97f4a7c15ull + seed);
+  return uint32_t(mix64(z ^ (uint64_t(seed) << 32)) >> 48);
+}
+// x rounded to one of its two neighbouring bf16 values, up with probability (dropped low 16 bits) / 2^16,
+// so the expected result is x. Sign-magnitude: adding to the magnitude's low bits rounds away from zero for
+// either sign. Inf / NaN go through __float2bfloat16_rn (Inf stays Inf, NaN stays NaN); seed 0 = nearest even.
+__host__ __device__ inline bf16 stochastic_round_bf16(float x, uint32_t seed, uint64_t idx) {
+  if (seed == 0) return __float2bfloat16_rn(x);
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return __float2bfloat16_rn(x);
+  u += sr_bits16(seed, idx);  // a carry out of the low half moves to the next bf16 value (or to Inf)
+  __nv_bfloat16_raw r;
+  r.x = static_cast<unsigned short>(u >> 16);
+  return bf16(r);
+}
+// The parameter write of AdamW and cast_params: T = float keeps the fp32 value.
+template <class T>
+__host__ __device__ inline T round_param(float x, uint32_t seed, uint64_t idx);
+template <>
+__host__ __device__ inline float round_param<float>(float x, uint32_t, uint64_t) {
+  return x;
+}
+template <>
+__host__ __device__ inline bf16 round_param<bf16>(float x, uint32_t seed, uint64_t idx) {
+  return stochastic_round_bf16(x, seed, idx);
 }
 
 template <class T>

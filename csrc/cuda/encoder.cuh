@@ -1,6 +1,7 @@
-// Token + position embedding.
+// Token + position embedding, storage type floatX (float or bf16; sums in fp32, one rounding to floatX):
 //   forward:  out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
 //   backward: dwpe[t,:] += sum_b dout[b,t,:];  dwte[v,:] += sum over positions (b,t) with inp[b,t] == v of dout[b,t,:]
+//             (dwte, dwpe fp32 for either floatX)
 // Backward is deterministic without float atomics: the positions are bucketed by token id on the host
 // (stable order), and one thread owns each (token, channel) output and sums its bucket in that order.
 #pragma once
@@ -13,73 +14,81 @@
 namespace gpt2::cuda {
 
 // ----------------------------------------------------------------------------------------- kernels
-// vec (C % 4 == 0, pointers 16-byte aligned): each thread writes 4 channels as one float4.
-__global__ void encoder_forward_kernel(float* __restrict__ out,        // (B, T, C)
-                                       const int* __restrict__ inp,    // (B, T)
-                                       const float* __restrict__ wte,  // (Vp, C)
-                                       const float* __restrict__ wpe,  // (maxT, C)
+// vec (C % kVec<floatX> == 0, pointers 16-byte aligned): each thread writes kVec<floatX> channels (16 bytes).
+template <class floatX>
+__global__ void encoder_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
+                                       const int* __restrict__ inp,     // (B, T)
+                                       const floatX* __restrict__ wte,  // (Vp, C)
+                                       const floatX* __restrict__ wpe,  // (maxT, C)
                                        int BT, int T, int C, bool vec) {
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (vec) {
-    const int C4 = C / 4;
-    if (idx >= size_t(BT) * C4) return;
-    const int bt = int(idx / C4), c = int(idx % C4) * 4, t = bt % T;
-    const float4 a = *reinterpret_cast<const float4*>(wte + size_t(inp[bt]) * C + c);
-    const float4 b = *reinterpret_cast<const float4*>(wpe + size_t(t) * C + c);
-    *reinterpret_cast<float4*>(out + size_t(bt) * C + c) = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    const int CV = C / kVec<floatX>;
+    if (idx >= size_t(BT) * CV) return;
+    const int bt = int(idx / CV), c = int(idx % CV) * kVec<floatX>, t = bt % T;
+    const Vec<floatX> a = Vec<floatX>::load(wte + size_t(inp[bt]) * C + c);
+    const Vec<floatX> b = Vec<floatX>::load(wpe + size_t(t) * C + c);
+    Vec<floatX> o;
+#pragma unroll
+    for (int k = 0; k < kVec<floatX>; k++) o.set(k, a.f(k) + b.f(k));
+    o.store(out + size_t(bt) * C + c);
     return;
   }
   if (idx >= size_t(BT) * C) return;
   const int bt = int(idx / C), c = int(idx % C), t = bt % T;
-  out[idx] = wte[size_t(inp[bt]) * C + c] + wpe[size_t(t) * C + c];
+  out[idx] = store_t<floatX>(load_f(wte[size_t(inp[bt]) * C + c]) + load_f(wpe[size_t(t) * C + c]));
 }
 
-// dwpe[t, c] += sum_b dout[b, t, c], b in order.
-__global__ void encoder_backward_wpe_kernel(float* __restrict__ dwpe,        // (maxT, C)
-                                            const float* __restrict__ dout,  // (B, T, C)
+// dwpe[t, c] += sum_b dout[b, t, c], b in order (fp32).
+template <class floatX>
+__global__ void encoder_backward_wpe_kernel(float* __restrict__ dwpe,         // (maxT, C)
+                                            const floatX* __restrict__ dout,  // (B, T, C)
                                             int B, int T, int C) {
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= size_t(T) * C) return;
   float s = 0.0f;
-  for (int b = 0; b < B; b++) s += dout[size_t(b) * T * C + idx];
+  for (int b = 0; b < B; b++) s += load_f(dout[size_t(b) * T * C + idx]);
   dwpe[idx] += s;
 }
 
 // Bucket u (blockIdx.x) covers positions order[start[u] .. start[u+1]) of token token[u].
-__global__ void encoder_backward_wte_kernel(float* __restrict__ dwte,          // (Vp, C)
-                                            const float* __restrict__ dout,    // (B*T, C)
-                                            const int* __restrict__ token,     // (U)
-                                            const int* __restrict__ start,     // (U + 1)
-                                            const int* __restrict__ order,     // (B*T) positions by token
+template <class floatX>
+__global__ void encoder_backward_wte_kernel(float* __restrict__ dwte,         // (Vp, C)
+                                            const floatX* __restrict__ dout,  // (B*T, C)
+                                            const int* __restrict__ token,    // (U)
+                                            const int* __restrict__ start,    // (U + 1)
+                                            const int* __restrict__ order,    // (B*T) positions by token
                                             int C) {
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   const int u = blockIdx.x;
   if (c >= C) return;
   float s = 0.0f;
-  for (int i = start[u]; i < start[u + 1]; i++) s += dout[size_t(order[i]) * C + c];
+  for (int i = start[u]; i < start[u + 1]; i++) s += load_f(dout[size_t(order[i]) * C + c]);
   dwte[size_t(token[u]) * C + c] += s;
 }
 
 // ----------------------------------------------------------------------------------------- launchers
-inline void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T, int C,
-                            cudaStream_t stream) {
+template <class floatX>
+void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
+                     cudaStream_t stream) {
   const size_t n = size_t(B) * T * C;
   if (n == 0) return;
   const int block = 256;
-  const bool vec = C % 4 == 0 && aligned16(out, wte, wpe);
-  LAUNCH(encoder_forward_kernel, ceil_div(vec ? n / 4 : n, block), block, 0, stream, out, inp, wte, wpe, B * T, T, C,
-         vec);
+  const bool vec = C % kVec<floatX> == 0 && aligned16(out, wte, wpe);
+  LAUNCH(encoder_forward_kernel<floatX>, ceil_div(vec ? n / kVec<floatX> : n, block), block, 0, stream, out, inp, wte,
+         wpe, B * T, T, C, vec);
   CUDA_CHECK_LAUNCH();
 }
 
 // inp_host: the same token ids as inp, on the host. work_dev: device int scratch of at least
 // 3 * B * T + 1 ints.
-inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp_host, int* work_dev,
-                             int B, int T, int C, cudaStream_t stream) {
+template <class floatX>
+void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const int32_t* inp_host, int* work_dev, int B,
+                      int T, int C, cudaStream_t stream) {
   const int BT = B * T;
   if (BT == 0 || C == 0) return;
   const int block = 256;
-  LAUNCH(encoder_backward_wpe_kernel, ceil_div(size_t(T) * C, block), block, 0, stream, dwpe, dout, B, T, C);
+  LAUNCH(encoder_backward_wpe_kernel<floatX>, ceil_div(size_t(T) * C, block), block, 0, stream, dwpe, dout, B, T, C);
   CUDA_CHECK_LAUNCH();
   // counting sort of positions by token id (stable: positions in increasing order within a bucket)
   int max_id = 0;
@@ -104,7 +113,7 @@ inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const 
                              stream));
   const int cblock = 64;
   dim3 grid(U, ceil_div(C, cblock));
-  LAUNCH(encoder_backward_wte_kernel, grid, cblock, 0, stream, dwte, dout, work_dev + BT, work_dev + BT + U,
+  LAUNCH(encoder_backward_wte_kernel<floatX>, grid, cblock, 0, stream, dwte, dout, work_dev + BT, work_dev + BT + U,
          work_dev, C);
   CUDA_CHECK_LAUNCH();
   // `host` must outlive the (possibly asynchronous) copy above

@@ -1,5 +1,7 @@
 // GELU, tanh approximation (GPT-2):  gelu(x) = 0.5 x (1 + tanh(s (x + 0.044715 x^3))), s = sqrt(2/pi)
 //   backward: dinp += gelu'(x) * dout   (accumulates)
+// Storage type floatX (float or bf16): values are widened to fp32, computed, and rounded once to floatX
+// (for the backward: the sum dinp + gelu'(x) * dout is rounded once).
 #pragma once
 #include "cuda/common.cuh"
 
@@ -14,55 +16,72 @@ __device__ inline float gelu_grad(float x) {
   return 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluS * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-// vec: thread i handles values 4i..4i+3 as one float4 (pointers 16-byte aligned), the last thread the tail.
-__global__ void gelu_forward_kernel(float* __restrict__ out, const float* __restrict__ inp, size_t N, bool vec) {
+// vec: thread i handles values K*i .. K*i+K-1 (K = kVec<floatX>, 16 bytes) as one Vec (pointers 16-byte
+// aligned), the last thread the tail; otherwise one value per thread.
+template <class floatX>
+__global__ void gelu_forward_kernel(floatX* __restrict__ out,        // (N)
+                                    const floatX* __restrict__ inp,  // (N)
+                                    size_t N, bool vec) {
+  using V = Vec<floatX>;
+  constexpr int K = kVec<floatX>;
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (!vec) {
-    if (i < N) out[i] = gelu(inp[i]);
+    if (i < N) out[i] = store_t<floatX>(gelu(load_f(inp[i])));
     return;
   }
-  const size_t i4 = 4 * i;
-  if (i4 + 4 <= N) {
-    const float4 x = *reinterpret_cast<const float4*>(inp + i4);
-    *reinterpret_cast<float4*>(out + i4) = make_float4(gelu(x.x), gelu(x.y), gelu(x.z), gelu(x.w));
+  const size_t iv = K * i;
+  if (iv + K <= N) {
+    const V x = V::load(inp + iv);
+    V y;
+#pragma unroll
+    for (int k = 0; k < K; k++) y.set(k, gelu(x.f(k)));
+    y.store(out + iv);
   } else {
-    for (size_t k = i4; k < N; k++) out[k] = gelu(inp[k]);
+    for (size_t k = iv; k < N; k++) out[k] = store_t<floatX>(gelu(load_f(inp[k])));
   }
 }
 
-__global__ void gelu_backward_kernel(float* __restrict__ dinp, const float* __restrict__ inp,
-                                     const float* __restrict__ dout, size_t N, bool vec) {
+template <class floatX>
+__global__ void gelu_backward_kernel(floatX* __restrict__ dinp,        // (N), accumulated into
+                                     const floatX* __restrict__ inp,   // (N)
+                                     const floatX* __restrict__ dout,  // (N)
+                                     size_t N, bool vec) {
+  using V = Vec<floatX>;
+  constexpr int K = kVec<floatX>;
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (!vec) {
-    if (i < N) dinp[i] += gelu_grad(inp[i]) * dout[i];
+    if (i < N) dinp[i] = store_t<floatX>(load_f(dinp[i]) + gelu_grad(load_f(inp[i])) * load_f(dout[i]));
     return;
   }
-  const size_t i4 = 4 * i;
-  if (i4 + 4 <= N) {
-    const float4 x = *reinterpret_cast<const float4*>(inp + i4);
-    const float4 d = *reinterpret_cast<const float4*>(dout + i4);
-    float4 g = *reinterpret_cast<const float4*>(dinp + i4);
-    g.x += gelu_grad(x.x) * d.x;
-    g.y += gelu_grad(x.y) * d.y;
-    g.z += gelu_grad(x.z) * d.z;
-    g.w += gelu_grad(x.w) * d.w;
-    *reinterpret_cast<float4*>(dinp + i4) = g;
+  const size_t iv = K * i;
+  if (iv + K <= N) {
+    const V x = V::load(inp + iv), d = V::load(dout + iv);
+    V g = V::load(dinp + iv);
+#pragma unroll
+    for (int k = 0; k < K; k++) g.set(k, g.f(k) + gelu_grad(x.f(k)) * d.f(k));
+    g.store(dinp + iv);
   } else {
-    for (size_t k = i4; k < N; k++) dinp[k] += gelu_grad(inp[k]) * dout[k];
+    for (size_t k = iv; k < N; k++)
+      dinp[k] = store_t<floatX>(load_f(dinp[k]) + gelu_grad(load_f(inp[k])) * load_f(dout[k]));
   }
 }
 
-inline void gelu_forward(float* out, const float* inp, size_t N, cudaStream_t stream) {
+template <class floatX>
+void gelu_forward(floatX* out, const floatX* inp, size_t N, cudaStream_t stream) {
   if (N == 0) return;
+  constexpr int K = kVec<floatX>;
   const bool vec = aligned16(out, inp);
-  LAUNCH(gelu_forward_kernel, ceil_div(vec ? (N + 3) / 4 : N, 256), 256, 0, stream, out, inp, N, vec);
+  LAUNCH(gelu_forward_kernel<floatX>, ceil_div(vec ? (N + K - 1) / K : N, 256), 256, 0, stream, out, inp, N, vec);
   CUDA_CHECK_LAUNCH();
 }
 
-inline void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, cudaStream_t stream) {
+template <class floatX>
+void gelu_backward(floatX* dinp, const floatX* inp, const floatX* dout, size_t N, cudaStream_t stream) {
   if (N == 0) return;
+  constexpr int K = kVec<floatX>;
   const bool vec = aligned16(dinp, inp, dout);
-  LAUNCH(gelu_backward_kernel, ceil_div(vec ? (N + 3) / 4 : N, 256), 256, 0, stream, dinp, inp, dout, N, vec);
+  LAUNCH(gelu_backward_kernel<floatX>, ceil_div(vec ? (N + K - 1) / K : N, 256), 256, 0, stream, dinp, inp, dout, N,
+         vec);
   CUDA_CHECK_LAUNCH();
 }
 

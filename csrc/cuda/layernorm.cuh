@@ -1,9 +1,12 @@
-// LayerNorm over the last dimension (C), eps 1e-5, as csrc/cpu/ops.h:
+// LayerNorm over the last dimension (C), eps 1e-5, as csrc/cpu/ops.h, storage type floatX (float or bf16):
 //   forward:  mean = sum x / C, var = sum (x - mean)^2 / C, rstd = 1 / sqrt(var + eps),
-//             out = (x - mean) * rstd * w + b; mean and rstd saved per row.
+//             out = (x - mean) * rstd * w + b; mean and rstd (fp32) saved per row.
+//   residual_layernorm_forward (fused): residual = a + b rounded to floatX, then the forward above on the
+//             ROUNDED residual: bit for bit residual_forward followed by layernorm_forward.
 //   backward: norm = (x - mean) * rstd, dnorm = w * dout,
-//             dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd      (accumulates)
-//             dw += sum_rows norm * dout, db += sum_rows dout                         (accumulates)
+//             dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd      (accumulates, in floatX)
+//             dw += sum_rows norm * dout, db += sum_rows dout                         (accumulates, fp32)
+// All arithmetic in fp32 registers; floatX values are rounded once when stored.
 // One warp per row for the row-wise parts; parameter gradients reduced deterministically in two passes
 // (reduce.cuh), no float atomics.
 #pragma once
@@ -13,105 +16,203 @@
 namespace gpt2::cuda {
 
 // ----------------------------------------------------------------------------------------- kernels
-// vec (C % 4 == 0 and 16-byte aligned pointers): lanes move float4; otherwise one float per access.
-__global__ void layernorm_forward_kernel(float* __restrict__ out,        // (N, C)
-                                         float* __restrict__ mean,       // (N)
-                                         float* __restrict__ rstd,       // (N)
-                                         const float* __restrict__ inp,  // (N, C)
-                                         const float* __restrict__ w,    // (C)
-                                         const float* __restrict__ b,    // (C)
+// Sum of the values of one Vec in a fixed pairwise order ((x0 + x1) + (x2 + x3)) + ...
+template <class P>
+__device__ inline float pairwise_sum(const float (&v)[P::kSize]) {
+  float t[P::kSize];
+#pragma unroll
+  for (int k = 0; k < P::kSize; k++) t[k] = v[k];
+#pragma unroll
+  for (int w = 1; w < P::kSize; w *= 2)
+#pragma unroll
+    for (int k = 0; k < P::kSize; k += 2 * w) t[k] += t[k + w];
+  return t[0];
+}
+
+// Floats of the row kept in registers per lane by the cached forward variant: rows of up to 32 * 64 = 2048
+// channels are read from memory once (the residual inputs a and b once, not once per pass).
+constexpr int kLnCacheFloats = 64;
+
+// vec (C % kVec<floatX> == 0 and 16-byte aligned pointers): lanes move Vec<floatX> (16 bytes); otherwise one
+// value per access. Lane l handles vectors l, l + 32, l + 64, ... in that order in every pass.
+// kCache > 0 (vec only, C <= 32 * kCache * kVec): the lane's kCache vectors stay in registers after pass 1,
+// so passes 2 and 3 do not re-read the row; kCache = 0 re-reads it (from cache) in each pass. Both variants
+// do the same arithmetic in the same order, so they give the same bits.
+// kResidual: the row x is first formed as a + b (rounded to floatX) and written to residual; the statistics
+// and out are computed from the rounded values.
+template <class floatX, bool kResidual, int kCache>
+__global__ void layernorm_forward_kernel(floatX* __restrict__ residual,    // (N, C) written when kResidual
+                                         floatX* __restrict__ out,         // (N, C)
+                                         float* __restrict__ mean,         // (N)
+                                         float* __restrict__ rstd,         // (N)
+                                         const floatX* __restrict__ inp,   // (N, C) (kResidual: a)
+                                         const floatX* __restrict__ inp2,  // (N, C) b when kResidual, else null
+                                         const floatX* __restrict__ w,     // (C)
+                                         const floatX* __restrict__ b,     // (C)
                                          int N, int C, bool vec) {
+  using V = Vec<floatX>;
+  constexpr int K = kVec<floatX>;
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= N) return;  // the whole warp leaves together
-  const float* x = inp + size_t(row) * C;
-  float* o = out + size_t(row) * C;
-  const int C4 = vec ? C / 4 : 0;  // float4 part; the scalar loops below cover [4 * C4, C)
-  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const floatX* x = inp + size_t(row) * C;
+  const floatX* x2 = kResidual ? inp2 + size_t(row) * C : nullptr;
+  floatX* res = kResidual ? residual + size_t(row) * C : nullptr;
+  floatX* o = out + size_t(row) * C;
+  (void)x2;
+  (void)res;
+  const int CV = vec ? C / K : 0;  // vector part; the scalar loops below cover [K * CV, C)
+  // The row as floats, rounded to floatX (the fused residual is rounded before anything reads it).
+  auto load_vec = [&](int i, float (&v)[K]) {
+    const V a = V::load(x + size_t(i) * K);
+    if constexpr (kResidual) {
+      const V bb = V::load(x2 + size_t(i) * K);
+      V r;
+#pragma unroll
+      for (int k = 0; k < K; k++) r.set(k, a.f(k) + bb.f(k));
+#pragma unroll
+      for (int k = 0; k < K; k++) v[k] = r.f(k);
+    } else {
+#pragma unroll
+      for (int k = 0; k < K; k++) v[k] = a.f(k);
+    }
+  };
+  auto load_one = [&](int i) {
+    if constexpr (kResidual) return load_f(store_t<floatX>(load_f(x[i]) + load_f(x2[i])));
+    else return load_f(x[i]);
+  };
+  // f(j, i) for the lane's vectors i = lane + 32 j in order (j < kCache: a register slot when cached)
+  auto for_each_vec = [&](auto&& f) {
+    if constexpr (kCache > 0) {
+#pragma unroll
+      for (int j = 0; j < kCache; j++)
+        if (lane + 32 * j < CV) f(j, lane + 32 * j);
+    } else {
+      for (int i = lane; i < CV; i += 32) f(0, i);
+    }
+  };
+  float cache[kCache > 0 ? kCache : 1][K];
+  auto fetch = [&](int j, int i, float (&v)[K]) {
+    if constexpr (kCache > 0) {
+#pragma unroll
+      for (int k = 0; k < K; k++) v[k] = cache[j][k];
+    } else {
+      load_vec(i, v);
+    }
+  };
+  // pass 1: sum (and, fused, the residual write)
   float s = 0.0f;
-  for (int i = lane; i < C4; i += 32) {
-    const float4 v = x4[i];
-    s += (v.x + v.y) + (v.z + v.w);
+  for_each_vec([&](int j, int i) {
+    float v[K];
+    load_vec(i, v);
+    if constexpr (kResidual) {
+      V r;
+#pragma unroll
+      for (int k = 0; k < K; k++) r.set(k, v[k]);
+      r.store(res + size_t(i) * K);
+    }
+    if constexpr (kCache > 0) {
+#pragma unroll
+      for (int k = 0; k < K; k++) cache[j][k] = v[k];
+    }
+    s += pairwise_sum<V>(v);
+  });
+  for (int i = K * CV + lane; i < C; i += 32) {
+    const float v = load_one(i);
+    if constexpr (kResidual) res[i] = store_t<floatX>(v);
+    s += v;
   }
-  for (int i = 4 * C4 + lane; i < C; i += 32) s += x[i];
   const float m = warp_sum(s) / C;
-  float v = 0.0f;
-  for (int i = lane; i < C4; i += 32) {
-    const float4 a = x4[i];
-    const float d0 = a.x - m, d1 = a.y - m, d2 = a.z - m, d3 = a.w - m;
-    v += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
+  // pass 2: variance about the mean
+  float var = 0.0f;
+  for_each_vec([&](int j, int i) {
+    float v[K];
+    fetch(j, i, v);
+#pragma unroll
+    for (int k = 0; k < K; k++) v[k] = (v[k] - m) * (v[k] - m);
+    var += pairwise_sum<V>(v);
+  });
+  for (int i = K * CV + lane; i < C; i += 32) {
+    const float d = load_one(i) - m;
+    var += d * d;
   }
-  for (int i = 4 * C4 + lane; i < C; i += 32) {
-    const float d = x[i] - m;
-    v += d * d;
-  }
-  const float r = 1.0f / sqrtf(warp_sum(v) / C + 1e-5f);
-  for (int i = lane; i < C4; i += 32) {
-    const float4 a = x4[i], ww = reinterpret_cast<const float4*>(w)[i], bb = reinterpret_cast<const float4*>(b)[i];
-    reinterpret_cast<float4*>(o)[i] = make_float4((a.x - m) * r * ww.x + bb.x, (a.y - m) * r * ww.y + bb.y,
-                                                  (a.z - m) * r * ww.z + bb.z, (a.w - m) * r * ww.w + bb.w);
-  }
-  for (int i = 4 * C4 + lane; i < C; i += 32) o[i] = (x[i] - m) * r * w[i] + b[i];
+  const float r = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
+  // pass 3: normalise, scale, shift
+  for_each_vec([&](int j, int i) {
+    float v[K];
+    fetch(j, i, v);
+    const V ww = V::load(w + size_t(i) * K), bb = V::load(b + size_t(i) * K);
+    V y;
+#pragma unroll
+    for (int k = 0; k < K; k++) y.set(k, (v[k] - m) * r * ww.f(k) + bb.f(k));
+    y.store(o + size_t(i) * K);
+  });
+  for (int i = K * CV + lane; i < C; i += 32)
+    o[i] = store_t<floatX>((load_one(i) - m) * r * load_f(w[i]) + load_f(b[i]));
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
   }
 }
 
-__global__ void layernorm_backward_input_kernel(float* __restrict__ dinp,        // (N, C), accumulated into
-                                                const float* __restrict__ dout,  // (N, C)
-                                                const float* __restrict__ inp,   // (N, C)
-                                                const float* __restrict__ w,     // (C)
-                                                const float* __restrict__ mean,  // (N)
-                                                const float* __restrict__ rstd,  // (N)
+template <class floatX>
+__global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp,        // (N, C), accumulated into
+                                                const floatX* __restrict__ dout,  // (N, C)
+                                                const floatX* __restrict__ inp,   // (N, C)
+                                                const floatX* __restrict__ w,     // (C)
+                                                const float* __restrict__ mean,   // (N)
+                                                const float* __restrict__ rstd,   // (N)
                                                 int N, int C, bool vec) {
+  using V = Vec<floatX>;
+  constexpr int K = kVec<floatX>;
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= N) return;
-  const float* dy = dout + size_t(row) * C;
-  const float* x = inp + size_t(row) * C;
-  float* dx = dinp + size_t(row) * C;
+  const floatX* dy = dout + size_t(row) * C;
+  const floatX* x = inp + size_t(row) * C;
+  floatX* dx = dinp + size_t(row) * C;
   const float m = mean[row], s = rstd[row];
-  const int C4 = vec ? C / 4 : 0;
-  const float4* x4 = reinterpret_cast<const float4*>(x);
-  const float4* dy4 = reinterpret_cast<const float4*>(dy);
-  const float4* w4 = reinterpret_cast<const float4*>(w);
+  const int CV = vec ? C / K : 0;
   float dmean = 0.0f, dnmean = 0.0f;
-  for (int i = lane; i < C4; i += 32) {
-    const float4 a = x4[i], g = dy4[i], ww = w4[i];
-    const float n0 = ww.x * g.x, n1 = ww.y * g.y, n2 = ww.z * g.z, n3 = ww.w * g.w;
-    dmean += (n0 + n1) + (n2 + n3);
-    dnmean += (n0 * (a.x - m) * s + n1 * (a.y - m) * s) + (n2 * (a.z - m) * s + n3 * (a.w - m) * s);
+  for (int i = lane; i < CV; i += 32) {
+    const V a = V::load(x + size_t(i) * K), g = V::load(dy + size_t(i) * K), ww = V::load(w + size_t(i) * K);
+    float dn[K], dnn[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+      dn[k] = ww.f(k) * g.f(k);
+      dnn[k] = dn[k] * (a.f(k) - m) * s;
+    }
+    dmean += pairwise_sum<V>(dn);
+    dnmean += pairwise_sum<V>(dnn);
   }
-  for (int i = 4 * C4 + lane; i < C; i += 32) {
-    const float dnorm = w[i] * dy[i];
+  for (int i = K * CV + lane; i < C; i += 32) {
+    const float dnorm = load_f(w[i]) * load_f(dy[i]);
     dmean += dnorm;
-    dnmean += dnorm * (x[i] - m) * s;
+    dnmean += dnorm * (load_f(x[i]) - m) * s;
   }
   dmean = warp_sum(dmean) / C;
   dnmean = warp_sum(dnmean) / C;
-  for (int i = lane; i < C4; i += 32) {
-    const float4 a = x4[i], g = dy4[i], ww = w4[i];
-    float4 d = reinterpret_cast<float4*>(dx)[i];
-    d.x += (ww.x * g.x - dmean - (a.x - m) * s * dnmean) * s;
-    d.y += (ww.y * g.y - dmean - (a.y - m) * s * dnmean) * s;
-    d.z += (ww.z * g.z - dmean - (a.z - m) * s * dnmean) * s;
-    d.w += (ww.w * g.w - dmean - (a.w - m) * s * dnmean) * s;
-    reinterpret_cast<float4*>(dx)[i] = d;
+  for (int i = lane; i < CV; i += 32) {
+    const V a = V::load(x + size_t(i) * K), g = V::load(dy + size_t(i) * K), ww = V::load(w + size_t(i) * K);
+    V d = V::load(dx + size_t(i) * K);
+#pragma unroll
+    for (int k = 0; k < K; k++) d.set(k, d.f(k) + (ww.f(k) * g.f(k) - dmean - (a.f(k) - m) * s * dnmean) * s);
+    d.store(dx + size_t(i) * K);
   }
-  for (int i = 4 * C4 + lane; i < C; i += 32) {
-    const float norm = (x[i] - m) * s;
-    const float dnorm = w[i] * dy[i];
-    dx[i] += (dnorm - dmean - norm * dnmean) * s;
+  for (int i = K * CV + lane; i < C; i += 32) {
+    const float norm = (load_f(x[i]) - m) * s;
+    const float dnorm = load_f(w[i]) * load_f(dy[i]);
+    dx[i] = store_t<floatX>(load_f(dx[i]) + (dnorm - dmean - norm * dnmean) * s);
   }
 }
 
 // Pass 1 of the parameter gradients: partial_dw[r, c] = sum over rows of chunk r of norm * dout,
 // partial_db[r, c] = sum of dout (see reduce.cuh for the layout).
+template <class floatX>
 __global__ void layernorm_param_partial_kernel(float* __restrict__ partial_dw,   // (R, C)
                                                float* __restrict__ partial_db,   // (R, C)
-                                               const float* __restrict__ dout,   // (N, C)
-                                               const float* __restrict__ inp,    // (N, C)
+                                               const floatX* __restrict__ dout,  // (N, C)
+                                               const floatX* __restrict__ inp,   // (N, C)
                                                const float* __restrict__ mean,   // (N)
                                                const float* __restrict__ rstd,   // (N)
                                                int N, int C, int rows_per_chunk) {
@@ -123,8 +224,8 @@ __global__ void layernorm_param_partial_kernel(float* __restrict__ partial_dw,  
   float sw = 0.0f, sb = 0.0f;
   if (c < C)
     for (int n = r0 + threadIdx.y; n < r1; n += kColRows) {
-      const float dy = dout[size_t(n) * C + c];
-      sw += (inp[size_t(n) * C + c] - mean[n]) * rstd[n] * dy;
+      const float dy = load_f(dout[size_t(n) * C + c]);
+      sw += (load_f(inp[size_t(n) * C + c]) - mean[n]) * rstd[n] * dy;
       sb += dy;
     }
   shw[threadIdx.y][threadIdx.x] = sw;
@@ -142,31 +243,58 @@ __global__ void layernorm_param_partial_kernel(float* __restrict__ partial_dw,  
 }
 
 // ----------------------------------------------------------------------------------------- launchers
-inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                              int N, int C, cudaStream_t stream) {
-  if (N <= 0) return;
+// Shared by layernorm_forward (residual and b2 null) and residual_layernorm_forward: the register-cached
+// kernel when the row fits, else the re-reading one.
+template <class floatX, bool kResidual>
+void launch_layernorm_forward(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* a,
+                              const floatX* b2, const floatX* w, const floatX* bias, int N, int C, bool vec,
+                              cudaStream_t stream) {
+  constexpr int K = kVec<floatX>, kCache = kLnCacheFloats / K;
   const int block = 256, rows_per_block = block / 32;
-  const bool vec = C % 4 == 0 && aligned16(out, inp, w, b);
-  LAUNCH(layernorm_forward_kernel, ceil_div(N, rows_per_block), block, 0, stream, out, mean, rstd, inp, w, b, N, C,
-         vec);
+  if (vec && C <= 32 * kCache * K)
+    LAUNCH((layernorm_forward_kernel<floatX, kResidual, kCache>), ceil_div(N, rows_per_block), block, 0, stream,
+           residual, out, mean, rstd, a, b2, w, bias, N, C, vec);
+  else
+    LAUNCH((layernorm_forward_kernel<floatX, kResidual, 0>), ceil_div(N, rows_per_block), block, 0, stream,
+           residual, out, mean, rstd, a, b2, w, bias, N, C, vec);
   CUDA_CHECK_LAUNCH();
 }
 
+template <class floatX>
+void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w, const floatX* b,
+                       int N, int C, cudaStream_t stream) {
+  if (N <= 0) return;
+  const bool vec = C % kVec<floatX> == 0 && aligned16(out, inp, w, b);
+  launch_layernorm_forward<floatX, false>(nullptr, out, mean, rstd, inp, nullptr, w, b, N, C, vec, stream);
+}
+
+// residual = a + b (rounded to floatX); out, mean, rstd = layernorm of the rounded residual. a and b are read
+// once and residual and out written once when the row fits the register cache (C <= 2048, aligned); wider or
+// misaligned rows re-read a and b in each of the three passes.
+template <class floatX>
+void residual_layernorm_forward(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* a,
+                                const floatX* b, const floatX* w, const floatX* bias, int N, int C,
+                                cudaStream_t stream) {
+  if (N <= 0) return;
+  const bool vec = C % kVec<floatX> == 0 && aligned16(residual, out, a, b, w, bias);
+  launch_layernorm_forward<floatX, true>(residual, out, mean, rstd, a, b, w, bias, N, C, vec, stream);
+}
+
 // scratch: at least 2 * column_chunks(N) * C floats.
-inline void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                               const float* mean, const float* rstd, float* scratch, int N, int C,
-                               cudaStream_t stream) {
+template <class floatX>
+void layernorm_backward(floatX* dinp, float* dw, float* db, const floatX* dout, const floatX* inp, const floatX* w,
+                        const float* mean, const float* rstd, float* scratch, int N, int C, cudaStream_t stream) {
   if (N <= 0) return;
   const int block = 256, rows_per_block = block / 32;
-  const bool vec = C % 4 == 0 && aligned16(dinp, dout, inp, w);
-  LAUNCH(layernorm_backward_input_kernel, ceil_div(N, rows_per_block), block, 0, stream, dinp, dout, inp, w, mean,
-         rstd, N, C, vec);
+  const bool vec = C % kVec<floatX> == 0 && aligned16(dinp, dout, inp, w);
+  LAUNCH(layernorm_backward_input_kernel<floatX>, ceil_div(N, rows_per_block), block, 0, stream, dinp, dout, inp, w,
+         mean, rstd, N, C, vec);
   CUDA_CHECK_LAUNCH();
   const int R = column_chunks(N);
   float* pdw = scratch;
   float* pdb = scratch + size_t(R) * C;
   dim3 grid(ceil_div(C, kColTile), R), pblock(kColTile, kColRows);
-  LAUNCH(layernorm_param_partial_kernel, grid, pblock, 0, stream, pdw, pdb, dout, inp, mean, rstd, N, C,
+  LAUNCH(layernorm_param_partial_kernel<floatX>, grid, pblock, 0, stream, pdw, pdb, dout, inp, mean, rstd, N, C,
          column_chunk_rows(N));
   CUDA_CHECK_LAUNCH();
   LAUNCH(column_reduce_kernel, ceil_div(C, 256), 256, 0, stream, dw, pdw, R, C);

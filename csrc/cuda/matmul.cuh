@@ -3,6 +3,8 @@
 //   forward:  out (N, OC) = inp (N, C) @ w^T + bias           (bias epilogue; bias may be null)
 //   backward: dinp (N, C) += dout @ w;  dw (OC, C) += dout^T @ inp   (accumulate, beta = 1)
 //             dbias (OC) += sum_n dout                         (reduce.cuh: deterministic, no atomics)
+// Storage type floatX (float or bf16) for inp, w, bias, out, dout and dinp (dinp += is accumulated in fp32
+// and rounded once to floatX); dw and dbias are fp32 for either floatX. Products accumulate in fp32 (seams.h).
 #pragma once
 #include "cuda/common.cuh"
 #include "cuda/reduce.cuh"
@@ -24,13 +26,24 @@ inline void check_matmul(cudaError_t e, const char* what, const char* file, int 
 }
 #define MATMUL_CHECK(call, what) ::gpt2::cuda::check_matmul((call), what, __FILE__, __LINE__)
 
-inline void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC,
-                           cudaStream_t stream) {
+// The seam's element type of a storage type.
+template <class floatX>
+constexpr gpt2core::seams::DType seam_dtype() {
+  return kIsBF16<floatX> ? gpt2core::seams::DType::BF16 : gpt2core::seams::DType::F32;
+}
+
+template <class floatX>
+void matmul_forward(floatX* out,          // (N, OC)
+                    const floatX* inp,    // (N, C)
+                    const floatX* w,      // (OC, C)
+                    const floatX* bias,   // (OC) or null
+                    int N, int C, int OC, cudaStream_t stream) {
   if (N <= 0 || OC <= 0) return;
+  constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
   gpt2core::seams::MatmulParams p;
-  p.d = out; p.ldd = OC;
-  p.a = inp; p.lda = C;
-  p.b = w; p.ldb = C; p.trans_b = true;
+  p.d = out; p.ldd = OC; p.d_type = X;
+  p.a = inp; p.lda = C; p.a_type = X;
+  p.b = w; p.ldb = C; p.trans_b = true; p.b_type = X;
   p.m = N; p.n = OC; p.k = C;
   p.bias = bias;
   p.stream = stream;
@@ -38,21 +51,28 @@ inline void matmul_forward(float* out, const float* inp, const float* w, const f
 }
 
 // scratch: column_chunks(N) * OC floats (only when dbias is given).
-inline void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                            float* scratch, int N, int C, int OC, cudaStream_t stream) {
+template <class floatX>
+void matmul_backward(floatX* dinp,         // (N, C), accumulated into
+                     float* dw,            // (OC, C), accumulated into
+                     float* dbias,         // (OC) or null, accumulated into
+                     const floatX* dout,   // (N, OC)
+                     const floatX* inp,    // (N, C)
+                     const floatX* w,      // (OC, C)
+                     float* scratch, int N, int C, int OC, cudaStream_t stream) {
   if (N <= 0 || C <= 0 || OC <= 0) return;
+  constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
   gpt2core::seams::MatmulParams p;  // dinp (N, C) += dout (N, OC) @ w (OC, C)
-  p.d = dinp; p.ldd = C;
-  p.a = dout; p.lda = OC;
-  p.b = w; p.ldb = C;
+  p.d = dinp; p.ldd = C; p.d_type = X;
+  p.a = dout; p.lda = OC; p.a_type = X;
+  p.b = w; p.ldb = C; p.b_type = X;
   p.m = N; p.n = C; p.k = OC;
   p.accumulate = true;
   p.stream = stream;
   MATMUL_CHECK(gpt2core::seams::matmul(p), "backward dinp");
   gpt2core::seams::MatmulParams q;  // dw (OC, C) += dout^T (OC, N) @ inp (N, C)
-  q.d = dw; q.ldd = C;
-  q.a = dout; q.lda = OC; q.trans_a = true;
-  q.b = inp; q.ldb = C;
+  q.d = dw; q.ldd = C; q.d_type = gpt2core::seams::DType::F32;
+  q.a = dout; q.lda = OC; q.trans_a = true; q.a_type = X;
+  q.b = inp; q.ldb = C; q.b_type = X;
   q.m = OC; q.n = C; q.k = N;
   q.accumulate = true;
   q.stream = stream;

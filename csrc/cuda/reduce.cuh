@@ -4,6 +4,7 @@
 //   pass 2 (column_reduce_kernel): out[c] += sum_r partial[r, c], r in order.
 // The chunking depends only on N, so results are bit-identical run to run and GPU to GPU.
 // Used for bias gradients (dbias[o] += sum_n dout[n, o]); layernorm.cuh reuses pass 2.
+// The input has the storage type floatX (float or bf16); partial sums and out are fp32.
 #pragma once
 #include "cuda/common.cuh"
 
@@ -16,8 +17,9 @@ constexpr int kColRows = 8;    // row-threads per block (threadIdx.y)
 inline int column_chunks(int N) { return N <= 0 ? 0 : (ceil_div(N, 64) < 1024 ? ceil_div(N, 64) : 1024); }
 inline int column_chunk_rows(int N) { return ceil_div(N, column_chunks(N)); }
 
-__global__ void column_partial_sum_kernel(float* __restrict__ partial,    // (R, C)
-                                          const float* __restrict__ inp,  // (N, C)
+template <class floatX>
+__global__ void column_partial_sum_kernel(float* __restrict__ partial,     // (R, C)
+                                          const floatX* __restrict__ inp,  // (N, C)
                                           int N, int C, int rows_per_chunk) {
   __shared__ float sh[kColRows][kColTile + 1];
   const int c = blockIdx.x * kColTile + threadIdx.x;
@@ -25,7 +27,7 @@ __global__ void column_partial_sum_kernel(float* __restrict__ partial,    // (R,
   const int r1 = min(N, r0 + rows_per_chunk);
   float s = 0.0f;
   if (c < C)
-    for (int n = r0 + threadIdx.y; n < r1; n += kColRows) s += inp[size_t(n) * C + c];
+    for (int n = r0 + threadIdx.y; n < r1; n += kColRows) s += load_f(inp[size_t(n) * C + c]);
   sh[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {
@@ -46,11 +48,12 @@ __global__ void column_reduce_kernel(float* __restrict__ out,            // (C),
 }
 
 // out[c] += sum_n inp[n, c]. scratch: at least column_chunks(N) * C floats of device memory.
-inline void column_sum_accumulate(float* out, const float* inp, float* scratch, int N, int C, cudaStream_t stream) {
+template <class floatX>
+void column_sum_accumulate(float* out, const floatX* inp, float* scratch, int N, int C, cudaStream_t stream) {
   if (N <= 0 || C <= 0) return;
   const int R = column_chunks(N);
   dim3 grid(ceil_div(C, kColTile), R), block(kColTile, kColRows);
-  LAUNCH(column_partial_sum_kernel, grid, block, 0, stream, scratch, inp, N, C, column_chunk_rows(N));
+  LAUNCH(column_partial_sum_kernel<floatX>, grid, block, 0, stream, scratch, inp, N, C, column_chunk_rows(N));
   CUDA_CHECK_LAUNCH();
   LAUNCH(column_reduce_kernel, ceil_div(C, 256), 256, 0, stream, out, scratch, R, C);
   CUDA_CHECK_LAUNCH();

@@ -1,31 +1,43 @@
-// Residual add: out = a + b (elementwise over N values).
+// Residual add: out = a + b (elementwise over N values), storage type floatX (float or bf16): the sum is
+// computed in fp32 and rounded once to floatX. (layernorm.cuh has the fused residual + layernorm.)
 #pragma once
 #include "cuda/common.cuh"
 
 namespace gpt2::cuda {
 
-// vec: thread i adds values 4i..4i+3 as float4 (pointers 16-byte aligned), the last thread the tail.
-__global__ void residual_forward_kernel(float* __restrict__ out, const float* __restrict__ a,
-                                        const float* __restrict__ b, size_t N, bool vec) {
+// vec: thread i adds values K*i .. K*i+K-1 (K = kVec<floatX>, 16 bytes) as one Vec (pointers 16-byte
+// aligned), the last thread the tail; otherwise one value per thread.
+template <class floatX>
+__global__ void residual_forward_kernel(floatX* __restrict__ out,      // (N)
+                                        const floatX* __restrict__ a,  // (N)
+                                        const floatX* __restrict__ b,  // (N)
+                                        size_t N, bool vec) {
+  using V = Vec<floatX>;
+  constexpr int K = kVec<floatX>;
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (!vec) {
-    if (i < N) out[i] = a[i] + b[i];
+    if (i < N) out[i] = store_t<floatX>(load_f(a[i]) + load_f(b[i]));
     return;
   }
-  const size_t i4 = 4 * i;
-  if (i4 + 4 <= N) {
-    const float4 x = *reinterpret_cast<const float4*>(a + i4);
-    const float4 y = *reinterpret_cast<const float4*>(b + i4);
-    *reinterpret_cast<float4*>(out + i4) = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+  const size_t iv = K * i;
+  if (iv + K <= N) {
+    const V x = V::load(a + iv), y = V::load(b + iv);
+    V o;
+#pragma unroll
+    for (int k = 0; k < K; k++) o.set(k, x.f(k) + y.f(k));
+    o.store(out + iv);
   } else {
-    for (size_t k = i4; k < N; k++) out[k] = a[k] + b[k];
+    for (size_t k = iv; k < N; k++) out[k] = store_t<floatX>(load_f(a[k]) + load_f(b[k]));
   }
 }
 
-inline void residual_forward(float* out, const float* a, const float* b, size_t N, cudaStream_t stream) {
+template <class floatX>
+void residual_forward(floatX* out, const floatX* a, const floatX* b, size_t N, cudaStream_t stream) {
   if (N == 0) return;
+  constexpr int K = kVec<floatX>;
   const bool vec = aligned16(out, a, b);
-  LAUNCH(residual_forward_kernel, ceil_div(vec ? (N + 3) / 4 : N, 256), 256, 0, stream, out, a, b, N, vec);
+  LAUNCH(residual_forward_kernel<floatX>, ceil_div(vec ? (N + K - 1) / K : N, 256), 256, 0, stream, out, a, b, N,
+         vec);
   CUDA_CHECK_LAUNCH();
 }
 
