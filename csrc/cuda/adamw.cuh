@@ -1,4 +1,4 @@
-// AdamW (PyTorch semantics) over one tensor of n values, one launch:
+// AdamW (PyTorch semantics), one launch for all parameters (a table of per-tensor segments, below):
 //   g = grad * grad_scale;  m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   w -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + decay * w)
 // grad_scale folds in gradient clipping; decay is 0 for 1-D tensors (the model's policy).
@@ -11,6 +11,9 @@
 // ZeRO-1 rank that refreshes its bf16 copy from all-gathered master weights with the step's seed writes the
 // bits the full update would have.
 #pragma once
+#include <algorithm>
+#include <string>
+
 #include "cuda/common.cuh"
 
 namespace gpt2::cuda {
@@ -42,25 +45,53 @@ __device__ inline void adamw_element(floatX* param, float* master, const float* 
   if constexpr (kIsBF16<floatX> && kStep) master[k] = w;
 }
 
-// vec: thread i handles values 4i..4i+3: float4 (16 bytes) for the fp32 arrays, Pack<floatX, 4> (16 or 8
-// bytes) for param, all pointers 16-byte aligned (param 8-byte for bf16); the last thread the tail; otherwise
-// one value per thread.
+// One launch for many tensors: segment s of the table is the flat range [begin[s], end[s]) of param, master and
+// grad (and of m, v shifted by m_base: a ZeRO-1 shard keeps only its own moments), with its own weight decay.
+// The model passes its 16 tensors (or their parts inside a shard) in one table, so a step is one launch.
+constexpr int kAdamWMaxSegments = 16;
+struct AdamWTable {
+  int count = 0;
+  size_t begin[kAdamWMaxSegments], end[kAdamWMaxSegments];
+  float decay[kAdamWMaxSegments];
+  bool vec[kAdamWMaxSegments];  // this segment's pointers are aligned for 4-value vector access
+};
+
+// grid (x, table.count): blockIdx.y picks the segment, the x blocks stride over it. In a segment, unit i is
+// values 4i..4i+3 when vec (float4 for the fp32 arrays, Pack<floatX, 4> of 16 or 8 bytes for param; the
+// last unit takes the ragged tail one value at a time), else value i. The rounding index of flat value k is
+// p.offset + k.
 template <class floatX, bool kStep>
-__global__ void adamw_kernel(floatX* __restrict__ param,       // (n)
-                             float* __restrict__ master,       // (n), null when floatX = float
-                             const float* __restrict__ grad,   // (n)  (kStep only)
-                             float* __restrict__ m,            // (n)  (kStep only)
-                             float* __restrict__ v,            // (n)  (kStep only)
-                             size_t n, AdamWParams p, bool vec) {
+__global__ void adamw_kernel(floatX* __restrict__ param,       // (N) flat
+                             float* __restrict__ master,       // (N) flat, null when floatX = float
+                             const float* __restrict__ grad,   // (N) flat  (kStep only)
+                             float* __restrict__ m,            // flat index - m_base  (kStep only)
+                             float* __restrict__ v,            // flat index - m_base  (kStep only)
+                             size_t m_base, AdamWTable table, AdamWParams p) {
   using P4 = Pack<floatX, 4>;
   using F4 = Pack<float, 4>;
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (!vec) {
-    if (i < n) adamw_element<floatX, kStep>(param, master, grad, m, v, i, p);
-    return;
+  const int s = blockIdx.y;
+  const size_t b = table.begin[s], n = table.end[s] - b;
+  p.decay = table.decay[s];
+  p.offset += b;
+  param += b;
+  if (master) master += b;
+  if constexpr (kStep) {
+    grad += b;
+    m += b - m_base;
+    v += b - m_base;
   }
-  const size_t i4 = 4 * i;
-  if (i4 + 4 <= n) {
+  const bool vec = table.vec[s];
+  const size_t units = vec ? (n + 3) / 4 : n;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < units; i += size_t(gridDim.x) * blockDim.x) {
+    if (!vec) {
+      adamw_element<floatX, kStep>(param, master, grad, m, v, i, p);
+      continue;
+    }
+    const size_t i4 = 4 * i;
+    if (i4 + 4 > n) {
+      for (size_t k = i4; k < n; k++) adamw_element<floatX, kStep>(param, master, grad, m, v, k, p);
+      continue;
+    }
     F4 w, g, mm, vv;
     if constexpr (kIsBF16<floatX>) {
       w = F4::load(master + i4);
@@ -83,24 +114,58 @@ __global__ void adamw_kernel(floatX* __restrict__ param,       // (n)
 #pragma unroll
     for (int k = 0; k < 4; k++) out.x[k] = round_param<floatX>(w.x[k], p.seed, p.offset + i4 + k);
     out.store(param + i4);
-  } else {
-    for (size_t k = i4; k < n; k++) adamw_element<floatX, kStep>(param, master, grad, m, v, k, p);
   }
 }
 
+// ----------------------------------------------------------------------------------------- launchers
+struct AdamWSpan {  // one tensor (or its part): flat [begin, end) with its weight decay
+  size_t begin, end;
+  float decay;
+};
+
+template <class floatX, bool kStep>
+void launch_adamw(floatX* param, float* master, const float* grad, float* m, float* v, size_t m_base,
+                  const AdamWSpan* spans, int count, const AdamWParams& p, cudaStream_t stream) {
+  if (count > kAdamWMaxSegments)
+    throw std::invalid_argument("adamw: at most " + std::to_string(kAdamWMaxSegments) + " segments per launch");
+  AdamWTable t;
+  size_t most = 0;
+  for (int i = 0; i < count; i++) {
+    if (spans[i].end <= spans[i].begin) continue;
+    const size_t b = spans[i].begin;
+    const int s = t.count++;
+    t.begin[s] = b;
+    t.end[s] = spans[i].end;
+    t.decay[s] = spans[i].decay;
+    t.vec[s] = aligned_to<4 * sizeof(floatX)>(param + b) && (!master || aligned16(master + b)) &&
+               (!kStep || aligned16(grad + b, m + (b - m_base), v + (b - m_base)));
+    most = std::max(most, t.vec[s] ? (spans[i].end - b + 3) / 4 : spans[i].end - b);
+  }
+  if (t.count == 0) return;
+  // enough blocks to fill a large GPU (x 256 threads); bigger segments loop
+  const dim3 grid(std::min(ceil_div(most, 256), 2048), t.count);
+  LAUNCH((adamw_kernel<floatX, kStep>), grid, 256, 0, stream, param, master, grad, m, v, m_base, t, p);
+  CUDA_CHECK_LAUNCH();
+}
+
+// AdamW over the spans of the flat buffers in one launch (p.decay is ignored: each span has its own).
 // floatX = float: master must be null (param is the master). floatX = bf16: master (fp32) is updated and
-// param refreshed from it with stochastic rounding (p.seed, p.offset).
+// param refreshed from it with stochastic rounding (p.seed, rounding index p.offset + flat index).
 template <class floatX>
-void adamw_update(floatX* param, float* master, const float* grad, float* m, float* v, size_t n,
-                  const AdamWParams& p, cudaStream_t stream) {
-  if (n == 0) return;
+void adamw_update(floatX* param, float* master, const float* grad, float* m, float* v, size_t m_base,
+                  const AdamWSpan* spans, int count, const AdamWParams& p, cudaStream_t stream) {
   if (kIsBF16<floatX> == (master == nullptr))
     throw std::invalid_argument(kIsBF16<floatX> ? "adamw_update: bf16 parameters need fp32 master weights"
                                                 : "adamw_update: fp32 parameters are their own master (pass null)");
-  const bool vec = aligned_to<4 * sizeof(floatX)>(param) && aligned16(master, grad, m, v);
-  LAUNCH((adamw_kernel<floatX, true>), ceil_div(vec ? (n + 3) / 4 : n, 256), 256, 0, stream, param, master, grad, m,
-         v, n, p, vec);
-  CUDA_CHECK_LAUNCH();
+  launch_adamw<floatX, true>(param, master, grad, m, v, m_base, spans, count, p, stream);
+}
+
+// One tensor of n values: the rounding index of value i is p.offset + i.
+template <class floatX>
+void adamw_update(floatX* param, float* master, const float* grad, float* m, float* v, size_t n,
+                  const AdamWParams& p, cudaStream_t stream) {
+  const AdamWSpan span{0, n, p.decay};
+  adamw_update(param, master, grad, m, v, 0, &span, 1, p, stream);
 }
 
 // param[i] = stochastic_round_bf16(master[i], seed, offset + i) (a plain copy when floatX = float);
@@ -118,12 +183,9 @@ void cast_params(floatX* param, const float* master, size_t n, uint32_t seed, si
     AdamWParams p{};
     p.seed = seed;
     p.offset = offset;
+    const AdamWSpan span{0, n, 0.0f};
     // the kernel takes master non-const (the update writes it); with kStep = false it only reads it
-    float* mw = const_cast<float*>(master);
-    const bool vec = aligned_to<8>(param) && aligned16(master);
-    LAUNCH((adamw_kernel<floatX, false>), ceil_div(vec ? (n + 3) / 4 : n, 256), 256, 0, stream, param, mw,
-           static_cast<const float*>(nullptr), static_cast<float*>(nullptr), static_cast<float*>(nullptr), n, p, vec);
-    CUDA_CHECK_LAUNCH();
+    launch_adamw<floatX, false>(param, const_cast<float*>(master), nullptr, nullptr, nullptr, 0, &span, 1, p, stream);
   }
 }
 

@@ -198,6 +198,18 @@ class CudaBackend final : public Backend<T> {
                        AdamWParams{lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2, seed, offset}, stream_);
     sync();  // parameters are read on the host through numpy views
   }
+  // the whole model (or a ZeRO-1 shard) in one launch
+  void adamw_segments(T* param, float* master, const float* grad, float* m, float* v, size_t m_base,
+                      const std::vector<AdamWSegment>& segments, float lr, float beta1, float beta2, float eps,
+                      float grad_scale, float bc1, float bc2, uint32_t seed) override {
+    std::vector<AdamWSpan> spans;
+    for (const AdamWSegment& s : segments) spans.push_back({s.begin, s.end, s.decay});
+    for (size_t i = 0; i < spans.size(); i += kAdamWMaxSegments)
+      cuda::adamw_update(k(param), master, grad, m, v, m_base, spans.data() + i,
+                         int(std::min<size_t>(kAdamWMaxSegments, spans.size() - i)),
+                         AdamWParams{lr, beta1, beta2, eps, 0.0f, grad_scale, bc1, bc2, seed, 0}, stream_);
+    sync();  // parameters are read on the host through numpy views
+  }
   void cast_params(T* param, const float* master, size_t n, uint32_t seed, size_t offset) override {
     if constexpr (std::is_same_v<T, float>) {
       Backend<T>::cast_params(param, master, n, seed, offset);  // fp32 models have no separate copy

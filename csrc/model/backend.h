@@ -10,10 +10,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "model/dtypes.h"
 
 namespace gpt2 {
+
+// One tensor (or the part of it inside a ZeRO-1 shard) in an AdamW update: flat indices [begin, end) of the
+// parameters, with this tensor's weight decay.
+struct AdamWSegment {
+  size_t begin, end;
+  float decay;
+};
 
 template <typename T>
 class Backend {
@@ -70,6 +79,17 @@ class Backend {
   virtual void adamw(T* param, M* master, const M* grad, M* m, M* v, size_t n, float lr, float beta1, float beta2,
                      float eps, float decay, float grad_scale, float bc1, float bc2, uint32_t seed,
                      size_t offset) = 0;
+  // AdamW over several segments of the flat buffers at once (the model passes all of its tensors): param, master
+  // and grad are indexed by flat index, m and v by flat index - m_base. The rounding index of flat value k is k.
+  // By default one adamw() per segment; a backend may do it in one pass (the CUDA backend: one launch).
+  virtual void adamw_segments(T* param, M* master, const M* grad, M* m, M* v, size_t m_base,
+                              const std::vector<AdamWSegment>& segments, float lr, float beta1, float beta2, float eps,
+                              float grad_scale, float bc1, float bc2, uint32_t seed) {
+    for (const AdamWSegment& s : segments)
+      adamw(param + s.begin, master ? master + s.begin : nullptr, grad + s.begin, m + (s.begin - m_base),
+            v + (s.begin - m_base), s.end - s.begin, lr, beta1, beta2, eps, s.decay, grad_scale, bc1, bc2, seed,
+            s.begin);
+  }
   // param[i] = master[i] rounded to T: stochastically with random bits that are a function of (seed, offset + i)
   // only, or to nearest even when seed == 0. Only backends whose models keep a master copy implement it.
   virtual void cast_params(T* /*param*/, const M* /*master*/, size_t /*n*/, uint32_t /*seed*/, size_t /*offset*/) {

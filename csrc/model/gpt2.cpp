@@ -260,13 +260,7 @@ void GPT2Model<T>::adamw_update(float lr, float beta1, float beta2, float eps, f
                                 float grad_scale) {
   if (step < 1) throw std::invalid_argument("adamw_update: step counts from 1");
   ensure_optimizer_state();
-  const float bc1 = 1.0f - std::pow(beta1, float(step));
-  const float bc2 = 1.0f - std::pow(beta2, float(step));
-  for (int i = 0; i < kNumParamTensors; i++) {
-    backend_->adamw(param(i), master(i), grad(i), m_ + offsets_[i], v_ + offsets_[i], sizes_[i], lr, beta1, beta2,
-                    eps, param_decays(i) ? weight_decay : 0.0f, grad_scale, bc1, bc2, uint32_t(step), offsets_[i]);
-  }
-  round_seed_ = uint32_t(step);
+  adamw_over(0, num_params_, m_, v_, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
   params_stale_ = false;  // the update rewrote the ops' copy from the new master weights
 }
 
@@ -275,16 +269,25 @@ void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr
                                       float eps, float weight_decay, int step, float grad_scale) {
   if (step < 1) throw std::invalid_argument("adamw_update_range: step counts from 1");
   if (lo > hi || hi > num_params_) throw std::invalid_argument("adamw_update_range: bad range");
-  const float bc1 = 1.0f - std::pow(beta1, float(step));
-  const float bc2 = 1.0f - std::pow(beta2, float(step));
-  for (int i = 0; i < kNumParamTensors; i++) {  // the part of each tensor inside [lo, hi)
-    const size_t a = std::max(lo, offsets_[i]), b = std::min(hi, offsets_[i] + sizes_[i]);
-    if (a >= b) continue;
-    backend_->adamw(params_ + a, master_ ? master_ + a : nullptr, grads_ + a, m + (a - lo), v + (a - lo), b - a, lr,
-                    beta1, beta2, eps, param_decays(i) ? weight_decay : 0.0f, grad_scale, bc1, bc2, uint32_t(step), a);
-  }
+  adamw_over(lo, hi, m, v, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
   // the rest of the master weights arrive from the other ranks (all-gather), which calls params_changed();
   // rebuilding the whole copy with this step's seed then gives every rank the bits a full update writes
+}
+
+// AdamW over flat [lo, hi) (moments m, v of that range), each tensor's part with its weight decay, in one
+// backend call. The step is also the seed of the stochastic rounding of a bf16 copy.
+template <typename T>
+void GPT2Model<T>::adamw_over(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
+                              float weight_decay, int step, float grad_scale) {
+  const float bc1 = 1.0f - std::pow(beta1, float(step));
+  const float bc2 = 1.0f - std::pow(beta2, float(step));
+  std::vector<AdamWSegment> segments;
+  for (int i = 0; i < kNumParamTensors; i++) {  // the part of each tensor inside [lo, hi)
+    const size_t a = std::max(lo, offsets_[i]), b = std::min(hi, offsets_[i] + sizes_[i]);
+    if (a < b) segments.push_back({a, b, param_decays(i) ? weight_decay : 0.0f});
+  }
+  backend_->adamw_segments(params_, master_, grads_, m, v, lo, segments, lr, beta1, beta2, eps, grad_scale, bc1, bc2,
+                           uint32_t(step));
   round_seed_ = uint32_t(step);
 }
 

@@ -89,6 +89,8 @@ class GPT2Model {
   Slots activation_slots(int B, int Tn);
   void ensure_optimizer_state();
   void refresh_params();
+  void adamw_over(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps, float weight_decay,
+                  int step, float grad_scale);
   T* param(int i) const { return params_ + offsets_[i]; }
   M* master(int i) const { return master_ ? master_ + offsets_[i] : nullptr; }
   M* grad(int i) const { return grads_ + offsets_[i]; }
