@@ -11,8 +11,8 @@
 // shorter (or empty when n < size() * S). Both collectives work in place on the full n-value buffer.
 //
 // Overlap (BucketAllreduce): the one non-blocking operation, for gradients averaged while backward still
-// runs. Between its first enqueue() and finish() the caller must not use the Comm otherwise (Gloo's blocking
-// collectives wait for the queue to drain first, so misuse costs the overlap, not correctness).
+// runs. Between its first enqueue() and finish() the caller must not use the Comm otherwise (DataParallel
+// calls finish() first; Gloo's blocking collectives also drain the queue first, as a safety net).
 #pragma once
 #include <chrono>
 #include <cstddef>
@@ -37,7 +37,8 @@ class DistError : public std::runtime_error {
 // Averages (mean over ranks, in place) groups of ranges of one float buffer in the background: the gradient
 // all-reduce, fed by the model's grad-ready hook during the last backward of an optimizer step. Every rank
 // must enqueue the same groups in the same order. One enqueue() is one collective: Gloo packs the group's
-// ranges into one staging buffer, NCCL issues them in one ncclGroupStart/End.
+// ranges into one staging buffer (none when they are contiguous), NCCL issues them in one
+// ncclGroupStart/End (adjacent ranges merged).
 //   Gloo (CPU): a worker thread takes the groups from a queue; the backward thread only pushes them.
 //   NCCL (GPU): the comm stream waits for an event recorded on the compute stream at enqueue time (so the
 //   ranges' producing kernels come first), then runs the group's ncclAllReduce(avg) calls.

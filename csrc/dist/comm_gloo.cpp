@@ -7,9 +7,9 @@
 //   all_gather       gloo::allgatherv in place (uneven shards)
 //   broadcast, barrier  gloo::broadcast, gloo::barrier
 //   bucket_allreduce  GlooBuckets: a worker thread that packs each enqueued group of ranges into one staging
-//                    buffer, allreduces it (as allreduce: sum, then * 1/size) and unpacks it, while the
-//                    caller's thread goes on with backward. The Gloo context is used by one thread at a time:
-//                    the blocking collectives first wait for the worker's queue to drain.
+//                    buffer (unless they are contiguous), allreduces it (as allreduce: sum, then * 1/size)
+//                    and unpacks it, while the caller's thread goes on with backward. The Gloo context is
+//                    used by one thread at a time: the blocking collectives first wait for the queue to drain.
 // Every call is bounded by the timeout; Gloo's exceptions (peer closed the connection, timed out)
 // become DistError naming the operation and this rank.
 #include <chrono>
@@ -300,26 +300,37 @@ class GlooBuckets final : public BucketAllreduce {
     }
   }
 
-  // One group: pack into the staging buffer, one allreduce (sum), unpack * 1/size: the same arithmetic per
-  // value as GlooComm::allreduce(Avg) of the whole buffer.
-  void reduce(const std::vector<std::pair<size_t, size_t>>& group) {
+  // One group, one allreduce (sum) then * 1/size: the same arithmetic per value as GlooComm::allreduce(Avg)
+  // of the whole buffer. Ranges are packed into the staging buffer (and unpacked), unless they form one
+  // contiguous range (wte + wpe, lnfw + lnfb), which is reduced in place.
+  void reduce(const std::vector<std::pair<size_t, size_t>>& ranges) {
+    std::vector<std::pair<size_t, size_t>> group;
     size_t total = 0;
-    for (auto& r : group) total += r.second - r.first;
-    if (staging_.size() < total) staging_.resize(total);
-    float* s = staging_.data();
-    for (auto& [lo, hi] : group) {
-      std::memcpy(s, buf_ + lo, (hi - lo) * sizeof(float));
-      s += hi - lo;
+    for (auto& r : ranges) {
+      if (r.first == r.second) continue;
+      total += r.second - r.first;
+      if (!group.empty() && group.back().second == r.first) group.back().second = r.second;
+      else group.push_back(r);
+    }
+    float* data = buf_ + group.front().first;
+    if (group.size() > 1) {
+      if (staging_.size() < total) staging_.resize(total);
+      data = staging_.data();
+      float* s = data;
+      for (auto& [lo, hi] : group) {
+        std::memcpy(s, buf_ + lo, (hi - lo) * sizeof(float));
+        s += hi - lo;
+      }
     }
     c_.guarded("overlapped gradient allreduce", total, [&] {
       gloo::AllreduceOptions opts(c_.ctx_);
-      opts.setOutput(staging_.data(), total);
+      opts.setOutput(data, total);
       opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
       opts.setTimeout(c_.timeout_);
       gloo::allreduce(opts);
     });
     const float f = 1.0f / float(c_.size_);
-    s = staging_.data();
+    const float* s = data;
     for (auto& [lo, hi] : group) {
       float* d = buf_ + lo;
       for (size_t i = 0; i < hi - lo; i++) d[i] = s[i] * f;

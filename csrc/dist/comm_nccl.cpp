@@ -276,8 +276,9 @@ class NcclBuckets final : public BucketAllreduce {
     GPT2_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     GPT2_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   }
-  ~NcclBuckets() override {  // destructors only log
-    if (pending_ && !c_.broken_) cudaStreamSynchronize(comm_stream_);
+  // Never waits: a collective still queued behind a dead peer would never end. CUDA releases the stream and
+  // events once their queued work has run (or the communicator's abort ended it).
+  ~NcclBuckets() override {
     for (cudaEvent_t e : {ready_, done_})
       if (e) cudaEventDestroy(e);
     if (comm_stream_) cudaStreamDestroy(comm_stream_);
