@@ -192,8 +192,35 @@ void bind_model(py::module_& m, const char* cls_name) {
              return out;
            },
            "Per-token cross-entropy (B, T) of the last forward with targets (0 where ignored).")
-      .def("backward", [](M& self, float grad_scale) { py::gil_scoped_release nogil; self.backward(grad_scale); },
-           py::arg("grad_scale") = 1.0f, "Accumulate gradients of grad_scale * loss into grads().")
+      .def("backward",
+           [](M& self, float grad_scale, bool report_grads) {
+             py::gil_scoped_release nogil;
+             self.backward(grad_scale, report_grads);
+           },
+           py::arg("grad_scale") = 1.0f, py::arg("report_grads") = false,
+           "Accumulate gradients of grad_scale * loss into grads(). report_grads: call the grad-ready hook "
+           "(set_grad_ready_hook) as groups of gradients become final.")
+      .def("set_grad_ready_hook",
+           [](M& self, py::object fn) {
+             if (fn.is_none()) {
+               self.set_grad_ready_hook({});
+               return;
+             }
+             if (!PyCallable_Check(fn.ptr())) throw py::type_error("hook must be callable or None");
+             // shared, so copies of the hook never touch Python reference counts; the last one lets go under the GIL
+             std::shared_ptr<py::object> f(new py::object(fn), [](py::object* p) {
+               py::gil_scoped_acquire gil;
+               delete p;
+             });
+             self.set_grad_ready_hook([f](const gpt2::GradRanges& ranges) {
+               py::gil_scoped_acquire gil;  // backward runs without the GIL
+               (*f)(py::cast(ranges));
+             });
+           },
+           py::arg("hook"),
+           "hook(ranges) is called by backward(report_grads=True) with a list of flat (lo, hi) gradient ranges "
+           "each time they are final: lnfw, lnfb; then each layer's 12 slices from the last layer down; then wte, "
+           "wpe. None removes it.")
       .def("zero_grad", &M::zero_grad)
       .def("grad_norm", [](M& self) { py::gil_scoped_release nogil; return self.grad_norm(); })
       .def("adamw_update",

@@ -5,6 +5,8 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "dist/comm.h"
@@ -32,6 +34,33 @@ auto with_float_master(py::handle model, F&& f) {
   throw py::type_error("expected a float32 or bf16 gpt2core._C model (Model or ModelBF16)");
 }
 
+// The overlapped gradient allreduce of one float32 or bf16 model (DataParallel with overlap): backward() runs
+// the model's backward with its grad-ready hook feeding a BucketAllreduce over the gradients (on the backend's
+// stream); finish() waits for it. The hook is installed for that one backward only.
+class GradAllreducer {
+ public:
+  template <typename T>
+  GradAllreducer(Comm& comm, gpt2::GPT2Model<T>& m)
+      : buckets_(comm.bucket_allreduce(m.grads(), m.num_parameters(), m.backend().native_stream())) {
+    backward_ = [&m, b = buckets_.get()](float grad_scale) {
+      gpt2::GradReadyHook prev = m.set_grad_ready_hook([b](const gpt2::GradRanges& r) { b->enqueue(r); });
+      try {
+        m.backward(grad_scale, /*report_grads=*/true);
+      } catch (...) {
+        m.set_grad_ready_hook(std::move(prev));
+        throw;
+      }
+      m.set_grad_ready_hook(std::move(prev));
+    };
+  }
+  void backward(float grad_scale) { backward_(grad_scale); }
+  void finish() { buckets_->finish(); }
+  gpt2::dist::BucketAllreduce::Stats stats() const { return buckets_->stats(); }
+
+ private:
+  std::unique_ptr<gpt2::dist::BucketAllreduce> buckets_;
+  std::function<void(float)> backward_;
+};
 
 // Where and how long the ranks meet; shared by the Gloo and NCCL groups.
 gpt2::dist::RendezvousOptions rendezvous_options(int rank, int world_size, const std::string& master_addr,
@@ -119,6 +148,37 @@ void bind_dist(py::module_& m) {
              py::gil_scoped_release nogil;
              c.barrier();
            });
+
+  py::class_<GradAllreducer>(d, "GradAllreducer",
+                             "Gradient averaging overlapped with backward (plain data parallel). backward(scale) "
+                             "is the model's backward, with each group of final gradients (a layer's, from the "
+                             "last layer down) averaged over the ranks in the background: a worker thread over "
+                             "Gloo, a comm stream over NCCL. finish() waits for all of it (raises DistError if a "
+                             "rank failed, within the timeout). Every rank must make the same calls.")
+      .def(py::init([](Comm& comm, py::object model) {
+             if (py::isinstance<gpt2::GPT2Model<float>>(model))
+               return new GradAllreducer(comm, model.cast<gpt2::GPT2Model<float>&>());
+             if (py::isinstance<gpt2::GPT2Model<gpt2::bf16>>(model))
+               return new GradAllreducer(comm, model.cast<gpt2::GPT2Model<gpt2::bf16>&>());
+             throw py::type_error("GradAllreducer needs a Model or ModelBF16 (float32 gradients)");
+           }),
+           py::arg("comm"), py::arg("model"), py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
+      .def("backward", [](GradAllreducer& g, float grad_scale) {
+             py::gil_scoped_release nogil;
+             g.backward(grad_scale);
+           },
+           py::arg("grad_scale") = 1.0f)
+      .def("finish", [](GradAllreducer& g) {
+             py::gil_scoped_release nogil;
+             g.finish();
+           })
+      .def("stats", [](const GradAllreducer& g) {
+             auto s = g.stats();
+             py::dict d;
+             d["finishes"] = s.finishes, d["groups"] = s.groups, d["ranges"] = s.ranges, d["values"] = s.values;
+             return d;
+           },
+           "Counters since construction: finish() calls, hook groups enqueued, their ranges and values.");
 
   d.def("alloc_state",
         [](py::object model, size_t n) {

@@ -3,6 +3,10 @@
 * 2 ranks x micro-batch B give the same losses and weights as 1 process with micro-batch 2B and the same
   global batch (gradient accumulation 2 in both), with and without ZeRO-1; the two ranks read different
   rows and together exactly what the single process read.
+* Overlapped gradient averaging (the default for plain data parallel): bit-identical to the single
+  allreduce after backward (--no-overlap-comm); one collective per hook group, on the last micro-step
+  only. The model's grad-ready hook tiles the gradients exactly once per enabled backward, from the last
+  layer down. A rank killed mid-way through an overlapped backward fails the other one within the timeout.
 * A rank killed (SIGKILL) or hung (SIGSTOP) makes the other one fail within the timeout; the launcher
   stops the remaining ranks when one fails; a rank that never arrives is named by the rendezvous.
 * The collectives (uneven shards, 3 ranks) and AdamW over a flat range (ZeRO-1) against references.
@@ -27,6 +31,7 @@ import numpy as np
 import pytest
 
 from gpt2core import _C
+from gpt2core.config import get_preset
 from gpt2core.distributed import DataParallel, from_env
 from gpt2core.model import GPT2
 
@@ -79,6 +84,8 @@ RECORDER = textwrap.dedent("""
     if t.ddp:
         import json
         json.dump(t.ddp.comm.calls, open(f"{sys.argv[1]}/calls{t.dist.rank}.json", "w"))
+        json.dump(t.ddp.reducer.stats() if t.ddp.reducer else None,
+                  open(f"{sys.argv[1]}/reducer{t.dist.rank}.json", "w"))
     np.save(f"{sys.argv[1]}/params{t.dist.rank}.npy", t.model._m.flat_params())
     np.save(f"{sys.argv[1]}/batches{t.dist.rank}.npy", np.stack(seen))
 """)
@@ -172,6 +179,12 @@ def zero_run(tmp_path_factory, recorder, data_dir):
     return run_training(tmp, "ddp_zero1", 2, recorder, data_dir, extra=["--zero", "1", "--checkpoint-every", "2"])
 
 
+@pytest.fixture(scope="module")
+def ddp_no_overlap(tmp_path_factory, recorder, data_dir):
+    return run_training(tmp_path_factory.mktemp("nooverlap"), "ddp_no_overlap", 2, recorder, data_dir,
+                        extra=["--no-overlap-comm"])
+
+
 @needs_gloo
 @pytest.mark.parametrize("zero", [0, 1])
 def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero, request):
@@ -180,6 +193,7 @@ def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero,
         tmp_path = ddp.parent  # where its logs are
     else:
         ddp = run_training(tmp_path, "ddp_zero0", 2, recorder, data_dir, extra=["--zero", "0"])
+    cfg = get_preset("tiny")
 
     # data: each rank read different rows; side by side they are what the single process read
     b0, b1, b1p = (np.load(ddp / "batches0.npy"), np.load(ddp / "batches1.npy"), np.load(single / "batches0.npy"))
@@ -187,11 +201,19 @@ def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero,
     assert not np.array_equal(b0, b1)
     np.testing.assert_array_equal(np.concatenate([b0, b1], axis=1), b1p)
 
-    # gradients cross the wire once per optimizer step, not once per micro-step (grad_accum is 2)
+    # gradients cross the wire once per optimizer step, not once per micro-step (grad_accum is 2): ZeRO-1 in
+    # one reduce-scatter after backward; plain data parallel (overlap on by default) in one collective per
+    # grad-ready group (lnf, each layer, the embeddings) of the last micro-step's backward, every value once
     n = np.load(single / "params0.npy").size
-    calls = json.load(open(ddp / "calls0.json"))
-    assert [c for c in calls if c[1] == n and c[0] in ("allreduce", "reduce_scatter")] == \
-        [["reduce_scatter" if zero else "allreduce", n]] * STEPS
+    full = [c for c in json.load(open(ddp / "calls0.json")) if c[1] == n and c[0] in ("allreduce", "reduce_scatter")]
+    for r in range(2):
+        stats = json.load(open(ddp / f"reducer{r}.json"))
+        if zero:
+            assert stats is None
+        else:
+            assert stats == {"finishes": STEPS, "groups": STEPS * (cfg.n_layer + 2), "values": STEPS * n,
+                             "ranges": STEPS * (12 * cfg.n_layer + 4)}
+    assert full == ([["reduce_scatter", n]] * STEPS if zero else [])
 
     # losses (mean over ranks), grad norms and val losses as logged by rank 0: fp32 accumulation-order noise
     loss1, norm1, val1 = metrics(single)
@@ -208,10 +230,19 @@ def test_two_ranks_match_one_process(tmp_path, single, recorder, data_dir, zero,
     np.testing.assert_array_equal(p0, p1)
     np.testing.assert_allclose(p0, p, rtol=0, atol=2e-5)
     assert (ddp / "model.bin").exists()  # only rank 0 writes (same output dir for both ranks)
+    if not zero:
+        # overlapped == one allreduce after backward, bit for bit: with 2 ranks each value's sum is a + b
+        # whatever the bucketing, and both paths then scale by 1/2 the same way
+        nov = request.getfixturevalue("ddp_no_overlap")
+        assert json.load(open(nov / "reducer0.json")) is None
+        assert [c for c in json.load(open(nov / "calls0.json")) if c[1] == n] == [["allreduce", n]] * STEPS
+        np.testing.assert_array_equal(np.load(nov / "params0.npy"), p0)
+        assert metrics(nov) == (loss2, norm2, val2)
 
     log0 = (tmp_path / f"ddp_zero{zero}.rank0.log").read_text()
     log1 = (tmp_path / f"ddp_zero{zero}.rank1.log").read_text()
     assert "step     3/3" in log0 and log1.strip() == ""  # only rank 0 prints
+    assert ("overlapped with the last micro-step's backward" in log0) == (not zero)
     if zero:
         assert "ZeRO-1 over 2 ranks" in log0 and "saves" in log0
 
@@ -353,6 +384,147 @@ def test_single_rank_group_and_bad_buffers():
         c.allreduce(a, "max")
     with pytest.raises(_C.dist.DistError, match="root"):
         c.broadcast(a, root=1)
+
+
+@pytest.fixture
+def one_thread():
+    """In-process model tests on one OpenMP thread: on a loaded 2-core machine two threads spin-wait ~10x longer."""
+    n = _C.get_num_threads()
+    _C.set_num_threads(1)
+    yield
+    _C.set_num_threads(n)
+
+
+def test_grad_ready_hook_tiles_the_gradients_once_per_enabled_backward(one_thread):
+    """The model's grad-ready hook (float64 CPU model): called only by backward(report_grads=True); its ranges
+    cover [0, num_parameters) exactly once, in the order the gradients become final: lnfw, lnfb; each layer's
+    12 slices from the last layer down; wte, wpe. Also with every target ignored (nothing to compute)."""
+    m = GPT2(get_preset("tiny").replace(n_layer=3), seed=1, dtype="float64")
+    L, n = m.config.n_layer, m.num_parameters
+    offsets = np.cumsum([0] + [v.size for v in m.params.values()])  # llm.c order: wte, wpe, ln1w, ..., lnfb
+    span = {name: (int(offsets[i]), int(offsets[i + 1])) for i, name in enumerate(m.params)}
+    per_layer = ["ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw",
+                 "fcprojb"]
+
+    def layer(name, l):
+        lo, hi = span[name]
+        k = (hi - lo) // L
+        return (lo + l * k, lo + (l + 1) * k)
+
+    expected = ([[span["lnfw"], span["lnfb"]]] + [[layer(t, l) for t in per_layer] for l in reversed(range(L))]
+                + [[span["wte"], span["wpe"]]])
+    groups = []
+    m._m.set_grad_ready_hook(lambda ranges: groups.append([tuple(r) for r in ranges]))
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 1000, (2, 8)).astype(np.int32)
+    ignored = np.full_like(x, -1)
+    for report, y in ((False, x), (True, x), (False, x), (True, ignored), (True, x)):
+        before = len(groups)
+        m.forward(x, y)
+        m._m.backward(0.5, report_grads=report)
+        got = groups[before:]
+        if not report:
+            assert got == []  # not enabled: no calls (the non-final micro-steps of gradient accumulation)
+            continue
+        assert got == expected
+        cover = np.zeros(n, np.int64)
+        for g in got:
+            for lo, hi in g:
+                cover[lo:hi] += 1
+        assert (cover == 1).all()
+    m._m.set_grad_ready_hook(None)
+    m.forward(x, x)
+    m._m.backward(1.0, report_grads=True)
+    assert len(groups) == 3 * (L + 2)
+
+    def failing(ranges):
+        raise KeyError("from the hook")
+    m._m.set_grad_ready_hook(failing)  # an exception in the hook propagates out of backward
+    m.forward(x, x)
+    with pytest.raises(KeyError, match="from the hook"):
+        m._m.backward(1.0, report_grads=True)
+    with pytest.raises(TypeError, match="callable"):
+        m._m.set_grad_ready_hook(3)
+
+
+@needs_gloo
+def test_overlapped_allreduce_in_a_one_rank_group(one_thread):
+    """GradAllreducer over a 1-rank Gloo group: gradients as plain backward gives them, hook groups counted;
+    DataParallel picks overlap for plain data parallel only."""
+    c = _C.dist.init_gloo(0, 1, "127.0.0.1", free_port(), timeout=5)
+    a, b = GPT2("tiny", seed=2), GPT2("tiny", seed=2)
+    dp = DataParallel(a, c)
+    assert dp.overlap and "overlapped" in dp.describe()
+    x = np.random.default_rng(1).integers(0, 1000, (2, 8)).astype(np.int32)
+    for last in (False, True):
+        a.forward(x, x), b.forward(x, x)
+        dp.backward(0.5, last=last)
+        b.backward(0.5)
+    assert dp.reducer.stats() == {"finishes": 0, "groups": a.config.n_layer + 2, "ranges": 12 * a.config.n_layer + 4,
+                                  "values": a.num_parameters}
+    np.testing.assert_array_equal(a._m.flat_grads(), b._m.flat_grads())
+    dp.step(lr=1e-3), b.step(lr=1e-3)
+    assert dp.reducer.stats()["finishes"] == 1
+    np.testing.assert_array_equal(a._m.flat_params(), b._m.flat_params())
+    with pytest.raises(_C.dist.DistError, match="already has a live one"):
+        DataParallel(b, c, broadcast=False)
+    with pytest.raises(ValueError, match="ZeRO-1 keeps its single reduce-scatter"):
+        DataParallel(b, c, zero=1, overlap=True)
+    assert not DataParallel(b, c, zero=1).overlap and not DataParallel(b, c, overlap=False).overlap
+    with pytest.raises(TypeError, match="float32 gradients"):
+        _C.dist.GradAllreducer(c, GPT2("tiny", dtype="float64")._m)
+
+
+# Two ranks in an overlapped step; rank 1 stops itself (SIGKILL or SIGSTOP) part-way through its backward,
+# after 2 grad-ready groups, while rank 0's background allreduce waits for it.
+MIDWAY = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np
+    from gpt2core import _C, distributed
+    from gpt2core.distributed import DataParallel
+    from gpt2core.model import GPT2
+    c = distributed.init_process_group(timeout=float(sys.argv[2]))
+    m = GPT2("tiny", seed=0)
+    dp = DataParallel(m, c)
+    x = np.arange(32, dtype=np.int32).reshape(2, 16)
+    m.forward(x, x)
+    if c.rank == 1:
+        seen = []
+        def hook(ranges):
+            seen.append(ranges)
+            if len(seen) == 2:
+                os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+        m._m.set_grad_ready_hook(hook)
+        m._m.backward(1.0, report_grads=True)
+    else:
+        dp.backward(1.0, last=True)
+        print("backward done", flush=True)
+        dp.step(lr=1e-3)
+    print("no error", flush=True)
+""")
+
+
+@needs_gloo
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGSTOP"])
+def test_rank_dies_during_overlapped_backward(tmp_path, sig):
+    timeout = 2.0
+    script = tmp_path / "midway.py"
+    script.write_text(MIDWAY)
+    procs = start_ranks(2, [sys.executable, str(script), sig, str(timeout)], tmp_path, "midway")
+    try:
+        t0 = time.monotonic()
+        code = procs[0].wait(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    log = (tmp_path / "midway.rank0.log").read_text()
+    assert code != 0 and "no error" not in log, log
+    assert "DistError" in log and "overlapped gradient allreduce" in log and "rank 0 of 2" in log, log
+    if sig == "SIGSTOP":  # a hung peer: the background allreduce gives up after the timeout
+        assert "Timed out" in log and took >= timeout * 0.9, log
+    assert took < timeout + 20
 
 
 def test_adamw_update_range_matches_full_step():

@@ -97,6 +97,7 @@ class CudaBackend final : public Backend<T> {
   }
 
   const char* name() const override { return "cuda"; }
+  void* native_stream() override { return stream_; }
 
   T* alloc(size_t n) override { return static_cast<T*>(alloc_bytes(n * sizeof(T))); }
   void free(T* p) override { release(p); }

@@ -9,12 +9,18 @@
 // Sharding (reduce_scatter / all_gather, ZeRO-1): a buffer of n values is cut into size() contiguous
 // shards; rank r owns [shard_lo(n, r), shard_hi(n, r)), S = ceil(n / size()) values each, the last ones
 // shorter (or empty when n < size() * S). Both collectives work in place on the full n-value buffer.
+//
+// Overlap (BucketAllreduce): the one non-blocking operation, for gradients averaged while backward still
+// runs. Between its first enqueue() and finish() the caller must not use the Comm otherwise (DataParallel
+// calls finish() first; Gloo's blocking collectives also drain the queue first, as a safety net).
 #pragma once
 #include <chrono>
 #include <cstddef>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace gpt2::dist {
 
@@ -26,6 +32,32 @@ enum class ReduceOp { Sum, Avg };
 class DistError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// Averages (mean over ranks, in place) groups of ranges of one float buffer in the background: the gradient
+// all-reduce, fed by the model's grad-ready hook during the last backward of an optimizer step. Every rank
+// must enqueue the same groups in the same order. One enqueue() is one collective: Gloo packs the group's
+// ranges into one staging buffer (none when they are contiguous), NCCL issues them in one
+// ncclGroupStart/End (adjacent ranges merged).
+//   Gloo (CPU): a worker thread takes the groups from a queue; the backward thread only pushes them.
+//   NCCL (GPU): the comm stream waits for an event recorded on the compute stream at enqueue time (so the
+//   ranges' producing kernels come first), then runs the group's ncclAllReduce(avg) calls.
+class BucketAllreduce {
+ public:
+  virtual ~BucketAllreduce() = default;
+  // [lo, hi) offsets into the buffer; their values are final in the compute stream's order now.
+  virtual void enqueue(const std::vector<std::pair<size_t, size_t>>& ranges) = 0;
+  // Everything enqueued so far is averaged before anything the compute stream runs next; rethrows the first
+  // failure as DistError, within the communicator's timeout (a dead or hung peer never makes it hang).
+  virtual void finish() = 0;
+  // Counters since construction: finish() calls, enqueued groups and the values they covered.
+  struct Stats {
+    size_t finishes = 0, groups = 0, ranges = 0, values = 0;
+  };
+  Stats stats() const { return stats_; }
+
+ protected:
+  Stats stats_;
 };
 
 class Comm {
@@ -47,6 +79,10 @@ class Comm {
   // buf[0..n) of rank `root` to every rank.
   virtual void broadcast(float* buf, size_t n, int root) = 0;
   virtual void barrier() = 0;
+  // A BucketAllreduce over buf[0..n) (host memory for Gloo, device memory for NCCL). stream: the compute
+  // stream that produces buf (cudaStream_t for NCCL, nullptr the legacy default stream; ignored by Gloo).
+  // At most one lives per Comm; it must not outlive the Comm.
+  virtual std::unique_ptr<BucketAllreduce> bucket_allreduce(float* buf, size_t n, void* stream) = 0;
 
   // Shard boundaries (the same on every backend).
   static size_t shard_size(size_t n, int world) { return (n + size_t(world) - 1) / size_t(world); }

@@ -6,11 +6,20 @@
 //                    (Gloo's own reduce-scatter of this version has no per-call timeout)
 //   all_gather       gloo::allgatherv in place (uneven shards)
 //   broadcast, barrier  gloo::broadcast, gloo::barrier
+//   bucket_allreduce  GlooBuckets: a worker thread that packs each enqueued group of ranges into one staging
+//                    buffer (unless they are contiguous), allreduces it (as allreduce: sum, then * 1/size)
+//                    and unpacks it, while the caller's thread goes on with backward. The Gloo context is
+//                    used by one thread at a time: the blocking collectives first wait for the queue to drain.
 // Every call is bounded by the timeout; Gloo's exceptions (peer closed the connection, timed out)
 // become DistError naming the operation and this rank.
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "dist/comm.h"
 #include "dist/rendezvous.h"
@@ -57,6 +66,8 @@ class GlooStore : public gloo::rendezvous::Store {
 
 constexpr uint64_t kReduceScatterSlot = 0x6770743272730000ull;  // "gpt2rs": our ring's messages
 
+class GlooBuckets;
+
 class GlooComm final : public Comm {
  public:
   explicit GlooComm(const RendezvousOptions& o) : rank_(o.rank), size_(o.world_size) {
@@ -89,6 +100,7 @@ class GlooComm final : public Comm {
 
   void allreduce(float* buf, size_t n, ReduceOp op) override {
     if (size_ == 1 || n == 0) return;
+    quiesce();
     guarded("allreduce", n, [&] {
       gloo::AllreduceOptions opts(ctx_);
       opts.setOutput(buf, n);
@@ -100,8 +112,11 @@ class GlooComm final : public Comm {
     if (op == ReduceOp::Avg) scale(buf, n);
   }
 
+  std::unique_ptr<BucketAllreduce> bucket_allreduce(float* buf, size_t n, void* stream) override;
+
   void reduce_scatter(float* buf, size_t n, ReduceOp op) override {
     if (size_ == 1 || n == 0) return;
+    quiesce();
     const size_t S = shard_size(n, size_);
     if (scratch_.size() < S) scratch_.resize(S);
     guarded("reduce_scatter", n, [&] {
@@ -134,6 +149,7 @@ class GlooComm final : public Comm {
 
   void all_gather(float* buf, size_t n) override {
     if (size_ == 1 || n == 0) return;
+    quiesce();
     guarded("all_gather", n, [&] {
       std::vector<size_t> counts(size_);
       for (int r = 0; r < size_; r++) counts[r] = shard_hi(n, r) - shard_lo(n, r);
@@ -148,6 +164,7 @@ class GlooComm final : public Comm {
     if (root < 0 || root >= size_)
       throw DistError("broadcast: root " + std::to_string(root) + " is outside 0.." + std::to_string(size_ - 1));
     if (size_ == 1 || n == 0) return;
+    quiesce();
     guarded("broadcast", n, [&] {
       gloo::BroadcastOptions opts(ctx_);
       opts.setOutput(buf, n);
@@ -159,6 +176,7 @@ class GlooComm final : public Comm {
 
   void barrier() override {
     if (size_ == 1) return;
+    quiesce();
     guarded("barrier", 0, [&] {
       gloo::BarrierOptions opts(ctx_);
       opts.setTimeout(timeout_);
@@ -167,6 +185,9 @@ class GlooComm final : public Comm {
   }
 
  private:
+  friend class GlooBuckets;
+  void quiesce();  // wait until the live GlooBuckets (if any) has no work queued or running
+
   void scale(float* p, size_t n) const {
     const float f = 1.0f / float(size_);
     for (size_t i = 0; i < n; i++) p[i] *= f;
@@ -193,9 +214,149 @@ class GlooComm final : public Comm {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> ctx_;
   std::vector<float> scratch_;
-  bool broken_ = false;
+  bool broken_ = false;  // written by whichever thread runs a collective; the queue's mutex orders the two
   std::string broken_msg_;
+  GlooBuckets* buckets_ = nullptr;  // the live bucket allreduce, if any
 };
+
+class GlooBuckets final : public BucketAllreduce {
+ public:
+  GlooBuckets(GlooComm& comm, float* buf, size_t n) : c_(comm), buf_(buf), n_(n) {
+    if (c_.buckets_) throw DistError("bucket_allreduce: this process group already has a live one (one overlapped gradient "
+                                         "allreduce per group: one DataParallel with overlap per Comm)");
+    if (c_.size_ > 1) worker_ = std::thread([this] { run(); });
+    c_.buckets_ = this;
+  }
+  ~GlooBuckets() override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;  // groups still queued are dropped; the one in flight ends within the timeout
+    }
+    work_cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+    c_.buckets_ = nullptr;
+  }
+
+  void enqueue(const std::vector<std::pair<size_t, size_t>>& ranges) override {
+    size_t values = 0;
+    for (auto& [lo, hi] : ranges) {
+      if (lo > hi || hi > n_)
+        throw std::invalid_argument("bucket_allreduce: range [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                    ") is outside the buffer of " + std::to_string(n_) + " values");
+      values += hi - lo;
+    }
+    stats_.groups++, stats_.ranges += ranges.size(), stats_.values += values;
+    if (c_.size_ == 1 || values == 0) return;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      queue_.push_back(ranges);
+    }
+    work_cv_.notify_one();
+  }
+
+  void finish() override {
+    std::exception_ptr err;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      idle_cv_.wait(lk, [&] { return queue_.empty() && !busy_; });
+      stats_.finishes++;
+      std::swap(err, error_);
+    }
+    if (err) std::rethrow_exception(err);
+  }
+
+  void drain() {  // finish() without rethrowing: the failure stays for finish() (and broke the group)
+    std::unique_lock<std::mutex> lk(mu_);
+    idle_cv_.wait(lk, [&] { return queue_.empty() && !busy_; });
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::vector<std::pair<size_t, size_t>> group;
+      bool skip;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        work_cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, nothing left
+        group = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = true;
+        skip = stop_ || error_;  // after a failure the group is broken: drop the rest, finish() reports it
+      }
+      if (!skip) {
+        try {
+          reduce(group);
+        } catch (...) {
+          std::lock_guard<std::mutex> lk(mu_);
+          if (!error_) error_ = std::current_exception();
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        busy_ = false;
+      }
+      idle_cv_.notify_all();
+    }
+  }
+
+  // One group, one allreduce (sum) then * 1/size: the same arithmetic per value as GlooComm::allreduce(Avg)
+  // of the whole buffer. Ranges are packed into the staging buffer (and unpacked), unless they form one
+  // contiguous range (wte + wpe, lnfw + lnfb), which is reduced in place.
+  void reduce(const std::vector<std::pair<size_t, size_t>>& ranges) {
+    std::vector<std::pair<size_t, size_t>> group;
+    size_t total = 0;
+    for (auto& r : ranges) {
+      if (r.first == r.second) continue;
+      total += r.second - r.first;
+      if (!group.empty() && group.back().second == r.first) group.back().second = r.second;
+      else group.push_back(r);
+    }
+    float* data = buf_ + group.front().first;
+    if (group.size() > 1) {
+      if (staging_.size() < total) staging_.resize(total);
+      data = staging_.data();
+      float* s = data;
+      for (auto& [lo, hi] : group) {
+        std::memcpy(s, buf_ + lo, (hi - lo) * sizeof(float));
+        s += hi - lo;
+      }
+    }
+    c_.guarded("overlapped gradient allreduce", total, [&] {
+      gloo::AllreduceOptions opts(c_.ctx_);
+      opts.setOutput(data, total);
+      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      opts.setTimeout(c_.timeout_);
+      gloo::allreduce(opts);
+    });
+    const float f = 1.0f / float(c_.size_);
+    const float* s = data;
+    for (auto& [lo, hi] : group) {
+      float* d = buf_ + lo;
+      for (size_t i = 0; i < hi - lo; i++) d[i] = s[i] * f;
+      s += hi - lo;
+    }
+  }
+
+  GlooComm& c_;
+  float* buf_;
+  size_t n_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, idle_cv_;
+  std::deque<std::vector<std::pair<size_t, size_t>>> queue_;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr error_;
+  std::vector<float> staging_;  // the worker's only
+  std::thread worker_;
+};
+
+void GlooComm::quiesce() {
+  if (buckets_) buckets_->drain();
+}
+
+std::unique_ptr<BucketAllreduce> GlooComm::bucket_allreduce(float* buf, size_t n, void* /*stream*/) {
+  return std::make_unique<GlooBuckets>(*this, buf, n);
+}
 
 }  // namespace
 

@@ -5,17 +5,23 @@
 //                    shard to its owner, grouped (same traffic, uneven shards)
 //   all_gather       ncclAllGather in place when size() divides n; otherwise grouped ncclBroadcast
 //   broadcast        ncclBroadcast;  barrier: an allreduce of one float
+//   bucket_allreduce NcclBuckets: on a comm stream of its own (non-blocking, so the legacy default stream
+//                    does not serialise with it), each group waits for an event recorded on the compute
+//                    stream at enqueue time, then runs its ranges' ncclAllReduce(avg) in one
+//                    ncclGroupStart/End; finish() makes the compute stream wait for the comm stream
 // The communicator is non-blocking (config.blocking = 0), so init and every wait can time out.
 #include "dist/comm_nccl.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "dist/rendezvous.h"
 
@@ -48,6 +54,8 @@ using Clock = std::chrono::steady_clock;
       throw DistError(_s.str());                                                               \
     }                                                                                          \
   } while (0)
+
+class NcclBuckets;
 
 class NcclComm final : public Comm {
  public:
@@ -168,7 +176,10 @@ class NcclComm final : public Comm {
     wait_state("barrier", true);
   }
 
+  std::unique_ptr<BucketAllreduce> bucket_allreduce(float* buf, size_t n, void* stream) override;
+
  private:
+  friend class NcclBuckets;
   static ncclRedOp_t red(ReduceOp op) { return op == ReduceOp::Avg ? ncclAvg : ncclSum; }
   static constexpr size_t kKeepStaging = size_t(1) << 20;  // floats of staging kept between calls
 
@@ -213,7 +224,8 @@ class NcclComm final : public Comm {
 
   // Polls the communicator (and the stream) until the operation completed, failed or timed out; on
   // failure or timeout the communicator is aborted (which also unblocks its kernels) and DistError thrown.
-  void wait_state(const char* op, bool stream) {
+  void wait_state(const char* op, bool stream) { wait_state(op, stream ? stream_ : nullptr, stream); }
+  void wait_state(const char* op, cudaStream_t stream_to_wait, bool stream) {
     const auto deadline = Clock::now() + timeout_;
     for (;;) {
       ncclResult_t st = ncclSuccess;
@@ -221,7 +233,7 @@ class NcclComm final : public Comm {
       if (st != ncclSuccess && st != ncclInProgress) fail(op, std::string("NCCL reports ") + ncclGetErrorString(st));
       if (st == ncclSuccess) {
         if (!stream) return;
-        cudaError_t q = cudaStreamQuery(stream_);
+        cudaError_t q = cudaStreamQuery(stream_to_wait);
         if (q == cudaSuccess) return;
         if (q != cudaErrorNotReady) fail(op, std::string("CUDA reports ") + cudaGetErrorString(q));
       }
@@ -252,6 +264,82 @@ class NcclComm final : public Comm {
   size_t staging_cap_ = 0;
   bool broken_ = false;
 };
+
+class NcclBuckets final : public BucketAllreduce {
+ public:
+  NcclBuckets(NcclComm& comm, float* buf, size_t n, cudaStream_t compute)
+      : c_(comm), buf_(buf), n_(n), compute_(compute) {
+    if (!NcclComm::on_device(buf))
+      throw DistError("bucket_allreduce: NCCL needs the buffer in device (or managed) memory");
+    GPT2_CUDA_CHECK(cudaSetDevice(c_.device_));
+    GPT2_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+    GPT2_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    GPT2_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  }
+  // Never waits: a collective still queued behind a dead peer would never end. CUDA releases the stream and
+  // events once their queued work has run (or the communicator's abort ended it).
+  ~NcclBuckets() override {
+    for (cudaEvent_t e : {ready_, done_})
+      if (e) cudaEventDestroy(e);
+    if (comm_stream_) cudaStreamDestroy(comm_stream_);
+  }
+
+  void enqueue(const std::vector<std::pair<size_t, size_t>>& ranges) override {
+    // adjacent ranges (lnfw + lnfb, wte + wpe) become one call
+    std::vector<std::pair<size_t, size_t>> rs;
+    size_t values = 0;
+    for (auto& r : ranges) {
+      if (r.first > r.second || r.second > n_)
+        throw std::invalid_argument("bucket_allreduce: range [" + std::to_string(r.first) + ", " +
+                                    std::to_string(r.second) + ") is outside the buffer of " + std::to_string(n_) +
+                                    " values");
+      values += r.second - r.first;
+      if (r.first == r.second) continue;
+      if (!rs.empty() && rs.back().second == r.first) rs.back().second = r.second;
+      else rs.push_back(r);
+    }
+    stats_.groups++, stats_.ranges += ranges.size(), stats_.values += values;
+    if (rs.empty()) return;
+    if (c_.broken_) throw DistError("overlapped gradient allreduce on rank " + std::to_string(c_.rank_) +
+                                    ": the process group is broken by an earlier failure");
+    // the comm stream starts this group once the compute stream has produced its ranges
+    GPT2_CUDA_CHECK(cudaEventRecord(ready_, compute_));
+    GPT2_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
+    GPT2_NCCL_CHECK(c_.comm_, ncclGroupStart());
+    for (auto& [lo, hi] : rs)
+      GPT2_NCCL_CHECK(c_.comm_, ncclAllReduce(buf_ + lo, buf_ + lo, hi - lo, ncclFloat, ncclAvg, c_.comm_, comm_stream_));
+    GPT2_NCCL_CHECK(c_.comm_, ncclGroupEnd());
+    // non-blocking communicator: the group is enqueued once the state leaves ncclInProgress (a host wait for
+    // the enqueue, not for the collective)
+    c_.wait_state("overlapped gradient allreduce (enqueue)", nullptr, false);
+    pending_ = true;
+  }
+
+  void finish() override {
+    stats_.finishes++;
+    if (!pending_) return;
+    pending_ = false;
+    // the device-side order: whatever the compute stream runs next (clip, AdamW, the next zero_grad) waits
+    GPT2_CUDA_CHECK(cudaEventRecord(done_, comm_stream_));
+    GPT2_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+    // and a polled host wait: the step's grad norm reads a value back right after this anyway, and a blocking
+    // sync behind a collective whose peer died would never return; polling aborts the group at the timeout
+    c_.wait_state("overlapped gradient allreduce", comm_stream_, true);
+  }
+
+ private:
+  NcclComm& c_;
+  float* buf_;
+  size_t n_;
+  cudaStream_t compute_;
+  cudaStream_t comm_stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  bool pending_ = false;  // groups enqueued since the last finish()
+};
+
+std::unique_ptr<BucketAllreduce> NcclComm::bucket_allreduce(float* buf, size_t n, void* stream) {
+  return std::make_unique<NcclBuckets>(*this, buf, n, static_cast<cudaStream_t>(stream));
+}
 
 }  // namespace
 

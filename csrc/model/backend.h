@@ -30,6 +30,10 @@ class Backend {
   using M = Master<T>;
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // The device queue the ops are enqueued on, for work that must be ordered after them without a host sync
+  // (the overlapped gradient all-reduce): a cudaStream_t for the CUDA backend, where nullptr is the legacy
+  // default stream. Backends whose ops have finished when they return (the CPU) keep the default, nullptr.
+  virtual void* native_stream() { return nullptr; }
 
   // memory: allocations are zero-filled; host<->device copies
   virtual T* alloc(size_t n) = 0;

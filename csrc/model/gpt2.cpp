@@ -199,7 +199,25 @@ template <typename T>
 void GPT2Model<T>::zero_grad() { backend_->zero_master(grads_, num_params_); }
 
 template <typename T>
-void GPT2Model<T>::backward(float grad_scale) {
+GradRanges GPT2Model<T>::layer_grad_ranges(int l) const {
+  GradRanges r;
+  r.reserve(12);
+  for (int i = 2; i <= 13; i++) {  // ln1w .. fcprojb: (L, ...) tensors, layer l's slice of each
+    const size_t per_layer = sizes_[i] / size_t(config_.n_layer);
+    r.emplace_back(offsets_[i] + size_t(l) * per_layer, offsets_[i] + size_t(l + 1) * per_layer);
+  }
+  return r;
+}
+
+template <typename T>
+GradRanges GPT2Model<T>::tensor_grad_ranges(int first, int last) const {
+  GradRanges r;
+  for (int i = first; i <= last; i++) r.emplace_back(offsets_[i], offsets_[i] + sizes_[i]);
+  return r;
+}
+
+template <typename T>
+void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
   if (!have_targets_)
     throw std::runtime_error("backward: call forward(idx, targets) first (each forward allows one backward)");
   have_targets_ = false;  // the logits buffer becomes dlogits below
@@ -208,7 +226,15 @@ void GPT2Model<T>::backward(float grad_scale) {
   const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
   const int N = B * Tn;
   const size_t NC = size_t(N) * C;
-  if (n_valid_ == 0) return;  // every target ignored: the loss does not depend on the parameters
+  const bool report = report_grads && grad_hook_;  // call the grad-ready hook in this backward
+  if (n_valid_ == 0) {  // every target ignored: the loss does not depend on the parameters
+    if (report) {       // the gradients are final as they are; report them in the usual groups
+      grad_hook_(tensor_grad_ranges(14, 15));
+      for (int l = L - 1; l >= 0; l--) grad_hook_(layer_grad_ranges(l));
+      grad_hook_(tensor_grad_ranges(0, 1));
+    }
+    return;
+  }
 
   be.crossentropy_backward_inplace(a_.logits, a_.lse, targets_, M(grad_scale / double(n_valid_)), N, V, Vp);
   T* dlogits = a_.logits;
@@ -217,6 +243,7 @@ void GPT2Model<T>::backward(float grad_scale) {
   be.zero(a_.dres, NC);
   be.layernorm_backward(a_.dres, grad(14), grad(15), a_.dln, a_.residual3 + (L - 1) * NC, param(14),
                         a_.lnf_mean, a_.lnf_rstd, N, C);
+  if (report) grad_hook_(tensor_grad_ranges(14, 15));  // lnfw, lnfb
   // a_.dres now holds d(loss)/d(output of the last layer); walk the layers backwards.
   for (int l = L - 1; l >= 0; l--) {
     const T* x = l == 0 ? a_.encoded : a_.residual3 + (l - 1) * NC;
@@ -248,8 +275,10 @@ void GPT2Model<T>::backward(float grad_scale) {
                        param(4) + size_t(l) * 3 * C * C, N, C, 3 * C);
     be.layernorm_backward(a_.dres, grad(2) + l * C, grad(3) + l * C, a_.dln, x, param(2) + l * C,
                           a_.ln1_mean + l * N, a_.ln1_rstd + l * N, N, C);
+    if (report) grad_hook_(layer_grad_ranges(l));  // ln1w .. fcprojb of layer l
   }
   be.encoder_backward(grad(0), grad(1), a_.dres, inputs_, B, Tn, C);
+  if (report) grad_hook_(tensor_grad_ranges(0, 1));  // wte (lm_head and embedding gradients), wpe
 }
 
 template <typename T>

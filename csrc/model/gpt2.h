@@ -3,8 +3,10 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/backend.h"
@@ -22,6 +24,10 @@ struct Activations {
   // backward scratch (not kept between steps)
   T *dres, *dln, *datty, *dqkv, *dfch, *dfch_gelu;
 };
+
+// Flat gradient ranges [lo, hi) (offsets into grads()) and the callback backward reports them to.
+using GradRanges = std::vector<std::pair<size_t, size_t>>;
+using GradReadyHook = std::function<void(const GradRanges&)>;
 
 template <typename T>
 class GPT2Model {
@@ -67,7 +73,15 @@ class GPT2Model {
   void logits_to_host(M* dst) const;
   void losses_to_host(M* dst) const;
   // Accumulates gradients of (grad_scale * mean loss) into grads(). Needs a forward with targets.
-  void backward(float grad_scale);
+  // With report_grads (and a hook set), backward calls the grad-ready hook each time a group of gradient ranges
+  // is final, in backend stream order (the ops that wrote them are enqueued, not necessarily finished: a
+  // device backend's consumer orders itself after them, see Backend::native_stream): lnfw, lnfb after the
+  // final layernorm; layer l's 12 slices (ln1w..fcprojb) after its backward, from the last layer down; wte, wpe
+  // last (wte also holds the lm_head gradient). Every gradient value is in exactly one range, once per call.
+  void backward(float grad_scale, bool report_grads = false);
+  // Installs the grad-ready hook (empty: none) and returns the previous one; the hook runs on the thread that
+  // calls backward. Only backward(..., report_grads=true) calls it.
+  GradReadyHook set_grad_ready_hook(GradReadyHook hook) { return std::exchange(grad_hook_, std::move(hook)); }
   void zero_grad();
   double grad_norm();  // global L2 norm of all gradients
   void adamw_update(float lr, float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale);
@@ -94,6 +108,9 @@ class GPT2Model {
   T* param(int i) const { return params_ + offsets_[i]; }
   M* master(int i) const { return master_ ? master_ + offsets_[i] : nullptr; }
   M* grad(int i) const { return grads_ + offsets_[i]; }
+  // The grad-ready groups: layer l's 12 per-layer slices; lnfw, lnfb; wte, wpe.
+  GradRanges layer_grad_ranges(int l) const;
+  GradRanges tensor_grad_ranges(int first, int last) const;
 
   ModelConfig config_;
   std::unique_ptr<Backend<T>> backend_;
@@ -114,6 +131,7 @@ class GPT2Model {
   int B_ = 0, T_ = 0;           // shape the activations are laid out for
   size_t att_size_ = 0;         // per-layer attention state, sized by the backend
   bool recompute_gelu_ = false;
+  GradReadyHook grad_hook_;
   bool have_targets_ = false;   // last forward had targets and its logits are intact
   long n_valid_ = 0;
 };

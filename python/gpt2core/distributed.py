@@ -20,11 +20,20 @@ makes the others raise DistError instead of waiting forever.
 One optimizer step (``DataParallel.step``), after the last micro-step of gradient accumulation (the
 micro-steps before it do not communicate):
 
-* plain DDP: one allreduce (mean) of the flat gradient buffer, then the usual clip + AdamW on every
-  rank (identical bits on every rank, so the replicas stay identical);
+* plain DDP: the gradients are averaged (mean over ranks), then the usual clip + AdamW on every rank
+  (identical bits on every rank, so the replicas stay identical). With ``overlap`` (the default) the
+  averaging overlaps the last micro-step's backward: ``DataParallel.backward(scale, last=True)`` runs it
+  with the model's grad-ready hook, which hands each group of final gradients (lnf; then each layer, from
+  the last one down; then the embeddings) to a background all-reduce (a worker thread over Gloo, a comm
+  stream over NCCL; one collective per group), and ``step`` only waits for it (``finish``). Without
+  overlap: one allreduce of the flat gradient buffer in ``step``;
 * ZeRO-1 (``zero=1``): reduce-scatter (mean) of the gradients, the global grad norm from one allreduce
   of per-shard sums of squares, AdamW on this rank's shard only (its moments are the only optimizer state
   this rank holds: 2·N/world floats instead of 2·N), then an all-gather of the updated parameters.
+  ZeRO-1 keeps its single reduce-scatter after backward (no overlap).
+
+``last_comm_ms`` is the step's time spent waiting for gradient/parameter collectives: with overlap only the
+wait in ``finish`` (the part of the all-reduce that backward did not hide).
 """
 from __future__ import annotations
 
@@ -158,12 +167,19 @@ class DataParallel:
     """Gradient averaging (and optionally ZeRO-1) for a GPT2 over a Comm. Every rank must call the same
     methods in the same order."""
 
-    def __init__(self, model, comm, zero: int = 0, broadcast: bool = True, resume_from=None):
+    def __init__(self, model, comm, zero: int = 0, broadcast: bool = True, resume_from=None,
+                 overlap: bool | None = None):
         """resume_from: the checkpoint.Checkpoint the model was restored from (weights and step count), from
         which ZeRO-1 reads this rank's range of the AdamW moments (its own shard file, or a slice of a full
-        checkpoint's). Without it, a model with step_count > 0 is taken to hold the full restored moments."""
+        checkpoint's). Without it, a model with step_count > 0 is taken to hold the full restored moments.
+        overlap: average the gradients during the last micro-step's backward (plain data parallel only;
+        default: on for plain data parallel with a float32/bf16 model, off for ZeRO-1)."""
         if zero not in (0, 1):
             raise ValueError(f"zero must be 0 (plain data parallel) or 1 (ZeRO-1), got {zero!r}")
+        if overlap and zero:
+            raise ValueError("overlap=True needs zero=0: ZeRO-1 keeps its single reduce-scatter after backward")
+        if overlap is None:
+            overlap = not zero and getattr(model._m, "dtype", "float64") != "float64"
         self.model, self.comm, self.zero = model, comm, zero
         self.world = comm.size
         self.n = model.num_parameters
@@ -171,6 +187,11 @@ class DataParallel:
             comm.broadcast(model._m.flat_params(), root=0)
         self.lo, self.hi = comm.shard(self.n) if zero else (0, self.n)
         self.last_comm_ms = 0.0  # wall time of the last step's gradient/parameter collectives
+        self.reducer = None  # the overlapped gradient allreduce
+        self._in_flight = False  # an overlapped backward ran since the last step()
+        if overlap:
+            from . import _C
+            self.reducer = _C.dist.GradAllreducer(comm, model._m)
         self.m = self.v = None
         if zero:  # this rank's moments, in the backend's memory (device memory on GPUs)
             from . import _C
@@ -194,7 +215,22 @@ class DataParallel:
         self.comm.allreduce(buf, "avg")
         return [float(v) for v in buf]
 
-    # ------------------------------------------------------------------ the optimizer step
+    # ------------------------------------------------------------------ backward and the optimizer step
+    @property
+    def overlap(self) -> bool:
+        return self.reducer is not None
+
+    def backward(self, grad_scale: float = 1.0, last: bool = True) -> None:
+        """One micro-step's backward. last: the final micro-step of gradient accumulation before step():
+        with overlap its gradients are averaged while it runs. Earlier micro-steps never communicate."""
+        if self.reducer is not None and last:
+            if self._in_flight:
+                raise RuntimeError("DataParallel.backward(last=True) twice without step() in between")
+            self._in_flight = True  # even if it fails part-way: step() must then wait for what was started
+            self.reducer.backward(float(grad_scale))
+        else:
+            self.model.backward(grad_scale)
+
     def step(self, lr: float, weight_decay: float = 0.1, beta1: float = 0.9, beta2: float = 0.95,
              eps: float = 1e-8, grad_clip: float = 1.0) -> float:
         """Average the gradients over ranks and take one clipped AdamW step (see the module doc); returns
@@ -203,7 +239,11 @@ class DataParallel:
         grads = m._m.flat_grads()
         t0 = time.perf_counter()
         if not self.zero:
-            self.comm.allreduce(grads, "avg")
+            if self._in_flight:  # averaged during the last backward: wait for the rest of it
+                self._in_flight = False
+                self.reducer.finish()
+            else:
+                self.comm.allreduce(grads, "avg")
             self.last_comm_ms = (time.perf_counter() - t0) * 1e3
             return m.step(lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, eps=eps, grad_clip=grad_clip)
         self.comm.reduce_scatter(grads, "avg")
@@ -236,8 +276,10 @@ class DataParallel:
 
     def describe(self) -> str:
         if not self.zero:
+            how = ("overlapped with the last micro-step's backward, one collective per layer" if self.overlap
+                   else "in one allreduce after backward")
             return (f"data parallel over {self.world} ranks ({self.comm.backend}): gradients averaged once per "
-                    f"optimizer step")
+                    f"optimizer step, {how}")
         r = self.memory_report()
         mb = 1 / 2**20
         return (f"ZeRO-1 over {self.world} ranks ({self.comm.backend}): this rank updates parameters "

@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("data parallel (under torchrun, python -m gpt2core.launch, srun or mpirun)")
     g.add_argument("--zero", type=int, choices=[0, 1], default=0,
                    help="1: ZeRO-1, each rank keeps and updates only its shard of the AdamW state")
+    g.add_argument("--no-overlap-comm", action="store_true",
+                   help="average gradients in one allreduce after backward instead of overlapping it with the last "
+                        "micro-step's backward (for measurements; ZeRO-1 never overlaps)")
     g.add_argument("--dist-timeout", type=float, default=300.0,
                    help="seconds a collective waits for the other ranks before the run fails (a dead or hung rank)")
     g = ap.add_argument_group("checkpoints")
@@ -156,7 +159,9 @@ class Trainer:
         ck = self.resume(args.resume) if getattr(args, "resume", None) else None
         if self.comm is not None:  # after resume: ZeRO-1 reads its shard of the checkpoint's AdamW state
             from .distributed import DataParallel
-            self.ddp = DataParallel(self.model, self.comm, zero=getattr(args, "zero", 0), resume_from=ck)
+            zero = getattr(args, "zero", 0)
+            overlap = False if getattr(args, "no_overlap_comm", False) else None  # None: on unless ZeRO-1
+            self.ddp = DataParallel(self.model, self.comm, zero=zero, resume_from=ck, overlap=overlap)
 
     def _newest(self, root: Path):
         """The newest complete checkpoint under root, or None. In a multi-process run rank 0 chooses and
@@ -314,15 +319,18 @@ class Trainer:
             lr = lr_at(step, a.lr, a.warmup, a.steps, a.min_lr_frac * a.lr, a.schedule)
             m.zero_grad()
             loss = 0.0
-            for _ in range(self.grad_accum):
+            for i in range(self.grad_accum):
                 x, y = self.train_loader.next_batch()
                 micro = m.forward(x, y)
                 if not math.isfinite(micro):
                     raise FloatingPointError(f"loss is {micro} at step {step}; weights were not updated "
                                              "(try a lower --lr)")
-                m.backward(1.0 / self.grad_accum)
+                if self.ddp:  # the last micro-step's backward may average the gradients as it goes
+                    self.ddp.backward(1.0 / self.grad_accum, last=i == self.grad_accum - 1)
+                else:
+                    m.backward(1.0 / self.grad_accum)
                 loss += micro / self.grad_accum
-            # data parallel: the one gradient exchange of the step, after the last micro-step
+            # data parallel: the one gradient exchange of the step (or the wait for it), after the last micro-step
             norm = (self.ddp.step if self.ddp else m.step)(lr, weight_decay=a.weight_decay, beta1=a.beta1,
                                                            beta2=a.beta2, grad_clip=a.grad_clip)
             if self.ddp:
