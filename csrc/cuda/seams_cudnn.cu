@@ -228,8 +228,8 @@ const Cached& prepare(State& S, const GraphKey& key, float scale, cudaStream_t s
     CUDNN_CHECK(c.graph->validate());
     CUDNN_CHECK(c.graph->build_operation_graph(S.handle));
     CUDNN_CHECK(c.graph->create_execution_plans({fe::HeurMode_t::A}));
-    CUDNN_CHECK(c.graph->check_support(S.handle));
-    CUDNN_CHECK(c.graph->build_plans(S.handle));
+    CUDNN_CHECK(c.graph->check_support());  // the handle overloads of these two are slated for removal
+    CUDNN_CHECK(c.graph->build_plans());
     CUDNN_CHECK(c.graph->get_workspace_size(c.workspace));
     it = S.graphs.emplace(key, std::move(c)).first;
   }
