@@ -17,6 +17,9 @@
 #ifndef GPT2CORE_MODULE_NAME
 #define GPT2CORE_MODULE_NAME _C
 #endif
+#ifndef GPT2CORE_HAS_CUDNN_SDPA
+#define GPT2CORE_HAS_CUDNN_SDPA 0
+#endif
 #ifndef GPT2CORE_WITH_DIST
 #define GPT2CORE_WITH_DIST 1
 #endif
@@ -290,6 +293,7 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
     }
     d["cuda_archs"] = archs;
     d["cudnn"] = bool(GPT2CORE_HAS_CUDNN);
+    d["cudnn_sdpa"] = bool(GPT2CORE_HAS_CUDNN_SDPA);  // attention seam over cuDNN's fused SDPA (csrc/cuda/seams_cudnn.cu)
     d["nccl"] = bool(GPT2CORE_HAS_NCCL);
     d["gloo"] = bool(GPT2CORE_HAS_GLOO);  // CPU multi-process training (gpt2core._C.dist)
     return d;

@@ -9,8 +9,9 @@ from gpt2core.model import DeviceError
 
 def test_build_info_reports_what_was_compiled():
     info = gpt2core.build_info()
-    for key in ("version", "backends", "blas", "cuda", "cuda_archs", "cudnn", "nccl"):
+    for key in ("version", "backends", "blas", "cuda", "cuda_archs", "cudnn", "cudnn_sdpa", "nccl"):
         assert key in info
+    assert not info["cudnn_sdpa"] or (info["cuda"] and info["cudnn"])  # the attention seam over cuDNN's SDPA
     assert "cpu" in info["backends"]
     assert "openblas" in info["blas"].lower() or "blas" in info["blas"].lower()
     assert info["version"] == gpt2core.__version__

@@ -1,0 +1,373 @@
+// gpt2core::seams::attention_forward / attention_backward over cuDNN's fused SDPA (flash attention) through the
+// cuDNN frontend graph API (GPU build; the emulated build links csrc/emu/seams_cpu.cpp).
+//
+// Causal attention, S = scale * Q K^T masked to t2 <= t (top-left diagonal, right bound 0):
+//   forward:  out = softmax(S) V, stats = logsumexp of each row of S (fp32), saved for backward;
+//   backward: dQ, dK, dV from (Q, K, V, out, dout, stats), written over dqkv (no accumulation).
+// Layouts (seams.h) as strided 4-d views (B, NH, T, HS) into the packed buffers, no copies:
+//   Q, K, V   (and dQ, dK, dV) in qkv (B, T, 3, NH, HS): strides (3*NH*HS*T, HS, 3*NH*HS, 1),
+//             at element offsets 0, NH*HS, 2*NH*HS of the buffer;
+//   out, dout (B, T, NH, HS):                          strides (NH*HS*T, HS, NH*HS, 1);
+//   stats     (B, NH, T, 1) fp32:                      strides (NH*T, T, 1, 1).
+// bf16 in and out, fp32 intermediates and compute. cuDNN's SDPA has no fp32 I/O: F32 is NotSupported.
+//
+// One cudnnHandle for the process, created on the device current at the first call and set to each call's
+// stream; one graph per (B, T, NH, HS, scale, direction), built once from cuDNN's heuristics (mode A) and
+// cached; one workspace, grown to the largest graph's need. A mutex covers all of it (the handle's stream is
+// shared state). Errors inside are exceptions (CUDNN_CHECK: file, line, the library's message); the seam
+// returns cudaErrorUnknown and keeps the message for last_attention_error().
+//
+// Compiled without GPT2CORE_HAS_CUDNN_SDPA (cuDNN or the frontend headers not found at configure time), both
+// calls return cudaErrorNotSupported.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "cuda/seams_cudnn.h"
+#include "emu/seams.h"
+
+#ifndef GPT2CORE_HAS_CUDNN_SDPA
+#define GPT2CORE_HAS_CUDNN_SDPA 0
+#endif
+
+namespace gpt2core::seams {
+namespace {
+thread_local std::string t_last_error;
+}  // namespace
+
+std::string last_attention_error() { return t_last_error; }
+
+}  // namespace gpt2core::seams
+
+#if GPT2CORE_HAS_CUDNN_SDPA
+
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+namespace fe = cudnn_frontend;
+
+namespace gpt2core::seams {
+namespace {
+
+const char* fe_code_name(fe::error_code_t c) {
+  switch (c) {
+    case fe::error_code_t::OK: return "OK";
+    case fe::error_code_t::ATTRIBUTE_NOT_SET: return "ATTRIBUTE_NOT_SET";
+    case fe::error_code_t::SHAPE_DEDUCTION_FAILED: return "SHAPE_DEDUCTION_FAILED";
+    case fe::error_code_t::INVALID_TENSOR_NAME: return "INVALID_TENSOR_NAME";
+    case fe::error_code_t::INVALID_VARIANT_PACK: return "INVALID_VARIANT_PACK";
+    case fe::error_code_t::GRAPH_NOT_SUPPORTED: return "GRAPH_NOT_SUPPORTED";
+    case fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED: return "GRAPH_EXECUTION_PLAN_CREATION_FAILED";
+    case fe::error_code_t::GRAPH_EXECUTION_FAILED: return "GRAPH_EXECUTION_FAILED";
+    case fe::error_code_t::HEURISTIC_QUERY_FAILED: return "HEURISTIC_QUERY_FAILED";
+    case fe::error_code_t::UNSUPPORTED_GRAPH_FORMAT: return "UNSUPPORTED_GRAPH_FORMAT";
+    case fe::error_code_t::CUDA_API_FAILED: return "CUDA_API_FAILED";
+    case fe::error_code_t::CUDNN_BACKEND_API_FAILED: return "CUDNN_BACKEND_API_FAILED";
+    case fe::error_code_t::INVALID_CUDA_DEVICE: return "INVALID_CUDA_DEVICE";
+    case fe::error_code_t::HANDLE_ERROR: return "HANDLE_ERROR";
+    default: return "frontend error";
+  }
+}
+
+std::string where(const char* file, int line, const char* expr) {
+  return std::string(" at ") + file + ":" + std::to_string(line) + " (" + expr + "): ";
+}
+
+// cuDNN backend status: the status name plus cuDNN's own last error message (cuDNN 9).
+void check_cudnn(cudnnStatus_t st, const char* file, int line, const char* expr) {
+  if (st == CUDNN_STATUS_SUCCESS) return;
+  char detail[1024] = {0};
+  cudnnGetLastErrorString(detail, sizeof(detail));
+  throw std::runtime_error(std::string("cuDNN error ") + cudnnGetErrorString(st) + where(file, line, expr) +
+                           (detail[0] ? detail : "(no further message)"));
+}
+// cuDNN frontend error_t: its code and message.
+void check_cudnn(fe::error_t err, const char* file, int line, const char* expr) {
+  if (err.is_good()) return;
+  throw std::runtime_error(std::string("cuDNN frontend error ") + fe_code_name(err.get_code()) +
+                           where(file, line, expr) + err.get_message());
+}
+
+}  // namespace
+}  // namespace gpt2core::seams
+
+// Throws std::runtime_error with file, line and the library's message; takes a cudnnStatus_t or a frontend error_t.
+#define CUDNN_CHECK(call) ::gpt2core::seams::check_cudnn((call), __FILE__, __LINE__, #call)
+#define CUDA_CHECK_THROW(call)                                                                              \
+  do {                                                                                                      \
+    cudaError_t e_ = (call);                                                                                \
+    if (e_ != cudaSuccess)                                                                                  \
+      throw std::runtime_error(std::string("CUDA error at ") + __FILE__ + ":" + std::to_string(__LINE__) + \
+                               " (" #call "): " + cudaGetErrorString(e_));                                  \
+  } while (0)
+
+namespace gpt2core::seams {
+namespace {
+
+// Tensor UIDs of the variant packs (the frontend numbers its internal tensors around these).
+enum : int64_t { kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5, kdO = 6, kdQ = 7, kdK = 8, kdV = 9 };
+
+struct GraphKey {
+  int B, T, NH, HS;
+  uint32_t scale_bits;
+  bool backward;
+  bool operator<(const GraphKey& o) const {
+    return std::tie(B, T, NH, HS, scale_bits, backward) < std::tie(o.B, o.T, o.NH, o.HS, o.scale_bits, o.backward);
+  }
+};
+
+struct Cached {
+  std::shared_ptr<fe::graph::Graph> graph;
+  int64_t workspace = 0;  // bytes
+};
+
+struct State {
+  std::mutex mu;
+  cudnnHandle_t handle = nullptr;
+  int device = -1;
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
+  std::map<GraphKey, Cached> graphs;
+};
+State& state() {
+  static State* s = new State();  // never destroyed: no CUDA / cuDNN calls at exit
+  return *s;
+}
+
+// Dims (B, NH, T, HS) and strides of a view into a (B, T, rows, NH, HS) buffer: rows = 3 for qkv / dqkv (Q, K, V
+// at element offsets 0, NH*HS, 2*NH*HS, applied to the pointers), 1 for out / dout.
+std::vector<int64_t> bhsd_dim(const GraphKey& k) { return {k.B, k.NH, k.T, k.HS}; }
+std::vector<int64_t> bhsd_stride(const GraphKey& k, int64_t rows) {
+  const int64_t T = k.T, NH = k.NH, HS = k.HS;
+  return {rows * NH * HS * T, HS, rows * NH * HS, 1};
+}
+fe::graph::Tensor_attributes view(const char* name, int64_t uid, const GraphKey& k, int64_t rows) {
+  return fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(bhsd_dim(k)).set_stride(bhsd_stride(k, rows));
+}
+// stats (B, NH, T, 1) fp32, packed.
+fe::graph::Tensor_attributes& stats_layout(fe::graph::Tensor_attributes& t, const GraphKey& k) {
+  const int64_t T = k.T, NH = k.NH;
+  return t.set_uid(kStats).set_dim({k.B, k.NH, k.T, 1}).set_stride({NH * T, T, 1, 1}).set_data_type(fe::DataType_t::FLOAT);
+}
+
+std::shared_ptr<fe::graph::Graph> new_graph() {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+std::shared_ptr<fe::graph::Graph> forward_graph(const GraphKey& k, float scale) {
+  auto g = new_graph();
+  auto Q = g->tensor(view("Q", kQ, k, 3));
+  auto K = g->tensor(view("K", kK, k, 3));
+  auto V = g->tensor(view("V", kV, k, 3));
+  auto opts = fe::graph::SDPA_attributes()
+                  .set_name("gpt2core_attention_forward")
+                  .set_generate_stats(true)  // training: save the logsumexp for backward
+                  .set_attn_scale(scale)
+                  .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)  // causal: keys t2 <= t
+                  .set_diagonal_band_right_bound(0);
+  auto [O, Stats] = g->sdpa(Q, K, V, opts);
+  O->set_output(true).set_uid(kO).set_dim(bhsd_dim(k)).set_stride(bhsd_stride(k, 1));
+  if (!Stats) throw std::runtime_error("cuDNN frontend SDPA returned no stats tensor with generate_stats(true)");
+  stats_layout(Stats->set_output(true), k);
+  return g;
+}
+
+std::shared_ptr<fe::graph::Graph> backward_graph(const GraphKey& k, float scale) {
+  auto g = new_graph();
+  auto Q = g->tensor(view("Q", kQ, k, 3));
+  auto K = g->tensor(view("K", kK, k, 3));
+  auto V = g->tensor(view("V", kV, k, 3));
+  auto O = g->tensor(view("O", kO, k, 1));
+  auto dO = g->tensor(view("dO", kdO, k, 1));
+  fe::graph::Tensor_attributes st;
+  auto Stats = g->tensor(stats_layout(st.set_name("Stats"), k));
+  auto opts = fe::graph::SDPA_backward_attributes()
+                  .set_name("gpt2core_attention_backward")
+                  .set_attn_scale(scale)
+                  .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                  .set_diagonal_band_right_bound(0);
+  auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, opts);
+  dQ->set_output(true).set_uid(kdQ).set_dim(bhsd_dim(k)).set_stride(bhsd_stride(k, 3));
+  dK->set_output(true).set_uid(kdK).set_dim(bhsd_dim(k)).set_stride(bhsd_stride(k, 3));
+  dV->set_output(true).set_uid(kdV).set_dim(bhsd_dim(k)).set_stride(bhsd_stride(k, 3));
+  return g;
+}
+
+// Creates the handle on first use, points it at `stream`, returns the (cached) graph for `key`, with the
+// workspace grown to its need. Caller holds S.mu.
+const Cached& prepare(State& S, const GraphKey& key, float scale, cudaStream_t stream) {
+  int device = 0;
+  CUDA_CHECK_THROW(cudaGetDevice(&device));
+  if (!S.handle) {
+    CUDNN_CHECK(cudnnCreate(&S.handle));
+    S.device = device;
+  } else if (device != S.device) {
+    throw std::runtime_error("cuDNN attention: the process's cuDNN handle was created on device " +
+                             std::to_string(S.device) + ", this call runs on device " + std::to_string(device));
+  }
+  CUDNN_CHECK(cudnnSetStream(S.handle, stream));
+
+  auto it = S.graphs.find(key);
+  if (it == S.graphs.end()) {
+    Cached c;
+    c.graph = key.backward ? backward_graph(key, scale) : forward_graph(key, scale);
+    CUDNN_CHECK(c.graph->validate());
+    CUDNN_CHECK(c.graph->build_operation_graph(S.handle));
+    CUDNN_CHECK(c.graph->create_execution_plans({fe::HeurMode_t::A}));
+    CUDNN_CHECK(c.graph->check_support());  // the handle overloads of these two are slated for removal
+    CUDNN_CHECK(c.graph->build_plans());
+    CUDNN_CHECK(c.graph->get_workspace_size(c.workspace));
+    it = S.graphs.emplace(key, std::move(c)).first;
+  }
+  const int64_t need = it->second.workspace;
+  if (need > S.workspace_bytes) {
+    if (S.workspace) {
+      CUDA_CHECK_THROW(cudaDeviceSynchronize());  // earlier calls on any stream may still use the old one
+      CUDA_CHECK_THROW(cudaFree(S.workspace));
+      S.workspace = nullptr;
+      S.workspace_bytes = 0;
+    }
+    CUDA_CHECK_THROW(cudaMalloc(&S.workspace, size_t(need)));
+    S.workspace_bytes = need;
+  }
+  return it->second;
+}
+
+GraphKey key_of(int B, int T, int NH, int HS, float scale, bool backward) {
+  GraphKey k{B, T, NH, HS, 0u, backward};
+  static_assert(sizeof(float) == sizeof(uint32_t), "float is 32-bit");
+  std::memcpy(&k.scale_bits, &scale, sizeof(scale));
+  return k;
+}
+
+void* mut(const void* p) { return const_cast<void*>(p); }
+
+void forward_impl(const AttentionForwardParams& p) {
+  State& S = state();
+  std::lock_guard<std::mutex> lock(S.mu);
+  const Cached& c = prepare(S, key_of(p.B, p.T, p.NH, p.HS, p.scale, false), p.scale, p.stream);
+  const size_t C = size_t(p.NH) * p.HS;
+  const auto* qkv = static_cast<const char*>(p.qkv);
+  std::unordered_map<int64_t, void*> pack = {
+      {kQ, mut(qkv)},
+      {kK, mut(qkv + C * 2)},  // bf16: 2 bytes per element
+      {kV, mut(qkv + 2 * C * 2)},
+      {kO, p.out},
+      {kStats, p.stats},
+  };
+  CUDNN_CHECK(c.graph->execute(S.handle, pack, S.workspace));
+}
+
+void backward_impl(const AttentionBackwardParams& p) {
+  State& S = state();
+  std::lock_guard<std::mutex> lock(S.mu);
+  const Cached& c = prepare(S, key_of(p.B, p.T, p.NH, p.HS, p.scale, true), p.scale, p.stream);
+  const size_t C = size_t(p.NH) * p.HS;
+  const auto* qkv = static_cast<const char*>(p.qkv);
+  auto* dqkv = static_cast<char*>(p.dqkv);
+  std::unordered_map<int64_t, void*> pack = {
+      {kQ, mut(qkv)},          {kK, mut(qkv + C * 2)},  {kV, mut(qkv + 2 * C * 2)},
+      {kO, mut(p.out)},        {kdO, mut(p.dout)},      {kStats, mut(p.stats)},
+      {kdQ, dqkv},             {kdK, dqkv + C * 2},     {kdV, dqkv + 2 * C * 2},
+  };
+  CUDNN_CHECK(c.graph->execute(S.handle, pack, S.workspace));
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Shared argument checks. Returns cudaSuccess to go on, or the error to return (message set).
+cudaError_t check_args(int B, int T, int NH, int HS, DType dtype, bool any_null, bool misaligned, bool* empty) {
+  *empty = false;
+  if (B < 0 || T < 0 || NH < 0 || HS < 0) {
+    t_last_error = "attention: B, T, NH, HS must be >= 0";
+    return cudaErrorInvalidValue;
+  }
+  if (size_t(B) * T * NH * HS == 0) {
+    *empty = true;
+    return cudaSuccess;
+  }
+  if (any_null) {
+    t_last_error = "attention: null pointer argument";
+    return cudaErrorInvalidValue;
+  }
+  if (dtype != DType::BF16) {
+    t_last_error = "attention: cuDNN's fused SDPA needs bf16 inputs (fp16/bf16 only); fp32 attention is not supported "
+                   "by the cuDNN seam";
+    return cudaErrorNotSupported;
+  }
+  if (misaligned) {
+    t_last_error = "attention: bf16 tensors (and the K / V views, NH*HS a multiple of 8) must be 16-byte aligned";
+    return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+template <class F>
+cudaError_t run_guarded(F f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    t_last_error = e.what();
+    return cudaErrorUnknown;
+  }
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) t_last_error = cudaGetErrorString(e);
+  return e;
+}
+
+}  // namespace
+
+cudaError_t attention_forward(const AttentionForwardParams& p) {
+  bool empty = false;
+  const size_t kv_bytes = size_t(p.NH) * p.HS * 2;
+  const bool misaligned = !aligned16(p.qkv) || !aligned16(p.out) || kv_bytes % 16 != 0;
+  const cudaError_t e =
+      check_args(p.B, p.T, p.NH, p.HS, p.dtype, !p.out || !p.stats || !p.qkv, misaligned, &empty);
+  if (e != cudaSuccess || empty) return e;
+  return run_guarded([&] { forward_impl(p); });
+}
+
+cudaError_t attention_backward(const AttentionBackwardParams& p) {
+  bool empty = false;
+  const size_t kv_bytes = size_t(p.NH) * p.HS * 2;
+  const bool misaligned = !aligned16(p.qkv) || !aligned16(p.dqkv) || !aligned16(p.out) || !aligned16(p.dout) ||
+                          kv_bytes % 16 != 0;
+  const cudaError_t e = check_args(p.B, p.T, p.NH, p.HS, p.dtype,
+                                   !p.dqkv || !p.dout || !p.qkv || !p.out || !p.stats, misaligned, &empty);
+  if (e != cudaSuccess || empty) return e;
+  return run_guarded([&] { backward_impl(p); });
+}
+
+}  // namespace gpt2core::seams
+
+#else  // !GPT2CORE_HAS_CUDNN_SDPA: the GPU build without cuDNN or its frontend headers
+
+namespace gpt2core::seams {
+
+cudaError_t attention_forward(const AttentionForwardParams&) {
+  t_last_error = "attention: gpt2core was built without cuDNN frontend (cuDNN SDPA unavailable)";
+  return cudaErrorNotSupported;
+}
+
+cudaError_t attention_backward(const AttentionBackwardParams&) {
+  t_last_error = "attention: gpt2core was built without cuDNN frontend (cuDNN SDPA unavailable)";
+  return cudaErrorNotSupported;
+}
+
+}  // namespace gpt2core::seams
+
+#endif  // GPT2CORE_HAS_CUDNN_SDPA
