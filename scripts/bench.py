@@ -65,7 +65,7 @@ def main(argv=None):
     ap.add_argument("--breakdown", action="store_true", help="also time forward / backward / optimizer")
     ap.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default=None,
                     help="fp32, tf32 or bf16 mixed precision (CUDA); default bf16 on sm_80+, else fp32")
-    ap.add_argument("--attention", choices=["flash", "naive"], default=None, help="CUDA attention kernel")
+    ap.add_argument("--attention", choices=["auto", "flash", "cudnn", "naive"], default=None, help="CUDA attention kernel")
     ap.add_argument("--recompute-gelu", action="store_true")
     args = ap.parse_args(argv)
 

@@ -85,7 +85,8 @@ def test_ops_match_cpu_and_every_kernel_runs(emu, sched, tmp_path):
                     "crossentropy_forward", "crossentropy_backward_inplace", "sum_squares", "adamw",
                     "unaligned encoder_forward", "unaligned gelu_forward", "unaligned gelu_backward",
                     "unaligned residual_forward", "unaligned adamw", "unaligned layernorm_forward",
-                    "unaligned layernorm_backward", "naive attention(hs=64)", "naive attention(hs=10)"}
+                    "unaligned layernorm_backward", "naive attention(hs=64)", "naive attention(hs=10)",
+                    "cudnn attention(hs=64)", "cudnn attention(hs=10)"}
     assert expected_ops <= set(errors)
     bad = {k: v for k, v in errors.items() if not v <= 1e-5}
     assert not bad, f"ops differing from the CPU backend (normwise error > 1e-5) under {sched}: {bad}"

@@ -28,9 +28,15 @@
 #include "cuda/matmul.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/residual.cuh"
+#include "emu/seams.h"
+#if !GPT2CORE_EMU
+#include "cuda/seams_cudnn.h"
+#endif
 
 namespace gpt2::cuda {
 namespace {
+
+namespace seams = gpt2core::seams;
 
 std::string mib(size_t bytes) {
   char buf[64];
@@ -77,18 +83,37 @@ class CudaBackend final : public Backend<T> {
 #endif
     const char* fused = std::getenv("GPT2CORE_CUDA_FUSED");
     fused_ = !(fused && fused[0] == '0');
-    const char* att = std::getenv("GPT2CORE_CUDA_ATTENTION");
-    if (att && std::string(att) == "naive") naive_attention_ = true;
-    else if (att && *att && std::string(att) != "flash")
-      throw std::invalid_argument(std::string("GPT2CORE_CUDA_ATTENTION must be 'flash' (default) or 'naive', got '") +
+    const char* att_env = std::getenv("GPT2CORE_CUDA_ATTENTION");
+    const std::string att = att_env ? att_env : "";
+    if (att == "naive") attention_ = Attention::Naive;
+    else if (att == "flash") attention_ = Attention::Flash;
+    else if (att == "cudnn") attention_ = Attention::Cudnn;
+    else if (!att.empty() && att != "auto")
+      throw std::invalid_argument("GPT2CORE_CUDA_ATTENTION must be 'auto' (default), 'flash', 'cudnn' or 'naive', got '" +
                                   att + "'");
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&norm_work_), (kNormBlocks + 1) * sizeof(double)));
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&valid_), sizeof(int)));
+    // auto: cuDNN's fused attention for bf16 models on a GPU when it is compiled in and agrees with our flash
+    // kernel on a small problem (checked here, once); our flash kernel otherwise. An explicit 'cudnn' must pass
+    // the same check or the backend refuses to start.
+    const bool want_cudnn = attention_ == Attention::Cudnn || (att.empty() || att == "auto");
+    if (want_cudnn && (attention_ == Attention::Cudnn || (kIsBF16<K> && !GPT2CORE_EMU))) {
+      const std::string why = check_cudnn_attention();
+      if (why.empty()) {
+        attention_ = Attention::Cudnn;
+      } else if (attention_ == Attention::Cudnn) {
+        throw std::runtime_error("GPT2CORE_CUDA_ATTENTION=cudnn: " + why);
+      } else {
+        attention_ = Attention::Flash;
+        if (why.find("built without") == std::string::npos)
+          fprintf(stderr, "gpt2core: cuDNN attention not used (%s); using gpt2core's flash attention\n", why.c_str());
+      }
+    }
   }
   ~CudaBackend() override {
     // destructors only log
     for (void* p : {static_cast<void*>(norm_work_), static_cast<void*>(valid_), static_cast<void*>(scratch_),
-                    static_cast<void*>(iwork_)})
+                    static_cast<void*>(iwork_), static_cast<void*>(tscratch_)})
       if (p) {
         const cudaError_t e = cudaFree(p);
         if (e != cudaSuccess && e != cudaErrorCudartUnloading)
@@ -154,27 +179,44 @@ class CudaBackend final : public Backend<T> {
     float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
     cuda::matmul_backward(k(dinp), dw, dbias, k(dout), k(inp), k(w), s, N, C, OC, stream_);
   }
-  // flash (default): att is the logsumexp of each query row, (B, NH, T); the T x T matrix never exists.
+  // flash and cudnn: att is the logsumexp of each query row, (B, NH, T); the T x T matrix never exists.
   // naive: att holds the softmax probabilities (B, NH, T, T), as on the CPU.
   size_t attention_state_size(int B, int NH, int Tn) const override {
-    return naive_attention_ ? size_t(B) * NH * Tn * Tn : size_t(B) * NH * Tn;
+    return attention_ == Attention::Naive ? size_t(B) * NH * Tn * Tn : size_t(B) * NH * Tn;
   }
   void attention_forward(T* out, float* att, const T* qkv, int B, int Tn, int C, int NH) override {
-    if (naive_attention_) {
-      cuda::attention_naive_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
-      return;
+    switch (attention_) {
+      case Attention::Naive: cuda::attention_naive_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_); return;
+      case Attention::Flash: cuda::attention_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_); return;
+      case Attention::Cudnn: check_attention_seam(seams::attention_forward(sdpa_forward(out, att, qkv, B, Tn, C, NH)),
+                                                  "forward");
+                             return;
     }
-    cuda::attention_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
   }
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* att, int B, int Tn, int C,
                           int NH) override {
-    if (naive_attention_) {
-      float* ds = scratch(size_t(B) * NH * Tn * Tn);
-      cuda::attention_naive_backward(k(dqkv), k(dout), k(qkv), att, ds, B, Tn, C, NH, stream_);
-      return;
+    switch (attention_) {
+      case Attention::Naive: {
+        float* ds = scratch(size_t(B) * NH * Tn * Tn);
+        cuda::attention_naive_backward(k(dqkv), k(dout), k(qkv), att, ds, B, Tn, C, NH, stream_);
+        return;
+      }
+      case Attention::Flash: {
+        float* D = scratch(size_t(B) * NH * Tn);
+        cuda::attention_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
+        return;
+      }
+      case Attention::Cudnn: {
+        // cuDNN overwrites its output and the seam contract says so; the backend's accumulates (dqkv +=), so
+        // cuDNN writes a scratch copy that is then added (one extra pass over dqkv, ~1% of a d12 step)
+        const size_t n = size_t(B) * Tn * 3 * C;
+        T* tmp = t_scratch(n);
+        check_attention_seam(seams::attention_backward(sdpa_backward(tmp, dout, qkv, out, att, B, Tn, C, NH)),
+                             "backward");
+        cuda::residual_forward(k(dqkv), k(dqkv), k(tmp), n, stream_);
+        return;
+      }
     }
-    float* D = scratch(size_t(B) * NH * Tn);
-    cuda::attention_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
   }
   void gelu_forward(T* out, const T* inp, size_t N) override { cuda::gelu_forward(k(out), k(inp), N, stream_); }
   void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N) override {
@@ -221,6 +263,107 @@ class CudaBackend final : public Backend<T> {
   }
 
  private:
+  enum class Attention { Flash, Naive, Cudnn };
+  static constexpr seams::DType kDType = kIsBF16<K> ? seams::DType::BF16 : seams::DType::F32;
+
+  seams::AttentionForwardParams sdpa_forward(T* out, float* stats, const T* qkv, int B, int Tn, int C, int NH) const {
+    seams::AttentionForwardParams p;
+    p.out = out; p.stats = stats; p.qkv = qkv; p.dtype = kDType;
+    p.B = B; p.T = Tn; p.NH = NH; p.HS = C / NH;
+    p.scale = 1.0f / sqrtf(float(C / NH));
+    p.stream = stream_;
+    return p;
+  }
+  seams::AttentionBackwardParams sdpa_backward(T* dqkv, const T* dout, const T* qkv, const T* out,
+                                               const float* stats, int B, int Tn, int C, int NH) const {
+    seams::AttentionBackwardParams p;
+    p.dqkv = dqkv; p.dout = dout; p.qkv = qkv; p.out = out; p.stats = stats; p.dtype = kDType;
+    p.B = B; p.T = Tn; p.NH = NH; p.HS = C / NH;
+    p.scale = 1.0f / sqrtf(float(C / NH));
+    p.stream = stream_;
+    return p;
+  }
+  static std::string seam_message(cudaError_t e) {
+    std::string detail;
+#if !GPT2CORE_EMU
+    detail = seams::last_attention_error();
+#endif
+    return std::string(cudaGetErrorString(e)) + (detail.empty() ? "" : " (" + detail + ")");
+  }
+  static void check_attention_seam(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) throw std::runtime_error(std::string("cuDNN attention ") + what + " failed: " + seam_message(e));
+  }
+
+  // "" when the attention seam (cuDNN's SDPA on GPUs) agrees with our flash kernel on a small random problem
+  // (B=2, T=80, 2 heads of 64: forward output, logsumexp and all of dqkv), else why not.
+  std::string check_cudnn_attention() {
+    const int B = 2, Tn = 80, NH = 2, C = 128;
+    const size_t nqkv = size_t(B) * Tn * 3 * C, nout = size_t(B) * Tn * C, nst = size_t(B) * NH * Tn;
+    std::vector<K> h_qkv(nqkv), h_dout(nout);
+    uint64_t z = 0x9e3779b97f4a7c15ull;
+    auto uniform = [&z]() {  // in [-1, 1)
+      z = z * 6364136223846793005ull + 1442695040888963407ull;
+      return float(int64_t(z >> 11) % (1 << 20)) / float(1 << 20);
+    };
+    for (auto& x : h_qkv) x = store_t<K>(2.0f * uniform());
+    for (auto& x : h_dout) x = store_t<K>(uniform());
+    T *qkv = alloc(nqkv), *dout = alloc(nout), *o1 = alloc(nout), *o2 = alloc(nout), *g1 = alloc(nqkv),
+      *g2 = alloc(nqkv);
+    float *st1 = alloc_master(nst), *st2 = alloc_master(nst), *D = alloc_master(nst);
+    std::string why;
+    try {
+      CUDA_CHECK(cudaMemcpy(qkv, h_qkv.data(), nqkv * sizeof(K), cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(dout, h_dout.data(), nout * sizeof(K), cudaMemcpyHostToDevice));
+      cuda::attention_forward(k(o1), st1, k(qkv), B, Tn, C, NH, stream_);
+      cuda::attention_backward(k(g1), k(dout), k(qkv), k(o1), st1, D, B, Tn, C, NH, stream_);
+      cudaError_t e = seams::attention_forward(sdpa_forward(o2, st2, qkv, B, Tn, C, NH));
+      if (e == cudaSuccess) e = seams::attention_backward(sdpa_backward(g2, dout, qkv, o2, st2, B, Tn, C, NH));
+      if (e != cudaSuccess) {
+        why = e == cudaErrorNotSupported ? "built without cuDNN frontend: " + seam_message(e) : seam_message(e);
+      } else {
+        sync();
+        // bf16 outputs carry 2^-8 relative rounding and cuDNN rounds P to bf16 for P V: 3e-2 of the largest
+        // value (1e-4 for fp32) is far inside that and far from a wrong layout or scale (errors of order 1).
+        const double tol = kIsBF16<K> ? 3e-2 : 1e-4;
+        const double eo = max_rel_diff(o1, o2, nout), eg = max_rel_diff(g1, g2, nqkv);
+        const double es = max_rel_diff_f(st1, st2, nst);
+        if (!(eo <= tol && eg <= tol && es <= tol)) {
+          char buf[200];
+          snprintf(buf, sizeof buf, "it disagrees with the flash kernel (relative max error: out %.3g, dqkv %.3g, "
+                   "logsumexp %.3g; tolerance %.3g)", eo, eg, es, tol);
+          why = buf;
+        }
+      }
+    } catch (const std::exception& ex) {
+      why = ex.what();
+    }
+    for (T* p : {qkv, dout, o1, o2, g1, g2}) free(p);
+    for (float* p : {st1, st2, D}) free_master(p);
+    return why;
+  }
+  double max_rel_diff(const T* a, const T* b, size_t n) {
+    std::vector<K> x(n), y(n);
+    CUDA_CHECK(cudaMemcpy(x.data(), a, n * sizeof(K), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(y.data(), b, n * sizeof(K), cudaMemcpyDeviceToHost));
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+      d = std::max(d, std::fabs(double(load_f(x[i])) - double(load_f(y[i]))));
+      m = std::max(m, std::fabs(double(load_f(x[i]))));
+    }
+    return m > 0 ? d / m : d;
+  }
+  double max_rel_diff_f(const float* a, const float* b, size_t n) {
+    std::vector<float> x(n), y(n);
+    CUDA_CHECK(cudaMemcpy(x.data(), a, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(y.data(), b, n * sizeof(float), cudaMemcpyDeviceToHost));
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+      d = std::max(d, std::fabs(double(x[i]) - double(y[i])));
+      m = std::max(m, std::fabs(double(x[i])));
+    }
+    return m > 0 ? d / m : d;
+  }
+
   void sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   void zero_bytes(void* p, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
@@ -268,6 +411,17 @@ class CudaBackend final : public Backend<T> {
     }
     return scratch_;
   }
+  // Device scratch of at least n values of T (cuDNN attention backward's output).
+  T* t_scratch(size_t n) {
+    if (n > tscratch_cap_) {
+      sync();
+      if (tscratch_) CUDA_CHECK(cudaFree(tscratch_));
+      tscratch_ = nullptr;
+      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&tscratch_), n * sizeof(T)));
+      tscratch_cap_ = n;
+    }
+    return tscratch_;
+  }
   int* int_work(size_t n) {
     if (n > iwork_cap_) {
       sync();
@@ -281,7 +435,9 @@ class CudaBackend final : public Backend<T> {
 
   int device_ = 0;
   bool fused_ = true;             // GPT2CORE_CUDA_FUSED=0: unfused residual + layernorm
-  bool naive_attention_ = false;  // GPT2CORE_CUDA_ATTENTION=naive: materialised T x T attention
+  Attention attention_ = Attention::Flash;  // GPT2CORE_CUDA_ATTENTION: auto (cudnn if it checks out), flash, ...
+  T* tscratch_ = nullptr;
+  size_t tscratch_cap_ = 0;
   cudaStream_t stream_ = nullptr;  // the default stream
   double* norm_work_ = nullptr;
   int* valid_ = nullptr;

@@ -1,5 +1,6 @@
 // Residual add: out = a + b (elementwise over N values), storage type floatX (float or bf16): the sum is
-// computed in fp32 and rounded once to floatX. (layernorm.cuh has the fused residual + layernorm.)
+// computed in fp32 and rounded once to floatX. out may be a or b (in-place accumulation: each value is read
+// before the same thread writes it). (layernorm.cuh has the fused residual + layernorm.)
 #pragma once
 #include "cuda/common.cuh"
 
@@ -8,9 +9,9 @@ namespace gpt2::cuda {
 // vec: thread i adds values K*i .. K*i+K-1 (K = kVec<floatX>, 16 bytes) as one Vec (pointers 16-byte
 // aligned), the last thread the tail; otherwise one value per thread.
 template <class floatX>
-__global__ void residual_forward_kernel(floatX* __restrict__ out,      // (N)
-                                        const floatX* __restrict__ a,  // (N)
-                                        const floatX* __restrict__ b,  // (N)
+__global__ void residual_forward_kernel(floatX* out,      // (N), may alias a or b
+                                        const floatX* a,  // (N)
+                                        const floatX* b,  // (N)
                                         size_t N, bool vec) {
   using V = Vec<floatX>;
   constexpr int K = kVec<floatX>;

@@ -76,11 +76,11 @@ class GPT2:
         self.config = config
         if precision not in (None, "fp32", "tf32", "bf16"):
             raise ValueError(f"precision must be 'fp32', 'tf32' or 'bf16', got {precision!r}")
-        if attention not in (None, "flash", "naive"):
-            raise ValueError(f"attention must be 'flash' or 'naive', got {attention!r}")
-        if device == "cpu" and (precision not in (None, "fp32") or attention == "flash"):
+        if attention not in (None, "auto", "flash", "cudnn", "naive"):
+            raise ValueError(f"attention must be 'auto', 'flash', 'cudnn' or 'naive', got {attention!r}")
+        if device == "cpu" and (precision not in (None, "fp32") or attention in ("flash", "cudnn")):
             raise ValueError(f"precision={precision!r}, attention={attention!r}: the CPU backend computes in "
-                             "fp32 with materialised attention; TF32, bf16 and flash attention need device='cuda'")
+                             "fp32 with materialised attention; TF32, bf16, flash and cuDNN attention need device='cuda'")
         self.device = _check_device(device)
         if dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64' (float64 is for tests), got {dtype!r}")
@@ -96,7 +96,7 @@ class GPT2:
         c = config
         # the CUDA backend reads its speed-ladder switches when it is created
         switches = {"GPT2CORE_CUDA_TF32": "1" if precision == "tf32" else "0",
-                    "GPT2CORE_CUDA_ATTENTION": attention or "flash"}
+                    "GPT2CORE_CUDA_ATTENTION": attention or "auto"}
         saved = {k: os.environ.get(k) for k in switches}
         os.environ.update(switches)
         try:

@@ -41,8 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default=None,
                    help="fp32; tf32 (CUDA: TF32 tensor-core matmuls); bf16 (CUDA: bf16 activations and weights "
                         "copy, fp32 master weights and optimizer state). Default: bf16 on sm_80+ GPUs, else fp32")
-    g.add_argument("--attention", choices=["flash", "naive"], default=None,
-                   help="CUDA attention kernel: flash (default) or the materialised 'naive' rung")
+    g.add_argument("--attention", choices=["auto", "flash", "cudnn", "naive"], default=None,
+                   help="CUDA attention: auto (default: cuDNN's fused attention for bf16 when it passes a self-check at "
+                        "start, else flash), flash (gpt2core's kernel), cudnn, or the materialised 'naive' rung")
     g.add_argument("--recompute-gelu", action="store_true",
                    help="recompute GELU outputs in backward instead of storing one per layer (less memory)")
     g = ap.add_argument_group("data")

@@ -85,6 +85,14 @@ for (Ca, NH, Ta) in ((192, 3, T), (20, 2, 9)):
     args = (f32(B, Ta, 3 * Ca), f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH)
     record(f"naive attention(hs={Ca // NH})", cuda_naive.attention(*args), cpu.attention(*args))
 
+# the attention seam (cuDNN's SDPA on GPUs, its CPU implementation here): the backend's cudnn path
+os.environ["GPT2CORE_CUDA_ATTENTION"] = "cudnn"
+cuda_sdpa = E.Ops("cuda")
+del os.environ["GPT2CORE_CUDA_ATTENTION"]
+for (Ca, NH, Ta) in ((192, 3, T), (20, 2, 9)):
+    args = (f32(B, Ta, 3 * Ca), f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH)
+    record(f"cudnn attention(hs={Ca // NH})", cuda_sdpa.attention(*args), cpu.attention(*args))
+
 # gelu, residual (sizes not a multiple of 4: the float4 paths finish with a scalar tail)
 g = f32(N * 4 + 3, scale=2.0)
 record("gelu_forward", *both("gelu_forward", g))
