@@ -376,13 +376,13 @@ class CudaBackend final : public Backend<T> {
     if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && want > free_b)
       throw std::runtime_error("CUDA out of memory: asked for " + mib(want) + " with " + mib(free_b) + " free of " +
                                mib(total_b) + " on cuda:" + std::to_string(device_) +
-                               "; try a smaller micro-batch (B) or sequence length (T)");
+                               "; try a smaller micro-batch (B) or sequence length (T), or --recompute-gelu");
     void* p = nullptr;
     const cudaError_t e = cudaMallocManaged(&p, want, cudaMemAttachGlobal);
     if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       throw std::runtime_error("CUDA out of memory: asked for " + mib(want) + " on cuda:" + std::to_string(device_) +
-                               "; try a smaller micro-batch (B) or sequence length (T)");
+                               "; try a smaller micro-batch (B) or sequence length (T), or --recompute-gelu");
     }
     CUDA_CHECK(e);
     CUDA_CHECK(cudaMemset(p, 0, want));
