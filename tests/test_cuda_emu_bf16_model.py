@@ -7,9 +7,10 @@ bf16 activations. The reference is the float64 CPU model on the same weights.
 Tolerances: bf16 keeps 8 significant bits, so every stored activation carries a relative rounding error of up
 to 2^-8 ~ 3.9e-3 (half that on average). A forward through this 2-layer model stores ~15 activations in a chain,
 and backward as many again, with errors that add roughly like a random walk (sqrt(15) x 3.9e-3 ~ 1.5e-2): we
-allow 2e-2 normwise on logits and 5e-2 on each gradient tensor (the backward chain is twice as long and
-accumulates dres in bf16), and 1e-2 relative on the mean loss (a mean over 109 tokens averages the per-token
-errors down). Anything systematically wrong (a wrong scale, a
+allow 1e-2 normwise on logits and 2e-2 on each gradient tensor (the backward chain is twice as long and
+accumulates dres in bf16), and 2e-3 relative on the mean loss and on the losses of five training steps (a mean
+over 109 tokens averages the per-token errors down). Measured: logits 3.1e-3, gradients 7.1e-3 at worst, loss
+1.4e-5, five-step losses 9e-5. Anything systematically wrong (a wrong scale, a
 missing term, fp32 state stored in bf16) shows up as errors of order 1.
 """
 import numpy as np
@@ -49,8 +50,8 @@ def test_bf16_forward_backward_match_float64(emu):
     idx, tgt = batch()
     ref, m = f64_reference(emu, 0), bf16_model(emu, 0)
     loss_r, loss_m = ref.forward(idx, tgt), m.forward(idx, tgt)
-    assert abs(loss_m - loss_r) <= 1e-2 * abs(loss_r), (loss_m, loss_r)
-    assert normwise(m.logits(), ref.logits()) <= 2e-2
+    assert abs(loss_m - loss_r) <= 2e-3 * abs(loss_r), (loss_m, loss_r)
+    assert normwise(m.logits(), ref.logits()) <= 1e-2
     assert m.logits().dtype == np.float32 and m.token_losses().dtype == np.float32
     for x in (ref, m):
         x.zero_grad()
@@ -58,7 +59,7 @@ def test_bf16_forward_backward_match_float64(emu):
         x.backward()
     gr, gm = ref.grads(), m.grads()
     errs = {k: normwise(gm[k], gr[k]) for k in gr}
-    assert max(errs.values()) <= 5e-2, errs
+    assert max(errs.values()) <= 2e-2, errs
     # padded vocab rows get exactly zero gradient in bf16 too
     assert not np.any(gm["wte"][CFG["vocab_size"]:])
     assert abs(m.grad_norm() - ref.grad_norm()) <= 2e-2 * ref.grad_norm()
@@ -98,7 +99,7 @@ def test_bf16_five_steps_lower_the_loss_like_float64(emu):
         losses[name] = np.array([train_step(m, idx, tgt, step)[0] for step in range(1, 6)])
     lr_, lb = losses["f64"], losses["bf16"]
     assert np.all(np.diff(lb) < 0) and lb[-1] < lb[0] - 0.1, lb
-    np.testing.assert_allclose(lb, lr_, rtol=1e-2)
+    np.testing.assert_allclose(lb, lr_, rtol=2e-3)
 
 
 def test_bf16_resume_is_bit_exact(emu):
