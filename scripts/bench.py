@@ -2,6 +2,15 @@
 
     python scripts/bench.py --preset d12 -B 4 -T 64 --threads 2            # CPU backend
     python scripts/bench.py --preset d12 -B 64 -T 1024 --device cuda       # GPU (CUDA backend)
+    python scripts/bench.py --preset d12 -B 64 -T 1024 --device cuda --nproc 8 --scaling \
+        --total-batch-tokens 524288                                          # data parallel, vs 1 GPU
+
+Data parallel (--nproc N): N processes started through gpt2core.launch (Gloo on the CPU, NCCL with each
+process on GPU LOCAL_RANK), each on its own random micro-batch of B x T, with gradient accumulation up to
+--total-batch-tokens (default B*T*N). Rank 0 prints ms/step (slowest rank), total tokens/s and per process,
+the time rank 0 waited for gradient collectives (DataParallel.last_comm_ms) and utilisation per device.
+--scaling also runs 1 process with the same preset, B, T and threads per process, and prints the scaling
+efficiency = tokens/s with N / (N x tokens/s with 1). `torchrun --nproc_per_node N scripts/bench.py ...` works too.
 
 FLOPs per token are 6*N + 6*L*C*T (forward + backward, N = parameters less wpe). The CPU peak is
 cores x clock x FP32 FLOPs per cycle per core (AVX-512: 2 FMA units x 16 lanes x 2 = 64; AVX2: 32);
@@ -10,8 +19,10 @@ pass --peak-gflops to override. GPU peaks are the dense bf16 / tf32 tensor-core 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -52,23 +63,85 @@ def cpu_peak_gflops(threads: int) -> tuple[float, str]:
     return threads * ghz * per_cycle, f"{threads} cores x {ghz:.2f} GHz x {per_cycle} FLOP/cycle"
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="d12")
-    ap.add_argument("-B", "--batch-size", type=int, default=4)
+    ap.add_argument("-B", "--batch-size", type=int, default=4, help="micro-batch per process")
     ap.add_argument("-T", "--seq-len", type=int, default=64)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--steps", type=int, default=5, help="timed steps")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads per process (default: all cores; with --nproc N, cores / N)")
     ap.add_argument("--peak-gflops", type=float, default=None, help="override the peak used for utilisation")
     ap.add_argument("--breakdown", action="store_true", help="also time forward / backward / optimizer")
     ap.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default=None,
                     help="fp32, tf32 or bf16 mixed precision (CUDA); default bf16 on sm_80+, else fp32")
     ap.add_argument("--attention", choices=["auto", "flash", "cudnn", "naive"], default=None, help="CUDA attention kernel")
     ap.add_argument("--recompute-gelu", action="store_true")
-    args = ap.parse_args(argv)
+    g = ap.add_argument_group("data parallel (processes started through gpt2core.launch; Gloo on CPU, NCCL on CUDA)")
+    g.add_argument("--nproc", type=int, default=1, help="processes (one per GPU with --device cuda)")
+    g.add_argument("--scaling", action="store_true",
+                   help="also run 1 process with the same per-process settings and print the scaling efficiency")
+    g.add_argument("--total-batch-tokens", type=int, default=None,
+                   help="tokens per optimizer step; gradient accumulation makes up the rest (default B*T*processes)")
+    g.add_argument("--zero", type=int, choices=[0, 1], default=0, help="1: ZeRO-1 (sharded AdamW state)")
+    g.add_argument("--no-overlap-comm", action="store_true", help="one gradient allreduce after backward")
+    g.add_argument("--dist-timeout", type=float, default=300.0, help="seconds a collective waits for the others")
+    g.add_argument("--result-json", default=None, help=argparse.SUPPRESS)  # rank 0 writes its figures here
+    return ap
 
+
+def timed_steps(model, ddp, rng, vocab, B, T, accum, warmup, steps):
+    """Run warmup + steps optimizer steps of `accum` micro-steps each on random tokens; returns the timed
+    steps' wall times and their forward / backward / optimizer parts (seconds) and comm times (ms)."""
+    x = rng.integers(0, vocab, size=(B, T), dtype=np.int32)
+    y = rng.integers(0, vocab, size=(B, T), dtype=np.int32)
+    parts = {"fwd": [], "bwd": [], "opt": []}
+    times, comm = [], []
+    for i in range(warmup + steps):
+        fwd = bwd = 0.0
+        t0 = time.perf_counter()
+        model.zero_grad()
+        for k in range(accum):
+            ta = time.perf_counter()
+            model.forward(x, y)
+            tb = time.perf_counter()
+            if ddp:
+                ddp.backward(1.0 / accum, last=k == accum - 1)
+            else:
+                model.backward(1.0 / accum)
+            fwd, bwd = fwd + tb - ta, bwd + time.perf_counter() - tb
+        t2 = time.perf_counter()
+        (ddp or model).step(lr=1e-4)
+        t3 = time.perf_counter()
+        if i >= warmup:
+            times.append(t3 - t0)
+            parts["fwd"].append(fwd); parts["bwd"].append(bwd); parts["opt"].append(t3 - t2)
+            comm.append(ddp.last_comm_ms if ddp else 0.0)
+    return times, parts, comm
+
+
+def peak_line(args, device, gflops, precision, threads, what=""):
+    """The utilisation line: CPU FMA peak or the GPU's dense tensor-core peak (per process / device)."""
+    from gpt2core import _C
+
+    if device == "cpu":
+        peak, how = (args.peak_gflops, "given") if args.peak_gflops else cpu_peak_gflops(threads)
+        return f"CPU fp32 FMA peak {peak:.1f} GFLOP/s ({how}){what} | utilisation {100 * gflops / peak:.1f}%"
+    peak, how = args.peak_gflops, "given"
+    index = int(device.partition(":")[2] or 0)
+    name = _C.cuda_device_name(index)
+    if not peak and (found := gpu_peak_tflops(name, precision)):
+        peak, how = found[0] * 1e3, f"{found[1]} dense {precision}"
+    if peak:
+        return f"GPU {name} | MFU {100 * gflops / peak:.1f}% of {peak / 1e3:.1f} TFLOP/s ({how}){what}"
+    return ("GPU peak table (dense TFLOP/s bf16/tf32/fp32): " +
+            ", ".join(f"{k} {v[0]:.0f}/{v[1]:.0f}/{v[2]:.0f}" for k, v in GPU_PEAK_TFLOPS.items()))
+
+
+def single(args):
+    """One process, no communication: the original benchmark and its output."""
     from gpt2core import GPT2, _C, build_info
     from gpt2core.config import get_preset
 
@@ -79,24 +152,8 @@ def main(argv=None):
     model = GPT2(cfg, device=args.device, seed=0, precision=args.precision, attention=args.attention)
     model.recompute_gelu = args.recompute_gelu
     B, T = args.batch_size, args.seq_len
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, cfg.vocab_size, size=(B, T), dtype=np.int32)
-    y = rng.integers(0, cfg.vocab_size, size=(B, T), dtype=np.int32)
-
-    parts = {"fwd": [], "bwd": [], "opt": []}
-    times = []
-    for i in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
-        model.zero_grad()
-        model.forward(x, y)
-        t1 = time.perf_counter()
-        model.backward()
-        t2 = time.perf_counter()
-        model.step(lr=1e-4)
-        t3 = time.perf_counter()
-        if i >= args.warmup:
-            times.append(t3 - t0)
-            parts["fwd"].append(t1 - t0); parts["bwd"].append(t2 - t1); parts["opt"].append(t3 - t2)
+    times, parts, _ = timed_steps(model, None, np.random.default_rng(0), cfg.vocab_size, B, T, 1,
+                                  args.warmup, args.steps)
     dt = float(np.median(times))
     tps = B * T / dt
     flops = cfg.flops_per_token(T)
@@ -108,21 +165,133 @@ def main(argv=None):
     print(f"ms/step {dt * 1e3:.1f} (median of {args.steps}) | tokens/s {tps:,.0f} | GFLOP/s {gflops:.1f}")
     if args.breakdown:
         print(" | ".join(f"{k} {np.median(v) * 1e3:.1f} ms" for k, v in parts.items()))
-    if args.device == "cpu":
-        peak, how = (args.peak_gflops, "given") if args.peak_gflops else cpu_peak_gflops(threads)
-        print(f"CPU fp32 FMA peak {peak:.1f} GFLOP/s ({how}) | utilisation {100 * gflops / peak:.1f}%")
-    else:
-        peak, how = args.peak_gflops, "given"
-        index = int(args.device.partition(":")[2] or 0)
-        name = _C.cuda_device_name(index)
-        if not peak and (found := gpu_peak_tflops(name, model.precision)):
-            peak, how = found[0] * 1e3, f"{found[1]} dense {model.precision}"
-        if peak:
-            print(f"GPU {name} | MFU {100 * gflops / peak:.1f}% of {peak / 1e3:.1f} TFLOP/s ({how})")
-        else:
-            print("GPU peak table (dense TFLOP/s bf16/tf32/fp32): " +
-                  ", ".join(f"{k} {v[0]:.0f}/{v[1]:.0f}/{v[2]:.0f}" for k, v in GPU_PEAK_TFLOPS.items()))
+    print(peak_line(args, args.device, gflops, model.precision, threads))
     return {"ms_per_step": dt * 1e3, "tok_per_s": tps, "gflops": gflops}
+
+
+def worker(args):
+    """One rank of a run started by a launcher (gpt2core.launch, torchrun, srun): DataParallel over the
+    process group, its own random micro-batch; rank 0 reports. With WORLD_SIZE=1: no communication."""
+    from gpt2core import GPT2, _C, build_info
+    from gpt2core.config import get_preset
+    from gpt2core.distributed import DataParallel, from_env, init_process_group
+
+    env = from_env()
+    W = env.world_size
+    device = f"cuda:{env.local_rank}" if args.device == "cuda" and W > 1 else args.device
+    comm = init_process_group(env, timeout=args.dist_timeout, device=device) if W > 1 else None
+    if args.threads:
+        _C.set_num_threads(args.threads)
+    threads = _C.get_num_threads()
+    cfg = get_preset(args.preset)
+    B, T = args.batch_size, args.seq_len
+    total = args.total_batch_tokens or B * T * W
+    if total % (B * T * W):
+        raise SystemExit(f"bench: --total-batch-tokens {total} is not a multiple of B*T*processes = {B * T * W}")
+    accum = total // (B * T * W)
+    model = GPT2(cfg, device=device, seed=0, precision=args.precision, attention=args.attention)
+    model.recompute_gelu = args.recompute_gelu
+    ddp = None
+    if comm is not None:
+        ddp = DataParallel(model, comm, zero=args.zero, overlap=False if args.no_overlap_comm else None)
+    times, parts, comm_ms = timed_steps(model, ddp, np.random.default_rng(env.rank), cfg.vocab_size, B, T, accum,
+                                        args.warmup, args.steps)
+    mine = np.zeros(2 * W, dtype=np.float32)  # every rank's median step time and comm time, gathered by a sum
+    mine[env.rank], mine[W + env.rank] = np.median(times) * 1e3, np.median(comm_ms)
+    if comm is not None:
+        comm.allreduce(mine, "sum")
+    if not env.is_master:
+        return {}
+    ms = float(mine[:W].max())  # the job moves at its slowest rank's pace
+    tps = total / (ms / 1e3)
+    flops = cfg.flops_per_token(T)
+    gflops = tps / W * flops / 1e9  # per process / device
+    info = build_info()
+    r = {"processes": W, "ms_per_step": ms, "tok_per_s": tps, "tok_per_s_per_proc": tps / W,
+         "comm_ms": float(mine[W]), "gflops_per_proc": gflops, "grad_accum": accum, "threads": threads}
+    print(f"gpt2core {info['version']} | {device} | BLAS {info['blas']} | threads {threads} per process | "
+          f"{W} process{'es' * (W > 1)}" + (f" ({comm.backend})" if comm else ""))
+    print(f"preset {args.preset} ({model.num_parameters:,} params) | precision {model.precision} | B={B} T={T} "
+          f"per process | grad_accum {accum} | {total:,} tokens/step | {flops / 1e9:.3f} GFLOP/token")
+    if ddp:
+        print(ddp.describe())
+    if W > 1:
+        print(f"ms/step {ms:.1f} (median of {args.steps}, slowest rank) | tokens/s {tps:,.0f} ({tps / W:,.0f} per "
+              f"process) | comm {r['comm_ms']:.1f} ms/step (rank 0) | GFLOP/s {gflops:.1f} per process")
+    else:
+        print(f"ms/step {ms:.1f} (median of {args.steps}) | tokens/s {tps:,.0f} | GFLOP/s {gflops:.1f}")
+    if args.breakdown:
+        print(" | ".join(f"{k} {np.median(v) * 1e3:.1f} ms" for k, v in parts.items()) + " (rank 0)")
+    print(peak_line(args, device, gflops, model.precision, threads, " per process" if W > 1 else ""))
+    if args.result_json:
+        with open(args.result_json, "w") as f:
+            json.dump(r, f)
+    return r
+
+
+def launch(argv: list[str], nproc: int, threads: int | None) -> dict:
+    """Run this script on `nproc` processes through gpt2core.launch; returns rank 0's figures."""
+    from gpt2core import launch as gpt2core_launch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        extra = (["--threads", str(threads)] if threads else []) + ["--result-json", out]
+        ns = gpt2core_launch.build_parser().parse_args(["--nproc-per-node", str(nproc), "--master-port", "auto",
+                                                        os.path.abspath(__file__)])
+        ns.args = [*argv, *extra]  # set here: the launcher's parser would take --nproc for its own option
+        sys.stdout.flush()
+        code = gpt2core_launch.launch(ns)
+        if code:
+            raise SystemExit(f"bench: the {nproc}-process run failed (exit code {code})")
+        with open(out) as f:
+            return json.load(f)
+
+
+def data_parallel(args, argv):
+    """--nproc N (and --scaling): start the runs, then print the scaling table."""
+    N = args.nproc
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = args.threads or (max(1, cores // N) if args.device == "cpu" else None)
+    for n in ((1, N) if args.scaling else (N,)):
+        if args.total_batch_tokens and args.total_batch_tokens % (args.batch_size * args.seq_len * n):
+            raise SystemExit(f"bench: --total-batch-tokens {args.total_batch_tokens} is not a multiple of "
+                             f"B*T*processes = {args.batch_size * args.seq_len * n}")
+    runs = []
+    if args.scaling:
+        print("== 1 process")
+        runs.append(launch(argv, 1, threads))
+        print(f"== {N} processes")
+    runs.append(launch(argv, N, threads))
+    if args.device == "cpu" and N * threads > cores:
+        print(f"note: {N} processes x {threads} threads share {cores} cores: the {N}-process figures measure "
+              f"contention for the cores, not what {N} separate devices would do")
+    if not args.scaling:
+        return runs[-1]
+    base = runs[0]["tok_per_s"]
+    print(f"\nscaling: preset {args.preset} | {args.device} | B={args.batch_size} T={args.seq_len} per process | "
+          f"threads {runs[0]['threads']} per process | zero {args.zero}"
+          f"{' | no overlap' if args.no_overlap_comm else ''}")
+    print(f"{'processes':>9} | {'grad_accum':>10} | {'ms/step':>9} | {'tokens/s':>10} | {'per process':>11} | "
+          f"{'comm ms':>7} | {'efficiency':>10}")
+    for r in runs:
+        eff = r["tok_per_s"] / (r["processes"] * base)
+        comm = f"{r['comm_ms']:.1f}" if r["processes"] > 1 else "-"
+        print(f"{r['processes']:>9} | {r['grad_accum']:>10} | {r['ms_per_step']:>9.1f} | {r['tok_per_s']:>10,.0f} | "
+              f"{r['tok_per_s_per_proc']:>11,.0f} | {comm:>7} | {100 * eff:>9.1f}%")
+    eff = runs[-1]["tok_per_s"] / (N * base)
+    print(f"scaling efficiency 1 -> {N} processes: {eff:.3f} "
+          f"(= {runs[-1]['tok_per_s']:,.0f} / ({N} x {base:,.0f}) tokens/s)")
+    return {"runs": runs, "efficiency": eff}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    if args.result_json or ("WORLD_SIZE" in os.environ and args.nproc == 1 and not args.scaling):
+        return worker(args) or True  # one rank under a launcher (ours, or torchrun scripts/bench.py ...)
+    if args.nproc > 1 or args.scaling:
+        return data_parallel(args, argv)
+    return single(args)
 
 
 if __name__ == "__main__":
