@@ -86,7 +86,8 @@ def test_ops_match_cpu_and_every_kernel_runs(emu, sched, tmp_path):
                     "unaligned encoder_forward", "unaligned gelu_forward", "unaligned gelu_backward",
                     "unaligned residual_forward", "unaligned adamw", "unaligned layernorm_forward",
                     "unaligned layernorm_backward", "naive attention(hs=64)", "naive attention(hs=10)",
-                    "cudnn attention(hs=64)", "cudnn attention(hs=10)"}
+                    "cudnn attention(hs=64)", "cudnn attention(hs=10)", "matmul_gelu_forward",
+                    "gelu_matmul_backward", "unfused matmul_gelu_forward", "unfused gelu_matmul_backward"}
     assert expected_ops <= set(errors)
     bad = {k: v for k, v in errors.items() if not v <= 1e-5}
     assert not bad, f"ops differing from the CPU backend (normwise error > 1e-5) under {sched}: {bad}"
@@ -212,6 +213,47 @@ def test_five_steps_lower_the_loss_like_cpu(emu):
     assert lg[-1] < lg[0] - 0.1, lg  # it learns (the same batch every step)
     assert np.all(np.diff(lg) < 0), lg
     np.testing.assert_allclose(lg, lc, rtol=1e-4)  # loose: AdamW's m/sqrt(v) amplifies rounding over steps
+
+
+def test_fused_and_unfused_training_steps_agree(emu, monkeypatch):
+    """GPT2CORE_CUDA_FUSED=1 (the default: residual + layernorm in one kernel, GELU in the matmul epilogues of
+    the MLP) against GPT2CORE_CUDA_FUSED=0 (the separate kernels), with stored and with recomputed GELU
+    activations: one training step -- loss, logits, every gradient, grad norm, updated weights -- within 1e-5
+    normwise per tensor (both do the same fp32 arithmetic up to summation order; see the module docstring).
+    Updated weights as in test_training_step_matches_cpu (Adam's first step is discontinuous at g = 0)."""
+    idx, tgt = batch(6)
+    lr = 1e-3
+    for recompute in (False, True):
+        runs = {}
+        for fused in ("1", "0"):
+            monkeypatch.setenv("GPT2CORE_CUDA_FUSED", fused)
+            m = emu.Model(**CFG, device="cuda")
+            m.recompute_gelu = recompute
+            init_params(m, seed=6)
+            before = {k: v.copy() for k, v in m.params().items()}
+            m.zero_grad()
+            loss = m.forward(idx, tgt)
+            logits = m.logits().copy()
+            m.backward()
+            grads = {k: v.copy() for k, v in m.grads().items()}
+            norm = m.grad_norm()
+            m.adamw_update(lr=lr, step=1, grad_scale=min(1.0, 1.0 / norm))
+            runs[fused] = (loss, logits, grads, norm, {k: v.copy() for k, v in m.params().items()})
+        (lf, xf, gf, nf, pf), (lu, xu, gu, nu, pu) = runs["1"], runs["0"]
+        assert abs(lf - lu) <= 1e-5 * abs(lu), (recompute, lf, lu)
+        assert normwise(xf, xu) <= 1e-5, recompute
+        errs = {k: normwise(gf[k], gu[k]) for k in gu}
+        assert max(errs.values()) <= 1e-5, (recompute, errs)
+        assert abs(nf - nu) <= 1e-5 * nu
+        for k in pu:
+            g = gu[k]
+            clear = np.abs(g) > 1e-3 * np.max(np.abs(g)) if np.any(g) else np.ones_like(g, bool)
+            upd_f = (pf[k] - before[k])[clear].astype(np.float64)
+            upd_u = (pu[k] - before[k])[clear].astype(np.float64)
+            if upd_u.size:
+                tol = 1e-5 * np.max(np.abs(upd_u)) + 1e-5 * np.max(np.abs(pu[k]))
+                assert np.max(np.abs(upd_f - upd_u)) <= tol, k
+            assert np.max(np.abs(pf[k] - pu[k])) <= 2 * lr + 1e-6, k
 
 
 # ----------------------------------------------------------------------------- the real build, no GPU

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from bf16 import bf16_bits, bf16_neighbours, round_bf16
-from test_cuda_emu import emu  # noqa: F401  (the session fixture that builds and imports gpt2core_cuda_emu)
+# emu: the session fixture that builds and imports gpt2core_cuda_emu
+from test_cuda_emu import emu, normwise  # noqa: F401
 
 RNE = 2.0 ** -8   # relative error bound of one round to nearest even to bf16 (8-bit significand)
 # fp32 accumulation error relative to the magnitude of the summed terms: at worst n * 2^-24 = 1.1e-5 for n = 192;
@@ -206,6 +207,47 @@ def test_gelu_and_residual(bf16ops, mis, n):
 
 
 @pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
+@pytest.mark.parametrize("fused", ["1", "0"])
+def test_gelu_epilogues(emu, monkeypatch, mis, fused):  # noqa: F811
+    """matmul_gelu_forward and gelu_matmul_backward (the MLP; GELU in cuBLASLt's epilogues when fused, else the
+    separate matmul and GELU kernels; misaligned buffers take the separate kernels too)."""
+    monkeypatch.setenv("GPT2CORE_CUDA_FUSED", fused)
+    ops, rng = emu.OpsBF16("cuda", misalign=mis), np.random.default_rng(10)
+    OC = 4 * C
+    x, w, bias = rnd(rng, N, C), rnd(rng, OC, C, scale=0.1), rnd(rng, OC)
+    xd, wd = x.astype(np.float64), w.astype(np.float64)
+    mag = np.abs(xd) @ np.abs(wd).T + np.abs(bias)
+    pre, out = ops.matmul_gelu_forward(x, w, bias)
+    pre_ref = xd @ wd.T + bias
+    check_bf16(pre, pre_ref, mag)
+    # gelu of the fp32 pre-activation (fused) or of its bf16 rounding (unfused): |gelu'| < 1.2 carries pre's error
+    assert is_bf16(out)
+    ref = gelu_ref(pre_ref)
+    bound = RNE * np.abs(ref) + 1.2 * (RNE * np.abs(pre_ref) + FP32 * mag) + FP32 * np.abs(pre_ref) + 1e-30
+    assert np.max(np.abs(out - ref) / bound) <= 1.0
+    # backward of gelu(pre) @ w2^T + b2 (4C -> C); dpre starts random and is overwritten
+    p, w2 = rnd(rng, N, OC, scale=2.0), rnd(rng, C, OC, scale=0.1)
+    act = ops.gelu_forward(p.ravel()).reshape(N, OC)
+    dpre0, dw0, db0, dout = rnd(rng, N, OC), f32(rng, C, OC), f32(rng, C), rnd(rng, N, C)
+    gd, w2d, pd = dout.astype(np.float64), w2.astype(np.float64), p.astype(np.float64)
+    dpre, dw, db = ops.gelu_matmul_backward(dpre0, dw0, db0, dout, p, act, w2)
+    acc = gd @ w2d
+    g = gelu_grad_ref(pd)
+    # fused: one rounding of acc * gelu'; unfused: acc rounded first, then the product rounded. gelu' in fp32 is
+    # off by ~1e-7 absolute (0 instead of 1e-10 where tanh saturates, cancellation near its zero): FP32 * |acc|
+    assert is_bf16(dpre)
+    ref = acc * g
+    bound = (RNE * np.abs(ref) + np.abs(g) * (RNE * np.abs(acc) + FP32 * (np.abs(gd) @ np.abs(w2d)))
+             + FP32 * np.abs(acc) + 1e-30)
+    assert np.max(np.abs(dpre - ref) / bound) <= 1.0
+    ad = act.astype(np.float64)
+    check_f32(dw, dw0 + gd.T @ ad, np.abs(dw0) + np.abs(gd).T @ np.abs(ad))
+    check_f32(db, db0 + gd.sum(0), np.abs(db0) + np.abs(gd).sum(0))
+    dpre2, dw2, db2 = ops.gelu_matmul_backward(dpre0, dw0, None, dout, p, act, w2)
+    assert db2 is None and np.array_equal(dpre2, dpre) and np.array_equal(dw2, dw)
+
+
+@pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
 def test_crossentropy(bf16ops, mis):
     ops, rng = bf16ops[mis], np.random.default_rng(6)
     logits = rnd(rng, N, Vp, scale=3.0)
@@ -307,7 +349,36 @@ def test_stochastic_rounding(bf16ops):
     assert np.signbit(s[4])
 
 
-# --------------------------------------------------------------------------------------------- fp32 fused op
+# --------------------------------------------------------------------------------------------- fp32 fused ops
+def test_gelu_epilogues_fp32(emu, monkeypatch):  # noqa: F811
+    """matmul_gelu_forward / gelu_matmul_backward in fp32: the CPU backend (the default implementation: the
+    separate ops), the emulated CUDA backend fused (GELU in the matmul epilogues) and unfused, against float64
+    (1e-5 normwise, see test_cuda_emu.py)."""
+    rng = np.random.default_rng(11)
+    OC = 4 * C
+    x, w, bias = f32(rng, N, C), f32(rng, OC, C, scale=0.1), f32(rng, OC)
+    p, w2 = f32(rng, N, OC, scale=2.0), f32(rng, C, OC, scale=0.1)
+    act = gelu_ref(p.astype(np.float64)).astype(np.float32)
+    dpre0, dw0, db0, dout = f32(rng, N, OC), f32(rng, C, OC), f32(rng, C), f32(rng, N, C)
+    pre_ref = x.astype(np.float64) @ w.astype(np.float64).T + bias
+    gd = dout.astype(np.float64)
+    dpre_ref = (gd @ w2.astype(np.float64)) * gelu_grad_ref(p.astype(np.float64))
+    dw_ref, db_ref = dw0 + gd.T @ act.astype(np.float64), db0 + gd.sum(0)
+    for dev, fused in (("cpu", "1"), ("cuda", "1"), ("cuda", "0")):
+        monkeypatch.setenv("GPT2CORE_CUDA_FUSED", fused)
+        ops = emu.Ops(dev)
+        pre, out = ops.matmul_gelu_forward(x, w, bias)
+        assert normwise(pre, pre_ref) <= 1e-5 and normwise(out, gelu_ref(pre_ref)) <= 1e-5, (dev, fused)
+        dpre, dw, db = ops.gelu_matmul_backward(dpre0, dw0, db0, dout, p, act, w2)
+        for got, want in ((dpre, dpre_ref), (dw, dw_ref), (db, db_ref)):
+            assert normwise(got, want) <= 1e-5, (dev, fused)
+        if dev == "cuda":  # fused: the matmul seam (cuBLASLt) only, no GELU kernel; unfused: the GELU kernels
+            n0 = emu.launch_count()
+            ops.matmul_gelu_forward(x, w, bias)
+            ops.gelu_matmul_backward(dpre0, dw0, None, dout, p, act, w2)
+            assert (emu.launch_count() - n0 == 0) == (fused == "1")
+
+
 @pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
 @pytest.mark.parametrize("N,C", SHAPES_LN)
 def test_residual_layernorm_forward_fp32(emu, mis, N, C):  # noqa: F811

@@ -179,6 +179,25 @@ class CudaBackend final : public Backend<T> {
     float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
     cuda::matmul_backward(k(dinp), dw, dbias, k(dout), k(inp), k(w), s, N, C, OC, stream_);
   }
+  // fused (default): GELU in the matmul's epilogue (cuBLASLt GELU_AUX_BIAS forward, DGELU backward; tanh GELU,
+  // see matmul.cuh), so the (N, 4C) activation is not read back by a separate kernel; GPT2CORE_CUDA_FUSED=0, or a
+  // GELU matrix cuBLASLt cannot take (leading dimension not a multiple of 8, unaligned): matmul + GELU kernels.
+  void matmul_gelu_forward(T* pre, T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) override {
+    if (!fused_ || !cuda::gelu_epilogue_ok(OC, pre, out)) {
+      Backend<T>::matmul_gelu_forward(pre, out, inp, w, bias, N, C, OC);
+      return;
+    }
+    cuda::matmul_gelu_forward(k(pre), k(out), k(inp), k(w), k(bias), N, C, OC, stream_);
+  }
+  void gelu_matmul_backward(T* dpre, float* dw, float* dbias, const T* dout, const T* pre, const T* act, const T* w,
+                            T* scratch_t, int N, int C, int OC) override {
+    if (!fused_ || !cuda::gelu_epilogue_ok(C, dpre, pre)) {
+      Backend<T>::gelu_matmul_backward(dpre, dw, dbias, dout, pre, act, w, scratch_t, N, C, OC);
+      return;
+    }
+    float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
+    cuda::gelu_matmul_backward(k(dpre), dw, dbias, k(dout), k(pre), k(act), k(w), s, N, C, OC, stream_);
+  }
   // flash and cudnn: att is the logsumexp of each query row, (B, NH, T); the T x T matrix never exists.
   // naive: att holds the softmax probabilities (B, NH, T, T), as on the CPU.
   size_t attention_state_size(int B, int NH, int Tn) const override {
@@ -434,7 +453,7 @@ class CudaBackend final : public Backend<T> {
   }
 
   int device_ = 0;
-  bool fused_ = true;             // GPT2CORE_CUDA_FUSED=0: unfused residual + layernorm
+  bool fused_ = true;             // GPT2CORE_CUDA_FUSED=0: unfused residual + layernorm, matmul + GELU
   Attention attention_ = Attention::Flash;  // GPT2CORE_CUDA_ATTENTION: auto (cudnn if it checks out), flash, ...
   T* tscratch_ = nullptr;
   size_t tscratch_cap_ = 0;

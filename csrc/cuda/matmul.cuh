@@ -3,6 +3,11 @@
 //   forward:  out (N, OC) = inp (N, C) @ w^T + bias           (bias epilogue; bias may be null)
 //   backward: dinp (N, C) += dout @ w;  dw (OC, C) += dout^T @ inp   (accumulate, beta = 1)
 //             dbias (OC) += sum_n dout                         (reduce.cuh: deterministic, no atomics)
+// With the GELU epilogues (the MLP; gelu is the tanh form of gelu.cuh, see "GELU epilogues" below):
+//   matmul_gelu_forward:  pre = inp @ w^T + bias; out = gelu(pre)   (one matmul writes both)
+//   gelu_matmul_backward: the backward of out = gelu(pre) @ w^T + bias:
+//             dpre (N, C) = (dout @ w) * gelu'(pre)   (WRITTEN, not accumulated: cuBLASLt's DGELU cannot add
+//             into D); dw and dbias accumulate as in matmul_backward
 // Storage type floatX (float or bf16) for inp, w, bias, out, dout and dinp (dinp += is accumulated in fp32
 // and rounded once to floatX); dw and dbias are fp32 for either floatX. Products accumulate in fp32 (seams.h).
 #pragma once
@@ -50,6 +55,27 @@ void matmul_forward(floatX* out,          // (N, OC)
   MATMUL_CHECK(gpt2core::seams::matmul(p), "forward");
 }
 
+// dw (OC, C) += dout^T @ inp; dbias (OC) += sum_n dout when dbias is given.
+// scratch: column_chunks(N) * OC floats (only when dbias is given).
+template <class floatX>
+void matmul_backward_weights(float* dw,            // (OC, C), accumulated into
+                             float* dbias,         // (OC) or null, accumulated into
+                             const floatX* dout,   // (N, OC)
+                             const floatX* inp,    // (N, C)
+                             float* scratch, int N, int C, int OC, cudaStream_t stream) {
+  if (N <= 0 || C <= 0 || OC <= 0) return;
+  constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
+  gpt2core::seams::MatmulParams q;  // dw (OC, C) += dout^T (OC, N) @ inp (N, C)
+  q.d = dw; q.ldd = C; q.d_type = gpt2core::seams::DType::F32;
+  q.a = dout; q.lda = OC; q.trans_a = true; q.a_type = X;
+  q.b = inp; q.ldb = C; q.b_type = X;
+  q.m = OC; q.n = C; q.k = N;
+  q.accumulate = true;
+  q.stream = stream;
+  MATMUL_CHECK(gpt2core::seams::matmul(q), "backward dweight");
+  if (dbias) column_sum_accumulate(dbias, dout, scratch, N, OC, stream);
+}
+
 // scratch: column_chunks(N) * OC floats (only when dbias is given).
 template <class floatX>
 void matmul_backward(floatX* dinp,         // (N, C), accumulated into
@@ -69,15 +95,69 @@ void matmul_backward(floatX* dinp,         // (N, C), accumulated into
   p.accumulate = true;
   p.stream = stream;
   MATMUL_CHECK(gpt2core::seams::matmul(p), "backward dinp");
-  gpt2core::seams::MatmulParams q;  // dw (OC, C) += dout^T (OC, N) @ inp (N, C)
-  q.d = dw; q.ldd = C; q.d_type = gpt2core::seams::DType::F32;
-  q.a = dout; q.lda = OC; q.trans_a = true; q.a_type = X;
-  q.b = inp; q.ldb = C; q.b_type = X;
-  q.m = OC; q.n = C; q.k = N;
-  q.accumulate = true;
-  q.stream = stream;
-  MATMUL_CHECK(gpt2core::seams::matmul(q), "backward dweight");
-  if (dbias) column_sum_accumulate(dbias, dout, scratch, N, OC, stream);
+  matmul_backward_weights(dw, dbias, dout, inp, scratch, N, C, OC, stream);
+}
+
+// ------------------------------------------------------------------------------------------ GELU epilogues
+// cuBLASLt's GELU / DGELU epilogues compute the tanh approximation of GELU, the form GPT-2 uses and gelu.cuh
+// and csrc/emu/seams_cpu.cpp implement. NVIDIA's header (cublasLt.h) only says "GELU"; the form is documented
+// by its users: PyTorch's _addmm_activation runs its GELU through this epilogue and switched its other GPU
+// paths to the tanh form to agree with it (pytorch/pytorch#104061: "cuBLASLt-based fused GELU epilogue ...
+// uses tanh approximation"), and a measurement against F.gelu gives 5.5e-6 max difference in fp32 for the
+// tanh form vs 4.7e-4 for the erf form (sgl-project/sglang#28164). On a GPU, tests/test_cuda_gpu.py checks the
+// CUDA model (fused by default) against the CPU backend to 1e-5, which an erf GELU (~1e-3 apart) would fail.
+//
+// cuBLASLt requires the GELU input ("aux") matrix's leading dimension to be divisible by 8; the backend
+// uses these launchers only when gelu_epilogue_ok(ld, ...) holds and the separate kernels otherwise.
+template <class... P>
+inline bool gelu_epilogue_ok(int ld, const P*... p) {
+  return ld % 8 == 0 && aligned16(p...);
+}
+
+template <class floatX>
+void matmul_gelu_forward(floatX* pre,         // (N, OC): inp @ w^T + bias, kept for backward
+                         floatX* out,         // (N, OC): gelu(pre)
+                         const floatX* inp,   // (N, C)
+                         const floatX* w,     // (OC, C)
+                         const floatX* bias,  // (OC) or null
+                         int N, int C, int OC, cudaStream_t stream) {
+  if (N <= 0 || OC <= 0) return;
+  constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
+  gpt2core::seams::MatmulParams p;
+  p.d = out; p.ldd = OC; p.d_type = X;
+  p.a = inp; p.lda = C; p.a_type = X;
+  p.b = w; p.ldb = C; p.trans_b = true; p.b_type = X;
+  p.m = N; p.n = OC; p.k = C;
+  p.bias = bias;
+  p.epilogue = gpt2core::seams::Epilogue::Gelu;
+  p.pre_gelu = pre;
+  p.stream = stream;
+  MATMUL_CHECK(gpt2core::seams::matmul(p), "forward + GELU");
+}
+
+// The backward of out (N, OC) = gelu(pre) @ w^T + bias, with act = gelu(pre) (N, C) the matmul's input.
+// scratch: column_chunks(N) * OC floats (only when dbias is given).
+template <class floatX>
+void gelu_matmul_backward(floatX* dpre,         // (N, C), written
+                          float* dw,            // (OC, C), accumulated into
+                          float* dbias,         // (OC) or null, accumulated into
+                          const floatX* dout,   // (N, OC)
+                          const floatX* pre,    // (N, C)
+                          const floatX* act,    // (N, C): gelu(pre)
+                          const floatX* w,      // (OC, C)
+                          float* scratch, int N, int C, int OC, cudaStream_t stream) {
+  if (N <= 0 || C <= 0) return;
+  constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
+  gpt2core::seams::MatmulParams p;  // dpre (N, C) = (dout (N, OC) @ w (OC, C)) * gelu'(pre)
+  p.d = dpre; p.ldd = C; p.d_type = X;
+  p.a = dout; p.lda = OC; p.a_type = X;
+  p.b = w; p.ldb = C; p.b_type = X;
+  p.m = N; p.n = C; p.k = OC;
+  p.epilogue = gpt2core::seams::Epilogue::GeluBackward;
+  p.pre_gelu = const_cast<floatX*>(pre);  // read only by the GELU backward epilogue
+  p.stream = stream;
+  MATMUL_CHECK(gpt2core::seams::matmul(p), "backward dinp + GELU backward");
+  matmul_backward_weights(dw, dbias, dout, act, scratch, N, C, OC, stream);
 }
 
 }  // namespace gpt2::cuda

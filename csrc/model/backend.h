@@ -1,6 +1,7 @@
 // The seam between the model (layer loop, buffer layout, optimizer policy) and a device.
 // A backend supplies memory and the ops; the model never touches device memory itself.
-// Every op follows csrc/cpu/ops.h's contract (backward ops accumulate into their outputs).
+// Every op follows csrc/cpu/ops.h's contract (backward ops accumulate into their outputs; the one exception,
+// gelu_matmul_backward's dpre, says so).
 //
 // Two storage types (model/dtypes.h): T, what the ops read and write (parameters as the ops see them,
 // activations, activation gradients), and M = Master<T>, what must keep full precision (master weights,
@@ -62,6 +63,27 @@ class Backend {
   virtual void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) = 0;
   virtual void matmul_backward(T* dinp, M* dw, M* dbias, const T* dout, const T* inp, const T* w,
                                int N, int C, int OC) = 0;
+  // The MLP's up-projection and its activation: pre (N, OC) = inp @ w^T + bias, out = gelu(pre) (the tanh form,
+  // as gelu_forward). One op so a backend can apply GELU in the matmul's epilogue (CUDA: cuBLASLt's GELU_AUX_BIAS,
+  // writing pre as the epilogue's aux output); pre is what backward needs.
+  virtual void matmul_gelu_forward(T* pre, T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) {
+    matmul_forward(pre, inp, w, bias, N, C, OC);
+    gelu_forward(out, pre, size_t(N) * OC);
+  }
+  // The backward of out (N, OC) = gelu(pre) @ w^T + bias (the MLP's down-projection of its activation), where
+  // act = gelu(pre) (N, C) is the matmul's input:
+  //   dpre (N, C) = (dout @ w) * gelu'(pre)   WRITTEN, not accumulated (unlike matmul_backward's dinp): cuBLASLt's
+  //                                           DGELU epilogue, which the CUDA backend uses for it, cannot add into D
+  //   dw += dout^T @ act, dbias += sum_n dout  (dbias may be null), as matmul_backward.
+  // scratch: (N, C) values the op may overwrite (here: dL/d act, between the two separate ops).
+  virtual void gelu_matmul_backward(T* dpre, M* dw, M* dbias, const T* dout, const T* pre, const T* act, const T* w,
+                                    T* scratch, int N, int C, int OC) {
+    const size_t n = size_t(N) * C;
+    zero(scratch, n);
+    matmul_backward(scratch, dw, dbias, dout, act, w, N, C, OC);
+    zero(dpre, n);
+    gelu_backward(dpre, pre, scratch, n);
+  }
   // Elements of the per-layer attention state `att` that forward saves for backward: the softmax
   // probabilities (B, NH, T, T) by default; a flash kernel keeps only a logsumexp per query row.
   virtual size_t attention_state_size(int B, int NH, int Tn) const { return size_t(B) * NH * Tn * Tn; }

@@ -149,8 +149,8 @@ double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, 
     be.matmul_forward(attproj, atty, param(6) + size_t(l) * C * C, param(7) + l * C, N, C, C);
     be.residual_layernorm_forward(res2, ln2, a_.ln2_mean + l * N, a_.ln2_rstd + l * N, x, attproj,
                                   param(8) + l * C, param(9) + l * C, N, C);
-    be.matmul_forward(fch, ln2, param(10) + size_t(l) * 4 * C * C, param(11) + l * 4 * C, N, C, 4 * C);
-    be.gelu_forward(fch_gelu, fch, NC * 4);
+    // fch = ln2 @ fcw^T + fcb, fch_gelu = gelu(fch): one op so that a backend can fuse the GELU into the matmul
+    be.matmul_gelu_forward(fch, fch_gelu, ln2, param(10) + size_t(l) * 4 * C * C, param(11) + l * 4 * C, N, C, 4 * C);
     be.matmul_forward(fcproj, fch_gelu, param(12) + size_t(l) * 4 * C * C, param(13) + l * C, N, 4 * C, C);
     // residual3 = residual2 + fcproj, normalised by the next layer's ln1 (or, after the last layer, by lnf)
     if (l + 1 < L)
@@ -253,11 +253,9 @@ void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
       be.gelu_forward(a_.fch_gelu, a_.fch + l * NC * 4, NC * 4);
       fch_gelu = a_.fch_gelu;
     }
-    be.zero(a_.dfch_gelu, NC * 4);
-    be.matmul_backward(a_.dfch_gelu, grad(12) + size_t(l) * 4 * C * C, grad(13) + l * C, a_.dres,
-                       fch_gelu, param(12) + size_t(l) * 4 * C * C, N, 4 * C, C);
-    be.zero(a_.dfch, NC * 4);
-    be.gelu_backward(a_.dfch, a_.fch + l * NC * 4, a_.dfch_gelu, NC * 4);
+    // dfch = (dres @ fcprojw) * gelu'(fch) (written; a_.dfch_gelu is the op's scratch), fcprojw/fcprojb grads +=
+    be.gelu_matmul_backward(a_.dfch, grad(12) + size_t(l) * 4 * C * C, grad(13) + l * C, a_.dres, a_.fch + l * NC * 4,
+                            fch_gelu, param(12) + size_t(l) * 4 * C * C, a_.dfch_gelu, N, 4 * C, C);
     be.zero(a_.dln, NC);
     be.matmul_backward(a_.dln, grad(10) + size_t(l) * 4 * C * C, grad(11) + l * 4 * C, a_.dfch, a_.ln2 + l * NC,
                        param(10) + size_t(l) * 4 * C * C, N, C, 4 * C);

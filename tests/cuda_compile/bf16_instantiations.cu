@@ -28,6 +28,10 @@ template void layernorm_backward<X>(X*, float*, float*, const X*, const X*, cons
 template void matmul_forward<X>(X*, const X*, const X*, const X*, int, int, int, cudaStream_t);
 template void matmul_backward<X>(X*, float*, float*, const X*, const X*, const X*, float*, int, int, int,
                                  cudaStream_t);
+template void matmul_backward_weights<X>(float*, float*, const X*, const X*, float*, int, int, int, cudaStream_t);
+template void matmul_gelu_forward<X>(X*, X*, const X*, const X*, const X*, int, int, int, cudaStream_t);
+template void gelu_matmul_backward<X>(X*, float*, float*, const X*, const X*, const X*, const X*, float*, int, int,
+                                      int, cudaStream_t);
 template void column_sum_accumulate<X>(float*, const X*, float*, int, int, cudaStream_t);
 template void gelu_forward<X>(X*, const X*, size_t, cudaStream_t);
 template void gelu_backward<X>(X*, const X*, const X*, size_t, cudaStream_t);

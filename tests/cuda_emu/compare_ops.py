@@ -72,6 +72,26 @@ for OC in (3 * C, 101):
     record("matmul_backward", *both("matmul_backward", f32(N, C), f32(OC, C), f32(OC), f32(N, OC), xin, wt))
     record("matmul_backward", *both("matmul_backward", f32(N, C), f32(OC, C), None, f32(N, OC), xin, wt))
 
+# matmul with the GELU epilogues (the MLP): up-projection C -> OC with GELU, then the backward of
+# gelu(pre) @ w^T + b (OC -> C). OC = 4C as in the model; OC = 101 is no multiple of 8, which cuBLASLt's GELU
+# matrix needs, so the CUDA backend falls back to the separate matmul and GELU kernels there. The unfused rung
+# (GPT2CORE_CUDA_FUSED=0) is compared too.
+os.environ["GPT2CORE_CUDA_FUSED"] = "0"
+cuda_unfused = E.Ops("cuda")
+del os.environ["GPT2CORE_CUDA_FUSED"]
+for OC in (4 * C, 101):
+    xin, wt, bias = f32(N, C), f32(OC, C, scale=0.1), f32(OC)
+    pre = f32(N, OC, scale=2.0)
+    act = cpu.gelu_forward(pre.ravel()).reshape(N, OC)
+    w2 = f32(C, OC, scale=0.1)
+    for prefix, ops in (("", cuda), ("unfused ", cuda_unfused)):
+        for bb in (bias, None):
+            record(prefix + "matmul_gelu_forward", ops.matmul_gelu_forward(xin, wt, bb),
+                   cpu.matmul_gelu_forward(xin, wt, bb))
+        for db in (f32(C), None):  # dpre starts random: it is overwritten, not accumulated into
+            args = (f32(N, OC), f32(C, OC), db, f32(N, C), pre, act, w2)
+            record(prefix + "gelu_matmul_backward", ops.gelu_matmul_backward(*args), cpu.gelu_matmul_backward(*args))
+
 # attention: head sizes 64 (C=192, 3 heads), 16 and 10 (zero-padded in the 64-wide kernels), 128
 for (Ca, NH, Ta) in ((192, 3, T), (48, 3, T), (20, 2, 9), (256, 2, 33)):
     qkv = f32(B, Ta, 3 * Ca)

@@ -11,6 +11,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -169,6 +170,31 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              float* b = o.um(dw);
              float* c = dbias.is_none() ? nullptr : o.um(dbias.cast<F>());
              o.be->matmul_backward(a, b, c, o.ut(dout), o.ut(inp), o.ut(w), N, C, OC);
+             py::object cb = c ? py::object(O::dm(c, {OC})) : py::object(py::none());
+             auto r = py::make_tuple(O::dt(a, {N, C}), O::dm(b, {OC, C}), cb);
+             o.clear();
+             return r;
+           })
+      .def("matmul_gelu_forward",  // returns (pre, gelu(pre))
+           [](O& o, F inp, F w, py::object bias) {
+             const int N = inp.shape(0), C = inp.shape(1), OC = w.shape(0);
+             T* pre = o.zt(size_t(N) * OC);
+             T* out = o.zt(size_t(N) * OC);
+             const T* bp = bias.is_none() ? nullptr : o.ut(bias.cast<F>());
+             o.be->matmul_gelu_forward(pre, out, o.ut(inp), o.ut(w), bp, N, C, OC);
+             auto r = py::make_tuple(O::dt(pre, {N, OC}), O::dt(out, {N, OC}));
+             o.clear();
+             return r;
+           })
+      .def("gelu_matmul_backward",  // returns (dpre, dw, dbias); dpre's initial values must be overwritten
+           [](O& o, F dpre, F dw, py::object dbias, F dout, F pre, F act, F w) {
+             const int N = pre.shape(0), C = pre.shape(1), OC = w.shape(0);
+             T* a = o.ut(dpre);
+             float* b = o.um(dw);
+             float* c = dbias.is_none() ? nullptr : o.um(dbias.cast<F>());
+             T* scratch = o.zt(size_t(N) * C);  // NaN: the op must not read the scratch before writing it
+             for (size_t i = 0; i < size_t(N) * C; i++) scratch[i] = O::cvt(std::numeric_limits<float>::quiet_NaN());
+             o.be->gelu_matmul_backward(a, b, c, o.ut(dout), o.ut(pre), o.ut(act), o.ut(w), scratch, N, C, OC);
              py::object cb = c ? py::object(O::dm(c, {OC})) : py::object(py::none());
              auto r = py::make_tuple(O::dt(a, {N, C}), O::dm(b, {OC, C}), cb);
              o.clear();
