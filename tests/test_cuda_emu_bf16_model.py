@@ -167,8 +167,8 @@ def test_bf16_fused_and_unfused_training_steps_agree(emu, monkeypatch):
             m.backward()
             runs[fused] = (loss, logits, {k: v.copy() for k, v in m.grads().items()}, m.grad_norm())
         (lf, xf, gf, nf), (lu, xu, gu, nu) = runs["1"], runs["0"]
-        assert abs(lf - lu) <= 1e-2 * abs(lu), (recompute, lf, lu)
-        assert normwise(xf, xu) <= 2e-2, recompute
+        assert abs(lf - lu) <= 2e-3 * abs(lu), (recompute, lf, lu)
+        assert normwise(xf, xu) <= 1e-2, recompute
         errs = {k: normwise(gf[k], gu[k]) for k in gu}
-        assert max(errs.values()) <= 5e-2, (recompute, errs)
+        assert max(errs.values()) <= 2e-2, (recompute, errs)
         assert abs(nf - nu) <= 2e-2 * nu
