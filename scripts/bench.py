@@ -66,6 +66,8 @@ def cpu_peak_gflops(threads: int) -> tuple[float, str]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="d12")
+    ap.add_argument("--padded-vocab-size", type=int, default=None,
+                    help="override the padded vocab (50257: no padding, the 'vocab padded to 50304' rung off)")
     ap.add_argument("-B", "--batch-size", type=int, default=4, help="micro-batch per process")
     ap.add_argument("-T", "--seq-len", type=int, default=64)
     ap.add_argument("--device", default="cpu")
@@ -140,15 +142,21 @@ def peak_line(args, device, gflops, precision, threads, what=""):
             ", ".join(f"{k} {v[0]:.0f}/{v[1]:.0f}/{v[2]:.0f}" for k, v in GPU_PEAK_TFLOPS.items()))
 
 
+def bench_config(args):
+    from gpt2core.config import get_preset
+
+    cfg = get_preset(args.preset)
+    return cfg.replace(padded_vocab_size=args.padded_vocab_size) if args.padded_vocab_size else cfg
+
+
 def single(args):
     """One process, no communication: the original benchmark and its output."""
     from gpt2core import GPT2, _C, build_info
-    from gpt2core.config import get_preset
 
     if args.threads:
         _C.set_num_threads(args.threads)
     threads = _C.get_num_threads()
-    cfg = get_preset(args.preset)
+    cfg = bench_config(args)
     model = GPT2(cfg, device=args.device, seed=0, precision=args.precision, attention=args.attention)
     model.recompute_gelu = args.recompute_gelu
     B, T = args.batch_size, args.seq_len
@@ -173,7 +181,6 @@ def worker(args):
     """One rank of a run started by a launcher (gpt2core.launch, torchrun, srun): DataParallel over the
     process group, its own random micro-batch; rank 0 reports. With WORLD_SIZE=1: no communication."""
     from gpt2core import GPT2, _C, build_info
-    from gpt2core.config import get_preset
     from gpt2core.distributed import DataParallel, from_env, init_process_group
 
     env = from_env()
@@ -183,7 +190,7 @@ def worker(args):
     if args.threads:
         _C.set_num_threads(args.threads)
     threads = _C.get_num_threads()
-    cfg = get_preset(args.preset)
+    cfg = bench_config(args)
     B, T = args.batch_size, args.seq_len
     total = args.total_batch_tokens or B * T * W
     if total % (B * T * W):
