@@ -112,8 +112,8 @@ class CudaBackend final : public Backend<T> {
   }
   ~CudaBackend() override {
     // destructors only log
-    for (void* p : {static_cast<void*>(norm_work_), static_cast<void*>(valid_), static_cast<void*>(scratch_),
-                    static_cast<void*>(iwork_), static_cast<void*>(tscratch_)})
+    for (void* p : {static_cast<void*>(norm_work_), static_cast<void*>(valid_), static_cast<void*>(scratch_.p),
+                    static_cast<void*>(iwork_.p), static_cast<void*>(tscratch_.p)})
       if (p) {
         const cudaError_t e = cudaFree(p);
         if (e != cudaSuccess && e != cudaErrorCudartUnloading)
@@ -345,7 +345,7 @@ class CudaBackend final : public Backend<T> {
         // value (1e-4 for fp32) is far inside that and far from a wrong layout or scale (errors of order 1).
         const double tol = kIsBF16<K> ? 3e-2 : 1e-4;
         const double eo = max_rel_diff(o1, o2, nout), eg = max_rel_diff(g1, g2, nqkv);
-        const double es = max_rel_diff_f(st1, st2, nst);
+        const double es = max_rel_diff(st1, st2, nst);
         if (!(eo <= tol && eg <= tol && es <= tol)) {
           char buf[200];
           snprintf(buf, sizeof buf, "it disagrees with the flash kernel (relative max error: out %.3g, dqkv %.3g, "
@@ -360,25 +360,17 @@ class CudaBackend final : public Backend<T> {
     for (float* p : {st1, st2, D}) free_master(p);
     return why;
   }
-  double max_rel_diff(const T* a, const T* b, size_t n) {
-    std::vector<K> x(n), y(n);
-    CUDA_CHECK(cudaMemcpy(x.data(), a, n * sizeof(K), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(y.data(), b, n * sizeof(K), cudaMemcpyDeviceToHost));
+  // max |a - b| / max |a| over n device values (T or float)
+  template <class U>
+  double max_rel_diff(const U* a, const U* b, size_t n) {
+    using H = std::conditional_t<std::is_same_v<U, float>, float, K>;  // the host view of one value
+    std::vector<H> x(n), y(n);
+    CUDA_CHECK(cudaMemcpy(x.data(), a, n * sizeof(H), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(y.data(), b, n * sizeof(H), cudaMemcpyDeviceToHost));
     double d = 0, m = 0;
     for (size_t i = 0; i < n; i++) {
       d = std::max(d, std::fabs(double(load_f(x[i])) - double(load_f(y[i]))));
       m = std::max(m, std::fabs(double(load_f(x[i]))));
-    }
-    return m > 0 ? d / m : d;
-  }
-  double max_rel_diff_f(const float* a, const float* b, size_t n) {
-    std::vector<float> x(n), y(n);
-    CUDA_CHECK(cudaMemcpy(x.data(), a, n * sizeof(float), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(y.data(), b, n * sizeof(float), cudaMemcpyDeviceToHost));
-    double d = 0, m = 0;
-    for (size_t i = 0; i < n; i++) {
-      d = std::max(d, std::fabs(double(x[i]) - double(y[i])));
-      m = std::max(m, std::fabs(double(x[i])));
     }
     return m > 0 ? d / m : d;
   }
@@ -389,19 +381,19 @@ class CudaBackend final : public Backend<T> {
     sync();  // zero_grad may be followed by host reads of the gradients
   }
 
+  static constexpr const char* kOomHint = "; try a smaller micro-batch (B) or sequence length (T), or --recompute-gelu";
   void* alloc_bytes(size_t bytes) {
     const size_t want = bytes ? bytes : 1;
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && want > free_b)
       throw std::runtime_error("CUDA out of memory: asked for " + mib(want) + " with " + mib(free_b) + " free of " +
-                               mib(total_b) + " on cuda:" + std::to_string(device_) +
-                               "; try a smaller micro-batch (B) or sequence length (T), or --recompute-gelu");
+                               mib(total_b) + " on cuda:" + std::to_string(device_) + kOomHint);
     void* p = nullptr;
     const cudaError_t e = cudaMallocManaged(&p, want, cudaMemAttachGlobal);
     if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       throw std::runtime_error("CUDA out of memory: asked for " + mib(want) + " on cuda:" + std::to_string(device_) +
-                               "; try a smaller micro-batch (B) or sequence length (T), or --recompute-gelu");
+                               kOomHint);
     }
     CUDA_CHECK(e);
     CUDA_CHECK(cudaMemset(p, 0, want));
@@ -419,51 +411,36 @@ class CudaBackend final : public Backend<T> {
         fprintf(stderr, "gpt2core: freeing CUDA memory failed: %s\n", cudaGetErrorString(e));
     }
   }
-  // Device scratch of at least n floats / ints, reused between ops (one stream, so ordered).
-  float* scratch(size_t n) {
-    if (n > scratch_cap_) {
+  // Device scratch, reused between ops (one stream, so ordered) and grown when an op needs more.
+  template <class U>
+  struct Scratch {
+    U* p = nullptr;
+    size_t cap = 0;
+  };
+  template <class U>
+  U* grow(Scratch<U>& s, size_t n) {
+    if (n > s.cap) {
       sync();
-      if (scratch_) CUDA_CHECK(cudaFree(scratch_));
-      scratch_ = nullptr;
-      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch_), n * sizeof(float)));
-      scratch_cap_ = n;
+      if (s.p) CUDA_CHECK(cudaFree(s.p));
+      s.p = nullptr;
+      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.p), n * sizeof(U)));
+      s.cap = n;
     }
-    return scratch_;
+    return s.p;
   }
-  // Device scratch of at least n values of T (cuDNN attention backward's output).
-  T* t_scratch(size_t n) {
-    if (n > tscratch_cap_) {
-      sync();
-      if (tscratch_) CUDA_CHECK(cudaFree(tscratch_));
-      tscratch_ = nullptr;
-      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&tscratch_), n * sizeof(T)));
-      tscratch_cap_ = n;
-    }
-    return tscratch_;
-  }
-  int* int_work(size_t n) {
-    if (n > iwork_cap_) {
-      sync();
-      if (iwork_) CUDA_CHECK(cudaFree(iwork_));
-      iwork_ = nullptr;
-      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&iwork_), n * sizeof(int)));
-      iwork_cap_ = n;
-    }
-    return iwork_;
-  }
+  float* scratch(size_t n) { return grow(scratch_, n); }
+  T* t_scratch(size_t n) { return grow(tscratch_, n); }  // cuDNN attention backward's output
+  int* int_work(size_t n) { return grow(iwork_, n); }
 
   int device_ = 0;
   bool fused_ = true;             // GPT2CORE_CUDA_FUSED=0: unfused residual + layernorm, matmul + GELU
   Attention attention_ = Attention::Flash;  // GPT2CORE_CUDA_ATTENTION: auto (cudnn if it checks out), flash, ...
-  T* tscratch_ = nullptr;
-  size_t tscratch_cap_ = 0;
+  Scratch<T> tscratch_;
   cudaStream_t stream_ = nullptr;  // the default stream
   double* norm_work_ = nullptr;
   int* valid_ = nullptr;
-  float* scratch_ = nullptr;
-  size_t scratch_cap_ = 0;
-  int* iwork_ = nullptr;
-  size_t iwork_cap_ = 0;
+  Scratch<float> scratch_;
+  Scratch<int> iwork_;
 };
 
 }  // namespace

@@ -37,13 +37,10 @@ constexpr gpt2core::seams::DType seam_dtype() {
   return kIsBF16<floatX> ? gpt2core::seams::DType::BF16 : gpt2core::seams::DType::F32;
 }
 
+// The seam's parameters of out (N, OC) = inp (N, C) @ w^T + bias, all in floatX.
 template <class floatX>
-void matmul_forward(floatX* out,          // (N, OC)
-                    const floatX* inp,    // (N, C)
-                    const floatX* w,      // (OC, C)
-                    const floatX* bias,   // (OC) or null
-                    int N, int C, int OC, cudaStream_t stream) {
-  if (N <= 0 || OC <= 0) return;
+gpt2core::seams::MatmulParams linear_params(floatX* out, const floatX* inp, const floatX* w, const floatX* bias, int N,
+                                            int C, int OC, cudaStream_t stream) {
   constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
   gpt2core::seams::MatmulParams p;
   p.d = out; p.ldd = OC; p.d_type = X;
@@ -52,7 +49,17 @@ void matmul_forward(floatX* out,          // (N, OC)
   p.m = N; p.n = OC; p.k = C;
   p.bias = bias;
   p.stream = stream;
-  MATMUL_CHECK(gpt2core::seams::matmul(p), "forward");
+  return p;
+}
+
+template <class floatX>
+void matmul_forward(floatX* out,          // (N, OC)
+                    const floatX* inp,    // (N, C)
+                    const floatX* w,      // (OC, C)
+                    const floatX* bias,   // (OC) or null
+                    int N, int C, int OC, cudaStream_t stream) {
+  if (N <= 0 || OC <= 0) return;
+  MATMUL_CHECK(gpt2core::seams::matmul(linear_params(out, inp, w, bias, N, C, OC, stream)), "forward");
 }
 
 // dw (OC, C) += dout^T @ inp; dbias (OC) += sum_n dout when dbias is given.
@@ -122,16 +129,9 @@ void matmul_gelu_forward(floatX* pre,         // (N, OC): inp @ w^T + bias, kept
                          const floatX* bias,  // (OC) or null
                          int N, int C, int OC, cudaStream_t stream) {
   if (N <= 0 || OC <= 0) return;
-  constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
-  gpt2core::seams::MatmulParams p;
-  p.d = out; p.ldd = OC; p.d_type = X;
-  p.a = inp; p.lda = C; p.a_type = X;
-  p.b = w; p.ldb = C; p.trans_b = true; p.b_type = X;
-  p.m = N; p.n = OC; p.k = C;
-  p.bias = bias;
+  gpt2core::seams::MatmulParams p = linear_params(out, inp, w, bias, N, C, OC, stream);
   p.epilogue = gpt2core::seams::Epilogue::Gelu;
   p.pre_gelu = pre;
-  p.stream = stream;
   MATMUL_CHECK(gpt2core::seams::matmul(p), "forward + GELU");
 }
 

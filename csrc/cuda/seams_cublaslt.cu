@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/seams_check.h"
 #include "cuda/seams_cublaslt.h"
 #include "emu/seams.h"
 
@@ -27,13 +28,6 @@
       throw std::runtime_error(std::string("cuBLASLt error ") + cublasLtGetStatusName(st_) + " at " +       \
                                __FILE__ + ":" + std::to_string(__LINE__) + " (" #call "): " +               \
                                cublasLtGetStatusString(st_));                                               \
-  } while (0)
-#define CUDA_CHECK_THROW(call)                                                                              \
-  do {                                                                                                      \
-    cudaError_t e_ = (call);                                                                                \
-    if (e_ != cudaSuccess)                                                                                  \
-      throw std::runtime_error(std::string("CUDA error at ") + __FILE__ + ":" + std::to_string(__LINE__) + \
-                               " (" #call "): " + cudaGetErrorString(e_));                                  \
   } while (0)
 
 namespace gpt2core::seams {

@@ -23,6 +23,7 @@
 
 #include <string>
 
+#include "cuda/seams_check.h"
 #include "cuda/seams_cudnn.h"
 #include "emu/seams.h"
 
@@ -103,13 +104,6 @@ void check_cudnn(fe::error_t err, const char* file, int line, const char* expr) 
 
 // Throws std::runtime_error with file, line and the library's message; takes a cudnnStatus_t or a frontend error_t.
 #define CUDNN_CHECK(call) ::gpt2core::seams::check_cudnn((call), __FILE__, __LINE__, #call)
-#define CUDA_CHECK_THROW(call)                                                                              \
-  do {                                                                                                      \
-    cudaError_t e_ = (call);                                                                                \
-    if (e_ != cudaSuccess)                                                                                  \
-      throw std::runtime_error(std::string("CUDA error at ") + __FILE__ + ":" + std::to_string(__LINE__) + \
-                               " (" #call "): " + cudaGetErrorString(e_));                                  \
-  } while (0)
 
 namespace gpt2core::seams {
 namespace {
@@ -168,11 +162,14 @@ std::shared_ptr<fe::graph::Graph> new_graph() {
   return g;
 }
 
+// Q, K, V: strided views into the packed qkv input (B, T, 3, NH, HS).
+auto qkv_inputs(fe::graph::Graph& g, const GraphKey& k) {
+  return std::make_tuple(g.tensor(view("Q", kQ, k, 3)), g.tensor(view("K", kK, k, 3)), g.tensor(view("V", kV, k, 3)));
+}
+
 std::shared_ptr<fe::graph::Graph> forward_graph(const GraphKey& k, float scale) {
   auto g = new_graph();
-  auto Q = g->tensor(view("Q", kQ, k, 3));
-  auto K = g->tensor(view("K", kK, k, 3));
-  auto V = g->tensor(view("V", kV, k, 3));
+  auto [Q, K, V] = qkv_inputs(*g, k);
   auto opts = fe::graph::SDPA_attributes()
                   .set_name("gpt2core_attention_forward")
                   .set_generate_stats(true)  // training: save the logsumexp for backward
@@ -188,9 +185,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const GraphKey& k, float scale) 
 
 std::shared_ptr<fe::graph::Graph> backward_graph(const GraphKey& k, float scale) {
   auto g = new_graph();
-  auto Q = g->tensor(view("Q", kQ, k, 3));
-  auto K = g->tensor(view("K", kK, k, 3));
-  auto V = g->tensor(view("V", kV, k, 3));
+  auto [Q, K, V] = qkv_inputs(*g, k);
   auto O = g->tensor(view("O", kO, k, 1));
   auto dO = g->tensor(view("dO", kdO, k, 1));
   fe::graph::Tensor_attributes st;

@@ -97,21 +97,15 @@ for (Ca, NH, Ta) in ((192, 3, T), (48, 3, T), (20, 2, 9), (256, 2, 33)):
     qkv = f32(B, Ta, 3 * Ca)
     record(f"attention(hs={Ca // NH})", *both("attention", qkv, f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH))
 
-# the materialised ("naive") attention rung, selected by GPT2CORE_CUDA_ATTENTION when the backend is made
-os.environ["GPT2CORE_CUDA_ATTENTION"] = "naive"
-cuda_naive = E.Ops("cuda")
-del os.environ["GPT2CORE_CUDA_ATTENTION"]
-for (Ca, NH, Ta) in ((192, 3, T), (20, 2, 9)):
-    args = (f32(B, Ta, 3 * Ca), f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH)
-    record(f"naive attention(hs={Ca // NH})", cuda_naive.attention(*args), cpu.attention(*args))
-
-# the attention seam (cuDNN's SDPA on GPUs, its CPU implementation here): the backend's cudnn path
-os.environ["GPT2CORE_CUDA_ATTENTION"] = "cudnn"
-cuda_sdpa = E.Ops("cuda")
-del os.environ["GPT2CORE_CUDA_ATTENTION"]
-for (Ca, NH, Ta) in ((192, 3, T), (20, 2, 9)):
-    args = (f32(B, Ta, 3 * Ca), f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH)
-    record(f"cudnn attention(hs={Ca // NH})", cuda_sdpa.attention(*args), cpu.attention(*args))
+# the other attention paths, selected by GPT2CORE_CUDA_ATTENTION when the backend is made: the materialised
+# ("naive") rung, and the attention seam (cuDNN's SDPA on GPUs, its CPU implementation here)
+for mode in ("naive", "cudnn"):
+    os.environ["GPT2CORE_CUDA_ATTENTION"] = mode
+    ops = E.Ops("cuda")
+    del os.environ["GPT2CORE_CUDA_ATTENTION"]
+    for (Ca, NH, Ta) in ((192, 3, T), (20, 2, 9)):
+        args = (f32(B, Ta, 3 * Ca), f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH)
+        record(f"{mode} attention(hs={Ca // NH})", ops.attention(*args), cpu.attention(*args))
 
 # gelu, residual (sizes not a multiple of 4: the float4 paths finish with a scalar tail)
 g = f32(N * 4 + 3, scale=2.0)
