@@ -122,3 +122,32 @@ def test_bf16_matches_float64_and_learns():
         m.backward()
         m.adamw_update(lr=1e-3, step=step, grad_scale=min(1.0, 1.0 / (m.grad_norm() + 1e-6)))
     assert np.all(np.diff(losses) < 0) and losses[-1] < losses[0] - 0.1, losses
+
+
+@pytest.mark.skipif("cuda" in _C.build_info()["backends"] and _C.cuda_capability(0) < 80,
+                    reason="bf16 tensor cores need sm_80+")
+@pytest.mark.parametrize("attention,fused", [("flash", "0"), ("naive", "1"), ("cudnn", "1")])
+def test_bf16_speed_ladder_rungs_agree(monkeypatch, attention, fused):
+    """Every rung computes the same model: bf16 with flash attention and fused kernels (the reference here)
+    against naive attention, unfused kernels, and cuDNN attention, within the bf16 tolerances."""
+    if attention == "cudnn" and not _C.build_info().get("cudnn_sdpa"):
+        pytest.skip("built without cuDNN SDPA")
+    tol = bf16_tolerances()
+    idx, tgt = batch()
+    runs = []
+    for att, fu in (("flash", "1"), (attention, fused)):
+        monkeypatch.setenv("GPT2CORE_CUDA_ATTENTION", att)
+        monkeypatch.setenv("GPT2CORE_CUDA_FUSED", fu)
+        m = _C.ModelBF16(**CFG, device="cuda")
+        init_params(m)
+        m.params_changed()
+        m.zero_grad()
+        loss = m.forward(idx, tgt)
+        logits = m.logits().copy()
+        m.backward()
+        runs.append((loss, logits, {k: v.copy() for k, v in m.grads().items()}))
+    (l0, x0, g0), (l1, x1, g1) = runs
+    assert abs(l1 - l0) <= tol["loss"] * abs(l0)
+    assert normwise(x1, x0) <= tol["logits"]
+    errs = {k: normwise(g1[k], g0[k]) for k in g0}
+    assert max(errs.values()) <= tol["grads"], errs
