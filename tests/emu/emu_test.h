@@ -4,6 +4,7 @@
 #pragma once
 
 #include "emu/cuda_portable.h"
+#include "check.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -16,16 +17,6 @@
       printf("FAIL %s:%d %s -> %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
       exit(1);                                                                           \
     }                                                                                    \
-  } while (0)
-
-#define TEST_TRUE(cond, ...)                               \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      printf("FAIL %s:%d %s: ", __FILE__, __LINE__, #cond); \
-      printf(__VA_ARGS__);                                 \
-      printf("\n");                                        \
-      exit(1);                                             \
-    }                                                      \
   } while (0)
 
 // Device buffer of n T, copied from / to host vectors.

@@ -3,6 +3,7 @@
 // bf16 outputs; causal attention forward, and backward against finite differences of the reference.
 // Host-only (not a kernel file), so not part of the nvcc compile check.
 #include "emu/seams.h"
+#include "check.h"
 
 #include <cuda_bf16.h>
 
@@ -13,15 +14,6 @@
 
 using namespace gpt2core::seams;
 
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      printf("FAIL %s:%d %s: ", __FILE__, __LINE__, #cond); \
-      printf(__VA_ARGS__);                                 \
-      printf("\n");                                        \
-      exit(1);                                             \
-    }                                                      \
-  } while (0)
 
 static std::vector<float> rnd(size_t n, unsigned seed) {
   std::vector<float> v(n);
@@ -71,7 +63,7 @@ static void test_matmul() {
             p.bias = epi == 2 ? nullptr : (bf ? static_cast<const void*>(biasb.data()) : bias.data());
             p.pre_gelu = bf ? static_cast<void*>(preb.data()) : pref.data();
             p.batch = batch, p.stride_a = size_t(m) * k, p.stride_b = size_t(k) * n, p.stride_d = size_t(m) * n;
-            CHECK(matmul(p) == cudaSuccess, "matmul failed");
+            TEST_TRUE(matmul(p) == cudaSuccess, "matmul failed");
             for (int bi = 0; bi < batch; ++bi)
               for (int i = 0; i < m; ++i)
                 for (int j = 0; j < n; ++j) {
@@ -94,15 +86,15 @@ static void test_matmul() {
                   const double got = bf ? __bfloat162float(db[at]) : d[at];
                   // fp32 accumulation of 29 products ~1e-6; bf16 output: one rounding, 2^-8 relative
                   const double tol = bf ? 1e-2 * std::fabs(v) + 1e-2 : 1e-5 * std::fabs(v) + 1e-5;
-                  CHECK(std::fabs(got - v) <= tol, "ta=%d tb=%d epi=%d bf=%d acc=%d [%d,%d,%d]: %g vs %g", ta, tb,
+                  TEST_TRUE(std::fabs(got - v) <= tol, "ta=%d tb=%d epi=%d bf=%d acc=%d [%d,%d,%d]: %g vs %g", ta, tb,
                         epi, bf, accum, bi, i, j, got, v);
                   if (epi == 1) {
                     const double gp = bf ? __bfloat162float(preb[at]) : pref[at];
-                    CHECK(std::fabs(gp - want_pre) <= tol, "pre_gelu %g vs %g", gp, want_pre);
+                    TEST_TRUE(std::fabs(gp - want_pre) <= tol, "pre_gelu %g vs %g", gp, want_pre);
                   }
                   if (bf) {  // bf16 output is exactly a bf16 value
                     const float g = __bfloat162float(db[at]);
-                    CHECK(bf16_round(g) == g, "not rounded");
+                    TEST_TRUE(bf16_round(g) == g, "not rounded");
                   }
                 }
           }
@@ -139,10 +131,10 @@ static void test_attention() {
   AttentionForwardParams f;
   f.out = out.data(), f.stats = stats.data(), f.qkv = qkv.data(), f.B = 1, f.T = T, f.NH = NH, f.HS = HS;
   f.scale = 1.0f / std::sqrt(float(HS));
-  CHECK(attention_forward(f) == cudaSuccess, "attention_forward failed");
+  TEST_TRUE(attention_forward(f) == cudaSuccess, "attention_forward failed");
   std::vector<double> qd(qkv.begin(), qkv.end());
   std::vector<double> ref = ref_attention(qd, T, NH, HS);
-  for (size_t i = 0; i < out.size(); ++i) CHECK(std::fabs(out[i] - ref[i]) < 1e-5, "out %zu: %g vs %g", i, out[i], ref[i]);
+  for (size_t i = 0; i < out.size(); ++i) TEST_TRUE(std::fabs(out[i] - ref[i]) < 1e-5, "out %zu: %g vs %g", i, out[i], ref[i]);
   printf("ok attention_forward\n");
 
   // Backward of L = sum(out * G) against central differences of the double reference.
@@ -150,7 +142,7 @@ static void test_attention() {
   AttentionBackwardParams bw;
   bw.dqkv = dqkv.data(), bw.dout = G.data(), bw.qkv = qkv.data(), bw.out = out.data(), bw.stats = stats.data();
   bw.B = 1, bw.T = T, bw.NH = NH, bw.HS = HS, bw.scale = f.scale;
-  CHECK(attention_backward(bw) == cudaSuccess, "attention_backward failed");
+  TEST_TRUE(attention_backward(bw) == cudaSuccess, "attention_backward failed");
   for (size_t i = 0; i < qd.size(); ++i) {
     const double h = 1e-6;
     std::vector<double> qp = qd, qm = qd;
@@ -160,21 +152,21 @@ static void test_attention() {
     double num = 0;
     for (size_t j = 0; j < op.size(); ++j) num += (op[j] - om[j]) * G[j];
     num /= 2 * h;
-    CHECK(std::fabs(dqkv[i] - num) < 1e-4 * (1 + std::fabs(num)), "dqkv %zu: %g vs %g", i, dqkv[i], num);
+    TEST_TRUE(std::fabs(dqkv[i] - num) < 1e-4 * (1 + std::fabs(num)), "dqkv %zu: %g vs %g", i, dqkv[i], num);
   }
   printf("ok attention_backward\n");
 }
 
 static void test_collectives() {
   Comm* comm = nullptr;
-  CHECK(comm_init(&comm, 0, 1, nullptr, 0) == cudaSuccess, "comm_init");
-  CHECK(comm_world(comm) == 1 && comm_rank(comm) == 0, "rank/world");
+  TEST_TRUE(comm_init(&comm, 0, 1, nullptr, 0) == cudaSuccess, "comm_init");
+  TEST_TRUE(comm_world(comm) == 1 && comm_rank(comm) == 0, "rank/world");
   std::vector<float> a = rnd(10, 1), b(10);
-  CHECK(all_reduce(comm, b.data(), a.data(), 10, DType::F32, ReduceOp::Avg, nullptr) == cudaSuccess && a == b, "all_reduce");
-  CHECK(all_gather(comm, b.data(), a.data(), 10, DType::F32, nullptr) == cudaSuccess && a == b, "all_gather");
+  TEST_TRUE(all_reduce(comm, b.data(), a.data(), 10, DType::F32, ReduceOp::Avg, nullptr) == cudaSuccess && a == b, "all_reduce");
+  TEST_TRUE(all_gather(comm, b.data(), a.data(), 10, DType::F32, nullptr) == cudaSuccess && a == b, "all_gather");
   Comm* c2 = nullptr;
-  CHECK(comm_init(&c2, 0, 2, nullptr, 0) == cudaErrorNotSupported, "two ranks must be refused");
-  CHECK(comm_destroy(comm) == cudaSuccess, "destroy");
+  TEST_TRUE(comm_init(&c2, 0, 2, nullptr, 0) == cudaErrorNotSupported, "two ranks must be refused");
+  TEST_TRUE(comm_destroy(comm) == cudaSuccess, "destroy");
   printf("ok collectives\n");
 }
 
