@@ -3,7 +3,8 @@
 //             the target is -1 (ignored) or targets is null; counts the non-ignored rows (integer atomics).
 //   backward (in place): logits[n, i] becomes (softmax - onehot(target)) * dloss for i < V of valid rows,
 //             0 in the padded columns V..Vp-1 and in ignored rows.
-// One block per row; forward reads the row once (online max/sum), backward reads and writes it once;
+// One block per row; forward reads the row once (online max/sum), backward reads and writes it once, 16 bytes
+// per access (Vec<floatX>) when every row starts 16-byte aligned, one value per access otherwise;
 // softmax statistics in fp32 with a fixed-order block reduction. logits have the storage type floatX (float
 // or bf16; widened to fp32 on load, the gradient rounded once to floatX on store); losses and lse are fp32.
 #pragma once
@@ -13,28 +14,49 @@ namespace gpt2::cuda {
 
 constexpr int kClassifierBlock = 512;
 
+// Online softmax: (m, s) holds the running max and the sum of exp(x - m); adding values rescales s once when
+// the max grows.
+__device__ inline void online_add(float& m, float& s, float x) {
+  if (x > m) {
+    s = s * expf(m - x) + 1.0f;
+    m = x;
+  } else {
+    s += expf(x - m);
+  }
+}
+template <class P>
+__device__ inline void online_add(float& m, float& s, const P& v) {
+  float vm = v.f(0);
+#pragma unroll
+  for (int k = 1; k < P::kSize; k++) vm = fmaxf(vm, v.f(k));
+  if (vm > m) {
+    s *= expf(m - vm);
+    m = vm;
+  }
+#pragma unroll
+  for (int k = 0; k < P::kSize; k++) s += expf(v.f(k) - m);
+}
+
+// vec (Vp % K == 0 and logits 16-byte aligned, K = kVec<floatX>: every row starts 16-byte aligned): the
+// threads stride over the V / K whole vectors below V as Vec<floatX>, then one value at a time over the
+// ragged columns up to V; otherwise one value at a time over [0, V). Fixed per-thread order, so deterministic.
 template <class floatX>
 __global__ void crossentropy_forward_kernel(float* __restrict__ losses,         // (N)
                                             float* __restrict__ lse,            // (N)
                                             int* __restrict__ valid,            // (1), incremented
                                             const floatX* __restrict__ logits,  // (N, Vp)
                                             const int* __restrict__ targets,   // (N) or null
-                                            int V, int Vp) {
+                                            int V, int Vp, bool vec) {
+  using P = Vec<floatX>;
+  constexpr int K = kVec<floatX>;
   __shared__ float scratch[32];
   const int n = blockIdx.x;
   const floatX* row = logits + size_t(n) * Vp;
-  // one pass over the row: each thread keeps a running max and the sum of exp(x - max), rescaled when
-  // the max grows (online softmax); then the block combines the pairs
+  // one pass over the row: each thread keeps a running (max, sum) pair, then the block combines the pairs
   float tm = -INFINITY, ts = 0.0f;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    const float x = load_f(row[i]);
-    if (x > tm) {
-      ts = ts * expf(tm - x) + 1.0f;
-      tm = x;
-    } else {
-      ts += expf(x - tm);
-    }
-  }
+  const int VV = vec ? V / K : 0;  // whole vectors below V
+  for (int i = threadIdx.x; i < VV; i += blockDim.x) online_add(tm, ts, P::load(row + K * i));
+  for (int i = K * VV + threadIdx.x; i < V; i += blockDim.x) online_add(tm, ts, load_f(row[i]));
   const float m = block_max(tm, scratch);
   const float s = block_sum(tm == -INFINITY ? 0.0f : ts * expf(tm - m), scratch);
   if (threadIdx.x == 0) {
@@ -50,22 +72,47 @@ __global__ void crossentropy_forward_kernel(float* __restrict__ losses,         
   }
 }
 
+// vec (as in the forward): Vec<floatX> read-modify-write over the whole vectors below V, one value at a time
+// over [K * (V / K), K * ceil(V / K)) (the ragged columns and the padding that shares their vector), then Vec
+// zero stores over the remaining padded vectors; ignored rows are zero stores only (nothing is read).
+// Otherwise one value at a time over [0, Vp).
 template <class floatX>
 __global__ void crossentropy_backward_kernel(floatX* __restrict__ logits,       // (N, Vp), in place
                                              const float* __restrict__ lse,     // (N)
                                              const int* __restrict__ targets,   // (N)
-                                             float dloss, int V, int Vp) {
+                                             float dloss, int V, int Vp, bool vec) {
+  using P = Vec<floatX>;
+  constexpr int K = kVec<floatX>;
   const int n = blockIdx.x;
   floatX* row = logits + size_t(n) * Vp;
   const int t = targets[n];
   const float l = lse[n];
-  for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
+  const int VV = vec && t >= 0 ? V / K : 0;               // vectors computed
+  const int VZ = vec && t >= 0 ? (V + K - 1) / K : 0;     // first all-zero vector
+  for (int i = threadIdx.x; i < VV; i += blockDim.x) {
+    P v = P::load(row + K * i);
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+      float d = expf(v.f(k) - l) * dloss;
+      if (K * i + k == t) d -= dloss;
+      v.set(k, d);
+    }
+    v.store(row + K * i);
+  }
+  const int end = vec ? K * VZ : Vp;
+  for (int i = K * VV + threadIdx.x; i < end; i += blockDim.x) {
     float d = 0.0f;
     if (t >= 0 && i < V) {
       d = expf(load_f(row[i]) - l) * dloss;
       if (i == t) d -= dloss;
     }
     row[i] = store_t<floatX>(d);
+  }
+  if (vec) {
+    P z;
+#pragma unroll
+    for (int k = 0; k < K; k++) z.set(k, 0.0f);
+    for (int i = VZ + threadIdx.x; i < Vp / K; i += blockDim.x) z.store(row + K * i);
   }
 }
 
@@ -75,8 +122,9 @@ long crossentropy_forward(float* losses, float* lse, const floatX* logits, const
                           int V, int Vp, cudaStream_t stream) {
   if (N <= 0) return 0;
   CUDA_CHECK(cudaMemsetAsync(valid_dev, 0, sizeof(int), stream));
+  const bool vec = Vp % kVec<floatX> == 0 && aligned16(logits);
   LAUNCH(crossentropy_forward_kernel<floatX>, N, kClassifierBlock, 0, stream, losses, lse, valid_dev, logits, targets,
-         V, Vp);
+         V, Vp, vec);
   CUDA_CHECK_LAUNCH();
   int valid = 0;
   CUDA_CHECK(cudaMemcpyAsync(&valid, valid_dev, sizeof(int), cudaMemcpyDeviceToHost, stream));
@@ -88,7 +136,9 @@ template <class floatX>
 void crossentropy_backward_inplace(floatX* logits, const float* lse, const int* targets, float dloss, int N, int V,
                                    int Vp, cudaStream_t stream) {
   if (N <= 0) return;
-  LAUNCH(crossentropy_backward_kernel<floatX>, N, kClassifierBlock, 0, stream, logits, lse, targets, dloss, V, Vp);
+  const bool vec = Vp % kVec<floatX> == 0 && aligned16(logits);
+  LAUNCH(crossentropy_backward_kernel<floatX>, N, kClassifierBlock, 0, stream, logits, lse, targets, dloss, V, Vp,
+         vec);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -125,6 +125,25 @@ assert n1 == n0 == 0
 record("crossentropy_forward", (l1, s1), (l0, s0))
 record("crossentropy_backward_inplace", *both("crossentropy_backward_inplace", logits, s0, targets, 1.0 / 7, V))
 
+
+# classifier rows of other widths: Vp a multiple of 8 with V not (16-byte vectors, a ragged tail up to V, padded
+# vectors written 0), V = Vp, rows wider than the block's 512 vectors, and Vp odd (rows not 16-byte aligned: one
+# value per access); targets include the last column and one in the ragged part
+def classifier_cases(ops, prefix):
+    for (Vc, Vpc, Nc) in ((101, 120, 7), (64, 64, 5), (5001, 5008, 3), (97, 99, 7)):
+        lg = f32(Nc, Vpc, scale=3.0)
+        tg = rng.integers(0, Vc, Nc).astype(np.int32)
+        tg[[0, 1, 2]] = (Vc - 1, Vc - 2, -1)
+        (l1, s1, n1), (l0, s0, n0) = ops.crossentropy_forward(lg, tg, Vc), cpu.crossentropy_forward(lg, tg, Vc)
+        assert n1 == n0 == Nc - 1, (n1, n0)
+        record(prefix + "crossentropy_forward", (l1, s1), (l0, s0))
+        args = (lg, s0, tg, 1.0 / 3, Vc)
+        record(prefix + "crossentropy_backward_inplace", ops.crossentropy_backward_inplace(*args),
+               cpu.crossentropy_backward_inplace(*args))
+
+
+classifier_cases(cuda, "")
+
 # global norm and AdamW
 p = f32(70001)
 s1, s0 = both("sum_squares", p)
@@ -154,5 +173,12 @@ args = (f32(N, 45), f32(45), f32(45), f32(N, 45), x5, w5, mean, rstd)
 record("layernorm_backward", cuda.layernorm_backward(*args), cpu.layernorm_backward(*args))
 args = (pw, gw, m0, v0, 1e-3, 0.9, 0.95, 1e-8, 0.1, 0.5, 1 - 0.9 ** 3, 1 - 0.95 ** 3)
 record("unaligned adamw", cuda_unaligned.adamw(*args), cpu.adamw(*args))
+l1, s1, _ = cuda_unaligned.crossentropy_forward(logits, targets, V)
+l0, s0, _ = cpu.crossentropy_forward(logits, targets, V)
+record("unaligned crossentropy_forward", (l1, s1), (l0, s0))
+args = (logits, s0, targets, 1.0 / 7, V)
+record("unaligned crossentropy_backward_inplace", cuda_unaligned.crossentropy_backward_inplace(*args),
+       cpu.crossentropy_backward_inplace(*args))
+classifier_cases(cuda_unaligned, "unaligned ")
 
 print(json.dumps(errors))
