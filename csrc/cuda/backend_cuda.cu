@@ -1,11 +1,12 @@
-// The CUDA backend: gpt2::Backend<float> over the kernels of csrc/cuda/*.cuh and the matmul seam.
+// The CUDA backend: gpt2::Backend<float> and Backend<bf16> over the kernels of csrc/cuda/*.cuh and the library seams.
 // The same source compiles with nvcc (into gpt2core._C) and with g++ against csrc/emu (the test-only
 // emulated module), where "device memory" is host memory and kernels run on fibers.
 //
 // Memory: every buffer the model allocates (parameters, gradients, AdamW moments, activations) is CUDA
 // managed memory, so the numpy views the Python layer keeps over parameters and gradients stay valid on
 // the host; kernels run on one stream, and every op after which the model may hand control back to
-// Python (zero, encoder_backward, adamw, the ops that return values) synchronises that stream.
+// Python (zero_grad, encoder_backward, adamw, the ops that return values) synchronises that stream; the
+// activation-scratch clears inside backward do not.
 // Out-of-memory is checked before allocating and reported with the size asked for.
 #include "cuda/backend_cuda.h"
 
@@ -130,8 +131,15 @@ class CudaBackend final : public Backend<T> {
   void free_master(float* p) override { release(p); }
   int32_t* alloc_i32(size_t n) override { return static_cast<int32_t*>(alloc_bytes(n * sizeof(int32_t))); }
   void free_i32(int32_t* p) override { release(p); }
-  void zero(T* p, size_t n) override { zero_bytes(p, n * sizeof(T)); }
-  void zero_master(float* p, size_t n) override { zero_bytes(p, n * sizeof(float)); }
+  // activation scratch, cleared between ops inside backward: stream-ordered, no host sync
+  void zero(T* p, size_t n) override {
+    if (n) CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(T), stream_));
+  }
+  // gradients (zero_grad): synchronised, since the host may read them through numpy views next
+  void zero_master(float* p, size_t n) override {
+    if (n) CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream_));
+    sync();
+  }
   void to_device_i32(int32_t* dst, const int32_t* src, size_t n) override {
     if (n) CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice));
   }
@@ -376,10 +384,6 @@ class CudaBackend final : public Backend<T> {
   }
 
   void sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-  void zero_bytes(void* p, size_t bytes) {
-    if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
-    sync();  // zero_grad may be followed by host reads of the gradients
-  }
 
   static constexpr const char* kOomHint = "; try a smaller micro-batch (B) or sequence length (T), or --recompute-gelu";
   void* alloc_bytes(size_t bytes) {
