@@ -178,15 +178,7 @@ cudaError_t matmul(const MatmulParams& p) {
     t_last_error = "GELU backward epilogue with accumulation is not supported by cuBLASLt";
     return cudaErrorNotSupported;
   }
-  try {
-    matmul_impl(p);
-  } catch (const std::exception& e) {
-    t_last_error = e.what();
-    return cudaErrorUnknown;
-  }
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) t_last_error = cudaGetErrorString(e);
-  return e;
+  return run_guarded(t_last_error, [&] { matmul_impl(p); });
 }
 
 }  // namespace gpt2core::seams

@@ -311,19 +311,6 @@ cudaError_t check_args(int B, int T, int NH, int HS, DType dtype, bool any_null,
   return cudaSuccess;
 }
 
-template <class F>
-cudaError_t run_guarded(F f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    t_last_error = e.what();
-    return cudaErrorUnknown;
-  }
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) t_last_error = cudaGetErrorString(e);
-  return e;
-}
-
 }  // namespace
 
 cudaError_t attention_forward(const AttentionForwardParams& p) {
@@ -333,7 +320,7 @@ cudaError_t attention_forward(const AttentionForwardParams& p) {
   const cudaError_t e =
       check_args(p.B, p.T, p.NH, p.HS, p.dtype, !p.out || !p.stats || !p.qkv, misaligned, &empty);
   if (e != cudaSuccess || empty) return e;
-  return run_guarded([&] { forward_impl(p); });
+  return run_guarded(t_last_error, [&] { forward_impl(p); });
 }
 
 cudaError_t attention_backward(const AttentionBackwardParams& p) {
@@ -344,7 +331,7 @@ cudaError_t attention_backward(const AttentionBackwardParams& p) {
   const cudaError_t e = check_args(p.B, p.T, p.NH, p.HS, p.dtype,
                                    !p.dqkv || !p.dout || !p.qkv || !p.out || !p.stats, misaligned, &empty);
   if (e != cudaSuccess || empty) return e;
-  return run_guarded([&] { backward_impl(p); });
+  return run_guarded(t_last_error, [&] { backward_impl(p); });
 }
 
 }  // namespace gpt2core::seams
