@@ -97,8 +97,8 @@ class CudaBackend final : public Backend<T> {
     // auto: cuDNN's fused attention for bf16 models on a GPU when it is compiled in and agrees with our flash
     // kernel on a small problem (checked here, once); our flash kernel otherwise. An explicit 'cudnn' must pass
     // the same check or the backend refuses to start.
-    const bool want_cudnn = attention_ == Attention::Cudnn || (att.empty() || att == "auto");
-    if (want_cudnn && (attention_ == Attention::Cudnn || (kIsBF16<K> && !GPT2CORE_EMU))) {
+    const bool auto_mode = att.empty() || att == "auto";
+    if (attention_ == Attention::Cudnn || (auto_mode && kIsBF16<K> && !GPT2CORE_EMU)) {
       const std::string why = check_cudnn_attention();
       if (why.empty()) {
         attention_ = Attention::Cudnn;
