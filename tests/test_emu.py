@@ -118,6 +118,16 @@ def test_launch_trace_lists_every_kernel(emu_build, tmp_path):
     assert lines[1:] == ["row_sum_kernel"] * 3 + ["row_sum_2d_kernel", "barrier_pred_kernel", "coords_kernel"]
 
 
+def test_captured_kernels_are_traced_when_a_graph_runs_them(emu_build, tmp_path):
+    """A captured kernel is traced when a graph launch runs it, not when it is captured: graph_capture
+    captures square_accumulate_kernel once and replays it 3 times, and trap_kernel once, replayed once."""
+    trace = tmp_path / "trace.txt"
+    _assert_ok(_run(emu_build, "graph_capture", "fwd", GPT2CORE_EMU_TRACE=str(trace)), "traced graph_capture")
+    lines = trace.read_text().splitlines()
+    assert lines.count("square_accumulate_kernel") == 3
+    assert lines.count("trap_kernel") == 1
+
+
 def test_bad_schedule_falls_back_to_fwd_with_a_warning(emu_build):
     proc = _run(emu_build, "block_reduce", "sideways")
     _assert_ok(proc, "bad schedule")

@@ -27,6 +27,8 @@
 //   trace       GPT2CORE_EMU_TRACE=<file> appends each launched kernel's name, one per line.
 //   memory      cudaMalloc'd memory starts as NaN bytes (0xFF); cudaMemcpy etc. are plain copies;
 //               streams and events exist but everything runs synchronously.
+//   graphs      a capturing stream records its work (enqueue below) instead of running it;
+//               cudaGraphLaunch replays it. Host synchronisation during capture is refused (graph.cpp).
 #pragma once
 
 #if defined(__CUDACC__)
@@ -47,6 +49,8 @@
 
 #include <cmath>
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -85,6 +89,9 @@ struct KernelLaunch {
   cudaStream_t stream;
   void (*invoke)(void* ctx);  // runs the kernel body for the current fiber
   void* ctx;
+  // A heap copy of *ctx (the kernel and its arguments), for a launch recorded by stream capture:
+  // CUDA copies kernel parameters when the launch is captured, not when the graph runs.
+  std::shared_ptr<void> (*copy_ctx)(const void* ctx);
 };
 cudaError_t launch_kernel(const KernelLaunch& l);
 
@@ -117,16 +124,28 @@ cudaError_t launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block
                            auto copy = x->args;  // by-value parameters: one copy per CUDA thread
                            std::apply(x->k, copy);
                          },
-                         &ctx};
+                         &ctx,
+                         [](const void* c) -> std::shared_ptr<void> {
+                           return std::make_shared<Ctx>(*static_cast<const Ctx*>(c));
+                         }};
   return detail::launch_kernel(l);
 }
+
+// Stream-ordered host work, as the library seams (seams_cpu.cpp) and the async copies do it: runs
+// `work` now and returns its result, unless `stream` is capturing, in which case `work` becomes a graph
+// node (so it must hold copies of what it needs, not references) run by each cudaGraphLaunch.
+// Refused with cudaErrorStreamCaptureImplicit (and the capture invalidated) when `stream` is the
+// legacy default stream while this thread captures. `what` names the work in messages.
+cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<cudaError_t()> work);
 
 // Detailed message of the last kernel failure on this host thread ("" if none).
 const char* last_error_message();
 // Overrides GPT2CORE_EMU_SCHED for later launches: "fwd", "rev" or "random:<seed>".
 void set_schedule(const char* spec);
-// Number of kernel launches so far in this process.
+// Number of kernel launches so far in this process (a captured launch counts when a graph runs it).
 unsigned long long launch_count();
+// Number of graph launches (cudaGraphLaunch replays) so far in this process.
+unsigned long long graph_launch_count();
 
 }  // namespace gpt2emu
 

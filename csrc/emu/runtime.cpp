@@ -819,16 +819,10 @@ void api_set_max_dyn_smem(const void* func, int bytes) {
   h.max_dyn_smem[func] = bytes;
 }
 
-cudaError_t launch_kernel(const KernelLaunch& L) {
-  std::lock_guard<std::mutex> launch_lock(g_launch_mutex);
-  Schedule sched;
-  {
-    std::lock_guard<std::mutex> lock(g_config_mutex);
-    read_config_locked();
-    sched = g_sched;
-  }
-  const unsigned long long id = g_launches.fetch_add(1);
-  trace(L.name);
+namespace {
+
+// The launch configuration checks CUDA makes when a kernel is launched (or captured).
+cudaError_t check_launch(const KernelLaunch& L) {
   char buf[512];
   const uint64_t nthr = uint64_t(L.block.x) * L.block.y * L.block.z;
   if (L.block.x == 0 || L.block.y == 0 || L.block.z == 0 || L.block.x > 1024 || L.block.y > 1024 ||
@@ -838,25 +832,37 @@ cudaError_t launch_kernel(const KernelLaunch& L) {
              L.grid.x, L.grid.y, L.grid.z, L.block.x, L.block.y, L.block.z);
     return set_error(cudaErrorInvalidConfiguration, buf);
   }
-  {
-    HostState& h = host();
-    std::lock_guard<std::mutex> lock(h.m);
-    int limit = kSharedPerBlock;
-    auto it = h.max_dyn_smem.find(L.func);
-    if (it != h.max_dyn_smem.end()) limit = it->second;
-    if (L.smem > static_cast<size_t>(limit)) {
-      snprintf(buf, sizeof buf,
-               "kernel '%s': %zu bytes of dynamic shared memory exceed the %d allowed (above 48 KiB needs "
-               "cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize))",
-               L.name, L.smem, limit);
-      return set_error(cudaErrorInvalidValue, buf);
-    }
-    const void* s = L.stream;
-    if (s != nullptr && s != cudaStreamLegacy && s != cudaStreamPerThread && !h.streams.count(s)) {
-      snprintf(buf, sizeof buf, "kernel '%s': launched on a stream that does not exist", L.name);
-      return set_error(cudaErrorInvalidResourceHandle, buf);
-    }
+  HostState& h = host();
+  std::lock_guard<std::mutex> lock(h.m);
+  int limit = kSharedPerBlock;
+  auto it = h.max_dyn_smem.find(L.func);
+  if (it != h.max_dyn_smem.end()) limit = it->second;
+  if (L.smem > static_cast<size_t>(limit)) {
+    snprintf(buf, sizeof buf,
+             "kernel '%s': %zu bytes of dynamic shared memory exceed the %d allowed (above 48 KiB needs "
+             "cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize))",
+             L.name, L.smem, limit);
+    return set_error(cudaErrorInvalidValue, buf);
   }
+  const void* s = L.stream;
+  if (s != nullptr && s != cudaStreamLegacy && s != cudaStreamPerThread && !h.streams.count(s)) {
+    snprintf(buf, sizeof buf, "kernel '%s': launched on a stream that does not exist", L.name);
+    return set_error(cudaErrorInvalidResourceHandle, buf);
+  }
+  return cudaSuccess;
+}
+
+// Runs the grid now: counted and traced here, so a captured launch counts each time a graph runs it.
+cudaError_t run_kernel(const KernelLaunch& L) {
+  std::lock_guard<std::mutex> launch_lock(g_launch_mutex);
+  Schedule sched;
+  {
+    std::lock_guard<std::mutex> lock(g_config_mutex);
+    read_config_locked();
+    sched = g_sched;
+  }
+  const unsigned long long id = g_launches.fetch_add(1);
+  trace(L.name);
   Job job;
   job.L = &L;
   job.sched = sched;
@@ -880,6 +886,22 @@ cudaError_t launch_kernel(const KernelLaunch& L) {
   }
   if (job.failed) return set_error(cudaErrorLaunchFailure, job.err);
   return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t launch_kernel(const KernelLaunch& L) {
+  if (const cudaError_t e = check_launch(L); e != cudaSuccess) {
+    // A bad launch into a capturing stream invalidates the capture, as on CUDA.
+    return stream_capturing(L.stream) ? refuse_in_capture(L.stream, e, t_last_message) : e;
+  }
+  if (!capture_active()) return run_kernel(L);
+  // Some stream captures, perhaps this one: copy the arguments now, as CUDA does for a captured launch.
+  KernelLaunch node = L;
+  std::shared_ptr<void> args = L.copy_ctx(L.ctx);
+  node.ctx = args.get();
+  const std::string what = std::string("kernel '") + L.name + "'";
+  return enqueue(L.stream, what.c_str(), [node, args] { return run_kernel(node); });
 }
 
 }  // namespace detail

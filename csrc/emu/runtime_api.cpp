@@ -1,6 +1,9 @@
 // runtime_api.cpp: the CUDA runtime API subset the project uses, against NVIDIA's declarations in
 // cuda_runtime_api.h, for the emulated device. Memory is host memory; everything is synchronous.
 // Fresh device allocations are filled with 0xFF bytes (NaN for fp32, bf16 and fp16).
+// Stream-ordered calls (async copies and memsets, event records) go through gpt2emu::enqueue, so a
+// capturing stream records them; allocations, frees and host synchronisations check the capture
+// rules first (graph.cpp).
 #include "emu/cuda_emu.h"
 #include "emu/runtime_internal.h"
 
@@ -9,8 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
-#include <set>
 #include <string>
 #include <unordered_map>
 
@@ -19,7 +22,7 @@ namespace {
 struct ApiState {
   std::mutex m;
   std::unordered_map<const void*, size_t> device_allocs;
-  std::set<const void*> host_allocs;
+  std::map<const char*, size_t> host_allocs;  // pinned memory (cudaMallocHost), by base address
   std::unordered_map<const void*, double> events;  // recorded time in ms (or -1)
   int device = 0;
 };
@@ -43,6 +46,11 @@ void* aligned_block(size_t size) {
 
 cudaError_t fail(cudaError_t e, const char* msg) { return gpt2emu::detail::api_set_error(e, msg); }
 
+// Reasons completing "<call> during stream capture (<why>)".
+constexpr const char* kAllocates = "an allocation inside the captured region: allocate before capturing";
+constexpr const char* kFrees = "a free synchronises the device: free after capturing";
+constexpr const char* kSynchronises = "a host synchronisation inside the captured region";
+
 // A device pointer argument must point into a live allocation with `n` bytes from it.
 bool device_range_ok(const void* p, size_t n) {
   if (n == 0) return true;
@@ -56,11 +64,36 @@ bool device_range_ok(const void* p, size_t n) {
   return false;
 }
 
+// Whether [p, p + n) lies inside pinned host memory from cudaMallocHost / cudaHostAlloc.
+bool pinned_range_ok(const void* p, size_t n) {
+  ApiState& s = st();
+  std::lock_guard<std::mutex> lock(s.m);
+  const char* c = static_cast<const char*>(p);
+  auto it = s.host_allocs.upper_bound(c);  // the first allocation above p; the one before may hold it
+  if (it == s.host_allocs.begin()) return false;
+  --it;
+  return c + n <= it->first + it->second;
+}
+
+// The checks cudaMemcpy and cudaMemcpyAsync share: pointers, and device sides inside allocations.
+cudaError_t check_memcpy(const char* call, void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+  const std::string c = call;
+  if (count && (!dst || !src)) return fail(cudaErrorInvalidValue, (c + ": null pointer").c_str());
+  const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (dst_dev && !device_range_ok(dst, count))
+    return fail(cudaErrorInvalidValue, (c + ": destination is not inside a device allocation").c_str());
+  if (src_dev && !device_range_ok(src, count))
+    return fail(cudaErrorInvalidValue, (c + ": source is not inside a device allocation").c_str());
+  return cudaSuccess;
+}
+
 }  // namespace
 
 extern "C" {
 
 cudaError_t cudaMalloc(void** p, size_t size) {
+  if (const cudaError_t e = gpt2emu::detail::refuse_unsafe_call("cudaMalloc", kAllocates); e != cudaSuccess) return e;
   if (!p) return fail(cudaErrorInvalidValue, "cudaMalloc: null output pointer");
   void* m = aligned_block(size);
   if (!m) return fail(cudaErrorMemoryAllocation, "cudaMalloc: out of memory");
@@ -74,9 +107,14 @@ cudaError_t cudaMalloc(void** p, size_t size) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMallocManaged(void** p, size_t size, unsigned int) { return cudaMalloc(p, size); }
+cudaError_t cudaMallocManaged(void** p, size_t size, unsigned int) {
+  if (const cudaError_t e = gpt2emu::detail::refuse_unsafe_call("cudaMallocManaged", kAllocates); e != cudaSuccess)
+    return e;
+  return cudaMalloc(p, size);
+}
 
 cudaError_t cudaFree(void* p) {
+  if (const cudaError_t e = gpt2emu::detail::refuse_unsafe_call("cudaFree", kFrees); e != cudaSuccess) return e;
   if (!p) return cudaSuccess;
   {
     ApiState& s = st();
@@ -88,6 +126,8 @@ cudaError_t cudaFree(void* p) {
 }
 
 cudaError_t cudaMallocHost(void** p, size_t size) {
+  if (const cudaError_t e = gpt2emu::detail::refuse_unsafe_call("cudaMallocHost", kAllocates); e != cudaSuccess)
+    return e;
   if (!p) return fail(cudaErrorInvalidValue, "cudaMallocHost: null output pointer");
   void* m = aligned_block(size);
   if (!m) return fail(cudaErrorMemoryAllocation, "cudaMallocHost: out of memory");
@@ -95,62 +135,98 @@ cudaError_t cudaMallocHost(void** p, size_t size) {
   {
     ApiState& s = st();
     std::lock_guard<std::mutex> lock(s.m);
-    s.host_allocs.insert(m);
+    s.host_allocs[static_cast<const char*>(m)] = size;
   }
   *p = m;
   return cudaSuccess;
 }
 
-cudaError_t cudaHostAlloc(void** p, size_t size, unsigned int) { return cudaMallocHost(p, size); }
+cudaError_t cudaHostAlloc(void** p, size_t size, unsigned int) {
+  if (const cudaError_t e = gpt2emu::detail::refuse_unsafe_call("cudaHostAlloc", kAllocates); e != cudaSuccess)
+    return e;
+  return cudaMallocHost(p, size);
+}
 
 cudaError_t cudaFreeHost(void* p) {
+  if (const cudaError_t e = gpt2emu::detail::refuse_unsafe_call("cudaFreeHost", kFrees); e != cudaSuccess) return e;
   if (!p) return cudaSuccess;
   {
     ApiState& s = st();
     std::lock_guard<std::mutex> lock(s.m);
-    if (!s.host_allocs.erase(p)) return fail(cudaErrorInvalidValue, "cudaFreeHost: not a pointer from cudaMallocHost");
+    if (!s.host_allocs.erase(static_cast<const char*>(p)))
+      return fail(cudaErrorInvalidValue, "cudaFreeHost: not a pointer from cudaMallocHost");
   }
   free(p);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
-  if (count && (!dst || !src)) return fail(cudaErrorInvalidValue, "cudaMemcpy: null pointer");
-  const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
-  const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  if (dst_dev && !device_range_ok(dst, count))
-    return fail(cudaErrorInvalidValue, "cudaMemcpy: destination is not inside a device allocation");
-  if (src_dev && !device_range_ok(src, count))
-    return fail(cudaErrorInvalidValue, "cudaMemcpy: source is not inside a device allocation");
+  if (const cudaError_t e = gpt2emu::detail::refuse_unsafe_call("cudaMemcpy", kSynchronises); e != cudaSuccess)
+    return e;
+  if (const cudaError_t e = check_memcpy("cudaMemcpy", dst, src, count, kind); e != cudaSuccess) return e;
   if (count) memmove(dst, src, count);
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, count, kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream) {
+  const bool capturing = gpt2emu::detail::stream_capturing(stream);
+  if (const cudaError_t e = check_memcpy("cudaMemcpyAsync", dst, src, count, kind); e != cudaSuccess)
+    return capturing ? gpt2emu::detail::refuse_in_capture(stream, e, gpt2emu::last_error_message()) : e;
+  // A graph copies from / to fixed addresses at each launch: CUDA accepts only device and pinned memory.
+  for (const void* p : {static_cast<const void*>(dst), src}) {
+    if (capturing && count && !device_range_ok(p, count) && !pinned_range_ok(p, count))
+      return gpt2emu::detail::refuse_in_capture(
+          stream, cudaErrorStreamCaptureUnsupported,
+          "cudaMemcpyAsync of pageable host memory during stream capture (only pinned memory from "
+          "cudaMallocHost / cudaHostAlloc can be captured)");
+  }
+  return gpt2emu::enqueue(stream, "cudaMemcpyAsync", [=] {
+    if (count) memmove(dst, src, count);
+    return cudaSuccess;
+  });
 }
 
 cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
                          enum cudaMemcpyKind) {
+  if (const cudaError_t e = gpt2emu::detail::refuse_unsafe_call("cudaMemcpy2D", kSynchronises); e != cudaSuccess)
+    return e;
   for (size_t r = 0; r < height; ++r)
     memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void* p, int value, size_t count) {
+  if (const cudaError_t e = gpt2emu::detail::refuse_unsafe_call("cudaMemset", kSynchronises); e != cudaSuccess)
+    return e;
   if (!device_range_ok(p, count)) return fail(cudaErrorInvalidValue, "cudaMemset: not inside a device allocation");
   if (count) memset(p, value, count);
   return cudaSuccess;
 }
 
-cudaError_t cudaMemsetAsync(void* p, int value, size_t count, cudaStream_t) { return cudaMemset(p, value, count); }
+cudaError_t cudaMemsetAsync(void* p, int value, size_t count, cudaStream_t stream) {
+  if (!device_range_ok(p, count)) {
+    const char* msg = "cudaMemsetAsync: not inside a device allocation";
+    return gpt2emu::detail::stream_capturing(stream)
+               ? gpt2emu::detail::refuse_in_capture(stream, cudaErrorInvalidValue, msg)
+               : fail(cudaErrorInvalidValue, msg);
+  }
+  return gpt2emu::enqueue(stream, "cudaMemsetAsync", [=] {
+    if (count) memset(p, value, count);
+    return cudaSuccess;
+  });
+}
 
 cudaError_t cudaMemcpyToSymbol(const void* symbol, const void* src, size_t count, size_t offset, enum cudaMemcpyKind) {
+  if (const cudaError_t e = gpt2emu::detail::refuse_unsafe_call("cudaMemcpyToSymbol", kSynchronises); e != cudaSuccess)
+    return e;
   memcpy(const_cast<char*>(static_cast<const char*>(symbol)) + offset, src, count);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyFromSymbol(void* dst, const void* symbol, size_t count, size_t offset, enum cudaMemcpyKind) {
+  if (const cudaError_t e = gpt2emu::detail::refuse_unsafe_call("cudaMemcpyFromSymbol", kSynchronises);
+      e != cudaSuccess)
+    return e;
   memcpy(dst, static_cast<const char*>(symbol) + offset, count);
   return cudaSuccess;
 }
@@ -167,7 +243,7 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   return cudaSuccess;
 }
 
-// ---- streams and events (all work is already done when a call returns)
+// ---- streams and events (all work is already done when a call returns, unless a stream captures it)
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
   if (!s) return fail(cudaErrorInvalidValue, "cudaStreamCreate: null output pointer");
   *s = reinterpret_cast<cudaStream_t>(new char[1]);
@@ -178,13 +254,25 @@ cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (!gpt2emu::detail::api_register_stream(s, false))
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: not a stream");
+  gpt2emu::detail::capture_forget_stream(s);
   delete[] reinterpret_cast<char*>(s);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return gpt2emu::detail::api_take_error(); }
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return gpt2emu::detail::api_take_error(); }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (const cudaError_t e = gpt2emu::detail::refuse_stream_wait(s, "cudaStreamSynchronize"); e != cudaSuccess) return e;
+  return gpt2emu::detail::api_take_error();
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) { return gpt2emu::detail::refuse_stream_wait(s, "cudaStreamQuery"); }
+// Work runs in stream order anyway; through enqueue for the capture rules (legacy stream, invalidated capture).
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t, unsigned int) {
+  return gpt2emu::enqueue(s, "cudaStreamWaitEvent", [] { return cudaSuccess; });
+}
+cudaError_t cudaDeviceSynchronize(void) {
+  if (const cudaError_t e = gpt2emu::detail::refuse_unsafe_call("cudaDeviceSynchronize", kSynchronises);
+      e != cudaSuccess)
+    return e;
+  return gpt2emu::detail::api_take_error();
+}
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
   if (!e) return fail(cudaErrorInvalidValue, "cudaEventCreate: null output pointer");
@@ -204,16 +292,24 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete[] reinterpret_cast<char*>(e);
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-  ApiState& s = st();
-  std::lock_guard<std::mutex> lock(s.m);
-  auto it = s.events.find(e);
-  if (it == s.events.end()) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: not an event");
-  it->second = now_ms();
-  return cudaSuccess;
+// Takes the time when the stream reaches it: now, or at each launch of a graph that captured it.
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
+  return gpt2emu::enqueue(stream, "cudaEventRecord", [e] {
+    ApiState& s = st();
+    std::lock_guard<std::mutex> lock(s.m);
+    auto it = s.events.find(e);
+    if (it == s.events.end()) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: not an event");
+    it->second = now_ms();
+    return cudaSuccess;
+  });
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return gpt2emu::detail::api_take_error(); }
-cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) {
+  if (const cudaError_t e = gpt2emu::detail::refuse_unsafe_call("cudaEventSynchronize", kSynchronises);
+      e != cudaSuccess)
+    return e;
+  return gpt2emu::detail::api_take_error();
+}
+cudaError_t cudaEventQuery(cudaEvent_t) { return gpt2emu::detail::refuse_unsafe_call("cudaEventQuery", kSynchronises); }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
   ApiState& s = st();
   std::lock_guard<std::mutex> lock(s.m);
@@ -239,6 +335,11 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     default: return "cudaErrorUnknown";
   }
 }
@@ -255,6 +356,13 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorNotSupported: return "operation not supported";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorStreamCaptureWrongThread:
+      return "attempt to terminate a thread-local capture sequence from another thread";
     default: return "unknown error (emulated device)";
   }
 }

@@ -5,6 +5,10 @@
 // attention:  causal softmax attention in fp32 (forward saves the logsumexp per row; backward uses it,
 //             with D_t = dout_t . out_t as the fused kernels do).
 // collectives: one rank only, so they are copies.
+//
+// Each call checks its arguments, then hands the work, holding a copy of the params, to
+// gpt2emu::enqueue: it runs now, or becomes a graph node when the stream is capturing.
+#include "emu/cuda_emu.h"  // before any NVIDIA header (it defines __shared__ first)
 #include "emu/seams.h"
 
 #include <cuda_bf16.h>
@@ -55,10 +59,7 @@ void parallel_rows(int n, double work, F f) {
   for (auto& t : ts) t.join();
 }
 
-}  // namespace
-
-cudaError_t matmul(const MatmulParams& p) {
-  if (const cudaError_t e = validate_matmul(p); e != cudaSuccess) return e;
+cudaError_t run_matmul(const MatmulParams& p) {
   if (p.m == 0 || p.n == 0) return cudaSuccess;
   const int m = p.m, n = p.n, k = p.k;
   std::vector<float> af(size_t(m) * k), bt(size_t(n) * k);  // op(A) row-major, op(B)^T row-major
@@ -104,10 +105,8 @@ cudaError_t matmul(const MatmulParams& p) {
   return cudaSuccess;
 }
 
-cudaError_t attention_forward(const AttentionForwardParams& p) {
-  if (p.B < 0 || p.T < 0 || p.NH < 0 || p.HS < 0) return cudaErrorInvalidValue;
+cudaError_t run_attention_forward(const AttentionForwardParams& p) {
   if (size_t(p.B) * p.T * p.NH * p.HS == 0) return cudaSuccess;
-  if (!p.out || !p.stats || !p.qkv) return cudaErrorInvalidValue;
   const int T = p.T, NH = p.NH, HS = p.HS, C = NH * HS;
   parallel_rows(p.B * NH, double(p.B) * NH * T * T * HS, [&](int lo, int hi) {
     std::vector<float> q(HS), s(T), o(HS);
@@ -142,10 +141,8 @@ cudaError_t attention_forward(const AttentionForwardParams& p) {
   return cudaSuccess;
 }
 
-cudaError_t attention_backward(const AttentionBackwardParams& p) {
-  if (p.B < 0 || p.T < 0 || p.NH < 0 || p.HS < 0) return cudaErrorInvalidValue;
+cudaError_t run_attention_backward(const AttentionBackwardParams& p) {
   if (size_t(p.B) * p.T * p.NH * p.HS == 0) return cudaSuccess;
-  if (!p.dqkv || !p.dout || !p.qkv || !p.out || !p.stats) return cudaErrorInvalidValue;
   const int T = p.T, NH = p.NH, HS = p.HS, C = NH * HS;
   parallel_rows(p.B * NH, double(p.B) * NH * T * T * HS * 2, [&](int lo, int hi) {
     std::vector<float> g(size_t(T) * 3 * HS);  // fp32 gradient of (q, k, v) for one (b, h)
@@ -192,6 +189,40 @@ cudaError_t attention_backward(const AttentionBackwardParams& p) {
   return cudaSuccess;
 }
 
+bool attention_shape_ok(int B, int T, int NH, int HS) { return B >= 0 && T >= 0 && NH >= 0 && HS >= 0; }
+bool attention_empty(int B, int T, int NH, int HS) { return size_t(B) * T * NH * HS == 0; }
+
+// One rank: every collective copies `in` to `out` (sum or mean over one rank), stream-ordered.
+cudaError_t copy_collective(const char* what, Comm* comm, void* out, const void* in, size_t count, DType dtype,
+                            cudaStream_t stream) {
+  if (!comm || (count && (!out || !in))) return cudaErrorInvalidValue;
+  const size_t bytes = count * dtype_size(dtype);
+  return gpt2emu::enqueue(stream, what, [=] {
+    if (out != in && bytes) memmove(out, in, bytes);
+    return cudaSuccess;
+  });
+}
+
+}  // namespace
+
+cudaError_t matmul(const MatmulParams& p) {
+  if (const cudaError_t e = validate_matmul(p); e != cudaSuccess) return e;
+  return gpt2emu::enqueue(p.stream, "matmul", [p] { return run_matmul(p); });
+}
+
+cudaError_t attention_forward(const AttentionForwardParams& p) {
+  if (!attention_shape_ok(p.B, p.T, p.NH, p.HS)) return cudaErrorInvalidValue;
+  if (!attention_empty(p.B, p.T, p.NH, p.HS) && (!p.out || !p.stats || !p.qkv)) return cudaErrorInvalidValue;
+  return gpt2emu::enqueue(p.stream, "attention_forward", [p] { return run_attention_forward(p); });
+}
+
+cudaError_t attention_backward(const AttentionBackwardParams& p) {
+  if (!attention_shape_ok(p.B, p.T, p.NH, p.HS)) return cudaErrorInvalidValue;
+  if (!attention_empty(p.B, p.T, p.NH, p.HS) && (!p.dqkv || !p.dout || !p.qkv || !p.out || !p.stats))
+    return cudaErrorInvalidValue;
+  return gpt2emu::enqueue(p.stream, "attention_backward", [p] { return run_attention_backward(p); });
+}
+
 // ---------------------------------------------------------------------------------------- collectives
 struct Comm {
   int rank = 0, world = 1;
@@ -218,23 +249,18 @@ cudaError_t comm_destroy(Comm* comm) {
 int comm_rank(const Comm* comm) { return comm ? comm->rank : 0; }
 int comm_world(const Comm* comm) { return comm ? comm->world : 1; }
 
-cudaError_t all_reduce(Comm* comm, void* out, const void* in, size_t count, DType dtype, ReduceOp, cudaStream_t) {
-  if (!comm || (count && (!out || !in))) return cudaErrorInvalidValue;
-  if (out != in && count) memmove(out, in, count * dtype_size(dtype));  // sum or mean over one rank
-  return cudaSuccess;
+cudaError_t all_reduce(Comm* comm, void* out, const void* in, size_t count, DType dtype, ReduceOp,
+                       cudaStream_t stream) {
+  return copy_collective("all_reduce", comm, out, in, count, dtype, stream);
 }
 
 cudaError_t reduce_scatter(Comm* comm, void* out, const void* in, size_t count, DType dtype, ReduceOp,
-                           cudaStream_t) {
-  if (!comm || (count && (!out || !in))) return cudaErrorInvalidValue;
-  if (out != in && count) memmove(out, in, count * dtype_size(dtype));
-  return cudaSuccess;
+                           cudaStream_t stream) {
+  return copy_collective("reduce_scatter", comm, out, in, count, dtype, stream);
 }
 
-cudaError_t all_gather(Comm* comm, void* out, const void* in, size_t count, DType dtype, cudaStream_t) {
-  if (!comm || (count && (!out || !in))) return cudaErrorInvalidValue;
-  if (out != in && count) memmove(out, in, count * dtype_size(dtype));
-  return cudaSuccess;
+cudaError_t all_gather(Comm* comm, void* out, const void* in, size_t count, DType dtype, cudaStream_t stream) {
+  return copy_collective("all_gather", comm, out, in, count, dtype, stream);
 }
 
 }  // namespace gpt2core::seams
