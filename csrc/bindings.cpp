@@ -203,6 +203,27 @@ void bind_model(py::module_& m, const char* cls_name) {
            py::arg("grad_scale") = 1.0f, py::arg("report_grads") = false,
            "Accumulate gradients of grad_scale * loss into grads(). report_grads: call the grad-ready hook "
            "(set_grad_ready_hook) as groups of gradients become final.")
+      .def("forward_backward",
+           [](M& self, py::object idx, py::object targets, float grad_scale) {
+             const auto& c = self.config();
+             auto x = check_tokens(idx, "idx", -1, -1, false, c.vocab_size, c.max_seq_len);
+             const int B = int(x.shape(0)), Tn = int(x.shape(1));
+             auto y = check_tokens(targets, "targets", B, Tn, true, c.vocab_size, c.max_seq_len);
+             if (!std::isfinite(grad_scale)) throw py::value_error("grad_scale must be finite");
+             py::gil_scoped_release nogil;
+             self.forward_backward(x.data(), y.data(), B, Tn, grad_scale);
+           },
+           py::arg("idx"), py::arg("targets"), py::arg("grad_scale") = 1.0f,
+           "One training micro-step: forward(idx, targets) and backward(grad_scale) with no host round trip; "
+           "grad_scale * mean loss is added to a device-side sum that take_loss() returns. With cuda_graphs on, "
+           "replayed from a CUDA graph after the first two calls for a shape. The GPU may still be working when "
+           "it returns: grad_norm(), adamw_update() and take_loss() wait for it.")
+      .def("take_loss", [](M& self) { py::gil_scoped_release nogil; return self.take_loss(); },
+           "The loss summed by forward_backward since the last call (0.0 if none); resets the sum.")
+      .def_property("cuda_graphs", &M::graphs, &M::set_graphs,
+                    "Capture forward_backward's ops in a CUDA graph and replay it (CUDA backend; ignored elsewhere).")
+      .def_property_readonly("graph_captures", &M::graph_captures, "CUDA graphs recorded so far.")
+      .def_property_readonly("graph_replays", &M::graph_replays, "CUDA graph launches so far.")
       .def("set_grad_ready_hook",
            [](M& self, py::object fn) {
              if (fn.is_none()) {
@@ -238,6 +259,20 @@ void bind_model(py::module_& m, const char* cls_name) {
            py::arg("weight_decay") = 0.1f, py::arg("step"), py::arg("grad_scale") = 1.0f,
            "AdamW over all parameters; weight decay on 2-D tensors only; grads are multiplied by grad_scale "
            "(gradient clipping folds in here).")
+      .def("optimizer_step",
+           [](M& self, float lr, float beta1, float beta2, float eps, float weight_decay, int step, double grad_clip) {
+             if (!(lr >= 0)) throw py::value_error("lr must be >= 0");
+             if (!(grad_clip >= 0) || !std::isfinite(grad_clip))
+               throw py::value_error("grad_clip must be finite and >= 0");
+             if (step < 1) throw py::value_error("step counts from 1");
+             py::gil_scoped_release nogil;
+             return self.optimizer_step(lr, beta1, beta2, eps, weight_decay, step, grad_clip);
+           },
+           py::arg("lr"), py::arg("beta1") = 0.9f, py::arg("beta2") = 0.95f, py::arg("eps") = 1e-8f,
+           py::arg("weight_decay") = 0.1f, py::arg("step"), py::arg("grad_clip") = 1.0,
+           "One optimizer step in the backend: the global gradient norm, clipping to grad_clip (0: none) and AdamW "
+           "(as adamw_update with grad_scale = grad_clip / (norm + 1e-6) when norm > grad_clip). Returns the pre-clip "
+           "norm; when it is not finite nothing is updated. With cuda_graphs on, replayed from a CUDA graph.")
       .def("adamw_update_range",
            [](M& self, size_t lo, size_t hi, py::array m, py::array v, float lr, float beta1,
               float beta2, float eps, float weight_decay, int step, float grad_scale) {

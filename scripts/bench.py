@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fp32, tf32 or bf16 mixed precision (CUDA); default bf16 on sm_80+, else fp32")
     ap.add_argument("--attention", choices=["auto", "flash", "cudnn", "naive"], default=None, help="CUDA attention kernel")
     ap.add_argument("--recompute-gelu", action="store_true")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="replay each micro-step and the optimizer step from CUDA graphs (--breakdown then times "
+                         "forward and backward together)")
     g = ap.add_argument_group("data parallel (processes started through gpt2core.launch; Gloo on CPU, NCCL on CUDA)")
     g.add_argument("--nproc", type=int, default=1, help="processes (one per GPU with --device cuda)")
     g.add_argument("--scaling", action="store_true",
@@ -107,20 +110,28 @@ def timed_steps(model, ddp, rng, vocab, B, T, accum, warmup, steps):
         model.zero_grad()
         for k in range(accum):
             ta = time.perf_counter()
-            model.forward(x, y)
-            tb = time.perf_counter()
-            if ddp:
-                ddp.backward(1.0 / accum, last=k == accum - 1)
+            if model.cuda_graphs:  # one graph launch for forward and backward: no split to time
+                model.forward_backward(x, y, 1.0 / accum)
+                tb = ta
             else:
-                model.backward(1.0 / accum)
+                model.forward(x, y)
+                tb = time.perf_counter()
+                if ddp:
+                    ddp.backward(1.0 / accum, last=k == accum - 1)
+                else:
+                    model.backward(1.0 / accum)
             fwd, bwd = fwd + tb - ta, bwd + time.perf_counter() - tb
         t2 = time.perf_counter()
         (ddp or model).step(lr=1e-4)
+        if model.cuda_graphs:
+            model.take_loss()  # as the training loop does once per step
         t3 = time.perf_counter()
         if i >= warmup:
             times.append(t3 - t0)
             parts["fwd"].append(fwd); parts["bwd"].append(bwd); parts["opt"].append(t3 - t2)
             comm.append(ddp.last_comm_ms if ddp else 0.0)
+    if model.cuda_graphs:  # forward and backward are one graph launch: report them together
+        parts = {"fwd+bwd": [f + b for f, b in zip(parts["fwd"], parts["bwd"])], "opt": parts["opt"]}
     return times, parts, comm
 
 
@@ -159,6 +170,7 @@ def single(args):
     cfg = bench_config(args)
     model = GPT2(cfg, device=args.device, seed=0, precision=args.precision, attention=args.attention)
     model.recompute_gelu = args.recompute_gelu
+    model.cuda_graphs = args.cuda_graphs
     B, T = args.batch_size, args.seq_len
     times, parts, _ = timed_steps(model, None, np.random.default_rng(0), cfg.vocab_size, B, T, 1,
                                   args.warmup, args.steps)
@@ -198,9 +210,11 @@ def worker(args):
     accum = total // (B * T * W)
     model = GPT2(cfg, device=device, seed=0, precision=args.precision, attention=args.attention)
     model.recompute_gelu = args.recompute_gelu
+    model.cuda_graphs = args.cuda_graphs
     ddp = None
     if comm is not None:
-        ddp = DataParallel(model, comm, zero=args.zero, overlap=False if args.no_overlap_comm else None)
+        ddp = DataParallel(model, comm, zero=args.zero,
+                           overlap=False if args.no_overlap_comm or args.cuda_graphs else None)
     times, parts, comm_ms = timed_steps(model, ddp, np.random.default_rng(env.rank), cfg.vocab_size, B, T, accum,
                                         args.warmup, args.steps)
     mine = np.zeros(2 * W, dtype=np.float32)  # every rank's median step time and comm time, gathered by a sum

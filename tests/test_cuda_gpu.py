@@ -151,3 +151,33 @@ def test_bf16_speed_ladder_rungs_agree(monkeypatch, attention, fused):
     assert normwise(x1, x0) <= tol["logits"]
     errs = {k: normwise(g1[k], g0[k]) for k in g0}
     assert max(errs.values()) <= tol["grads"], errs
+
+
+@pytest.mark.parametrize("attention", ["flash", "auto"])
+@pytest.mark.parametrize("cls", ["Model", "ModelBF16"])
+def test_cuda_graph_replay_matches_the_direct_run(monkeypatch, cls, attention):
+    """As tests/test_cuda_graphs.py under emulation, on the real stream-capture machinery: cuBLASLt, cuDNN and
+    our kernels recorded into one graph and replayed with new tokens and new weights. Bit for bit with our
+    (deterministic) kernels; with cuDNN's attention (auto, bf16), whose backward may accumulate dQ with atomics,
+    within bf16 rounding (1e-2 normwise)."""
+    monkeypatch.setenv("GPT2CORE_CUDA_ATTENTION", attention)
+    graphed, direct = getattr(_C, cls)(**CFG, device="cuda"), getattr(_C, cls)(**CFG, device="cuda")
+    for m in (graphed, direct):
+        init_params(m)
+        m.params_changed()
+    graphed.cuda_graphs = True
+    tol = 1e-2 if cls == "ModelBF16" and attention == "auto" else 0.0
+    for step in range(3):
+        for m in (graphed, direct):
+            m.zero_grad()
+        for k in range(3):
+            x, y = batch(10 * step + k)
+            for m in (graphed, direct):
+                m.forward_backward(x, y, 1 / 3)
+        lg, ld = graphed.take_loss(), direct.take_loss()
+        assert abs(lg - ld) <= tol * ld
+        for name, g in direct.grads().items():
+            assert normwise(graphed.grads()[name], g) <= tol, name
+        for m in (graphed, direct):
+            m.adamw_update(lr=1e-3, step=step + 1)
+    assert graphed.graph_captures == 1 and graphed.graph_replays == 8

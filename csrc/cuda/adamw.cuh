@@ -2,6 +2,9 @@
 //   g = grad * grad_scale;  m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   w -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + decay * w)
 // grad_scale folds in gradient clipping; decay is 0 for 1-D tensors (the model's policy).
+// The step's values come either from the arguments, or (a step captured in a CUDA graph) from a StepArgs in
+// device memory, where the clip scale is computed from the gradients' sum of squares: every block reads the same
+// values and, if the norm is not finite, writes nothing.
 // grad, m, v and the master weights w are fp32. The parameters the ops read have the storage type floatX:
 //   floatX = float: master is null and param is w itself (updated in place);
 //   floatX = bf16:  w = master (fp32, updated in place), then param[i] = stochastic_round_bf16(w[i], seed,
@@ -15,6 +18,7 @@
 #include <string>
 
 #include "cuda/common.cuh"
+#include "model/backend.h"
 
 namespace gpt2::cuda {
 
@@ -22,7 +26,22 @@ struct AdamWParams {
   float lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2;
   uint32_t seed;  // stochastic rounding of bf16 parameters (0: round to nearest even)
   size_t offset;  // global index of element 0 of this tensor (the rounding's index is offset + i)
+  const StepArgs* step = nullptr;  // device memory: lr, bc1, bc2, seed and the clip scale come from here
 };
+
+// p with the values of *p.step (clip scale as the host computes it: clip / (norm + 1e-6) in double when the
+// norm exceeds clip > 0). False when the norm is not finite: the step must write nothing.
+__device__ inline bool adamw_step_values(AdamWParams& p) {
+  const StepArgs a = *p.step;
+  const double norm = sqrt(a.sumsq);
+  if (!isfinite(norm)) return false;
+  p.lr = a.lr;
+  p.bc1 = a.bc1;
+  p.bc2 = a.bc2;
+  p.seed = a.seed;
+  p.grad_scale = a.clip > 0 && norm > a.clip ? float(a.clip / (norm + 1e-6)) : 1.0f;
+  return true;
+}
 
 __device__ inline void adamw_one(float& w, float grad, float& m, float& v, const AdamWParams& p) {
   const float g = grad * p.grad_scale;
@@ -69,6 +88,7 @@ __global__ void adamw_kernel(floatX* __restrict__ param,       // (N) flat
                              size_t m_base, AdamWTable table, AdamWParams p) {
   using P4 = Pack<floatX, 4>;
   using F4 = Pack<float, 4>;
+  if (p.step && !adamw_step_values(p)) return;
   const int s = blockIdx.y;
   const size_t b = table.begin[s], n = table.end[s] - b;
   p.decay = table.decay[s];

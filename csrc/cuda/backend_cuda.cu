@@ -4,14 +4,18 @@
 //
 // Memory: every buffer the model allocates (parameters, gradients, AdamW moments, activations) is CUDA
 // managed memory, so the numpy views the Python layer keeps over parameters and gradients stay valid on
-// the host; kernels run on one stream, and every op after which the model may hand control back to
-// Python (zero_grad, encoder_backward, adamw, the ops that return values) synchronises that stream; the
-// activation-scratch clears inside backward do not.
+// the host. Kernels run on one stream the backend creates (a blocking one: the synchronous copies of
+// to_host & co. wait for it). The ops themselves never wait for the GPU, except those that return values
+// or that the host reads after (zero_grad, adamw, cast_params); the model calls synchronize() at the end of
+// backward. So forward_backward's ops can be captured into a CUDA graph (capture_begin/end): while capturing,
+// any host synchronisation fails, and growing a scratch buffer (which needs one) is refused.
 // Out-of-memory is checked before allocating and reported with the size asked for.
 #include "cuda/backend_cuda.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -78,6 +82,7 @@ class CudaBackend final : public Backend<T> {
     if (!why.empty()) throw std::runtime_error(why);
     CUDA_CHECK(cudaSetDevice(device));
     device_ = device;
+    CUDA_CHECK(cudaStreamCreate(&stream_));  // not the legacy default stream, which cannot be captured
 #if !GPT2CORE_EMU
     const char* tf32 = std::getenv("GPT2CORE_CUDA_TF32");
     gpt2core::seams::set_matmul_tf32(tf32 && tf32[0] == '1');
@@ -113,13 +118,19 @@ class CudaBackend final : public Backend<T> {
   }
   ~CudaBackend() override {
     // destructors only log
+    auto check = [](cudaError_t e, const char* what) {
+      if (e != cudaSuccess && e != cudaErrorCudartUnloading)
+        fprintf(stderr, "gpt2core: %s failed in ~CudaBackend: %s\n", what, cudaGetErrorString(e));
+    };
     for (void* p : {static_cast<void*>(norm_work_), static_cast<void*>(valid_), static_cast<void*>(scratch_.p),
-                    static_cast<void*>(iwork_.p), static_cast<void*>(tscratch_.p)})
-      if (p) {
-        const cudaError_t e = cudaFree(p);
-        if (e != cudaSuccess && e != cudaErrorCudartUnloading)
-          fprintf(stderr, "gpt2core: cudaFree failed in ~CudaBackend: %s\n", cudaGetErrorString(e));
-      }
+                    static_cast<void*>(buckets_.p), static_cast<void*>(tscratch_.p)})
+      if (p) check(cudaFree(p), "cudaFree");
+    if (staging_.p) check(cudaFreeHost(staging_.p), "cudaFreeHost");
+    if (staged_) check(cudaEventDestroy(staged_), "cudaEventDestroy");
+    if (step_dev_) check(cudaFree(step_dev_), "cudaFree");
+    if (step_host_) check(cudaFreeHost(step_host_), "cudaFreeHost");
+    if (step_staged_) check(cudaEventDestroy(step_staged_), "cudaEventDestroy");
+    if (stream_) check(cudaStreamDestroy(stream_), "cudaStreamDestroy");
   }
 
   const char* name() const override { return "cuda"; }
@@ -141,7 +152,32 @@ class CudaBackend final : public Backend<T> {
     sync();
   }
   void to_device_i32(int32_t* dst, const int32_t* src, size_t n) override {
+    if (dst == bucketed_) bucketed_ = nullptr;  // the token buckets no longer describe dst
     if (n) CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice));
+  }
+  void synchronize() override { sync(); }
+  // Through pinned staging memory, asynchronously: [inputs | targets | token buckets of the inputs] are
+  // copied to the host staging buffer, then to the device on the stream. The staging buffer is reused only
+  // once the previous batch's copy has finished (an event), so the host may run up to one batch ahead.
+  void upload_batch(int32_t* dev_inp, int32_t* dev_targets, const int32_t* inp, const int32_t* targets, int B,
+                    int Tn) override {
+    const int BT = B * Tn;
+    if (BT <= 0) return;
+    if (staged_) CUDA_CHECK(cudaEventSynchronize(staged_));
+    else CUDA_CHECK(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
+    const size_t nb = cuda::encoder_buckets_size(BT);
+    int32_t* host = grow_pinned(2 * size_t(BT) + nb);
+    int* dev_buckets = grow(buckets_, nb);
+    std::memcpy(host, inp, BT * sizeof(int32_t));
+    if (targets) std::memcpy(host + BT, targets, BT * sizeof(int32_t));
+    const size_t used = cuda::encoder_buckets(inp, BT, host + 2 * size_t(BT));
+    const cudaMemcpyKind h2d = cudaMemcpyHostToDevice;
+    CUDA_CHECK(cudaMemcpyAsync(dev_inp, host, BT * sizeof(int32_t), h2d, stream_));
+    if (targets) CUDA_CHECK(cudaMemcpyAsync(dev_targets, host + BT, BT * sizeof(int32_t), h2d, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(dev_buckets, host + 2 * size_t(BT), used * sizeof(int), h2d, stream_));
+    CUDA_CHECK(cudaEventRecord(staged_, stream_));
+    bucketed_ = dev_inp;
+    bucketed_BT_ = BT;
   }
   void to_host(T* dst, const T* src, size_t n) override {
     if (n) CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost));
@@ -153,12 +189,11 @@ class CudaBackend final : public Backend<T> {
   void encoder_forward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C) override {
     cuda::encoder_forward(k(out), inp, k(wte), k(wpe), B, Tn, C, stream_);
   }
+  // The token buckets were built when inp was uploaded (upload_batch), so nothing is read back here.
   void encoder_backward(float* dwte, float* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C) override {
-    const size_t BT = size_t(B) * Tn;
-    std::vector<int32_t> host(BT);
-    if (BT) CUDA_CHECK(cudaMemcpy(host.data(), inp, BT * sizeof(int32_t), cudaMemcpyDeviceToHost));
-    cuda::encoder_backward(dwte, dwpe, k(dout), host.data(), int_work(3 * BT + 1), B, Tn, C, stream_);
-    sync();  // the last op of backward
+    if (inp != bucketed_ || B * Tn != bucketed_BT_)
+      throw std::logic_error("CUDA encoder_backward: the token ids were not uploaded with upload_batch");
+    cuda::encoder_backward(dwte, dwpe, k(dout), buckets_.p, B, Tn, C, stream_);
   }
   void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* w, const T* b, int N,
                          int C) override {
@@ -258,7 +293,49 @@ class CudaBackend final : public Backend<T> {
   }
   void crossentropy_backward_inplace(T* logits, const float* lse, const int32_t* targets, float dloss, int N, int V,
                                      int Vp) override {
-    cuda::crossentropy_backward_inplace(k(logits), lse, targets, dloss, N, V, Vp, stream_);
+    cuda::crossentropy_backward_inplace(k(logits), lse, targets, nullptr, dloss, N, V, Vp, stream_);
+  }
+  void crossentropy_forward_counted(float* losses, float* lse, const T* logits, const int32_t* targets,
+                                    int32_t* n_valid, int N, int V, int Vp) override {
+    cuda::crossentropy_forward_counted(losses, lse, k(logits), targets, n_valid, N, V, Vp, stream_);
+  }
+  void crossentropy_backward_counted(T* logits, const float* lse, const int32_t* targets, const int32_t* n_valid,
+                                     float grad_scale, int N, int V, int Vp) override {
+    cuda::crossentropy_backward_inplace(k(logits), lse, targets, n_valid, grad_scale, N, V, Vp, stream_);
+  }
+  void loss_accumulate(float* acc, const float* losses, const int32_t* n_valid, int N, float scale) override {
+    cuda::loss_accumulate(acc, losses, n_valid, N, scale, stream_);
+  }
+
+  // CUDA graphs: ThreadLocal capture, so other threads (a communication worker) may keep using CUDA meanwhile.
+  bool can_capture() const override { return true; }
+  void capture_begin() override {
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+  }
+  void* capture_end(bool keep) override {
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    if (!keep) {  // an op failed inside the capture and its exception is on its way: only clean up
+      if (graph) (void)cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    if (e != cudaSuccess)
+      throw std::runtime_error(std::string("CUDA graph capture of the training step failed: ") +
+                               cudaGetErrorString(e));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t ei = cudaGraphInstantiate(&exec, graph, 0);
+    (void)cudaGraphDestroy(graph);
+    CUDA_CHECK(ei);
+    return exec;
+  }
+  void graph_launch(void* graph) override {
+    CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), stream_));
+  }
+  void graph_destroy(void* graph) noexcept override {
+    if (cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph)) != cudaSuccess) (void)cudaGetLastError();
   }
   double sum_squares(const float* p, size_t n) override { return cuda::sum_squares(p, n, norm_work_, stream_); }
   void adamw(T* param, float* master, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
@@ -272,13 +349,40 @@ class CudaBackend final : public Backend<T> {
   void adamw_segments(T* param, float* master, const float* grad, float* m, float* v, size_t m_base,
                       const std::vector<AdamWSegment>& segments, float lr, float beta1, float beta2, float eps,
                       float grad_scale, float bc1, float bc2, uint32_t seed) override {
-    std::vector<AdamWSpan> spans;
-    for (const AdamWSegment& s : segments) spans.push_back({s.begin, s.end, s.decay});
-    for (size_t i = 0; i < spans.size(); i += kAdamWMaxSegments)
-      cuda::adamw_update(k(param), master, grad, m, v, m_base, spans.data() + i,
-                         int(std::min<size_t>(kAdamWMaxSegments, spans.size() - i)),
-                         AdamWParams{lr, beta1, beta2, eps, 0.0f, grad_scale, bc1, bc2, seed, 0}, stream_);
+    launch_adamw_segments(param, master, grad, m, v, m_base, segments,
+                          AdamWParams{lr, beta1, beta2, eps, 0.0f, grad_scale, bc1, bc2, seed, 0});
     sync();  // parameters are read on the host through numpy views
+  }
+  // The device-resident step: its values go through pinned memory into step_dev_, after the previous step's
+  // copy finished (an event), so the host may run one step ahead.
+  void set_step_args(const StepArgs& args) override {
+    if (!step_dev_) {
+      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&step_dev_), sizeof(StepArgs)));
+      CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&step_host_), sizeof(StepArgs)));
+      CUDA_CHECK(cudaEventCreateWithFlags(&step_staged_, cudaEventDisableTiming));
+    } else {
+      CUDA_CHECK(cudaEventSynchronize(step_staged_));
+    }
+    *step_host_ = args;
+    CUDA_CHECK(cudaMemcpyAsync(step_dev_, step_host_, sizeof(StepArgs), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaEventRecord(step_staged_, stream_));
+  }
+  void grad_sum_squares(const float* grad, size_t n) override {
+    cuda::sum_squares_into(&step_args_dev()->sumsq, grad, n, norm_work_, stream_);
+  }
+  void clipped_adamw_segments(T* param, float* master, const float* grad, float* m, float* v, size_t m_base,
+                              const std::vector<AdamWSegment>& segments, float beta1, float beta2,
+                              float eps) override {
+    AdamWParams p{};
+    p.beta1 = beta1, p.beta2 = beta2, p.eps = eps;
+    p.step = step_args_dev();  // lr, bc1, bc2, seed and the clip scale
+    launch_adamw_segments(param, master, grad, m, v, m_base, segments, p);
+  }
+  double last_grad_norm() override {
+    double sumsq = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&sumsq, &step_args_dev()->sumsq, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    sync();  // also: the update is done, the host may read the parameters
+    return std::sqrt(sumsq);
   }
   void cast_params(T* param, const float* master, size_t n, uint32_t seed, size_t offset) override {
     if constexpr (std::is_same_v<T, float>) {
@@ -385,6 +489,20 @@ class CudaBackend final : public Backend<T> {
 
   void sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+  // AdamW over the segments, kAdamWMaxSegments per launch (the model's 16 tensors: one launch).
+  void launch_adamw_segments(T* param, float* master, const float* grad, float* m, float* v, size_t m_base,
+                             const std::vector<AdamWSegment>& segments, const AdamWParams& p) {
+    std::vector<AdamWSpan> spans;
+    for (const AdamWSegment& s : segments) spans.push_back({s.begin, s.end, s.decay});
+    for (size_t i = 0; i < spans.size(); i += kAdamWMaxSegments)
+      cuda::adamw_update(k(param), master, grad, m, v, m_base, spans.data() + i,
+                         int(std::min<size_t>(kAdamWMaxSegments, spans.size() - i)), p, stream_);
+  }
+  StepArgs* step_args_dev() const {
+    if (!step_dev_) throw std::logic_error("CUDA backend: set_step_args must come before the step's ops");
+    return step_dev_;
+  }
+
   static constexpr const char* kOomHint = "; try a smaller micro-batch (B) or sequence length (T), or --recompute-gelu";
   void* alloc_bytes(size_t bytes) {
     const size_t want = bytes ? bytes : 1;
@@ -424,6 +542,8 @@ class CudaBackend final : public Backend<T> {
   template <class U>
   U* grow(Scratch<U>& s, size_t n) {
     if (n > s.cap) {
+      if (capturing_)  // the run before a capture sizes every buffer: a new size here is a bug, not a retry
+        throw std::logic_error("CUDA backend: a scratch buffer had to grow while capturing a graph");
       sync();
       if (s.p) CUDA_CHECK(cudaFree(s.p));
       s.p = nullptr;
@@ -434,17 +554,33 @@ class CudaBackend final : public Backend<T> {
   }
   float* scratch(size_t n) { return grow(scratch_, n); }
   T* t_scratch(size_t n) { return grow(tscratch_, n); }  // cuDNN attention backward's output
-  int* int_work(size_t n) { return grow(iwork_, n); }
+  int32_t* grow_pinned(size_t n) {  // upload_batch's host staging (nothing of it is in flight: see there)
+    if (n > staging_.cap) {
+      if (staging_.p) CUDA_CHECK(cudaFreeHost(staging_.p));
+      staging_.p = nullptr;
+      CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&staging_.p), n * sizeof(int32_t)));
+      staging_.cap = n;
+    }
+    return staging_.p;
+  }
 
   int device_ = 0;
   bool fused_ = true;             // GPT2CORE_CUDA_FUSED=0: unfused residual + layernorm, matmul + GELU
   Attention attention_ = Attention::Flash;  // GPT2CORE_CUDA_ATTENTION: auto (cudnn if it checks out), flash, ...
   Scratch<T> tscratch_;
-  cudaStream_t stream_ = nullptr;  // the default stream
+  cudaStream_t stream_ = nullptr;
+  bool capturing_ = false;
   double* norm_work_ = nullptr;
   int* valid_ = nullptr;
   Scratch<float> scratch_;
-  Scratch<int> iwork_;
+  Scratch<int> buckets_;            // encoder_buckets of the last upload_batch, for encoder_backward
+  const int32_t* bucketed_ = nullptr;  // the device token ids buckets_ describes
+  int bucketed_BT_ = 0;
+  Scratch<int32_t> staging_;        // pinned host memory (upload_batch)
+  cudaEvent_t staged_ = nullptr;    // the last upload_batch's copies are done
+  StepArgs* step_dev_ = nullptr;    // the optimizer step's values (set_step_args), device memory
+  StepArgs* step_host_ = nullptr;   // and their pinned staging
+  cudaEvent_t step_staged_ = nullptr;
 };
 
 }  // namespace

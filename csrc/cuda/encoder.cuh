@@ -2,8 +2,10 @@
 //   forward:  out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
 //   backward: dwpe[t,:] += sum_b dout[b,t,:];  dwte[v,:] += sum over positions (b,t) with inp[b,t] == v of dout[b,t,:]
 //             (dwte, dwpe fp32 for either floatX)
-// Backward is deterministic without float atomics: the positions are bucketed by token id on the host
-// (stable order), and one thread owns each (token, channel) output and sums its bucket in that order.
+// Backward is deterministic without float atomics: the positions are bucketed by token id on the host when the
+// batch is uploaded (stable order; encoder_buckets), and one thread owns each (token, channel) output and sums its
+// bucket in that order. The bucket count lives in device memory and the grid is fixed by B*T alone, so backward
+// needs nothing from the host and a CUDA graph can replay it for any batch of the same shape.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -51,20 +53,23 @@ __global__ void encoder_backward_wpe_kernel(float* __restrict__ dwpe,         //
   dwpe[idx] += s;
 }
 
-// Bucket u (blockIdx.x) covers positions order[start[u] .. start[u+1]) of token token[u].
+// buckets: [U | order (BT): positions sorted by token | token (U) | start (U + 1)], see encoder_buckets. Bucket u
+// covers positions order[start[u] .. start[u+1]) of token token[u]; blocks stride over the buckets.
 template <class floatX>
 __global__ void encoder_backward_wte_kernel(float* __restrict__ dwte,         // (Vp, C)
                                             const floatX* __restrict__ dout,  // (B*T, C)
-                                            const int* __restrict__ token,    // (U)
-                                            const int* __restrict__ start,    // (U + 1)
-                                            const int* __restrict__ order,    // (B*T) positions by token
-                                            int C) {
+                                            const int* __restrict__ buckets, int BT, int C) {
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
-  const int u = blockIdx.x;
   if (c >= C) return;
-  float s = 0.0f;
-  for (int i = start[u]; i < start[u + 1]; i++) s += load_f(dout[size_t(order[i]) * C + c]);
-  dwte[size_t(token[u]) * C + c] += s;
+  const int U = buckets[0];
+  const int* order = buckets + 1;
+  const int* token = order + BT;
+  const int* start = token + U;
+  for (int u = blockIdx.x; u < U; u += gridDim.x) {
+    float s = 0.0f;
+    for (int i = start[u]; i < start[u + 1]; i++) s += load_f(dout[size_t(order[i]) * C + c]);
+    dwte[size_t(token[u]) * C + c] += s;
+  }
 }
 
 // ----------------------------------------------------------------------------------------- launchers
@@ -80,44 +85,45 @@ void encoder_forward(floatX* out, const int* inp, const floatX* wte, const float
   CUDA_CHECK_LAUNCH();
 }
 
-// inp_host: the same token ids as inp, on the host. work_dev: device int scratch of at least
-// 3 * B * T + 1 ints.
+// Ints of the bucket layout for BT positions (at most: U <= BT).
+inline size_t encoder_buckets_size(int BT) { return 3 * size_t(BT) + 2; }
+
+// Fills out (encoder_buckets_size(BT) ints, host memory) with the positions of inp (BT token ids) bucketed by
+// token id: a stable counting sort. Returns the number of ints used: 2 + BT + 2U.
+inline size_t encoder_buckets(const int32_t* inp, int BT, int* out) {
+  int max_id = 0;
+  for (int i = 0; i < BT; i++) max_id = std::max(max_id, int(inp[i]));
+  std::vector<int> count(size_t(max_id) + 2, 0);
+  for (int i = 0; i < BT; i++) count[size_t(inp[i]) + 1]++;
+  int* order = out + 1;
+  int* token = order + BT;
+  int U = 0;
+  for (int v = 0; v <= max_id; v++) {
+    if (count[size_t(v) + 1] > 0) token[U++] = v;
+    count[size_t(v) + 1] += count[v];  // count[v] becomes the first slot of token v
+  }
+  for (int i = 0; i < BT; i++) order[count[inp[i]]++] = i;
+  // after the scatter, count[v] is the end of token v's slots: start[u] = end of the previous token
+  int* start = token + U;
+  start[0] = 0;
+  for (int u = 0; u < U; u++) start[u + 1] = count[token[u]];
+  out[0] = U;
+  return 2 + size_t(BT) + 2 * size_t(U);
+}
+
+// buckets_dev: encoder_buckets of the batch's token ids, in device memory. Enqueues only kernels.
 template <class floatX>
-void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const int32_t* inp_host, int* work_dev, int B,
-                      int T, int C, cudaStream_t stream) {
+void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const int* buckets_dev, int B, int T, int C,
+                      cudaStream_t stream) {
   const int BT = B * T;
   if (BT == 0 || C == 0) return;
   const int block = 256;
   LAUNCH(encoder_backward_wpe_kernel<floatX>, ceil_div(size_t(T) * C, block), block, 0, stream, dwpe, dout, B, T, C);
   CUDA_CHECK_LAUNCH();
-  // counting sort of positions by token id (stable: positions in increasing order within a bucket)
-  int max_id = 0;
-  for (int i = 0; i < BT; i++) max_id = std::max(max_id, int(inp_host[i]));
-  std::vector<int> count(size_t(max_id) + 2, 0);
-  for (int i = 0; i < BT; i++) count[size_t(inp_host[i]) + 1]++;
-  std::vector<int> host(3 * size_t(BT) + 1);  // [order (BT) | token (U) | start (U + 1)]
-  int U = 0;
-  for (int v = 0; v <= max_id; v++) {
-    if (count[size_t(v) + 1] > 0) {
-      host[size_t(BT) + U] = v;  // token, start filled in below once U is known
-      U++;
-    }
-    count[size_t(v) + 1] += count[v];  // count[v] becomes the first slot of token v
-  }
-  for (int i = 0; i < BT; i++) host[size_t(count[inp_host[i]]++)] = i;
-  // after the scatter, count[v] is the end of token v's slots: start[u] = end of the previous token
-  int* start = host.data() + BT + U;
-  start[0] = 0;
-  for (int u = 0; u < U; u++) start[u + 1] = count[host[size_t(BT) + u]];
-  CUDA_CHECK(cudaMemcpyAsync(work_dev, host.data(), (size_t(BT) + 2 * U + 1) * sizeof(int), cudaMemcpyHostToDevice,
-                             stream));
   const int cblock = 64;
-  dim3 grid(U, ceil_div(C, cblock));
-  LAUNCH(encoder_backward_wte_kernel<floatX>, grid, cblock, 0, stream, dwte, dout, work_dev + BT, work_dev + BT + U,
-         work_dev, C);
+  dim3 grid(std::min(BT, 2048), ceil_div(C, cblock));  // at most BT buckets; 2048 x C/64 blocks fill any GPU
+  LAUNCH(encoder_backward_wte_kernel<floatX>, grid, cblock, 0, stream, dwte, dout, buckets_dev, BT, C);
   CUDA_CHECK_LAUNCH();
-  // `host` must outlive the (possibly asynchronous) copy above
-  CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 }  // namespace gpt2::cuda

@@ -28,13 +28,22 @@ __global__ void sum_squares_final_kernel(double* __restrict__ out, const double*
   if (threadIdx.x == 0) *out = s;
 }
 
+// *out (device memory) = the sum of squares; enqueues only kernels. work: kNormBlocks doubles of device memory.
+inline void sum_squares_into(double* out, const float* p, size_t n, double* work, cudaStream_t stream) {
+  if (n == 0) {
+    CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream));
+    return;
+  }
+  LAUNCH(sum_squares_partial_kernel, kNormBlocks, kNormThreads, 0, stream, work, p, n);
+  CUDA_CHECK_LAUNCH();
+  LAUNCH(sum_squares_final_kernel, 1, kNormThreads, 0, stream, out, work, kNormBlocks);
+  CUDA_CHECK_LAUNCH();
+}
+
 // work: kNormBlocks + 1 doubles of device memory.
 inline double sum_squares(const float* p, size_t n, double* work, cudaStream_t stream) {
   if (n == 0) return 0.0;
-  LAUNCH(sum_squares_partial_kernel, kNormBlocks, kNormThreads, 0, stream, work, p, n);
-  CUDA_CHECK_LAUNCH();
-  LAUNCH(sum_squares_final_kernel, 1, kNormThreads, 0, stream, work + kNormBlocks, work, kNormBlocks);
-  CUDA_CHECK_LAUNCH();
+  sum_squares_into(work + kNormBlocks, p, n, work, stream);
   double out = 0.0;
   CUDA_CHECK(cudaMemcpyAsync(&out, work + kNormBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));

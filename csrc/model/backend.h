@@ -8,6 +8,7 @@
 // parameter gradients, AdamW moments, per-row statistics: layernorm mean/rstd, attention state, losses,
 // logsumexps). For float and double models M == T; for bf16 models M is float.
 #pragma once
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -23,6 +24,15 @@ namespace gpt2 {
 struct AdamWSegment {
   size_t begin, end;
   float decay;
+};
+
+// The values of one optimizer step that change from step to step, for clipped_adamw_segments: in backend memory
+// so that a captured step reads each step's values at replay. sumsq is written by grad_sum_squares in the step.
+struct StepArgs {
+  float lr, bc1, bc2;
+  uint32_t seed;  // stochastic rounding of a bf16 copy: the step
+  double clip;    // clip the global gradient norm to this (0: no clipping)
+  double sumsq;   // sum of squares of all gradients
 };
 
 template <typename T>
@@ -48,6 +58,17 @@ class Backend {
   virtual void to_device_i32(int32_t* dst, const int32_t* src, size_t n) = 0;
   virtual void to_host(T* dst, const T* src, size_t n) = 0;
   virtual void to_host_master(M* dst, const M* src, size_t n) = 0;
+  // Waits until every op enqueued so far has finished (a no-op for backends whose ops finish as they return).
+  virtual void synchronize() {}
+  // The token ids of the next forward, from the host: inp (and targets, unless null) into backend memory
+  // dev_inp (dev_targets), B*Tn ints each. The host arrays may be reused as soon as it returns. A backend may
+  // also prepare here, from the host copy, what encoder_backward needs (the CUDA backend: the positions bucketed
+  // by token id), so that backward never reads the ids back.
+  virtual void upload_batch(int32_t* dev_inp, int32_t* dev_targets, const int32_t* inp, const int32_t* targets,
+                            int B, int Tn) {
+    to_device_i32(dev_inp, inp, size_t(B) * Tn);
+    if (targets) to_device_i32(dev_targets, targets, size_t(B) * Tn);
+  }
 
   virtual void encoder_forward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C) = 0;
   virtual void encoder_backward(M* dwte, M* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C) = 0;
@@ -97,6 +118,35 @@ class Backend {
   virtual long crossentropy_forward(M* losses, M* lse, const T* logits, const int32_t* targets, int N, int V, int Vp) = 0;
   virtual void crossentropy_backward_inplace(T* logits, const M* lse, const int32_t* targets, M dloss,
                                              int N, int V, int Vp) = 0;
+  // The loss without host round trips (GPT2Model::forward_backward, which a CUDA graph can capture): the number of
+  // non-ignored targets stays in backend memory (*n_valid), the backward scale is computed from it where it is
+  // used (dloss = grad_scale / *n_valid, in double, as backward() does on the host), and the mean loss is added
+  // to an accumulator in backend memory: *acc += scale * sum(losses) / *n_valid (nothing when *n_valid is 0).
+  // The defaults are for backends whose memory is host memory.
+  virtual void crossentropy_forward_counted(M* losses, M* lse, const T* logits, const int32_t* targets,
+                                            int32_t* n_valid, int N, int V, int Vp) {
+    *n_valid = int32_t(crossentropy_forward(losses, lse, logits, targets, N, V, Vp));
+  }
+  virtual void crossentropy_backward_counted(T* logits, const M* lse, const int32_t* targets, const int32_t* n_valid,
+                                             float grad_scale, int N, int V, int Vp) {
+    const M dloss = *n_valid > 0 ? M(double(grad_scale) / double(*n_valid)) : M(0);
+    crossentropy_backward_inplace(logits, lse, targets, dloss, N, V, Vp);
+  }
+  virtual void loss_accumulate(M* acc, const M* losses, const int32_t* n_valid, int N, float scale) {
+    if (*n_valid <= 0) return;
+    double s = 0;
+    for (int i = 0; i < N; i++) s += double(losses[i]);
+    *acc += M(double(scale) * (s / double(*n_valid)));
+  }
+  // CUDA graphs: the ops enqueued between capture_begin() and capture_end() are recorded, not run, and
+  // graph_launch() replays them with the pointers and scalar arguments they had when recorded. Only a backend
+  // with a device queue can (can_capture()); ops that would synchronise with the host fail while capturing.
+  // capture_end(false) abandons a capture whose ops failed.
+  virtual bool can_capture() const { return false; }
+  virtual void capture_begin() { throw std::logic_error(std::string("backend ") + name() + " cannot capture graphs"); }
+  virtual void* capture_end(bool /*keep*/) { return nullptr; }
+  virtual void graph_launch(void* /*graph*/) {}
+  virtual void graph_destroy(void* /*graph*/) noexcept {}
   // sum of squares of n values, accumulated in double
   virtual double sum_squares(const M* p, size_t n) = 0;
   // AdamW on n values; decay is the weight decay for this tensor (0 for 1-D tensors). master is null when the
@@ -116,11 +166,32 @@ class Backend {
             v + (s.begin - m_base), s.end - s.begin, lr, beta1, beta2, eps, s.decay, grad_scale, bc1, bc2, seed,
             s.begin);
   }
+  // The optimizer step without a host round trip (GPT2Model::step): set_step_args stores the step's values in
+  // backend memory (never while capturing), grad_sum_squares writes the sum of squares of n gradients into
+  // them, and clipped_adamw_segments is adamw_segments with grad_scale = clip / (norm + 1e-6) when clip > 0
+  // and norm = sqrt(sumsq) > clip (else 1), computed where it runs, in double, and with nothing written at all
+  // when the norm is not finite. last_grad_norm() reads the norm back. Defaults: for host-memory backends.
+  virtual void set_step_args(const StepArgs& args) { step_args_ = args; }
+  virtual void grad_sum_squares(const M* grad, size_t n) { step_args_.sumsq = sum_squares(grad, n); }
+  virtual void clipped_adamw_segments(T* param, M* master, const M* grad, M* m, M* v, size_t m_base,
+                                      const std::vector<AdamWSegment>& segments, float beta1, float beta2,
+                                      float eps) {
+    const StepArgs& a = step_args_;
+    const double norm = std::sqrt(a.sumsq);
+    if (!std::isfinite(norm)) return;
+    const float scale = a.clip > 0 && norm > a.clip ? float(a.clip / (norm + 1e-6)) : 1.0f;
+    adamw_segments(param, master, grad, m, v, m_base, segments, a.lr, beta1, beta2, eps, scale, a.bc1, a.bc2,
+                   a.seed);
+  }
+  virtual double last_grad_norm() { return std::sqrt(step_args_.sumsq); }
   // param[i] = master[i] rounded to T: stochastically with random bits that are a function of (seed, offset + i)
   // only, or to nearest even when seed == 0. Only backends whose models keep a master copy implement it.
   virtual void cast_params(T* /*param*/, const M* /*master*/, size_t /*n*/, uint32_t /*seed*/, size_t /*offset*/) {
     throw std::logic_error(std::string("backend ") + name() + " has no separate master weights to cast");
   }
+
+ private:
+  StepArgs step_args_{};  // the defaults' copy (host memory)
 };
 
 }  // namespace gpt2

@@ -23,6 +23,10 @@ GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> b
 
 template <typename T>
 GPT2Model<T>::~GPT2Model() {
+  drop_graph(step_graph_);
+  drop_graph(optimizer_graph_);
+  if (n_valid_dev_) backend_->free_i32(n_valid_dev_);
+  if (loss_acc_) backend_->free_master(loss_acc_);
   backend_->free(params_);
   if (master_) backend_->free_master(master_);
   backend_->free_master(grads_);
@@ -86,6 +90,7 @@ void GPT2Model<T>::set_recompute_gelu(bool on) {
 
 template <typename T>
 void GPT2Model<T>::release_activations() {
+  drop_graph(step_graph_);  // it points into the activations
   if (acts_mem_) backend_->free(acts_mem_);
   if (stats_mem_) backend_->free_master(stats_mem_);
   if (inputs_) backend_->free_i32(inputs_);
@@ -121,14 +126,34 @@ double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, 
     throw std::invalid_argument("forward: need B > 0 and 0 < T <= max_seq_len");
   ensure_activations(B, Tn);
   Backend<T>& be = *backend_;
-  const int L = config_.n_layer, C = config_.n_embd, NH = config_.n_head;
   const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
   const int N = B * Tn;
-  const size_t NC = size_t(N) * C;
-  be.to_device_i32(inputs_, inp, N);
+  be.upload_batch(inputs_, targets_, inp, targets, B, Tn);
   have_targets_ = false;
-
   refresh_params();
+  forward_ops(B, Tn);
+  if (!targets) {
+    be.crossentropy_forward(a_.losses, a_.lse, a_.logits, nullptr, N, V, Vp);
+    n_valid_ = 0;
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  n_valid_ = be.crossentropy_forward(a_.losses, a_.lse, a_.logits, targets_, N, V, Vp);
+  have_targets_ = true;
+  std::vector<M> losses(N);
+  be.to_host_master(losses.data(), a_.losses, N);
+  double sum = 0;
+  for (int i = 0; i < N; i++) sum += double(losses[i]);
+  return n_valid_ ? sum / double(n_valid_) : std::numeric_limits<double>::quiet_NaN();
+}
+
+// The forward through the layers into a_.logits, for the inputs already in inputs_ and current parameters.
+template <typename T>
+void GPT2Model<T>::forward_ops(int B, int Tn) {
+  Backend<T>& be = *backend_;
+  const int L = config_.n_layer, C = config_.n_embd, NH = config_.n_head;
+  const int Vp = config_.padded_vocab_size;
+  const int N = B * Tn;
+  const size_t NC = size_t(N) * C;
   be.encoder_forward(a_.encoded, inputs_, param(0), param(1), B, Tn, C);
   be.layernorm_forward(a_.ln1, a_.ln1_mean, a_.ln1_rstd, a_.encoded, param(2), param(3), N, C);
   for (int l = 0; l < L; l++) {
@@ -160,20 +185,6 @@ double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, 
       be.residual_layernorm_forward(res3, a_.lnf, a_.lnf_mean, a_.lnf_rstd, res2, fcproj, param(14), param(15), N, C);
   }
   be.matmul_forward(a_.logits, a_.lnf, param(0), nullptr, N, C, Vp);  // lm_head tied to wte
-
-  if (!targets) {
-    be.crossentropy_forward(a_.losses, a_.lse, a_.logits, nullptr, N, V, Vp);
-    n_valid_ = 0;
-    return std::numeric_limits<double>::quiet_NaN();
-  }
-  be.to_device_i32(targets_, targets, N);
-  n_valid_ = be.crossentropy_forward(a_.losses, a_.lse, a_.logits, targets_, N, V, Vp);
-  have_targets_ = true;
-  std::vector<M> losses(N);
-  be.to_host_master(losses.data(), a_.losses, N);
-  double sum = 0;
-  for (int i = 0; i < N; i++) sum += double(losses[i]);
-  return n_valid_ ? sum / double(n_valid_) : std::numeric_limits<double>::quiet_NaN();
 }
 
 template <typename T>
@@ -222,10 +233,8 @@ void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
     throw std::runtime_error("backward: call forward(idx, targets) first (each forward allows one backward)");
   have_targets_ = false;  // the logits buffer becomes dlogits below
   Backend<T>& be = *backend_;
-  const int B = B_, Tn = T_, L = config_.n_layer, C = config_.n_embd, NH = config_.n_head;
-  const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
-  const int N = B * Tn;
-  const size_t NC = size_t(N) * C;
+  const int L = config_.n_layer, V = config_.vocab_size, Vp = config_.padded_vocab_size;
+  const int N = B_ * T_;
   const bool report = report_grads && grad_hook_;  // call the grad-ready hook in this backward
   if (n_valid_ == 0) {  // every target ignored: the loss does not depend on the parameters
     if (report) {       // the gradients are final as they are; report them in the usual groups
@@ -237,6 +246,19 @@ void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
   }
 
   be.crossentropy_backward_inplace(a_.logits, a_.lse, targets_, M(grad_scale / double(n_valid_)), N, V, Vp);
+  backward_ops(report);
+  be.synchronize();  // the gradients are read on the host next (numpy views)
+}
+
+// Backward from dlogits (written into a_.logits) through the layers to the embedding gradients, accumulating
+// into grads(); with report, calls the grad-ready hook as groups of gradients are final.
+template <typename T>
+void GPT2Model<T>::backward_ops(bool report) {
+  Backend<T>& be = *backend_;
+  const int B = B_, Tn = T_, L = config_.n_layer, C = config_.n_embd, NH = config_.n_head;
+  const int Vp = config_.padded_vocab_size;
+  const int N = B * Tn;
+  const size_t NC = size_t(N) * C;
   T* dlogits = a_.logits;
   be.zero(a_.dln, NC);
   be.matmul_backward(a_.dln, grad(0), nullptr, dlogits, a_.lnf, param(0), N, C, Vp);
@@ -280,6 +302,91 @@ void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
 }
 
 template <typename T>
+void GPT2Model<T>::forward_backward(const int32_t* inp, const int32_t* targets, int B, int Tn, float grad_scale) {
+  if (B <= 0 || Tn <= 0 || Tn > config_.max_seq_len)
+    throw std::invalid_argument("forward_backward: need B > 0 and 0 < T <= max_seq_len");
+  if (!targets) throw std::invalid_argument("forward_backward: needs targets");
+  ensure_activations(B, Tn);  // a new layout drops the graph
+  Backend<T>& be = *backend_;
+  if (!n_valid_dev_) n_valid_dev_ = be.alloc_i32(1);
+  if (!loss_acc_) loss_acc_ = be.alloc_master(1);
+  // outside any graph: the host-side work of the step (the batch's upload, a rebuilt bf16 weight copy)
+  be.upload_batch(inputs_, targets_, inp, targets, B, Tn);
+  refresh_params();
+  have_targets_ = false;  // the logits become dlogits
+  run_graphed(step_graph_, {double(B), double(Tn), grad_scale}, [&] { forward_backward_ops(grad_scale); });
+}
+
+// Runs ops() directly, or through g (see set_graphs): a key seen for the first time runs directly (and sizes the
+// backend's scratch buffers), the second time it is captured and launched, after that replayed.
+template <typename T>
+template <class Ops>
+void GPT2Model<T>::run_graphed(GraphSlot& g, std::vector<double> key, Ops&& ops) {
+  Backend<T>& be = *backend_;
+  if (!graphs_ || !be.can_capture()) {
+    ops();
+    return;
+  }
+  if (g.exec && g.key != key) drop_graph(g);
+  if (!g.exec && g.warm_key != key) {
+    ops();
+    g.warm_key = std::move(key);
+    return;
+  }
+  if (!g.exec) {
+    be.capture_begin();
+    try {
+      ops();
+    } catch (...) {
+      be.capture_end(false);
+      throw;
+    }
+    g.exec = be.capture_end(true);
+    g.key = std::move(key);
+    graph_captures_++;
+  }
+  be.graph_launch(g.exec);
+  graph_replays_++;
+}
+
+// The ops of one micro-step, all in backend memory (what a graph records): forward, the loss into loss_acc_,
+// backward of grad_scale * mean loss.
+template <typename T>
+void GPT2Model<T>::forward_backward_ops(float grad_scale) {
+  Backend<T>& be = *backend_;
+  const int N = B_ * T_, V = config_.vocab_size, Vp = config_.padded_vocab_size;
+  forward_ops(B_, T_);
+  be.crossentropy_forward_counted(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_, N, V, Vp);
+  be.loss_accumulate(loss_acc_, a_.losses, n_valid_dev_, N, grad_scale);
+  be.crossentropy_backward_counted(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, N, V, Vp);
+  backward_ops(false);
+}
+
+template <typename T>
+double GPT2Model<T>::take_loss() {
+  if (!loss_acc_) return 0.0;
+  M acc;
+  backend_->to_host_master(&acc, loss_acc_, 1);
+  backend_->zero_master(loss_acc_, 1);
+  return double(acc);
+}
+
+template <typename T>
+void GPT2Model<T>::set_graphs(bool on) {
+  graphs_ = on;
+  if (!on) {
+    drop_graph(step_graph_);
+    drop_graph(optimizer_graph_);
+  }
+}
+
+template <typename T>
+void GPT2Model<T>::drop_graph(GraphSlot& g) {
+  if (g.exec) backend_->graph_destroy(g.exec);
+  g = GraphSlot{};
+}
+
+template <typename T>
 double GPT2Model<T>::grad_norm() { return std::sqrt(backend_->sum_squares(grads_, num_params_)); }
 
 template <typename T>
@@ -289,6 +396,32 @@ void GPT2Model<T>::adamw_update(float lr, float beta1, float beta2, float eps, f
   ensure_optimizer_state();
   adamw_over(0, num_params_, m_, v_, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
   params_stale_ = false;  // the update rewrote the ops' copy from the new master weights
+}
+
+template <typename T>
+double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
+                                    double grad_clip) {
+  if (step < 1) throw std::invalid_argument("optimizer_step: step counts from 1");
+  ensure_optimizer_state();
+  Backend<T>& be = *backend_;
+  StepArgs args{};
+  args.lr = lr;
+  args.bc1 = 1.0f - std::pow(beta1, float(step));  // as adamw_over
+  args.bc2 = 1.0f - std::pow(beta2, float(step));
+  args.seed = uint32_t(step);
+  args.clip = grad_clip;
+  be.set_step_args(args);  // outside the graph: its ops read them from backend memory
+  const std::vector<AdamWSegment> segments = adamw_segments(0, num_params_, weight_decay);
+  run_graphed(optimizer_graph_, {beta1, beta2, eps, weight_decay}, [&] {
+    be.grad_sum_squares(grads_, num_params_);
+    be.clipped_adamw_segments(params_, master_, grads_, m_, v_, 0, segments, beta1, beta2, eps);
+  });
+  const double norm = be.last_grad_norm();
+  if (std::isfinite(norm)) {  // else nothing was written
+    round_seed_ = uint32_t(step);
+    params_stale_ = false;
+  }
+  return norm;
 }
 
 template <typename T>
@@ -308,14 +441,20 @@ void GPT2Model<T>::adamw_over(size_t lo, size_t hi, M* m, M* v, float lr, float 
                               float weight_decay, int step, float grad_scale) {
   const float bc1 = 1.0f - std::pow(beta1, float(step));
   const float bc2 = 1.0f - std::pow(beta2, float(step));
+  backend_->adamw_segments(params_, master_, grads_, m, v, lo, adamw_segments(lo, hi, weight_decay), lr, beta1, beta2,
+                           eps, grad_scale, bc1, bc2, uint32_t(step));
+  round_seed_ = uint32_t(step);
+}
+
+// The part of each tensor inside flat [lo, hi), with its weight decay (2-D tensors only).
+template <typename T>
+std::vector<AdamWSegment> GPT2Model<T>::adamw_segments(size_t lo, size_t hi, float weight_decay) const {
   std::vector<AdamWSegment> segments;
-  for (int i = 0; i < kNumParamTensors; i++) {  // the part of each tensor inside [lo, hi)
+  for (int i = 0; i < kNumParamTensors; i++) {
     const size_t a = std::max(lo, offsets_[i]), b = std::min(hi, offsets_[i] + sizes_[i]);
     if (a < b) segments.push_back({a, b, param_decays(i) ? weight_decay : 0.0f});
   }
-  backend_->adamw_segments(params_, master_, grads_, m, v, lo, segments, lr, beta1, beta2, eps, grad_scale, bc1, bc2,
-                           uint32_t(step));
-  round_seed_ = uint32_t(step);
+  return segments;
 }
 
 template class GPT2Model<float>;

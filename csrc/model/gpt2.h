@@ -82,6 +82,26 @@ class GPT2Model {
   // Installs the grad-ready hook (empty: none) and returns the previous one; the hook runs on the thread that
   // calls backward. Only backward(..., report_grads=true) calls it.
   GradReadyHook set_grad_ready_hook(GradReadyHook hook) { return std::exchange(grad_hook_, std::move(hook)); }
+  // A training step with no host round trip until its end: forward_backward per micro-step, then optimizer_step.
+  //
+  // forward_backward: forward(inp, targets) and backward(grad_scale) in one call, the mean loss times grad_scale
+  // added to an accumulator in backend memory (take_loss()). Gradients accumulate into grads() as with
+  // backward(); the ops may still be running when it returns (optimizer_step, grad_norm and take_loss wait).
+  void forward_backward(const int32_t* inp, const int32_t* targets, int B, int Tn, float grad_scale);
+  // The loss accumulated by forward_backward since the last call (0 if none), and resets it.
+  double take_loss();
+  // optimizer_step: the global gradient norm, clipping to grad_clip (0: none) and AdamW, all in backend memory;
+  // returns the pre-clip norm. A non-finite norm leaves weights and moments untouched (and is returned).
+  double optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step, double grad_clip);
+  // With graphs on and a backend that can capture (CUDA), each of the two runs from a CUDA graph: the first call
+  // for a shape (forward_backward: B, Tn, grad_scale; optimizer_step: beta1, beta2, eps, weight_decay) runs the
+  // ops directly, which also sizes every scratch buffer; the second records them into a graph and launches it;
+  // later calls replay it. A micro-step is then one launch instead of ~25 per layer.
+  void set_graphs(bool on);
+  bool graphs() const { return graphs_; }
+  // Graphs recorded and replays of them so far (for tests and benchmarks).
+  long graph_captures() const { return graph_captures_; }
+  long graph_replays() const { return graph_replays_; }
   void zero_grad();
   double grad_norm();  // global L2 norm of all gradients
   void adamw_update(float lr, float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale);
@@ -99,10 +119,22 @@ class GPT2Model {
     std::vector<std::pair<M**, size_t>> m;
   };
   void ensure_activations(int B, int Tn);
+  void forward_ops(int B, int Tn);          // embeddings to logits
+  void backward_ops(bool report);           // from dlogits (in a_.logits) to the embedding gradients
+  void forward_backward_ops(float grad_scale);
+  // One captured sequence of ops (see set_graphs): the graph, and the key of the run that sized its buffers.
+  struct GraphSlot {
+    void* exec = nullptr;
+    std::vector<double> key, warm_key;
+  };
+  template <class Ops>
+  void run_graphed(GraphSlot& g, std::vector<double> key, Ops&& ops);
+  void drop_graph(GraphSlot& g);
   void release_activations();
   Slots activation_slots(int B, int Tn);
   void ensure_optimizer_state();
   void refresh_params();
+  std::vector<AdamWSegment> adamw_segments(size_t lo, size_t hi, float weight_decay) const;
   void adamw_over(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps, float weight_decay,
                   int step, float grad_scale);
   T* param(int i) const { return params_ + offsets_[i]; }
@@ -134,6 +166,12 @@ class GPT2Model {
   GradReadyHook grad_hook_;
   bool have_targets_ = false;   // last forward had targets and its logits are intact
   long n_valid_ = 0;
+  // forward_backward's state in backend memory: non-ignored targets of the micro-step, accumulated loss
+  int32_t* n_valid_dev_ = nullptr;
+  M* loss_acc_ = nullptr;
+  bool graphs_ = false;
+  GraphSlot step_graph_, optimizer_graph_;  // forward_backward's and optimizer_step's
+  long graph_captures_ = 0, graph_replays_ = 0;
 };
 
 extern template class GPT2Model<float>;

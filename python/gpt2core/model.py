@@ -215,6 +215,28 @@ class GPT2:
         """Accumulate d(grad_scale * loss)/d(params) into self.grads."""
         self._m.backward(float(grad_scale))
 
+    def forward_backward(self, idx, targets, grad_scale: float = 1.0) -> None:
+        """One training micro-step: forward(idx, targets) then backward(grad_scale), without waiting for the
+        GPU (no loss is read back). grad_scale * loss is added to a sum that take_loss() returns. With
+        cuda_graphs on, the second call for a shape records the step's kernels into a CUDA graph and later
+        calls replay it. The gradients are complete once grad_norm(), step() or take_loss() returns."""
+        self._m.forward_backward(as_tokens(idx, "idx"), as_tokens(targets, "targets"), float(grad_scale))
+
+    def take_loss(self) -> float:
+        """The sum of grad_scale * loss over forward_backward calls since the last take_loss (then reset)."""
+        return self._m.take_loss()
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Capture forward_backward in a CUDA graph and replay it each micro-step (device='cuda' only)."""
+        return self._m.cuda_graphs
+
+    @cuda_graphs.setter
+    def cuda_graphs(self, on: bool) -> None:
+        if on and self.device == "cpu":
+            raise ValueError("cuda_graphs needs device='cuda': the CPU backend runs each op as it is called")
+        self._m.cuda_graphs = bool(on)
+
     def zero_grad(self) -> None:
         self._m.zero_grad()
 
@@ -225,14 +247,13 @@ class GPT2:
              eps: float = 1e-8, grad_clip: float = 1.0) -> float:
         """Clip the global gradient norm to grad_clip (0 disables), take one AdamW step, return the
         pre-clip norm. A non-finite norm raises FloatingPointError and leaves the weights untouched."""
-        norm = self.grad_norm()
-        if not math.isfinite(norm):
+        # norm, clip scale and update all in the backend (one graph with cuda_graphs): no wait for the GPU
+        # until the norm is read back at the end
+        clip = grad_clip if grad_clip and grad_clip > 0 else 0.0
+        norm = self._m.optimizer_step(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+                                      step=self.step_count + 1, grad_clip=clip)
+        if not math.isfinite(norm):  # the backend wrote nothing
             raise FloatingPointError(f"gradient norm is {norm} at step {self.step_count + 1}; weights not updated")
-        scale = 1.0
-        if grad_clip and grad_clip > 0 and norm > grad_clip:
-            scale = grad_clip / (norm + 1e-6)
-        self._m.adamw_update(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
-                             step=self.step_count + 1, grad_scale=scale)
         self.step_count += 1  # only once the update was accepted
         return norm
 

@@ -46,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "start, else flash), flash (gpt2core's kernel), cudnn, or the materialised 'naive' rung")
     g.add_argument("--recompute-gelu", action="store_true",
                    help="recompute GELU outputs in backward instead of storing one per layer (less memory)")
+    g.add_argument("--cuda-graphs", action="store_true",
+                   help="CUDA: capture each micro-step's forward and backward, and the optimizer step, in CUDA "
+                        "graphs and replay them (one launch instead of hundreds); with data parallel, gradients are "
+                        "then averaged after backward")
     g = ap.add_argument_group("data")
     g.add_argument("--data-dir", default=None,
                    help="directory of token shards (*_train_*.bin, *_val_*.bin); default: the bundled tiny "
@@ -152,6 +156,10 @@ class Trainer:
         self.model = GPT2(config, device=self.device, seed=args.seed, precision=getattr(args, "precision", None),
                           attention=getattr(args, "attention", None))
         self.model.recompute_gelu = getattr(args, "recompute_gelu", False)
+        graphs = getattr(args, "cuda_graphs", False)
+        if graphs and self.device == "cpu":
+            raise SystemExit("gpt2core-train: --cuda-graphs needs --device cuda")
+        self.model.cuda_graphs = graphs
         self.config = config
         self.metrics_path = self.out / "metrics.jsonl"
         self.flops_per_token = config.flops_per_token(T)
@@ -161,7 +169,8 @@ class Trainer:
         if self.comm is not None:  # after resume: ZeRO-1 reads its shard of the checkpoint's AdamW state
             from .distributed import DataParallel
             zero = getattr(args, "zero", 0)
-            overlap = False if getattr(args, "no_overlap_comm", False) else None  # None: on unless ZeRO-1
+            # None: on unless ZeRO-1; a captured backward cannot call back into Python to start collectives
+            overlap = False if getattr(args, "no_overlap_comm", False) or graphs else None
             self.ddp = DataParallel(self.model, self.comm, zero=zero, resume_from=ck, overlap=overlap)
 
     def _newest(self, root: Path):
@@ -322,15 +331,16 @@ class Trainer:
             loss = 0.0
             for i in range(self.grad_accum):
                 x, y = self.train_loader.next_batch()
-                micro = m.forward(x, y)
-                if not math.isfinite(micro):
-                    raise FloatingPointError(f"loss is {micro} at step {step}; weights were not updated "
-                                             "(try a lower --lr)")
-                if self.ddp:  # the last micro-step's backward may average the gradients as it goes
-                    self.ddp.backward(1.0 / self.grad_accum, last=i == self.grad_accum - 1)
-                else:
-                    m.backward(1.0 / self.grad_accum)
-                loss += micro / self.grad_accum
+                if self.ddp and self.ddp.overlap and i == self.grad_accum - 1:
+                    # the last micro-step's backward averages the gradients over ranks as it goes
+                    loss += m.forward(x, y) / self.grad_accum
+                    self.ddp.backward(1.0 / self.grad_accum, last=True)
+                else:  # the loss stays on the device: no wait for the GPU between micro-steps
+                    m.forward_backward(x, y, 1.0 / self.grad_accum)
+            loss += m.take_loss()
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss is {loss} at step {step}; weights were not updated "
+                                         "(try a lower --lr)")
             # data parallel: the one gradient exchange of the step (or the wait for it), after the last micro-step
             norm = (self.ddp.step if self.ddp else m.step)(lr, weight_decay=a.weight_decay, beta1=a.beta1,
                                                            beta2=a.beta2, grad_clip=a.grad_clip)

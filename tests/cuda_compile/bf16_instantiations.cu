@@ -17,7 +17,7 @@ namespace gpt2::cuda {
 using X = __nv_bfloat16;
 
 template void encoder_forward<X>(X*, const int*, const X*, const X*, int, int, int, cudaStream_t);
-template void encoder_backward<X>(float*, float*, const X*, const int32_t*, int*, int, int, int, cudaStream_t);
+template void encoder_backward<X>(float*, float*, const X*, const int*, int, int, int, cudaStream_t);
 template void layernorm_forward<X>(X*, float*, float*, const X*, const X*, const X*, int, int, cudaStream_t);
 template void residual_layernorm_forward<X>(X*, X*, float*, float*, const X*, const X*, const X*, const X*, int, int,
                                             cudaStream_t);
@@ -37,7 +37,8 @@ template void gelu_forward<X>(X*, const X*, size_t, cudaStream_t);
 template void gelu_backward<X>(X*, const X*, const X*, size_t, cudaStream_t);
 template void residual_forward<X>(X*, const X*, const X*, size_t, cudaStream_t);
 template long crossentropy_forward<X>(float*, float*, const X*, const int*, int*, int, int, int, cudaStream_t);
-template void crossentropy_backward_inplace<X>(X*, const float*, const int*, float, int, int, int, cudaStream_t);
+template void crossentropy_backward_inplace<X>(X*, const float*, const int*, const int*, float, int, int, int,
+                                                cudaStream_t);
 template void adamw_update<X>(X*, float*, const float*, float*, float*, size_t, const AdamWParams&, cudaStream_t);
 template void cast_params<X>(X*, const float*, size_t, uint32_t, size_t, cudaStream_t);
 template void cast_params<float>(float*, const float*, size_t, uint32_t, size_t, cudaStream_t);

@@ -124,6 +124,13 @@ record("crossentropy_forward", (l1, s1), (l0, s0))
 assert n1 == n0 == 0
 record("crossentropy_forward", (l1, s1), (l0, s0))
 record("crossentropy_backward_inplace", *both("crossentropy_backward_inplace", logits, s0, targets, 1.0 / 7, V))
+# forward_backward's device-resident loss: the count stays in device memory, dloss = grad_scale / count and the
+# mean loss is accumulated there; against the CPU backend and against the host-side forms above
+(l1, s1, n1, a1, d1), (l0, s0c, n0, a0, d0) = both("crossentropy_counted", logits, targets, V, 0.25, 1.5)
+assert n1 == n0 == N - 3, (n1, n0)
+assert abs(a1 - a0) <= 1e-6 * abs(a0) and abs(a0 - (1.5 + 0.25 * l0.sum() / n0)) <= 1e-6 * a0, (a1, a0)
+record("crossentropy_counted", (l1, s1, d1), (l0, s0c, d0))
+record("crossentropy_counted", d1, cuda.crossentropy_backward_inplace(logits, s0, targets, 0.25 / n0, V))
 
 
 # classifier rows of other widths: Vp a multiple of 8 with V not (16-byte vectors, a ragged tail up to V, padded

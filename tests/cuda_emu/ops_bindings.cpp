@@ -83,6 +83,12 @@ struct Ops {
     ibufs.push_back(p);
     return p;
   }
+  int32_t* ui_batch(const I& a) {  // token ids of a (B, T) batch, uploaded as the model does (upload_batch)
+    int32_t* p = be->alloc_i32(a.size());
+    be->upload_batch(p, nullptr, a.data(), nullptr, int(a.shape(0)), int(a.shape(1)));
+    ibufs.push_back(p);
+    return p;
+  }
   static F dt(const T* p, std::vector<py::ssize_t> shape) {
     F out(shape);
     for (py::ssize_t i = 0; i < out.size(); i++) out.mutable_data()[i] = wide(p[i]);
@@ -114,7 +120,7 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              const int B = inp.shape(0), T_ = inp.shape(1), C = dwte.shape(1);
              float* a = o.um(dwte);
              float* b = o.um(dwpe);
-             o.be->encoder_backward(a, b, o.ut(dout), o.ui(inp), B, T_, C);
+             o.be->encoder_backward(a, b, o.ut(dout), o.ui_batch(inp), B, T_, C);
              auto r = py::make_tuple(O::dm(a, {dwte.shape(0), C}), O::dm(b, {dwpe.shape(0), C}));
              o.clear();
              return r;
@@ -255,6 +261,23 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              T* a = o.ut(logits);
              o.be->crossentropy_backward_inplace(a, o.um(lse), o.ui(targets), dloss, N, V, Vp);
              auto r = O::dt(a, {N, Vp});
+             o.clear();
+             return r;
+           })
+      .def("crossentropy_counted",  // the device-resident loss of forward_backward: counted forward, loss, backward
+           [](O& o, F logits, I targets, int V, float grad_scale, float acc0) {
+             const int N = logits.shape(0), Vp = logits.shape(1);
+             float* losses = o.zm(N);
+             float* lse = o.zm(N);
+             float* acc = o.um(F(py::array_t<float>(1, &acc0)));
+             int32_t* nv = o.ui(I(py::array_t<int32_t>(1)));  // poisoned below: the op must write it
+             *nv = -12345;
+             T* lg = o.ut(logits);
+             const int32_t* t = o.ui(targets);
+             o.be->crossentropy_forward_counted(losses, lse, lg, t, nv, N, V, Vp);
+             o.be->loss_accumulate(acc, losses, nv, N, grad_scale);
+             o.be->crossentropy_backward_counted(lg, lse, t, nv, grad_scale, N, V, Vp);
+             auto r = py::make_tuple(O::dm(losses, {N}), O::dm(lse, {N}), long(*nv), double(*acc), O::dt(lg, {N, Vp}));
              o.clear();
              return r;
            })
