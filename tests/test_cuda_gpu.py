@@ -157,7 +157,8 @@ def test_bf16_speed_ladder_rungs_agree(monkeypatch, attention, fused):
 @pytest.mark.parametrize("cls", ["Model", "ModelBF16"])
 def test_cuda_graph_replay_matches_the_direct_run(monkeypatch, cls, attention):
     """As tests/test_cuda_graphs.py under emulation, on the real stream-capture machinery: cuBLASLt, cuDNN and
-    our kernels recorded into one graph and replayed with new tokens and new weights. Bit for bit with our
+    our kernels recorded into graphs (micro-step, optimizer step) and replayed with new tokens, learning rates
+    and weights. Bit for bit with our
     (deterministic) kernels; with cuDNN's attention (auto, bf16), whose backward may accumulate dQ with atomics,
     within bf16 rounding (1e-2 normwise)."""
     monkeypatch.setenv("GPT2CORE_CUDA_ATTENTION", attention)
@@ -178,6 +179,8 @@ def test_cuda_graph_replay_matches_the_direct_run(monkeypatch, cls, attention):
         assert abs(lg - ld) <= tol * ld
         for name, g in direct.grads().items():
             assert normwise(graphed.grads()[name], g) <= tol, name
-        for m in (graphed, direct):
-            m.adamw_update(lr=1e-3, step=step + 1)
-    assert graphed.graph_captures == 1 and graphed.graph_replays == 8
+        norms = [m.optimizer_step(lr=1e-3 / (step + 1), step=step + 1, grad_clip=0.05) for m in (graphed, direct)]
+        assert abs(norms[0] - norms[1]) <= tol * norms[1]
+        for name, p in direct.params().items():
+            assert normwise(graphed.params()[name], p) <= tol, name
+    assert graphed.graph_captures == 2 and graphed.graph_replays == 8 + 2

@@ -55,3 +55,9 @@ def test_seq_len_above_block_size_is_rejected(shakespeare_dir, tmp_path):
     d, _ = shakespeare_dir
     with pytest.raises(SystemExit, match="block size"):
         train.main(["--preset", "tiny", "--data-dir", str(d), "-T", "65", "--output-dir", str(tmp_path)])
+
+
+def test_cuda_graphs_need_a_gpu_device(shakespeare_dir, tmp_path):
+    d, _ = shakespeare_dir
+    with pytest.raises(SystemExit, match="--cuda-graphs needs --device cuda"):
+        train.main(["--preset", "tiny", "--data-dir", str(d), "-T", "32", "--cuda-graphs", "--output-dir", str(tmp_path)])
