@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fp32, tf32 or bf16 mixed precision (CUDA); default bf16 on sm_80+, else fp32")
     ap.add_argument("--attention", choices=["auto", "flash", "cudnn", "naive"], default=None, help="CUDA attention kernel")
     ap.add_argument("--recompute-gelu", action="store_true")
+    ap.add_argument("--ladder", action="store_true",
+                    help="run every rung of the speed ladder (baseline, tf32, bf16, fusion, flash attention, padded "
+                         "vocab, CUDA graphs) one after another and print them side by side")
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="replay each micro-step and the optimizer step from CUDA graphs (--breakdown then times "
                          "forward and backward together)")
@@ -135,18 +138,25 @@ def timed_steps(model, ddp, rng, vocab, B, T, accum, warmup, steps):
     return times, parts, comm
 
 
-def peak_line(args, device, gflops, precision, threads, what=""):
-    """The utilisation line: CPU FMA peak or the GPU's dense tensor-core peak (per process / device)."""
+def peak_gflops(args, device, precision, threads) -> tuple[float | None, str, str]:
+    """(peak GFLOP/s or None if unknown, where it comes from, the device's name) for utilisation / MFU."""
     from gpt2core import _C
 
     if device == "cpu":
         peak, how = (args.peak_gflops, "given") if args.peak_gflops else cpu_peak_gflops(threads)
-        return f"CPU fp32 FMA peak {peak:.1f} GFLOP/s ({how}){what} | utilisation {100 * gflops / peak:.1f}%"
+        return peak, how, "CPU"
     peak, how = args.peak_gflops, "given"
-    index = int(device.partition(":")[2] or 0)
-    name = _C.cuda_device_name(index)
+    name = _C.cuda_device_name(int(device.partition(":")[2] or 0))
     if not peak and (found := gpu_peak_tflops(name, precision)):
         peak, how = found[0] * 1e3, f"{found[1]} dense {precision}"
+    return peak, how, name
+
+
+def peak_line(args, device, gflops, precision, threads, what=""):
+    """The utilisation line: CPU FMA peak or the GPU's dense tensor-core peak (per process / device)."""
+    peak, how, name = peak_gflops(args, device, precision, threads)
+    if device == "cpu":
+        return f"CPU fp32 FMA peak {peak:.1f} GFLOP/s ({how}){what} | utilisation {100 * gflops / peak:.1f}%"
     if peak:
         return f"GPU {name} | MFU {100 * gflops / peak:.1f}% of {peak / 1e3:.1f} TFLOP/s ({how}){what}"
     return ("GPU peak table (dense TFLOP/s bf16/tf32/fp32): " +
@@ -187,6 +197,67 @@ def single(args):
         print(" | ".join(f"{k} {np.median(v) * 1e3:.1f} ms" for k, v in parts.items()))
     print(peak_line(args, args.device, gflops, model.precision, threads))
     return {"ms_per_step": dt * 1e3, "tok_per_s": tps, "gflops": gflops}
+
+
+# The speed ladder, cumulative: each rung keeps the ones above it and switches one optimisation on.
+# (rung, what it changes, model settings; None: CUDA only)
+LADDER = [
+    ("baseline", "fp32, materialised attention, unfused, vocab 50257",
+     dict(precision="fp32", attention="naive", fused=False, padded=False, graphs=False)),
+    ("tf32", "TF32 tensor-core matmuls", dict(precision="tf32")),
+    ("bf16", "bf16 mixed precision", dict(precision="bf16")),
+    ("fused", "residual+layernorm and GELU-in-matmul fusion", dict(fused=True)),
+    ("flash", "flash attention (auto: cuDNN if it checks out, else ours)", dict(attention="auto")),
+    ("vocab 50304", "vocab padded to a multiple of 128", dict(padded=True)),
+    ("cuda graphs", "micro-step and optimizer step replayed from CUDA graphs", dict(graphs=True)),
+]
+CPU_RUNGS = {"baseline", "vocab 50304"}  # the CPU backend is fp32 with materialised attention, unfused
+
+
+def ladder(args):
+    """Every rung of LADDER in one process, one model at a time, printed side by side."""
+    from gpt2core import GPT2, _C, build_info
+
+    if args.threads:
+        _C.set_num_threads(args.threads)
+    threads = _C.get_num_threads()
+    base_cfg = bench_config(args)
+    B, T = args.batch_size, args.seq_len
+    cpu = args.device == "cpu"
+    flops = base_cfg.flops_per_token(T)
+    print(f"gpt2core {build_info()['version']} | {args.device} | preset {args.preset} | B={B} T={T} | "
+          f"{flops / 1e9:.3f} GFLOP/token | speed ladder, each rung adds one optimisation")
+    print(f"{'rung':<12} | {'ms/step':>9} | {'tokens/s':>10} | {'TFLOP/s':>8} | {'MFU':>6} | {'speed-up':>8} | adds")
+    s, rows, base = {}, [], None
+    for rung, what, change in LADDER:
+        s.update(change)
+        if cpu and rung not in CPU_RUNGS:
+            print(f"{rung:<12} | {'-':>9} | {'-':>10} | {'-':>8} | {'-':>6} | {'-':>8} | {what} (CUDA only)")
+            continue
+        cfg = base_cfg.replace(padded_vocab_size=base_cfg.padded_vocab_size if s["padded"] else base_cfg.vocab_size)
+        os.environ["GPT2CORE_CUDA_FUSED"] = "1" if s["fused"] else "0"  # read when the backend is created
+        try:
+            model = GPT2(cfg, device=args.device, seed=0, precision=None if cpu else s["precision"],
+                         attention=None if cpu else s["attention"])
+        finally:
+            os.environ.pop("GPT2CORE_CUDA_FUSED")
+        model.recompute_gelu = args.recompute_gelu
+        model.cuda_graphs = s["graphs"]
+        times, _, _ = timed_steps(model, None, np.random.default_rng(0), cfg.vocab_size, B, T, 1, args.warmup,
+                                  args.steps)
+        del model  # frees its device memory before the next rung
+        dt = float(np.median(times))
+        tps = B * T / dt
+        gflops = tps * flops / 1e9
+        peak, _, _ = peak_gflops(args, args.device, "fp32" if cpu else s["precision"], threads)
+        base = base or tps
+        mfu = f"{100 * gflops / peak:.1f}%" if peak else "-"
+        print(f"{rung:<12} | {dt * 1e3:>9.1f} | {tps:>10,.0f} | {gflops / 1e3:>8.3f} | {mfu:>6} | "
+              f"{tps / base:>7.2f}x | {what}")
+        rows.append({"rung": rung, "ms_per_step": dt * 1e3, "tok_per_s": tps, "gflops": gflops})
+    print("MFU is against the dense peak of each rung's precision (fp32, tf32, bf16); the speed-up against the "
+          "baseline's tokens/s")
+    return {"ladder": rows}
 
 
 def worker(args):
@@ -312,7 +383,7 @@ def main(argv=None):
         return worker(args) or True  # one rank under a launcher (ours, or torchrun scripts/bench.py ...)
     if args.nproc > 1 or args.scaling:
         return data_parallel(args, argv)
-    return single(args)
+    return ladder(args) if args.ladder else single(args)
 
 
 if __name__ == "__main__":

@@ -46,3 +46,16 @@ def test_total_batch_tokens_must_divide_before_launching():
     p = bench(*TINY, "--nproc", "2", "--total-batch-tokens", "100", check=False)
     assert p.returncode != 0 and "not a multiple of B*T*processes = 64" in p.stderr
     assert "gpt2core.launch" not in p.stderr  # refused up front, no process started
+
+
+def test_ladder_runs_every_rung_this_device_has_side_by_side():
+    """--ladder: one row per rung in one run; on the CPU the CUDA-only rungs are listed, not measured."""
+    out = bench(*TINY, "--ladder").stdout
+    rows = {m.group(1).strip(): m.group(2) for m in re.finditer(r"^([a-z0-9 ]+?)\s+\|\s+([0-9.,-]+) \|", out, re.M)}
+    assert list(rows) == ["baseline", "tf32", "bf16", "fused", "flash", "vocab 50304", "cuda graphs"], out
+    for rung, ms in rows.items():
+        if rung in ("baseline", "vocab 50304"):
+            assert float(ms) > 0, out
+        else:
+            assert ms == "-" and "(CUDA only)" in out, out
+    assert re.search(r"^baseline .*\|\s+1\.00x \|", out, re.M), out
