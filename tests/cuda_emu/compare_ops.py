@@ -159,6 +159,23 @@ pw, gw = f32(5003), f32(5003, scale=1e-2)
 m0, v0 = f32(5003, scale=1e-3), np.abs(f32(5003, scale=1e-5))
 record("adamw", *both("adamw", pw, gw, m0, v0, 1e-3, 0.9, 0.95, 1e-8, 0.1, 0.5, 1 - 0.9 ** 3, 1 - 0.95 ** 3))
 record("adamw", *both("adamw", pw, gw, m0, v0, 1e-3, 0.9, 0.95, 1e-8, 0.0, 1.0, 1 - 0.9, 1 - 0.95))
+# the optimizer step with its values in device memory (a graph replays it): norm and clip scale on the device;
+# against the CPU backend, and bit for bit against adamw() with the host's clip scale; non-finite: no write
+for clip in (0.0, 0.5, 1e9):
+    got, want = both("clipped_adamw", pw, gw, m0, v0, 1e-3, 1 - 0.9 ** 3, 1 - 0.95 ** 3, 3, clip)
+    norm64 = np.sqrt(np.sum(gw.astype(np.float64) ** 2))
+    assert abs(got[0] - want[0]) <= 1e-6 * want[0] and abs(got[0] - norm64) <= 1e-6 * norm64, (got, want)
+    record("clipped_adamw", got[1:], want[1:])
+    scale = clip / (got[0] + 1e-6) if 0 < clip < got[0] else 1.0
+    h = len(pw) // 2
+    parts = [cuda.adamw(x, y, a, b, 1e-3, 0.9, 0.95, 1e-8, d, scale, 1 - 0.9 ** 3, 1 - 0.95 ** 3)
+             for x, y, a, b, d in ((pw[:h], gw[:h], m0[:h], v0[:h], 0.1), (pw[h:], gw[h:], m0[h:], v0[h:], 0.0))]
+    for k in range(3):
+        assert np.array_equal(got[1 + k], np.concatenate([parts[0][k], parts[1][k]])), (clip, k)
+g_nan = gw.copy()
+g_nan[17] = np.nan
+got = cuda.clipped_adamw(pw, g_nan, m0, v0, 1e-3, 0.1, 0.05, 3, 1.0)
+assert np.isnan(got[0]) and np.array_equal(got[1], pw) and np.array_equal(got[2], m0) and np.array_equal(got[3], v0)
 
 # the memory-bound kernels' one-float-per-thread paths: buffers that are not 16-byte aligned
 cuda_unaligned = E.Ops("cuda", misalign=True)

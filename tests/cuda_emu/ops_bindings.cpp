@@ -314,6 +314,27 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
            py::arg("param"), py::arg("grad"), py::arg("m"), py::arg("v"), py::arg("lr"), py::arg("beta1"),
            py::arg("beta2"), py::arg("eps"), py::arg("decay"), py::arg("grad_scale"), py::arg("bc1"), py::arg("bc2"),
            py::arg("seed") = 0, py::arg("offset") = 0)
+      .def("clipped_adamw",  // the device-resident optimizer step: norm, clip scale and AdamW over two segments
+           [](O& o, F param, F grad, F m, F v, float lr, float bc1, float bc2, uint32_t seed, double clip) {
+             const size_t n = param.size();
+             const py::ssize_t sn = py::ssize_t(n);
+             float* mm = o.um(m);
+             float* vv = o.um(v);
+             float* g = o.um(grad);
+             float* w = o.um(param);  // fp32: the parameters themselves; bf16: the master copy
+             T* p = nullptr;
+             if constexpr (std::is_same_v<T, float>) p = w;
+             else p = o.zt(n);
+             float* master = std::is_same_v<T, float> ? nullptr : w;
+             o.be->set_step_args(gpt2::StepArgs{lr, bc1, bc2, seed, clip, -1.0});  // sumsq poisoned
+             o.be->grad_sum_squares(g, n);
+             o.be->clipped_adamw_segments(p, master, g, mm, vv, 0, {{0, n / 2, 0.1f}, {n / 2, n, 0.0f}}, 0.9f, 0.95f,
+                                          1e-8f);
+             const double norm = o.be->last_grad_norm();
+             auto r = py::make_tuple(norm, O::dm(w, {sn}), O::dm(mm, {sn}), O::dm(vv, {sn}));
+             o.clear();
+             return r;
+           })
       .def("cast_params",
            [](O& o, F master, uint32_t seed, size_t offset) {
              const size_t n = master.size();
