@@ -125,11 +125,11 @@ class CudaBackend final : public Backend<T> {
     for (void* p : {static_cast<void*>(norm_work_), static_cast<void*>(valid_), static_cast<void*>(scratch_.p),
                     static_cast<void*>(buckets_.p), static_cast<void*>(tscratch_.p)})
       if (p) check(cudaFree(p), "cudaFree");
-    if (staging_.p) check(cudaFreeHost(staging_.p), "cudaFreeHost");
-    if (staged_) check(cudaEventDestroy(staged_), "cudaEventDestroy");
     if (step_dev_) check(cudaFree(step_dev_), "cudaFree");
-    if (step_host_) check(cudaFreeHost(step_host_), "cudaFreeHost");
-    if (step_staged_) check(cudaEventDestroy(step_staged_), "cudaEventDestroy");
+    for (PinnedStaging* st : {&batch_staging_, &step_staging_}) {
+      if (st->p) check(cudaFreeHost(st->p), "cudaFreeHost");
+      if (st->copied) check(cudaEventDestroy(st->copied), "cudaEventDestroy");
+    }
     if (stream_) check(cudaStreamDestroy(stream_), "cudaStreamDestroy");
   }
 
@@ -157,16 +157,13 @@ class CudaBackend final : public Backend<T> {
   }
   void synchronize() override { sync(); }
   // Through pinned staging memory, asynchronously: [inputs | targets | token buckets of the inputs] are
-  // copied to the host staging buffer, then to the device on the stream. The staging buffer is reused only
-  // once the previous batch's copy has finished (an event), so the host may run up to one batch ahead.
+  // written to the staging buffer, then copied to the device on the stream.
   void upload_batch(int32_t* dev_inp, int32_t* dev_targets, const int32_t* inp, const int32_t* targets, int B,
                     int Tn) override {
     const int BT = B * Tn;
     if (BT <= 0) return;
-    if (staged_) CUDA_CHECK(cudaEventSynchronize(staged_));
-    else CUDA_CHECK(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
     const size_t nb = cuda::encoder_buckets_size(BT);
-    int32_t* host = grow_pinned(2 * size_t(BT) + nb);
+    int32_t* host = static_cast<int32_t*>(batch_staging_.reserve((2 * size_t(BT) + nb) * sizeof(int32_t)));
     int* dev_buckets = grow(buckets_, nb);
     std::memcpy(host, inp, BT * sizeof(int32_t));
     if (targets) std::memcpy(host + BT, targets, BT * sizeof(int32_t));
@@ -175,7 +172,7 @@ class CudaBackend final : public Backend<T> {
     CUDA_CHECK(cudaMemcpyAsync(dev_inp, host, BT * sizeof(int32_t), h2d, stream_));
     if (targets) CUDA_CHECK(cudaMemcpyAsync(dev_targets, host + BT, BT * sizeof(int32_t), h2d, stream_));
     CUDA_CHECK(cudaMemcpyAsync(dev_buckets, host + 2 * size_t(BT), used * sizeof(int), h2d, stream_));
-    CUDA_CHECK(cudaEventRecord(staged_, stream_));
+    batch_staging_.sent(stream_);
     bucketed_ = dev_inp;
     bucketed_BT_ = BT;
   }
@@ -353,19 +350,13 @@ class CudaBackend final : public Backend<T> {
                           AdamWParams{lr, beta1, beta2, eps, 0.0f, grad_scale, bc1, bc2, seed, 0});
     sync();  // parameters are read on the host through numpy views
   }
-  // The device-resident step: its values go through pinned memory into step_dev_, after the previous step's
-  // copy finished (an event), so the host may run one step ahead.
+  // The device-resident step's values, through pinned staging memory into step_dev_.
   void set_step_args(const StepArgs& args) override {
-    if (!step_dev_) {
-      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&step_dev_), sizeof(StepArgs)));
-      CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&step_host_), sizeof(StepArgs)));
-      CUDA_CHECK(cudaEventCreateWithFlags(&step_staged_, cudaEventDisableTiming));
-    } else {
-      CUDA_CHECK(cudaEventSynchronize(step_staged_));
-    }
-    *step_host_ = args;
-    CUDA_CHECK(cudaMemcpyAsync(step_dev_, step_host_, sizeof(StepArgs), cudaMemcpyHostToDevice, stream_));
-    CUDA_CHECK(cudaEventRecord(step_staged_, stream_));
+    if (!step_dev_) CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&step_dev_), sizeof(StepArgs)));
+    StepArgs* host = static_cast<StepArgs*>(step_staging_.reserve(sizeof(StepArgs)));
+    *host = args;
+    CUDA_CHECK(cudaMemcpyAsync(step_dev_, host, sizeof(StepArgs), cudaMemcpyHostToDevice, stream_));
+    step_staging_.sent(stream_);
   }
   void grad_sum_squares(const float* grad, size_t n) override {
     cuda::sum_squares_into(&step_args_dev()->sumsq, grad, n, norm_work_, stream_);
@@ -554,15 +545,26 @@ class CudaBackend final : public Backend<T> {
   }
   float* scratch(size_t n) { return grow(scratch_, n); }
   T* t_scratch(size_t n) { return grow(tscratch_, n); }  // cuDNN attention backward's output
-  int32_t* grow_pinned(size_t n) {  // upload_batch's host staging (nothing of it is in flight: see there)
-    if (n > staging_.cap) {
-      if (staging_.p) CUDA_CHECK(cudaFreeHost(staging_.p));
-      staging_.p = nullptr;
-      CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&staging_.p), n * sizeof(int32_t)));
-      staging_.cap = n;
+  // Pinned host memory that asynchronous host-to-device copies read from. reserve() waits until the copies
+  // of the previous use have finished (an event recorded by sent()), so the host runs at most one use ahead
+  // of the stream and never overwrites what a copy has yet to read.
+  struct PinnedStaging {
+    void* p = nullptr;
+    size_t cap = 0;
+    cudaEvent_t copied = nullptr;
+    void* reserve(size_t bytes) {
+      if (copied) CUDA_CHECK(cudaEventSynchronize(copied));
+      else CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+      if (bytes > cap) {
+        if (p) CUDA_CHECK(cudaFreeHost(p));
+        p = nullptr;
+        CUDA_CHECK(cudaMallocHost(&p, bytes));
+        cap = bytes;
+      }
+      return p;
     }
-    return staging_.p;
-  }
+    void sent(cudaStream_t stream) { CUDA_CHECK(cudaEventRecord(copied, stream)); }
+  };
 
   int device_ = 0;
   bool fused_ = true;             // GPT2CORE_CUDA_FUSED=0: unfused residual + layernorm, matmul + GELU
@@ -576,11 +578,9 @@ class CudaBackend final : public Backend<T> {
   Scratch<int> buckets_;            // encoder_buckets of the last upload_batch, for encoder_backward
   const int32_t* bucketed_ = nullptr;  // the device token ids buckets_ describes
   int bucketed_BT_ = 0;
-  Scratch<int32_t> staging_;        // pinned host memory (upload_batch)
-  cudaEvent_t staged_ = nullptr;    // the last upload_batch's copies are done
+  PinnedStaging batch_staging_;     // upload_batch's
   StepArgs* step_dev_ = nullptr;    // the optimizer step's values (set_step_args), device memory
-  StepArgs* step_host_ = nullptr;   // and their pinned staging
-  cudaEvent_t step_staged_ = nullptr;
+  PinnedStaging step_staging_;
 };
 
 }  // namespace
