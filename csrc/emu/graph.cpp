@@ -14,6 +14,7 @@
 #include "emu/runtime_internal.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -106,6 +107,15 @@ std::string on_legacy_stream(const char* what) {
          "capturing stream; pass the capturing stream)";
 }
 
+// True when `what` is named in GPT2CORE_EMU_UNCAPTURABLE (comma-separated, e.g. "matmul,attention_forward"):
+// work the tests pretend a library cannot record into a graph, to exercise a caller's fallback.
+bool uncapturable(const char* what) {
+  const char* env = std::getenv("GPT2CORE_EMU_UNCAPTURABLE");
+  if (!env) return false;
+  const std::string list = std::string(",") + env + ",";
+  return list.find(std::string(",") + what + ",") != std::string::npos;
+}
+
 cudaError_t replay(const Nodes& nodes) {
   g_graph_launches.fetch_add(1);
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -141,6 +151,11 @@ cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<cudaErr
       if (!c.invalidated_by.empty()) {
         const std::string msg = std::string(what) + " on a stream whose capture was invalidated by " + c.invalidated_by;
         return fail(cudaErrorStreamCaptureInvalidated, msg.c_str());
+      }
+      if (uncapturable(what)) {
+        const std::string msg = during_capture(what, "not capturable: GPT2CORE_EMU_UNCAPTURABLE");
+        invalidate(c, msg);
+        return fail(cudaErrorStreamCaptureUnsupported, msg.c_str());
       }
       c.graph->nodes->push_back(Node{what, std::move(work)});
       return cudaSuccess;

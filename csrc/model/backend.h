@@ -166,9 +166,9 @@ class Backend {
             v + (s.begin - m_base), s.end - s.begin, lr, beta1, beta2, eps, s.decay, grad_scale, bc1, bc2, seed,
             s.begin);
   }
-  // The optimizer step without a host round trip (GPT2Model::optimizer_step): set_step_args stores the step's values in
-  // backend memory (never while capturing), grad_sum_squares writes the sum of squares of n gradients into
-  // them, and clipped_adamw_segments is adamw_segments with grad_scale = clip / (norm + 1e-6) when clip > 0
+  // The optimizer step without a host round trip (GPT2Model::optimizer_step): set_step_args stores the step's
+  // values in backend memory (never while capturing), grad_sum_squares writes the sum of squares of n gradients
+  // into them, and clipped_adamw_segments is adamw_segments with grad_scale = clip / (norm + 1e-6) when clip > 0
   // and norm = sqrt(sumsq) > clip (else 1), computed where it runs, in double, and with nothing written at all
   // when the norm is not finite. last_grad_norm() reads the norm back. Defaults: for host-memory backends.
   virtual void set_step_args(const StepArgs& args) { step_args_ = args; }

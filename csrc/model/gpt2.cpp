@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <stdexcept>
 
@@ -319,6 +320,9 @@ void GPT2Model<T>::forward_backward(const int32_t* inp, const int32_t* targets, 
 
 // Runs ops() directly, or through g (see set_graphs): a key seen for the first time runs directly (and sizes the
 // backend's scratch buffers), the second time it is captured and launched, after that replayed.
+// A capture that fails (a library call that cannot be recorded, say) turns graphs off for this model with a
+// message, and the ops run directly: recording runs nothing, so running them now is the step's only run, and an
+// error that is not about capturing comes back from it.
 template <typename T>
 template <class Ops>
 void GPT2Model<T>::run_graphed(GraphSlot& g, std::vector<double> key, Ops&& ops) {
@@ -334,14 +338,22 @@ void GPT2Model<T>::run_graphed(GraphSlot& g, std::vector<double> key, Ops&& ops)
     return;
   }
   if (!g.exec) {
-    be.capture_begin();
     try {
+      be.capture_begin();
+      try {
+        ops();
+      } catch (...) {
+        be.capture_end(false);
+        throw;
+      }
+      g.exec = be.capture_end(true);
+    } catch (const std::exception& e) {
+      fprintf(stderr, "gpt2core: CUDA graphs turned off, the step could not be captured (%s); running it directly\n",
+              e.what());
+      set_graphs(false);
       ops();
-    } catch (...) {
-      be.capture_end(false);
-      throw;
+      return;
     }
-    g.exec = be.capture_end(true);
     g.key = std::move(key);
     graph_captures_++;
   }

@@ -96,7 +96,8 @@ class GPT2Model {
   // With graphs on and a backend that can capture (CUDA), each of the two runs from a CUDA graph: the first call
   // for a shape (forward_backward: B, Tn, grad_scale; optimizer_step: beta1, beta2, eps, weight_decay) runs the
   // ops directly, which also sizes every scratch buffer; the second records them into a graph and launches it;
-  // later calls replay it. A micro-step is then one launch instead of ~25 per layer.
+  // later calls replay it. A micro-step is then one launch instead of ~25 per layer. If a capture fails, graphs
+  // turn themselves off (graphs() is then false) with a message on stderr, and the ops run directly.
   void set_graphs(bool on);
   bool graphs() const { return graphs_; }
   // Graphs recorded and replays of them so far (for tests and benchmarks).
