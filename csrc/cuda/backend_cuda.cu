@@ -509,7 +509,10 @@ class CudaBackend final : public Backend<T> {
                                kOomHint);
     }
     CUDA_CHECK(e);
-    CUDA_CHECK(cudaMemset(p, 0, want));
+    // zero-filled before the host may write through a numpy view: cudaMemset alone can return before the GPU
+    // has run it, and a late memset would wipe what the host wrote
+    CUDA_CHECK(cudaMemsetAsync(p, 0, want, stream_));
+    sync();
     return p;
   }
   // Never throws: the model frees from its destructor (at interpreter exit the CUDA runtime may already be
