@@ -245,6 +245,8 @@ def ladder(args):
         model.cuda_graphs = s["graphs"]
         times, _, _ = timed_steps(model, None, np.random.default_rng(0), cfg.vocab_size, B, T, 1, args.warmup,
                                   args.steps)
+        if s["graphs"] and not model.cuda_graphs:  # the capture failed and the model fell back (see stderr)
+            what += " (capture failed: ran directly)"
         del model  # frees its device memory before the next rung
         dt = float(np.median(times))
         tps = B * T / dt
