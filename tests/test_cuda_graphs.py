@@ -18,10 +18,9 @@ rounding).
 import numpy as np
 import pytest
 
-from test_cuda_emu import CFG, B, T, batch, emu, init_params  # noqa: F401  (emu: fixture)
+from test_cuda_emu import CFG, B, T, emu, init_params  # noqa: F401  (emu: fixture)
 
 import gpt2core
-from gpt2core import _C
 
 
 # the speed-ladder rungs whose ops differ (CUDA backend switches, read when a model is created)
