@@ -200,7 +200,7 @@ def single(args):
 
 
 # The speed ladder, cumulative: each rung keeps the ones above it and switches one optimisation on.
-# (rung, what it changes, model settings; None: CUDA only)
+# (rung, what it changes, the model settings it changes)
 LADDER = [
     ("baseline", "fp32, materialised attention, unfused, vocab 50257",
      dict(precision="fp32", attention="naive", fused=False, padded=False, graphs=False)),

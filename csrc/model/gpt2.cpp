@@ -410,6 +410,9 @@ void GPT2Model<T>::adamw_update(float lr, float beta1, float beta2, float eps, f
   params_stale_ = false;  // the update rewrote the ops' copy from the new master weights
 }
 
+// AdamW's bias corrections 1 - beta^step, in float: both update paths use these, so their bits agree.
+static float bias_correction(float beta, int step) { return 1.0f - std::pow(beta, float(step)); }
+
 template <typename T>
 double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                                     double grad_clip) {
@@ -418,8 +421,8 @@ double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float ep
   Backend<T>& be = *backend_;
   StepArgs args{};
   args.lr = lr;
-  args.bc1 = 1.0f - std::pow(beta1, float(step));  // as adamw_over
-  args.bc2 = 1.0f - std::pow(beta2, float(step));
+  args.bc1 = bias_correction(beta1, step);
+  args.bc2 = bias_correction(beta2, step);
   args.seed = uint32_t(step);
   args.clip = grad_clip;
   be.set_step_args(args);  // outside the graph: its ops read them from backend memory
@@ -451,10 +454,9 @@ void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr
 template <typename T>
 void GPT2Model<T>::adamw_over(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
                               float weight_decay, int step, float grad_scale) {
-  const float bc1 = 1.0f - std::pow(beta1, float(step));
-  const float bc2 = 1.0f - std::pow(beta2, float(step));
   backend_->adamw_segments(params_, master_, grads_, m, v, lo, adamw_segments(lo, hi, weight_decay), lr, beta1, beta2,
-                           eps, grad_scale, bc1, bc2, uint32_t(step));
+                           eps, grad_scale, bias_correction(beta1, step), bias_correction(beta2, step),
+                           uint32_t(step));
   round_seed_ = uint32_t(step);
 }
 

@@ -228,7 +228,8 @@ class GPT2:
 
     @property
     def cuda_graphs(self) -> bool:
-        """Capture forward_backward in a CUDA graph and replay it each micro-step (device='cuda' only)."""
+        """Capture forward_backward and the optimizer step (step()) in CUDA graphs and replay them
+        (device='cuda' only; turns itself off, with a message, if a step cannot be captured)."""
         return self._m.cuda_graphs
 
     @cuda_graphs.setter
