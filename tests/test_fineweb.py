@@ -185,6 +185,31 @@ def test_token_ids_must_fit_uint16(monkeypatch):
         fineweb.tokenize_chunk(["anything"])
 
 
+@pytest.mark.parametrize("name", ["my_val_data", "val_set", "fw_train_x", "train", "val", "", "a/b"])
+def test_ambiguous_names_refused(tmp_path, name, capsys):
+    """A name with a _val_ / _train_ part would make glob patterns like *_val_*.bin (llm.c's -j) pick
+    up the other split: refused before anything is written."""
+    with pytest.raises(ValueError, match="name"):
+        write_shards(["some text"], tmp_path / "o", name=name, shard_size=10, progress=False)
+    assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())
+    if name:
+        from gpt2core.data.__main__ import main
+        assert main(["fineweb", "--input", str(EDU5), "--out-dir", str(tmp_path / "c"), "--name", name,
+                     "--no-progress", "-j", "1"]) == 1
+        assert f"{name!r}" in capsys.readouterr().err
+
+
+def test_names_that_share_a_prefix_stay_apart(tmp_path):
+    """Shards of `fw` and `fw_x` in one directory: writing or overwriting one leaves the other alone."""
+    kw = dict(shard_size=20, progress=False, log=lambda *a: None)
+    first = write_shards(["one document here, long enough for two shards"] * 3, tmp_path, name="fw_x", **kw)
+    before = {p: p.read_bytes() for p in first["shards"]}
+    r = write_shards(["another text"] * 4, tmp_path, name="fw", **kw)
+    write_shards(["a third text"] * 5, tmp_path, name="fw", overwrite=True, **kw)
+    assert {p: p.read_bytes() for p in first["shards"]} == before
+    assert all(p.name.startswith("fw_val_") or p.name.startswith("fw_train_") for p in r["shards"])
+
+
 def test_shard_size_checked(tmp_path):
     with pytest.raises(ValueError, match="shard_size"):
         write_shards(["a"], tmp_path, shard_size=2**31, progress=False)

@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_write
-from .shards import read_header, write_shard
+from .shards import check_name, parse_shard_filename, read_header, shard_filename, write_shard
 
 EOT = 50256
 DATASETS = {"edu": "HuggingFaceFW/fineweb-edu", "fineweb": "HuggingFaceFW/fineweb"}
@@ -251,8 +251,13 @@ def _tokenized(docs, num_procs: int, chunk_chars: int):
 
 # ------------------------------------------------------------------------------------ shards
 def shard_path(out_dir, name: str, index: int) -> Path:
-    split = "val" if index == 0 else "train"
-    return Path(out_dir) / f"{name}_{split}_{index:06d}.bin"
+    return Path(out_dir) / shard_filename(name, index)
+
+
+def _shards_of(out_dir: Path, name: str, suffix: str = "") -> list[Path]:
+    """The shard files (+ suffix) of data set `name` in out_dir; not those of a name that starts like it."""
+    return sorted(p for p in out_dir.glob(f"{name}_*.bin{suffix}")
+                  if (s := parse_shard_filename(p.name[:len(p.name) - len(suffix)])) and s[0] == name)
 
 
 def _write_json_atomic(path: Path, obj):
@@ -293,7 +298,7 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
 
     Returns a summary dict: shards (paths), n_tokens, docs, empty_docs, seconds, tokens_per_s,
     resumed_shards."""
-    shard_size = int(shard_size)
+    shard_size, name = int(shard_size), check_name(name)
     if not 1 <= shard_size <= MAX_SHARD:
         raise ValueError(f"shard_size must be in [1, {MAX_SHARD}], got {shard_size}")
     out_dir = Path(out_dir)
@@ -301,11 +306,11 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
     settings = dict(settings or {}, name=name, shard_size=shard_size)
     manifest_path = out_dir / f"{name}_manifest.json"
     if overwrite:
-        for p in list(out_dir.glob(f"{name}_*_??????.bin")) + [manifest_path]:
+        for p in _shards_of(out_dir, name) + [manifest_path]:
             p.unlink(missing_ok=True)
     resume = _resume_point(manifest_path, settings, out_dir)
     if resume is None:
-        stale = sorted(out_dir.glob(f"{name}_*_??????.bin"))
+        stale = _shards_of(out_dir, name)
         if stale:
             raise InputError(f"{out_dir} already has shards ({stale[0].name}, ...) but no {manifest_path.name} "
                              "to resume from; use another --out-dir, or --overwrite to replace them")
@@ -324,7 +329,8 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
     if shards:
         log(f"resuming: keeping {len(shards)} finished shards ({n_done:,} tokens), "
             f"continuing at document {start_doc:,}")
-    for p in out_dir.glob(f"{name}_*.tmp"):      # leftovers of a killed run
+    # leftovers of a killed run
+    for p in _shards_of(out_dir, name, ".tmp") + [manifest_path.with_name(manifest_path.name + ".tmp")]:
         p.unlink(missing_ok=True)
 
     manifest = {"version": MANIFEST_VERSION, "settings": settings, "shards": shards, "complete": False}
@@ -407,7 +413,7 @@ def prepare(inputs=None, out_dir=None, dataset: str = "edu", sample: str = "10BT
         raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {dataset!r}")
     if utf8_errors not in ("strict", "replace"):
         raise ValueError(f"utf8_errors must be 'strict' or 'replace', got {utf8_errors!r}")
-    name = name or DEFAULT_NAMES[dataset]
+    name = check_name(name or DEFAULT_NAMES[dataset])    # before any download
     if out_dir is None:
         out_dir = default_out_dir(dataset, sample)
     if num_procs is None:
@@ -431,7 +437,8 @@ def add_arguments(p: argparse.ArgumentParser):
     p.add_argument("--sample", default="10BT", help="Hub sample config: 10BT (default), 100BT, 350BT")
     p.add_argument("--out-dir", "-o", help="output directory (default: data/edu_fineweb10B, data/fineweb100B, "
                                            "... after --dataset and --sample)")
-    p.add_argument("--name", help="shard name prefix (default: edufineweb, or fineweb for --dataset fineweb)")
+    p.add_argument("--name", help="shard name prefix: <name>_val_000000.bin, <name>_train_000001.bin, ... "
+                                  "(default: edufineweb, or fineweb for --dataset fineweb)")
     p.add_argument("--shard-size", type=lambda s: int(float(s)), default=10**8,
                    help="tokens per shard (default 1e8); shard 0 is validation")
     p.add_argument("--num-procs", "-j", type=int, default=None,
