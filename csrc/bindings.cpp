@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 
@@ -38,7 +39,8 @@ namespace {
 
 [[noreturn]] void arg_error(const std::string& msg) { throw py::value_error(msg); }
 
-// An int32, C-contiguous, 2-D array: the only form the core reads token ids in.
+// An int32, C-contiguous, 2-D array: the only form the core reads token ids in. Targets (allow_ignore) may
+// mark ignored positions with -1 or with Hugging Face's -100; the core sees only -1 (a copy, when -100 occurs).
 py::array_t<int32_t> check_tokens(const py::handle& obj, const char* name, int B, int Tn, bool allow_ignore,
                                   int vocab_size, int max_T) {
   if (!py::isinstance<py::array>(obj)) arg_error(std::string(name) + " must be a numpy array of int32");
@@ -61,16 +63,22 @@ py::array_t<int32_t> check_tokens(const py::handle& obj, const char* name, int B
   auto a = py::reinterpret_borrow<py::array_t<int32_t>>(arr);
   const int32_t* p = a.data();
   const py::ssize_t n = a.size();
-  const int lo = allow_ignore ? -1 : 0;
+  constexpr int32_t kHfIgnore = -100;
+  bool has_hf_ignore = false;
   for (py::ssize_t i = 0; i < n; i++) {
-    if (p[i] < lo || p[i] >= vocab_size) {
+    const bool ignored = allow_ignore && (p[i] == -1 || p[i] == kHfIgnore);
+    has_hf_ignore |= allow_ignore && p[i] == kHfIgnore;
+    if (!ignored && (p[i] < 0 || p[i] >= vocab_size)) {
       std::ostringstream s;
-      s << name << " contains id " << p[i] << " at flat position " << i << "; valid ids are " << lo << ".."
-        << vocab_size - 1 << (allow_ignore ? " (-1 = ignored)" : "");
+      s << name << " contains id " << p[i] << " at flat position " << i << "; valid ids are 0.." << vocab_size - 1
+        << (allow_ignore ? ", or -1 or -100 for an ignored position" : "");
       arg_error(s.str());
     }
   }
-  return a;
+  if (!has_hf_ignore) return a;
+  py::array_t<int32_t> mapped({arr.shape(0), arr.shape(1)});
+  std::replace_copy(p, p + n, mapped.mutable_data(), kHfIgnore, -1);
+  return mapped;
 }
 
 ModelConfig make_config(int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd) {
@@ -180,7 +188,7 @@ void bind_model(py::module_& m, const char* cls_name) {
              return self.forward(x.data(), yp, B, Tn);
            },
            py::arg("idx"), py::arg("targets") = py::none(),
-           "Forward pass. idx, targets: int32 (B, T); targets -1 are ignored. Returns the mean loss (NaN without targets).")
+           "Forward pass. idx, targets: int32 (B, T), targets[b, t] the token after idx[b, t]; targets -1 or -100 are ignored. Returns the mean loss (NaN without targets).")
       .def("logits",
            [](M& self) {
              py::array_t<F> out({self.last_B(), self.last_T(), self.config().padded_vocab_size});

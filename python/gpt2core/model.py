@@ -49,8 +49,10 @@ def as_tokens(a, name: str) -> np.ndarray:
         arr = arr[None, :]
     if arr.ndim != 2:
         raise ValueError(f"{name} must have shape (B, T), got {arr.shape}")
-    if arr.size and arr.min() < -1:
-        raise ValueError(f"{name} contains id {int(arr.min())}; token ids are >= 0 (-1 marks an ignored target)")
+    bad = arr[(arr < 0) & (arr != -1) & (arr != -100)] if arr.size and arr.min() < 0 else arr[:0]
+    if bad.size:
+        raise ValueError(f"{name} contains id {int(bad.flat[0])}; token ids are >= 0 (in targets, -1 or -100 "
+                         "mark an ignored position)")
     if arr.size and arr.max() > np.iinfo(np.int32).max:
         raise ValueError(f"{name} contains id {int(arr.max())}, beyond the int32 range")
     return np.ascontiguousarray(arr, dtype=np.int32)
@@ -198,8 +200,12 @@ class GPT2:
 
     # ------------------------------------------------------------------ compute
     def forward(self, idx, targets=None, return_logits: bool = False):
-        """Mean cross-entropy over targets != -1 (NaN without targets); with return_logits also the
-        logits (B, T, padded_vocab_size) as a new array."""
+        """Mean cross-entropy of predicting targets from idx (NaN without targets); with return_logits
+        also the logits (B, T, padded_vocab_size) as a new array.
+
+        targets are the next tokens, already shifted: targets[b, t] is the token that follows idx[b, t]
+        (tokens[:, 1:] for idx = tokens[:, :-1]), not a copy of idx as Hugging Face's `labels` are.
+        Positions whose target is -1 or -100 (Hugging Face's ignore index) are left out of the mean."""
         x = as_tokens(idx, "idx")
         y = None if targets is None else as_tokens(targets, "targets")
         loss = self._m.forward(x, y)
