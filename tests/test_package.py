@@ -16,6 +16,8 @@ def test_build_info_reports_what_was_compiled():
     assert "openblas" in info["blas"].lower() or "blas" in info["blas"].lower()
     assert info["version"] == gpt2core.__version__
     assert all(a.isdigit() for a in info["cuda_archs"])
+    # archs are those the CUDA code was compiled for: none in a build without it
+    assert bool(info["cuda_archs"]) == info["cuda"]
 
 
 def test_cuda_without_gpu_is_a_clear_python_error():
