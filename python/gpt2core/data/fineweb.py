@@ -14,13 +14,14 @@ One record (FineWeb-Edu, text shortened):
     "url": "...", "language": "en", "token_count": ..., "score": ..., "int_score": ...}
 
 What it does
-    Every document becomes ``<|endoftext|>`` (50256) followed by its GPT-2 tokens (empty documents are
-    skipped and counted). A process pool tokenizes; the token stream is cut into shards of
-    ``--shard-size`` tokens (1e8 by default, the last one shorter). Shard 0 is validation:
-    ``edufineweb_val_000000.bin``, then ``edufineweb_train_000001.bin``, ... Each shard is written to a
-    temporary name and renamed, and ``<name>_manifest.json`` records after each shard where the next one
-    starts, so an interrupted run, started again with the same command, keeps the finished shards and
-    carries on from there.
+    Every document becomes ``<|endoftext|>`` (50256) followed by its GPT-2 tokens, empty and
+    whitespace-only ones too (a lone 50256, or 50256 and the whitespace's tokens), as llm.c's
+    ``dev/data/fineweb.py`` writes them: the same documents give the same shards, byte for byte.
+    A process pool tokenizes; the token stream is cut into shards of ``--shard-size`` tokens (1e8 by
+    default, the last one shorter). Shard 0 is validation: ``edufineweb_val_000000.bin``, then
+    ``edufineweb_train_000001.bin``, ... Each shard is written to a temporary name and renamed, and
+    ``<name>_manifest.json`` records after each shard where the next one starts, so an interrupted run,
+    started again with the same command, keeps the finished shards and carries on from there.
 
 Commands and what they produce
     python -m gpt2core.data fineweb --num-procs 16          # into data/edu_fineweb10B
@@ -199,14 +200,12 @@ def _init_worker():
 
 
 def tokenize_chunk(texts):
-    """Tokens of a list of documents: (uint16 array of [EOT, doc tokens...] for each non-empty
-    document, concatenated; int64 array of each document's token count, 0 for empty ones)."""
+    """Tokens of a list of documents: (uint16 array of [EOT, doc tokens...] for each document,
+    concatenated; int64 array of each document's token count, EOT included)."""
     if _ENC is None:
         _init_worker()
     parts, lens = [], np.zeros(len(texts), dtype=np.int64)
     for i, text in enumerate(texts):
-        if not text or text.isspace():
-            continue
         toks = np.array([EOT] + _ENC.encode_ordinary(text), dtype=np.int64)
         hi = int(toks.max())
         if hi > 65535:
@@ -296,7 +295,7 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
                  chunk_chars: int = CHUNK_CHARS, log=print) -> dict:
     """Tokenize the documents of the iterable `docs` into shards in `out_dir` (see the module doc).
 
-    Returns a summary dict: shards (paths), n_tokens, docs, empty_docs, seconds, tokens_per_s,
+    Returns a summary dict: shards (paths), n_tokens, docs, seconds, tokens_per_s,
     resumed_shards."""
     shard_size, name = int(shard_size), check_name(name)
     if not 1 <= shard_size <= MAX_SHARD:
@@ -321,7 +320,7 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
         n = sum(s["n_tokens"] for s in shards)
         log(f"{out_dir}: already complete ({len(shards)} shards, {n:,} tokens); nothing to do")
         return {"shards": [out_dir / s["file"] for s in shards], "n_tokens": n, "resumed_shards": len(shards),
-                "docs": resume["stats"].get("docs"), "empty_docs": resume["stats"].get("empty_docs"),
+                "docs": resume["stats"].get("docs"),
                 "seconds": 0.0, "tokens_per_s": 0.0}
     start_doc = shards[-1]["next_doc"] if shards else 0
     skip_tokens = shards[-1]["next_doc_offset"] if shards else 0
@@ -345,7 +344,7 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
     from tqdm.auto import tqdm
     bar = tqdm(unit="tok", unit_scale=True, disable=not progress, desc=f"{name}", mininterval=0.5)
     buf = np.empty(shard_size, dtype=np.uint16)
-    fill, doc_base, n_docs, n_empty, n_tok = 0, start_doc, 0, 0, 0
+    fill, doc_base, n_docs, n_tok = 0, start_doc, 0, 0
     _init_worker()       # load the vocabulary once, before timing (forked workers inherit it)
     t0 = time.perf_counter()
     docs = itertools.islice(iter(docs), start_doc, None)
@@ -370,8 +369,7 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
                     flush(buf, doc_base + j, offset)
                     fill = 0
             doc_base += len(lens)
-            n_docs += int(np.count_nonzero(lens))
-            n_empty += int(lens.size - np.count_nonzero(lens))
+            n_docs += len(lens)
             n_tok += int(toks.size)
             bar.update(int(toks.size))
             bar.set_postfix(docs=n_docs, shard=len(shards), refresh=False)
@@ -381,16 +379,14 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
         bar.close()
     seconds = time.perf_counter() - t0
     manifest["complete"] = True
-    manifest["stats"] = {"docs": n_docs, "empty_docs": n_empty}
+    manifest["stats"] = {"docs": n_docs}
     _write_json_atomic(manifest_path, manifest)
     total = sum(s["n_tokens"] for s in shards)
     if len(shards) == 1:
         log(f"warning: all {total:,} tokens went into the val shard {shards[0]['file']}; "
             "use a smaller --shard-size to get training shards")
-    if n_empty:
-        log(f"skipped {n_empty:,} empty documents")
     return {"shards": [out_dir / s["file"] for s in shards], "n_tokens": total, "docs": n_docs,
-            "empty_docs": n_empty, "seconds": seconds, "tokens_per_s": n_tok / max(seconds, 1e-9),
+            "seconds": seconds, "tokens_per_s": n_tok / max(seconds, 1e-9),
             "resumed_shards": n_resumed}
 
 
