@@ -284,6 +284,23 @@ def test_wrapper_generate_rejects_bad_arguments(wrapped):
         model.generate(PB.idx[:1, :3], 2, temperature=0.0)
     with pytest.raises(TypeError, match=r"\bidx\b"):
         model.generate(np.ones((1, 3)), 2)
+    with pytest.raises(ValueError, match=r"top_k must be >= 0.*-1"):
+        model.generate(PB.idx[:1, :3], 2, top_k=-1)
+
+
+def test_generate_cli_rejects_negative_top_k(capsys):
+    from gpt2core import generate
+    with pytest.raises(SystemExit) as e:
+        generate.main(["--model", "unused.bin", "--top-k", "-1"])
+    assert e.value.code == 2      # argparse's usage error, before any model is read
+    assert "--top-k: must be >= 0" in capsys.readouterr().err
+
+
+def test_constructor_errors_name_the_argument():
+    with pytest.raises(TypeError, match=r"config must be a GPT2Config or a preset name.*dict"):
+        GPT2({"n_layer": 2})
+    with pytest.raises(TypeError, match=r"device must be a string .*None"):
+        GPT2("tiny", device=None)
 
 
 def test_rejected_step_does_not_advance_step_count():

@@ -24,6 +24,8 @@ class DeviceError(RuntimeError):
 
 
 def _check_device(device: str) -> str:
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a string such as 'cpu', 'cuda' or 'cuda:1', got {device!r}")
     if device == "cpu":
         return device
     if device.startswith("cuda"):
@@ -75,6 +77,9 @@ class GPT2:
         materialises attention."""
         if isinstance(config, str):
             config = get_preset(config)
+        elif not isinstance(config, GPT2Config):
+            raise TypeError(f"config must be a GPT2Config or a preset name, got {type(config).__name__} {config!r}"
+                            + ("; GPT2Config(**config) makes one from a dict" if isinstance(config, dict) else ""))
         self.config = config
         if precision not in (None, "fp32", "tf32", "bf16"):
             raise ValueError(f"precision must be 'fp32', 'tf32' or 'bf16', got {precision!r}")
@@ -271,6 +276,8 @@ class GPT2:
         x = as_tokens(idx, "idx")
         if temperature <= 0:
             raise ValueError("temperature must be > 0")
+        if top_k is not None and top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 or None: sample from the whole vocabulary), got {top_k}")
         rng = np.random.default_rng(seed)
         V = self.config.vocab_size
         for _ in range(max_new_tokens):
