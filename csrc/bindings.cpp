@@ -6,10 +6,12 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <limits>
 #include <sstream>
 #include <string>
 
 #include "cpu/backend_cpu.h"
+#include "cpu/blas.h"
 #include "model/backend_factory.h"
 #include "model/gpt2.h"
 
@@ -346,6 +348,33 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
     omp_set_num_threads(n);
   }, py::arg("n"), "Threads for the CPU backend (OpenMP; BLAS calls are split over the same threads).");
   m.def("get_num_threads", []() { return omp_get_max_threads(); });
+  m.def("matmul", [](py::object a_obj, py::object b_obj) {
+    auto matrix = [](const py::object& obj, const char* name) {
+      const std::string what = std::string(name) + " must be a non-empty, C-contiguous float32 numpy array of 2 dimensions";
+      if (!py::isinstance<py::array>(obj) || !py::array_t<float>::check_(obj)) arg_error(what);
+      auto arr = py::reinterpret_borrow<py::array_t<float>>(obj);
+      if (arr.ndim() != 2 || !(arr.flags() & py::array::c_style) || arr.size() == 0) arg_error(what);
+      return arr;
+    };
+    auto a = matrix(a_obj, "a"), b = matrix(b_obj, "b");
+    const py::ssize_t M = a.shape(0), K = a.shape(1), N = b.shape(1);
+    if (b.shape(0) != K) {
+      std::ostringstream s;
+      s << "a (M, K) @ b (K, N): a has K=" << K << " columns but b has " << b.shape(0) << " rows";
+      arg_error(s.str());
+    }
+    if (std::max({M, N, K}) > std::numeric_limits<int>::max())
+      arg_error("a and b: each dimension must fit in int32 (BLAS's int)");
+    py::array_t<float> c({M, N});
+    {
+      py::gil_scoped_release nogil;
+      gpt2::cpu::gemm(false, false, int(M), int(N), int(K), 1.0f, a.data(), int(K), b.data(), int(N), 0.0f,
+                      c.mutable_data(), int(N));
+    }
+    return c;
+  }, py::arg("a"), py::arg("b"),
+     "a @ b for float32 matrices through the CPU backend's GEMM (BLAS, C split over the OpenMP threads), as the "
+     "model's matmuls run: scripts/bench.py times it for the CPU's fp32 peak.");
   m.def("param_names", []() { std::vector<std::string> v(gpt2::param_names().begin(), gpt2::param_names().end()); return v; });
   bind_model<float>(m, "Model");
   bind_model<double>(m, "ModelF64");
