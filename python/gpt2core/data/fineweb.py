@@ -255,7 +255,7 @@ def shard_path(out_dir, name: str, index: int) -> Path:
 
 def _shards_of(out_dir: Path, name: str, suffix: str = "") -> list[Path]:
     """The shard files (+ suffix) of data set `name` in out_dir; not those of a name that starts like it."""
-    return sorted(p for p in out_dir.glob(f"{name}_*.bin{suffix}")
+    return sorted(p for p in out_dir.glob(f"*.bin{suffix}")
                   if (s := parse_shard_filename(p.name[:len(p.name) - len(suffix)])) and s[0] == name)
 
 

@@ -29,7 +29,8 @@ def prepare(out_dir, val_fraction: float = 0.1) -> list[Path]:
     out_dir = Path(out_dir)
     val = np.array(tokenizer.encode(text[n_train:]), dtype=np.uint16)
     train = np.array(tokenizer.encode(text[:n_train]), dtype=np.uint16)
-    return [write_shard(out_dir / shard_filename(NAME, 0), val), write_shard(out_dir / shard_filename(NAME, 1), train)]
+    return [write_shard(out_dir / shard_filename(NAME, 0), val),
+            write_shard(out_dir / shard_filename(NAME, 1), train)]
 
 
 def ensure(out_dir) -> Path:

@@ -21,7 +21,7 @@ HEADER_BYTES = HEADER_INTS * 4
 SPLITS = ("train", "val")
 # <name>_<split>_<index>.bin, the split read from the end, so a name may hold anything (llm.c's small
 # sets, tiny_shakespeare_val.bin, have no index; the name may be empty: val_000000.bin)
-_SHARD_NAME = re.compile(r"(?:(?P<name>.*)_)?(?P<split>train|val)(?:_(?P<index>\d+))?\.bin")
+_SHARD_NAME = re.compile(rf"(?:(?P<name>.*)_)?(?P<split>{'|'.join(SPLITS)})(?:_(?P<index>\d+))?\.bin")
 
 
 class ShardError(ValueError):
