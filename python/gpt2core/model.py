@@ -51,10 +51,11 @@ def as_tokens(a, name: str) -> np.ndarray:
         arr = arr[None, :]
     if arr.ndim != 2:
         raise ValueError(f"{name} must have shape (B, T), got {arr.shape}")
-    bad = arr[(arr < 0) & (arr != -1) & (arr != -100)] if arr.size and arr.min() < 0 else arr[:0]
-    if bad.size:
-        raise ValueError(f"{name} contains id {int(bad.flat[0])}; token ids are >= 0 (in targets, -1 or -100 "
-                         "mark an ignored position)")
+    if arr.size and arr.min() < 0:
+        bad = arr[(arr < 0) & (arr != -1) & (arr != -100)]    # the binding rejects -1 and -100 in idx
+        if bad.size:
+            raise ValueError(f"{name} contains id {int(bad[0])}; token ids are >= 0 (in targets, -1 or -100 "
+                             "mark an ignored position)")
     if arr.size and arr.max() > np.iinfo(np.int32).max:
         raise ValueError(f"{name} contains id {int(arr.max())}, beyond the int32 range")
     return np.ascontiguousarray(arr, dtype=np.int32)
