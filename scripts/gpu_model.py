@@ -189,23 +189,10 @@ def _attn_dq(a, cfg, es):  # S, dP recomputed again; dQ: 3 matmuls
                 blocks=ceil_div(T, 32) * NH * B)
 
 
-def _attn_tc_fwd(a, cfg, es):  # attention_tc.cuh: 64-query tiles, 4 warps, QK^T and PV on tensor cores
-    T, NH, hs, B = a["T"], a["NH"], a["hs"], a["B"]
+def _attn_tc_fwd(a, cfg, es):  # attention_tc.cuh: 64-query tiles, 4 warps; Q K^T and P V on tensor cores
+    T, NH, hs, B = a["T"], a["NH"], a["hs"], cfg.B
     return dict(tc_flops=4 * B * NH * hs * causal_pairs(T, 64), flops=6 * B * NH * causal_pairs(T, 64),
                 bytes=B * T * NH * hs * es * 4 + 4 * B * NH * T, blocks=ceil_div(T, 64) * NH * B)
-
-
-def _attn_tc_bwd(a, cfg, es):  # one pass per key tile: S, dP, dV, dK, dQ (5 matmuls, 7LCT with the forward's 2)
-    T, NH, hs, B = a["T"], a["NH"], a["hs"], a["B"]
-    return dict(tc_flops=10 * B * NH * hs * causal_pairs(T, 64), flops=8 * B * NH * causal_pairs(T, 64),
-                bytes=B * T * NH * hs * es * 10 + 12 * B * NH * T, blocks=ceil_div(T, 64) * NH * B)
-
-
-def _attn_tc_dq(a, cfg, es):  # dq = scale * sum over key tiles of the fp32 partials (deterministic, no atomics)
-    T, NH, hs, B = a["T"], a["NH"], a["hs"], a["B"]
-    parts = ceil_div(T, 64)
-    return dict(flops=B * T * NH * hs * parts / 2, bytes=B * T * NH * hs * (4 * (parts + 1) / 2 + 2 * es),
-                blocks=ceil_div(B * T * NH * hs // 8, 256))
 
 
 KERNELS = {
@@ -237,9 +224,7 @@ KERNELS = {
         blocks=ceil_div(a["B"] * a["T"] * a["NH"], 256))),
     "attention_backward_dkdv_kernel": (["T", "NH", "hs"], _attn_dkdv),
     "attention_backward_dq_kernel": (["T", "NH", "hs"], _attn_dq),
-    "attention_tc_forward_kernel": (["B", "T", "NH", "hs"], _attn_tc_fwd),
-    "attention_tc_backward_kernel": (["B", "T", "NH", "hs"], _attn_tc_bwd),
-    "attention_tc_dq_kernel": (["B", "T", "NH", "hs"], _attn_tc_dq),
+    "attention_tc_forward_kernel": (["T", "NH", "hs"], _attn_tc_fwd),
     "crossentropy_forward_kernel": (["V", "Vp"], lambda a, c, es: dict(
         flops=4 * c.B * c.T * a["Vp"], bytes=c.B * c.T * a["Vp"] * es, blocks=c.B * c.T)),
     "crossentropy_backward_kernel": (["V", "Vp"], lambda a, c, es: dict(
@@ -279,7 +264,7 @@ def read_log(path: Path, table: dict[int, str]) -> tuple[Counter, dict]:
             names, _ = spec
             ints = r["args"]
             args = tuple((n, symbolic(v, table)) for n, v in zip(names, ints) if n is not None)
-            key = ("kernel", name, args, tuple(r["block"]))
+            key = ("kernel", name, args, tuple(r["block"]), r.get("smem", 0))  # smem: dynamic shared bytes
             keys[key] += 1
             grids[key] = tuple(r["grid"])
         elif "seam" in r:
@@ -311,7 +296,7 @@ def scale_counts(one: Counter, two: Counter, L: int) -> Counter:
 def check_grids(grids: dict, cfg: Config, es: int) -> None:
     """The grid rule of KERNELS at the emulated config must reproduce the logged grid."""
     for key, grid in grids.items():
-        _, name, args, _block = key
+        _, name, args, _block, _smem = key
         c = KERNELS[name][1]({n: evaluate(v, cfg) for n, v in args}, cfg, es)
         if c["blocks"] is not None and c["blocks"] != grid[0] * grid[1] * grid[2]:
             raise ValueError(f"gpu_model.KERNELS['{name}'] predicts {c['blocks']} blocks at the emulated config, "
@@ -322,8 +307,8 @@ def check_grids(grids: dict, cfg: Config, es: int) -> None:
 RE_PTXAS = re.compile(r"sm_(\d+) kernel (?:void )?(?:[\w:]+::)?(\w+)(<[^(]*>)?\(.*\): (\d+) registers, .*?(\d+) bytes smem")
 
 
-def read_ptxas(path: Path | None) -> dict[tuple[int, str, str], tuple[int, int]]:
-    """(arch, kernel, 'bf16' | 'f32') -> (registers, static smem): the largest over template variants."""
+def read_ptxas(path: Path | None) -> dict[tuple[int, str, str], list[tuple[str, int, int]]]:
+    """(arch, kernel, 'bf16' | 'f32') -> [(template arguments, registers, static smem)] of its variants."""
     out: dict = {}
     if path is None or not path.exists():
         return out
@@ -333,11 +318,21 @@ def read_ptxas(path: Path | None) -> dict[tuple[int, str, str], tuple[int, int]]
             continue
         arch, name, tmpl, regs, smem = int(m[1]), m[2], m[3] or "", int(m[4]), int(m[5])
         for dt in ("bf16", "f32"):
-            if tmpl and ("bfloat16" in tmpl) != (dt == "bf16"):
-                continue
-            old = out.get((arch, name, dt), (0, 0))
-            out[(arch, name, dt)] = (max(old[0], regs), max(old[1], smem))
+            if not tmpl or ("bfloat16" in tmpl) == (dt == "bf16"):
+                out.setdefault((arch, name, dt), []).append((tmpl, regs, smem))
     return out
+
+
+def kernel_resources(ptxas: dict, arch: int, name: str, dt: str, hs: int | None, A: dict) -> tuple[int, int]:
+    """Registers and static smem of the variant that runs: the head-size template (64 or 128) when the kernel has
+    one, else the largest over the variants (conservative)."""
+    variants = ptxas.get((arch, name, dt), [])
+    if hs is not None:
+        HS = 64 if hs <= 64 else 128
+        variants = [v for v in variants if v[0].startswith(f"<{HS},")] or variants
+    if not variants:
+        return A["regs_unknown"], 0
+    return max(v[1] for v in variants), max(v[2] for v in variants)
 
 
 def occupancy(gpu: GPU, threads: int, regs: int, smem: int) -> tuple[float, int]:
@@ -408,15 +403,15 @@ def model(counts: Counter, cfg: Config, gpu: GPU, ptxas: dict, es: int, A: dict 
                 nbytes = sym
             flops, t, label, bound = 0, nbytes / (gpu.hbm_gbs * 1e9 * A["mem_eff"]), f"memset {sym}", "memory"
         else:
-            _, name, args, block = key
+            _, name, args, block, dyn_smem = key
             a = {k: evaluate(v, cfg) for k, v in args}
             c = KERNELS[name][1](a, cfg, es)
             if name == "adamw_kernel":
                 c = {k: (v / n_adamw if isinstance(v, (int, float)) else v) for k, v in c.items()}
                 c["blocks"] = min(ceil_div(c["bytes"] / (28 + es) / 4, 256), 2048)
             threads = block[0] * block[1] * block[2]
-            regs, smem = ptxas.get((arch, name, "bf16" if es == 2 else "f32"), (A["regs_unknown"], 0))
-            occ, _bps = occupancy(gpu, threads, regs, smem)
+            regs, smem = kernel_resources(ptxas, arch, name, "bf16" if es == 2 else "f32", a.get("hs"), A)
+            occ, _bps = occupancy(gpu, threads, regs, smem + dyn_smem)
             fill = min(1.0, c["blocks"] / gpu.sms)
             tc = c.get("tc_flops", 0)
             t_tc = 0.0

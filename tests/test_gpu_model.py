@@ -47,14 +47,14 @@ def counts(tmp_path):
 
 def test_sizes_are_matched_by_value_and_counts_scale_with_layers(tmp_path):
     c = counts(tmp_path)
-    ln = ("kernel", "layernorm_forward_kernel", (("N", "BT"), ("C", "C")), (256, 1, 1))
+    ln = ("kernel", "layernorm_forward_kernel", (("N", "BT"), ("C", "C")), (256, 1, 1), 0)
     assert c[ln] == 5 and c[("memset", "4*P")] == 1 and sum(c.values()) == 11  # warm-up launch not counted
     gemm = [k for k in c if k[0] == "seam"]
     assert len(gemm) == 1 and dict(gemm[0][2])["m"] == "BT" and dict(gemm[0][2])["n"] == "3C"
 
 
 def test_roofline_arithmetic_by_hand(tmp_path):
-    rows = {r.name: r for r in gm.model(counts(tmp_path), TARGET, GPU, {(90, "layernorm_forward_kernel", "bf16"): (64, 0)},
+    rows = {r.name: r for r in gm.model(counts(tmp_path), TARGET, GPU, {(90, "layernorm_forward_kernel", "bf16"): [("<bf16, true, 8>", 64, 0)]},
                                         2, A)}
     BT, C = 4 * 256, 768
     # GEMM: 2 m n k FLOPs; bytes: A (m k), B (k n), D (m n) in bf16; 3 * 1024 / 128 * 6 = 144 tiles >= 4 * 10 SMs
@@ -78,6 +78,22 @@ def test_occupancy_rules():
     assert gm.occupancy(h100, 128, 32, 48 * 1024) == (0.25, 4)      # 228 KiB / 49 KiB -> 4 blocks
     assert gm.occupancy(h100, 1024, 16, 0) == (1.0, 2)
     assert gm.causal_pairs(4) == 10 and gm.causal_pairs(40, 32) == 32 * 32 * 3
+
+
+def test_ptxas_report_is_read_per_variant(tmp_path):
+    rep = tmp_path / "ptxas.txt"
+    rep.write_text(
+        "x.cu sm_90 kernel void gpt2::cuda::attention_tc_forward_kernel<64, __nv_bfloat16>(int): 128 registers, "
+        "0/0 bytes spill stores/loads, 0 bytes smem\n"
+        "x.cu sm_90 kernel void gpt2::cuda::attention_tc_forward_kernel<128, __nv_bfloat16>(int): 170 registers, "
+        "0/0 bytes spill stores/loads, 0 bytes smem\n"
+        "x.cu sm_80 kernel void gpt2::cuda::column_partial_sum_kernel<float>(int): 20 registers, 0/0 bytes spill "
+        "stores/loads, 1056 bytes smem\n")
+    p = gm.read_ptxas(rep)
+    assert gm.kernel_resources(p, 90, "attention_tc_forward_kernel", "bf16", 64, A) == (128, 0)
+    assert gm.kernel_resources(p, 90, "attention_tc_forward_kernel", "bf16", 100, A) == (170, 0)
+    assert gm.kernel_resources(p, 80, "column_partial_sum_kernel", "f32", None, A) == (20, 1056)
+    assert gm.kernel_resources(p, 80, "column_partial_sum_kernel", "bf16", None, A) == (A["regs_unknown"], 0)
 
 
 def test_stale_grid_rule_and_unknown_kernel_are_errors(tmp_path):
