@@ -266,7 +266,9 @@ class CudaBackend final : public Backend<T> {
       }
       case Attention::Flash: {
         float* D = scratch(size_t(B) * NH * Tn);
-        cuda::attention_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
+        if constexpr (kIsBF16<K>)
+          cuda::attention_tc_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
+        else cuda::attention_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
         return;
       }
       case Attention::Cudnn: {
