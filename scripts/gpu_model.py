@@ -195,6 +195,18 @@ def _attn_tc_fwd(a, cfg, es):  # attention_tc.cuh: 64-query tiles, 4 warps; Q K^
                 bytes=B * T * NH * hs * es * 4 + 4 * B * NH * T, blocks=ceil_div(T, 64) * NH * B)
 
 
+def _attn_tc_dkdv(a, cfg, es):  # attention_tc.cuh: 64-key tiles; S^T, dP^T, dV, dK: 4 products on tensor cores
+    T, NH, hs, B = a["T"], a["NH"], a["hs"], cfg.B
+    return dict(tc_flops=8 * B * NH * hs * causal_pairs(T, 64), flops=8 * B * NH * causal_pairs(T, 64),
+                bytes=B * T * NH * hs * es * 8 + 8 * B * NH * T, blocks=ceil_div(T, 64) * NH * B)
+
+
+def _attn_tc_dq(a, cfg, es):  # attention_tc.cuh: 64-query tiles; S, dP recomputed, dQ: 3 products on tensor cores
+    T, NH, hs, B = a["T"], a["NH"], a["hs"], cfg.B
+    return dict(tc_flops=6 * B * NH * hs * causal_pairs(T, 64), flops=6 * B * NH * causal_pairs(T, 64),
+                bytes=B * T * NH * hs * es * 6 + 8 * B * NH * T, blocks=ceil_div(T, 64) * NH * B)
+
+
 KERNELS = {
     "encoder_forward_kernel": (["BT", "T", "C"], lambda a, c, es: dict(
         flops=a["BT"] * a["C"], bytes=3 * a["BT"] * a["C"] * es, blocks=ceil_div(a["BT"] * a["C"] // (16 // es), 256))),
@@ -225,6 +237,8 @@ KERNELS = {
     "attention_backward_dkdv_kernel": (["T", "NH", "hs"], _attn_dkdv),
     "attention_backward_dq_kernel": (["T", "NH", "hs"], _attn_dq),
     "attention_tc_forward_kernel": (["T", "NH", "hs"], _attn_tc_fwd),
+    "attention_tc_backward_dkdv_kernel": (["T", "NH", "hs"], _attn_tc_dkdv),
+    "attention_tc_backward_dq_kernel": (["T", "NH", "hs"], _attn_tc_dq),
     "crossentropy_forward_kernel": (["V", "Vp"], lambda a, c, es: dict(
         flops=4 * c.B * c.T * a["Vp"], bytes=c.B * c.T * a["Vp"] * es, blocks=c.B * c.T)),
     "crossentropy_backward_kernel": (["V", "Vp"], lambda a, c, es: dict(

@@ -68,18 +68,18 @@ __device__ inline void tc_load_tile(floatX* tile, const floatX* src, int stride,
   }
 }
 
-// acc (16 x 64) += A B^T over the head dims: A = the warp's 16 rows at A (shared, row stride kTcStride), B = the
-// 64 rows of shared tile Bs (as B^T: no transpose). Element e of acc[nt] is (row g + 8 (e / 2), column
+// acc (16 x N) += A B^T over the head dims: A = the warp's 16 rows at A (shared, row stride kTcStride), B = the
+// N rows at Bs (shared; as B^T: no transpose). Element e of acc[nt] is (row g + 8 (e / 2), column
 // 8 nt + 2t + e % 2), g = lane / 4, t = lane % 4.
-template <int HS, class floatX>
-__device__ inline void tc_mma_abt(float (&acc)[kTcRows / 8][4], const floatX* A, const floatX* Bs, int lane) {
+template <int HS, int N, class floatX>
+__device__ inline void tc_mma_abt(float (&acc)[N / 8][4], const floatX* A, const floatX* Bs, int lane) {
   constexpr int S = kTcStride<HS>;
 #pragma unroll
   for (int ks = 0; ks < HS / 16; ks++) {
     uint32_t a[4];
     ldmatrix_x4(a, A + (lane % 16) * S + ks * 16 + lane / 16 * 8);
 #pragma unroll
-    for (int np = 0; np < kTcRows / 16; np++) {  // columns 16 np ..: matrices {rows lo, hi} x {dims lo, hi}
+    for (int np = 0; np < N / 16; np++) {  // columns 16 np ..: matrices {rows lo, hi} x {dims lo, hi}
       uint32_t r[4];
       ldmatrix_x4(r, Bs + (np * 16 + lane / 16 * 8 + lane % 8) * S + ks * 16 + (lane / 8) % 2 * 8);
       const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
@@ -89,14 +89,14 @@ __device__ inline void tc_mma_abt(float (&acc)[kTcRows / 8][4], const floatX* A,
   }
 }
 
-// acc (16 x HS) += P B: P (16 x 64) in tc_mma_abt's accumulator layout, rounded to floatX (the C fragments of
-// column tiles 2kk, 2kk + 1 are the A fragment of columns 16kk ..); B = the shared tile Bs (64 rows x HS, .trans).
+// acc (16 x HS) += P B: P (16 x N) in tc_mma_abt's accumulator layout, rounded to floatX (the C fragments of
+// column tiles 2kk, 2kk + 1 are the A fragment of columns 16kk ..); B = the N rows x HS at Bs (shared, .trans).
 // Element e of acc[dt] is (row g + 8 (e / 2), dim 8 dt + 2t + e % 2).
-template <int HS, class floatX>
-__device__ inline void tc_mma_pb(float (&acc)[HS / 8][4], const float (&p)[kTcRows / 8][4], const floatX* Bs, int lane) {
+template <int HS, int N, class floatX>
+__device__ inline void tc_mma_pb(float (&acc)[HS / 8][4], const float (&p)[N / 8][4], const floatX* Bs, int lane) {
   constexpr int S = kTcStride<HS>;
 #pragma unroll
-  for (int kk = 0; kk < kTcRows / 16; kk++) {
+  for (int kk = 0; kk < N / 16; kk++) {
     const uint32_t pa[4] = {pack2<floatX>(p[2 * kk][0], p[2 * kk][1]), pack2<floatX>(p[2 * kk][2], p[2 * kk][3]),
                             pack2<floatX>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
                             pack2<floatX>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
@@ -168,7 +168,7 @@ attention_tc_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
       tc_load_tile<HS>(Vs[buf ^ 1], base + 2 * C, 3 * C, k0 + kTcRows, T, hs, vec);
     }
     float s[NT][4] = {};
-    tc_mma_abt<HS>(s, Qs + warp * 16 * S, Ks[buf], lane);
+    tc_mma_abt<HS, kTcRows>(s, Qs + warp * 16 * S, Ks[buf], lane);
     // online softmax: element e of tile nt is (row[e / 2], key k0 + 8 nt + 2t + e % 2)
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -202,7 +202,7 @@ attention_tc_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
         s[nt][e] = expf(s[nt][e] - mref[e / 2]);  // exp(-inf) = 0 for masked keys
         l[e / 2] += s[nt][e];
       }
-    tc_mma_pb<HS>(o, s, Vs[buf], lane);
+    tc_mma_pb<HS, kTcRows>(o, s, Vs[buf], lane);
     __syncthreads();  // every warp is done with buffer buf (refilled next tile) and tile j + 1 is complete
   }
   float inv[2];
@@ -218,8 +218,9 @@ attention_tc_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
 }
 
 // dK, dV of one 64-key tile: grid (ceil(T / 64), NH, B), block kTcThreads, dynamic shared memory
-// tc_bwd_smem_bytes<HS>(). Q and dO tiles (with their rows' lse and D) are double-buffered. vec: attn::packs_fit(hs,
-// dout, qkv).
+// tc_bwd_smem_bytes<HS>(). Q and dO tiles (with their rows' lse and D) are double-buffered. A tile's queries are
+// taken NQ at a time (32 for HS = 128, where dK and dV hold 128 registers: 64 would spill). vec:
+// attn::packs_fit(hs, dout, qkv).
 template <int HS, class floatX>
 __global__ void __launch_bounds__(kTcThreads)
 attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), accumulated into
@@ -228,13 +229,13 @@ attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C)
                                   const float* __restrict__ lse,   // (B, NH, T)
                                   const float* __restrict__ Dd,    // (B, NH, T)
                                   int T, int NH, int hs, float scale, bool vec) {
-  constexpr int S = kTcStride<HS>, NT = kTcRows / 8;  // 8-query tiles
+  constexpr int S = kTcStride<HS>, NQ = HS > 64 ? 32 : 64, NT = NQ / 8;  // 8-query tiles
   constexpr size_t TILE = tc_tile_elems<HS>;
   DYNAMIC_SMEM(floatX, smem);
   floatX* Ks = smem;
   floatX* Vs = smem + TILE;
-  floatX* Qs[2] = {smem + 2 * TILE, smem + 3 * TILE};
-  floatX* dOs[2] = {smem + 4 * TILE, smem + 5 * TILE};
+  floatX* Qs = smem + 2 * TILE;                           // [2] tiles, then dO's [2]
+  floatX* dOs = smem + 4 * TILE;
   float* Ls = reinterpret_cast<float*>(smem + 6 * TILE);  // [2][kTcRows]
   float* Ds = Ls + 2 * kTcRows;                           // [2][kTcRows]
   const int k0 = blockIdx.x * kTcRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -243,8 +244,8 @@ attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C)
   const floatX* dbase = dout + size_t(blockIdx.z) * T * C + size_t(blockIdx.y) * hs;
   const size_t stats = (size_t(blockIdx.z) * NH + blockIdx.y) * T;
   auto load_queries = [&](int b, int q0) {
-    tc_load_tile<HS>(Qs[b], base, 3 * C, q0, T, hs, vec);
-    tc_load_tile<HS>(dOs[b], dbase, C, q0, T, hs, vec);
+    tc_load_tile<HS>(Qs + b * TILE, base, 3 * C, q0, T, hs, vec);
+    tc_load_tile<HS>(dOs + b * TILE, dbase, C, q0, T, hs, vec);
     for (int i = threadIdx.x; i < kTcRows; i += blockDim.x) {
       const bool ok = q0 + i < T;
       Ls[b * kTcRows + i] = ok ? lse[stats + q0 + i] : 0.0f;
@@ -257,24 +258,30 @@ attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C)
   __syncthreads();
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
-  const int ntiles = ceil_div(T - k0, kTcRows);  // query tiles k0, k0 + 64, ...: earlier queries see none of these keys
+  const int ntiles = (T - 1 - k0) / kTcRows + 1;  // query tiles k0, k0 + 64, ...: earlier ones see none of these keys
   for (int j = 0; j < ntiles; j++) {
     const int buf = j & 1, q0 = k0 + j * kTcRows;
     if (j + 1 < ntiles) load_queries(buf ^ 1, q0 + kTcRows);  // released by the previous tile's barrier
-    float p[NT][4] = {}, ds[NT][4] = {};
-    tc_mma_abt<HS>(p, Ks + warp * 16 * S, Qs[buf], lane);   // S^T
-    tc_mma_abt<HS>(ds, Vs + warp * 16 * S, dOs[buf], lane); // dP^T
-    // element e of tile nt is (key[e / 2], query q0 + 8 nt + 2t + e % 2)
+    for (int c0 = 0; c0 < kTcRows; c0 += NQ) {  // queries q0 + c0 .. q0 + c0 + NQ - 1
+      const floatX* Qc = Qs + buf * TILE + c0 * S;
+      const floatX* dOc = dOs + buf * TILE + c0 * S;
+      const float* Lc = Ls + buf * kTcRows + c0;
+      const float* Dc = Ds + buf * kTcRows + c0;
+      float p[NT][4] = {}, ds[NT][4] = {};
+      tc_mma_abt<HS, NQ>(p, Ks + warp * 16 * S, Qc, lane);    // S^T
+      tc_mma_abt<HS, NQ>(ds, Vs + warp * 16 * S, dOc, lane);  // dP^T
+      // element e of tile nt is (key[e / 2], query q0 + c0 + 8 nt + 2t + e % 2)
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++)
+      for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int qi = nt * 8 + 2 * t + e % 2, q = q0 + qi;
-        p[nt][e] = (q < T && key[e / 2] <= q) ? expf(p[nt][e] * scale - Ls[buf * kTcRows + qi]) : 0.0f;
-        ds[nt][e] = p[nt][e] * (ds[nt][e] - Ds[buf * kTcRows + qi]);
-      }
-    tc_mma_pb<HS>(dv, p, dOs[buf], lane);  // dV += P^T dO
-    tc_mma_pb<HS>(dk, ds, Qs[buf], lane);  // dK += dS^T Q
+        for (int e = 0; e < 4; e++) {
+          const int qi = nt * 8 + 2 * t + e % 2, q = q0 + c0 + qi;
+          p[nt][e] = (q < T && key[e / 2] <= q) ? expf(p[nt][e] * scale - Lc[qi]) : 0.0f;
+          ds[nt][e] = p[nt][e] * (ds[nt][e] - Dc[qi]);
+        }
+      tc_mma_pb<HS, NQ>(dv, p, dOc, lane);  // dV += P^T dO
+      tc_mma_pb<HS, NQ>(dk, ds, Qc, lane);  // dK += dS^T Q
+    }
     __syncthreads();  // every warp is done with buffer buf and tile j + 1 is complete
   }
   floatX* dkbase = dqkv + size_t(blockIdx.z) * T * 3 * C + C + size_t(blockIdx.y) * hs;
@@ -327,8 +334,8 @@ attention_tc_backward_dq_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), 
       tc_load_tile<HS>(Vs[buf ^ 1], base + 2 * C, 3 * C, k0 + kTcRows, T, hs, vec);
     }
     float p[NT][4] = {}, ds[NT][4] = {};
-    tc_mma_abt<HS>(p, Qs + warp * 16 * S, Ks[buf], lane);    // S
-    tc_mma_abt<HS>(ds, dOs + warp * 16 * S, Vs[buf], lane);  // dP
+    tc_mma_abt<HS, kTcRows>(p, Qs + warp * 16 * S, Ks[buf], lane);    // S
+    tc_mma_abt<HS, kTcRows>(ds, dOs + warp * 16 * S, Vs[buf], lane);  // dP
     // element e of tile nt is (row[e / 2], key k0 + 8 nt + 2t + e % 2)
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -338,7 +345,7 @@ attention_tc_backward_dq_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), 
         p[nt][e] = (row[h] < T && key <= row[h]) ? expf(p[nt][e] * scale - L[h]) : 0.0f;
         ds[nt][e] = p[nt][e] * (ds[nt][e] - D[h]);
       }
-    tc_mma_pb<HS>(dq, ds, Ks[buf], lane);  // dQ += dS K
+    tc_mma_pb<HS, kTcRows>(dq, ds, Ks[buf], lane);  // dQ += dS K
     __syncthreads();
   }
   const float qmul[2] = {scale, scale};
