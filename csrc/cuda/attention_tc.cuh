@@ -1,4 +1,4 @@
-// Causal multi-head self-attention forward on tensor cores, FlashAttention-2 style, for 16-bit storage
+// Causal multi-head self-attention, forward and backward, on tensor cores, FlashAttention-2 style, for 16-bit storage
 // (__nv_bfloat16 on sm_80+; the same code serves __half). Layouts and contract as attention.cuh: qkv (B, T, 3C),
 // out (B, T, C), lse (B, NH, T) = logsumexp over keys t2 <= t of s = scale q.k;
 //   out_t = sum_{t2 <= t} exp(s_{t,t2} - lse_t) v_t2.
@@ -22,7 +22,7 @@
 // their products (as FlashAttention-2); everything else, lse and D included, stays fp32. dK, dV, dQ are added
 // into dqkv once, in fp32, rounded once.
 #pragma once
-#include "cuda/attention.cuh"  // dispatch_head_size, the backward
+#include "cuda/attention.cuh"  // dispatch_head_size, attention_backward_dot
 #include "cuda/attention_common.cuh"
 #include "cuda/mma.cuh"
 
@@ -30,6 +30,10 @@ namespace gpt2::cuda {
 
 constexpr int kTcRows = 64;      // query rows per block (16 per warp) = key rows per tile
 constexpr int kTcThreads = 128;  // 4 warps
+// Backward blocks per SM that the register budget is sized for: head size 64 fits 128 registers a thread (4 blocks
+// of 4 warps, a quarter of the SM's warp slots); 128 cannot (its dK, dV accumulators alone take 128).
+template <int HS>
+constexpr int kTcBwdMinBlocks = HS > 64 ? 1 : 4;
 
 template <int HS>
 constexpr int kTcStride = HS + 8;  // shared row stride (elements)
@@ -219,17 +223,17 @@ attention_tc_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
 
 // dK, dV of one 64-key tile: grid (ceil(T / 64), NH, B), block kTcThreads, dynamic shared memory
 // tc_bwd_smem_bytes<HS>(). Q and dO tiles (with their rows' lse and D) are double-buffered. A tile's queries are
-// taken NQ at a time (32 for HS = 128, where dK and dV hold 128 registers: 64 would spill). vec:
+// taken NQ at a time (S^T and dP^T of 16 x NQ per warp: 64 would not fit the register budget). vec:
 // attn::packs_fit(hs, dout, qkv).
 template <int HS, class floatX>
-__global__ void __launch_bounds__(kTcThreads)
+__global__ void __launch_bounds__(kTcThreads, kTcBwdMinBlocks<HS>)
 attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), accumulated into
                                   const floatX* __restrict__ dout, // (B, T, C)
                                   const floatX* __restrict__ qkv,  // (B, T, 3C)
                                   const float* __restrict__ lse,   // (B, NH, T)
                                   const float* __restrict__ Dd,    // (B, NH, T)
                                   int T, int NH, int hs, float scale, bool vec) {
-  constexpr int S = kTcStride<HS>, NQ = HS > 64 ? 32 : 64, NT = NQ / 8;  // 8-query tiles
+  constexpr int S = kTcStride<HS>, NQ = HS > 64 ? 32 : 16, NT = NQ / 8;  // 8-query tiles
   constexpr size_t TILE = tc_tile_elems<HS>;
   DYNAMIC_SMEM(floatX, smem);
   floatX* Ks = smem;
@@ -294,7 +298,7 @@ attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C)
 // tc_bwd_smem_bytes<HS>(); the tiles run last (most keys) first. K and V tiles are double-buffered.
 // vec: attn::packs_fit(hs, dout, qkv).
 template <int HS, class floatX>
-__global__ void __launch_bounds__(kTcThreads)
+__global__ void __launch_bounds__(kTcThreads, kTcBwdMinBlocks<HS>)
 attention_tc_backward_dq_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), accumulated into
                                 const floatX* __restrict__ dout, // (B, T, C)
                                 const floatX* __restrict__ qkv,  // (B, T, 3C)
