@@ -152,3 +152,17 @@ def test_ladder_bar_chart():
     assert [p.get_width() for p in ax_ms.patches] == [400.0, 200.0]
     assert [p.get_width() for p in ax_up.patches] == [1.0, 2.0]
     assert [t.get_text() for t in ax_up.texts] == ["1.00x", "2.00x"]
+
+
+def test_bench_ladder_plot_writes_the_chart(tmp_path):
+    """scripts/bench.py --ladder --plot: the rungs measured on this device, one bar each."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    bench = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+    png = tmp_path / "ladder.png"
+    p = subprocess.run([sys.executable, str(bench), "--preset", "tiny", "--steps", "2", "--warmup", "1", "-B", "2",
+                        "-T", "16", "--threads", "1", "--ladder", "--plot", str(png)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and f"wrote {png}" in p.stdout, p.stdout + p.stderr
+    assert png.read_bytes()[:4] == b"\x89PNG"
