@@ -141,11 +141,18 @@ def _tokens(x, _pos=None) -> str:
 
 
 def _figure_class():
-    """matplotlib's Figure (no pyplot: no global figure list, no GUI backend), or a clear ImportError."""
+    """matplotlib's Figure (no pyplot: no global figure list, no GUI backend), or a clear ImportError.
+    Under IPython / Jupyter, Figure objects are set to display as PNG (what `%matplotlib inline` sets up),
+    so a figure returned by a notebook cell shows inline."""
     try:
         from matplotlib.figure import Figure
     except ImportError as e:
         raise ImportError("gpt2core.plot needs matplotlib: pip install 'gpt2core[plot]'") from e
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None:
+        from IPython.core.pylabtools import select_figure_formats
+        select_figure_formats(shell, {"png"})
     return Figure
 
 
