@@ -7,7 +7,8 @@ sample is printed. The 124M reproduction is
     gpt2core-train --preset d12 --data-dir data/edu_fineweb10B --device cuda -B 64 -T 1024 \
         --total-batch-tokens 524288 --steps 19073 --lr 6e-4 --warmup 715 --val-every 250
 
-Each step prints step, loss, lr, grad norm, ms and tokens/s; metrics go to <out>/metrics.jsonl.
+Each step prints step, loss, lr, grad norm, ms, tokens/s, elapsed time and ETA; metrics go to
+<out>/metrics.jsonl (`gpt2core-plot <out>` draws them).
 """
 from __future__ import annotations
 
