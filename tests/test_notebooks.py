@@ -1,6 +1,7 @@
 """notebooks/*.ipynb run top to bottom, headless (nbclient), on a tiny configuration injected after each
 notebook's "parameters" cell (papermill's convention); a cell that errors or a plot cell without an image
 fails the test."""
+import json
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,11 @@ SUBSET = ROOT / "tests" / "data" / "hellaswag_val_120.jsonl"
 
 def run_notebook(name, params: str, cwd: Path):
     """Execute notebooks/<name> in cwd with `params` run right after its parameters cell; returns it."""
-    nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
-    nbformat.validate(nb)  # nbformat 4.5: every cell has an id
-    assert all(c.get("id") for c in nb.cells)
+    path = ROOT / "notebooks" / name
+    # nbformat 4.5: every cell has an id in the file (nbformat.read would make up missing ones)
+    assert all(c.get("id") for c in json.loads(path.read_text())["cells"]), f"{name}: cells without ids"
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
     i = [k for k, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
     assert len(i) == 1, f"{name}: one cell tagged 'parameters' expected"
     nb.cells.insert(i[0] + 1, nbformat.v4.new_code_cell(params, metadata={"tags": ["injected-parameters"]}))
