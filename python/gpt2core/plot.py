@@ -160,7 +160,8 @@ def plot_runs(runs, path=None, log_x: bool = False, references: str | bool = "au
               title: str | None = None):
     """A 2x2 figure (train/val loss, HellaSwag acc_norm, learning rate, grad norm) of one or several runs
     (Run objects or paths for read_run), one colour per run. references: "auto" (when a run is 124M),
-    True or False. Writes a PNG to `path` when given; returns the matplotlib Figure."""
+    True or False; tokens_per_step: for paths whose file does not record it. Writes a PNG to `path` when
+    given; returns the matplotlib Figure."""
     Figure = _figure_class()
     from matplotlib.ticker import FuncFormatter
     runs = [r if isinstance(r, Run) else read_run(r, tokens_per_step=tokens_per_step) for r in runs]
