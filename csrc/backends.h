@@ -1,4 +1,5 @@
-// device string -> Backend: the one place that knows which backends this build has.
+// The composition root: device string -> Backend, the one place that knows which backends this build has
+// (the bindings include it; the model layer only knows the Backend interface).
 // GPT2CORE_BACKEND_CUDA (set by the build on targets that link csrc/cuda) adds "cuda" / "cuda:<index>":
 // the real CUDA backend in gpt2core._C, the emulated one in the test-only module.
 #pragma once

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "cpu/backend_cpu.h"
-#include "model/backend_factory.h"
+#include "backends.h"
 #include "model/gpt2.h"
 
 // The module's name: _C for the package; the test-only emulated-CUDA module (tests/cuda_emu) builds this

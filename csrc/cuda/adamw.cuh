@@ -18,7 +18,7 @@
 #include <string>
 
 #include "cuda/common.cuh"
-#include "model/backend.h"
+#include "model/optimizer.h"
 
 namespace gpt2::cuda {
 

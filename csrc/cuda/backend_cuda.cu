@@ -33,7 +33,7 @@
 #include "cuda/matmul.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/residual.cuh"
-#include "emu/seams.h"
+#include "cuda/seams.h"
 #if !GPT2CORE_EMU
 #include "cuda/seams_cudnn.h"
 #endif

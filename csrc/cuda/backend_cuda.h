@@ -1,4 +1,4 @@
-// The CUDA backend's entry points, for the backend factory (csrc/model/backend_factory.h).
+// The CUDA backend's entry points, for the composition root (csrc/backends.h).
 // Plain C++: no CUDA headers, so the bindings compile with the host compiler.
 #pragma once
 #include <memory>

@@ -8,7 +8,7 @@
 //   stochastic_round_bf16(x, seed, idx): fp32 bit pattern + a 16-bit hash of (seed, idx), truncated to bf16
 //   (rounds away from zero with probability equal to the dropped fraction of an ulp, so E[result] = x);
 //   seed 0 = round to nearest even.
-// Included by every kernel file; compiles with nvcc and, through emu/cuda_portable.h, with g++ against
+// Included by every kernel file; compiles with nvcc and, through cuda/portable.h, with g++ against
 // the CUDA-on-CPU emulator (csrc/emu).
 #pragma once
 #include <cstdint>
@@ -17,7 +17,7 @@
 #include <string>
 #include <type_traits>
 
-#include "emu/cuda_portable.h"
+#include "cuda/portable.h"
 
 namespace gpt2::cuda {
 

@@ -13,7 +13,7 @@
 #pragma once
 #include "cuda/common.cuh"
 #include "cuda/reduce.cuh"
-#include "emu/seams.h"
+#include "cuda/seams.h"
 #if !GPT2CORE_EMU
 #include "cuda/seams_cublaslt.h"
 #endif

@@ -18,7 +18,7 @@
 
 #include "cuda/seams_check.h"
 #include "cuda/seams_cublaslt.h"
-#include "emu/seams.h"
+#include "cuda/seams.h"
 
 // Throws std::runtime_error with file, line and cuBLASLt's message.
 #define CUBLAS_CHECK(call)                                                                                  \

@@ -17,7 +17,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "model/backend_factory.h"
+#include "backends.h"
 
 namespace gpt2emu {
 void set_schedule(const char* spec);
