@@ -182,7 +182,7 @@ void bind_dist(py::module_& m) {
               throw py::value_error("need 0 <= lo <= hi <= num_parameters (" + std::to_string(m.num_parameters()) +
                                     ")");
             py::gil_scoped_release nogil;
-            return m.backend().sum_squares(m.grads() + lo, hi - lo);
+            return m.grad_sum_squares(lo, hi);
           });
         },
         py::arg("model"), py::arg("lo"), py::arg("hi"),

@@ -20,14 +20,16 @@ GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> b
   params_ = backend_->alloc(num_params_);
   if constexpr (kHasMasterCopy<T>) master_ = backend_->alloc_master(num_params_);
   grads_ = backend_->alloc_master(num_params_);
+  n_valid_dev_ = backend_->alloc_i32(1);
+  loss_acc_ = backend_->alloc_master(1);
 }
 
 template <typename T>
 GPT2Model<T>::~GPT2Model() {
   drop_graph(step_graph_);
   drop_graph(optimizer_graph_);
-  if (n_valid_dev_) backend_->free_i32(n_valid_dev_);
-  if (loss_acc_) backend_->free_master(loss_acc_);
+  backend_->free_i32(n_valid_dev_);
+  backend_->free_master(loss_acc_);
   backend_->free(params_);
   if (master_) backend_->free_master(master_);
   backend_->free_master(grads_);
@@ -133,12 +135,10 @@ double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, 
   have_targets_ = false;
   refresh_params();
   forward_ops(B, Tn);
-  if (!targets) {
-    be.crossentropy_forward(a_.losses, a_.lse, a_.logits, nullptr, N, V, Vp);
-    n_valid_ = 0;
-    return std::numeric_limits<double>::quiet_NaN();
-  }
-  n_valid_ = be.crossentropy_forward(a_.losses, a_.lse, a_.logits, targets_, N, V, Vp);
+  be.crossentropy_forward(a_.losses, a_.lse, a_.logits, targets ? targets_ : nullptr, n_valid_dev_, N, V, Vp);
+  n_valid_ = 0;  // the count the backend keeps in its memory, from the host's copy of the targets
+  if (!targets) return std::numeric_limits<double>::quiet_NaN();
+  for (int i = 0; i < N; i++) n_valid_ += targets[i] >= 0;
   have_targets_ = true;
   std::vector<M> losses(N);
   be.to_host_master(losses.data(), a_.losses, N);
@@ -246,7 +246,7 @@ void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
     return;
   }
 
-  be.crossentropy_backward_inplace(a_.logits, a_.lse, targets_, M(grad_scale / double(n_valid_)), N, V, Vp);
+  be.crossentropy_backward(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, N, V, Vp);
   backward_ops(report);
   be.synchronize();  // the gradients are read on the host next (numpy views)
 }
@@ -309,8 +309,6 @@ void GPT2Model<T>::forward_backward(const int32_t* inp, const int32_t* targets, 
   if (!targets) throw std::invalid_argument("forward_backward: needs targets");
   ensure_activations(B, Tn);  // a new layout drops the graph
   Backend<T>& be = *backend_;
-  if (!n_valid_dev_) n_valid_dev_ = be.alloc_i32(1);
-  if (!loss_acc_) loss_acc_ = be.alloc_master(1);
   // outside any graph: the host-side work of the step (the batch's upload, a rebuilt bf16 weight copy)
   be.upload_batch(inputs_, targets_, inp, targets, B, Tn);
   refresh_params();
@@ -368,15 +366,14 @@ void GPT2Model<T>::forward_backward_ops(float grad_scale) {
   Backend<T>& be = *backend_;
   const int N = B_ * T_, V = config_.vocab_size, Vp = config_.padded_vocab_size;
   forward_ops(B_, T_);
-  be.crossentropy_forward_counted(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_, N, V, Vp);
+  be.crossentropy_forward(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_, N, V, Vp);
   be.loss_accumulate(loss_acc_, a_.losses, n_valid_dev_, N, grad_scale);
-  be.crossentropy_backward_counted(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, N, V, Vp);
+  be.crossentropy_backward(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, N, V, Vp);
   backward_ops(false);
 }
 
 template <typename T>
 double GPT2Model<T>::take_loss() {
-  if (!loss_acc_) return 0.0;
   M acc;
   backend_->to_host_master(&acc, loss_acc_, 1);
   backend_->zero_master(loss_acc_, 1);
@@ -399,19 +396,39 @@ void GPT2Model<T>::drop_graph(GraphSlot& g) {
 }
 
 template <typename T>
-double GPT2Model<T>::grad_norm() { return std::sqrt(backend_->sum_squares(grads_, num_params_)); }
+double GPT2Model<T>::grad_sum_squares(size_t lo, size_t hi) {
+  backend_->grad_sum_squares(grads_ + lo, hi - lo);
+  return backend_->step_sum_squares();
+}
+
+template <typename T>
+double GPT2Model<T>::grad_norm() { return std::sqrt(grad_sum_squares(0, num_params_)); }
 
 template <typename T>
 void GPT2Model<T>::adamw_update(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                                 float grad_scale) {
   if (step < 1) throw std::invalid_argument("adamw_update: step counts from 1");
   ensure_optimizer_state();
-  adamw_over(0, num_params_, m_, v_, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+  adamw_over(0, num_params_, m_, v_, beta1, beta2, eps, weight_decay,
+             step_args(lr, beta1, beta2, step, grad_scale, 0, 0));
+  backend_->synchronize();  // the host may read the parameters next
   params_stale_ = false;  // the update rewrote the ops' copy from the new master weights
 }
 
-// AdamW's bias corrections 1 - beta^step, in float: both update paths use these, so their bits agree.
-static float bias_correction(float beta, int step) { return 1.0f - std::pow(beta, float(step)); }
+// The step's values: the bias corrections of this step, and the step as the seed of the bf16 rounding.
+template <typename T>
+StepArgs GPT2Model<T>::step_args(float lr, float beta1, float beta2, int step, float grad_scale, double clip,
+                                 double sumsq) const {
+  StepArgs args{};
+  args.lr = lr;
+  args.bc1 = bias_correction(beta1, step);
+  args.bc2 = bias_correction(beta2, step);
+  args.grad_scale = grad_scale;
+  args.seed = uint32_t(step);
+  args.clip = clip;
+  args.sumsq = sumsq;
+  return args;
+}
 
 template <typename T>
 double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
@@ -419,19 +436,13 @@ double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float ep
   if (step < 1) throw std::invalid_argument("optimizer_step: step counts from 1");
   ensure_optimizer_state();
   Backend<T>& be = *backend_;
-  StepArgs args{};
-  args.lr = lr;
-  args.bc1 = bias_correction(beta1, step);
-  args.bc2 = bias_correction(beta2, step);
-  args.seed = uint32_t(step);
-  args.clip = grad_clip;
-  be.set_step_args(args);  // outside the graph: its ops read them from backend memory
+  be.set_step_args(step_args(lr, beta1, beta2, step, 1.0f, grad_clip, 0));  // outside the graph: read at replay
   const std::vector<AdamWSegment> segments = adamw_segments(0, num_params_, weight_decay);
   run_graphed(optimizer_graph_, {beta1, beta2, eps, weight_decay}, [&] {
     be.grad_sum_squares(grads_, num_params_);
-    be.clipped_adamw_segments(params_, master_, grads_, m_, v_, 0, segments, beta1, beta2, eps);
+    be.adamw(params_, master_, grads_, m_, v_, 0, segments, beta1, beta2, eps);
   });
-  const double norm = be.last_grad_norm();
+  const double norm = std::sqrt(be.step_sum_squares());
   if (std::isfinite(norm)) {  // else nothing was written
     round_seed_ = uint32_t(step);
     params_stale_ = false;
@@ -441,23 +452,26 @@ double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float ep
 
 template <typename T>
 void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2,
-                                      float eps, float weight_decay, int step, float grad_scale) {
+                                      float eps, float weight_decay, int step, float grad_scale, double grad_clip,
+                                      double sumsq) {
   if (step < 1) throw std::invalid_argument("adamw_update_range: step counts from 1");
   if (lo > hi || hi > num_params_) throw std::invalid_argument("adamw_update_range: bad range");
-  adamw_over(lo, hi, m, v, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+  adamw_over(lo, hi, m, v, beta1, beta2, eps, weight_decay,
+             step_args(lr, beta1, beta2, step, grad_scale, grad_clip, sumsq));
+  backend_->synchronize();  // the host reads the shard next (all-gather)
   // the rest of the master weights arrive from the other ranks (all-gather), which calls params_changed();
   // rebuilding the whole copy with this step's seed then gives every rank the bits a full update writes
 }
 
-// AdamW over flat [lo, hi) (moments m, v of that range), each tensor's part with its weight decay, in one
-// backend call. The step is also the seed of the stochastic rounding of a bf16 copy.
+// AdamW over flat [lo, hi) (moments m, v of that range) with the step's values, each tensor's part with its
+// weight decay, in one backend call.
 template <typename T>
-void GPT2Model<T>::adamw_over(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
-                              float weight_decay, int step, float grad_scale) {
-  backend_->adamw_segments(params_, master_, grads_, m, v, lo, adamw_segments(lo, hi, weight_decay), lr, beta1, beta2,
-                           eps, grad_scale, bias_correction(beta1, step), bias_correction(beta2, step),
-                           uint32_t(step));
-  round_seed_ = uint32_t(step);
+void GPT2Model<T>::adamw_over(size_t lo, size_t hi, M* m, M* v, float beta1, float beta2, float eps,
+                              float weight_decay, const StepArgs& args) {
+  backend_->set_step_args(args);
+  backend_->adamw(params_ + lo, master_ ? master_ + lo : nullptr, grads_ + lo, m, v, lo,
+                  adamw_segments(lo, hi, weight_decay), beta1, beta2, eps);
+  round_seed_ = args.seed;
 }
 
 // The part of each tensor inside flat [lo, hi), with its weight decay (2-D tensors only).
