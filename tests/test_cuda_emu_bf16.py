@@ -1,4 +1,4 @@
-"""bf16 storage (notes/bf16_contract.md) of the CUDA kernels, emulated: every op of the test class
+"""bf16 storage (the contract at the top of csrc/cuda/common.cuh) of the CUDA kernels, emulated: every op of the test class
 gpt2core_cuda_emu.OpsBF16 against a float64 numpy reference computed over the bf16-ROUNDED inputs, on odd shapes
 (N = 3 * 37 rows, C = 192, vocab 97 padded to 128 with ignored targets, ragged element counts), with 16-byte
 aligned buffers (vectorised paths: 8 bf16 per access) and misaligned ones (scalar fallbacks); stochastic rounding

@@ -1,5 +1,5 @@
 // Shared helpers of the CUDA backend: error macros that throw, ceil_div, warp and block reductions, and the
-// storage-type helpers of the bf16 contract (notes/bf16_contract.md):
+// storage-type helpers of the bf16 contract (stated here):
 //   the storage type (T in the contract, the template parameter floatX in the kernel files) is float or
 //   __nv_bfloat16; compute is fp32 in registers:
 //     load_f(x) = float(x);  store_t<T>(v) = v rounded to T (round to nearest even for bf16)

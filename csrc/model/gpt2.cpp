@@ -155,9 +155,11 @@ void GPT2Model<T>::forward_ops(int B, int Tn) {
   const int Vp = config_.padded_vocab_size;
   const int N = B * Tn;
   const size_t NC = size_t(N) * C;
-  be.encoder_forward(a_.encoded, inputs_, param(0), param(1), B, Tn, C);
-  be.layernorm_forward(a_.ln1, a_.ln1_mean, a_.ln1_rstd, a_.encoded, param(2), param(3), N, C);
+  be.encoder_forward(a_.encoded, inputs_, param(kWte), param(kWpe), B, Tn, C);
+  const LayerTensors<T> first = layer(params_, 0);
+  be.layernorm_forward(a_.ln1, a_.ln1_mean, a_.ln1_rstd, a_.encoded, first.ln1w, first.ln1b, N, C);
   for (int l = 0; l < L; l++) {
+    const LayerTensors<T> p = layer(params_, l);
     const T* x = l == 0 ? a_.encoded : a_.residual3 + (l - 1) * NC;
     T* ln1 = a_.ln1 + l * NC;  // layernorm(x): written by the previous layer's fused residual + layernorm
     T* qkv = a_.qkv + l * NC * 3;
@@ -170,22 +172,25 @@ void GPT2Model<T>::forward_ops(int B, int Tn) {
     T* fch_gelu = recompute_gelu_ ? a_.fch_gelu : a_.fch_gelu + l * NC * 4;
     T* fcproj = a_.fcproj + l * NC;
     T* res3 = a_.residual3 + l * NC;
-    be.matmul_forward(qkv, ln1, param(4) + size_t(l) * 3 * C * C, param(5) + l * 3 * C, N, C, 3 * C);
+    be.matmul_forward(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
     be.attention_forward(atty, att, qkv, B, Tn, C, NH);
-    be.matmul_forward(attproj, atty, param(6) + size_t(l) * C * C, param(7) + l * C, N, C, C);
-    be.residual_layernorm_forward(res2, ln2, a_.ln2_mean + l * N, a_.ln2_rstd + l * N, x, attproj,
-                                  param(8) + l * C, param(9) + l * C, N, C);
+    be.matmul_forward(attproj, atty, p.attprojw, p.attprojb, N, C, C);
+    be.residual_layernorm_forward(res2, ln2, a_.ln2_mean + l * N, a_.ln2_rstd + l * N, x, attproj, p.ln2w, p.ln2b,
+                                  N, C);
     // fch = ln2 @ fcw^T + fcb, fch_gelu = gelu(fch): one op so that a backend can fuse the GELU into the matmul
-    be.matmul_gelu_forward(fch, fch_gelu, ln2, param(10) + size_t(l) * 4 * C * C, param(11) + l * 4 * C, N, C, 4 * C);
-    be.matmul_forward(fcproj, fch_gelu, param(12) + size_t(l) * 4 * C * C, param(13) + l * C, N, 4 * C, C);
+    be.matmul_gelu_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C);
+    be.matmul_forward(fcproj, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
     // residual3 = residual2 + fcproj, normalised by the next layer's ln1 (or, after the last layer, by lnf)
-    if (l + 1 < L)
+    if (l + 1 < L) {
+      const LayerTensors<T> next = layer(params_, l + 1);
       be.residual_layernorm_forward(res3, a_.ln1 + (l + 1) * NC, a_.ln1_mean + (l + 1) * N, a_.ln1_rstd + (l + 1) * N,
-                                    res2, fcproj, param(2) + (l + 1) * C, param(3) + (l + 1) * C, N, C);
-    else
-      be.residual_layernorm_forward(res3, a_.lnf, a_.lnf_mean, a_.lnf_rstd, res2, fcproj, param(14), param(15), N, C);
+                                    res2, fcproj, next.ln1w, next.ln1b, N, C);
+    } else {
+      be.residual_layernorm_forward(res3, a_.lnf, a_.lnf_mean, a_.lnf_rstd, res2, fcproj, param(kLnfw), param(kLnfb),
+                                    N, C);
+    }
   }
-  be.matmul_forward(a_.logits, a_.lnf, param(0), nullptr, N, C, Vp);  // lm_head tied to wte
+  be.matmul_forward(a_.logits, a_.lnf, param(kWte), nullptr, N, C, Vp);  // lm_head tied to wte
 }
 
 template <typename T>
@@ -211,10 +216,18 @@ template <typename T>
 void GPT2Model<T>::zero_grad() { backend_->zero_master(grads_, num_params_); }
 
 template <typename T>
+template <typename P>
+LayerTensors<P> GPT2Model<T>::layer(P* base, int l) const {
+  auto at = [&](ParamTensor i) { return base + offsets_[i] + size_t(l) * (sizes_[i] / size_t(config_.n_layer)); };
+  return {at(kLn1w), at(kLn1b), at(kQkvw), at(kQkvb), at(kAttprojw), at(kAttprojb),
+          at(kLn2w), at(kLn2b), at(kFcw),  at(kFcb),  at(kFcprojw),  at(kFcprojb)};
+}
+
+template <typename T>
 GradRanges GPT2Model<T>::layer_grad_ranges(int l) const {
   GradRanges r;
-  r.reserve(12);
-  for (int i = 2; i <= 13; i++) {  // ln1w .. fcprojb: (L, ...) tensors, layer l's slice of each
+  r.reserve(kLastLayerTensor - kFirstLayerTensor + 1);
+  for (int i = kFirstLayerTensor; i <= kLastLayerTensor; i++) {  // (L, ...) tensors, layer l's slice of each
     const size_t per_layer = sizes_[i] / size_t(config_.n_layer);
     r.emplace_back(offsets_[i] + size_t(l) * per_layer, offsets_[i] + size_t(l + 1) * per_layer);
   }
@@ -222,7 +235,7 @@ GradRanges GPT2Model<T>::layer_grad_ranges(int l) const {
 }
 
 template <typename T>
-GradRanges GPT2Model<T>::tensor_grad_ranges(int first, int last) const {
+GradRanges GPT2Model<T>::tensor_grad_ranges(ParamTensor first, ParamTensor last) const {
   GradRanges r;
   for (int i = first; i <= last; i++) r.emplace_back(offsets_[i], offsets_[i] + sizes_[i]);
   return r;
@@ -239,9 +252,9 @@ void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
   const bool report = report_grads && grad_hook_;  // call the grad-ready hook in this backward
   if (n_valid_ == 0) {  // every target ignored: the loss does not depend on the parameters
     if (report) {       // the gradients are final as they are; report them in the usual groups
-      grad_hook_(tensor_grad_ranges(14, 15));
+      grad_hook_(tensor_grad_ranges(kLnfw, kLnfb));
       for (int l = L - 1; l >= 0; l--) grad_hook_(layer_grad_ranges(l));
-      grad_hook_(tensor_grad_ranges(0, 1));
+      grad_hook_(tensor_grad_ranges(kWte, kWpe));
     }
     return;
   }
@@ -262,14 +275,16 @@ void GPT2Model<T>::backward_ops(bool report) {
   const size_t NC = size_t(N) * C;
   T* dlogits = a_.logits;
   be.zero(a_.dln, NC);
-  be.matmul_backward(a_.dln, grad(0), nullptr, dlogits, a_.lnf, param(0), N, C, Vp);
+  be.matmul_backward(a_.dln, grad(kWte), nullptr, dlogits, a_.lnf, param(kWte), N, C, Vp);
   be.zero(a_.dres, NC);
-  be.layernorm_backward(a_.dres, grad(14), grad(15), a_.dln, a_.residual3 + (L - 1) * NC, param(14),
+  be.layernorm_backward(a_.dres, grad(kLnfw), grad(kLnfb), a_.dln, a_.residual3 + (L - 1) * NC, param(kLnfw),
                         a_.lnf_mean, a_.lnf_rstd, N, C);
-  if (report) grad_hook_(tensor_grad_ranges(14, 15));  // lnfw, lnfb
+  if (report) grad_hook_(tensor_grad_ranges(kLnfw, kLnfb));
   // a_.dres now holds d(loss)/d(output of the last layer); walk the layers backwards.
   for (int l = L - 1; l >= 0; l--) {
     const T* x = l == 0 ? a_.encoded : a_.residual3 + (l - 1) * NC;
+    const LayerTensors<T> p = layer(params_, l);
+    const LayerTensors<M> g = layer(grads_, l);
     // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
     const T* fch_gelu = a_.fch_gelu + l * NC * 4;
     if (recompute_gelu_) {  // the forward kept only fch; rebuild gelu(fch) for this layer
@@ -277,29 +292,25 @@ void GPT2Model<T>::backward_ops(bool report) {
       fch_gelu = a_.fch_gelu;
     }
     // dfch = (dres @ fcprojw) * gelu'(fch) (written; a_.dfch_gelu is the op's scratch), fcprojw/fcprojb grads +=
-    be.gelu_matmul_backward(a_.dfch, grad(12) + size_t(l) * 4 * C * C, grad(13) + l * C, a_.dres, a_.fch + l * NC * 4,
-                            fch_gelu, param(12) + size_t(l) * 4 * C * C, a_.dfch_gelu, N, 4 * C, C);
+    be.gelu_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, a_.fch + l * NC * 4, fch_gelu, p.fcprojw,
+                            a_.dfch_gelu, N, 4 * C, C);
     be.zero(a_.dln, NC);
-    be.matmul_backward(a_.dln, grad(10) + size_t(l) * 4 * C * C, grad(11) + l * 4 * C, a_.dfch, a_.ln2 + l * NC,
-                       param(10) + size_t(l) * 4 * C * C, N, C, 4 * C);
-    be.layernorm_backward(a_.dres, grad(8) + l * C, grad(9) + l * C, a_.dln, a_.residual2 + l * NC,
-                          param(8) + l * C, a_.ln2_mean + l * N, a_.ln2_rstd + l * N, N, C);
+    be.matmul_backward(a_.dln, g.fcw, g.fcb, a_.dfch, a_.ln2 + l * NC, p.fcw, N, C, 4 * C);
+    be.layernorm_backward(a_.dres, g.ln2w, g.ln2b, a_.dln, a_.residual2 + l * NC, p.ln2w, a_.ln2_mean + l * N,
+                          a_.ln2_rstd + l * N, N, C);
     // residual2 = x + attproj(attention(qkv(ln1(x))))
     be.zero(a_.datty, NC);
-    be.matmul_backward(a_.datty, grad(6) + size_t(l) * C * C, grad(7) + l * C, a_.dres, a_.atty + l * NC,
-                       param(6) + size_t(l) * C * C, N, C, C);
+    be.matmul_backward(a_.datty, g.attprojw, g.attprojb, a_.dres, a_.atty + l * NC, p.attprojw, N, C, C);
     be.zero(a_.dqkv, NC * 3);
     be.attention_backward(a_.dqkv, a_.datty, a_.qkv + l * NC * 3, a_.atty + l * NC, a_.att + l * att_size_, B, Tn,
                           C, NH);
     be.zero(a_.dln, NC);
-    be.matmul_backward(a_.dln, grad(4) + size_t(l) * 3 * C * C, grad(5) + l * 3 * C, a_.dqkv, a_.ln1 + l * NC,
-                       param(4) + size_t(l) * 3 * C * C, N, C, 3 * C);
-    be.layernorm_backward(a_.dres, grad(2) + l * C, grad(3) + l * C, a_.dln, x, param(2) + l * C,
-                          a_.ln1_mean + l * N, a_.ln1_rstd + l * N, N, C);
+    be.matmul_backward(a_.dln, g.qkvw, g.qkvb, a_.dqkv, a_.ln1 + l * NC, p.qkvw, N, C, 3 * C);
+    be.layernorm_backward(a_.dres, g.ln1w, g.ln1b, a_.dln, x, p.ln1w, a_.ln1_mean + l * N, a_.ln1_rstd + l * N, N, C);
     if (report) grad_hook_(layer_grad_ranges(l));  // ln1w .. fcprojb of layer l
   }
-  be.encoder_backward(grad(0), grad(1), a_.dres, inputs_, B, Tn, C);
-  if (report) grad_hook_(tensor_grad_ranges(0, 1));  // wte (lm_head and embedding gradients), wpe
+  be.encoder_backward(grad(kWte), grad(kWpe), a_.dres, inputs_, B, Tn, C);
+  if (report) grad_hook_(tensor_grad_ranges(kWte, kWpe));  // wte (lm_head and embedding gradients), wpe
 }
 
 template <typename T>

@@ -26,6 +26,13 @@ struct Activations {
   T *dres, *dln, *datty, *dqkv, *dfch, *dfch_gelu;
 };
 
+// One layer's slice of each per-layer tensor, by name (as llm.c's ParameterTensors): of the parameters (P = T) or
+// of their gradients (P = Master<T>).
+template <typename P>
+struct LayerTensors {
+  P *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+};
+
 // Flat gradient ranges [lo, hi) (offsets into grads()) and the callback backward reports them to.
 using GradRanges = std::vector<std::pair<size_t, size_t>>;
 using GradReadyHook = std::function<void(const GradRanges&)>;
@@ -146,12 +153,14 @@ class GPT2Model {
                      double sumsq) const;
   void adamw_over(size_t lo, size_t hi, M* m, M* v, float beta1, float beta2, float eps, float weight_decay,
                   const StepArgs& args);
-  T* param(int i) const { return params_ + offsets_[i]; }
-  M* master(int i) const { return master_ ? master_ + offsets_[i] : nullptr; }
-  M* grad(int i) const { return grads_ + offsets_[i]; }
+  T* param(ParamTensor i) const { return params_ + offsets_[i]; }
+  M* grad(ParamTensor i) const { return grads_ + offsets_[i]; }
+  // layer l's tensors in base (params_ or grads_)
+  template <typename P>
+  LayerTensors<P> layer(P* base, int l) const;
   // The grad-ready groups: layer l's 12 per-layer slices; lnfw, lnfb; wte, wpe.
   GradRanges layer_grad_ranges(int l) const;
-  GradRanges tensor_grad_ranges(int first, int last) const;
+  GradRanges tensor_grad_ranges(ParamTensor first, ParamTensor last) const;
 
   ModelConfig config_;
   std::unique_ptr<Backend<T>> backend_;
