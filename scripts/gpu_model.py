@@ -464,7 +464,7 @@ import sys, numpy as np
 sys.path.insert(0, {str(EMU_BUILD)!r})
 import gpt2core_cuda_emu as E
 m = E.ModelBF16(max_seq_len={small.maxT}, vocab_size={small.V}, padded_vocab_size={small.Vp}, n_layer={layers},
-                n_head={small.NH}, n_embd={small.C}, device="cuda")
+                n_head={small.NH}, n_embd={small.C}, device="cuda", attention={attention!r})
 rng = np.random.default_rng(0)
 for v in m.params().values():
     v[...] = rng.standard_normal(v.shape).astype(np.float32) * 0.02
@@ -477,7 +477,7 @@ m.forward_backward(idx, idx, 1.0)
 m.take_loss()
 m.optimizer_step(lr=1e-4, step=1)
 """
-    env = dict(os.environ, GPT2CORE_EMU_LAUNCH_LOG=str(log), GPT2CORE_CUDA_ATTENTION=attention)
+    env = dict(os.environ, GPT2CORE_EMU_LAUNCH_LOG=str(log))
     if not (EMU_BUILD / "CMakeCache.txt").exists():
         subprocess.run(["cmake", "-S", str(ROOT / "tests" / "cuda_emu"), "-B", str(EMU_BUILD),
                         "-DCMAKE_BUILD_TYPE=Release", f"-DPython_EXECUTABLE={sys.executable}"], check=True)

@@ -1,6 +1,7 @@
 // Warp-level tensor-core matrix instructions, portable: inline PTX under nvcc, the C++ implementation of
-// csrc/emu/mma_emu.h under the emulator (the same fragment layouts, from the PTX ISA's "Matrix fragments for
-// mma.m16n8k16 / m16n8k8" and "ldmatrix" sections). Every lane of the warp must call them together.
+// csrc/emu/mma_emu.h under the emulator (which force-includes it; the same fragment layouts, from the PTX ISA's
+// "Matrix fragments for mma.m16n8k16 / m16n8k8" and "ldmatrix" sections). Every lane of the warp must call them
+// together.
 //
 //   mma_m16n8k16<T>(d, a, b):  D (16x8, fp32) += A (16x16, T) B (16x8, T), T = __nv_bfloat16 (sm_80+) or __half
 //   mma_m16n8k8_f16(d, a, b):  D (16x8, fp32) += A (16x8, half) B (8x8, half)                       (sm_75+)
@@ -13,15 +14,11 @@
 //   m16n8k8: a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..]; b = B[2t..2t+1][g]
 //   ldmatrix: r[j] = matrix j [g][2t..2t+1]; trans: r[j] = (matrix j [2t][g], matrix j [2t+1][g])
 #pragma once
-#include "emu/cuda_portable.h"
+#include "cuda/portable.h"
 
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
-
-#if GPT2CORE_EMU
-#include "emu/mma_emu.h"
-#endif
 
 namespace gpt2::cuda {
 

@@ -1,5 +1,5 @@
 // mma_emu.h: the warp-level matrix instructions (mma.sync, ldmatrix) for the emulator, from the fragment layouts
-// of the PTX ISA (see csrc/cuda/mma.cuh, which includes this under GPT2CORE_EMU). Each lane gathers the A rows
+// of the PTX ISA (see csrc/cuda/mma.cuh, which calls these under GPT2CORE_EMU; emu/cuda_emu.h includes this). Each lane gathers the A rows
 // and B columns of its four outputs from the lanes holding them with warp shuffles (so the warp-collective rules
 // apply: every lane must take part) and accumulates D = C + sum_k A[r][k] B[k][c] in fp32, k in order. The
 // 16-bit products are exact in fp32; the hardware's internal accumulation order and rounding are unspecified,
