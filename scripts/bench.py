@@ -117,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-fused", action="store_true",
                     help="CUDA: separate residual + layernorm and matmul + GELU kernels (the unfused rung)")
     ap.add_argument("--recompute-gelu", action="store_true")
+    ap.add_argument("--model", metavar="GPU", default=None,
+                    help="print the roofline model (scripts/gpu_model.py, MODELLED figures) of this GPU (H100, A100, "
+                         "L4, T4, RTX4090) for the preset, B and T, instead of running")
+    ap.add_argument("--profile", action="store_true",
+                    help="CUDA: print the measured step beside the model's (per kernel: run under "
+                         "`nsys profile --stats=true` and compare with gpu_model.py's table)")
     ap.add_argument("--ladder", action="store_true",
                     help="run every rung of the speed ladder (baseline, tf32, bf16, fusion, flash attention, padded "
                          "vocab, CUDA graphs) one after another and print them side by side")
@@ -237,7 +243,39 @@ def single(args):
     if args.breakdown:
         print(" | ".join(f"{k} {np.median(v) * 1e3:.1f} ms" for k, v in parts.items()))
     print(peak_line(args, args.device, gflops, model.precision, threads))
+    if args.profile and args.device.startswith("cuda"):
+        modelled_vs_measured(args, cfg, dt)
     return {"ms_per_step": dt * 1e3, "tok_per_s": tps, "gflops": gflops}
+
+
+def gpu_model_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_model", Path(__file__).with_name("gpu_model.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_model"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def modelled_vs_measured(args, cfg, measured_s):
+    """The measured micro-step (this run) beside the model's for the GPU this runs on, when the model knows it."""
+    from gpt2core import _C
+
+    gm = gpu_model_module()
+    name = _C.cuda_device_name(0)
+    key = next((k for k in gm.GPUS if k.lower() in name.lower().replace(" ", "")), None)
+    if key is None or cfg.n_layer < 1:
+        print(f"--profile: no model of '{name}' (gpu_model.GPUS: {', '.join(gm.GPUS)})")
+        return
+    target = gm.Config(B=args.batch_size, T=args.seq_len, C=cfg.n_embd, NH=cfg.n_head, L=cfg.n_layer,
+                       V=cfg.vocab_size, Vp=cfg.padded_vocab_size, maxT=cfg.max_seq_len)
+    att = "cudnn" if args.attention in (None, "auto", "cudnn") else "flash"
+    counts = gm.launch_counts(att, gm.ROOT / "build" / "model", target, reuse=True)
+    rows = gm.model(counts, target, gm.GPUS[key], gm.read_ptxas(gm.ROOT / "build" / "model" / "ptxas.txt"), 2)
+    step = sum(r.seconds for r in rows)  # one micro-step and the optimizer step, as timed_steps runs them
+    print(f"step: measured {measured_s * 1e3:.2f} ms | MODELLED {step * 1e3:.2f} ms ({gm.GPUS[key].name}, "
+          f"{att} attention) | measured / modelled {measured_s / step:.2f}")
 
 
 # The speed ladder, cumulative: each rung keeps the ones above it and switches one optimisation on.
@@ -419,6 +457,10 @@ def data_parallel(args, argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    if args.model:
+        cfg = bench_config(args)
+        return gpu_model_module().main(["--gpu", args.model, "-B", str(args.batch_size), "-T", str(args.seq_len),
+                                        "--layers", str(cfg.n_layer)]) == 0
     if args.result_json or ("WORLD_SIZE" in os.environ and args.nproc == 1 and not args.scaling):
         return worker(args) or True  # one rank under a launcher (ours, or torchrun scripts/bench.py ...)
     if args.nproc > 1 or args.scaling:

@@ -1,5 +1,5 @@
-"""bf16 attention of the emulated CUDA backend (csrc/cuda/attention.cuh and attention_naive.cuh with
-floatX = __nv_bfloat16) through gpt2core_cuda_emu.OpsBF16.attention(qkv, dout, dqkv, NH) -> (out, dqkv),
+"""bf16 attention of the emulated CUDA backend (csrc/cuda/attention_tc.cuh's tensor-core forward and backward,
+and attention_naive.cuh, with floatX = __nv_bfloat16) through gpt2core_cuda_emu.OpsBF16.attention(qkv, dout, dqkv, NH) -> (out, dqkv),
 against a float64 numpy reference of causal attention over the bf16-ROUNDED inputs (the bf16 contract).
 
 Shapes: B=3; T=37 (not a multiple of the 32-row tile), T=9 and T=70; C=192 with head sizes 64 and 16, head size
@@ -22,8 +22,13 @@ and rounded again, and the seam's fp32 sums run in another order).
   once, so the reference is dqkv_in + grad rounded once.
 - 1e-5 max|ref|: the fp32 arithmetic before that rounding (summation order, online softmax: ~n 2^-24 for the
   n <= 768 terms here, as in test_cuda_emu.py's fp32 tolerance).
+- flash out: the tensor-core forward rounds P to bf16 for the P V product (as FlashAttention-2; the row sums
+  stay fp32): at most 2^-8 relative per term (2^-9 but at the bottom of a binade), so 2^-8 (P |v|) absolute,
+  covered by adding P |v| to |ref| in the 2^-8 term.
+- flash dqkv: the tensor-core backward rounds P (for dv = P^T dout) and dS (for dq = scale dS K, dk =
+  scale dS^T Q) to bf16 the same way: |P|^T |dout|, scale |dS| |K|, scale |dS|^T |Q| are added to |ref|.
 - Intermediate bf16 values: the flash backward computes D = dout . out from the STORED (bf16) out, so the
-  flash reference does too (D from round_bf16(out)); the naive backward computes D = sum_j P dP from its fp32
+  flash reference does too (D from the out the backend returned: the backward is checked given its forward); the naive backward computes D = sum_j P dP from its fp32
   probabilities, so its reference uses the exact out. Everything else (P, lse, dS, D) stays fp32 in both.
 """
 import hashlib
@@ -66,8 +71,10 @@ except ImportError:
         return np.where(np.isnan(x), x, r).astype(np.float32)
 
 
-def reference(qkv, dout, dqkv, NH, flash):
-    """float64 causal attention: (out, dqkv + grad), inputs already bf16-rounded."""
+def reference(qkv, dout, dqkv, NH, flash, stored_out=None):
+    """float64 causal attention: (out, dqkv + grad, P |v|, grad_abs), inputs already bf16-rounded. grad_abs: the
+    gradient's products with |P| and |dS| (the bound on the tensor-core backward's rounding of P and dS). stored_out: the out the
+    backend stored (flash: its backward takes D from it), else out rounded to bf16."""
     qkv, dout, dqkv = (np.asarray(a, np.float64) for a in (qkv, dout, dqkv))
     Bq, T, C3 = qkv.shape
     C = C3 // 3
@@ -82,12 +89,18 @@ def reference(qkv, dout, dqkv, NH, flash):
     o = P @ v
     out = o.transpose(0, 2, 1, 3).reshape(Bq, T, C)
     do = heads(dout)
-    o_used = heads(round_bf16(out.astype(np.float32)).astype(np.float64)) if flash else o
+    stored = round_bf16(out.astype(np.float32)) if stored_out is None else stored_out
+    o_used = heads(np.asarray(stored, np.float64)) if flash else o
     D = (do * o_used).sum(-1, keepdims=True)
     dS = P * (do @ v.transpose(0, 1, 3, 2) - D)
-    grads = (scale * dS @ k, scale * dS.transpose(0, 1, 3, 2) @ q, P.transpose(0, 1, 3, 2) @ do)
-    grad = np.concatenate([g.transpose(0, 2, 1, 3).reshape(Bq, T, C) for g in grads], axis=-1)
-    return out, dqkv + grad
+    to_rows = lambda gs: np.concatenate([g.transpose(0, 2, 1, 3).reshape(Bq, T, C) for g in gs], axis=-1)  # noqa: E731
+    grad = to_rows((scale * dS @ k, scale * dS.transpose(0, 1, 3, 2) @ q, P.transpose(0, 1, 3, 2) @ do))
+    aS = np.abs(dS)
+    grad_abs = to_rows((scale * aS @ np.abs(k), scale * aS.transpose(0, 1, 3, 2) @ np.abs(q),
+                        P.transpose(0, 1, 3, 2) @ np.abs(do)))
+    # P |v|: the bound on the tensor-core forward's extra rounding (P is rounded to bf16 for the P V product)
+    pv_abs = (P @ np.abs(v)).transpose(0, 2, 1, 3).reshape(Bq, T, C)
+    return out, dqkv + grad, pv_abs, grad_abs
 
 
 def error_ratio(got, ref, term=None, abs_=ABS):
@@ -116,10 +129,10 @@ def run_cases(module_dir, mode):
         dout = round_bf16(rng.standard_normal((B, T, C)))
         dqkv = round_bf16(rng.standard_normal((B, T, 3 * C)))
         out, dq = E.OpsBF16("cuda", misalign=misalign, attention=mode).attention(qkv, dout, dqkv, NH)
-        ref_out, ref_dq = reference(qkv, dout, dqkv, NH, flash)
+        ref_out, ref_dq, pv_abs, grad_abs = reference(qkv, dout, dqkv, NH, flash, out if mode == "flash" else None)
         assert out.shape == ref_out.shape and dq.shape == ref_dq.shape, name
         assert np.array_equal(round_bf16(out), out) and np.array_equal(round_bf16(dq), dq), name  # bf16 values
-        errors[name] = {"out": error_ratio(out, ref_out), "dqkv": error_ratio(dq, ref_dq, *((ref_dq - dqkv, ABS_SEAM) if mode == "cudnn" else ()))}
+        errors[name] = {"out": error_ratio(out, ref_out, pv_abs if mode == "flash" else None), "dqkv": error_ratio(dq, ref_dq, *((ref_dq - dqkv, ABS_SEAM) if mode == "cudnn" else (grad_abs,) if mode == "flash" else ()))}
         digest.update(np.ascontiguousarray(out, np.float32).tobytes())
         digest.update(np.ascontiguousarray(dq, np.float32).tobytes())
     print(json.dumps({"errors": errors, "digest": digest.hexdigest()}))

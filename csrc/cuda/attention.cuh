@@ -407,6 +407,17 @@ inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B,
   CUDA_CHECK_LAUNCH();
 }
 
+// D (B, NH, T) = rowsum(dout * out) per head, the backward's softmax correction (both flash backwards).
+template <class floatX>
+inline void attention_backward_dot(float* D, const floatX* dout, const floatX* out, int B, int T, int C, int NH,
+                                   cudaStream_t stream) {
+  const int hs = C / NH;
+  const size_t rows = size_t(B) * T * NH;
+  LAUNCH(attention_backward_dot_kernel<floatX>, ceil_div(rows, 256), 256, 0, stream, D, dout, out, B, T, NH, hs,
+         attn::packs_fit<floatX>(hs, dout, out));
+  CUDA_CHECK_LAUNCH();
+}
+
 // out, lse: what attention_forward produced for this qkv. Dscratch: B * NH * T floats.
 template <class floatX>
 inline void attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
@@ -414,10 +425,7 @@ inline void attention_backward(floatX* dqkv, const floatX* dout, const floatX* q
   if (B <= 0 || T <= 0) return;
   const int hs = C / NH;
   const float scale = 1.0f / sqrtf(float(hs));
-  const size_t rows = size_t(B) * T * NH;
-  LAUNCH(attention_backward_dot_kernel<floatX>, ceil_div(rows, 256), 256, 0, stream, Dscratch, dout, out, B, T, NH, hs,
-         attn::packs_fit<floatX>(hs, dout, out));
-  CUDA_CHECK_LAUNCH();
+  attention_backward_dot(Dscratch, dout, out, B, T, C, NH, stream);
   const bool vec = attn::packs_fit<floatX>(hs, dqkv, dout, qkv);
   dim3 grid(ceil_div(T, kAttTile), NH, B);
   dispatch_head_size(hs, [&](auto HSc) {

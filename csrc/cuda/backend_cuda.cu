@@ -24,6 +24,7 @@
 #include "cuda/adamw.cuh"
 #include "cuda/attention.cuh"
 #include "cuda/attention_naive.cuh"
+#include "cuda/attention_tc.cuh"
 #include "cuda/classifier.cuh"
 #include "cuda/common.cuh"
 #include "cuda/encoder.cuh"
@@ -234,7 +235,10 @@ class CudaBackend final : public Backend<T> {
   void attention_forward(T* out, float* att, const T* qkv, int B, int Tn, int C, int NH) override {
     switch (attention_) {
       case Attention::Naive: cuda::attention_naive_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_); return;
-      case Attention::Flash: cuda::attention_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_); return;
+      case Attention::Flash:  // bf16: tensor cores (attention_tc.cuh); fp32: CUDA cores
+        if constexpr (kIsBF16<K>) cuda::attention_tc_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
+        else cuda::attention_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
+        return;
       case Attention::Cudnn: check_attention_seam(seams::attention_forward(sdpa_forward(out, att, qkv, B, Tn, C, NH)),
                                                   "forward");
                              return;
@@ -250,7 +254,9 @@ class CudaBackend final : public Backend<T> {
       }
       case Attention::Flash: {
         float* D = scratch(size_t(B) * NH * Tn);
-        cuda::attention_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
+        if constexpr (kIsBF16<K>)
+          cuda::attention_tc_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
+        else cuda::attention_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
         return;
       }
       case Attention::Cudnn: {

@@ -25,7 +25,9 @@
 //   errors      a kernel error ends the launch: cudaGetLastError() (or the next synchronising call)
 //               returns cudaErrorLaunchFailure and cudaGetErrorString() returns the detailed message.
 //               Launch configuration errors return cudaErrorInvalidConfiguration / InvalidValue.
-//   trace       GPT2CORE_EMU_TRACE=<file> appends each launched kernel's name, one per line.
+//   trace       GPT2CORE_EMU_TRACE=<file> appends each launched kernel's name, one per line;
+//               GPT2CORE_EMU_LAUNCH_LOG=<file> one JSON object per kernel launch (grid, block, integer arguments),
+//               library seam call and memset (scripts/gpu_model.py reads it).
 //   memory      cudaMalloc'd memory starts as NaN bytes (0xFF); cudaMemcpy etc. are plain copies;
 //               streams and events exist but everything runs synchronously.
 //   graphs      a capturing stream records its work (enqueue below) instead of running it;
@@ -52,6 +54,9 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -93,8 +98,15 @@ struct KernelLaunch {
   // A heap copy of *ctx (the kernel and its arguments), for a launch recorded by stream capture:
   // CUDA copies kernel parameters when the launch is captured, not when the graph runs.
   std::shared_ptr<void> (*copy_ctx)(const void* ctx);
+  // The integer arguments (sizes) of *ctx as "[a, b, ...]", for the launch log (GPT2CORE_EMU_LAUNCH_LOG).
+  std::string (*int_args)(const void* ctx) = nullptr;
 };
 cudaError_t launch_kernel(const KernelLaunch& l);
+// Appends an integral, non-bool argument to a comma-separated list (other types are skipped).
+template <class T>
+void append_int_arg(std::string& s, const T& v) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) s += (s.empty() ? "" : ", ") + std::to_string(v);
+}
 
 enum class WarpOp : int { ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, Sync, ReduceAdd, ReduceMin, ReduceMax, ReduceAnd, ReduceOr, ReduceXor };
 // Blocks the calling fiber until the warp collective completes; `in`/`out` hold `size` bytes.
@@ -128,6 +140,12 @@ cudaError_t launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block
                          &ctx,
                          [](const void* c) -> std::shared_ptr<void> {
                            return std::make_shared<Ctx>(*static_cast<const Ctx*>(c));
+                         },
+                         [](const void* c) {
+                           std::string s;
+                           std::apply([&s](const auto&... a) { (detail::append_int_arg(s, a), ...); },
+                                      static_cast<const Ctx*>(c)->args);
+                           return "[" + s + "]";
                          }};
   return detail::launch_kernel(l);
 }
@@ -138,6 +156,9 @@ cudaError_t launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block
 // Refused with cudaErrorStreamCaptureImplicit (and the capture invalidated) when `stream` is the
 // legacy default stream while this thread captures. `what` names the work in messages.
 cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<cudaError_t()> work);
+
+// Appends one line to GPT2CORE_EMU_LAUNCH_LOG (when set): the library seams log their calls with it.
+void log_launch(const std::string& json_line);
 
 // Detailed message of the last kernel failure on this host thread ("" if none).
 const char* last_error_message();
@@ -528,3 +549,6 @@ inline double max(double a, double b) { return fmax(a, b); }
 
 // ---------------------------------------------------------------------------------- cooperative groups
 #include "emu/cooperative_groups.h"
+
+// ---------------------------------------------------------------------------------- warp matrix instructions
+#include "emu/mma_emu.h"  // gpt2emu::mma_m16n8k16, ldmatrix_x4: what cuda/mma.cuh calls under GPT2CORE_EMU

@@ -61,6 +61,7 @@ std::mutex g_config_mutex;
 bool g_config_read = false;
 Schedule g_sched;
 std::string g_trace_path;
+std::string g_launch_log_path;
 int g_nthreads = 1;
 size_t g_stack_bytes = 0;
 
@@ -94,6 +95,7 @@ void read_config_locked() {
     g_sched = {};
   }
   if (const char* t = getenv("GPT2CORE_EMU_TRACE")) g_trace_path = t;
+  if (const char* t = getenv("GPT2CORE_EMU_LAUNCH_LOG")) g_launch_log_path = t;
   unsigned hw = std::thread::hardware_concurrency();
   g_nthreads = static_cast<int>(std::min(8u, std::max(1u, hw)));
   if (const char* n = getenv("GPT2CORE_EMU_THREADS")) g_nthreads = std::max(1, atoi(n));
@@ -783,16 +785,29 @@ cudaError_t set_error(cudaError_t e, const std::string& msg = std::string()) {
 constexpr int kSharedPerBlock = 48 * 1024;
 constexpr int kSharedOptin = 227 * 1024;  // sm_90
 
-void trace(const char* name) {
-  if (g_trace_path.empty()) return;
-  std::string line = name;
-  if (line.size() > 2 && line.front() == '(' && line.back() == ')') line = line.substr(1, line.size() - 2);
-  line += '\n';
-  int fd = open(g_trace_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+void append_line(const std::string& path, const std::string& line) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return;
   ssize_t r = write(fd, line.data(), line.size());
   (void)r;
   close(fd);
+}
+
+// The kernel's name as written at the LAUNCH site, without the parentheses around templated ones.
+std::string kernel_name(const char* name) {
+  std::string s = name;
+  if (s.size() > 2 && s.front() == '(' && s.back() == ')') s = s.substr(1, s.size() - 2);
+  return s;
+}
+
+void trace(const KernelLaunch& L) {
+  if (!g_trace_path.empty()) append_line(g_trace_path, kernel_name(L.name) + '\n');
+  if (g_launch_log_path.empty()) return;
+  char cfg[160];
+  snprintf(cfg, sizeof cfg, "\"grid\": [%u, %u, %u], \"block\": [%u, %u, %u], \"smem\": %zu", L.grid.x, L.grid.y,
+           L.grid.z, L.block.x, L.block.y, L.block.z, L.smem);
+  append_line(g_launch_log_path, "{\"kernel\": \"" + kernel_name(L.name) + "\", " + cfg +
+                                     ", \"args\": " + (L.int_args ? L.int_args(L.ctx) : "[]") + "}\n");
 }
 
 }  // namespace
@@ -862,7 +877,7 @@ cudaError_t run_kernel(const KernelLaunch& L) {
     sched = g_sched;
   }
   const unsigned long long id = g_launches.fetch_add(1);
-  trace(L.name);
+  trace(L);
   Job job;
   job.L = &L;
   job.sched = sched;
@@ -917,5 +932,15 @@ void set_schedule(const char* spec) {
 }
 
 unsigned long long launch_count() { return detail::g_launches.load(); }
+
+void log_launch(const std::string& json_line) {
+  std::string path;
+  {
+    std::lock_guard<std::mutex> lock(detail::g_config_mutex);
+    detail::read_config_locked();
+    path = detail::g_launch_log_path;
+  }
+  if (!path.empty()) detail::append_line(path, json_line + '\n');
+}
 
 }  // namespace gpt2emu

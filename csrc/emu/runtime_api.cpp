@@ -211,6 +211,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t count, cudaStream_t strea
                : fail(cudaErrorInvalidValue, msg);
   }
   return gpt2emu::enqueue(stream, "cudaMemsetAsync", [=] {
+    gpt2emu::log_launch("{\"memset\": " + std::to_string(count) + "}");
     if (count) memset(p, value, count);
     return cudaSuccess;
   });

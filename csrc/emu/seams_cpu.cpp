@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -203,24 +204,51 @@ cudaError_t copy_collective(const char* what, Comm* comm, void* out, const void*
   });
 }
 
+// The launch log's record of a seam call (GPT2CORE_EMU_LAUNCH_LOG): what a cost model needs.
+const char* dtype_name(DType t) { return t == DType::F32 ? "f32" : "bf16"; }
+void log_matmul(const MatmulParams& p) {
+  char buf[320];
+  snprintf(buf, sizeof buf,
+           "{\"seam\": \"matmul\", \"m\": %d, \"n\": %d, \"k\": %d, \"batch\": %d, \"a\": \"%s\", "
+           "\"b\": \"%s\", \"d\": \"%s\", \"accumulate\": %d, \"epilogue\": %d, \"bias\": %d}",
+           p.m, p.n, p.k, p.batch, dtype_name(p.a_type), dtype_name(p.b_type), dtype_name(p.d_type), p.accumulate,
+           int(p.epilogue), p.bias != nullptr);
+  gpt2emu::log_launch(buf);
+}
+void log_attention(const char* what, DType t, int B, int T, int NH, int HS) {
+  char buf[200];
+  snprintf(buf, sizeof buf, "{\"seam\": \"%s\", \"B\": %d, \"T\": %d, \"NH\": %d, \"HS\": %d, \"d\": \"%s\"}",
+           what, B, T, NH, HS, dtype_name(t));
+  gpt2emu::log_launch(buf);
+}
+
 }  // namespace
 
 cudaError_t matmul(const MatmulParams& p) {
   if (const cudaError_t e = validate_matmul(p); e != cudaSuccess) return e;
-  return gpt2emu::enqueue(p.stream, "matmul", [p] { return run_matmul(p); });
+  return gpt2emu::enqueue(p.stream, "matmul", [p] {
+    log_matmul(p);
+    return run_matmul(p);
+  });
 }
 
 cudaError_t attention_forward(const AttentionForwardParams& p) {
   if (!attention_shape_ok(p.B, p.T, p.NH, p.HS)) return cudaErrorInvalidValue;
   if (!attention_empty(p.B, p.T, p.NH, p.HS) && (!p.out || !p.stats || !p.qkv)) return cudaErrorInvalidValue;
-  return gpt2emu::enqueue(p.stream, "attention_forward", [p] { return run_attention_forward(p); });
+  return gpt2emu::enqueue(p.stream, "attention_forward", [p] {
+    log_attention("attention_forward", p.dtype, p.B, p.T, p.NH, p.HS);
+    return run_attention_forward(p);
+  });
 }
 
 cudaError_t attention_backward(const AttentionBackwardParams& p) {
   if (!attention_shape_ok(p.B, p.T, p.NH, p.HS)) return cudaErrorInvalidValue;
   if (!attention_empty(p.B, p.T, p.NH, p.HS) && (!p.dqkv || !p.dout || !p.qkv || !p.out || !p.stats))
     return cudaErrorInvalidValue;
-  return gpt2emu::enqueue(p.stream, "attention_backward", [p] { return run_attention_backward(p); });
+  return gpt2emu::enqueue(p.stream, "attention_backward", [p] {
+    log_attention("attention_backward", p.dtype, p.B, p.T, p.NH, p.HS);
+    return run_attention_backward(p);
+  });
 }
 
 // ---------------------------------------------------------------------------------------- collectives

@@ -1,0 +1,408 @@
+// Causal multi-head self-attention, forward and backward, on tensor cores, FlashAttention-2 style, for 16-bit storage
+// (__nv_bfloat16 on sm_80+; the same code serves __half). Layouts and contract as attention.cuh: qkv (B, T, 3C),
+// out (B, T, C), lse (B, NH, T) = logsumexp over keys t2 <= t of s = scale q.k;
+//   out_t = sum_{t2 <= t} exp(s_{t,t2} - lse_t) v_t2.
+// One block of 4 warps per (64-query tile, head, batch); warp w owns query rows 16w .. 16w + 15 of the tile.
+// S = Q K^T and O += P V run as mma.sync m16n8k16 (16-bit inputs, fp32 accumulate, cuda/mma.cuh) with operands
+// from shared memory through ldmatrix (K rows as B^T: no transpose; V rows: .trans). The online softmax runs on
+// the S fragments in registers (each lane holds rows g, g + 8 of its warp's 16, a quad of lanes shares a row:
+// row max by two xor-shuffles); P is rounded to the storage type for the P V product (as FlashAttention-2), the
+// row sum l stays fp32. K and V tiles are double-buffered: tile j + 1 is loaded while tile j is computed, one
+// barrier per tile. Shared rows are padded by 8 elements (16 bytes) so that ldmatrix's eight row reads hit eight
+// different bank groups. Head sizes up to HS (64 or 128) run zero-padded.
+// Backward (FlashAttention-2's, made deterministic without float atomics), with D = rowsum(dout * out) from
+// attention.cuh's dot kernel:
+//   dkdv kernel, one block per 64-key tile (warp w: keys 16w ..), looping over the query tiles at or after it:
+//     S^T = K Q^T, P^T = exp(scale S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - D); dV += P^T dO, dK += dS^T Q;
+//   dq kernel, one block per 64-query tile, looping over the key tiles up to the diagonal:
+//     S = Q K^T, dP = dO V^T (recomputed), dS = P (dP - D); dQ += dS K.
+// Seven T x T x hs products (4 + 3) where FlashAttention-2's single pass with float atomics on dQ needs five: with
+// the forward's two, 9 L C T-equivalent causal FLOPs instead of 7 (about 1.3x the minimum attention work),
+// bought for bit-reproducible gradients under any schedule. P and dS are rounded to the storage type for
+// their products (as FlashAttention-2); everything else, lse and D included, stays fp32. dK, dV, dQ are added
+// into dqkv once, in fp32, rounded once.
+#pragma once
+#include "cuda/attention.cuh"  // dispatch_head_size, attention_backward_dot
+#include "cuda/attention_common.cuh"
+#include "cuda/mma.cuh"
+
+namespace gpt2::cuda {
+
+constexpr int kTcRows = 64;      // query rows per block (16 per warp) = key rows per tile
+constexpr int kTcThreads = 128;  // 4 warps
+// Backward blocks per SM that the register budget is sized for: head size 64 fits 128 registers a thread (4 blocks
+// of 4 warps, a quarter of the SM's warp slots); 128 cannot (its dK, dV accumulators alone take 128).
+template <int HS>
+constexpr int kTcBwdMinBlocks = HS > 64 ? 1 : 4;
+
+template <int HS>
+constexpr int kTcStride = HS + 8;  // shared row stride (elements)
+template <int HS>
+constexpr size_t tc_tile_elems = size_t(kTcRows) * kTcStride<HS>;
+template <int HS>
+constexpr size_t tc_smem_bytes() {  // forward: Q, 2 K, 2 V tiles of 16-bit elements
+  return 5 * tc_tile_elems<HS> * 2;
+}
+template <int HS>
+constexpr size_t tc_bwd_smem_bytes() {  // backward: 6 tiles; dkdv: + lse and D of 2 query tiles
+  return 6 * tc_tile_elems<HS> * 2 + 4 * kTcRows * sizeof(float);
+}
+
+// Rows r0 .. r0 + 63 of src (dims 0 .. HS - 1; 0 outside [0, T) x [0, hs)) into a shared tile.
+template <int HS, class floatX>
+__device__ inline void tc_load_tile(floatX* tile, const floatX* src, int stride, int r0, int T, int hs, bool vec) {
+  constexpr int S = kTcStride<HS>, N = attn::Pack<floatX>::N;
+  if (vec) {
+    for (int idx = threadIdx.x; idx < kTcRows * HS / N; idx += blockDim.x) {
+      const int r = idx / (HS / N), d0 = idx % (HS / N) * N, row = r0 + r;
+      attn::Pack<floatX> x;
+      if (row < T && d0 < hs) {
+        x = attn::load_pack(src + size_t(row) * stride + d0);
+      } else {
+#pragma unroll
+        for (int k = 0; k < N; k++) x.v[k] = attn::from_float<floatX>(0.0f);
+      }
+      attn::store_pack(tile + r * S + d0, x);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kTcRows * HS; idx += blockDim.x) {
+      const int r = idx / HS, d = idx % HS, row = r0 + r;
+      tile[r * S + d] = (row < T && d < hs) ? src[size_t(row) * stride + d] : attn::from_float<floatX>(0.0f);
+    }
+  }
+}
+
+// acc (16 x N) += A B^T over the head dims: A = the warp's 16 rows at A (shared, row stride kTcStride), B = the
+// N rows at Bs (shared; as B^T: no transpose). Element e of acc[nt] is (row g + 8 (e / 2), column
+// 8 nt + 2t + e % 2), g = lane / 4, t = lane % 4.
+template <int HS, int N, class floatX>
+__device__ inline void tc_mma_abt(float (&acc)[N / 8][4], const floatX* A, const floatX* Bs, int lane) {
+  constexpr int S = kTcStride<HS>;
+#pragma unroll
+  for (int ks = 0; ks < HS / 16; ks++) {
+    uint32_t a[4];
+    ldmatrix_x4(a, A + (lane % 16) * S + ks * 16 + lane / 16 * 8);
+#pragma unroll
+    for (int np = 0; np < N / 16; np++) {  // columns 16 np ..: matrices {rows lo, hi} x {dims lo, hi}
+      uint32_t r[4];
+      ldmatrix_x4(r, Bs + (np * 16 + lane / 16 * 8 + lane % 8) * S + ks * 16 + (lane / 8) % 2 * 8);
+      const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+      mma_m16n8k16<floatX>(acc[2 * np], a, b0);
+      mma_m16n8k16<floatX>(acc[2 * np + 1], a, b1);
+    }
+  }
+}
+
+// acc (16 x HS) += P B: P (16 x N) in tc_mma_abt's accumulator layout, rounded to floatX (the C fragments of
+// column tiles 2kk, 2kk + 1 are the A fragment of columns 16kk ..); B = the N rows x HS at Bs (shared, .trans).
+// Element e of acc[dt] is (row g + 8 (e / 2), dim 8 dt + 2t + e % 2).
+template <int HS, int N, class floatX>
+__device__ inline void tc_mma_pb(float (&acc)[HS / 8][4], const float (&p)[N / 8][4], const floatX* Bs, int lane) {
+  constexpr int S = kTcStride<HS>;
+#pragma unroll
+  for (int kk = 0; kk < N / 16; kk++) {
+    const uint32_t pa[4] = {pack2<floatX>(p[2 * kk][0], p[2 * kk][1]), pack2<floatX>(p[2 * kk][2], p[2 * kk][3]),
+                            pack2<floatX>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                            pack2<floatX>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int dp = 0; dp < HS / 16; dp++) {  // dims 16 dp ..: matrices {rows lo, hi} x {dims lo, hi}, transposed
+      uint32_t r[4];
+      ldmatrix_x4_trans(r, Bs + (kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * S + dp * 16 + lane / 16 * 8);
+      const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+      mma_m16n8k16<floatX>(acc[2 * dp], pa, b0);
+      mma_m16n8k16<floatX>(acc[2 * dp + 1], pa, b1);
+    }
+  }
+}
+
+// dst[(r0 + g + 8h) stride + d] = (Accumulate: dst +) mul[h] acc, this lane's elements of a tc_mma_pb accumulator
+// (rows < T, dims < hs), added in fp32 and rounded once to floatX.
+template <bool Accumulate, int HS, class floatX>
+__device__ inline void tc_store_rows(floatX* dst, int stride, const float (&acc)[HS / 8][4], const float (&mul)[2],
+                                     int r0, int T, int hs, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int row = r0 + g + 8 * h;
+    if (row >= T) continue;
+    floatX* p = dst + size_t(row) * stride;
+#pragma unroll
+    for (int dt = 0; dt < HS / 8; dt++)
+#pragma unroll
+      for (int c = 0; c < 2; c++) {
+        const int d = dt * 8 + 2 * t + c;
+        if (d >= hs) continue;
+        float v = acc[dt][2 * h + c] * mul[h];
+        if constexpr (Accumulate) v += attn::to_float(p[d]);
+        p[d] = attn::from_float<floatX>(v);
+      }
+  }
+}
+
+// grid (ceil(T / 64), NH, B), block kTcThreads, dynamic shared memory tc_smem_bytes<HS>().
+// vec: attn::packs_fit(hs, out, qkv).
+template <int HS, class floatX>
+__global__ void __launch_bounds__(kTcThreads)
+attention_tc_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
+                            float* __restrict__ lse,         // (B, NH, T)
+                            const floatX* __restrict__ qkv,  // (B, T, 3C)
+                            int T, int NH, int hs, float scale, bool vec) {
+  static_assert(sizeof(floatX) == 2, "tensor-core attention takes 16-bit storage");
+  constexpr int S = kTcStride<HS>, NT = kTcRows / 8;  // 8-key tiles
+  constexpr size_t TILE = tc_tile_elems<HS>;
+  DYNAMIC_SMEM(floatX, smem);
+  floatX* Qs = smem;
+  floatX* Ks[2] = {smem + TILE, smem + 2 * TILE};
+  floatX* Vs[2] = {smem + 3 * TILE, smem + 4 * TILE};
+  const int q0 = blockIdx.x * kTcRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int C = NH * hs;
+  const floatX* base = qkv + size_t(blockIdx.z) * T * 3 * C + size_t(blockIdx.y) * hs;
+  tc_load_tile<HS>(Qs, base, 3 * C, q0, T, hs, vec);
+  tc_load_tile<HS>(Ks[0], base + C, 3 * C, 0, T, hs, vec);
+  tc_load_tile<HS>(Vs[0], base + 2 * C, 3 * C, 0, T, hs, vec);
+  __syncthreads();
+  float o[HS / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8: running max, this lane's sum
+  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  const int ntiles = (min(T - 1, q0 + kTcRows - 1)) / kTcRows + 1;
+  for (int j = 0; j < ntiles; j++) {
+    const int buf = j & 1, k0 = j * kTcRows;
+    if (j + 1 < ntiles) {  // the other buffer was released by the barrier ending the previous tile
+      tc_load_tile<HS>(Ks[buf ^ 1], base + C, 3 * C, k0 + kTcRows, T, hs, vec);
+      tc_load_tile<HS>(Vs[buf ^ 1], base + 2 * C, 3 * C, k0 + kTcRows, T, hs, vec);
+    }
+    float s[NT][4] = {};
+    tc_mma_abt<HS, kTcRows>(s, Qs + warp * 16 * S, Ks[buf], lane);
+    // online softmax: element e of tile nt is (row[e / 2], key k0 + 8 nt + 2t + e % 2)
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = k0 + nt * 8 + 2 * t + e % 2;
+        s[nt][e] = (key <= row[e / 2] && key < T) ? s[nt][e] * scale : -INFINITY;
+        mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+      }
+    float mref[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFullMask, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFullMask, mx[h], 2));
+      const float mnew = fmaxf(m[h], mx[h]);
+      mref[h] = mnew == -INFINITY ? 0.0f : mnew;  // no valid key yet: everything stays 0
+      const float corr = expf(m[h] - mref[h]);
+      l[h] *= corr;
+#pragma unroll
+      for (int dt = 0; dt < HS / 8; dt++) {
+        o[dt][2 * h] *= corr;
+        o[dt][2 * h + 1] *= corr;
+      }
+      m[h] = mnew;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        s[nt][e] = expf(s[nt][e] - mref[e / 2]);  // exp(-inf) = 0 for masked keys
+        l[e / 2] += s[nt][e];
+      }
+    tc_mma_pb<HS, kTcRows>(o, s, Vs[buf], lane);
+    __syncthreads();  // every warp is done with buffer buf (refilled next tile) and tile j + 1 is complete
+  }
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    l[h] += __shfl_xor_sync(kFullMask, l[h], 1);
+    l[h] += __shfl_xor_sync(kFullMask, l[h], 2);
+    inv[h] = 1.0f / l[h];
+    if (t == 0 && row[h] < T) lse[(size_t(blockIdx.z) * NH + blockIdx.y) * T + row[h]] = m[h] + logf(l[h]);
+  }
+  tc_store_rows<false, HS>(out + size_t(blockIdx.z) * T * C + size_t(blockIdx.y) * hs, C, o, inv,
+                           q0 + warp * 16, T, hs, lane);
+}
+
+// dK, dV of one 64-key tile: grid (ceil(T / 64), NH, B), block kTcThreads, dynamic shared memory
+// tc_bwd_smem_bytes<HS>(). Q and dO tiles (with their rows' lse and D) are double-buffered. A tile's queries are
+// taken NQ at a time (S^T and dP^T of 16 x NQ per warp: 64 would not fit the register budget). vec:
+// attn::packs_fit(hs, dout, qkv).
+template <int HS, class floatX>
+__global__ void __launch_bounds__(kTcThreads, kTcBwdMinBlocks<HS>)
+attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), accumulated into
+                                  const floatX* __restrict__ dout, // (B, T, C)
+                                  const floatX* __restrict__ qkv,  // (B, T, 3C)
+                                  const float* __restrict__ lse,   // (B, NH, T)
+                                  const float* __restrict__ Dd,    // (B, NH, T)
+                                  int T, int NH, int hs, float scale, bool vec) {
+  constexpr int S = kTcStride<HS>, NQ = HS > 64 ? 32 : 16, NT = NQ / 8;  // 8-query tiles
+  constexpr size_t TILE = tc_tile_elems<HS>;
+  DYNAMIC_SMEM(floatX, smem);
+  floatX* Ks = smem;
+  floatX* Vs = smem + TILE;
+  floatX* Qs = smem + 2 * TILE;                           // [2] tiles, then dO's [2]
+  floatX* dOs = smem + 4 * TILE;
+  float* Ls = reinterpret_cast<float*>(smem + 6 * TILE);  // [2][kTcRows]
+  float* Ds = Ls + 2 * kTcRows;                           // [2][kTcRows]
+  const int k0 = blockIdx.x * kTcRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int C = NH * hs;
+  const floatX* base = qkv + size_t(blockIdx.z) * T * 3 * C + size_t(blockIdx.y) * hs;
+  const floatX* dbase = dout + size_t(blockIdx.z) * T * C + size_t(blockIdx.y) * hs;
+  const size_t stats = (size_t(blockIdx.z) * NH + blockIdx.y) * T;
+  auto load_queries = [&](int b, int q0) {
+    tc_load_tile<HS>(Qs + b * TILE, base, 3 * C, q0, T, hs, vec);
+    tc_load_tile<HS>(dOs + b * TILE, dbase, C, q0, T, hs, vec);
+    for (int i = threadIdx.x; i < kTcRows; i += blockDim.x) {
+      const bool ok = q0 + i < T;
+      Ls[b * kTcRows + i] = ok ? lse[stats + q0 + i] : 0.0f;
+      Ds[b * kTcRows + i] = ok ? Dd[stats + q0 + i] : 0.0f;
+    }
+  };
+  tc_load_tile<HS>(Ks, base + C, 3 * C, k0, T, hs, vec);
+  tc_load_tile<HS>(Vs, base + 2 * C, 3 * C, k0, T, hs, vec);
+  load_queries(0, k0);
+  __syncthreads();
+  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+  const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+  const int ntiles = (T - 1 - k0) / kTcRows + 1;  // query tiles k0, k0 + 64, ...: earlier ones see none of these keys
+  for (int j = 0; j < ntiles; j++) {
+    const int buf = j & 1, q0 = k0 + j * kTcRows;
+    if (j + 1 < ntiles) load_queries(buf ^ 1, q0 + kTcRows);  // released by the previous tile's barrier
+    for (int c0 = 0; c0 < kTcRows; c0 += NQ) {  // queries q0 + c0 .. q0 + c0 + NQ - 1
+      const floatX* Qc = Qs + buf * TILE + c0 * S;
+      const floatX* dOc = dOs + buf * TILE + c0 * S;
+      const float* Lc = Ls + buf * kTcRows + c0;
+      const float* Dc = Ds + buf * kTcRows + c0;
+      float p[NT][4] = {}, ds[NT][4] = {};
+      tc_mma_abt<HS, NQ>(p, Ks + warp * 16 * S, Qc, lane);    // S^T
+      tc_mma_abt<HS, NQ>(ds, Vs + warp * 16 * S, dOc, lane);  // dP^T
+      // element e of tile nt is (key[e / 2], query q0 + c0 + 8 nt + 2t + e % 2)
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int qi = nt * 8 + 2 * t + e % 2, q = q0 + c0 + qi;
+          p[nt][e] = (q < T && key[e / 2] <= q) ? expf(p[nt][e] * scale - Lc[qi]) : 0.0f;
+          ds[nt][e] = p[nt][e] * (ds[nt][e] - Dc[qi]);
+        }
+      tc_mma_pb<HS, NQ>(dv, p, dOc, lane);  // dV += P^T dO
+      tc_mma_pb<HS, NQ>(dk, ds, Qc, lane);  // dK += dS^T Q
+    }
+    __syncthreads();  // every warp is done with buffer buf and tile j + 1 is complete
+  }
+  floatX* dkbase = dqkv + size_t(blockIdx.z) * T * 3 * C + C + size_t(blockIdx.y) * hs;
+  const float kmul[2] = {scale, scale}, vmul[2] = {1.0f, 1.0f};
+  tc_store_rows<true, HS>(dkbase, 3 * C, dk, kmul, k0 + warp * 16, T, hs, lane);
+  tc_store_rows<true, HS>(dkbase + C, 3 * C, dv, vmul, k0 + warp * 16, T, hs, lane);
+}
+
+// dQ of one 64-query tile: grid (ceil(T / 64), NH, B), block kTcThreads, dynamic shared memory
+// tc_bwd_smem_bytes<HS>(); the tiles run last (most keys) first. K and V tiles are double-buffered.
+// vec: attn::packs_fit(hs, dout, qkv).
+template <int HS, class floatX>
+__global__ void __launch_bounds__(kTcThreads, kTcBwdMinBlocks<HS>)
+attention_tc_backward_dq_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), accumulated into
+                                const floatX* __restrict__ dout, // (B, T, C)
+                                const floatX* __restrict__ qkv,  // (B, T, 3C)
+                                const float* __restrict__ lse,   // (B, NH, T)
+                                const float* __restrict__ Dd,    // (B, NH, T)
+                                int T, int NH, int hs, float scale, bool vec) {
+  constexpr int S = kTcStride<HS>, NT = kTcRows / 8;  // 8-key tiles
+  constexpr size_t TILE = tc_tile_elems<HS>;
+  DYNAMIC_SMEM(floatX, smem);
+  floatX* Qs = smem;
+  floatX* dOs = smem + TILE;
+  floatX* Ks[2] = {smem + 2 * TILE, smem + 3 * TILE};
+  floatX* Vs[2] = {smem + 4 * TILE, smem + 5 * TILE};
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * kTcRows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int C = NH * hs;
+  const floatX* base = qkv + size_t(blockIdx.z) * T * 3 * C + size_t(blockIdx.y) * hs;
+  const size_t stats = (size_t(blockIdx.z) * NH + blockIdx.y) * T;
+  tc_load_tile<HS>(Qs, base, 3 * C, q0, T, hs, vec);
+  tc_load_tile<HS>(dOs, dout + size_t(blockIdx.z) * T * C + size_t(blockIdx.y) * hs, C, q0, T, hs, vec);
+  tc_load_tile<HS>(Ks[0], base + C, 3 * C, 0, T, hs, vec);
+  tc_load_tile<HS>(Vs[0], base + 2 * C, 3 * C, 0, T, hs, vec);
+  __syncthreads();
+  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  float L[2], D[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    L[h] = row[h] < T ? lse[stats + row[h]] : 0.0f;
+    D[h] = row[h] < T ? Dd[stats + row[h]] : 0.0f;
+  }
+  float dq[HS / 8][4] = {};
+  const int ntiles = (min(T - 1, q0 + kTcRows - 1)) / kTcRows + 1;
+  for (int j = 0; j < ntiles; j++) {
+    const int buf = j & 1, k0 = j * kTcRows;
+    if (j + 1 < ntiles) {  // the other buffer was released by the barrier ending the previous tile
+      tc_load_tile<HS>(Ks[buf ^ 1], base + C, 3 * C, k0 + kTcRows, T, hs, vec);
+      tc_load_tile<HS>(Vs[buf ^ 1], base + 2 * C, 3 * C, k0 + kTcRows, T, hs, vec);
+    }
+    float p[NT][4] = {}, ds[NT][4] = {};
+    tc_mma_abt<HS, kTcRows>(p, Qs + warp * 16 * S, Ks[buf], lane);    // S
+    tc_mma_abt<HS, kTcRows>(ds, dOs + warp * 16 * S, Vs[buf], lane);  // dP
+    // element e of tile nt is (row[e / 2], key k0 + 8 nt + 2t + e % 2)
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = k0 + nt * 8 + 2 * t + e % 2, h = e / 2;
+        p[nt][e] = (row[h] < T && key <= row[h]) ? expf(p[nt][e] * scale - L[h]) : 0.0f;
+        ds[nt][e] = p[nt][e] * (ds[nt][e] - D[h]);
+      }
+    tc_mma_pb<HS, kTcRows>(dq, ds, Ks[buf], lane);  // dQ += dS K
+    __syncthreads();
+  }
+  const float qmul[2] = {scale, scale};
+  tc_store_rows<true, HS>(dqkv + size_t(blockIdx.z) * T * 3 * C + size_t(blockIdx.y) * hs, 3 * C, dq, qmul,
+                          q0 + warp * 16, T, hs, lane);
+}
+
+// Opts kernel in to smem bytes of dynamic shared memory when that is over the default 48 KiB.
+template <class Kernel>
+inline void tc_allow_smem(Kernel* kernel, size_t smem) {
+  if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+}
+
+template <class floatX>
+inline void attention_tc_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
+                                 cudaStream_t stream) {
+  if (B <= 0 || T <= 0) return;
+  const int hs = C / NH;
+  const float scale = 1.0f / sqrtf(float(hs));
+  const bool vec = attn::packs_fit<floatX>(hs, out, qkv);
+  const dim3 grid(ceil_div(T, kTcRows), NH, B);
+  dispatch_head_size(hs, [&](auto HSc) {
+    constexpr int HS = decltype(HSc)::value;
+    constexpr size_t smem = tc_smem_bytes<HS>();
+    tc_allow_smem(attention_tc_forward_kernel<HS, floatX>, smem);
+    LAUNCH((attention_tc_forward_kernel<HS, floatX>), grid, kTcThreads, smem, stream, out, lse, qkv, T, NH, hs, scale,
+           vec);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+// out, lse: what attention_tc_forward produced for this qkv. Dscratch: B * NH * T floats.
+template <class floatX>
+inline void attention_tc_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out,
+                                  const float* lse, float* Dscratch, int B, int T, int C, int NH, cudaStream_t stream) {
+  if (B <= 0 || T <= 0) return;
+  const int hs = C / NH;
+  const float scale = 1.0f / sqrtf(float(hs));
+  attention_backward_dot(Dscratch, dout, out, B, T, C, NH, stream);
+  const bool vec = attn::packs_fit<floatX>(hs, dout, qkv);
+  const dim3 grid(ceil_div(T, kTcRows), NH, B);
+  dispatch_head_size(hs, [&](auto HSc) {
+    constexpr int HS = decltype(HSc)::value;
+    constexpr size_t smem = tc_bwd_smem_bytes<HS>();
+    tc_allow_smem(attention_tc_backward_dkdv_kernel<HS, floatX>, smem);
+    tc_allow_smem(attention_tc_backward_dq_kernel<HS, floatX>, smem);
+    LAUNCH((attention_tc_backward_dkdv_kernel<HS, floatX>), grid, kTcThreads, smem, stream, dqkv, dout, qkv, lse,
+           Dscratch, T, NH, hs, scale, vec);
+    CUDA_CHECK_LAUNCH();
+    LAUNCH((attention_tc_backward_dq_kernel<HS, floatX>), grid, kTcThreads, smem, stream, dqkv, dout, qkv, lse,
+           Dscratch, T, NH, hs, scale, vec);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace gpt2::cuda

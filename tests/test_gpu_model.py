@@ -1,0 +1,114 @@
+"""scripts/gpu_model.py (the roofline model of a training step, MODELLED figures) on a synthetic launch log:
+the arithmetic against values computed by hand here, the scaling rules (sizes matched by value and re-evaluated
+at the target, launch counts affine in n_layer), the grid check against the launchers' rules, and occupancy."""
+import importlib.util
+import json
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("gpu_model", ROOT / "scripts" / "gpu_model.py")
+gm = importlib.util.module_from_spec(spec)
+sys.modules["gpu_model"] = gm  # dataclasses look their module up
+spec.loader.exec_module(gm)
+
+SMALL = gm.Config(B=3, T=40, C=128, NH=2, L=1, V=293, Vp=320, maxT=56)
+TARGET = gm.Config(B=4, T=256, C=768, NH=12, L=5, V=50257, Vp=50304, maxT=1024)
+A = dict(gm.ASSUMPTIONS, launch_gap_us=2.0)
+GPU = gm.GPU("test", 90, tensor_tflops=100.0, fp32_tflops=10.0, hbm_gbs=1000.0, sms=10)
+
+
+def write_log(path, layers):
+    """Warm-up noise, the step mark, then per layer one layernorm and one GEMM, and one memset of the grads."""
+    BT, C = SMALL.B * SMALL.T, SMALL.C
+    lines = [{"kernel": "residual_forward_kernel", "grid": [1, 1, 1], "block": [256, 1, 1], "args": [7]},
+             {"mark": "step"}]
+    for _ in range(layers):
+        lines.append({"kernel": "layernorm_forward_kernel<floatX, kResidual, kCache>", "grid": [BT // 8, 1, 1],
+                      "block": [256, 1, 1], "smem": 0, "args": [BT, C]})
+        lines.append({"seam": "matmul", "m": BT, "n": 3 * C, "k": C, "batch": 1, "a": "bf16", "b": "bf16",
+                      "d": "bf16", "accumulate": 0, "epilogue": 0, "bias": 1})
+    lines.append({"memset": 4 * gm.replace(SMALL, L=layers).params})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def counts(tmp_path):
+    logs = []
+    for layers in (1, 2):
+        write_log(tmp_path / f"L{layers}.jsonl", layers)
+        logs.append(gm.read_log(tmp_path / f"L{layers}.jsonl", gm.symbol_table(gm.replace(SMALL, L=layers))))
+        gm.check_grids(logs[-1][1], SMALL, 2)
+    return gm.scale_counts(logs[0][0], logs[1][0], TARGET.L)
+
+
+def test_sizes_are_matched_by_value_and_counts_scale_with_layers(tmp_path):
+    c = counts(tmp_path)
+    ln = ("kernel", "layernorm_forward_kernel", (("N", "BT"), ("C", "C")), (256, 1, 1), 0)
+    assert c[ln] == 5 and c[("memset", "4*P")] == 1 and sum(c.values()) == 11  # warm-up launch not counted
+    gemm = [k for k in c if k[0] == "seam"]
+    assert len(gemm) == 1 and dict(gemm[0][2])["m"] == "BT" and dict(gemm[0][2])["n"] == "3C"
+
+
+def test_roofline_arithmetic_by_hand(tmp_path):
+    rows = {r.name: r for r in gm.model(counts(tmp_path), TARGET, GPU, {(90, "layernorm_forward_kernel", "bf16"): [("<bf16, true, 8>", 64, 0)]},
+                                        2, A)}
+    BT, C = 4 * 256, 768
+    # GEMM: 2 m n k FLOPs; bytes: A (m k), B (k n), D (m n) in bf16; 3 * 1024 / 128 * 6 = 144 tiles >= 4 * 10 SMs
+    flops, nbytes = 2 * BT * 3 * C * C, 2 * (BT * C + C * 3 * C + BT * 3 * C)
+    t = max(flops / (100e12 * 0.70), nbytes / (1000e9 * 0.85)) + 2e-6
+    g = rows["cuBLASLt gemm BTx3CxC"]
+    assert g.count == 5 and g.flops == 5 * flops and g.bytes == 5 * nbytes and math.isclose(g.seconds, 5 * t)
+    # layernorm: 3 N C bf16 + 8 N bytes, memory-bound; 64 registers x 256 threads: 65536 / (64 * 32 * 8) = 4 blocks
+    # per SM = 1024 threads = occupancy 0.5 (= occ_mem: fully hidden); BT / 8 = 128 blocks fill 10 SMs
+    ln = rows["layernorm_forward_kernel"]
+    assert ln.occ == 0.5 and ln.bound == "memory"
+    assert math.isclose(ln.seconds, 5 * ((3 * BT * C * 2 + 8 * BT) / (1000e9 * 0.85) + 2e-6))
+    # memset of the fp32 gradients: 4 P bytes at the target's P
+    P = 50304 * 768 + 1024 * 768 + 5 * (12 * 768 * 768 + 13 * 768) + 2 * 768
+    assert math.isclose(rows["memset 4*P"].seconds, 4 * P / (1000e9 * 0.85) + 2e-6)
+
+
+def test_occupancy_rules():
+    h100 = gm.GPUS["H100"]
+    assert gm.occupancy(h100, 128, 255, 0) == (0.125, 2)            # 255 regs -> 256 x 32 per warp, 2 blocks
+    assert gm.occupancy(h100, 128, 32, 48 * 1024) == (0.25, 4)      # 228 KiB / 49 KiB -> 4 blocks
+    assert gm.occupancy(h100, 1024, 16, 0) == (1.0, 2)
+    assert gm.causal_pairs(4) == 10 and gm.causal_pairs(40, 32) == 32 * 32 * 3
+
+
+def test_ptxas_report_is_read_per_variant(tmp_path):
+    rep = tmp_path / "ptxas.txt"
+    rep.write_text(
+        "x.cu sm_90 kernel void gpt2::cuda::attention_tc_forward_kernel<64, __nv_bfloat16>(int): 128 registers, "
+        "0/0 bytes spill stores/loads, 0 bytes smem\n"
+        "x.cu sm_90 kernel void gpt2::cuda::attention_tc_forward_kernel<128, __nv_bfloat16>(int): 170 registers, "
+        "0/0 bytes spill stores/loads, 0 bytes smem\n"
+        "x.cu sm_80 kernel void gpt2::cuda::column_partial_sum_kernel<float>(int): 20 registers, 0/0 bytes spill "
+        "stores/loads, 1056 bytes smem\n")
+    p = gm.read_ptxas(rep)
+    assert gm.kernel_resources(p, 90, "attention_tc_forward_kernel", "bf16", 64, A) == (128, 0)
+    assert gm.kernel_resources(p, 90, "attention_tc_forward_kernel", "bf16", 100, A) == (170, 0)
+    assert gm.kernel_resources(p, 80, "column_partial_sum_kernel", "f32", None, A) == (20, 1056)
+    assert gm.kernel_resources(p, 80, "column_partial_sum_kernel", "bf16", None, A) == (A["regs_unknown"], 0)
+
+
+def test_stale_grid_rule_and_unknown_kernel_are_errors(tmp_path):
+    log = tmp_path / "bad.jsonl"
+    rec = {"kernel": "layernorm_forward_kernel", "grid": [99, 1, 1], "block": [256, 1, 1], "args": [120, 128]}
+    log.write_text(json.dumps({"mark": "step"}) + "\n" + json.dumps(rec) + "\n")
+    _, grids = gm.read_log(log, gm.symbol_table(SMALL))
+    with pytest.raises(ValueError, match="out of date"):
+        gm.check_grids(grids, SMALL, 2)
+    log.write_text(json.dumps({"mark": "step"}) + "\n" + json.dumps(dict(rec, kernel="mystery_kernel")) + "\n")
+    with pytest.raises(KeyError, match="mystery_kernel"):
+        gm.read_log(log, gm.symbol_table(SMALL))
+
+
+def test_ambiguous_small_config_is_refused():
+    with pytest.raises(ValueError, match="ambiguous"):
+        gm.symbol_table(gm.Config(B=2, T=40, C=128, NH=2, L=1, V=293, Vp=320, maxT=56))  # B == NH
+    assert Counter(gm.symbol_table(gm.SMALL).values()).most_common(1)[0][1] == 1
