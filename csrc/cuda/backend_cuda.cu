@@ -319,9 +319,14 @@ class CudaBackend final : public Backend<T> {
       (void)cudaGetLastError();
       return nullptr;
     }
-    if (e != cudaSuccess)
-      throw std::runtime_error(std::string("CUDA graph capture of the training step failed: ") +
-                               cudaGetErrorString(e));
+    if (e != cudaSuccess) {
+      const std::string why = cudaGetErrorString(e);
+      // CUDA keeps the failed end's error (e.g. cudaErrorStreamCaptureInvalidated or ...Unjoined) as this thread's
+      // last error until it is read: read it here, or the first launch check of the direct-run fallback would
+      // report it as its own
+      (void)cudaGetLastError();
+      throw std::runtime_error("CUDA graph capture of the training step failed: " + why);
+    }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t ei = cudaGraphInstantiate(&exec, graph, 0);
     (void)cudaGraphDestroy(graph);

@@ -340,6 +340,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
     case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
     default: return "cudaErrorUnknown";
   }
 }
@@ -363,6 +364,7 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "operation would make the legacy stream depend on a capturing blocking stream";
     case cudaErrorStreamCaptureWrongThread:
       return "attempt to terminate a thread-local capture sequence from another thread";
+    case cudaErrorStreamCaptureUnjoined: return "capture sequence contains a fork that was not joined to the primary stream";
     default: return "unknown error (emulated device)";
   }
 }
