@@ -19,15 +19,19 @@
 
 namespace gpt2core::seams {
 
-// f() with exceptions and launch errors as a cudaError_t; their message goes to last_error.
+// f() with exceptions and launch errors as a cudaError_t; their message goes to last_error. A launch error
+// counts only when f() raised it: one already pending before the call (an unrelated earlier launch's) is left
+// for its owner's check, unread, instead of being reported as this call's.
 template <class F>
 cudaError_t run_guarded(std::string& last_error, F&& f) {
+  const bool pending_before = cudaPeekAtLastError() != cudaSuccess;
   try {
     f();
   } catch (const std::exception& ex) {
     last_error = ex.what();
     return cudaErrorUnknown;
   }
+  if (pending_before) return cudaSuccess;
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) last_error = cudaGetErrorString(e);
   return e;
