@@ -222,21 +222,23 @@ class CudaBackend final : public Backend<T> {
   // fused (default): GELU in the matmul's epilogue (cuBLASLt GELU_AUX_BIAS forward, DGELU backward; tanh GELU,
   // see matmul.cuh), so the (N, 4C) activation is not read back by a separate kernel; GPT2CORE_CUDA_FUSED=0, or a
   // GELU matrix cuBLASLt cannot take (leading dimension not a multiple of 8, unaligned): matmul + GELU kernels.
+  // A fused epilogue the library refuses at run time (matmul.cuh) turns fusion of that direction off for this
+  // backend, with one message: the first (uncaptured) run of a step finds out, so a graph never holds the attempt.
   void matmul_gelu_forward(T* pre, T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) override {
-    if (!fused_ || !cuda::gelu_epilogue_ok(OC, pre, out)) {
-      Backend<T>::matmul_gelu_forward(pre, out, inp, w, bias, N, C, OC);
-      return;
+    if (fused_ && !gelu_refused_[0] && cuda::gelu_epilogue_ok(OC, pre, out)) {
+      if (cuda::matmul_gelu_forward(k(pre), k(out), k(inp), k(w), k(bias), N, C, OC, stream_)) return;
+      refuse_gelu_epilogue(0);
     }
-    cuda::matmul_gelu_forward(k(pre), k(out), k(inp), k(w), k(bias), N, C, OC, stream_);
+    Backend<T>::matmul_gelu_forward(pre, out, inp, w, bias, N, C, OC);
   }
   void gelu_matmul_backward(T* dpre, float* dw, float* dbias, const T* dout, const T* pre, const T* act, const T* w,
                             T* scratch_t, int N, int C, int OC) override {
-    if (!fused_ || !cuda::gelu_epilogue_ok(C, dpre, pre)) {
-      Backend<T>::gelu_matmul_backward(dpre, dw, dbias, dout, pre, act, w, scratch_t, N, C, OC);
-      return;
+    if (fused_ && !gelu_refused_[1] && cuda::gelu_epilogue_ok(C, dpre, pre)) {
+      float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
+      if (cuda::gelu_matmul_backward(k(dpre), dw, dbias, k(dout), k(pre), k(act), k(w), s, N, C, OC, stream_)) return;
+      refuse_gelu_epilogue(1);
     }
-    float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
-    cuda::gelu_matmul_backward(k(dpre), dw, dbias, k(dout), k(pre), k(act), k(w), s, N, C, OC, stream_);
+    Backend<T>::gelu_matmul_backward(dpre, dw, dbias, dout, pre, act, w, scratch_t, N, C, OC);
   }
   // flash and cudnn: att is the logsumexp of each query row, (B, NH, T); the T x T matrix never exists.
   // naive: att holds the softmax probabilities (B, NH, T, T), as on the CPU.
@@ -485,6 +487,18 @@ class CudaBackend final : public Backend<T> {
 
   void sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+  // Remembers (and says once) that the library refused the fused GELU epilogue of direction d (0 forward,
+  // 1 backward); the caller runs the separate kernels from now on.
+  void refuse_gelu_epilogue(int d) {
+    std::string detail;
+#if !GPT2CORE_EMU
+    detail = seams::last_matmul_error();
+#endif
+    fprintf(stderr, "gpt2core: the matmul library refused the fused GELU %s epilogue (%s); using matmul + GELU kernels\n",
+            d == 0 ? "forward" : "backward", detail.empty() ? "cudaErrorNotSupported" : detail.c_str());
+    gelu_refused_[d] = true;
+  }
+
   // AdamW over the segments, kAdamWMaxSegments per launch (the model's 16 tensors: one launch).
   void launch_adamw_segments(T* param, float* master, const float* grad, float* m, float* v, size_t m_base,
                              const std::vector<AdamWSegment>& segments, const AdamWParams& p) {
@@ -576,6 +590,7 @@ class CudaBackend final : public Backend<T> {
 
   int device_ = 0;
   bool fused_ = true;             // GPT2CORE_CUDA_FUSED=0: unfused residual + layernorm, matmul + GELU
+  bool gelu_refused_[2] = {false, false};  // the library refused the fused GELU forward / backward epilogue
   Attention attention_ = Attention::Flash;  // GPT2CORE_CUDA_ATTENTION: auto (cudnn if it checks out), flash, ...
   Scratch<T> tscratch_;
   cudaStream_t stream_ = nullptr;
