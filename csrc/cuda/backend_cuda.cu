@@ -130,6 +130,11 @@ class CudaBackend final : public Backend<T> {
       if (st->p) check(cudaFreeHost(st->p), "cudaFreeHost");
       if (st->copied) check(cudaEventDestroy(st->copied), "cudaEventDestroy");
     }
+#if !GPT2CORE_EMU
+    // the library workspaces of this backend's stream (cudaFree waits for the work that uses them)
+    seams::release_matmul_stream(stream_);
+    seams::release_attention_stream(stream_);
+#endif
     if (stream_) check(cudaStreamDestroy(stream_), "cudaStreamDestroy");
   }
 
