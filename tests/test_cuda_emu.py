@@ -258,6 +258,15 @@ def test_fused_and_unfused_training_steps_agree(emu, monkeypatch):
             assert np.max(np.abs(pf[k] - pu[k])) <= 2 * lr + 1e-6, k
 
 
+def test_a_device_without_concurrent_managed_access_is_refused(emu, monkeypatch):
+    """Parameters and gradients live in managed memory that numpy views read while kernels may run: a platform
+    without concurrent managed access (Windows, WSL; the emulator pretends so) must be refused up front with the
+    reason, not crash at the first host read during a kernel."""
+    monkeypatch.setenv("GPT2CORE_EMU_NO_CONCURRENT_MANAGED_ACCESS", "1")
+    with pytest.raises(RuntimeError, match="concurrent managed memory access"):
+        emu.Model(**CFG, device="cuda")
+
+
 def test_a_refused_gelu_epilogue_falls_back_to_the_separate_kernels(emu, monkeypatch, capfd):
     """cuBLASLt may refuse a fused epilogue at run time (no kernel for the combination). The emulator's matmul seam
     refuses both GELU epilogues under GPT2CORE_EMU_REFUSE_GELU_EPILOGUE; the fused backend then says so once per

@@ -4,7 +4,10 @@
 //
 // Memory: every buffer the model allocates (parameters, gradients, AdamW moments, activations) is CUDA
 // managed memory, so the numpy views the Python layer keeps over parameters and gradients stay valid on
-// the host. Kernels run on one stream the backend creates (a blocking one: the synchronous copies of
+// the host (a host read through a view migrates the pages it touches; the training loop reads none per step).
+// That needs concurrent managed access (the host may touch managed memory while kernels run, which the
+// asynchronous step allows): Linux on Pascal or newer. Windows and WSL lack it, and there a host access
+// during a kernel is an error, so the backend refuses to start on such a device with a message saying why. Kernels run on one stream the backend creates (a blocking one: the synchronous copies of
 // to_host & co. wait for it). The ops themselves never wait for the GPU, except those that return values
 // or that the host reads after (zero_grad, adamw, cast_params); the model calls synchronize() at the end of
 // backward. So forward_backward's ops can be captured into a CUDA graph (capture_begin/end): while capturing,
@@ -81,6 +84,14 @@ class CudaBackend final : public Backend<T> {
     const std::string why = device_status(device);
     if (!why.empty()) throw std::runtime_error(why);
     CUDA_CHECK(cudaSetDevice(device));
+    int concurrent_managed = 0;
+    if (cudaDeviceGetAttribute(&concurrent_managed, cudaDevAttrConcurrentManagedAccess, device) != cudaSuccess)
+      (void)cudaGetLastError();
+    if (!concurrent_managed)
+      throw std::runtime_error("cuda:" + std::to_string(device) +
+                               " lacks concurrent managed memory access (as on Windows and WSL, or GPUs before Pascal): "
+                               "gpt2core's CUDA backend keeps parameters and gradients in managed memory that numpy "
+                               "views read while kernels may run, which such a platform forbids; use Linux");
     device_ = device;
     CUDA_CHECK(cudaStreamCreate(&stream_));  // not the legacy default stream, which cannot be captured
 #if !GPT2CORE_EMU

@@ -450,6 +450,12 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
     case cudaDevAttrMaxThreadsPerMultiProcessor: *value = p.maxThreadsPerMultiProcessor; break;
     case cudaDevAttrL2CacheSize: *value = p.l2CacheSize; break;
     case cudaDevAttrMaxRegistersPerBlock: *value = p.regsPerBlock; break;
+    case cudaDevAttrManagedMemory: *value = 1; break;
+    // GPT2CORE_EMU_NO_CONCURRENT_MANAGED_ACCESS: pretend a platform where the host must not touch managed memory
+    // while the device runs (Windows, WSL), for testing that callers detect it
+    case cudaDevAttrConcurrentManagedAccess:
+      *value = std::getenv("GPT2CORE_EMU_NO_CONCURRENT_MANAGED_ACCESS") ? 0 : 1;
+      break;
     default: return fail(cudaErrorNotSupported, "cudaDeviceGetAttribute: attribute not emulated");
   }
   return cudaSuccess;
