@@ -373,6 +373,26 @@ void bind_cuda_emu_ops(py::module_& m) {
      py::arg("a_type"), py::arg("b_type"), py::arg("lda"), py::arg("ldb"), py::arg("ldd"), py::arg("trans_a"),
      py::arg("trans_b"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("alpha"), py::arg("accumulate"),
      py::arg("epilogue"), py::arg("batch"), py::arg("stride_a"), py::arg("stride_b"), py::arg("stride_d"));
+  // The attention seam's CPU implementation in bf16 on raw addresses (tests/test_cudnn_graph.py): forward when
+  // dqkv is 0 (writes out, stats), backward otherwise (writes dqkv).
+  m.def("seam_attention", [](uint64_t qkv, uint64_t out, uint64_t stats, uint64_t dout, uint64_t dqkv, int B, int T,
+                             int NH, int HS, float scale) {
+    namespace s = gpt2core::seams;
+    if (!dqkv) {
+      s::AttentionForwardParams p;
+      p.out = reinterpret_cast<void*>(out), p.stats = reinterpret_cast<float*>(stats);
+      p.qkv = reinterpret_cast<const void*>(qkv), p.dtype = s::DType::BF16;
+      p.B = B, p.T = T, p.NH = NH, p.HS = HS, p.scale = scale;
+      return int(s::attention_forward(p));
+    }
+    s::AttentionBackwardParams p;
+    p.dqkv = reinterpret_cast<void*>(dqkv), p.dout = reinterpret_cast<const void*>(dout);
+    p.qkv = reinterpret_cast<const void*>(qkv), p.out = reinterpret_cast<const void*>(out);
+    p.stats = reinterpret_cast<const float*>(stats), p.dtype = s::DType::BF16;
+    p.B = B, p.T = T, p.NH = NH, p.HS = HS, p.scale = scale;
+    return int(s::attention_backward(p));
+  }, py::kw_only(), py::arg("qkv"), py::arg("out"), py::arg("stats"), py::arg("dout"), py::arg("dqkv"), py::arg("B"),
+     py::arg("T"), py::arg("NH"), py::arg("HS"), py::arg("scale"));
   bind_ops<float>(m, "Ops", "Backend<float> ops of one backend on numpy arrays (tests only).");
   bind_ops<gpt2::bf16>(m, "OpsBF16",
                        "Backend<bf16> ops of the emulated CUDA backend on numpy arrays: T-typed arguments rounded "
