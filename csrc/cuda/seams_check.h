@@ -37,4 +37,23 @@ cudaError_t run_guarded(std::string& last_error, F&& f) {
   return e;
 }
 
+// cudaFree that never throws nor leaves an error pending (destructors, cleanup).
+inline void free_quietly(void* p) {
+  if (p && cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
+// Frees (with free_one) and erases the entries of a map keyed by (device, stream) whose stream is `stream`: the
+// per-stream library workspaces of a backend that goes away.
+template <class Map, class Free>
+void release_stream(Map& by_device_stream, void* stream, Free free_one) {
+  for (auto it = by_device_stream.begin(); it != by_device_stream.end();) {
+    if (it->first.second != stream) {
+      ++it;
+      continue;
+    }
+    free_one(it->second);
+    it = by_device_stream.erase(it);
+  }
+}
+
 }  // namespace gpt2core::seams

@@ -229,14 +229,7 @@ std::string last_matmul_error() { return t_last_error; }
 void release_matmul_stream(void* stream) {
   State& S = state();
   std::lock_guard<std::mutex> lock(S.mu);
-  for (auto it = S.workspaces.begin(); it != S.workspaces.end();) {
-    if (it->first.second != stream) {
-      ++it;
-      continue;
-    }
-    if (cudaFree(it->second) != cudaSuccess) (void)cudaGetLastError();  // never throws: called from destructors
-    it = S.workspaces.erase(it);
-  }
+  release_stream(S.workspaces, stream, [](void* w) { free_quietly(w); });
 }
 
 cudaError_t matmul(const MatmulParams& p) {

@@ -54,6 +54,7 @@ std::string last_attention_error() { return t_last_error; }
 #include <mutex>
 #include <stdexcept>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -292,18 +293,13 @@ std::unordered_map<int64_t, void*> attention_pack(const AttentionBackwardParams&
 
 namespace {
 
-void forward_impl(const AttentionForwardParams& p) {
+// Executes the forward or backward graph (by the params' type) on the params' stream.
+template <class Params>
+void execute(const Params& p) {
+  constexpr bool backward = std::is_same_v<Params, AttentionBackwardParams>;
   State& S = state();
   std::lock_guard<std::mutex> lock(S.mu);
-  const Prepared c = prepare(S, key_of(p.B, p.T, p.NH, p.HS, p.scale, false), p.scale, p.stream);
-  auto pack = attention_pack(p);
-  CUDNN_CHECK(c.graph.graph->execute(c.handle, pack, c.workspace));
-}
-
-void backward_impl(const AttentionBackwardParams& p) {
-  State& S = state();
-  std::lock_guard<std::mutex> lock(S.mu);
-  const Prepared c = prepare(S, key_of(p.B, p.T, p.NH, p.HS, p.scale, true), p.scale, p.stream);
+  const Prepared c = prepare(S, key_of(p.B, p.T, p.NH, p.HS, p.scale, backward), p.scale, p.stream);
   auto pack = attention_pack(p);
   CUDNN_CHECK(c.graph.graph->execute(c.handle, pack, c.workspace));
 }
@@ -342,14 +338,7 @@ cudaError_t check_args(int B, int T, int NH, int HS, DType dtype, bool any_null,
 void release_attention_stream(void* stream) {
   State& S = state();
   std::lock_guard<std::mutex> lock(S.mu);
-  for (auto it = S.workspaces.begin(); it != S.workspaces.end();) {
-    if (it->first.second != stream) {
-      ++it;
-      continue;
-    }
-    if (it->second.p && cudaFree(it->second.p) != cudaSuccess) (void)cudaGetLastError();  // never throws
-    it = S.workspaces.erase(it);
-  }
+  release_stream(S.workspaces, stream, [](const Workspace& w) { free_quietly(w.p); });
 }
 
 cudaError_t attention_forward(const AttentionForwardParams& p) {
@@ -359,7 +348,7 @@ cudaError_t attention_forward(const AttentionForwardParams& p) {
   const cudaError_t e =
       check_args(p.B, p.T, p.NH, p.HS, p.dtype, !p.out || !p.stats || !p.qkv, misaligned, &empty);
   if (e != cudaSuccess || empty) return e;
-  return run_guarded(t_last_error, [&] { forward_impl(p); });
+  return run_guarded(t_last_error, [&] { execute(p); });
 }
 
 cudaError_t attention_backward(const AttentionBackwardParams& p) {
@@ -370,7 +359,7 @@ cudaError_t attention_backward(const AttentionBackwardParams& p) {
   const cudaError_t e = check_args(p.B, p.T, p.NH, p.HS, p.dtype,
                                    !p.dqkv || !p.dout || !p.qkv || !p.out || !p.stats, misaligned, &empty);
   if (e != cudaSuccess || empty) return e;
-  return run_guarded(t_last_error, [&] { backward_impl(p); });
+  return run_guarded(t_last_error, [&] { execute(p); });
 }
 
 }  // namespace gpt2core::seams
