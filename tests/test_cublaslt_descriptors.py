@@ -41,7 +41,7 @@ F32, BF16 = 0, 1                                 # seams::DType
 NONE, GELU, GELU_BACKWARD = 0, 1, 2              # seams::Epilogue
 SOURCES = [ROOT / "csrc" / "cuda" / "seams_cublaslt.cu", ROOT / "tests" / "cublaslt" / "describe.cpp"]
 HEADERS = [ROOT / "csrc" / "cuda" / h for h in ("seams_cublaslt_call.h", "seams_cublaslt.h", "seams_check.h")] + [
-    ROOT / "csrc" / "emu" / "seams.h"]
+    ROOT / "csrc" / "cuda" / "seams.h"]
 
 
 class SeamParams(ctypes.Structure):

@@ -33,7 +33,7 @@ from test_emu import ROOT, _cuda_include
 
 SOURCES = [ROOT / "csrc" / "cuda" / "seams_cudnn.cu", ROOT / "tests" / "cudnn" / "describe.cpp"]
 HEADERS = [ROOT / "csrc" / "cuda" / h for h in ("seams_cudnn_graph.h", "seams_cudnn.h", "seams_check.h")] + [
-    ROOT / "csrc" / "emu" / "seams.h"]
+    ROOT / "csrc" / "cuda" / "seams.h"]
 SIZES = {"BFLOAT16": 2, "FLOAT": 4}
 
 

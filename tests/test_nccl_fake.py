@@ -1,4 +1,4 @@
-"""The NCCL communicator (csrc/dist/comm_nccl.cpp) against a scripted fake NCCL (tests/dist/fake_nccl.cpp) on the
+"""The NCCL communicator (csrc/comm/comm_nccl.cpp) against a scripted fake NCCL (tests/comm/fake_nccl.cpp) on the
 CUDA-on-CPU emulator: the lifecycle nccl.h prescribes for a non-blocking communicator (finalize polled while
 ncclInProgress, then destroy; abort at once on an error or a timeout, also of a half-built communicator) and
 collectives on a stream of the communicator's own. Real NCCL needs GPUs; these rules do not.
@@ -14,7 +14,7 @@ import pytest
 
 from test_emu import ROOT, _build, _cuda_include
 
-SOURCES = [ROOT / "tests" / "dist" / "fake_nccl.cpp"] + [ROOT / "csrc" / "dist" / f for f in
+SOURCES = [ROOT / "tests" / "comm" / "fake_nccl.cpp"] + [ROOT / "csrc" / "comm" / f for f in
                                                            ("comm_nccl.cpp", "rendezvous.cpp", "tcp_store.cpp")]
 
 
@@ -40,7 +40,7 @@ def test_nccl_communicator_lifecycle_against_a_fake_nccl():
         pytest.skip("needs g++ and nccl.h")
     emu = _build(ROOT / "build" / "emu", targets=["gpt2core_emu"])
     exe = emu / "fake_nccl"
-    inputs = SOURCES + [ROOT / "csrc" / "dist" / h for h in ("comm.h", "comm_nccl.h", "rendezvous.h", "tcp_store.h")]
+    inputs = SOURCES + [ROOT / "csrc" / "comm" / h for h in ("comm.h", "comm_nccl.h", "rendezvous.h", "tcp_store.h")]
     if not exe.exists() or any(p.stat().st_mtime > exe.stat().st_mtime for p in inputs + [emu / "libgpt2core_emu.a"]):
         cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'csrc'}",
                f"-isystem{_cuda_include()}", f"-isystem{_nccl_include()}", *map(str, SOURCES),

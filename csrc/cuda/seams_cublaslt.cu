@@ -4,7 +4,7 @@
 // D^T (n, m) = op(B)^T @ op(A)^T: cuBLASLt's "A" is our B and its "B" is our A, with the transposes swapped
 // accordingly; the bias (n) is then a per-row vector of D^T, which is what cuBLASLt's bias epilogue takes.
 // Compute: fp32 (CUBLAS_COMPUTE_32F), or TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) for fp32 inputs
-// after set_matmul_tf32(true); bf16 inputs accumulate in fp32. Epilogues: bias, GELU (+ bias, + saving the
+// when the call's params say tf32; bf16 inputs accumulate in fp32. Epilogues: bias, GELU (+ bias, + saving the
 // pre-activation as aux, in D's type: the aux type is left at its default), GELU backward (dGELU from aux); no
 // GELU epilogue with accumulation (seams.h). A fused epilogue cuBLASLt refuses at run time (no algorithm, or
 // NOT_SUPPORTED / INVALID_VALUE) returns cudaErrorNotSupported having written nothing, so the caller can run
@@ -25,10 +25,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/seams.h"
 #include "cuda/seams_check.h"
 #include "cuda/seams_cublaslt.h"
 #include "cuda/seams_cublaslt_call.h"
-#include "emu/seams.h"
 
 // Throws std::runtime_error with file, line and cuBLASLt's message.
 #define CUBLAS_CHECK(call)                                                                                  \
@@ -68,7 +68,6 @@ struct State {
   std::mutex mu;
   std::map<int, cublasLtHandle_t> handles;                   // per device
   std::map<std::pair<int, void*>, void*> workspaces;         // per (device, stream): one per backend
-  bool tf32 = false;
   std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
 };
 State& state() {
@@ -103,9 +102,9 @@ cublasLtEpilogue_t epilogue_of(const MatmulParams& p) {
   return p.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-cublasComputeType_t compute_of(const MatmulParams& p, bool tf32) {
+cublasComputeType_t compute_of(const MatmulParams& p) {
   const bool all_f32 = p.a_type == DType::F32 && p.b_type == DType::F32 && p.d_type == DType::F32;
-  return (tf32 && all_f32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  return (p.tf32 && all_f32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
 // Alignments of our A, B, D (with their leading dimensions and batch strides), bias and aux.
@@ -124,8 +123,8 @@ Alignments alignments_of(const MatmulParams& p) {
 
 }  // namespace
 
-void describe_matmul(const MatmulParams& p, bool tf32, size_t workspace_bytes, CublasLtCall& call) {
-  const cublasComputeType_t compute = compute_of(p, tf32);
+void describe_matmul(const MatmulParams& p, size_t workspace_bytes, CublasLtCall& call) {
+  const cublasComputeType_t compute = compute_of(p);
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&call.op, compute, CUDA_R_32F));
   set(call.op, CUBLASLT_MATMUL_DESC_TRANSA, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);  // cuBLASLt's A is our B
   set(call.op, CUBLASLT_MATMUL_DESC_TRANSB, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);  // cuBLASLt's B is our A
@@ -181,7 +180,7 @@ bool matmul_impl(const MatmulParams& p) {
   if (!workspace) CUDA_CHECK_THROW(cudaMalloc(&workspace, kWorkspaceBytes));
 
   CublasLtCall call;
-  describe_matmul(p, S.tf32, kWorkspaceBytes, call);
+  describe_matmul(p, kWorkspaceBytes, call);
   const bool fused = p.epilogue != Epilogue::None;
   auto refused = [&](const char* what, cublasStatus_t st) {
     t_last_error = std::string("cuBLASLt refused the fused GELU epilogue (") + what + ": " +
@@ -191,7 +190,7 @@ bool matmul_impl(const MatmulParams& p) {
   const Alignments al = alignments_of(p);
   const AlgoKey key = {device, p.m, p.n, p.k, p.lda, p.ldb, p.ldd, p.trans_a, p.trans_b, int(p.a_type),
                        int(p.b_type), int(p.d_type), int(epilogue_of(p)), p.bias != nullptr, p.accumulate,
-                       p.batch, p.stride_a, p.stride_b, p.stride_d, int(compute_of(p, S.tf32)),
+                       p.batch, p.stride_a, p.stride_b, p.stride_d, int(compute_of(p)),
                        al.a, al.b, al.d, al.bias, al.aux};
   auto it = S.algos.find(key);
   if (it == S.algos.end()) {
@@ -217,12 +216,6 @@ bool matmul_impl(const MatmulParams& p) {
 }
 
 }  // namespace
-
-void set_matmul_tf32(bool on) {
-  State& S = state();
-  std::lock_guard<std::mutex> lock(S.mu);
-  S.tf32 = on;
-}
 
 std::string last_matmul_error() { return t_last_error; }
 

@@ -5,7 +5,7 @@
 #pragma once
 #include <cublasLt.h>
 
-#include "emu/seams.h"
+#include "cuda/seams.h"
 
 namespace gpt2core::seams {
 
@@ -27,9 +27,9 @@ struct CublasLtCall {
 };
 
 // Builds the call for p (validated: validate_matmul(p) == cudaSuccess, m, n > 0): the row-major product as
-// cuBLASLt's column-major one, TF32 compute for fp32 inputs when tf32, the heuristic preference with
+// cuBLASLt's column-major one, TF32 compute for fp32 inputs when p.tf32, the heuristic preference with
 // workspace_bytes and the actual alignment of every matrix. Throws std::runtime_error on a cuBLASLt error.
-void describe_matmul(const MatmulParams& p, bool tf32, size_t workspace_bytes, CublasLtCall& call);
+void describe_matmul(const MatmulParams& p, size_t workspace_bytes, CublasLtCall& call);
 
 // Largest power of two (at most 256, cuBLASLt's default assumption) dividing the address and every byte
 // offset from it that the matrix uses (leading dimension, batch stride): what MIN_ALIGNMENT_*_BYTES may promise.

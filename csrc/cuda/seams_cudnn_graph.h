@@ -9,7 +9,7 @@
 #include <memory>
 #include <unordered_map>
 
-#include "emu/seams.h"
+#include "cuda/seams.h"
 
 namespace gpt2core::seams {
 

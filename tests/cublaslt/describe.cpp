@@ -95,7 +95,8 @@ extern "C" int gpt2_describe_matmul(const SeamParams* s, Described* out, char* e
     if (validate_matmul(p) != cudaSuccess) throw std::runtime_error("validate_matmul refused the params");
 
     CublasLtCall call;
-    describe_matmul(p, s->tf32 != 0, size_t(32) << 20, call);
+    p.tf32 = s->tf32 != 0;
+    describe_matmul(p, size_t(32) << 20, call);
     Described& o = *out;
     void* ptr = nullptr;
     get(call.op, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE, &o.compute_type);

@@ -13,7 +13,7 @@
 //                    ncclGroupStart/End; finish() makes the compute stream wait for the comm stream
 // The communicator is non-blocking (config.blocking = 0), so init and every wait can time out; a timeout or an
 // error aborts it at once (fail) and throws DistError, and a clean shutdown finalizes it (polled) and destroys it.
-#include "dist/comm_nccl.h"
+#include "comm/comm_nccl.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "dist/rendezvous.h"
+#include "comm/rendezvous.h"
 
 namespace gpt2::dist {
 

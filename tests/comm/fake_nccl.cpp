@@ -1,4 +1,4 @@
-// fake_nccl.cpp: the NCCL communicator of csrc/dist/comm_nccl.cpp against a scripted NCCL (this file) and the
+// fake_nccl.cpp: the NCCL communicator of csrc/comm/comm_nccl.cpp against a scripted NCCL (this file) and the
 // CUDA-on-CPU emulator, one rank. The fake follows nccl.h's non-blocking contract: init and finalize return
 // ncclInProgress, and ncclCommGetAsyncError reports ncclInProgress until the scripted number of polls has passed,
 // then the scripted result. It logs every call, so the checks below see the lifecycle NCCL would:
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "../emu/check.h"
-#include "dist/comm_nccl.h"
+#include "comm/comm_nccl.h"
 
 using gpt2::dist::DistError;
 
