@@ -257,6 +257,44 @@ def test_fused_and_unfused_training_steps_agree(emu):
             assert np.max(np.abs(pf[k] - pu[k])) <= 2 * lr + 1e-6, k
 
 
+def test_a_device_without_concurrent_managed_access_is_refused(emu, monkeypatch):
+    """Parameters and gradients live in managed memory that numpy views read while kernels may run: a platform
+    without concurrent managed access (Windows, WSL; the emulator pretends so) must be refused up front with the
+    reason, not crash at the first host read during a kernel."""
+    monkeypatch.setenv("GPT2CORE_EMU_NO_CONCURRENT_MANAGED_ACCESS", "1")
+    with pytest.raises(RuntimeError, match="concurrent managed memory access"):
+        emu.Model(**CFG, device="cuda")
+
+
+def test_a_refused_gelu_epilogue_falls_back_to_the_separate_kernels(emu, monkeypatch, capfd):
+    """cuBLASLt may refuse a fused epilogue at run time (no kernel for the combination). The emulator's matmul seam
+    refuses both GELU epilogues under GPT2CORE_EMU_REFUSE_GELU_EPILOGUE; the fused backend then says so once per
+    direction and runs matmul + GELU kernels: loss and gradients as the unfused backend's (1e-5 normwise, as in
+    test_fused_and_unfused_training_steps_agree), over two steps."""
+    idx, tgt = batch(7)
+    runs = {}
+    for fused, refuse in (("1", "1"), ("0", None)):
+        if refuse:
+            monkeypatch.setenv("GPT2CORE_EMU_REFUSE_GELU_EPILOGUE", refuse)
+        else:
+            monkeypatch.delenv("GPT2CORE_EMU_REFUSE_GELU_EPILOGUE", raising=False)
+        m = emu.Model(**CFG, device="cuda", fused=fused == "1")
+        init_params(m, seed=7)
+        losses = []
+        for _ in range(2):
+            m.zero_grad()
+            losses.append(m.forward(idx, tgt))
+            m.backward()
+        runs[fused] = (losses, {k: v.copy() for k, v in m.grads().items()})
+    (lf, gf), (lu, gu) = runs["1"], runs["0"]
+    np.testing.assert_allclose(lf, lu, rtol=1e-5)
+    errs = {k: normwise(gf[k], gu[k]) for k in gu}
+    assert max(errs.values()) <= 1e-5, errs
+    err = capfd.readouterr().err
+    for direction in ("forward", "backward"):
+        assert err.count(f"refused the fused GELU {direction} epilogue") == 1, err
+
+
 # ----------------------------------------------------------------------------- the real build, no GPU
 def test_real_cuda_build_without_gpu_is_a_clear_device_error():
     """gpt2core._C compiled with the CUDA backend (pip install . with nvcc) on a machine without a usable GPU:

@@ -5,11 +5,14 @@
 //                    shard to its owner, grouped (same traffic, uneven shards)
 //   all_gather       ncclAllGather in place when size() divides n; otherwise grouped ncclBroadcast
 //   broadcast        ncclBroadcast;  barrier: an allreduce of one float
+//   (all of these on the communicator's own non-blocking stream, after an event recorded on the compute stream
+//   has completed, so the wait's timeout counts communication only; host buffers are staged on that stream)
 //   bucket_allreduce NcclBuckets: on a comm stream of its own (non-blocking, so the legacy default stream
 //                    does not serialise with it), each group waits for an event recorded on the compute
 //                    stream at enqueue time, then runs its ranges' ncclAllReduce(avg) in one
 //                    ncclGroupStart/End; finish() makes the compute stream wait for the comm stream
-// The communicator is non-blocking (config.blocking = 0), so init and every wait can time out.
+// The communicator is non-blocking (config.blocking = 0), so init and every wait can time out; a timeout or an
+// error aborts it at once (fail) and throws DistError, and a clean shutdown finalizes it (polled) and destroys it.
 #include "comm/comm_nccl.h"
 
 #include <cuda_runtime.h>
@@ -31,18 +34,27 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-[[noreturn]] void nccl_fail(ncclResult_t r, ncclComm_t comm, const char* expr, const char* file, int line) {
+[[noreturn]] void nccl_fail(ncclResult_t r, const char* expr, const char* file, int line) {
   std::ostringstream s;
   s << "NCCL error " << int(r) << " (" << ncclGetErrorString(r) << ") in " << expr << " at " << file << ":" << line;
-  const char* last = comm ? ncclGetLastError(comm) : nullptr;
+  const char* last = ncclGetLastError(nullptr);
   if (last && *last) s << ": " << last;
   throw DistError(s.str());
 }
 
-#define GPT2_NCCL_CHECK(comm, expr)                                              \
+// A call before there is a communicator.
+#define GPT2_NCCL_CHECK(expr)                                                    \
   do {                                                                           \
     ncclResult_t _r = (expr);                                                    \
-    if (_r != ncclSuccess && _r != ncclInProgress) nccl_fail(_r, comm, #expr, __FILE__, __LINE__); \
+    if (_r != ncclSuccess && _r != ncclInProgress) nccl_fail(_r, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+// A call on a live communicator: an error aborts it (NcclComm::fail) before DistError is thrown.
+#define GPT2_NCCL_CALL(owner, expr)                                                                  \
+  do {                                                                                               \
+    ncclResult_t _r = (expr);                                                                        \
+    if (_r != ncclSuccess && _r != ncclInProgress)                                                   \
+      (owner).fail(#expr, std::string("NCCL error ") + std::to_string(int(_r)) + " (" + ncclGetErrorString(_r) + ")"); \
   } while (0)
 
 #define GPT2_CUDA_CHECK(expr)                                                                  \
@@ -67,7 +79,7 @@ class NcclComm final : public Comm {
     ncclUniqueId id;
     const std::string key = o.prefix + "/nccl/unique_id";
     if (rank_ == 0) {
-      GPT2_NCCL_CHECK(nullptr, ncclGetUniqueId(&id));
+      GPT2_NCCL_CHECK(ncclGetUniqueId(&id));
       store_->set(key, std::vector<char>(id.internal, id.internal + sizeof(id.internal)));
     } else {
       auto v = store_->get(key, timeout_);
@@ -79,34 +91,40 @@ class NcclComm final : public Comm {
     }
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
-    GPT2_NCCL_CHECK(nullptr, ncclCommInitRankConfig(&comm_, size_, id, rank_, &cfg));
-    wait_state("ncclCommInitRank", false);
-    GPT2_CUDA_CHECK(cudaMalloc(&one_, sizeof(float)));
+    GPT2_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &cfg));
+    try {
+      wait_state("ncclCommInitRank");  // a timeout aborts the half-built communicator (fail)
+      GPT2_CUDA_CHECK(cudaMalloc(&one_, sizeof(float)));
+      GPT2_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+      GPT2_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
+    } catch (...) {  // no destructor runs for a constructor that throws
+      abort_comm();
+      release_buffers();
+      throw;
+    }
   }
 
+  // The communicator first (a failed one was already aborted by fail()), then the buffers: cudaFree waits for the
+  // device, which must not still run NCCL kernels. Non-blocking communicator: ncclCommFinalize returns
+  // ncclInProgress and the state turns ncclSuccess once every rank is quiescent (nccl.h), so poll while it is
+  // in progress; an error or the timeout aborts instead.
   ~NcclComm() override {
-    if (one_) cudaFree(one_);
-    if (staging_) cudaFree(staging_);
-    if (!comm_) return;
-    if (broken_) {
-      ncclCommAbort(comm_);
-      return;
+    if (comm_) {
+      ncclResult_t st = ncclCommFinalize(comm_);
+      const auto deadline = Clock::now() + timeout_;
+      while (st == ncclInProgress && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (ncclCommGetAsyncError(comm_, &st) != ncclSuccess) break;
+      }
+      if (st == ncclSuccess) {
+        ncclCommDestroy(comm_);
+      } else {
+        std::fprintf(stderr, "gpt2core: NCCL finalize on rank %d did not complete (%s); aborting the communicator\n",
+                     rank_, ncclGetErrorString(st));
+        ncclCommAbort(comm_);
+      }
     }
-    ncclResult_t r = ncclCommFinalize(comm_);
-    ncclResult_t st = r;
-    const auto deadline = Clock::now() + timeout_;
-    while (r == ncclSuccess && Clock::now() < deadline) {
-      ncclCommGetAsyncError(comm_, &st);
-      if (st != ncclInProgress) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    if (st == ncclSuccess)
-      ncclCommDestroy(comm_);
-    else {
-      std::fprintf(stderr, "gpt2core: NCCL finalize on rank %d did not complete (%s); aborting the communicator\n",
-                   rank_, ncclGetErrorString(st));
-      ncclCommAbort(comm_);
-    }
+    release_buffers();
   }
 
   int rank() const override { return rank_; }
@@ -117,47 +135,49 @@ class NcclComm final : public Comm {
   // staged through device memory.
   void allreduce(float* buf, size_t n, ReduceOp op) override {
     if (n == 0) return;
-    Staged s(this, buf, n);
-    GPT2_NCCL_CHECK(comm_, ncclAllReduce(s.p, s.p, n, ncclFloat, red(op), comm_, stream_));
-    wait_state("allreduce", true);
+    Staged s(this, buf, n, "allreduce");
+    GPT2_NCCL_CALL(*this, ncclAllReduce(s.p, s.p, n, ncclFloat, red(op), comm_, comm_stream_));
+    wait_state("allreduce", comm_stream_);
     s.finish();
   }
 
   void reduce_scatter(float* host_or_dev, size_t n, ReduceOp op) override {
     if (n == 0) return;
-    Staged s(this, host_or_dev, n);
+    Staged s(this, host_or_dev, n, "reduce_scatter");
     float* buf = s.p;
     const size_t S = shard_size(n, size_);
     if (S * size_t(size_) == n) {
-      GPT2_NCCL_CHECK(comm_, ncclReduceScatter(buf, buf + S * size_t(rank_), S, ncclFloat, red(op), comm_, stream_));
+      GPT2_NCCL_CALL(*this, ncclReduceScatter(buf, buf + S * size_t(rank_), S, ncclFloat, red(op), comm_,
+                                               comm_stream_));
     } else {
-      GPT2_NCCL_CHECK(comm_, ncclGroupStart());
+      GPT2_NCCL_CALL(*this, ncclGroupStart());
       for (int r = 0; r < size_; r++) {
         const size_t lo = shard_lo(n, r), cnt = shard_hi(n, r) - lo;
-        if (cnt) GPT2_NCCL_CHECK(comm_, ncclReduce(buf + lo, buf + lo, cnt, ncclFloat, red(op), r, comm_, stream_));
+        if (cnt)
+          GPT2_NCCL_CALL(*this, ncclReduce(buf + lo, buf + lo, cnt, ncclFloat, red(op), r, comm_, comm_stream_));
       }
-      GPT2_NCCL_CHECK(comm_, ncclGroupEnd());
+      GPT2_NCCL_CALL(*this, ncclGroupEnd());
     }
-    wait_state("reduce_scatter", true);
+    wait_state("reduce_scatter", comm_stream_);
     s.finish();
   }
 
   void all_gather(float* host_or_dev, size_t n) override {
     if (n == 0) return;
-    Staged s(this, host_or_dev, n);
+    Staged s(this, host_or_dev, n, "all_gather");
     float* buf = s.p;
     const size_t S = shard_size(n, size_);
     if (S * size_t(size_) == n) {
-      GPT2_NCCL_CHECK(comm_, ncclAllGather(buf + S * size_t(rank_), buf, S, ncclFloat, comm_, stream_));
+      GPT2_NCCL_CALL(*this, ncclAllGather(buf + S * size_t(rank_), buf, S, ncclFloat, comm_, comm_stream_));
     } else {
-      GPT2_NCCL_CHECK(comm_, ncclGroupStart());
+      GPT2_NCCL_CALL(*this, ncclGroupStart());
       for (int r = 0; r < size_; r++) {
         const size_t lo = shard_lo(n, r), cnt = shard_hi(n, r) - lo;
-        if (cnt) GPT2_NCCL_CHECK(comm_, ncclBroadcast(buf + lo, buf + lo, cnt, ncclFloat, r, comm_, stream_));
+        if (cnt) GPT2_NCCL_CALL(*this, ncclBroadcast(buf + lo, buf + lo, cnt, ncclFloat, r, comm_, comm_stream_));
       }
-      GPT2_NCCL_CHECK(comm_, ncclGroupEnd());
+      GPT2_NCCL_CALL(*this, ncclGroupEnd());
     }
-    wait_state("all_gather", true);
+    wait_state("all_gather", comm_stream_);
     s.finish();
   }
 
@@ -165,15 +185,16 @@ class NcclComm final : public Comm {
     if (root < 0 || root >= size_)
       throw DistError("broadcast: root " + std::to_string(root) + " is outside 0.." + std::to_string(size_ - 1));
     if (n == 0) return;
-    Staged s(this, buf, n);
-    GPT2_NCCL_CHECK(comm_, ncclBroadcast(s.p, s.p, n, ncclFloat, root, comm_, stream_));
-    wait_state("broadcast", true);
+    Staged s(this, buf, n, "broadcast");
+    GPT2_NCCL_CALL(*this, ncclBroadcast(s.p, s.p, n, ncclFloat, root, comm_, comm_stream_));
+    wait_state("broadcast", comm_stream_);
     s.finish();
   }
 
   void barrier() override {
-    GPT2_NCCL_CHECK(comm_, ncclAllReduce(one_, one_, 1, ncclFloat, ncclSum, comm_, stream_));
-    wait_state("barrier", true);
+    after_compute("barrier");
+    GPT2_NCCL_CALL(*this, ncclAllReduce(one_, one_, 1, ncclFloat, ncclSum, comm_, comm_stream_));
+    wait_state("barrier", comm_stream_);
   }
 
   std::unique_ptr<BucketAllreduce> bucket_allreduce(float* buf, size_t n, void* stream) override;
@@ -192,13 +213,26 @@ class NcclComm final : public Comm {
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
   }
 
-  // p: the buffer itself, or a device copy of a host buffer, copied back by finish().
+  // Orders the comm stream after the work the compute stream has queued so far (which produces the buffers),
+  // and waits on the host until that work is done: the collective's timeout then counts communication only.
+  // Compute waits for the collective on the host (wait_state) before the caller goes on.
+  void after_compute(const char* op) {
+    if (broken_)
+      throw DistError(std::string(op) + " on rank " + std::to_string(rank_) +
+                      " (NCCL): the process group is broken by an earlier failure");
+    GPT2_CUDA_CHECK(cudaEventRecord(inputs_ready_, stream_));
+    GPT2_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, inputs_ready_, 0));
+    GPT2_CUDA_CHECK(cudaEventSynchronize(inputs_ready_));
+  }
+
+  // p: the buffer itself, or a device copy of a host buffer (copied on the comm stream), copied back by finish().
   struct Staged {
     NcclComm* c;
     float* host = nullptr;
     float* p;
     size_t n;
-    Staged(NcclComm* comm, float* buf, size_t count) : c(comm), p(buf), n(count) {
+    Staged(NcclComm* comm, float* buf, size_t count, const char* op) : c(comm), p(buf), n(count) {
+      c->after_compute(op);
       if (on_device(buf)) return;
       if (c->staging_cap_ < n) {
         if (c->staging_) cudaFree(c->staging_);
@@ -209,11 +243,12 @@ class NcclComm final : public Comm {
       }
       host = buf;
       p = c->staging_;
-      GPT2_CUDA_CHECK(cudaMemcpy(p, host, n * sizeof(float), cudaMemcpyHostToDevice));
+      GPT2_CUDA_CHECK(cudaMemcpyAsync(p, host, n * sizeof(float), cudaMemcpyHostToDevice, c->comm_stream_));
     }
     void finish() {  // after the collective completed
       if (!host) return;
-      GPT2_CUDA_CHECK(cudaMemcpy(host, p, n * sizeof(float), cudaMemcpyDeviceToHost));
+      GPT2_CUDA_CHECK(cudaMemcpyAsync(host, p, n * sizeof(float), cudaMemcpyDeviceToHost, c->comm_stream_));
+      GPT2_CUDA_CHECK(cudaStreamSynchronize(c->comm_stream_));
       if (c->staging_cap_ > kKeepStaging) {  // a large host buffer (a checkpoint gather): do not hold on to it
         cudaFree(c->staging_);
         c->staging_ = nullptr;
@@ -222,10 +257,11 @@ class NcclComm final : public Comm {
     }
   };
 
-  // Polls the communicator (and the stream) until the operation completed, failed or timed out; on
-  // failure or timeout the communicator is aborted (which also unblocks its kernels) and DistError thrown.
-  void wait_state(const char* op, bool stream) { wait_state(op, stream ? stream_ : nullptr, stream); }
-  void wait_state(const char* op, cudaStream_t stream_to_wait, bool stream) {
+  // Polls the communicator (and `stream` unless null: none of its streams is the legacy one) until the operation
+  // completed, failed or timed out; on failure or timeout the communicator is aborted (which also unblocks its
+  // kernels) and DistError thrown.
+  void wait_state(const char* op, cudaStream_t stream = nullptr) {
+    if (!comm_) fail(op, "the process group is broken by an earlier failure");
     const auto deadline = Clock::now() + timeout_;
     for (;;) {
       ncclResult_t st = ncclSuccess;
@@ -233,7 +269,7 @@ class NcclComm final : public Comm {
       if (st != ncclSuccess && st != ncclInProgress) fail(op, std::string("NCCL reports ") + ncclGetErrorString(st));
       if (st == ncclSuccess) {
         if (!stream) return;
-        cudaError_t q = cudaStreamQuery(stream_to_wait);
+        cudaError_t q = cudaStreamQuery(stream);
         if (q == cudaSuccess) return;
         if (q != cudaErrorNotReady) fail(op, std::string("CUDA reports ") + cudaGetErrorString(q));
       }
@@ -246,19 +282,37 @@ class NcclComm final : public Comm {
     }
   }
 
+  // A timeout or a peer's error: abort the communicator now ("If an error occurs, destroy the communicator with
+  // abort", nccl.h), which ends its kernels still spinning on the device, then throw. Leaving the abort to the
+  // destructor would hang: whatever runs first (a cudaFree, a synchronize) waits for those kernels.
   [[noreturn]] void fail(const char* op, const std::string& why) {
-    broken_ = true;
     std::ostringstream s;
     s << op << " on rank " << rank_ << " of " << size_ << " (NCCL, GPU " << device_ << "): " << why;
-    const char* last = ncclGetLastError(comm_);
+    const char* last = comm_ ? ncclGetLastError(comm_) : nullptr;
     if (last && *last) s << "; " << last;
+    abort_comm();
     throw DistError(s.str());
+  }
+  void abort_comm() {
+    broken_ = true;
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+  // Never throws (destructors and the constructor's cleanup).
+  void release_buffers() {
+    if (inputs_ready_) cudaEventDestroy(inputs_ready_);
+    if (comm_stream_) cudaStreamDestroy(comm_stream_);
+    for (float* p : {one_, staging_})
+      if (p) cudaFree(p);
+    inputs_ready_ = nullptr, comm_stream_ = nullptr, one_ = staging_ = nullptr;
   }
 
   int rank_, size_, device_;
-  cudaStream_t stream_;
+  cudaStream_t stream_;  // the compute stream (nullptr: the legacy stream, which waits for all blocking streams)
+  cudaStream_t comm_stream_ = nullptr;  // the collectives', non-blocking: no implicit sync with compute
+  cudaEvent_t inputs_ready_ = nullptr;  // recorded on stream_ before each collective
   std::unique_ptr<TcpStore> store_;
-  ncclComm_t comm_ = nullptr;
+  ncclComm_t comm_ = nullptr;  // null once aborted
   float* one_ = nullptr;
   float* staging_ = nullptr;
   size_t staging_cap_ = 0;
@@ -305,13 +359,13 @@ class NcclBuckets final : public BucketAllreduce {
     // the comm stream starts this group once the compute stream has produced its ranges
     GPT2_CUDA_CHECK(cudaEventRecord(ready_, compute_));
     GPT2_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
-    GPT2_NCCL_CHECK(c_.comm_, ncclGroupStart());
+    GPT2_NCCL_CALL(c_, ncclGroupStart());
     for (auto& [lo, hi] : rs)
-      GPT2_NCCL_CHECK(c_.comm_, ncclAllReduce(buf_ + lo, buf_ + lo, hi - lo, ncclFloat, ncclAvg, c_.comm_, comm_stream_));
-    GPT2_NCCL_CHECK(c_.comm_, ncclGroupEnd());
+      GPT2_NCCL_CALL(c_, ncclAllReduce(buf_ + lo, buf_ + lo, hi - lo, ncclFloat, ncclAvg, c_.comm_, comm_stream_));
+    GPT2_NCCL_CALL(c_, ncclGroupEnd());
     // non-blocking communicator: the group is enqueued once the state leaves ncclInProgress (a host wait for
     // the enqueue, not for the collective)
-    c_.wait_state("overlapped gradient allreduce (enqueue)", nullptr, false);
+    c_.wait_state("overlapped gradient allreduce (enqueue)");
     pending_ = true;
   }
 
@@ -324,7 +378,7 @@ class NcclBuckets final : public BucketAllreduce {
     GPT2_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
     // and a polled host wait: the step's grad norm reads a value back right after this anyway, and a blocking
     // sync behind a collective whose peer died would never return; polling aborts the group at the timeout
-    c_.wait_state("overlapped gradient allreduce", comm_stream_, true);
+    c_.wait_state("overlapped gradient allreduce", comm_stream_);
   }
 
  private:

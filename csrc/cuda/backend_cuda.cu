@@ -4,7 +4,10 @@
 //
 // Memory: every buffer the model allocates (parameters, gradients, AdamW moments, activations) is CUDA
 // managed memory, so the numpy views the Python layer keeps over parameters and gradients stay valid on
-// the host. Kernels run on one stream the backend creates (a blocking one: the synchronous copies of
+// the host (a host read through a view migrates the pages it touches; the training loop reads none per step).
+// That needs concurrent managed access (the host may touch managed memory while kernels run, which the
+// asynchronous step allows): Linux on Pascal or newer. Windows and WSL lack it, and there a host access
+// during a kernel is an error, so the backend refuses to start on such a device with a message saying why. Kernels run on one stream the backend creates (a blocking one: the synchronous copies of
 // to_host & co. wait for it). The ops themselves never wait for the GPU, except those that return values
 // or that the host reads after (zero_grad, step_sum_squares, cast_params); the model calls synchronize() at the end of
 // backward. So forward_backward's ops can be captured into a CUDA graph (capture_begin/end): while capturing,
@@ -83,6 +86,14 @@ class CudaBackend final : public Backend<T> {
     const std::string why = device_status(device);
     if (!why.empty()) throw std::runtime_error(why);
     CUDA_CHECK(cudaSetDevice(device));
+    int concurrent_managed = 0;
+    if (cudaDeviceGetAttribute(&concurrent_managed, cudaDevAttrConcurrentManagedAccess, device) != cudaSuccess)
+      (void)cudaGetLastError();
+    if (!concurrent_managed)
+      throw std::runtime_error("cuda:" + std::to_string(device) +
+                               " lacks concurrent managed memory access (as on Windows and WSL, or GPUs before Pascal): "
+                               "gpt2core's CUDA backend keeps parameters and gradients in managed memory that numpy "
+                               "views read while kernels may run, which such a platform forbids; use Linux");
     device_ = device;
     CUDA_CHECK(cudaStreamCreate(&stream_));  // not the legacy default stream, which cannot be captured
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&norm_work_), kNormBlocks * sizeof(double)));
@@ -119,6 +130,11 @@ class CudaBackend final : public Backend<T> {
       if (st->p) check(cudaFreeHost(st->p), "cudaFreeHost");
       if (st->copied) check(cudaEventDestroy(st->copied), "cudaEventDestroy");
     }
+#if !GPT2CORE_EMU
+    // the library workspaces of this backend's stream (cudaFree waits for the work that uses them)
+    seams::release_matmul_stream(stream_);
+    seams::release_attention_stream(stream_);
+#endif
     if (stream_) check(cudaStreamDestroy(stream_), "cudaStreamDestroy");
   }
 
@@ -211,21 +227,25 @@ class CudaBackend final : public Backend<T> {
   // fused (default): GELU in the matmul's epilogue (cuBLASLt GELU_AUX_BIAS forward, DGELU backward; tanh GELU,
   // see matmul.cuh), so the (N, 4C) activation is not read back by a separate kernel; fused=false, or a
   // GELU matrix cuBLASLt cannot take (leading dimension not a multiple of 8, unaligned): matmul + GELU kernels.
+  // A fused epilogue the library refuses at run time (matmul.cuh) turns fusion of that direction off for this
+  // backend, with one message: the first (uncaptured) run of a step finds out, so a graph never holds the attempt.
   void matmul_gelu_forward(T* pre, T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) override {
-    if (!fused_ || !cuda::gelu_epilogue_ok(OC, pre, out)) {
-      Backend<T>::matmul_gelu_forward(pre, out, inp, w, bias, N, C, OC);
-      return;
+    if (fused_ && !gelu_refused_[0] && cuda::gelu_epilogue_ok(OC, pre, out)) {
+      if (cuda::matmul_gelu_forward(k(pre), k(out), k(inp), k(w), k(bias), N, C, OC, tf32_, stream_)) return;
+      refuse_gelu_epilogue(0);
     }
-    cuda::matmul_gelu_forward(k(pre), k(out), k(inp), k(w), k(bias), N, C, OC, tf32_, stream_);
+    Backend<T>::matmul_gelu_forward(pre, out, inp, w, bias, N, C, OC);
   }
   void gelu_matmul_backward(T* dpre, float* dw, float* dbias, const T* dout, const T* pre, const T* act, const T* w,
                             T* scratch_t, int N, int C, int OC) override {
-    if (!fused_ || !cuda::gelu_epilogue_ok(C, dpre, pre)) {
-      Backend<T>::gelu_matmul_backward(dpre, dw, dbias, dout, pre, act, w, scratch_t, N, C, OC);
-      return;
+    if (fused_ && !gelu_refused_[1] && cuda::gelu_epilogue_ok(C, dpre, pre)) {
+      float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
+      if (cuda::gelu_matmul_backward(k(dpre), dw, dbias, k(dout), k(pre), k(act), k(w), s, N, C, OC, tf32_,
+                                     stream_))
+        return;
+      refuse_gelu_epilogue(1);
     }
-    float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
-    cuda::gelu_matmul_backward(k(dpre), dw, dbias, k(dout), k(pre), k(act), k(w), s, N, C, OC, tf32_, stream_);
+    Backend<T>::gelu_matmul_backward(dpre, dw, dbias, dout, pre, act, w, scratch_t, N, C, OC);
   }
   // flash and cudnn: att is the logsumexp of each query row, (B, NH, T); the T x T matrix never exists.
   // naive: att holds the softmax probabilities (B, NH, T, T), as on the CPU.
@@ -305,9 +325,14 @@ class CudaBackend final : public Backend<T> {
       (void)cudaGetLastError();
       return nullptr;
     }
-    if (e != cudaSuccess)
-      throw std::runtime_error(std::string("CUDA graph capture of the training step failed: ") +
-                               cudaGetErrorString(e));
+    if (e != cudaSuccess) {
+      const std::string why = cudaGetErrorString(e);
+      // CUDA keeps the failed end's error (e.g. cudaErrorStreamCaptureInvalidated or ...Unjoined) as this thread's
+      // last error until it is read: read it here, or the first launch check of the direct-run fallback would
+      // report it as its own
+      (void)cudaGetLastError();
+      throw std::runtime_error("CUDA graph capture of the training step failed: " + why);
+    }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t ei = cudaGraphInstantiate(&exec, graph, 0);
     (void)cudaGraphDestroy(graph);
@@ -455,6 +480,18 @@ class CudaBackend final : public Backend<T> {
 
   void sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+  // Remembers (and says once) that the library refused the fused GELU epilogue of direction d (0 forward,
+  // 1 backward); the caller runs the separate kernels from now on.
+  void refuse_gelu_epilogue(int d) {
+    std::string detail;
+#if !GPT2CORE_EMU
+    detail = seams::last_matmul_error();
+#endif
+    fprintf(stderr, "gpt2core: the matmul library refused the fused GELU %s epilogue (%s); using matmul + GELU kernels\n",
+            d == 0 ? "forward" : "backward", detail.empty() ? "cudaErrorNotSupported" : detail.c_str());
+    gelu_refused_[d] = true;
+  }
+
   static constexpr const char* kOomHint = "; try a smaller micro-batch (B) or sequence length (T), or --recompute-gelu";
   void* alloc_bytes(size_t bytes) {
     const size_t want = bytes ? bytes : 1;
@@ -533,6 +570,7 @@ class CudaBackend final : public Backend<T> {
   int device_ = 0;
   const bool tf32_;               // BackendOptions::tf32, for fp32 models: every matmul's seam params carry it
   const bool fused_;              // BackendOptions::fused; false: unfused residual + layernorm, matmul + GELU
+  bool gelu_refused_[2] = {false, false};  // the library refused the fused GELU forward / backward epilogue
   Attention attention_ = Attention::Flash;  // from BackendOptions::attention (auto resolved in the constructor)
   Scratch<T> tscratch_;
   cudaStream_t stream_ = nullptr;

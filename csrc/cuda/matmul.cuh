@@ -119,30 +119,35 @@ void matmul_backward(floatX* dinp,         // (N, C), accumulated into
 // CUDA model (fused by default) against the CPU backend to 1e-5, which an erf GELU (~1e-3 apart) would fail.
 //
 // cuBLASLt requires the GELU input ("aux") matrix's leading dimension to be divisible by 8; the backend
-// uses these launchers only when gelu_epilogue_ok(ld, ...) holds and the separate kernels otherwise.
+// uses these launchers only when gelu_epilogue_ok(ld, ...) holds and the separate kernels otherwise. cuBLASLt may
+// still refuse a fused epilogue at run time (no kernel for the combination): the launchers then return false
+// having written nothing, and the caller runs the separate kernels.
 template <class... P>
 inline bool gelu_epilogue_ok(int ld, const P*... p) {
   return ld % 8 == 0 && aligned16(p...);
 }
 
 template <class floatX>
-void matmul_gelu_forward(floatX* pre,         // (N, OC): inp @ w^T + bias, kept for backward
+[[nodiscard]] bool matmul_gelu_forward(floatX* pre,         // (N, OC): inp @ w^T + bias, kept for backward
                          floatX* out,         // (N, OC): gelu(pre)
                          const floatX* inp,   // (N, C)
                          const floatX* w,     // (OC, C)
                          const floatX* bias,  // (OC) or null
                          int N, int C, int OC, bool tf32, cudaStream_t stream) {
-  if (N <= 0 || OC <= 0) return;
+  if (N <= 0 || OC <= 0) return true;
   gpt2core::seams::MatmulParams p = linear_params(out, inp, w, bias, N, C, OC, tf32, stream);
   p.epilogue = gpt2core::seams::Epilogue::Gelu;
   p.pre_gelu = pre;
-  MATMUL_CHECK(gpt2core::seams::matmul(p), "forward + GELU");
+  const cudaError_t e = gpt2core::seams::matmul(p);
+  if (e == cudaErrorNotSupported) return false;
+  MATMUL_CHECK(e, "forward + GELU");
+  return true;
 }
 
 // The backward of out (N, OC) = gelu(pre) @ w^T + bias, with act = gelu(pre) (N, C) the matmul's input.
 // scratch: column_chunks(N) * OC floats (only when dbias is given).
 template <class floatX>
-void gelu_matmul_backward(floatX* dpre,         // (N, C), written
+[[nodiscard]] bool gelu_matmul_backward(floatX* dpre,         // (N, C), written
                           float* dw,            // (OC, C), accumulated into
                           float* dbias,         // (OC) or null, accumulated into
                           const floatX* dout,   // (N, OC)
@@ -150,7 +155,7 @@ void gelu_matmul_backward(floatX* dpre,         // (N, C), written
                           const floatX* act,    // (N, C): gelu(pre)
                           const floatX* w,      // (OC, C)
                           float* scratch, int N, int C, int OC, bool tf32, cudaStream_t stream) {
-  if (N <= 0 || C <= 0) return;
+  if (N <= 0 || C <= 0) return true;
   constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
   gpt2core::seams::MatmulParams p;  // dpre (N, C) = (dout (N, OC) @ w (OC, C)) * gelu'(pre)
   p.d = dpre; p.ldd = C; p.d_type = X;
@@ -161,8 +166,11 @@ void gelu_matmul_backward(floatX* dpre,         // (N, C), written
   p.pre_gelu = const_cast<floatX*>(pre);  // read only by the GELU backward epilogue
   p.tf32 = tf32;
   p.stream = stream;
-  MATMUL_CHECK(gpt2core::seams::matmul(p), "backward dinp + GELU backward");
+  const cudaError_t e = gpt2core::seams::matmul(p);
+  if (e == cudaErrorNotSupported) return false;
+  MATMUL_CHECK(e, "backward dinp + GELU backward");
   matmul_backward_weights(dw, dbias, dout, act, scratch, N, C, OC, tf32, stream);
+  return true;
 }
 
 }  // namespace gpt2::cuda

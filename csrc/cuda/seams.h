@@ -39,7 +39,9 @@ enum class Epilogue : int {
 //   op(A) is (m, k): A is stored (m, k), or (k, m) when trans_a;
 //   op(B) is (k, n): B is stored (k, n), or (n, k) when trans_b (a Linear weight (out, in) gives
 //   x @ W^T with trans_b = true, n = out, k = in).
-// accumulate: D = D + v (beta = 1) instead of D = v. batch > 1 repeats the product with the strides.
+// accumulate: D = D + v (beta = 1) instead of D = v, with Epilogue::None only: cuBLASLt applies its GELU
+// epilogues to alpha AB + beta C (gelu(AB + C + bias), not D + gelu(AB + bias)), and DGELU cannot accumulate,
+// so GELU epilogues with accumulate are cudaErrorNotSupported. batch > 1 repeats the product with the strides.
 // bias: (n) in d_type, broadcast over rows. pre_gelu: (m, n) in d_type with leading dimension ldd.
 // The cuBLASLt implementation maps this row-major product onto column-major D^T = op(B)^T op(A)^T.
 struct MatmulParams {
@@ -70,7 +72,7 @@ struct MatmulParams {
 cudaError_t matmul(const MatmulParams& p);
 
 // The argument checks every matmul implementation shares (shapes, pointers, leading dimensions, GELU
-// backward needs pre_gelu). The empty product (m == 0 or n == 0) is valid.
+// backward needs pre_gelu, no GELU epilogue with accumulate). The empty product (m == 0 or n == 0) is valid.
 inline cudaError_t validate_matmul(const MatmulParams& p) {
   if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 1) return cudaErrorInvalidValue;
   if (p.m == 0 || p.n == 0) return cudaSuccess;
@@ -78,6 +80,7 @@ inline cudaError_t validate_matmul(const MatmulParams& p) {
   if (!p.d || p.ldd < p.n || (p.k > 0 && (!p.a || !p.b || p.lda < a_cols || p.ldb < b_cols)))
     return cudaErrorInvalidValue;
   if (p.epilogue == Epilogue::GeluBackward && !p.pre_gelu) return cudaErrorInvalidValue;
+  if (p.epilogue != Epilogue::None && p.accumulate) return cudaErrorNotSupported;
   return cudaSuccess;
 }
 

@@ -5,20 +5,30 @@
 // accordingly; the bias (n) is then a per-row vector of D^T, which is what cuBLASLt's bias epilogue takes.
 // Compute: fp32 (CUBLAS_COMPUTE_32F), or TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) for fp32 inputs
 // when the call's params say tf32; bf16 inputs accumulate in fp32. Epilogues: bias, GELU (+ bias, + saving the
-// pre-activation as aux), GELU backward (dGELU from aux; not combined with accumulation). Algorithms come from
-// cuBLASLt's heuristic once per shape (cached). One handle and a 32 MiB workspace for the process, on the
-// device current when first used.
+// pre-activation as aux, in D's type: the aux type is left at its default), GELU backward (dGELU from aux); no
+// GELU epilogue with accumulation (seams.h). A fused epilogue cuBLASLt refuses at run time (no algorithm, or
+// NOT_SUPPORTED / INVALID_VALUE) returns cudaErrorNotSupported having written nothing, so the caller can run
+// the unfused ops instead. Algorithms come from cuBLASLt's heuristic once per shape, types, epilogue and the
+// alignment of every pointer (cached), with the preference stating the actual alignments (cuBLASLt otherwise
+// assumes 256 bytes and may pick a kernel that faults on a less aligned matrix). One handle per device and a
+// 32 MiB workspace per (device, stream), i.e. per backend: two models on two streams or devices never share
+// one; release_matmul_stream frees a stream's before the stream goes.
+//
+// describe_matmul (seams_cublaslt_call.h) builds the descriptors, which need no GPU; matmul_impl picks the
+// algorithm and runs it.
 #include <cublasLt.h>
 
 #include <array>
 #include <map>
+#include <utility>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 
+#include "cuda/seams.h"
 #include "cuda/seams_check.h"
 #include "cuda/seams_cublaslt.h"
-#include "cuda/seams.h"
+#include "cuda/seams_cublaslt_call.h"
 
 // Throws std::runtime_error with file, line and cuBLASLt's message.
 #define CUBLAS_CHECK(call)                                                                                  \
@@ -31,15 +41,34 @@
   } while (0)
 
 namespace gpt2core::seams {
+
+CublasLtCall::~CublasLtCall() {
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (d) cublasLtMatrixLayoutDestroy(d);
+  if (c) cublasLtMatrixLayoutDestroy(c);
+  if (b) cublasLtMatrixLayoutDestroy(b);
+  if (a) cublasLtMatrixLayoutDestroy(a);
+  if (op) cublasLtMatmulDescDestroy(op);
+}
+
+uint32_t alignment_bytes(const void* p, long long ld_bytes, long long batch_stride_bytes) {
+  const uint64_t bits = uint64_t(reinterpret_cast<uintptr_t>(p)) | uint64_t(ld_bytes) | uint64_t(batch_stride_bytes) | 256u;
+  return uint32_t(bits & (~bits + 1));  // the lowest set bit
+}
+
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
 
+// Algorithm cache key: device, shapes, leading dimensions, transposes, types, epilogue, accumulate, batch, strides,
+// compute type and the alignments of A, B, D, bias and aux (the heuristic's answer depends on all of them).
+using AlgoKey = std::array<long long, 25>;
+
 struct State {
   std::mutex mu;
-  cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
-  std::map<std::array<long long, 20>, cublasLtMatmulAlgo_t> algos;
+  std::map<int, cublasLtHandle_t> handles;                   // per device
+  std::map<std::pair<int, void*>, void*> workspaces;         // per (device, stream): one per backend
+  std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
 };
 State& state() {
   static State* s = new State();  // never destroyed: no CUDA calls at exit
@@ -49,19 +78,10 @@ thread_local std::string t_last_error;
 
 cudaDataType_t cuda_type(DType t) { return t == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
 
-// RAII holders for the descriptors of one call.
-struct Desc {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~Desc() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (d) cublasLtMatrixLayoutDestroy(d);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
+template <class V>
+void set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V& v) {
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
+}
 
 void set_batch(cublasLtMatrixLayout_t l, int batch, long long stride) {
   if (batch <= 1) return;
@@ -71,107 +91,152 @@ void set_batch(cublasLtMatrixLayout_t l, int batch, long long stride) {
   CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s, sizeof(s)));
 }
 
-void matmul_impl(const MatmulParams& p) {
+cublasLtEpilogue_t epilogue_of(const MatmulParams& p) {
+  switch (p.epilogue) {
+    case Epilogue::Gelu:
+      if (p.pre_gelu) return p.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+      return p.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+    case Epilogue::GeluBackward: return CUBLASLT_EPILOGUE_DGELU;
+    case Epilogue::None: break;
+  }
+  return p.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+cublasComputeType_t compute_of(const MatmulParams& p) {
+  const bool all_f32 = p.a_type == DType::F32 && p.b_type == DType::F32 && p.d_type == DType::F32;
+  return (p.tf32 && all_f32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+// Alignments of our A, B, D (with their leading dimensions and batch strides), bias and aux.
+struct Alignments {
+  uint32_t a, b, d, bias, aux;
+};
+Alignments alignments_of(const MatmulParams& p) {
+  const long long ea = dtype_size(p.a_type), eb = dtype_size(p.b_type), ed = dtype_size(p.d_type);
+  const bool batched = p.batch > 1;
+  return {alignment_bytes(p.a, p.lda * ea, batched ? p.stride_a * ea : 0),
+          alignment_bytes(p.b, p.ldb * eb, batched ? p.stride_b * eb : 0),
+          alignment_bytes(p.d, p.ldd * ed, batched ? p.stride_d * ed : 0),
+          p.bias ? alignment_bytes(p.bias, 0, 0) : 0u,
+          p.pre_gelu ? alignment_bytes(p.pre_gelu, p.ldd * ed, batched ? p.stride_d * ed : 0) : 0u};
+}
+
+}  // namespace
+
+void describe_matmul(const MatmulParams& p, size_t workspace_bytes, CublasLtCall& call) {
+  const cublasComputeType_t compute = compute_of(p);
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&call.op, compute, CUDA_R_32F));
+  set(call.op, CUBLASLT_MATMUL_DESC_TRANSA, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);  // cuBLASLt's A is our B
+  set(call.op, CUBLASLT_MATMUL_DESC_TRANSB, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);  // cuBLASLt's B is our A
+  set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue_of(p));
+  if (p.bias && p.epilogue != Epilogue::GeluBackward) {
+    set(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
+    set(call.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(p.d_type));
+  }
+  if (p.pre_gelu) {  // aux: (m, n) like D, ld and batch stride of D; its type defaults to D's (cublasLt.h)
+    set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.pre_gelu);
+    set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(p.ldd));
+    if (p.batch > 1) set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, int64_t(p.stride_d));
+  }
+
+  // column-major layouts: our B as (rows, cols) = op-dependent, our A likewise, C = D^T (n, m)
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.a, cuda_type(p.b_type), p.trans_b ? p.k : p.n, p.trans_b ? p.n : p.k,
+                                          p.ldb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.b, cuda_type(p.a_type), p.trans_a ? p.m : p.k, p.trans_a ? p.k : p.m,
+                                          p.lda));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.c, cuda_type(p.d_type), p.n, p.m, p.ldd));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.d, cuda_type(p.d_type), p.n, p.m, p.ldd));
+  set_batch(call.a, p.batch, p.stride_b);
+  set_batch(call.b, p.batch, p.stride_a);
+  set_batch(call.c, p.batch, p.stride_d);
+  set_batch(call.d, p.batch, p.stride_d);
+
+  const Alignments al = alignments_of(p);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&call.pref));
+  auto pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto v) {
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, attr, &v, sizeof(v)));
+  };
+  pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(workspace_bytes));
+  pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al.b);  // cuBLASLt's A is our B
+  pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al.a);
+  pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al.d);
+  pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al.d);
+
+  call.A = p.b, call.B = p.a, call.C = p.d, call.D = p.d;
+  call.alpha = p.alpha, call.beta = p.accumulate ? 1.0f : 0.0f;
+}
+
+namespace {
+
+// Runs p; false when cuBLASLt refuses its fused epilogue (nothing was written; t_last_error says why).
+bool matmul_impl(const MatmulParams& p) {
   State& S = state();
   std::lock_guard<std::mutex> lock(S.mu);
-  if (!S.handle) {
-    CUBLAS_CHECK(cublasLtCreate(&S.handle));
-    CUDA_CHECK_THROW(cudaMalloc(&S.workspace, kWorkspaceBytes));
-  }
-  const bool all_f32 = p.a_type == DType::F32 && p.b_type == DType::F32 && p.d_type == DType::F32;
-  const cublasComputeType_t compute = (p.tf32 && all_f32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  int device = 0;
+  CUDA_CHECK_THROW(cudaGetDevice(&device));
+  cublasLtHandle_t& handle = S.handles[device];
+  if (!handle) CUBLAS_CHECK(cublasLtCreate(&handle));
+  void*& workspace = S.workspaces[{device, static_cast<void*>(p.stream)}];
+  if (!workspace) CUDA_CHECK_THROW(cudaMalloc(&workspace, kWorkspaceBytes));
 
-  Desc ds;
-  CUBLAS_CHECK(cublasLtMatmulDescCreate(&ds.op, compute, CUDA_R_32F));
-  const cublasOperation_t ta = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
-  const cublasOperation_t tb = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B is our A
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-
-  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-  switch (p.epilogue) {
-    case Epilogue::None:
-      epi = p.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-      break;
-    case Epilogue::Gelu:
-      if (p.pre_gelu) epi = p.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-      else epi = p.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
-      break;
-    case Epilogue::GeluBackward:
-      epi = CUBLASLT_EPILOGUE_DGELU;
-      break;
-  }
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-  if (p.bias && p.epilogue != Epilogue::GeluBackward) {
-    const void* bias = p.bias;
-    const cudaDataType_t bt = cuda_type(p.d_type);
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
-  }
-  if (p.pre_gelu) {
-    void* aux = p.pre_gelu;
-    const int64_t ld = p.ldd;
-    const cudaDataType_t at = cuda_type(p.d_type);
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at, sizeof(at)));
-    if (p.batch > 1) {
-      const int64_t s = p.stride_d;
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &s,
-                                                  sizeof(s)));
-    }
-  }
-
-  // column-major layouts: our B as (rows, cols) = op-dependent, our A likewise, D^T (n, m)
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.a, cuda_type(p.b_type), p.trans_b ? p.k : p.n, p.trans_b ? p.n : p.k,
-                                          p.ldb));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.b, cuda_type(p.a_type), p.trans_a ? p.m : p.k, p.trans_a ? p.k : p.m,
-                                          p.lda));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.d, cuda_type(p.d_type), p.n, p.m, p.ldd));
-  set_batch(ds.a, p.batch, p.stride_b);
-  set_batch(ds.b, p.batch, p.stride_a);
-  set_batch(ds.d, p.batch, p.stride_d);
-
-  const std::array<long long, 20> key = {p.m, p.n, p.k, p.lda, p.ldb, p.ldd, p.trans_a, p.trans_b, int(p.a_type),
-                                         int(p.b_type), int(p.d_type), int(epi), p.bias != nullptr, p.accumulate,
-                                         p.batch, p.stride_a, p.stride_b, p.stride_d, int(compute),
-                                         // pointer alignment changes which algorithms apply
-                                         (long long)((reinterpret_cast<uintptr_t>(p.a) | reinterpret_cast<uintptr_t>(p.b) |
-                                                      reinterpret_cast<uintptr_t>(p.d)) & 15)};
+  CublasLtCall call;
+  describe_matmul(p, kWorkspaceBytes, call);
+  const bool fused = p.epilogue != Epilogue::None;
+  auto refused = [&](const char* what, cublasStatus_t st) {
+    t_last_error = std::string("cuBLASLt refused the fused GELU epilogue (") + what + ": " +
+                   cublasLtGetStatusName(st) + ")";
+    return false;
+  };
+  const Alignments al = alignments_of(p);
+  const AlgoKey key = {device, p.m, p.n, p.k, p.lda, p.ldb, p.ldd, p.trans_a, p.trans_b, int(p.a_type),
+                       int(p.b_type), int(p.d_type), int(epilogue_of(p)), p.bias != nullptr, p.accumulate,
+                       p.batch, p.stride_a, p.stride_b, p.stride_d, int(compute_of(p)),
+                       al.a, al.b, al.d, al.bias, al.aux};
   auto it = S.algos.find(key);
   if (it == S.algos.end()) {
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&ds.pref));
-    const uint64_t ws = kWorkspaceBytes;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                      sizeof(ws)));
     cublasLtMatmulHeuristicResult_t res{};
     int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(S.handle, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &res, &found));
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(handle, call.op, call.a, call.b, call.c, call.d, call.pref, 1, &res, &found);
+    if (fused && (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)))
+      return refused("no algorithm", st);
+    CUBLAS_CHECK(st);
     if (found == 0)
       throw std::runtime_error("cuBLASLt has no algorithm for this matmul (m=" + std::to_string(p.m) + " n=" +
                                std::to_string(p.n) + " k=" + std::to_string(p.k) + ")");
     it = S.algos.emplace(key, res.algo).first;
   }
-  const float alpha = p.alpha, beta = p.accumulate ? 1.0f : 0.0f;
-  CUBLAS_CHECK(cublasLtMatmul(S.handle, ds.op, &alpha, p.b, ds.a, p.a, ds.b, &beta, p.d, ds.d, p.d, ds.d, &it->second,
-                              S.workspace, kWorkspaceBytes, p.stream));
+  const cublasStatus_t st = cublasLtMatmul(handle, call.op, &call.alpha, call.A, call.a, call.B, call.b, &call.beta,
+                                           call.C, call.c, call.D, call.d, &it->second, workspace, kWorkspaceBytes,
+                                           p.stream);
+  if (fused && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE))
+    return refused("cublasLtMatmul", st);
+  CUBLAS_CHECK(st);
+  return true;
 }
 
 }  // namespace
 
 std::string last_matmul_error() { return t_last_error; }
 
+void release_matmul_stream(void* stream) {
+  State& S = state();
+  std::lock_guard<std::mutex> lock(S.mu);
+  release_stream(S.workspaces, stream, [](void* w) { free_quietly(w); });
+}
+
 cudaError_t matmul(const MatmulParams& p) {
   if (const cudaError_t e = validate_matmul(p); e != cudaSuccess) {
-    if (p.epilogue == Epilogue::GeluBackward && !p.pre_gelu) t_last_error = "GELU backward epilogue needs pre_gelu";
+    if (e == cudaErrorNotSupported)
+      t_last_error = "a GELU epilogue does not combine with accumulate (cuBLASLt would apply GELU to alpha AB + C)";
+    else if (p.epilogue == Epilogue::GeluBackward && !p.pre_gelu)
+      t_last_error = "GELU backward epilogue needs pre_gelu";
     return e;
   }
   if (p.m == 0 || p.n == 0) return cudaSuccess;
-  if (p.epilogue == Epilogue::GeluBackward && p.accumulate) {
-    t_last_error = "GELU backward epilogue with accumulation is not supported by cuBLASLt";
-    return cudaErrorNotSupported;
-  }
-  return run_guarded(t_last_error, [&] { matmul_impl(p); });
+  bool ran = true;
+  const cudaError_t e = run_guarded(t_last_error, [&] { ran = matmul_impl(p); });
+  return e == cudaSuccess && !ran ? cudaErrorNotSupported : e;
 }
 
 }  // namespace gpt2core::seams

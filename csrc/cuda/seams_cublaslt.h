@@ -7,5 +7,8 @@ namespace gpt2core::seams {
 
 // The cuBLASLt message behind the last failed matmul on this thread ("" if none).
 std::string last_matmul_error();
+// Frees the workspace matmuls on `stream` (a cudaStream_t) used; call before destroying the stream, whose work
+// must have finished. Never throws.
+void release_matmul_stream(void* stream);
 
 }  // namespace gpt2core::seams

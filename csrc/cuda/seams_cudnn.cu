@@ -11,10 +11,10 @@
 //   stats     (B, NH, T, 1) fp32:                      strides (NH*T, T, 1, 1).
 // bf16 in and out, fp32 intermediates and compute. cuDNN's SDPA has no fp32 I/O: F32 is NotSupported.
 //
-// One cudnnHandle for the process, created on the device current at the first call and set to each call's
-// stream; one graph per (B, T, NH, HS, scale, direction), built once from cuDNN's heuristics (mode A) and
-// cached; one workspace, grown to the largest graph's need. A mutex covers all of it (the handle's stream is
-// shared state). Errors inside are exceptions (CUDNN_CHECK: file, line, the library's message); the seam
+// One cudnnHandle per device, set to each call's stream; one graph per (device, B, T, NH, HS, scale, direction),
+// built once from cuDNN's heuristics (mode A) and cached; one workspace per (device, stream), i.e. per backend,
+// grown to the largest graph's need (two models on two streams never share one; release_attention_stream frees
+// a stream's). A mutex covers all of it (a handle's stream is shared state). Errors inside are exceptions (CUDNN_CHECK: file, line, the library's message); the seam
 // returns cudaErrorUnknown and keeps the message for last_attention_error().
 //
 // Compiled without GPT2CORE_HAS_CUDNN_SDPA (cuDNN or the frontend headers not found at configure time), both
@@ -45,6 +45,8 @@ std::string last_attention_error() { return t_last_error; }
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
+#include "cuda/seams_cudnn_graph.h"
+
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -52,7 +54,9 @@ std::string last_attention_error() { return t_last_error; }
 #include <mutex>
 #include <stdexcept>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace fe = cudnn_frontend;
@@ -112,11 +116,12 @@ namespace {
 enum : int64_t { kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5, kdO = 6, kdQ = 7, kdK = 8, kdV = 9 };
 
 struct GraphKey {
-  int B, T, NH, HS;
+  int device, B, T, NH, HS;
   uint32_t scale_bits;
   bool backward;
   bool operator<(const GraphKey& o) const {
-    return std::tie(B, T, NH, HS, scale_bits, backward) < std::tie(o.B, o.T, o.NH, o.HS, o.scale_bits, o.backward);
+    return std::tie(device, B, T, NH, HS, scale_bits, backward) <
+           std::tie(o.device, o.B, o.T, o.NH, o.HS, o.scale_bits, o.backward);
   }
 };
 
@@ -125,12 +130,15 @@ struct Cached {
   int64_t workspace = 0;  // bytes
 };
 
+struct Workspace {
+  void* p = nullptr;
+  int64_t bytes = 0;
+};
+
 struct State {
   std::mutex mu;
-  cudnnHandle_t handle = nullptr;
-  int device = -1;
-  void* workspace = nullptr;
-  int64_t workspace_bytes = 0;
+  std::map<int, cudnnHandle_t> handles;                  // per device
+  std::map<std::pair<int, void*>, Workspace> workspaces;  // per (device, stream)
   std::map<GraphKey, Cached> graphs;
 };
 State& state() {
@@ -202,26 +210,26 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const GraphKey& k, float scale)
   return g;
 }
 
-// Creates the handle on first use, points it at `stream`, returns the (cached) graph for `key`, with the
-// workspace grown to its need. Caller holds S.mu.
-const Cached& prepare(State& S, const GraphKey& key, float scale, cudaStream_t stream) {
-  int device = 0;
-  CUDA_CHECK_THROW(cudaGetDevice(&device));
-  if (!S.handle) {
-    CUDNN_CHECK(cudnnCreate(&S.handle));
-    S.device = device;
-  } else if (device != S.device) {
-    throw std::runtime_error("cuDNN attention: the process's cuDNN handle was created on device " +
-                             std::to_string(S.device) + ", this call runs on device " + std::to_string(device));
-  }
-  CUDNN_CHECK(cudnnSetStream(S.handle, stream));
+// What one call runs with: the device's handle (pointed at the call's stream), the graph, the stream's workspace.
+struct Prepared {
+  cudnnHandle_t handle;
+  const Cached& graph;
+  void* workspace;
+};
+
+// Creates the device's handle on first use, points it at `stream`, returns the (cached) graph for `key` (its
+// device: the current one), with the stream's workspace grown to its need. Caller holds S.mu.
+Prepared prepare(State& S, const GraphKey& key, float scale, cudaStream_t stream) {
+  cudnnHandle_t& handle = S.handles[key.device];
+  if (!handle) CUDNN_CHECK(cudnnCreate(&handle));
+  CUDNN_CHECK(cudnnSetStream(handle, stream));
 
   auto it = S.graphs.find(key);
   if (it == S.graphs.end()) {
     Cached c;
     c.graph = key.backward ? backward_graph(key, scale) : forward_graph(key, scale);
     CUDNN_CHECK(c.graph->validate());
-    CUDNN_CHECK(c.graph->build_operation_graph(S.handle));
+    CUDNN_CHECK(c.graph->build_operation_graph(handle));
     CUDNN_CHECK(c.graph->create_execution_plans({fe::HeurMode_t::A}));
     CUDNN_CHECK(c.graph->check_support());  // the handle overloads of these two are slated for removal
     CUDNN_CHECK(c.graph->build_plans());
@@ -229,21 +237,23 @@ const Cached& prepare(State& S, const GraphKey& key, float scale, cudaStream_t s
     it = S.graphs.emplace(key, std::move(c)).first;
   }
   const int64_t need = it->second.workspace;
-  if (need > S.workspace_bytes) {
-    if (S.workspace) {
-      CUDA_CHECK_THROW(cudaDeviceSynchronize());  // earlier calls on any stream may still use the old one
-      CUDA_CHECK_THROW(cudaFree(S.workspace));
-      S.workspace = nullptr;
-      S.workspace_bytes = 0;
+  Workspace& ws = S.workspaces[{key.device, static_cast<void*>(stream)}];
+  if (need > ws.bytes) {
+    if (ws.p) {
+      CUDA_CHECK_THROW(cudaStreamSynchronize(stream));  // earlier calls on this stream may still use the old one
+      CUDA_CHECK_THROW(cudaFree(ws.p));
+      ws = Workspace{};
     }
-    CUDA_CHECK_THROW(cudaMalloc(&S.workspace, size_t(need)));
-    S.workspace_bytes = need;
+    CUDA_CHECK_THROW(cudaMalloc(&ws.p, size_t(need)));
+    ws.bytes = need;
   }
-  return it->second;
+  return {handle, it->second, ws.p};
 }
 
 GraphKey key_of(int B, int T, int NH, int HS, float scale, bool backward) {
-  GraphKey k{B, T, NH, HS, 0u, backward};
+  int device = 0;
+  CUDA_CHECK_THROW(cudaGetDevice(&device));
+  GraphKey k{device, B, T, NH, HS, 0u, backward};
   static_assert(sizeof(float) == sizeof(uint32_t), "float is 32-bit");
   std::memcpy(&k.scale_bits, &scale, sizeof(scale));
   return k;
@@ -251,35 +261,47 @@ GraphKey key_of(int B, int T, int NH, int HS, float scale, bool backward) {
 
 void* mut(const void* p) { return const_cast<void*>(p); }
 
-void forward_impl(const AttentionForwardParams& p) {
-  State& S = state();
-  std::lock_guard<std::mutex> lock(S.mu);
-  const Cached& c = prepare(S, key_of(p.B, p.T, p.NH, p.HS, p.scale, false), p.scale, p.stream);
+}  // namespace
+
+std::shared_ptr<fe::graph::Graph> attention_graph(int B, int T, int NH, int HS, float scale, bool backward) {
+  const GraphKey k{-1, B, T, NH, HS, 0u, backward};  // the shape is all the graph depends on besides scale
+  return backward ? backward_graph(k, scale) : forward_graph(k, scale);
+}
+
+std::unordered_map<int64_t, void*> attention_pack(const AttentionForwardParams& p) {
   const size_t C = size_t(p.NH) * p.HS;
   const auto* qkv = static_cast<const char*>(p.qkv);
-  std::unordered_map<int64_t, void*> pack = {
+  return {
       {kQ, mut(qkv)},
       {kK, mut(qkv + C * 2)},  // bf16: 2 bytes per element
       {kV, mut(qkv + 2 * C * 2)},
       {kO, p.out},
       {kStats, p.stats},
   };
-  CUDNN_CHECK(c.graph->execute(S.handle, pack, S.workspace));
 }
 
-void backward_impl(const AttentionBackwardParams& p) {
-  State& S = state();
-  std::lock_guard<std::mutex> lock(S.mu);
-  const Cached& c = prepare(S, key_of(p.B, p.T, p.NH, p.HS, p.scale, true), p.scale, p.stream);
+std::unordered_map<int64_t, void*> attention_pack(const AttentionBackwardParams& p) {
   const size_t C = size_t(p.NH) * p.HS;
   const auto* qkv = static_cast<const char*>(p.qkv);
   auto* dqkv = static_cast<char*>(p.dqkv);
-  std::unordered_map<int64_t, void*> pack = {
+  return {
       {kQ, mut(qkv)},          {kK, mut(qkv + C * 2)},  {kV, mut(qkv + 2 * C * 2)},
       {kO, mut(p.out)},        {kdO, mut(p.dout)},      {kStats, mut(p.stats)},
       {kdQ, dqkv},             {kdK, dqkv + C * 2},     {kdV, dqkv + 2 * C * 2},
   };
-  CUDNN_CHECK(c.graph->execute(S.handle, pack, S.workspace));
+}
+
+namespace {
+
+// Executes the forward or backward graph (by the params' type) on the params' stream.
+template <class Params>
+void execute(const Params& p) {
+  constexpr bool backward = std::is_same_v<Params, AttentionBackwardParams>;
+  State& S = state();
+  std::lock_guard<std::mutex> lock(S.mu);
+  const Prepared c = prepare(S, key_of(p.B, p.T, p.NH, p.HS, p.scale, backward), p.scale, p.stream);
+  auto pack = attention_pack(p);
+  CUDNN_CHECK(c.graph.graph->execute(c.handle, pack, c.workspace));
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -313,6 +335,12 @@ cudaError_t check_args(int B, int T, int NH, int HS, DType dtype, bool any_null,
 
 }  // namespace
 
+void release_attention_stream(void* stream) {
+  State& S = state();
+  std::lock_guard<std::mutex> lock(S.mu);
+  release_stream(S.workspaces, stream, [](const Workspace& w) { free_quietly(w.p); });
+}
+
 cudaError_t attention_forward(const AttentionForwardParams& p) {
   bool empty = false;
   const size_t kv_bytes = size_t(p.NH) * p.HS * 2;
@@ -320,7 +348,7 @@ cudaError_t attention_forward(const AttentionForwardParams& p) {
   const cudaError_t e =
       check_args(p.B, p.T, p.NH, p.HS, p.dtype, !p.out || !p.stats || !p.qkv, misaligned, &empty);
   if (e != cudaSuccess || empty) return e;
-  return run_guarded(t_last_error, [&] { forward_impl(p); });
+  return run_guarded(t_last_error, [&] { execute(p); });
 }
 
 cudaError_t attention_backward(const AttentionBackwardParams& p) {
@@ -331,7 +359,7 @@ cudaError_t attention_backward(const AttentionBackwardParams& p) {
   const cudaError_t e = check_args(p.B, p.T, p.NH, p.HS, p.dtype,
                                    !p.dqkv || !p.dout || !p.qkv || !p.out || !p.stats, misaligned, &empty);
   if (e != cudaSuccess || empty) return e;
-  return run_guarded(t_last_error, [&] { backward_impl(p); });
+  return run_guarded(t_last_error, [&] { execute(p); });
 }
 
 }  // namespace gpt2core::seams
@@ -339,6 +367,8 @@ cudaError_t attention_backward(const AttentionBackwardParams& p) {
 #else  // !GPT2CORE_HAS_CUDNN_SDPA: the GPU build without cuDNN or its frontend headers
 
 namespace gpt2core::seams {
+
+void release_attention_stream(void*) {}
 
 cudaError_t attention_forward(const AttentionForwardParams&) {
   t_last_error = "attention: gpt2core was built without cuDNN frontend (cuDNN SDPA unavailable)";

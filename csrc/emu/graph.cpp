@@ -50,6 +50,7 @@ struct Capture {
   unsigned long long id;
   std::unique_ptr<CUgraph_st> graph;  // under construction; handed out by cudaStreamEndCapture
   std::string invalidated_by;         // message of the first refused call; empty while active
+  std::string unjoined_by;            // message of the first GPT2CORE_EMU_UNJOINED work; fails the end
 };
 
 struct CaptureState {
@@ -107,10 +108,13 @@ std::string on_legacy_stream(const char* what) {
          "capturing stream; pass the capturing stream)";
 }
 
-// True when `what` is named in GPT2CORE_EMU_UNCAPTURABLE (comma-separated, e.g. "matmul,attention_forward"):
-// work the tests pretend a library cannot record into a graph, to exercise a caller's fallback.
-bool uncapturable(const char* what) {
-  const char* env = std::getenv("GPT2CORE_EMU_UNCAPTURABLE");
+// True when `what` is named in the environment variable `var` (comma-separated, e.g. "matmul,attention_forward").
+// GPT2CORE_EMU_UNCAPTURABLE: work the tests pretend a library cannot record into a graph (refused at the call);
+// GPT2CORE_EMU_UNJOINED: work the tests pretend forks onto a library's internal stream without joining it back,
+// which CUDA reports only at cudaStreamEndCapture (cudaErrorStreamCaptureUnjoined). Both exercise a caller's
+// fallback.
+bool listed(const char* var, const char* what) {
+  const char* env = std::getenv(var);
   if (!env) return false;
   const std::string list = std::string(",") + env + ",";
   return list.find(std::string(",") + what + ",") != std::string::npos;
@@ -152,11 +156,14 @@ cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<cudaErr
         const std::string msg = std::string(what) + " on a stream whose capture was invalidated by " + c.invalidated_by;
         return fail(cudaErrorStreamCaptureInvalidated, msg.c_str());
       }
-      if (uncapturable(what)) {
+      if (listed("GPT2CORE_EMU_UNCAPTURABLE", what)) {
         const std::string msg = during_capture(what, "not capturable: GPT2CORE_EMU_UNCAPTURABLE");
         invalidate(c, msg);
         return fail(cudaErrorStreamCaptureUnsupported, msg.c_str());
       }
+      if (c.unjoined_by.empty() && listed("GPT2CORE_EMU_UNJOINED", what))
+        c.unjoined_by = std::string(what) + " forked work onto a stream that was not joined back into the capture "
+                        "(GPT2CORE_EMU_UNJOINED)";
       c.graph->nodes->push_back(Node{what, std::move(work)});
       return cudaSuccess;
     }
@@ -236,7 +243,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMo
   if (cs.by_stream.count(stream))
     return fail(cudaErrorIllegalState, "cudaStreamBeginCapture: the stream is already capturing");
   cs.by_stream.emplace(stream, Capture{std::this_thread::get_id(), mode, cs.next_id++,
-                                       std::make_unique<CUgraph_st>(), std::string()});
+                                       std::make_unique<CUgraph_st>(), std::string(), std::string()});
   g_capturing.fetch_add(1);
   return cudaSuccess;
 }
@@ -251,13 +258,19 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
   if (c.mode != cudaStreamCaptureModeRelaxed && c.thread != std::this_thread::get_id())
     return fail(cudaErrorStreamCaptureWrongThread,
                 "cudaStreamEndCapture: called from another thread than cudaStreamBeginCapture");
-  const std::string invalidated_by = c.invalidated_by;
-  *pGraph = invalidated_by.empty() ? c.graph.release() : nullptr;
+  const std::string invalidated_by = c.invalidated_by, unjoined_by = c.unjoined_by;
+  *pGraph = invalidated_by.empty() && unjoined_by.empty() ? c.graph.release() : nullptr;
   cs.by_stream.erase(it);
   g_capturing.fetch_sub(1);
-  if (invalidated_by.empty()) return cudaSuccess;
-  const std::string msg = "cudaStreamEndCapture: the capture was invalidated by " + invalidated_by;
-  return fail(cudaErrorStreamCaptureInvalidated, msg.c_str());
+  if (!invalidated_by.empty()) {
+    const std::string msg = "cudaStreamEndCapture: the capture was invalidated by " + invalidated_by;
+    return fail(cudaErrorStreamCaptureInvalidated, msg.c_str());
+  }
+  if (!unjoined_by.empty()) {  // nothing failed before: only the end of the capture finds it
+    const std::string msg = "cudaStreamEndCapture: " + unjoined_by;
+    return fail(cudaErrorStreamCaptureUnjoined, msg.c_str());
+  }
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, enum cudaStreamCaptureStatus* status,

@@ -341,6 +341,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
     case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
     default: return "cudaErrorUnknown";
   }
 }
@@ -364,6 +365,7 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "operation would make the legacy stream depend on a capturing blocking stream";
     case cudaErrorStreamCaptureWrongThread:
       return "attempt to terminate a thread-local capture sequence from another thread";
+    case cudaErrorStreamCaptureUnjoined: return "capture sequence contains a fork that was not joined to the primary stream";
     default: return "unknown error (emulated device)";
   }
 }
@@ -449,6 +451,12 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
     case cudaDevAttrMaxThreadsPerMultiProcessor: *value = p.maxThreadsPerMultiProcessor; break;
     case cudaDevAttrL2CacheSize: *value = p.l2CacheSize; break;
     case cudaDevAttrMaxRegistersPerBlock: *value = p.regsPerBlock; break;
+    case cudaDevAttrManagedMemory: *value = 1; break;
+    // GPT2CORE_EMU_NO_CONCURRENT_MANAGED_ACCESS: pretend a platform where the host must not touch managed memory
+    // while the device runs (Windows, WSL), for testing that callers detect it
+    case cudaDevAttrConcurrentManagedAccess:
+      *value = std::getenv("GPT2CORE_EMU_NO_CONCURRENT_MANAGED_ACCESS") ? 0 : 1;
+      break;
     default: return fail(cudaErrorNotSupported, "cudaDeviceGetAttribute: attribute not emulated");
   }
   return cudaSuccess;

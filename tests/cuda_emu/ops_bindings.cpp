@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backends.h"
+#include "cuda/seams.h"
 
 namespace gpt2emu {
 void set_schedule(const char* spec);
@@ -367,6 +368,45 @@ void bind_cuda_emu_ops(py::module_& m) {
   m.def("set_schedule", [](const std::string& s) { gpt2emu::set_schedule(s.c_str()); },
         "Emulator schedule for later launches: fwd, rev or random:<seed>.");
   m.def("launch_count", []() { return gpt2emu::launch_count(); });
+  // The matmul seam's CPU implementation (csrc/emu/seams_cpu.cpp) on raw addresses, every MatmulParams field by
+  // keyword: runs it on the very buffers another implementation described (tests/test_cublaslt_descriptors.py).
+  m.def("seam_matmul", [](uint64_t d, uint64_t a, uint64_t b, uint64_t bias, uint64_t pre_gelu, int d_type, int a_type,
+                          int b_type, int lda, int ldb, int ldd, bool trans_a, bool trans_b, int m, int n, int k,
+                          float alpha, bool accumulate, int epilogue, int batch, long long stride_a,
+                          long long stride_b, long long stride_d) {
+    namespace s = gpt2core::seams;
+    s::MatmulParams p;
+    p.d = reinterpret_cast<void*>(d), p.a = reinterpret_cast<const void*>(a), p.b = reinterpret_cast<const void*>(b);
+    p.bias = reinterpret_cast<const void*>(bias), p.pre_gelu = reinterpret_cast<void*>(pre_gelu);
+    p.d_type = s::DType(d_type), p.a_type = s::DType(a_type), p.b_type = s::DType(b_type);
+    p.lda = lda, p.ldb = ldb, p.ldd = ldd, p.trans_a = trans_a, p.trans_b = trans_b, p.m = m, p.n = n, p.k = k;
+    p.alpha = alpha, p.accumulate = accumulate, p.epilogue = s::Epilogue(epilogue), p.batch = batch;
+    p.stride_a = stride_a, p.stride_b = stride_b, p.stride_d = stride_d;
+    return int(s::matmul(p));
+  }, py::kw_only(), py::arg("d"), py::arg("a"), py::arg("b"), py::arg("bias"), py::arg("pre_gelu"), py::arg("d_type"),
+     py::arg("a_type"), py::arg("b_type"), py::arg("lda"), py::arg("ldb"), py::arg("ldd"), py::arg("trans_a"),
+     py::arg("trans_b"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("alpha"), py::arg("accumulate"),
+     py::arg("epilogue"), py::arg("batch"), py::arg("stride_a"), py::arg("stride_b"), py::arg("stride_d"));
+  // The attention seam's CPU implementation in bf16 on raw addresses (tests/test_cudnn_graph.py): forward when
+  // dqkv is 0 (writes out, stats), backward otherwise (writes dqkv).
+  m.def("seam_attention", [](uint64_t qkv, uint64_t out, uint64_t stats, uint64_t dout, uint64_t dqkv, int B, int T,
+                             int NH, int HS, float scale) {
+    namespace s = gpt2core::seams;
+    if (!dqkv) {
+      s::AttentionForwardParams p;
+      p.out = reinterpret_cast<void*>(out), p.stats = reinterpret_cast<float*>(stats);
+      p.qkv = reinterpret_cast<const void*>(qkv), p.dtype = s::DType::BF16;
+      p.B = B, p.T = T, p.NH = NH, p.HS = HS, p.scale = scale;
+      return int(s::attention_forward(p));
+    }
+    s::AttentionBackwardParams p;
+    p.dqkv = reinterpret_cast<void*>(dqkv), p.dout = reinterpret_cast<const void*>(dout);
+    p.qkv = reinterpret_cast<const void*>(qkv), p.out = reinterpret_cast<const void*>(out);
+    p.stats = reinterpret_cast<const float*>(stats), p.dtype = s::DType::BF16;
+    p.B = B, p.T = T, p.NH = NH, p.HS = HS, p.scale = scale;
+    return int(s::attention_backward(p));
+  }, py::kw_only(), py::arg("qkv"), py::arg("out"), py::arg("stats"), py::arg("dout"), py::arg("dqkv"), py::arg("B"),
+     py::arg("T"), py::arg("NH"), py::arg("HS"), py::arg("scale"));
   bind_ops<float>(m, "Ops", "Backend<float> ops of one backend on numpy arrays (tests only).");
   bind_ops<gpt2::bf16>(m, "OpsBF16",
                        "Backend<bf16> ops of the emulated CUDA backend on numpy arrays: T-typed arguments rounded "

@@ -3,6 +3,7 @@
 // bf16 outputs; causal attention forward, and backward against finite differences of the reference.
 // Host-only (not a kernel file), so not part of the nvcc compile check.
 #include "cuda/seams.h"
+#include "cuda/seams_check.h"
 #include "check.h"
 
 #include <cuda_bf16.h>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 using namespace gpt2core::seams;
@@ -63,6 +65,13 @@ static void test_matmul() {
             p.bias = epi == 2 ? nullptr : (bf ? static_cast<const void*>(biasb.data()) : bias.data());
             p.pre_gelu = bf ? static_cast<void*>(preb.data()) : pref.data();
             p.batch = batch, p.stride_a = size_t(m) * k, p.stride_b = size_t(k) * n, p.stride_d = size_t(m) * n;
+            if (epi != 0 && accum) {  // cuBLASLt would compute gelu(AB + C + bias): refused, not reinterpreted
+              TEST_TRUE(matmul(p) == cudaErrorNotSupported, "GELU epilogue %d with accumulate must be refused", epi);
+              const std::vector<__nv_bfloat16> db0 = pack(d0);
+              TEST_TRUE(bf ? std::memcmp(db.data(), db0.data(), db.size() * sizeof(db[0])) == 0 : d == d0,
+                        "a refused matmul must not write D");
+              continue;
+            }
             TEST_TRUE(matmul(p) == cudaSuccess, "matmul failed");
             for (int bi = 0; bi < batch; ++bi)
               for (int i = 0; i < m; ++i)
@@ -82,7 +91,7 @@ static void test_matmul() {
                     v = gelu(v);
                   }
                   if (epi == 2) v *= gelu_grad(pre[at]);
-                  if (accum) v += d0[at];
+                  if (accum) v += d0[at];  // Epilogue::None only
                   const double got = bf ? __bfloat162float(db[at]) : d[at];
                   // fp32 accumulation of 29 products ~1e-6; bf16 output: one rounding, 2^-8 relative
                   const double tol = bf ? 1e-2 * std::fabs(v) + 1e-2 : 1e-5 * std::fabs(v) + 1e-5;
@@ -170,7 +179,24 @@ static void test_collectives() {
   printf("ok collectives\n");
 }
 
+// run_guarded (the GPU seams' error wrapper) reports the errors its call raised, and leaves an unrelated one that
+// was pending before the call for its owner (CUDA keeps a failed call's error as the thread's last error until
+// cudaGetLastError reads it).
+static void test_run_guarded() {
+  std::string msg;
+  TEST_TRUE(cudaSetDevice(99) == cudaErrorInvalidDevice, "setup: an error left pending");
+  TEST_TRUE(run_guarded(msg, [] {}) == cudaSuccess, "an earlier pending error was reported as the call's");
+  TEST_TRUE(cudaGetLastError() == cudaErrorInvalidDevice, "the earlier error must stay pending for its owner");
+  TEST_TRUE(run_guarded(msg, [] { (void)cudaSetDevice(99); }) == cudaErrorInvalidDevice, "the call's own error");
+  TEST_TRUE(cudaPeekAtLastError() == cudaSuccess, "the call's own error is taken");
+  TEST_TRUE(run_guarded(msg, [] { throw std::runtime_error("library says no"); }) == cudaErrorUnknown &&
+                msg == "library says no",
+            "an exception becomes cudaErrorUnknown with its message");
+  printf("ok run_guarded\n");
+}
+
 int main() {
+  test_run_guarded();
   test_matmul();
   test_attention();
   test_collectives();

@@ -1,0 +1,255 @@
+"""The cuBLASLt translation of the matmul seam (csrc/cuda/seams_cublaslt.cu), run for real without a GPU.
+
+Under the emulator the seam's CPU implementation (csrc/emu/seams_cpu.cpp) replaces cuBLASLt, so the code that turns
+a matmul into cuBLASLt descriptors never runs in CI. cuBLASLt's descriptor calls need neither a handle nor a driver
+(only cublasLtCreate, the heuristic and cublasLtMatmul do), so here the real describe_matmul, linked against
+NVIDIA's libcublasLt, builds the call for every precision (fp32, TF32, bf16, bf16 inputs into an fp32 D), every
+epilogue (bias, GELU with and without bias and aux, GELU backward), both transposes, accumulation and batching,
+with pointers of every alignment; tests/cublaslt/describe.cpp reads every attribute back through cuBLASLt's
+Get*Attribute calls. `interpret` below evaluates what was read back -- and nothing else -- with cuBLASLt's
+documented column-major semantics (cublasLt.h):
+    D = epilogue(alpha * op(A) op(B) + beta * C), op by TRANSA / TRANSB, each matrix (rows, cols, ld, batch count,
+    batch stride) in column order at its pointer; BIAS adds the bias vector (length D rows) to every column;
+    GELU applies gelu (tanh form, see csrc/cuda/matmul.cuh) and the AUX variants store its input in the aux matrix
+    (ld AUX_LD, batch stride AUX_BATCH_STRIDE, D's type when AUX_DATA_TYPE is unset); DGELU multiplies by gelu' of
+    the aux matrix; TF32 compute rounds A and B to 10 mantissa bits.
+and that must equal the seam's CPU implementation run on the same buffers. fp16 is not covered: the seam has no
+fp16 type yet (seams::DType is F32 / BF16).
+
+Needs g++, cublasLt.h and libcublasLt (skipped without them) and the emulated module (for the CPU seam).
+"""
+import ctypes
+import itertools
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_cuda_emu import emu  # noqa: F401  (fixture)
+from test_emu import ROOT, _cuda_include
+
+CUDA_R_32F, CUDA_R_16BF = 0, 14                 # library_types.h
+COMPUTE_32F, COMPUTE_32F_FAST_TF32 = 68, 77      # cublas_api.h
+OP_N, OP_T = 0, 1
+ORDER_COL = 0
+# cublasLtEpilogue_t values -> what they do (cublasLt.h)
+EPILOGUES = {1: set(), 4: {"bias"}, 32: {"gelu"}, 36: {"bias", "gelu"}, 160: {"gelu", "aux"},
+             164: {"bias", "gelu", "aux"}, 192: {"dgelu"}}
+F32, BF16 = 0, 1                                 # seams::DType
+NONE, GELU, GELU_BACKWARD = 0, 1, 2              # seams::Epilogue
+SOURCES = [ROOT / "csrc" / "cuda" / "seams_cublaslt.cu", ROOT / "tests" / "cublaslt" / "describe.cpp"]
+HEADERS = [ROOT / "csrc" / "cuda" / h for h in ("seams_cublaslt_call.h", "seams_cublaslt.h", "seams_check.h")] + [
+    ROOT / "csrc" / "cuda" / "seams.h"]
+
+
+class SeamParams(ctypes.Structure):
+    _fields_ = [(f, ctypes.c_uint64) for f in ("d", "a", "b", "bias", "pre_gelu")] + [
+        (f, ctypes.c_int32) for f in ("d_type", "a_type", "b_type", "lda", "ldb", "ldd", "trans_a", "trans_b", "m",
+                                      "n", "k", "accumulate", "epilogue", "batch", "tf32")] + [
+        ("alpha", ctypes.c_float)] + [(f, ctypes.c_int64) for f in ("stride_a", "stride_b", "stride_d")]
+
+
+class Layout(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int32), ("order", ctypes.c_int32), ("batch_count", ctypes.c_int32),
+                ("rows", ctypes.c_uint64), ("cols", ctypes.c_uint64), ("ld", ctypes.c_int64),
+                ("batch_stride", ctypes.c_int64)]
+
+
+class Described(ctypes.Structure):
+    _fields_ = [(f, ctypes.c_int32) for f in ("compute_type", "scale_type", "transa", "transb", "bias_type",
+                                              "aux_type")] + [
+        ("epilogue", ctypes.c_uint32), ("bias", ctypes.c_uint64), ("aux", ctypes.c_uint64),
+        ("aux_ld", ctypes.c_int64), ("aux_batch_stride", ctypes.c_int64)] + [
+        (f, Layout) for f in ("a", "b", "c", "d")] + [("max_workspace", ctypes.c_uint64)] + [
+        (f, ctypes.c_uint32) for f in ("align_a", "align_b", "align_c", "align_d")] + [
+        (f, ctypes.c_uint64) for f in ("A", "B", "C", "D")] + [("alpha", ctypes.c_float), ("beta", ctypes.c_float)]
+
+
+def _cublaslt():
+    inc = _cuda_include()
+    if shutil.which("g++") is None or inc is None or not (inc / "cublasLt.h").exists():
+        pytest.skip("needs g++ and cublasLt.h")
+    libdirs = [d for d in (inc.parent / "lib64", inc.parent / "lib") if list(d.glob("libcublasLt.so*"))]
+    if not libdirs:
+        pytest.skip("libcublasLt not found")
+    return inc, libdirs[0]
+
+
+@pytest.fixture(scope="module")
+def describe():
+    inc, lib = _cublaslt()
+    out = ROOT / "build" / "cublaslt" / "libdescribe.so"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.exists() or any(p.stat().st_mtime > out.stat().st_mtime for p in SOURCES + HEADERS):
+        cmd = ["g++", "-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'csrc'}",
+               f"-isystem{inc}", "-x", "c++", str(SOURCES[0]), "-x", "none", str(SOURCES[1]), f"-L{lib}",
+               "-lcublasLt", "-lcudart", f"-Wl,-rpath,{lib}", "-o", str(out)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-4000:]
+    so = ctypes.CDLL(str(out))
+    so.gpt2_describe_matmul.argtypes = [ctypes.POINTER(SeamParams), ctypes.POINTER(Described), ctypes.c_char_p,
+                                        ctypes.c_int]
+
+    def run(params):
+        d, err = Described(), ctypes.create_string_buffer(1024)
+        assert so.gpt2_describe_matmul(ctypes.byref(params), ctypes.byref(d), err, 1024) == 0, err.value.decode()
+        return d
+    return run
+
+
+# ------------------------------------------------------------------------------------------ memory and types
+def bf16_bits(x):
+    """float32 -> bf16 bits, round to nearest even (no NaNs here)."""
+    b = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def tf32(x):
+    """fp32 -> TF32 (10 mantissa bits), round to nearest."""
+    b = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((b + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def read(ptr, type_, rows, cols, ld, batch_stride, batch):
+    """Column-major (rows, cols) matrix number `batch` at address ptr, as float64."""
+    size = 4 if type_ == CUDA_R_32F else 2
+    assert type_ in (CUDA_R_32F, CUDA_R_16BF), type_
+    n = (rows - 1) + (cols - 1) * ld + 1
+    raw = np.ctypeslib.as_array(((ctypes.c_float if size == 4 else ctypes.c_uint16) * n).from_address(
+        ptr + batch * batch_stride * size))
+    vals = raw.astype(np.float64) if size == 4 else (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return vals[np.arange(rows)[:, None] + np.arange(cols)[None, :] * ld]
+
+
+def matrix(layout, ptr, batch):
+    return read(ptr, layout.type, layout.rows, layout.cols, layout.ld, layout.batch_stride, batch)
+
+
+def gelu(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gelu_grad(x):
+    t = np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * x * x)
+
+
+def interpret(ds):
+    """What the described cublasLtMatmul computes, per batch: (D, aux or None, magnitude for tolerances)."""
+    assert all(lay.order == ORDER_COL for lay in (ds.a, ds.b, ds.c, ds.d))
+    assert ds.scale_type == CUDA_R_32F  # alpha, beta and the epilogue in fp32
+    epi = EPILOGUES[ds.epilogue]
+    batches = {lay.batch_count for lay in (ds.a, ds.b, ds.c, ds.d)}
+    assert len(batches) == 1, batches
+    out = []
+    for bi in range(batches.pop()):
+        a, b, c = matrix(ds.a, ds.A, bi), matrix(ds.b, ds.B, bi), matrix(ds.c, ds.C, bi)
+        if ds.compute_type == COMPUTE_32F_FAST_TF32:
+            a, b = tf32(a), tf32(b)
+        else:
+            assert ds.compute_type == COMPUTE_32F
+        opa, opb = (a if ds.transa == OP_N else a.T), (b if ds.transb == OP_N else b.T)
+        assert opa.shape[1] == opb.shape[0] and (opa.shape[0], opb.shape[1]) == (ds.d.rows, ds.d.cols)
+        assert c.shape == (ds.d.rows, ds.d.cols)
+        v = ds.alpha * (opa @ opb) + ds.beta * c
+        mag = abs(ds.alpha) * (np.abs(opa) @ np.abs(opb)) + abs(ds.beta * c)
+        if "bias" in epi:
+            assert ds.bias_type == ds.d.type
+            bias = read(ds.bias, ds.bias_type, ds.d.rows, 1, ds.d.rows, 0, 0)
+            v, mag = v + bias, mag + np.abs(bias)
+        aux_type = ds.d.type if ds.aux_type == -1 else ds.aux_type
+        aux = None
+        if "gelu" in epi:
+            if "aux" in epi:
+                aux = v
+            v = gelu(v)
+        if "dgelu" in epi:
+            v = v * gelu_grad(read(ds.aux, aux_type, ds.d.rows, ds.d.cols, ds.aux_ld, ds.aux_batch_stride, bi))
+        out.append((v, aux, mag))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the cases
+def buffer(rng, n, dtype, offset, keep):
+    """n random values of seams dtype at `offset` bytes into a fresh buffer (kept alive in `keep`): the address."""
+    size = 4 if dtype == F32 else 2
+    raw = np.zeros(n * size + offset + 256, np.uint8)
+    base = (-raw.ctypes.data) % 256  # 256-aligned start, then the offset under test
+    view = raw[base + offset: base + offset + n * size]
+    vals = rng.uniform(-1, 1, n).astype(np.float32)
+    view[:] = (vals if dtype == F32 else bf16_bits(vals)).view(np.uint8)
+    keep.append(raw)
+    return view.ctypes.data
+
+
+def cases():
+    # (a_type, b_type, d_type, tf32): fp32, TF32, bf16, and the weight-gradient path (bf16 inputs into an fp32 D)
+    precisions = [(F32, F32, F32, 0), (F32, F32, F32, 1), (BF16, BF16, BF16, 0), (BF16, BF16, F32, 0)]
+    # (epilogue, bias, pre_gelu, accumulate): every combination the seam accepts
+    epilogues = [(NONE, 0, 0, 0), (NONE, 1, 0, 0), (NONE, 0, 0, 1), (NONE, 1, 0, 1), (GELU, 0, 0, 0), (GELU, 1, 0, 0),
+                 (GELU, 0, 1, 0), (GELU, 1, 1, 0), (GELU_BACKWARD, 0, 1, 0)]
+    for i, (prec, epi, ta, tb, batch) in enumerate(itertools.product(precisions, epilogues, (0, 1), (0, 1), (1, 3))):
+        yield i, prec, epi, ta, tb, batch
+
+
+def test_cublaslt_descriptors_describe_the_seams_matmul(emu, describe):  # noqa: F811
+    checked = 0
+    for i, (a_t, b_t, d_t, use_tf32), (epi, has_bias, has_aux, acc), ta, tb, batch in cases():
+        rng = np.random.default_rng(i)
+        m, n, k = rng.integers(3, 24, 3)
+        lda = (m if ta else k) + int(rng.integers(0, 3))
+        ldb = (k if tb else n) + int(rng.integers(0, 3))
+        ldd = n + int(rng.integers(0, 3))
+        sa, sb, sd = (k if ta else m) * lda + 5, (n if tb else k) * ldb + 3, m * ldd + 7
+        keep = []
+        # byte offsets from a 256-aligned address: every alignment from the element size to 256
+        off = [int(rng.choice([0, 4, 8, 16, 64] if t == F32 else [0, 2, 4, 8, 16, 64])) for t in (a_t, b_t, d_t, d_t, d_t)]
+        p = SeamParams(a=buffer(rng, batch * sa, a_t, off[0], keep), b=buffer(rng, batch * sb, b_t, off[1], keep),
+                       d=buffer(rng, batch * sd, d_t, off[2], keep),
+                       bias=buffer(rng, n, d_t, off[3], keep) if has_bias else 0,
+                       pre_gelu=buffer(rng, batch * sd, d_t, off[4], keep) if has_aux else 0,
+                       d_type=d_t, a_type=a_t, b_type=b_t, lda=lda, ldb=ldb, ldd=ldd, trans_a=ta, trans_b=tb, m=m,
+                       n=n, k=k, accumulate=acc, epilogue=epi, batch=batch, tf32=use_tf32,
+                       alpha=float(rng.choice([1.0, 0.5, -1.25])),
+                       stride_a=sa if batch > 1 else 0, stride_b=sb if batch > 1 else 0,
+                       stride_d=sd if batch > 1 else 0)
+        ds = describe(p)
+        what = f"case {i}: {(a_t, b_t, d_t, use_tf32)} epilogue {(epi, has_bias, has_aux, acc)} ta={ta} tb={tb} " \
+               f"batch={batch}"
+        # what cublasLtMatmul would receive, beyond the math: cuBLASLt's A is our B and its B our A (D^T = B^T A^T)
+        assert (ds.A, ds.B, ds.C, ds.D) == (p.b, p.a, p.d, p.d), what
+        assert ds.aux_type == -1, what  # left at its default (D's type): explicit types are for narrow precisions
+        assert ds.max_workspace == 32 << 20, what
+        es = {F32: 4, BF16: 2}
+
+        def align(ptr, ld, t, stride):  # what the pointer, ld and batch stride guarantee, at most 256
+            bits = ptr | (ld * es[t]) | (stride * es[t] if batch > 1 else 0) | 256
+            return bits & -bits
+        assert (ds.align_a, ds.align_b, ds.align_c, ds.align_d) == (
+            align(p.b, ldb, b_t, sb), align(p.a, lda, a_t, sa), align(p.d, ldd, d_t, sd),
+            align(p.d, ldd, d_t, sd)), what
+        want_compute = COMPUTE_32F_FAST_TF32 if use_tf32 and a_t == b_t == d_t == F32 else COMPUTE_32F
+        assert ds.compute_type == want_compute, what
+
+        expected = interpret(ds)  # before the seam writes D (and aux)
+        assert emu.seam_matmul(d=p.d, a=p.a, b=p.b, bias=p.bias, pre_gelu=p.pre_gelu, d_type=d_t, a_type=a_t,
+                               b_type=b_t, lda=lda, ldb=ldb, ldd=ldd, trans_a=bool(ta), trans_b=bool(tb), m=m, n=n,
+                               k=k, alpha=p.alpha, accumulate=bool(acc), epilogue=epi, batch=batch,
+                               stride_a=p.stride_a, stride_b=p.stride_b, stride_d=p.stride_d) == 0, what
+        # fp32 sums of <= 23 products: ~1e-6 of the magnitude; TF32 inputs (2^-11 relative each) against the seam's
+        # fp32 ones: 1e-3; a bf16 D: one rounding (2^-8 relative), possibly to the other neighbour
+        rel = 1e-3 if want_compute == COMPUTE_32F_FAST_TF32 else 4e-6
+        for bi, (v, aux, mag) in enumerate(expected):
+            for got_ptr, want in ((ds.D, v), (ds.aux, aux)):
+                if want is None:
+                    continue
+                got = read(got_ptr, ds.d.type, ds.d.rows, ds.d.cols, ds.d.ld if got_ptr == ds.D else ds.aux_ld,
+                           ds.d.batch_stride if got_ptr == ds.D else ds.aux_batch_stride, bi)
+                tol = rel * (mag + 1e-30) * 1.2 + (2.0 ** -8 * np.abs(want) if d_t == BF16 else 0)
+                bad = np.abs(got - want) > tol
+                assert not bad.any(), f"{what} batch {bi} {'D' if got_ptr == ds.D else 'aux'}: " \
+                                      f"{np.argwhere(bad)[:3].tolist()} {got[bad][:3]} vs {want[bad][:3]}"
+        checked += 1
+    assert checked == 4 * 9 * 2 * 2 * 2

@@ -1,0 +1,175 @@
+"""The cuDNN frontend graph of the attention seam (csrc/cuda/seams_cudnn.cu), assembled for real without a GPU.
+
+Under the emulator the seam's CPU implementation replaces cuDNN. Assembling the frontend graph needs no handle
+(validate() and everything after it need a device), and Graph::print() describes it: every tensor's uid, dims,
+strides and type, and the SDPA node's scale, causal band and stats flag. tests/cudnn/describe.cpp returns that
+description with the variant pack (uid -> address) the seam would execute it with; `forward` and `backward` below
+evaluate the description -- and nothing else -- as cuDNN documents SDPA:
+    S = attn_scale * Q K^T, keys outside the diagonal band masked (TOP_LEFT alignment: key j allowed for query i
+    when j - i <= right_bound and, with a left bound l, i - j < l); O = softmax(S) V; Stats = logsumexp of each row
+    of S (fp32); backward from (Q, K, V, O, dO, Stats): P = exp(S - Stats), dV = P^T dO, dS = P (dO V^T - rowsum(dO O)),
+    dQ = attn_scale dS K, dK = attn_scale dS^T Q,
+each tensor read and written through its own dims and strides at its pack address. That must equal the seam's CPU
+implementation on the same buffers, forward and backward, for several shapes and scales.
+
+Needs g++, cuDNN (cudnn.h, libcudnn, libnvrtc) and the frontend headers (skipped without them), and the emulated
+module (for the CPU seam).
+"""
+import ctypes
+import importlib.metadata as md
+import json
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_cublaslt_descriptors import bf16_bits
+from test_cuda_emu import emu  # noqa: F401  (fixture)
+from test_emu import ROOT, _cuda_include
+
+SOURCES = [ROOT / "csrc" / "cuda" / "seams_cudnn.cu", ROOT / "tests" / "cudnn" / "describe.cpp"]
+HEADERS = [ROOT / "csrc" / "cuda" / h for h in ("seams_cudnn_graph.h", "seams_cudnn.h", "seams_check.h")] + [
+    ROOT / "csrc" / "cuda" / "seams.h"]
+SIZES = {"BFLOAT16": 2, "FLOAT": 4}
+
+
+def _frontend_include():
+    try:
+        for f in md.files("nvidia-cudnn-frontend") or []:
+            if str(f).replace(os.sep, "/").endswith("include/cudnn_frontend.h"):
+                return Path(f.locate()).resolve().parent
+    except md.PackageNotFoundError:
+        pass
+    inc = _cuda_include()
+    return inc if inc and (inc / "cudnn_frontend.h").exists() else None
+
+
+@pytest.fixture(scope="module")
+def describe():
+    inc, fe = _cuda_include(), _frontend_include()
+    if shutil.which("g++") is None or inc is None or fe is None or not (inc / "cudnn.h").exists():
+        pytest.skip("needs g++, cudnn.h and the cuDNN frontend headers")
+    libs = [d for d in (inc.parent / "lib64", inc.parent / "lib") if list(d.glob("libcudnn.so*"))]
+    if not libs:
+        pytest.skip("libcudnn not found")
+    out = ROOT / "build" / "cudnn" / "libdescribe.so"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.exists() or any(p.stat().st_mtime > out.stat().st_mtime for p in SOURCES + HEADERS):
+        # -O0: the frontend's headers are large (about a minute of g++ on one core), the code runs once
+        cmd = ["g++", "-std=c++17", "-O0", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror",
+               "-DGPT2CORE_HAS_CUDNN_SDPA=1", f"-I{ROOT / 'csrc'}", f"-isystem{inc}", f"-isystem{fe}", "-x", "c++",
+               str(SOURCES[0]), "-x", "none", str(SOURCES[1]), f"-L{libs[0]}", "-lcudnn", "-lnvrtc", "-lcudart",
+               f"-Wl,-rpath,{libs[0]}", "-o", str(out)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-4000:]
+    so = ctypes.CDLL(str(out))
+
+    def run(B, T, NH, HS, scale, backward, qkv, out_, stats, dout=0, dqkv=0):
+        text, err = ctypes.create_string_buffer(1 << 16), ctypes.create_string_buffer(1024)
+        uids, addrs, n = (ctypes.c_int64 * 16)(), (ctypes.c_uint64 * 16)(), ctypes.c_int()
+        rc = so.gpt2_describe_attention(B, T, NH, HS, ctypes.c_float(scale), int(backward), ctypes.c_uint64(qkv),
+                                        ctypes.c_uint64(out_), ctypes.c_uint64(stats), ctypes.c_uint64(dout),
+                                        ctypes.c_uint64(dqkv), text, len(text), uids, addrs, 16, ctypes.byref(n),
+                                        err, len(err))
+        assert rc == 0, err.value.decode()
+        return json.loads(text.value), dict(zip(uids[:n.value], addrs[:n.value]))
+    return run
+
+
+class Graph:
+    """A printed frontend graph with its variant pack: tensors by the names the SDPA node gives them."""
+
+    def __init__(self, desc, pack):
+        self.j, self.pack = desc, pack
+        (self.node,) = desc["nodes"]
+        self.tensors = {t["uid"]: t for t in desc["tensors"]}
+        self.io = desc["context"]["io_data_type"]
+
+    def tensor(self, name):
+        uid = {**self.node["inputs"], **self.node["outputs"]}[name]
+        t = self.tensors[uid]
+        return t, self.pack[uid], t["data_type"] or self.io
+
+    def read(self, name):
+        """The 4-d tensor `name` through its dims and strides at its pack address, as float64."""
+        t, addr, dtype = self.tensor(name)
+        dims, strides, size = t["dim"], t["stride"], SIZES[dtype]
+        extent = sum((d - 1) * s for d, s in zip(dims, strides)) + 1
+        raw = np.ctypeslib.as_array(((ctypes.c_uint16 if size == 2 else ctypes.c_float) * extent).from_address(addr))
+        vals = (raw.astype(np.uint32) << 16).view(np.float32) if size == 2 else raw
+        idx = sum(np.arange(d).reshape([-1 if i == k else 1 for k in range(4)]) * s
+                  for i, (d, s) in enumerate(zip(dims, strides)))
+        return vals[idx].astype(np.float64)
+
+    def scale(self):
+        return struct.unpack(">f", bytes.fromhex(self.node["attn_scale_value"]))[0]
+
+    def scores_and_mask(self):
+        q, k = self.read("Q"), self.read("K")
+        s = self.scale() * np.einsum("bhid,bhjd->bhij", q, k)
+        assert self.node["diagonal_alignment"] == "TOP_LEFT" and not self.node["padding_mask"]
+        assert not self.node["alibi_mask"] and self.node["dropout_probability"] is None
+        i, j = np.arange(s.shape[2])[:, None], np.arange(s.shape[3])[None, :]
+        allowed = np.ones_like(i * j, bool)
+        if self.node["right_bound"] is not None:
+            allowed &= j - i <= self.node["right_bound"]
+        if self.node["left_bound"] is not None:
+            allowed &= i - j < self.node["left_bound"]
+        return np.where(allowed, s, -np.inf), allowed
+
+
+def forward(g):
+    assert g.node["tag"] == "SDPA" and g.node["generate_stats"]
+    s, _ = g.scores_and_mask()
+    lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
+    o = np.einsum("bhij,bhjd->bhid", np.exp(s - lse[..., None]), g.read("V"))
+    return {"O": o, "Stats": lse[..., None]}
+
+
+def backward(g):
+    assert g.node["tag"] == "SDPA_BWD"
+    s, allowed = g.scores_and_mask()
+    p = np.where(allowed, np.exp(s - g.read("Stats")), 0.0)
+    do, v, q, k = g.read("dO"), g.read("V"), g.read("Q"), g.read("K")
+    ds = p * (np.einsum("bhid,bhjd->bhij", do, v) - (do * g.read("O")).sum(-1, keepdims=True))
+    return {"dQ": g.scale() * np.einsum("bhij,bhjd->bhid", ds, k),
+            "dK": g.scale() * np.einsum("bhij,bhid->bhjd", ds, q),
+            "dV": np.einsum("bhij,bhid->bhjd", p, do)}
+
+
+def bf16_array(rng, n):
+    return bf16_bits(rng.uniform(-1, 1, n).astype(np.float32))
+
+
+@pytest.mark.parametrize("B,T,NH,HS,scale", [(1, 5, 1, 8, None), (2, 7, 3, 16, 0.3), (2, 33, 2, 64, None)])
+def test_cudnn_attention_graph_describes_the_seams_attention(emu, describe, B, T, NH, HS, scale):  # noqa: F811
+    scale = scale or 1 / np.sqrt(HS)
+    rng = np.random.default_rng(T)
+    C = NH * HS
+    qkv, dout = bf16_array(rng, B * T * 3 * C), bf16_array(rng, B * T * C)
+    out, dqkv = np.zeros(B * T * C, np.uint16), np.zeros(B * T * 3 * C, np.uint16)
+    stats = np.zeros(B * NH * T, np.float32)
+    addr = {n: a.ctypes.data for n, a in dict(qkv=qkv, out=out, stats=stats, dout=dout, dqkv=dqkv).items()}
+    seam = dict(qkv=addr["qkv"], out=addr["out"], stats=addr["stats"], dout=addr["dout"], B=B, T=T, NH=NH, HS=HS,
+                scale=float(scale))
+
+    g = Graph(*describe(B, T, NH, HS, scale, False, addr["qkv"], addr["out"], addr["stats"]))
+    assert g.io == "BFLOAT16" and g.j["context"]["compute_data_type"] == "FLOAT"
+    assert g.scale() == np.float32(scale)
+    want = forward(g)
+    assert emu.seam_attention(dqkv=0, **seam) == 0
+    # O: one bf16 rounding (2^-8 relative) of values below 1; Stats: fp32 sums over T keys (seam) vs float64
+    np.testing.assert_allclose(g.read("O"), want["O"], rtol=2 ** -8, atol=2 ** -9)
+    np.testing.assert_allclose(g.read("Stats"), want["Stats"], rtol=1e-5, atol=1e-5)
+
+    g = Graph(*describe(B, T, NH, HS, scale, True, addr["qkv"], addr["out"], addr["stats"], addr["dout"],
+                        addr["dqkv"]))
+    want = backward(g)
+    assert emu.seam_attention(dqkv=addr["dqkv"], **seam) == 0
+    for name in ("dQ", "dK", "dV"):  # bf16 outputs: 2^-8 of the tensor's largest value
+        got = g.read(name)
+        assert np.max(np.abs(got - want[name])) <= 2 ** -8 * np.max(np.abs(want[name])), name
