@@ -146,6 +146,10 @@ void set_schedule(const char* spec);
 unsigned long long launch_count();
 // Number of graph launches (cudaGraphLaunch replays) so far in this process.
 unsigned long long graph_launch_count();
+// Whether the memory checker (racecheck.h: shared-memory races, device-memory bounds and cross-block
+// write races) checks this process's kernels: they were compiled with its instrumentation and
+// GPT2CORE_EMU_RACECHECK is not 0.
+bool memory_checker_enabled();
 
 }  // namespace gpt2emu
 

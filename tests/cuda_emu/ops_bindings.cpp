@@ -22,6 +22,7 @@
 namespace gpt2emu {
 void set_schedule(const char* spec);
 unsigned long long launch_count();
+bool memory_checker_enabled();
 }  // namespace gpt2emu
 
 namespace py = pybind11;
@@ -351,8 +352,10 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
 
 void bind_cuda_emu_ops(py::module_& m) {
   m.def("set_schedule", [](const std::string& s) { gpt2emu::set_schedule(s.c_str()); },
-        "Emulator schedule for later launches: fwd, rev or random:<seed>.");
+        "Emulator schedule for later launches: fwd, rev, random:<seed>, low, high or ahead:<seed>.");
   m.def("launch_count", []() { return gpt2emu::launch_count(); });
+  m.def("memory_checker_enabled", []() { return gpt2emu::memory_checker_enabled(); },
+        "Whether the emulator's race / bounds checker checks the kernels.");
   bind_ops<float>(m, "Ops", "Backend<float> ops of one backend on numpy arrays (tests only).");
   bind_ops<gpt2::bf16>(m, "OpsBF16",
                        "Backend<bf16> ops of the emulated CUDA backend on numpy arrays: T-typed arguments rounded "
