@@ -222,7 +222,7 @@ void shared_access(Worker& w, Region& r, uintptr_t a, size_t n, Kind k, const vo
         unsigned char* b = reinterpret_cast<unsigned char*>(a + i);
         *b = kPoison[(a + i) % 4];
         fail_running_thread(fmt("uninitialised shared memory: reads %s byte %zu at %s, which no thread of this "
-                                "block wrote",
+                                "block has written (a missing barrier, or a slot nobody writes)",
                                 r.what, size_t(a + i - r.lo), at(pc).c_str()));
       }
       c = Cell{};

@@ -53,7 +53,8 @@ __global__ void atomic_count_kernel(unsigned* count, float* out) {
 
 // ---------------------------------------------------------------------------------- buggy kernels
 // block_sum without its first barrier: a warp that runs ahead into the second sum overwrites scratch
-// while another warp still reads the first sum's values (write after read).
+// while another warp still reads the first sum's values (write after read). out[block] should be
+// nwarps * (sum of the block's lane-0 inputs); only a schedule that lets a warp run ahead gets it wrong.
 constexpr int kWarLine = __LINE__ + 6;
 __global__ void war_kernel(float* out, const float* inp) {
   __shared__ float scratch[32];
@@ -174,7 +175,22 @@ int main(int argc, char** argv) {
   const std::string c = argv[1];
   float* d_out = device_alloc<float>(1024);
   float* d_in = to_device(random_floats(1024, 5));
-  if (c == "war") {
+  if (c == "war_values") {  // run with the checker off: the race shows only in the values
+    const int blocks = 4, n = 256, nwarps = n / 32;
+    float* d_x = to_device(random_floats(size_t(blocks) * n, 9));
+    std::vector<float> x = to_host(d_x, size_t(blocks) * n);
+    LAUNCH(war_kernel, blocks, n, 0, 0, d_out, d_x);
+    TEST_CUDA(cudaGetLastError());
+    std::vector<float> got = to_host(d_out, blocks);
+    int bad = 0;
+    for (int b = 0; b < blocks; ++b) {
+      double s = 0;
+      for (int w = 0; w < nwarps; ++w) s += x[size_t(b) * n + 32 * w];
+      bad += std::abs(got[b] - nwarps * s) > 1e-4;
+    }
+    printf("value war_mismatches %d\n", bad);
+    printf("ok war_values\n");
+  } else if (c == "war") {
     LAUNCH(war_kernel, 2, 256, 0, 0, d_out, d_in);
     expect_report("war", "shared-memory race: writes static __shared__", kWarLine);
   } else if (c == "raw") {
