@@ -128,7 +128,13 @@ def test_memory_checker_reports_with_the_source_line(emu_build, case):
     """Each buggy kernel of tests/emu/racecheck.cu fails its launch with a report naming the access's line
     (the program checks the message); run-ahead and lock-step schedules alike."""
     for sched in ["fwd", "ahead:5"]:
-        _assert_ok(_run(emu_build, "racecheck", sched, case), f"emu_racecheck {case} under {sched}")
+        proc = _run(emu_build, "racecheck", sched, case)
+        _assert_ok(proc, f"emu_racecheck {case} under {sched}")
+        # under fwd the write runs first: a race, not an uninitialised read
+        if sched == "fwd" and case in ("raw", "lane"):
+            sync = "__syncthreads" if case == "raw" else "__syncwarp"
+            assert "shared-memory race: reads static __shared__" in proc.stdout, proc.stdout
+            assert f"with no {sync} between" in proc.stdout, proc.stdout
 
 
 def test_schedules_are_reproducible(emu_build):
