@@ -39,6 +39,9 @@ REPORT = re.compile(r"shared-memory race|device-memory race|out-of-bounds|uninit
                     r"__syncthreads \(|divergent __syncthreads|_sync \(|__syncwarp \(|deadlock")
 
 
+BASELINE_SCHEDULES = ["fwd", "rev", "random:7"]
+
+
 @dataclass
 class Mutation:
     name: str
@@ -145,8 +148,10 @@ def build(build_dir, scratch):
     return r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
-def run_ops(build_dir, sched, timeout):
+def run_ops(build_dir, sched, timeout, checker=True):
     env = dict(os.environ, GPT2CORE_EMU_SCHED=sched)
+    if not checker:
+        env["GPT2CORE_EMU_RACECHECK"] = "0"
     env.pop("GPT2CORE_EMU_TRACE", None)
     try:
         r = subprocess.run([sys.executable, str(ROOT / "tests" / "cuda_emu" / "compare_ops.py"), str(build_dir)],
@@ -162,7 +167,21 @@ def run_ops(build_dir, sched, timeout):
     return ("mismatch", f"{len(bad)} ops differ, e.g. {sorted(bad)[:3]}") if bad else ("pass", "")
 
 
-def evaluate(m, build_dir, scratch, schedules, timeout, stop_early):
+def run_schedules(m, line, build_dir, schedules, timeout, stop_early, checker=True):
+    """{schedule: [kind, detail]} for the built mutant, and the verdict (the first killing kind, or survived)."""
+    runs = {}
+    for sched in schedules:
+        kind, detail = run_ops(build_dir, sched, timeout, checker)
+        if kind == "report" and f"{m.file}:{line} " in detail:
+            kind = "report (line)"
+        runs[sched] = [kind, detail]
+        if stop_early and kind != "pass":
+            break
+    kinds = [k for k, _ in runs.values() if k != "pass"]
+    return runs, kinds[0] if kinds else "survived"
+
+
+def evaluate(m, build_dir, scratch, schedules, timeout, stop_early, baseline):
     """Applies m in scratch, builds, runs the schedules; returns a result dict."""
     sync_tree(CUDA, scratch)
     path = scratch / m.file
@@ -176,16 +195,11 @@ def evaluate(m, build_dir, scratch, schedules, timeout, stop_early):
     if not ok:
         result.update(verdict="build error", detail=log.strip().splitlines()[-1] if log.strip() else "")
         return result
-    for sched in schedules:
-        kind, detail = run_ops(build_dir, sched, timeout)
-        if kind == "report" and f"{m.file}:{line}" in detail:
-            kind = "report (line)"
-        result["runs"][sched] = [kind, detail]
-        if stop_early and kind != "pass":
-            break
-    kinds = [k for k, _ in result["runs"].values() if k != "pass"]
-    result["verdict"] = kinds[0] if kinds else "survived"
+    result["runs"], result["verdict"] = run_schedules(m, line, build_dir, schedules, timeout, stop_early)
     result["detail"] = next((d for k, d in result["runs"].values() if k != "pass"), "")
+    if baseline:  # the emulator before the memory checker and the run-ahead schedules
+        result["baseline_runs"], result["baseline"] = run_schedules(m, line, build_dir, BASELINE_SCHEDULES, timeout,
+                                                                    False, checker=False)
     return result
 
 
@@ -197,6 +211,9 @@ def main(argv=None):
     ap.add_argument("--stop-early", action="store_true", help="stop a mutant at its first killing schedule")
     ap.add_argument("--repeat", type=int, default=1, help="run each mutant this many times (verdicts must agree)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per compare_ops run")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also score each mutant as the emulator did before its memory checker: checker off "
+                         "(GPT2CORE_EMU_RACECHECK=0), lock-step schedules " + ",".join(BASELINE_SCHEDULES))
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
     args = ap.parse_args(argv)
@@ -215,27 +232,33 @@ def main(argv=None):
     try:
         for m in chosen:
             t0 = time.time()
-            runs = [evaluate(m, build_dir, scratch, schedules, args.timeout, args.stop_early)
+            runs = [evaluate(m, build_dir, scratch, schedules, args.timeout, args.stop_early, args.baseline)
                     for _ in range(args.repeat)]
             r = runs[0]
             r["deterministic"] = all(x["verdict"] == r["verdict"] for x in runs)
             r["seconds"] = round(time.time() - t0, 1)
             results.append(r)
             killers = ",".join(s for s, (k, _) in r["runs"].items() if k != "pass") or "-"
-            print(f"{r['name']:28s} {r['where']:24s} {r['verdict']:15s} by {killers:24s} {r['detail'][:160]}",
+            base = f" (before: {r['baseline']})" if args.baseline else ""
+            print(f"{r['name']:28s} {r['where']:24s} {r['verdict']:15s} by {killers:24s}{base} {r['detail'][:300]}",
                   flush=True)
     finally:
         sync_tree(CUDA, scratch)  # leave the scratch copy unmutated
-    killed = [r for r in results if r["verdict"] not in ("survived", "build error")]
-    by_report = [r for r in killed if r["verdict"].startswith("report")]
-    naming = [r for r in killed if r["verdict"] == "report (line)"]
-    print(f"score: {len(killed)}/{len(results)} killed; {len(by_report)} by an emulator report "
-          f"({len(naming)} naming the mutated line), {sum(r['verdict'] == 'mismatch' for r in killed)} by numeric "
-          f"mismatch, {sum(r['verdict'] == 'error' for r in killed)} by another error; "
-          f"{sum(not r['deterministic'] for r in results)} verdicts changed between repeats")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    return 0 if len(killed) == len(results) else 1
+    killed = score("score", [r["verdict"] for r in results])
+    if args.baseline:
+        score("before (checker off, lock-step schedules)", [r["baseline"] for r in results])
+    print(f"{sum(not r['deterministic'] for r in results)} verdicts changed between repeats")
+    return 0 if killed == len(results) else 1
+
+
+def score(title, verdicts):
+    killed = [v for v in verdicts if v not in ("survived", "build error")]
+    print(f"{title}: {len(killed)}/{len(verdicts)} killed; {sum(v.startswith('report') for v in killed)} by an "
+          f"emulator report ({killed.count('report (line)')} naming the mutated line), {killed.count('mismatch')} "
+          f"by numeric mismatch, {killed.count('error')} by another error")
+    return len(killed)
 
 
 if __name__ == "__main__":
