@@ -172,7 +172,7 @@ def run_schedules(m, line, build_dir, schedules, timeout, stop_early, checker=Tr
     runs = {}
     for sched in schedules:
         kind, detail = run_ops(build_dir, sched, timeout, checker)
-        if kind == "report" and f"{m.file}:{line} " in detail:
+        if kind == "report" and re.search(re.escape(f"{m.file}:{line}") + r"\b", detail):
             kind = "report (line)"
         runs[sched] = [kind, detail]
         if stop_early and kind != "pass":

@@ -431,16 +431,25 @@ std::string symbolize(const std::string& msg) {
       const uintptr_t rel = pc - 1 - (eh->e_type == ET_DYN ? reinterpret_cast<uintptr_t>(info.dli_fbase) : 0);
       const char* slash = strrchr(info.dli_fname, '/');
       where_ = fmt("%s+0x%zx", slash ? slash + 1 : info.dli_fname, size_t(rel));
-      const std::string cmd = fmt("addr2line -C -f -e '%s' 0x%zx 2>/dev/null", info.dli_fname, size_t(rel));
+      // -i: the inlining chain, innermost first: function / file:line pairs, where the last function is the
+      // kernel (the first name addr2line prints is not the innermost function's, so only that one is used)
+      const std::string cmd = fmt("addr2line -C -f -i -e '%s' 0x%zx 2>/dev/null", info.dli_fname, size_t(rel));
       if (FILE* p = popen(cmd.c_str(), "r")) {
-        char func[512] = "", line[512] = "";
-        if (fgets(func, sizeof func, p) && fgets(line, sizeof line, p) && line[0] != '?') {
-          line[strcspn(line, " \n")] = 0;  // drop " (discriminator n)"
-          func[strcspn(func, "(\n")] = 0;  // the name without its parameter list
-          const char* file = strrchr(line, '/');
-          where_ = fmt("%s (%s)", file ? file + 1 : line, func);
+        std::string chain, func;
+        char buf[1024];
+        for (int k = 0; fgets(buf, sizeof buf, p); ++k) {
+          if (k % 2 == 0) {
+            buf[strcspn(buf, "(\n")] = 0;  // the name without its parameter list
+            func = strncmp(buf, "void ", 5) == 0 ? buf + 5 : buf;
+            continue;
+          }
+          buf[strcspn(buf, " \n")] = 0;  // drop " (discriminator n)"
+          if (buf[0] == '?' || k > 7) continue;
+          const char* file = strrchr(buf, '/');
+          chain += (chain.empty() ? "" : ", inlined at ") + std::string(file ? file + 1 : buf);
         }
         pclose(p);
+        if (!chain.empty()) where_ = chain + " (" + func + ")";
       }
     }
     out += where_;
