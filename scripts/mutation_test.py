@@ -140,7 +140,8 @@ def sync_tree(src, dst):
 def build(build_dir, scratch):
     if not (build_dir / "CMakeCache.txt").exists():
         cfg = ["cmake", "-S", str(ROOT / "tests" / "cuda_emu"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
-               f"-DPython_EXECUTABLE={sys.executable}", f"-DGPT2CORE_EMU_CUDA_DIR={scratch}"]
+               f"-DPython_EXECUTABLE={sys.executable}", f"-DGPT2CORE_EMU_CUDA_DIR={scratch}",
+               "-DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF"]  # no LTO: each mutant relinks the whole module
         if shutil.which("ninja"):
             cfg += ["-G", "Ninja"]
         subprocess.run(cfg, check=True, capture_output=True, text=True)
@@ -199,7 +200,7 @@ def evaluate(m, build_dir, scratch, schedules, timeout, stop_early, baseline):
     result["detail"] = next((d for k, d in result["runs"].values() if k != "pass"), "")
     if baseline:  # the emulator before the memory checker and the run-ahead schedules
         result["baseline_runs"], result["baseline"] = run_schedules(m, line, build_dir, BASELINE_SCHEDULES, timeout,
-                                                                    False, checker=False)
+                                                                    stop_early, checker=False)
     return result
 
 

@@ -4,11 +4,12 @@ killed by an emulator report naming the mutated line (the full run: python scrip
 The sample (one shared-memory race, one out-of-bounds write, one plain read-modify-write across blocks)
 builds the test module once more into build/emu-mut (a few minutes the first time, then only
 backend_cuda.cu per mutant) and runs the op comparison under the fwd schedule."""
-import importlib.util
 import json
 import os
+import runpy
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,10 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("mutation_test", ROOT / "scripts" / "mutation_test.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """scripts/mutation_test.py's globals (MUTATIONS, main)."""
+    return SimpleNamespace(**runpy.run_path(str(ROOT / "scripts" / "mutation_test.py"), run_name="mutation_test"))
 
 
 def test_every_mutation_applies_once():
