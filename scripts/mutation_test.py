@@ -60,10 +60,12 @@ MUTATIONS = [
              "  if (lane == 0) scratch[warp] = v;\n  __syncthreads();\n  v = lane < nwarps ? scratch[lane] : T(0);",
              "  if (lane == 0) scratch[warp] = v;\n  v = lane < nwarps ? scratch[lane] : T(0);",
              "block_sum reads the per-warp sums before every warp wrote its own"),
-    Mutation("block_max_first_barrier", "common.cuh",
-             "  v = warp_max(v);\n  __syncthreads();\n",
-             "  v = warp_max(v);\n",
-             "block_max's scratch write races with the reads of a previous reduction"),
+    # (block_max's first barrier is not in the list: every caller uses block_max first, so no earlier reads of
+    # scratch exist and removing that barrier is an equivalent mutant; the full run of the first list showed it)
+    Mutation("block_max_second_barrier", "common.cuh",
+             "  if (lane == 0) scratch[warp] = v;\n  __syncthreads();\n  v = lane < nwarps ? scratch[lane] : -INFINITY;",
+             "  if (lane == 0) scratch[warp] = v;\n  v = lane < nwarps ? scratch[lane] : -INFINITY;",
+             "block_max reads the per-warp maxima before every warp wrote its own"),
     Mutation("block_sum_lane_le_nwarps", "common.cuh",
              "  v = lane < nwarps ? scratch[lane] : T(0);",
              "  v = lane <= nwarps ? scratch[lane] : T(0);",
