@@ -467,6 +467,9 @@ bool gpt2emu::memory_checker_enabled() { return detail::race::enabled(); }
 // ---------------------------------------------------------------------------------- __tsan_* entry points
 // What GCC's -fsanitize=thread calls (compiled with --param tsan-instrument-func-entry-exit=0). The
 // atomics perform the operation (sequentially consistent, whatever order was asked) after the check.
+// Not in the ASan build: nothing is instrumented there, and GCC's built-in declarations of these names
+// under -fsanitize=address use other parameter types.
+#if !defined(GPT2CORE_EMU_SANITIZE)
 using gpt2emu::detail::race::Kind;
 namespace {
 inline void note(const volatile void* p, size_t n, Kind k, const void* pc) {
@@ -549,3 +552,4 @@ GPT2EMU_TSAN_ATOMIC(64, unsigned long long)
 #undef GPT2EMU_TSAN_FETCH
 }  // extern "C"
 #pragma GCC visibility pop
+#endif  // !GPT2CORE_EMU_SANITIZE
