@@ -3,8 +3,9 @@ into the test-only module gpt2core_cuda_emu (tests/cuda_emu/CMakeLists.txt, buil
 incrementally), and compared with the CPU backend.
 
 - every op, forward and backward, on odd shapes (B=3, T=37 not a multiple of the 32-row attention tile,
-  C=192=3*64, head sizes 64/16/10/128, padded vocab, ignored targets), under the emulator schedules fwd, rev
-  and random:<seed> (each in a subprocess: GPT2CORE_EMU_SCHED is read once per process), with the launch trace
+  C=192=3*64, head sizes 64/16/10/128, padded vocab, ignored targets), under the emulator schedules fwd, high
+  and ahead:<seed> (each in a subprocess: GPT2CORE_EMU_SCHED is read once per process) with the emulator's
+  memory checker on (races, uninitialised shared memory, out-of-bounds device memory), with the launch trace
   (GPT2CORE_EMU_TRACE) showing that every __global__ kernel in csrc/cuda ran;
 - a whole training step of a tiny model (forward, backward, clipping, AdamW) and five steps of training.
 
@@ -71,7 +72,19 @@ def test_kernel_names_found():
             "attention_backward_dq_kernel", "adamw_kernel", "crossentropy_forward_kernel"} <= names
 
 
-@pytest.mark.parametrize("sched", ["fwd", "rev", "random:7"])
+def test_memory_checker_is_on(emu):
+    """The kernels were compiled with the emulator's instrumentation (a build that loses it, e.g. to LTO,
+    would still pass every op test, with races and overruns unchecked)."""
+    assert emu.memory_checker_enabled()
+
+
+# Schedules for the op tests (each ~10 s): with the memory checker on, a race within a barrier interval is
+# reported whatever the order, so one lock-step schedule (fwd) is enough of those; run-ahead schedules (high:
+# warps from the last first, ahead: random warp order per barrier interval) add the orders where one warp is
+# furthest ahead of the others, which expose what the checker does not see (device-memory ordering between
+# threads of a block) as numeric mismatches. rev and random lock-step schedules add nothing the mutation test
+# (scripts/mutation_test.py) found.
+@pytest.mark.parametrize("sched", ["fwd", "high", "ahead:7"])
 def test_ops_match_cpu_and_every_kernel_runs(emu, sched, tmp_path):
     trace = tmp_path / "trace.txt"
     env = dict(os.environ, GPT2CORE_EMU_SCHED=sched, GPT2CORE_EMU_TRACE=str(trace))

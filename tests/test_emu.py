@@ -1,5 +1,6 @@
-"""The CUDA-on-CPU emulator (csrc/emu): its test programs (tests/emu) under several schedules, the
-launch trace, the ucontext fallback, an ASan + UBSan build, and the real-nvcc compile check.
+"""The CUDA-on-CPU emulator (csrc/emu): its test programs (tests/emu) under several schedules, the memory
+checker's reports (tests/emu/racecheck.cu), the launch trace, the ucontext fallback, an ASan + UBSan build,
+and the real-nvcc compile check.
 
 Builds csrc/emu as its own CMake project into build/emu (and build/emu-asan, build/emu-ucontext);
 the build directories are reused, so reruns are incremental. Needs cmake, g++ and NVIDIA's CUDA
@@ -20,7 +21,9 @@ EMU_SRC = ROOT / "csrc" / "emu"
 TEST_DIR = ROOT / "tests" / "emu"
 KERNEL_FILES = sorted(TEST_DIR.glob("*.cu"))
 PROGRAMS = sorted(p.stem for p in KERNEL_FILES) + sorted(p.stem for p in TEST_DIR.glob("*.cpp"))
-SCHEDULES = ["fwd", "rev", "random:1234"]
+# lock-step (every runnable thread once per round) and run-ahead (one warp as far as it gets) schedules
+SCHEDULES = ["fwd", "rev", "random:1234", "low", "high", "ahead:1234"]
+RACECHECK_CASES = ["war", "raw", "lane", "global_ww", "plain_rmw", "oob", "uninit_static", "smem_oob", "freed"]
 JOBS = str(max(2, os.cpu_count() or 2))
 
 
@@ -56,10 +59,10 @@ def _build(build_dir, *defines, targets=()):
     return build_dir
 
 
-def _run(build_dir, program, sched, **env_extra):
+def _run(build_dir, program, sched, *args, **env_extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPT2CORE_EMU_")}
     env.update(GPT2CORE_EMU_SCHED=sched, **env_extra)
-    return subprocess.run([str(Path(build_dir) / f"emu_{program}")], capture_output=True, text=True, env=env,
+    return subprocess.run([str(Path(build_dir) / f"emu_{program}"), *args], capture_output=True, text=True, env=env,
                           timeout=300)
 
 
@@ -84,23 +87,60 @@ def test_program(emu_build, program, sched):
     _assert_ok(_run(emu_build, program, sched), f"emu_{program} under {sched}")
 
 
-def test_missing_syncthreads_is_exposed_by_some_schedule(emu_build):
-    """fwd happens to order the racy writes before the reads; rev and random schedules do not."""
-    results = {}
-    for sched in ["fwd", "rev", "random:1", "random:2", "random:3"]:
+def test_missing_syncthreads_is_reported_under_every_schedule(emu_build):
+    for sched in SCHEDULES:
         proc = _run(emu_build, "missing_sync", sched)
         _assert_ok(proc, f"emu_missing_sync under {sched}")
         values = _values(proc.stdout)
-        assert values["fixed_mismatches"] == 0, sched
+        assert values["fixed_mismatches"] == 0 and values["racy_reported"] == 1, (sched, proc.stdout)
+        # the read, after the write of a warp-mate (lock-step orders) or before it (reversed, random)
+        assert "reads static __shared__" in proc.stdout and "at missing_sync.cu:15 (shift_racy_kernel)" in proc.stdout
+        assert ("which no thread of this block has written" in proc.stdout or
+                "wrote at missing_sync.cu:13 (shift_racy_kernel) with no __syncwarp between" in proc.stdout), proc.stdout
+
+
+def test_without_the_checker_missing_syncthreads_is_exposed_by_some_schedule(emu_build):
+    """fwd happens to order the racy writes before the reads; rev and random schedules do not."""
+    results = {}
+    for sched in ["fwd", "rev", "random:1", "random:2", "random:3"]:
+        proc = _run(emu_build, "missing_sync", sched, GPT2CORE_EMU_RACECHECK="0")
+        _assert_ok(proc, f"emu_missing_sync under {sched}")
+        values = _values(proc.stdout)
+        assert values["fixed_mismatches"] == 0 and values["racy_reported"] == 0, sched
         results[sched] = values["racy_mismatches"]
     assert results["fwd"] == 0, results
     assert results["rev"] > 0, results
     assert sum(results[s] > 0 for s in results if s.startswith("random")) >= 2, results
 
 
+def test_run_ahead_schedules_expose_a_missing_barrier_between_warps(emu_build):
+    """block_sum without its first __syncthreads (tests/emu/racecheck.cu war_kernel), checker off: lock-step
+    schedules read every warp's slot before any warp writes the next pass, run-ahead ones do not."""
+    for sched in SCHEDULES:
+        proc = _run(emu_build, "racecheck", sched, "war_values", GPT2CORE_EMU_RACECHECK="0")
+        _assert_ok(proc, f"emu_racecheck war_values under {sched}")
+        bad = _values(proc.stdout)["war_mismatches"]
+        assert (bad > 0) == (sched in ("low", "high") or sched.startswith("ahead")), (sched, bad)
+
+
+@pytest.mark.parametrize("case", RACECHECK_CASES)
+def test_memory_checker_reports_with_the_source_line(emu_build, case):
+    """Each buggy kernel of tests/emu/racecheck.cu fails its launch with a report naming the access's line
+    (the program checks the message); run-ahead and lock-step schedules alike."""
+    for sched in ["fwd", "ahead:5"]:
+        proc = _run(emu_build, "racecheck", sched, case)
+        _assert_ok(proc, f"emu_racecheck {case} under {sched}")
+        # under fwd the write runs first: a race, not an uninitialised read
+        if sched == "fwd" and case in ("raw", "lane"):
+            sync = "__syncthreads" if case == "raw" else "__syncwarp"
+            assert "shared-memory race: reads static __shared__" in proc.stdout, proc.stdout
+            assert f"with no {sync} between" in proc.stdout, proc.stdout
+
+
 def test_schedules_are_reproducible(emu_build):
-    a = _values(_run(emu_build, "missing_sync", "random:42").stdout)
-    b = _values(_run(emu_build, "missing_sync", "random:42", GPT2CORE_EMU_THREADS="1").stdout)
+    a = _values(_run(emu_build, "missing_sync", "random:42", GPT2CORE_EMU_RACECHECK="0").stdout)
+    b = _values(_run(emu_build, "missing_sync", "random:42", GPT2CORE_EMU_RACECHECK="0",
+                     GPT2CORE_EMU_THREADS="1").stdout)
     assert a == b and a["racy_mismatches"] > 0
 
 

@@ -20,8 +20,12 @@
 //               the mask arrives at the same operation with the same mask; a mask naming an exited
 //               or missing lane, a caller outside its mask, a read of a lane outside the mask or a bad
 //               width is an error. Results follow PTX shfl.sync (width segments, clamping).
-//   schedules   GPT2CORE_EMU_SCHED=fwd|rev|random:<seed> picks the order fibers run between
+//   schedules   GPT2CORE_EMU_SCHED=fwd|rev|random:<seed> (lock-step) or low|high|ahead:<seed> (one warp
+//               runs ahead to its next __syncthreads) picks the order fibers run between
 //               synchronisation points (and the order blocks are taken).
+//   checker     kernels compiled with the emulator's instrumentation (racecheck.h) have shared-memory
+//               races, uninitialised shared reads, device-memory bounds and cross-block write races
+//               reported as kernel errors naming the source lines.
 //   errors      a kernel error ends the launch: cudaGetLastError() (or the next synchronising call)
 //               returns cudaErrorLaunchFailure and cudaGetErrorString() returns the detailed message.
 //               Launch configuration errors return cudaErrorInvalidConfiguration / InvalidValue.
@@ -162,12 +166,17 @@ void log_launch(const std::string& json_line);
 
 // Detailed message of the last kernel failure on this host thread ("" if none).
 const char* last_error_message();
-// Overrides GPT2CORE_EMU_SCHED for later launches: "fwd", "rev" or "random:<seed>".
+// Overrides GPT2CORE_EMU_SCHED for later launches: "fwd", "rev", "random:<seed>", "low", "high" or
+// "ahead:<seed>".
 void set_schedule(const char* spec);
 // Number of kernel launches so far in this process (a captured launch counts when a graph runs it).
 unsigned long long launch_count();
 // Number of graph launches (cudaGraphLaunch replays) so far in this process.
 unsigned long long graph_launch_count();
+// Whether the memory checker (racecheck.h: shared-memory races, device-memory bounds and cross-block
+// write races) checks this process's kernels: they were compiled with its instrumentation and
+// GPT2CORE_EMU_RACECHECK is not 0.
+bool memory_checker_enabled();
 
 }  // namespace gpt2emu
 

@@ -2,6 +2,7 @@
 // and warp-collective semantics, and the CUDA runtime API subset. See cuda_emu.h for the contract.
 #include "emu/cuda_emu.h"
 #include "emu/fiber.h"
+#include "emu/racecheck.h"
 #include "emu/runtime_internal.h"
 
 #include <fcntl.h>
@@ -51,7 +52,11 @@ ThreadState* current_thread() { return t_thread; }
 namespace {
 
 // ---------------------------------------------------------------------------------- configuration
-enum class Sched { Fwd, Rev, Random };
+// Fwd / Rev / Random: every runnable thread runs once before any runs again (warps advance in lock-step).
+// Low / High / Ahead: the runnable thread of highest priority runs until it blocks, so its warp runs ahead
+// of the others up to the next __syncthreads: priority by thread index (lowest / highest first) or a random
+// order of warps (and of lanes in a warp), drawn again at every __syncthreads.
+enum class Sched { Fwd, Rev, Random, Low, High, Ahead };
 struct Schedule {
   Sched kind = Sched::Fwd;
   uint64_t seed = 0;
@@ -71,15 +76,20 @@ bool parse_schedule(const char* s, Schedule* out) {
     *out = {Sched::Fwd, 0};
   } else if (v == "rev") {
     *out = {Sched::Rev, 0};
-  } else if (v.rfind("random", 0) == 0) {
+  } else if (v == "low") {
+    *out = {Sched::Low, 0};
+  } else if (v == "high") {
+    *out = {Sched::High, 0};
+  } else if (v.rfind("random", 0) == 0 || v.rfind("ahead", 0) == 0) {
+    const size_t n = v[0] == 'r' ? 6 : 5;
     uint64_t seed = 0;
-    if (v.size() > 6) {
-      if (v[6] != ':') return false;
+    if (v.size() > n) {
+      if (v[n] != ':') return false;
       char* end = nullptr;
-      seed = strtoull(v.c_str() + 7, &end, 10);
+      seed = strtoull(v.c_str() + n + 1, &end, 10);
       if (!end || *end) return false;
     }
-    *out = {Sched::Random, seed};
+    *out = {v[0] == 'r' ? Sched::Random : Sched::Ahead, seed};
   } else {
     return false;
   }
@@ -90,7 +100,8 @@ void read_config_locked() {
   if (g_config_read) return;
   g_config_read = true;
   if (!parse_schedule(getenv("GPT2CORE_EMU_SCHED"), &g_sched)) {
-    fprintf(stderr, "gpt2core emu: ignoring bad GPT2CORE_EMU_SCHED='%s' (want fwd, rev or random:<seed>)\n",
+    fprintf(stderr, "gpt2core emu: ignoring bad GPT2CORE_EMU_SCHED='%s' (want fwd, rev, random:<seed>, low, high or "
+            "ahead:<seed>)\n",
             getenv("GPT2CORE_EMU_SCHED"));
     g_sched = {};
   }
@@ -173,7 +184,9 @@ struct Block {
   uint3 bidx{};
   int n = 0;
   Fiber* f = nullptr;
-  std::deque<int> ready;
+  std::deque<int> ready;       // Fwd / Rev / Random: runnable threads in run order
+  uint64_t ready_bits[16];     // Low / High / Ahead: runnable threads by priority rank (bit r = rank r)
+  uint16_t rank[1024], by_rank[1024];
   int done = 0, at_bar = 0;
   // per warp (at most 32 per block), bit l = lane l
   unsigned warp_exists[32];
@@ -260,8 +273,36 @@ void block_error(Block& b, const Fiber& f, const char* fmt, ...) {
   __builtin_unreachable();
 }
 
+bool run_ahead(const Block& b) { return b.sched.kind >= Sched::Low; }
+
+// Priority ranks for the run-ahead schedules: thread order, reversed, or a random order of warps with a
+// random order of lanes in each.
+void draw_ranks(Block& b) {
+  if (b.sched.kind != Sched::Ahead) {
+    for (int i = 0; i < b.n; ++i) b.rank[i] = static_cast<uint16_t>(b.sched.kind == Sched::Low ? i : b.n - 1 - i);
+  } else {
+    const int nw = (b.n + 31) / 32;
+    int warps[32], lanes[32];
+    for (int w = 0; w < nw; ++w) warps[w] = w;
+    std::shuffle(warps, warps + nw, b.rng);
+    int r = 0;
+    for (int k = 0; k < nw; ++k) {
+      const int w = warps[k], nl = std::min(32, b.n - 32 * w);
+      for (int l = 0; l < nl; ++l) lanes[l] = l;
+      std::shuffle(lanes, lanes + nl, b.rng);
+      for (int l = 0; l < nl; ++l) b.rank[32 * w + lanes[l]] = static_cast<uint16_t>(r++);
+    }
+  }
+  for (int i = 0; i < b.n; ++i) b.by_rank[b.rank[i]] = static_cast<uint16_t>(i);
+}
+
 void enqueue_sorted(Block& b, const int* ids, int n) {  // ids ascending
-  if (b.sched.kind == Sched::Rev) {
+  if (run_ahead(b)) {
+    for (int k = 0; k < n; ++k) {
+      b.f[ids[k]].st = St::Ready;
+      b.ready_bits[b.rank[ids[k]] / 64] |= uint64_t(1) << (b.rank[ids[k]] % 64);
+    }
+  } else if (b.sched.kind == Sched::Rev) {
     for (int k = n - 1; k >= 0; --k) {
       b.f[ids[k]].st = St::Ready;
       b.ready.push_back(ids[k]);
@@ -274,7 +315,22 @@ void enqueue_sorted(Block& b, const int* ids, int n) {  // ids ascending
   }
 }
 
+bool any_ready(const Block& b) {
+  if (!run_ahead(b)) return !b.ready.empty();
+  for (uint64_t w : b.ready_bits)
+    if (w) return true;
+  return false;
+}
+
 int pick(Block& b) {
+  if (run_ahead(b)) {
+    for (int k = 0;; ++k) {
+      if (!b.ready_bits[k]) continue;
+      const int r = 64 * k + __builtin_ctzll(b.ready_bits[k]);
+      b.ready_bits[k] &= b.ready_bits[k] - 1;
+      return b.by_rank[r];
+    }
+  }
   size_t k = 0;
   if (b.sched.kind == Sched::Random && b.ready.size() > 1) {
     k = std::uniform_int_distribution<size_t>(0, b.ready.size() - 1)(b.rng);
@@ -375,6 +431,7 @@ bool complete_warp(Block& b, Fiber& f) {
       break;
     }
     case WarpOp::Sync:
+      race::syncwarp(warp);
       break;
     default: {  // integer reductions
       unsigned char res[16];
@@ -517,6 +574,12 @@ void device_trap(const char* what, const char* file, int line) {
   abandon(f);
 }
 
+void race::fail_running_thread(const std::string& msg) {
+  Fiber& f = current_fiber("the memory checker");
+  block_error(*f.blk, f, "%s", msg.c_str());
+  abandon(f);
+}
+
 namespace {
 
 // ---------------------------------------------------------------------------------- running a block
@@ -569,15 +632,17 @@ void run_block(Worker& w, Job& job, size_t linear) {
   ensure_fibers(w, b.n);
   b.f = w.fibers.data();
   if (L.smem) {
-    if (w.smem_cap != L.smem) {  // exactly the requested size, so ASan sees overflows of it
+    // exactly the requested size, so ASan sees overflows of it, or with the memory checker's guard zone
+    const size_t bytes = L.smem + (race::enabled() ? race::kSmemGuard : 0);
+    if (w.smem_cap != bytes) {
       free(w.smem);
       void* m = nullptr;
-      if (posix_memalign(&m, 64, L.smem) != 0) {
+      if (posix_memalign(&m, 64, bytes) != 0) {
         fprintf(stderr, "gpt2core emu: cannot allocate %zu bytes of dynamic shared memory\n", L.smem);
         abort();
       }
       w.smem = static_cast<unsigned char*>(m);
-      w.smem_cap = L.smem;
+      w.smem_cap = bytes;
     }
     memset(w.smem, 0xff, L.smem);  // NaN bytes for every float type
     b.smem = w.smem;
@@ -610,15 +675,21 @@ void run_block(Worker& w, Job& job, size_t linear) {
     fiber::make(f.ctx, f.stack_lo, f.stack_size - color, fiber_main, &f);
     ids[i] = i;
   }
+  memset(b.ready_bits, 0, sizeof b.ready_bits);
+  if (run_ahead(b)) draw_ranks(b);
   enqueue_sorted(b, ids.data(), b.n);
+  race::block_begin(reinterpret_cast<const void*>(L.invoke), static_cast<uint32_t>(linear), L.grid, L.block, b.smem,
+                    L.smem);
   w.blk = &b;
   for (;;) {
-    while (!b.ready.empty() && !b.failed) {
+    while (any_ready(b) && !b.failed) {
       Fiber& f = b.f[pick(b)];
       f.st = St::Running;
       w.running = &f;
       t_thread = &f.ts;
+      race::thread_runs(f.tid);
       switch_to_fiber(w, f);
+      race::thread_runs(-1);
       t_thread = nullptr;
       w.running = nullptr;
     }
@@ -661,6 +732,8 @@ void run_block(Worker& w, Job& job, size_t linear) {
         }
       }
       b.at_bar = 0;
+      race::barrier();
+      if (b.sched.kind == Sched::Ahead) draw_ranks(b);
       for (int i = 0; i < b.n; ++i) ids[i] = i;
       enqueue_sorted(b, ids.data(), b.n);
       continue;
@@ -691,6 +764,7 @@ void run_block(Worker& w, Job& job, size_t linear) {
     if (!b.failed) block_error(b, b.f[0], "the block is stuck (emulator bug?)");
     break;
   }
+  race::block_end();
   w.blk = nullptr;
   if (b.failed) {
     w.stacks_dirty = true;
@@ -706,8 +780,8 @@ void run_job(Job& job) {
     const size_t k = job.next.fetch_add(1);
     if (k >= job.nblocks) return;
     size_t linear = k;
-    if (job.sched.kind == Sched::Rev) linear = job.nblocks - 1 - k;
-    else if (job.sched.kind == Sched::Random) linear = job.order[k];
+    if (job.sched.kind == Sched::Rev || job.sched.kind == Sched::High) linear = job.nblocks - 1 - k;
+    else if (job.sched.kind == Sched::Random || job.sched.kind == Sched::Ahead) linear = job.order[k];
     run_block(w, job, linear);
   }
 }
@@ -883,7 +957,8 @@ cudaError_t run_kernel(const KernelLaunch& L) {
   job.sched = sched;
   job.launch_id = id;
   job.nblocks = size_t(L.grid.x) * L.grid.y * L.grid.z;
-  if (sched.kind == Sched::Random) {
+  race::launch_begin(id);
+  if (sched.kind == Sched::Random || sched.kind == Sched::Ahead) {
     job.order.resize(job.nblocks);
     for (size_t i = 0; i < job.nblocks; ++i) job.order[i] = static_cast<uint32_t>(i);
     std::mt19937_64 rng(mix(sched.seed ^ mix(id)));
@@ -899,7 +974,7 @@ cudaError_t run_kernel(const KernelLaunch& L) {
     }
     g_pool->run(job);
   }
-  if (job.failed) return set_error(cudaErrorLaunchFailure, job.err);
+  if (job.failed) return set_error(cudaErrorLaunchFailure, race::symbolize(job.err));
   return cudaSuccess;
 }
 

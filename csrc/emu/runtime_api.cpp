@@ -5,6 +5,7 @@
 // capturing stream records them; allocations, frees and host synchronisations check the capture
 // rules first (graph.cpp).
 #include "emu/cuda_emu.h"
+#include "emu/racecheck.h"
 #include "emu/runtime_internal.h"
 
 #include <algorithm>
@@ -95,7 +96,8 @@ extern "C" {
 cudaError_t cudaMalloc(void** p, size_t size) {
   if (const cudaError_t e = gpt2emu::detail::refuse_unsafe_call("cudaMalloc", kAllocates); e != cudaSuccess) return e;
   if (!p) return fail(cudaErrorInvalidValue, "cudaMalloc: null output pointer");
-  void* m = aligned_block(size);
+  void* m = gpt2emu::detail::race::device_alloc(size);  // checked memory with guard zones, or
+  if (!m) m = aligned_block(size);
   if (!m) return fail(cudaErrorMemoryAllocation, "cudaMalloc: out of memory");
   memset(m, 0xff, size);
   {
@@ -121,7 +123,7 @@ cudaError_t cudaFree(void* p) {
     std::lock_guard<std::mutex> lock(s.m);
     if (!s.device_allocs.erase(p)) return fail(cudaErrorInvalidValue, "cudaFree: not a pointer from cudaMalloc");
   }
-  free(p);
+  if (!gpt2emu::detail::race::device_free(p)) free(p);
   return cudaSuccess;
 }
 

@@ -25,6 +25,7 @@
 namespace gpt2emu {
 void set_schedule(const char* spec);
 unsigned long long launch_count();
+bool memory_checker_enabled();
 }  // namespace gpt2emu
 
 namespace py = pybind11;
@@ -366,8 +367,10 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
 
 void bind_cuda_emu_ops(py::module_& m) {
   m.def("set_schedule", [](const std::string& s) { gpt2emu::set_schedule(s.c_str()); },
-        "Emulator schedule for later launches: fwd, rev or random:<seed>.");
+        "Emulator schedule for later launches: fwd, rev, random:<seed>, low, high or ahead:<seed>.");
   m.def("launch_count", []() { return gpt2emu::launch_count(); });
+  m.def("memory_checker_enabled", []() { return gpt2emu::memory_checker_enabled(); },
+        "Whether the emulator's race / bounds checker checks the kernels.");
   // The matmul seam's CPU implementation (csrc/emu/seams_cpu.cpp) on raw addresses, every MatmulParams field by
   // keyword: runs it on the very buffers another implementation described (tests/test_cublaslt_descriptors.py).
   m.def("seam_matmul", [](uint64_t d, uint64_t a, uint64_t b, uint64_t bias, uint64_t pre_gelu, int d_type, int a_type,

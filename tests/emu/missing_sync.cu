@@ -1,8 +1,10 @@
 // missing_sync.cu: a kernel that forgot a __syncthreads between writing shared memory and reading a
-// neighbour's slot. The count of wrong answers depends only on the schedule (a read of a slot not yet
-// written this block never equals the right value). Run under several schedules: "fwd" happens to give the right answer (thread i-1
-// runs before thread i), "rev" and most random schedules expose the race. The fixed kernel is right
-// under every schedule. Prints "value racy_mismatches <n>" and "value fixed_mismatches <n>".
+// neighbour's slot. With the memory checker on, its launch fails with a report of the race under every
+// schedule (printed as "report ..."). Without it the count of wrong answers depends only on the schedule
+// (a read of a slot not yet written this block never equals the right value): "fwd" happens to give the
+// right answer (thread i-1 runs before thread i), "rev" and most random schedules expose the race. The
+// fixed kernel is right under every schedule. Prints "value racy_reported <0|1>",
+// "value racy_mismatches <n>" and "value fixed_mismatches <n>".
 #include "emu_test.h"
 
 __global__ void shift_racy_kernel(float* out, int n) {
@@ -35,14 +37,17 @@ static int mismatches(const float* d_out, int blocks, int n) {
 int main() {
   const int blocks = 8, n = 128;
   float* d_out = device_alloc<float>(size_t(blocks) * n);
-  LAUNCH(shift_racy_kernel, blocks, n, 0, 0, d_out, n);
-  TEST_CUDA(cudaGetLastError());
-  printf("value racy_mismatches %d\n", mismatches(d_out, blocks, n));
   LAUNCH(shift_fixed_kernel, blocks, n, 0, 0, d_out, n);
   TEST_CUDA(cudaGetLastError());
   const int fixed = mismatches(d_out, blocks, n);
   printf("value fixed_mismatches %d\n", fixed);
   TEST_TRUE(fixed == 0, "the synchronised kernel is wrong");
   printf("ok fixed_kernel\n");
+  LAUNCH(shift_racy_kernel, blocks, n, 0, 0, d_out, n);
+  const cudaError_t e = cudaGetLastError();
+  TEST_TRUE(e == cudaSuccess || e == cudaErrorLaunchFailure, "racy launch: %s", cudaGetErrorString(e));
+  printf("value racy_reported %d\n", e == cudaErrorLaunchFailure);
+  if (e == cudaErrorLaunchFailure) printf("report %s\n", cudaGetErrorString(e));
+  else printf("value racy_mismatches %d\n", mismatches(d_out, blocks, n));
   return 0;
 }

@@ -1,8 +1,10 @@
 // uninit_read.cu: memory nobody wrote reads as NaN: fresh cudaMalloc buffers (fp32, bf16, fp16) and
-// dynamic shared memory (filled at every block start, so one block cannot see another's values).
+// dynamic shared memory (filled at every block start, so one block cannot see another's values). With
+// the memory checker on, a read of shared memory no thread of the block wrote fails the launch instead.
 #include "emu_test.h"
 
 #include <cmath>
+#include <cstring>
 
 // out[i] = 2 * inp[i] where only the first n_written entries of inp were ever written.
 __global__ void scale_kernel(float* out, const float* __restrict__ inp, int n) {
@@ -53,15 +55,25 @@ int main() {
   TEST_CUDA(cudaGetLastError());
   got = to_host(d_sm, 4 * 64);
   for (int i = 0; i < 4 * 64; ++i) TEST_TRUE(got[i] == float((i % 64 + 1) % 64), "smem written %d", i);
-  LAUNCH(smem_read_kernel, 4, 64, 64 * sizeof(float), 0, d_sm, 0);
-  TEST_CUDA(cudaGetLastError());
-  got = to_host(d_sm, 4 * 64);
-  for (int i = 0; i < 4 * 64; ++i) TEST_TRUE(std::isnan(got[i]), "unwritten dynamic smem %d is not NaN: %f", i, got[i]);
-  printf("ok dynamic_smem_nan\n");
 
   TEST_CUDA(cudaMemset(d_out, 0, n * sizeof(float)));
   got = to_host(d_out, n);
   for (float v : got) TEST_TRUE(v == 0.0f, "cudaMemset");
   printf("ok memset\n");
+
+  LAUNCH(smem_read_kernel, 4, 64, 64 * sizeof(float), 0, d_sm, 0);
+#if GPT2CORE_EMU
+  if (gpt2emu::memory_checker_enabled()) {
+    const cudaError_t e = cudaGetLastError();
+    TEST_TRUE(e == cudaErrorLaunchFailure && strstr(cudaGetErrorString(e), "uninitialised shared memory"),
+              "unwritten dynamic smem read not reported: %s", cudaGetErrorString(e));
+    printf("ok dynamic_smem_uninitialised_read_reported\n");
+    return 0;
+  }
+#endif
+  TEST_CUDA(cudaGetLastError());
+  got = to_host(d_sm, 4 * 64);
+  for (int i = 0; i < 4 * 64; ++i) TEST_TRUE(std::isnan(got[i]), "unwritten dynamic smem %d is not NaN: %f", i, got[i]);
+  printf("ok dynamic_smem_nan\n");
   return 0;
 }
