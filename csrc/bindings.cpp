@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cpu/backend_cpu.h"
+#include "cpu/blas.h"
 #include "model/backend_factory.h"
 #include "model/gpt2.h"
 
@@ -330,7 +331,8 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
     d["cudnn"] = bool(GPT2CORE_HAS_CUDNN);
     d["cudnn_sdpa"] = bool(GPT2CORE_HAS_CUDNN_SDPA);  // attention seam over cuDNN's fused SDPA (csrc/cuda/seams_cudnn.cu)
     d["nccl"] = bool(GPT2CORE_HAS_NCCL);
-    d["gloo"] = bool(GPT2CORE_HAS_GLOO);  // CPU multi-process training (gpt2core._C.dist)
+    d["gloo"] = bool(GPT2CORE_HAS_GLOO);
+    d["cpu_isa"] = gpt2::cpu::isa();  // the CPU backend's instruction-set variant in use (best this CPU runs)  // CPU multi-process training (gpt2core._C.dist)
     return d;
   });
   m.def("set_num_threads", [](int n) {
@@ -338,6 +340,16 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
     omp_set_num_threads(n);
   }, py::arg("n"), "Threads for the CPU backend (OpenMP; BLAS calls are split over the same threads).");
   m.def("get_num_threads", []() { return omp_get_max_threads(); });
+  m.def("cpu_isas", []() { return gpt2::cpu::isas(); },
+        "The CPU backend's instruction-set variants this CPU runs, best first (cpu/backend_cpu.h).");
+  m.def("cpu_isa", []() { return gpt2::cpu::isa(); }, "The variant CPU models created from now on use.");
+  m.def("set_cpu_isa", [](const std::string& name) {
+    try {
+      gpt2::cpu::set_isa(name);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  }, py::arg("name"), "Use another of cpu_isas() for CPU models created from now on (to compare variants).");
   m.def("param_names", []() { std::vector<std::string> v(gpt2::param_names().begin(), gpt2::param_names().end()); return v; });
   bind_model<float>(m, "Model");
   bind_model<double>(m, "ModelF64");

@@ -59,3 +59,15 @@ def test_ladder_runs_every_rung_this_device_has_side_by_side():
         else:
             assert ms == "-" and "(CUDA only)" in out, out
     assert re.search(r"^baseline .*\|\s+1\.00x \|", out, re.M), out
+
+
+def test_compare_native_alternates_the_two_builds():
+    """--compare-native runs the installed package and the same package over another _C in alternating child
+    processes and prints both medians and their ratio. Here the "native" module is the installed one (building
+    the -march=native core would cost CI minutes); the real comparison is in the README's figures."""
+    out = bench(*TINY, "--compare-native", "--rounds", "2", "--native-module", _C.__file__).stdout
+    rounds = re.findall(r"^round ([12]) (portable|native)\s+\((\S+)\): ([0-9.]+) ms/step$", out, re.M)
+    assert [(r[0], r[1]) for r in rounds] == [("1", "portable"), ("1", "native"), ("2", "portable"), ("2", "native")], out
+    assert {r[2] for r in rounds} == {_C.cpu_isa()}
+    m = re.search(r"^portable ([0-9.]+) ms/step \| native ([0-9.]+) ms/step .* portable / native = ([0-9.]+)$", out, re.M)
+    assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0 and float(m.group(3)) > 0, out

@@ -60,7 +60,7 @@ std::unique_ptr<Backend<T>> make_backend(const std::string& device) {
     if constexpr (std::is_same_v<T, bf16>)
       throw std::invalid_argument("bf16 mixed precision needs device='cuda'; the CPU backend computes in fp32");
     else
-      return std::make_unique<cpu::CpuBackend<T>>();
+      return cpu::make_backend<T>();  // the instruction-set variant this CPU runs best (cpu/backend_cpu.h)
   }
 #if GPT2CORE_BACKEND_CUDA
   if (is_cuda_device(device)) {
