@@ -20,6 +20,11 @@ def _preload_blas() -> None:
 
 _preload_blas()
 
+from . import _build_config, _libs  # noqa: E402
+
+if _build_config.CUDA_LIBRARIES:  # the CUDA backend is inside _C: its NVIDIA libraries first (wheels, else system)
+    _libs.load_all()
+
 from . import _C  # noqa: E402
 from .config import GPT2Config, PRESETS  # noqa: E402
 from .model import GPT2  # noqa: E402
