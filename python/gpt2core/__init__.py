@@ -33,8 +33,8 @@ __version__ = _C.build_info()["version"]
 
 
 def build_info() -> dict:
-    """What the compiled core contains: version, backends, BLAS, CUDA archs, cuDNN, NCCL."""
-    return dict(_C.build_info())
+    """What the compiled core contains: version, backends, BLAS, CUDA archs and version, cuDNN, NCCL."""
+    return dict(_C.build_info(), cuda_version=_build_config.CUDA_VERSION)
 
 
 __all__ = ["GPT2", "GPT2Config", "PRESETS", "build_info", "__version__"]
