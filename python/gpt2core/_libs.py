@@ -114,6 +114,16 @@ def find(name: str) -> Found | None:
     return None
 
 
+def driver() -> str | None:
+    """The path of the NVIDIA driver's CUDA library (libcuda.so.1, installed with the driver, never by pip), or
+    None on a machine without an NVIDIA driver."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    return _loaded_path("libcuda.so.1")
+
+
 def load_all() -> list[Found]:
     """Load every library the CUDA module links, or raise MissingLibrary naming the first missing one and the
     pip command that provides it."""

@@ -87,9 +87,11 @@ def report_libraries(out, info) -> bool:
 def report_gpu(out) -> list[str]:
     """The CUDA device a model uses by default (["cuda"]) after printing it, or [] after printing why none."""
     from gpt2core import _C
+    from gpt2core import _libs
     why = _C.cuda_status()
     if why:
-        out(f"GPU: none usable ({why})")
+        drv = _libs.driver()
+        out(f"GPU: none usable ({why})" if drv else "GPU: none usable (no NVIDIA driver: libcuda.so.1 not found)")
         return []
     from gpt2core.model import pick_precision
     cap = _C.cuda_capability(0)
