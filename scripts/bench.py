@@ -18,14 +18,18 @@ in alternating rounds of child processes so that both see the same machine load:
     python scripts/bench.py --preset d12 -B 4 -T 64 --compare-native
 
 FLOPs per token are 6*N + 6*L*C*T (forward + backward, N = parameters less wpe). The CPU peak is
-cores x clock x FP32 FLOPs per cycle per core (AVX-512: 2 FMA units x 16 lanes x 2 = 64; AVX2: 32);
-pass --peak-gflops to override. GPU peaks are the dense bf16 / tf32 tensor-core figures.
+measured: the best of 3 products of two 2048 x 2048 fp32 matrices through the core's GEMM (the BLAS and
+thread split the model's matmuls use), once per CPU model, thread count and BLAS, then read from
+$XDG_CACHE_HOME/gpt2core/cpu_peak.json (~/.cache/gpt2core/...); --measure-peak measures again,
+--peak-gflops overrides it. GPU peaks are the dense bf16 / tf32 tensor-core figures.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -38,20 +42,48 @@ import numpy as np
 
 from gpt2core.perf import GPU_PEAK_TFLOPS, gpu_peak_tflops
 
-def cpu_peak_gflops(threads: int) -> tuple[float, str]:
-    flags, mhz = "", 0.0
+
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags") and not flags:
-                    flags = line
-                elif line.startswith("cpu MHz") and not mhz:
-                    mhz = float(line.split(":")[1])
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    per_cycle = 64 if "avx512f" in flags else 32 if "fma" in flags else 8
-    ghz = mhz / 1000 if mhz else 2.0
-    return threads * ghz * per_cycle, f"{threads} cores x {ghz:.2f} GHz x {per_cycle} FLOP/cycle"
+    return platform.processor() or platform.machine()
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_peak_gflops(threads: int, measure: bool = False, n: int = 2048) -> tuple[float, str]:
+    """(fp32 GFLOP/s, where it comes from): the best of 3 (n, n) @ (n, n) products through _C.matmul, the
+    core's GEMM, measured once per CPU model, thread count and BLAS and cached in the user's cache directory
+    (measure=True: measure again)."""
+    from gpt2core import _C, build_info
+
+    blas = build_info()["blas"]
+    how = f"sgemm {n}^3 through {blas} on {threads} thread{'s' * (threads > 1)}"
+    path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpt2core" / "cpu_peak.json"
+    key = f"{cpu_name()} | {how}"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key in cache and not measure:
+        return cache[key]["gflops"], f"cached: {how}, measured {cache[key]['date']}; {path}, --measure-peak to redo"
+    a, b = np.random.default_rng(0).standard_normal((2, n, n), dtype=np.float32)
+    seconds = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        _C.matmul(a, b)
+        seconds.append(time.perf_counter() - t0)
+    gflops = round(2 * n**3 / min(seconds) / 1e9, 1)
+    cache[key] = {"gflops": gflops, "date": time.strftime("%Y-%m-%d %H:%M")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cache, indent=1))
+    os.replace(tmp, path)    # atomic: a concurrent bench reads the old file or the new one
+    return gflops, f"measured: {how}; cached in {path}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,14 +99,21 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=None,
                     help="threads per process (default: all cores; with --nproc N, cores / N)")
     ap.add_argument("--peak-gflops", type=float, default=None, help="override the peak used for utilisation")
+    ap.add_argument("--measure-peak", action="store_true",
+                    help="CPU: measure the sgemm peak again instead of reading the cached figure")
     ap.add_argument("--breakdown", action="store_true", help="also time forward / backward / optimizer")
     ap.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default=None,
                     help="fp32, tf32 or bf16 mixed precision (CUDA); default bf16 on sm_80+, else fp32")
     ap.add_argument("--attention", choices=["auto", "flash", "cudnn", "naive"], default=None, help="CUDA attention kernel")
+    ap.add_argument("--no-fused", action="store_true",
+                    help="CUDA: separate residual + layernorm and matmul + GELU kernels (the unfused rung)")
     ap.add_argument("--recompute-gelu", action="store_true")
     ap.add_argument("--ladder", action="store_true",
                     help="run every rung of the speed ladder (baseline, tf32, bf16, fusion, flash attention, padded "
                          "vocab, CUDA graphs) one after another and print them side by side")
+    ap.add_argument("--plot", nargs="?", const="ladder.png", default=None, metavar="PNG",
+                    help="with --ladder: also draw it as a bar chart of ms/step and speed-up (default: ladder.png; "
+                         "needs matplotlib)")
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="replay each micro-step and the optimizer step from CUDA graphs (--breakdown then times "
                          "forward and backward together)")
@@ -140,7 +179,7 @@ def peak_gflops(args, device, precision, threads) -> tuple[float | None, str, st
     from gpt2core import _C
 
     if device == "cpu":
-        peak, how = (args.peak_gflops, "given") if args.peak_gflops else cpu_peak_gflops(threads)
+        peak, how = (args.peak_gflops, "given") if args.peak_gflops else cpu_peak_gflops(threads, args.measure_peak)
         return peak, how, "CPU"
     peak, how = args.peak_gflops, "given"
     name = _C.cuda_device_name(int(device.partition(":")[2] or 0))
@@ -150,10 +189,11 @@ def peak_gflops(args, device, precision, threads) -> tuple[float | None, str, st
 
 
 def peak_line(args, device, gflops, precision, threads, what=""):
-    """The utilisation line: CPU FMA peak or the GPU's dense tensor-core peak (per process / device)."""
+    """The utilisation line: the CPU's measured sgemm peak or the GPU's dense tensor-core peak (per process /
+    device)."""
     peak, how, name = peak_gflops(args, device, precision, threads)
     if device == "cpu":
-        return f"CPU fp32 FMA peak {peak:.1f} GFLOP/s ({how}){what} | utilisation {100 * gflops / peak:.1f}%"
+        return f"CPU fp32 peak {peak:.1f} GFLOP/s ({how}){what} | utilisation {100 * gflops / peak:.1f}%"
     if peak:
         return f"GPU {name} | MFU {100 * gflops / peak:.1f}% of {peak / 1e3:.1f} TFLOP/s ({how}){what}"
     return ("GPU peak table (dense TFLOP/s bf16/tf32/fp32): " +
@@ -175,7 +215,8 @@ def single(args):
         _C.set_num_threads(args.threads)
     threads = _C.get_num_threads()
     cfg = bench_config(args)
-    model = GPT2(cfg, device=args.device, seed=0, precision=args.precision, attention=args.attention)
+    model = GPT2(cfg, device=args.device, seed=0, precision=args.precision, attention=args.attention,
+                 fused=not args.no_fused)
     model.recompute_gelu = args.recompute_gelu
     model.cuda_graphs = args.cuda_graphs
     B, T = args.batch_size, args.seq_len
@@ -233,12 +274,8 @@ def ladder(args):
             print(f"{rung:<12} | {'-':>9} | {'-':>10} | {'-':>8} | {'-':>6} | {'-':>8} | {what} (CUDA only)")
             continue
         cfg = base_cfg.replace(padded_vocab_size=base_cfg.padded_vocab_size if s["padded"] else base_cfg.vocab_size)
-        os.environ["GPT2CORE_CUDA_FUSED"] = "1" if s["fused"] else "0"  # read when the backend is created
-        try:
-            model = GPT2(cfg, device=args.device, seed=0, precision=None if cpu else s["precision"],
-                         attention=None if cpu else s["attention"])
-        finally:
-            os.environ.pop("GPT2CORE_CUDA_FUSED")
+        model = GPT2(cfg, device=args.device, seed=0, precision=None if cpu else s["precision"],
+                     attention=None if cpu else s["attention"], fused=s["fused"])
         model.recompute_gelu = args.recompute_gelu
         model.cuda_graphs = s["graphs"]
         times, _, _ = timed_steps(model, None, np.random.default_rng(0), cfg.vocab_size, B, T, 1, args.warmup,
@@ -279,7 +316,8 @@ def worker(args):
     if total % (B * T * W):
         raise SystemExit(f"bench: --total-batch-tokens {total} is not a multiple of B*T*processes = {B * T * W}")
     accum = total // (B * T * W)
-    model = GPT2(cfg, device=device, seed=0, precision=args.precision, attention=args.attention)
+    model = GPT2(cfg, device=device, seed=0, precision=args.precision, attention=args.attention,
+                 fused=not args.no_fused)
     model.recompute_gelu = args.recompute_gelu
     model.cuda_graphs = args.cuda_graphs
     ddp = None
@@ -430,7 +468,15 @@ def main(argv=None):
         return compare_native(args, argv)
     if args.nproc > 1 or args.scaling:
         return data_parallel(args, argv)
-    return ladder(args) if args.ladder else single(args)
+    if not args.ladder:
+        return single(args)
+    result = ladder(args)
+    if args.plot:
+        from gpt2core.plot import plot_ladder
+        plot_ladder(result["ladder"], args.plot, title=f"speed ladder: {args.device}, preset {args.preset}, "
+                                                       f"B={args.batch_size} T={args.seq_len}")
+        print(f"wrote {args.plot}")
+    return result
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-CELL = "".join(json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb").read_text())
-               ["cells"][1]["source"])
+CELLS = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb").read_text())["cells"]
+CELL = "".join(next(c for c in CELLS if c.get("id") == "install")["source"])
 
 
 def run_cell(monkeypatch, tmp_path, smi_output=None, installed=False):
@@ -34,6 +34,10 @@ def run_cell(monkeypatch, tmp_path, smi_output=None, installed=False):
     monkeypatch.setattr(subprocess, "run", fake_run)
     exec(compile(CELL, "install-cell", "exec"), {})
     return pips
+
+
+def test_the_install_cell_comes_first():
+    assert [c.get("id") for c in CELLS if c["cell_type"] == "code"][0] == "install"
 
 
 def test_cell_is_a_no_op_where_gpt2core_imports(monkeypatch, tmp_path):

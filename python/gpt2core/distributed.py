@@ -10,7 +10,7 @@ Environment (first match wins):
   to the first host of SLURM_JOB_NODELIST
 
 The process group meets at MASTER_ADDR:MASTER_PORT: rank 0 serves a small rendezvous store there (the C++
-core, csrc/dist). torchrun's agent already serves its own store on MASTER_PORT
+core, csrc/comm). torchrun's agent already serves its own store on MASTER_PORT
 (TORCHELASTIC_USE_AGENT_STORE=True), so under torchrun we use MASTER_PORT + 1; GPT2CORE_STORE_PORT
 overrides the port in every case. On the CPU the collectives run over Gloo (TCP); with device "cuda" over
 NCCL, each process on GPU LOCAL_RANK (the CUDA backend's buffers are managed memory, so the same numpy
@@ -256,12 +256,11 @@ class DataParallel:
         norm = math.sqrt(float(ss[0]))
         if not math.isfinite(norm):
             raise FloatingPointError(f"gradient norm is {norm} at step {m.step_count + 1}; weights not updated")
-        scale = 1.0
-        if grad_clip and grad_clip > 0 and norm > grad_clip:
-            scale = grad_clip / (norm + 1e-6)
         m.step_count += 1
+        # clipped by the core's rule (csrc/model/optimizer.h) from the global sum of squares
         m._m.adamw_update_range(self.lo, self.hi, self.m, self.v, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                                weight_decay=weight_decay, step=m.step_count, grad_scale=scale)
+                                weight_decay=weight_decay, step=m.step_count,
+                                grad_clip=grad_clip if grad_clip and grad_clip > 0 else 0.0, sum_squares=float(ss[0]))
         t1 = time.perf_counter()
         self.comm.all_gather(m._m.flat_params())
         self.last_comm_ms = comm_ms + (time.perf_counter() - t1) * 1e3

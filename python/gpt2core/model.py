@@ -6,7 +6,6 @@ is the (padded_vocab_size, n_embd) token embedding, and writing into it changes 
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
@@ -24,6 +23,8 @@ class DeviceError(RuntimeError):
 
 
 def _check_device(device: str) -> str:
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a string such as 'cpu', 'cuda' or 'cuda:1', got {device!r}")
     if device == "cpu":
         return device
     if device.startswith("cuda"):
@@ -53,7 +54,9 @@ def pick_precision(precision: str | None, capability: int, dtype: str = "float32
 
 
 def as_tokens(a, name: str) -> np.ndarray:
-    """Integer array-like -> C-contiguous int32 (B, T); a clear error for anything else."""
+    """Integer array-like -> C-contiguous int32 (B, T), the form the core reads. The ids themselves (0..V-1; in
+    targets also -1 or -100 for an ignored position) are validated once, by the core's binding; this only makes sure the cast to int32
+    cannot wrap a wider id into a valid-looking one."""
     arr = np.asarray(a)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
@@ -61,11 +64,10 @@ def as_tokens(a, name: str) -> np.ndarray:
         arr = arr[None, :]
     if arr.ndim != 2:
         raise ValueError(f"{name} must have shape (B, T), got {arr.shape}")
-    if arr.size and arr.min() < -1:
-        raise ValueError(f"{name} contains id {int(arr.min())}; token ids are >= 0 (-1 marks an ignored target)")
-    if arr.size and arr.max() > np.iinfo(np.int32).max:
-        raise ValueError(f"{name} contains id {int(arr.max())}, beyond the int32 range")
-    return np.ascontiguousarray(arr, dtype=np.int32)
+    out = np.ascontiguousarray(arr, dtype=np.int32)
+    if out.dtype != arr.dtype and not np.array_equal(out, arr):
+        raise ValueError(f"{name} contains ids beyond the int32 range (up to {int(arr.max())})")
+    return out
 
 
 class GPT2:
@@ -77,14 +79,20 @@ class GPT2:
 
     def __init__(self, config: GPT2Config | str = "d12", device: str = "cpu", seed: int = 0,
                  dtype: str = "float32", init: bool = True, precision: str | None = None,
-                 attention: str | None = None):
+                 attention: str | None = None, fused: bool = True):
         """precision: "fp32"; "tf32" (CUDA: TF32 tensor-core matmuls); "bf16" (CUDA: bf16 weights copy and
         activations, fp32 master weights, gradients, AdamW state, softmax and loss). None picks bf16 on a
-        GPU with bf16 tensor cores (sm_80+) and fp32 elsewhere (T4, sm_75, refuses bf16 and tf32).
-        attention (CUDA): "flash" (default, never materialises T x T) or "naive" (the materialised rung of
-        the speed ladder); the CPU backend always materialises attention."""
+        GPU with bf16 tensor cores (sm_80+) and fp32 elsewhere (T4, sm_75, refuses bf16 and tf32). attention (CUDA): "auto" (default: cuDNN's
+        fused attention for bf16 when it checks out, else "flash"), "flash" (never materialises T x T), "cudnn"
+        or "naive" (the materialised rung of the speed ladder); the CPU backend always materialises attention.
+        fused (CUDA): residual + layernorm in one kernel and GELU in the matmul epilogues (False: the separate
+        kernels, the unfused rung of the speed ladder; the CPU backend has nothing to fuse). All of these are
+        this model's own: two models in one process may differ."""
         if isinstance(config, str):
             config = get_preset(config)
+        elif not isinstance(config, GPT2Config):
+            raise TypeError(f"config must be a GPT2Config or a preset name, got {type(config).__name__} {config!r}"
+                            + ("; GPT2Config(**config) makes one from a dict" if isinstance(config, dict) else ""))
         self.config = config
         if precision not in (None, "fp32", "tf32", "bf16"):
             raise ValueError(f"precision must be 'fp32', 'tf32' or 'bf16', got {precision!r}")
@@ -104,21 +112,9 @@ class GPT2:
         self.precision = precision
         cls = {"float64": _C.ModelF64, "float32": _C.ModelBF16 if precision == "bf16" else _C.Model}[dtype]
         c = config
-        # the CUDA backend reads its speed-ladder switches when it is created
-        switches = {"GPT2CORE_CUDA_TF32": "1" if precision == "tf32" else "0",
-                    "GPT2CORE_CUDA_ATTENTION": attention or "auto"}
-        saved = {k: os.environ.get(k) for k in switches}
-        os.environ.update(switches)
-        try:
-            self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size,
-                          padded_vocab_size=c.padded_vocab_size, n_layer=c.n_layer, n_head=c.n_head,
-                          n_embd=c.n_embd, device=self.device)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size, padded_vocab_size=c.padded_vocab_size,
+                      n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, device=self.device,
+                      tf32=precision == "tf32", attention=attention or "auto", fused=bool(fused))
         self.params: dict[str, np.ndarray] = self._m.params()
         self.grads: dict[str, np.ndarray] = self._m.grads()
         self.step_count = 0
@@ -208,8 +204,12 @@ class GPT2:
 
     # ------------------------------------------------------------------ compute
     def forward(self, idx, targets=None, return_logits: bool = False):
-        """Mean cross-entropy over targets != -1 (NaN without targets); with return_logits also the
-        logits (B, T, padded_vocab_size) as a new array."""
+        """Mean cross-entropy of predicting targets from idx (NaN without targets); with return_logits
+        also the logits (B, T, padded_vocab_size) as a new array.
+
+        targets are the next tokens, already shifted: targets[b, t] is the token that follows idx[b, t]
+        (tokens[:, 1:] for idx = tokens[:, :-1]), not a copy of idx as Hugging Face's `labels` are.
+        Positions whose target is -1 or -100 (Hugging Face's ignore index) are left out of the mean."""
         x = as_tokens(idx, "idx")
         y = None if targets is None else as_tokens(targets, "targets")
         loss = self._m.forward(x, y)
@@ -275,6 +275,8 @@ class GPT2:
         x = as_tokens(idx, "idx")
         if temperature <= 0:
             raise ValueError("temperature must be > 0")
+        if top_k is not None and top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 or None: sample from the whole vocabulary), got {top_k}")
         rng = np.random.default_rng(seed)
         V = self.config.vocab_size
         for _ in range(max_new_tokens):

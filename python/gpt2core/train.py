@@ -7,7 +7,8 @@ sample is printed. The 124M reproduction is
     gpt2core-train --preset d12 --data-dir data/edu_fineweb10B --device cuda -B 64 -T 1024 \
         --total-batch-tokens 524288 --steps 19073 --lr 6e-4 --warmup 715 --val-every 250
 
-Each step prints step, loss, lr, grad norm, ms and tokens/s; metrics go to <out>/metrics.jsonl.
+Each step prints step, loss, lr, grad norm, ms, tokens/s, elapsed time and ETA; metrics go to
+<out>/metrics.jsonl (`gpt2core-plot <out>` draws them).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _C, tokenizer
+from . import _C, progress, tokenizer
 from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints, load_checkpoint,
                          prune_checkpoints, save_checkpoint, save_model)
 from .config import PRESETS, get_preset
@@ -77,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--hellaswag-path", default=None,
                    help="HellaSwag val set: rendered .npz, rowanz .jsonl or 6-line .txt (default: download)")
     g.add_argument("--hellaswag-limit", type=int, default=None, help="score only the first N HellaSwag items")
+    g.add_argument("--no-progress", action="store_true",
+                   help="no progress bars for HellaSwag (they show only on a terminal, on rank 0, on stderr)")
     g.add_argument("--sample-every", type=int, default=0, help="print a text sample every M steps (0: only at the end)")
     g.add_argument("--sample-tokens", type=int, default=48)
     g.add_argument("--sample-prompt", default="\n")
@@ -150,9 +153,10 @@ class Trainer:
                                        shuffle=not args.no_shuffle, seed=args.seed)
         self.val_loader = DataLoader(data_dir, "val", B, T, rank=self.dist.rank, world_size=W, shuffle=False)
         self.hellaswag = None
+        self.progress = self.dist.is_master and not getattr(args, "no_progress", False)
         if getattr(args, "hellaswag_every", 0):
             from .data import hellaswag
-            self.hellaswag = hellaswag.load(args.hellaswag_path, args.hellaswag_limit)
+            self.hellaswag = hellaswag.load(args.hellaswag_path, args.hellaswag_limit, progress=self.progress)
         self.model = GPT2(config, device=self.device, seed=args.seed, precision=getattr(args, "precision", None),
                           attention=getattr(args, "attention", None))
         self.model.recompute_gelu = getattr(args, "recompute_gelu", False)
@@ -283,7 +287,7 @@ class Trainer:
         row_len = min(self.config.block_size, self.hellaswag.max_row_len())
         per = max(1, (a.batch_size * a.seq_len) // (4 * row_len))
         r = score_hellaswag(self.model, self.hellaswag, items_per_batch=per, rank=self.dist.rank,
-                            world_size=self.dist.world_size)
+                            world_size=self.dist.world_size, progress=self.progress)
         counts = np.array([r["n"], r["correct"], r["correct_norm"]], dtype=np.float64)
         if self.comm is not None:
             counts = counts.astype(np.float32)  # exact for counts below 2**24
@@ -308,8 +312,12 @@ class Trainer:
                  (" (GELU recomputed in backward)" if m.recompute_gelu else ""))
         if self.ddp:
             self.log(self.ddp.describe())
+        # what gpt2core.plot needs to put runs on a tokens axis and to know a 124M run
+        self.write_metrics({"run": {"preset": a.preset, "params": m.num_parameters, "tokens_per_step": self.total,
+                                    "start_step": self.start_step, "steps": a.steps}})
         last = {}
         every = getattr(a, "checkpoint_every", 0)
+        t_run = time.perf_counter()
         for step in range(self.start_step, a.steps):
             last_step = step == a.steps - 1
             if a.val_every and (step % a.val_every == 0 or last_step):
@@ -350,7 +358,8 @@ class Trainer:
             tps = self.total / dt
             gflops = tps * self.flops_per_token / 1e9
             self.log(f"step {step + 1:5d}/{a.steps} | loss {loss:.4f} | lr {lr:.2e} | norm {norm:.3f} | "
-                     f"{dt * 1e3:.0f} ms | {tps:,.0f} tok/s | {gflops:.1f} GFLOP/s")
+                     f"{dt * 1e3:.0f} ms | {tps:,.0f} tok/s | {gflops:.1f} GFLOP/s | "
+                     + progress.eta(time.perf_counter() - t_run, step + 1 - self.start_step, a.steps - step - 1))
             rec = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm, "dt_ms": dt * 1e3, "tok_per_s": tps}
             if self.ddp:  # rank 0's time in the step's gradient/parameter collectives (scaling analysis)
                 rec["comm_ms"] = self.ddp.last_comm_ms
