@@ -29,9 +29,9 @@ GPT2CORE_CUDA_ARCHS=75 cmake -S "$ROOT" -B "$WORK/build13" -G Ninja -DCMAKE_BUIL
 grep "gpt2core:" "$WORK/configure13.log"
 grep -q "CUDA toolchain from NVIDIA's PyPI wheels" "$WORK/configure13.log"
 grep -q "CUDA backend ON, archs = 75, cuDNN = OFF, NCCL = ON" "$WORK/configure13.log"
-cmake --build "$WORK/build13" --target _C > "$WORK/build13.log" 2>&1 || { tail -n 60 "$WORK/build13.log"; exit 1; }
+cmake --build "$WORK/build13" --target _C_cuda > "$WORK/build13.log" 2>&1 || { tail -n 60 "$WORK/build13.log"; exit 1; }
 grep -q 'CUDA_VERSION = "13.0"' "$WORK/build13/_build_config.py"
-readelf -d "$WORK"/build13/_C*.so | grep -E "NEEDED.*(cublasLt|nccl)"
+readelf -d "$WORK"/build13/_C_cuda*.so | grep -E "NEEDED.*(cublasLt|nccl)"
 
 echo "== CUDA 12 headers from PyPI: the host-side seams against them"
 python3 -m venv "$WORK/venv12"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CI (issue 13): `pip wheel .` (build isolation on) gives a wheel that auditwheel accepts for a manylinux tag, with
-# NVIDIA's libraries excluded (they come from the gpt2core[cuda13] extra) and everything else it links (Gloo,
-# libgomp) bundled; installed in a fresh venv with the system CUDA toolkit and Debian's Gloo hidden, it imports,
-# trains a few CPU steps and loads the CUDA module far enough to report that there is no GPU.
+# NVIDIA's libraries excluded (they come from the gpt2core[cuda12|13] extra) and everything else it links (Gloo,
+# libgomp) bundled. Installed in a fresh venv with the system CUDA toolkit and Debian's Gloo hidden, it imports
+# and trains a few CPU steps with no NVIDIA library at all, says which library device="cuda" misses and which pip
+# command brings it, and with the extra installed loads the CUDA module far enough to report that there is no GPU.
 # Root only: a private mount namespace (unshare -m) hides /usr/local/cuda-* and libgloo.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -36,19 +37,27 @@ t0=$SECONDS
 "$WORK/venv/bin/pip" install -q "$fixed"
 echo "install: $((SECONDS - t0)) s"
 cd "$WORK"
-# the CUDA major the wheel was built with (read from the file: importing gpt2core may need the libraries)
-major=$(sed -n 's/^CUDA_VERSION = "\([0-9]*\).*/\1/p' "$WORK"/venv/lib/python3*/site-packages/gpt2core/_build_config.py)
-if [ -n "$major" ]; then
-  t0=$SECONDS
-  "$WORK/venv/bin/pip" install -q "${fixed}[cuda$major]"
-  echo "install the cuda$major extra (NVIDIA's libraries): $((SECONDS - t0)) s"
-fi
 "$WORK/venv/bin/python" - <<'PY'
 import subprocess, sys, time
 t = time.perf_counter()
 subprocess.run([sys.executable, "-c", "import gpt2core"], check=True)
-print(f"import gpt2core in a new process: {time.perf_counter() - t:.2f} s")
+print(f"import gpt2core in a new process (no NVIDIA library installed): {time.perf_counter() - t:.2f} s")
 PY
+"$WORK/venv/bin/python" -m gpt2core.data shakespeare --out "$WORK/data" > /dev/null
+"$WORK/venv/bin/gpt2core-train" --preset tiny --data-dir "$WORK/data" -B 2 -T 16 --steps 3 --val-every 0 \
+  --sample-tokens 0 --output-dir "$WORK/run" | tail -n 2
+# the CUDA major the wheel was built with (read from the file: importing gpt2core may need the libraries)
+major=$(sed -n 's/^CUDA_VERSION = "\([0-9]*\).*/\1/p' "$WORK"/venv/lib/python3*/site-packages/gpt2core/_build_config.py)
+if [ -n "$major" ]; then
+  # without NVIDIA's libraries: device="cuda" is a clear error naming the library and the pip command
+  "$WORK/venv/bin/python" -c "import gpt2core; gpt2core.GPT2('tiny', device='cuda')" 2> "$WORK/cuda_error.txt" && exit 1
+  tail -n 1 "$WORK/cuda_error.txt"
+  grep -q "DeviceError: .*found neither in NVIDIA's PyPI wheels nor on this system: pip install \"gpt2core\[cuda$major\]\"" \
+    "$WORK/cuda_error.txt"
+  t0=$SECONDS
+  "$WORK/venv/bin/pip" install -q "${fixed}[cuda$major]"
+  echo "install the cuda$major extra (NVIDIA's libraries): $((SECONDS - t0)) s"
+fi
 "$WORK/venv/bin/gpt2core-doctor" --seconds 0 | tee "$WORK/doctor.txt"
 if [ -n "$major" ]; then  # every NVIDIA library from the wheels, the CUDA module loaded, and no GPU said so
   grep -q "GPU: none usable" "$WORK/doctor.txt"
@@ -57,7 +66,4 @@ if [ -n "$major" ]; then  # every NVIDIA library from the wheels, the CUDA modul
     echo "NVIDIA libraries loaded from outside the wheels"; exit 1
   fi
 fi
-"$WORK/venv/bin/python" -m gpt2core.data shakespeare --out "$WORK/data" > /dev/null
-"$WORK/venv/bin/gpt2core-train" --preset tiny --data-dir "$WORK/data" -B 2 -T 16 --steps 3 --val-every 0 \
-  --sample-tokens 0 --output-dir "$WORK/run" | tail -n 2
 echo "wheel: OK"

@@ -58,3 +58,46 @@ def test_a_missing_library_names_itself_and_the_pip_command(monkeypatch, cuda, p
     major = cuda.split(".")[0]
     assert f"needs FakeLib (libgpt2core_absent.so.{major})" in str(e.value) and str(e.value).endswith(pip)
     assert isinstance(e.value, ImportError)
+
+
+NVIDIA = ("libcublas", "libcudnn", "libnccl", "libnvrtc", "libcudart", "libcuda.")
+
+
+def test_the_cpu_core_links_no_nvidia_library():
+    from gpt2core import _C
+    needed = subprocess.run(["readelf", "-d", _C.__file__], capture_output=True, text=True, check=True).stdout
+    assert "NEEDED" in needed and not [n for n in NVIDIA if n in needed], needed
+
+
+CPU_ONLY = """
+import sys, numpy as np, gpt2core
+m = gpt2core.GPT2("tiny", seed=0)
+x = np.arange(16, dtype=np.int32).reshape(2, 8)
+m.forward(x, x); m.backward(); m.step(lr=1e-3)
+maps = open("/proc/self/maps").read()
+assert "gpt2core._C_cuda" not in sys.modules, "the CUDA module was imported for CPU work"
+assert not [n for n in %r if n in maps], [ln for ln in maps.splitlines() if "lib" in ln and "nv" in ln]
+try:
+    gpt2core.GPT2("tiny", device="cuda")
+except gpt2core.model.DeviceError as e:
+    print("DeviceError:", e)
+""" % (NVIDIA,)
+
+
+def test_import_and_cpu_training_load_no_cuda_library_and_cuda_says_why(tmp_path):
+    """With the system toolkit hidden (a private mount namespace, as root) or not: the CPU core imports and
+    trains without touching a CUDA library; device='cuda' then fails with a DeviceError that says why (here: a
+    missing library and its pip command, or no GPU)."""
+    import os
+    cmd = [sys.executable, "-c", CPU_ONLY]
+    hidden = os.geteuid() == 0 and shutil.which("unshare") and os.path.isdir("/usr/local/cuda")
+    if hidden:  # every /usr/local/cuda-* replaced by an empty directory, for this process only
+        script = "for d in /usr/local/cuda-*; do mount --bind \"$0\" \"$d\"; done; exec \"$@\""
+        cmd = ["unshare", "-m", "sh", "-c", script, str(tmp_path), *cmd]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    from gpt2core import _build_config
+    if _build_config.CUDA_LIBRARIES:
+        assert "DeviceError: device='cuda':" in p.stdout, p.stdout
+        if hidden and not _libs._in_wheels(_libs.soname(_build_config.CUDA_LIBRARIES[0])):
+            assert "found neither in NVIDIA's PyPI wheels nor on this system: pip install" in p.stdout, p.stdout
