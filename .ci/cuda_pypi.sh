@@ -38,7 +38,7 @@ python3 -m venv "$WORK/venv12"
 "$WORK/venv12/bin/pip" install -q nvidia-cuda-runtime-cu12==12.9.79 nvidia-cuda-nvcc-cu12==12.9.86 \
   nvidia-cuda-cccl-cu12==12.9.27 nvidia-cublas-cu12==12.9.1.4 nvidia-nccl-cu12
 N12="$("$WORK/venv12/bin/python" -c 'import nvidia, os; print(os.path.dirname(nvidia.__file__) if nvidia.__file__ else list(nvidia.__path__)[0])')"
-for src in csrc/cuda/seams_cublaslt.cu csrc/dist/comm_nccl.cpp; do
+for src in csrc/cuda/seams_cublaslt.cu csrc/comm/comm_nccl.cpp; do
   g++ -std=c++17 -fsyntax-only -x c++ -Wall -Wextra -Werror -I"$ROOT/csrc" -I"$N12/cuda_runtime/include" \
     -I"$N12/cuda_nvcc/include" -I"$N12/cuda_cccl/include" -I"$N12/cublas/include" -I"$N12/nccl/include" "$ROOT/$src"
   echo "$src: compiles against CUDA 12.9 headers"
