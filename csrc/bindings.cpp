@@ -26,6 +26,17 @@
 #ifndef GPT2CORE_WITH_DIST
 #define GPT2CORE_WITH_DIST 1
 #endif
+// The CUDA backend: GPT2CORE_CUDA_MODULE=1 when this build has gpt2core._C_cuda (imported on first use, see
+// load_cuda_backend); GPT2CORE_BACKEND_CUDA=1 when it is linked into this module (the emulated test build).
+#ifndef GPT2CORE_CUDA_MODULE
+#define GPT2CORE_CUDA_MODULE 0
+#endif
+#ifndef GPT2CORE_BACKEND_CUDA
+#define GPT2CORE_BACKEND_CUDA 0
+#endif
+#if GPT2CORE_BACKEND_CUDA
+#include "cuda/plugin.h"
+#endif
 
 namespace py = pybind11;
 #if GPT2CORE_WITH_DIST
@@ -37,7 +48,23 @@ void GPT2CORE_EXTRA_BINDINGS(py::module_& m);
 using gpt2::GPT2Model;
 using gpt2::ModelConfig;
 
+// The CUDA backend on first use: gpt2core._cuda.load() loads NVIDIA's libraries and gpt2core._C_cuda, then
+// hands its entry points to set_cuda_plugin. Python's exception (naming a missing library) propagates.
+void load_cuda_backend() {
+  if (GPT2CORE_CUDA_MODULE && !gpt2::cuda_plugin()) py::module_::import("gpt2core._cuda").attr("load")();
+}
+
 namespace {
+
+// gpt2::cuda_status(), where a CUDA backend that cannot be loaded says why
+std::string cuda_status() {
+  try {
+    load_cuda_backend();
+  } catch (py::error_already_set& e) {
+    return "the CUDA backend could not be loaded: " + std::string(py::str(e.value()));
+  }
+  return gpt2::cuda_status();
+}
 
 [[noreturn]] void arg_error(const std::string& msg) { throw py::value_error(msg); }
 
@@ -138,6 +165,7 @@ void bind_model(py::module_& m, const char* cls_name) {
       .def(py::init([](int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd,
                        const std::string& device, bool tf32, const std::string& attention, bool fused) {
              auto config = make_config(max_seq_len, vocab_size, padded_vocab_size, n_layer, n_head, n_embd);
+             if (gpt2::is_cuda_device(device)) load_cuda_backend();
              return new M(config, gpt2::make_backend<T>(device, backend_options(tf32, attention, fused)));
            }),
            py::arg("max_seq_len"), py::arg("vocab_size"), py::arg("padded_vocab_size"), py::arg("n_layer"),
@@ -348,16 +376,19 @@ void bind_model(py::module_& m, const char* cls_name) {
 PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
   m.doc() = "gpt2core C++ core";
   gpt2::cpu::blas_init();
+#if GPT2CORE_BACKEND_CUDA
+  gpt2::cuda_plugin() = gpt2::cuda::plugin();  // linked in: no module to load
+#endif
   m.def("build_info", []() {
     py::dict d;
     d["version"] = GPT2CORE_VERSION;
     py::list backends;
     backends.append("cpu");
-    if (GPT2CORE_BACKEND_CUDA) backends.append("cuda");
+    if (GPT2CORE_CUDA_MODULE || GPT2CORE_BACKEND_CUDA) backends.append("cuda");
     d["backends"] = backends;
     d["blas"] = GPT2CORE_BLAS_NAME;
     d["openmp"] = true;
-    d["cuda"] = bool(GPT2CORE_BACKEND_CUDA);  // the CUDA backend (csrc/cuda) is compiled in
+    d["cuda"] = bool(GPT2CORE_CUDA_MODULE || GPT2CORE_BACKEND_CUDA);  // the CUDA backend (csrc/cuda) is compiled
     d["cuda_toolkit"] = bool(GPT2CORE_HAS_CUDA);
     py::list archs;
     std::string s = GPT2CORE_CUDA_ARCHS_STR;
@@ -373,6 +404,7 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
     d["cudnn_sdpa"] = bool(GPT2CORE_HAS_CUDNN_SDPA);  // attention seam over cuDNN's fused SDPA (csrc/cuda/seams_cudnn.cu)
     d["nccl"] = bool(GPT2CORE_HAS_NCCL);
     d["gloo"] = bool(GPT2CORE_HAS_GLOO);  // CPU multi-process training (gpt2core._C.dist)
+    d["cpu_isa"] = gpt2::cpu::isa();  // the CPU backend's instruction-set variant in use (best this CPU runs)
     return d;
   });
   m.def("set_num_threads", [](int n) {
@@ -380,6 +412,16 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
     omp_set_num_threads(n);
   }, py::arg("n"), "Threads for the CPU backend (OpenMP; BLAS calls are split over the same threads).");
   m.def("get_num_threads", []() { return omp_get_max_threads(); });
+  m.def("cpu_isas", []() { return gpt2::cpu::isas(); },
+        "The CPU backend's instruction-set variants this CPU runs, best first (cpu/backend_cpu.h).");
+  m.def("cpu_isa", []() { return gpt2::cpu::isa(); }, "The variant CPU models created from now on use.");
+  m.def("set_cpu_isa", [](const std::string& name) {
+    try {
+      gpt2::cpu::set_isa(name);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  }, py::arg("name"), "Use another of cpu_isas() for CPU models created from now on (to compare variants).");
   m.def("matmul", [](py::object a_obj, py::object b_obj) {
     auto matrix = [](const py::object& obj, const char* name) {
       const std::string what = std::string(name) + " must be a non-empty, C-contiguous float32 numpy array of 2 dimensions";
@@ -411,12 +453,24 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
   bind_model<float>(m, "Model");
   bind_model<double>(m, "ModelF64");
   bind_model<gpt2::bf16>(m, "ModelBF16");  // CUDA only: bf16 weights copy and activations, fp32 master state
-  m.def("cuda_capability", [](int index) { return gpt2::cuda_capability(index); }, py::arg("index") = 0,
+  m.def("cuda_capability", [](int index) { return cuda_status().empty() ? gpt2::cuda_capability(index) : -1; },
+        py::arg("index") = 0,
         "Compute capability of CUDA device `index` as major*10+minor (80 = A100, 90 = H100); -1 without one.");
-  m.def("cuda_device_name", [](int index) { return gpt2::cuda_device_name(index); }, py::arg("index") = 0,
-        "Name of CUDA device `index` as the driver reports it; '' without one.");
-  m.def("cuda_status", []() { return gpt2::cuda_status(); },
-        "'' when device='cuda' is usable here, otherwise why not (no CUDA backend compiled, no driver, no GPU).");
+  m.def("cuda_device_name", [](int index) { return cuda_status().empty() ? gpt2::cuda_device_name(index) : ""; },
+        py::arg("index") = 0, "Name of CUDA device `index` as the driver reports it; '' without one.");
+  m.def("cuda_status", &cuda_status,
+        "'' when device='cuda' is usable here, otherwise why not (no CUDA backend compiled, a missing NVIDIA "
+        "library, no driver, no GPU). Loads the CUDA backend (gpt2core._C_cuda) the first time.");
+  m.def("set_cuda_plugin", [](const py::capsule& c) {
+    if (c.name() == nullptr || std::string(c.name()) != "gpt2core.cuda_plugin")
+      throw py::type_error("set_cuda_plugin takes gpt2core._C_cuda.plugin()");
+    const auto* plugin = static_cast<const gpt2::CudaPlugin*>(c.get_pointer());
+    if (plugin->abi != gpt2::kCudaPluginAbi)
+      throw py::value_error("gpt2core._C_cuda comes from another build of gpt2core (plugin ABI " +
+                            std::to_string(plugin->abi) + ", expected " + std::to_string(gpt2::kCudaPluginAbi) +
+                            "): reinstall gpt2core");
+    gpt2::cuda_plugin() = plugin;
+  }, py::arg("plugin"), "Take the CUDA backend's entry points (gpt2core._cuda.load() calls this).");
 #if GPT2CORE_WITH_DIST
   bind_dist(m);
 #endif

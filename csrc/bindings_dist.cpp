@@ -12,15 +12,11 @@
 #include "model/grad_allreduce.h"
 #include "model/gpt2.h"
 
-// Set by the build when the NCCL communicator is linked into _C (CUDA backend + NCCL found).
-#ifndef GPT2CORE_DIST_NCCL
-#define GPT2CORE_DIST_NCCL 0
-#endif
-#if GPT2CORE_DIST_NCCL
-#include "comm/comm_nccl.h"
-#endif
+#include "model/cuda_plugin.h"
 
 namespace py = pybind11;
+
+void load_cuda_backend();  // bindings.cpp: the NCCL communicator lives in the CUDA module
 using gpt2::dist::Comm;
 using gpt2::dist::ReduceOp;
 using gpt2::GradAllreducer;
@@ -72,8 +68,14 @@ void bind_dist(py::module_& m) {
   auto d = m.def_submodule("dist", "Process groups for data-parallel training (Gloo on CPU).");
   py::register_exception<gpt2::dist::DistError>(d, "DistError", PyExc_RuntimeError);
   d.def("have_gloo", &gpt2::dist::have_gloo, "Whether Gloo (CPU collectives) is compiled in.");
-  d.def("have_nccl", []() { return bool(GPT2CORE_DIST_NCCL); },
-        "Whether the NCCL communicator (GPU collectives) is compiled in.");
+  d.def("have_nccl", []() {
+    try {
+      load_cuda_backend();
+    } catch (py::error_already_set&) {
+      return false;
+    }
+    return gpt2::cuda_plugin() != nullptr && gpt2::cuda_plugin()->make_nccl_comm != nullptr;
+  }, "Whether the NCCL communicator (GPU collectives) is compiled in and its libraries load.");
 
   py::class_<Comm>(d, "Comm",
                    "A process group. Collectives are blocking, in place on float32 numpy arrays, bounded by "
@@ -209,15 +211,14 @@ void bind_dist(py::module_& m) {
            const std::string& prefix) -> std::unique_ptr<Comm> {
           if (!(timeout > 0)) throw py::value_error("timeout must be > 0 seconds");
           if (device < 0) throw py::value_error("device must be a GPU index >= 0");
-#if GPT2CORE_DIST_NCCL
+          load_cuda_backend();
+          const gpt2::CudaPlugin* cuda = gpt2::cuda_plugin();
+          if (!cuda || !cuda->make_nccl_comm)
+            throw gpt2::dist::DistError("this build of gpt2core has no NCCL communicator: it needs the CUDA backend "
+                                        "and NCCL (nccl.h, libnccl) at build time");
           auto o = rendezvous_options(rank, world_size, master_addr, master_port, timeout, prefix);
           py::gil_scoped_release nogil;
-          return gpt2::dist::make_nccl_comm(o, device, nullptr);
-#else
-          (void)rank, (void)world_size, (void)master_addr, (void)master_port, (void)prefix;
-          throw gpt2::dist::DistError("this build of gpt2core has no NCCL communicator: it needs the CUDA backend "
-                                      "and NCCL (nccl.h, libnccl) at build time");
-#endif
+          return cuda->make_nccl_comm(o, device, nullptr);
         },
         py::arg("rank"), py::arg("world_size"), py::arg("master_addr") = "127.0.0.1", py::arg("master_port") = 29500,
         py::arg("timeout") = 300.0, py::arg("device") = 0, py::arg("prefix") = "gpt2core",

@@ -12,6 +12,11 @@ the time rank 0 waited for gradient collectives (DataParallel.last_comm_ms) and 
 --scaling also runs 1 process with the same preset, B, T and threads per process, and prints the scaling
 efficiency = tokens/s with N / (N x tokens/s with 1). `torchrun --nproc_per_node N scripts/bench.py ...` works too.
 
+--compare-native measures this install's CPU core (portable: instruction-set variants picked at run time, what
+a wheel ships) against a -march=native build of the same sources (built into build/native-cpu, incremental),
+in alternating rounds of child processes so that both see the same machine load:
+    python scripts/bench.py --preset d12 -B 4 -T 64 --compare-native
+
 FLOPs per token are 6*N + 6*L*C*T (forward + backward, N = parameters less wpe). The CPU peak is
 measured: the best of 3 products of two 2048 x 2048 fp32 matrices through the core's GEMM (the BLAS and
 thread split the model's matmuls use), once per CPU model, thread count and BLAS, then read from
@@ -25,6 +30,9 @@ import functools
 import json
 import os
 import platform
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,24 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-GPU_PEAK_TFLOPS = {  # dense, no sparsity: (bf16, tf32, fp32)
-    "H100 SXM": (989.0, 494.5, 67.0), "H100 PCIe": (756.0, 378.0, 51.0), "H200": (989.0, 494.5, 67.0),
-    "A100": (312.0, 156.0, 19.5), "A10G": (125.0, 62.5, 31.2), "L4": (121.0, 60.0, 30.3),
-    "RTX 4090": (165.2, 82.6, 82.6), "RTX 3090": (71.0, 35.6, 35.6), "T4": (65.0, 8.1, 8.1),
-}
-
-
-def gpu_peak_tflops(name: str, precision: str) -> tuple[float, str] | None:
-    """Dense peak of the GPU called `name` (as the driver reports it) for this precision, with the table's key."""
-    key = None
-    if "H100" in name:
-        key = "H100 PCIe" if "PCIe" in name else "H100 SXM"
-    else:
-        key = next((k for k in GPU_PEAK_TFLOPS if k in name), None)
-    if key is None:
-        return None
-    bf16, tf32, fp32 = GPU_PEAK_TFLOPS[key]
-    return {"bf16": bf16, "tf32": tf32, "fp32": fp32}[precision], key
+from gpt2core.perf import GPU_PEAK_TFLOPS, gpu_peak_tflops
 
 
 def cpu_name() -> str:
@@ -132,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="replay each micro-step and the optimizer step from CUDA graphs (--breakdown then times "
                          "forward and backward together)")
+    c = ap.add_argument_group("portable vs native CPU code")
+    c.add_argument("--compare-native", action="store_true",
+                   help="time this install against a -march=native build of the CPU core, alternating rounds")
+    c.add_argument("--rounds", type=int, default=3, help="--compare-native: rounds of (portable, native)")
+    c.add_argument("--native-module", default=None,
+                   help="--compare-native: an already built native _C module instead of building build/native-cpu")
     g = ap.add_argument_group("data parallel (processes started through gpt2core.launch; Gloo on CPU, NCCL on CUDA)")
     g.add_argument("--nproc", type=int, default=1, help="processes (one per GPU with --device cuda)")
     g.add_argument("--scaling", action="store_true",
@@ -236,7 +233,8 @@ def single(args):
     flops = cfg.flops_per_token(T)
     gflops = tps * flops / 1e9
     info = build_info()
-    print(f"gpt2core {info['version']} | {args.device} | BLAS {info['blas']} | threads {threads}")
+    print(f"gpt2core {info['version']} | {args.device} | BLAS {info['blas']} | threads {threads} | "
+          f"CPU code {info['cpu_isa']}")
     print(f"preset {args.preset} ({model.num_parameters:,} params) | precision {model.precision} | B={B} T={T} | "
           f"{flops / 1e9:.3f} GFLOP/token")
     print(f"ms/step {dt * 1e3:.1f} (median of {args.steps}) | tokens/s {tps:,.0f} | GFLOP/s {gflops:.1f}")
@@ -399,6 +397,51 @@ def worker(args):
     return r
 
 
+def build_native_module() -> Path:
+    """The CPU core (_C, no CUDA, no Gloo) built with GPT2CORE_NATIVE=ON (-march=native) in build/native-cpu."""
+    import pybind11
+
+    root = Path(__file__).resolve().parent.parent
+    build = root / "build" / "native-cpu"
+    subprocess.run(["cmake", "-S", str(root), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                    "-DGPT2CORE_NATIVE=ON", "-DGPT2CORE_CUDA=OFF", "-DGPT2CORE_GLOO=OFF",
+                    f"-DPython_EXECUTABLE={sys.executable}", f"-Dpybind11_DIR={pybind11.get_cmake_dir()}"],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", str(build), "--target", "_C"], check=True, stdout=subprocess.DEVNULL)
+    return next(build.glob("_C.*.so"))
+
+
+def compare_native(args, argv):
+    """--compare-native: the installed package as it is, then the same package with its _C replaced by a
+    -march=native build, alternating for --rounds rounds; prints the median ms/step of each and their ratio."""
+    import gpt2core
+
+    native = Path(args.native_module) if args.native_module else build_native_module()
+    child = [a for a in argv if a not in ("--compare-native",)]
+    child = [a for i, a in enumerate(child) if a != "--native-module" and (i == 0 or child[i - 1] != "--native-module")]
+    ms = {"portable": [], "native": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / "gpt2core"  # the installed Python package with the native core in place of _C
+        shutil.copytree(Path(gpt2core.__file__).parent, staged, ignore=shutil.ignore_patterns("_C.*", "__pycache__"))
+        shutil.copy2(native, staged / native.name)
+        for r in range(args.rounds):
+            for label in ms:
+                env = dict(os.environ)
+                if label == "native":
+                    env["PYTHONPATH"] = os.pathsep.join([tmp, env.get("PYTHONPATH", "")])
+                p = subprocess.run([sys.executable, os.path.abspath(__file__), *child], env=env,
+                                   capture_output=True, text=True)
+                if p.returncode:
+                    raise SystemExit(f"bench: the {label} run failed:\n{p.stdout}{p.stderr}")
+                isa = re.search(r"CPU code (\S+)", p.stdout).group(1)
+                ms[label].append(float(re.search(r"^ms/step ([0-9.]+)", p.stdout, re.M).group(1)))
+                print(f"round {r + 1} {label:<8} ({isa}): {ms[label][-1]:.1f} ms/step")
+    port, nat = (float(np.median(v)) for v in ms.values())
+    print(f"portable {port:.1f} ms/step | native {nat:.1f} ms/step (medians of {args.rounds} rounds) | "
+          f"portable / native = {port / nat:.3f}")
+    return {"portable_ms": port, "native_ms": nat, "ratio": port / nat}
+
+
 def launch(argv: list[str], nproc: int, threads: int | None) -> dict:
     """Run this script on `nproc` processes through gpt2core.launch; returns rank 0's figures."""
     from gpt2core import launch as gpt2core_launch
@@ -463,6 +506,8 @@ def main(argv=None):
                                         "--layers", str(cfg.n_layer)]) == 0
     if args.result_json or ("WORLD_SIZE" in os.environ and args.nproc == 1 and not args.scaling):
         return worker(args) or True  # one rank under a launcher (ours, or torchrun scripts/bench.py ...)
+    if args.compare_native:
+        return compare_native(args, argv)
     if args.nproc > 1 or args.scaling:
         return data_parallel(args, argv)
     if not args.ladder:

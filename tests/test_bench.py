@@ -95,3 +95,15 @@ def test_cpu_peak_is_measured_then_cached(tmp_path):
     assert second and second.group(2) == "cached" and second.group(1) == first.group(1)
     again = line.search(bench(*TINY, "--measure-peak", env=env).stdout)
     assert again and again.group(2) == "measured"
+
+
+def test_compare_native_alternates_the_two_builds():
+    """--compare-native runs the installed package and the same package over another _C in alternating child
+    processes and prints both medians and their ratio. Here the "native" module is the installed one (building
+    the -march=native core would cost CI minutes); the real comparison is in the README's figures."""
+    out = bench(*TINY, "--compare-native", "--rounds", "2", "--native-module", _C.__file__).stdout
+    rounds = re.findall(r"^round ([12]) (portable|native)\s+\((\S+)\): ([0-9.]+) ms/step$", out, re.M)
+    assert [(r[0], r[1]) for r in rounds] == [("1", "portable"), ("1", "native"), ("2", "portable"), ("2", "native")], out
+    assert {r[2] for r in rounds} == {_C.cpu_isa()}
+    m = re.search(r"^portable ([0-9.]+) ms/step \| native ([0-9.]+) ms/step .* portable / native = ([0-9.]+)$", out, re.M)
+    assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0 and float(m.group(3)) > 0, out

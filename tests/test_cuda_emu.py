@@ -329,14 +329,14 @@ def test_real_cuda_build_without_gpu_is_a_clear_device_error():
 
 @pytest.mark.slow
 def test_cuda_kernels_compile_without_spills():
-    """The real nvcc build of csrc/cuda for sm_80 and sm_90, and of tests/cuda_compile (the bf16 instantiations):
+    """The real nvcc build of csrc/cuda for sm_75 (T4), sm_80 and sm_90, and of tests/cuda_compile (the bf16 instantiations):
     warnings are errors, no register spills, shared memory within limits (scripts/check_cuda_compile.py reads
     ptxas -v). Needs only the CUDA toolkit."""
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
     if nvcc is None:
         pytest.skip("nvcc not found")
     files = [str(f) for f in sorted(CUDA_SRC.glob("*.cu")) + sorted((ROOT / "tests" / "cuda_compile").glob("*.cu"))]
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_cuda_compile.py"), "--archs", "80,90", "-q",
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_cuda_compile.py"), "--archs", "75,80,90", "-q",
                         "--nvcc", nvcc, "-I", str(ROOT / "csrc"), *files], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
 

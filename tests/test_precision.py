@@ -49,3 +49,16 @@ def test_bench_finds_the_gpu_peak_for_the_precision():
     assert bench.gpu_peak_tflops("NVIDIA H100 PCIe", "tf32") == (378.0, "H100 PCIe")
     assert bench.gpu_peak_tflops("NVIDIA A100-SXM4-80GB", "fp32") == (19.5, "A100")
     assert bench.gpu_peak_tflops("Some Future GPU", "bf16") is None
+
+
+def test_precision_follows_the_gpu_generation():
+    """What a CUDA model picks on each GPU generation (the capability a real GPU would report): bf16 from
+    sm_80 (A100, H100), fp32 on a T4 (sm_75, no bf16 or tf32 tensor cores), where asking for either is refused."""
+    from gpt2core.model import pick_precision
+    assert pick_precision(None, 90) == pick_precision(None, 80) == "bf16"
+    assert pick_precision(None, 75) == "fp32"
+    assert pick_precision(None, 90, dtype="float64") == "fp32"
+    assert pick_precision("tf32", 86) == "tf32" and pick_precision("fp32", 75) == "fp32"
+    for p in ("bf16", "tf32"):
+        with pytest.raises(DeviceError, match=rf"precision='{p}' needs an sm_80\+ GPU .* sm_75"):
+            pick_precision(p, 75)

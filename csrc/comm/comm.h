@@ -29,7 +29,9 @@ enum class ReduceOp { Sum, Avg };
 // Any failure of the process group: a peer that died (connection reset), a timeout (a peer that hangs
 // or never arrived), a rendezvous that could not complete. The message names the operation, this rank
 // and, where known, the peer.
-class DistError : public std::runtime_error {
+// Default visibility: thrown in gpt2core._C_cuda (NCCL) and caught by type in gpt2core._C, two modules built with
+// hidden symbols, where the type must be the same one.
+class __attribute__((visibility("default"))) DistError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };

@@ -1,5 +1,7 @@
 // CPU backend ops: the reference every other backend is checked against.
 // Templated on the scalar type: float for training, double for finite-difference tests.
+// Compiled once per instruction-set variant (backend_cpu_impl.h), each in its own namespace
+// gpt2::cpu::GPT2CORE_CPU_ISA, so that the variants' copies never meet at link time.
 // Conventions (as in llm.c): outputs first, then inputs, then sizes; backward ops ACCUMULATE (+=)
 // into parameter gradients and into dinp, so callers zero gradients once per optimizer step.
 #pragma once
@@ -10,7 +12,11 @@
 
 #include "cpu/blas.h"
 
-namespace gpt2::cpu {
+#ifndef GPT2CORE_CPU_ISA
+#error "cpu/ops.h is included by cpu/backend_cpu_impl.h, which names the variant's namespace"
+#endif
+
+namespace gpt2::cpu::GPT2CORE_CPU_ISA {
 
 // exp for the hot loops (softmax, cross-entropy, GELU): Cephes' expf (range reduction by ln 2, a
 // degree-5 polynomial, 2^n built in the exponent bits), about 1 ulp from expf over [-87, 88], and
@@ -305,4 +311,4 @@ void crossentropy_backward_inplace(T* logits, const T* lse, const int32_t* targe
   }
 }
 
-}  // namespace gpt2::cpu
+}  // namespace gpt2::cpu::GPT2CORE_CPU_ISA

@@ -20,7 +20,7 @@ def _preload_blas() -> None:
 
 _preload_blas()
 
-from . import _C  # noqa: E402
+from . import _build_config, _C, _cuda  # noqa: E402  (_C: no CUDA library; _cuda loads the CUDA backend on use)
 from .config import GPT2Config, PRESETS  # noqa: E402
 from .model import GPT2  # noqa: E402
 
@@ -28,8 +28,16 @@ __version__ = _C.build_info()["version"]
 
 
 def build_info() -> dict:
-    """What the compiled core contains: version, backends, BLAS, CUDA archs, cuDNN, NCCL."""
-    return dict(_C.build_info())
+    """What was compiled (version, backends, BLAS, CPU code, CUDA archs and version, cuDNN, NCCL, Gloo) and, in a
+    build with the CUDA backend, the NVIDIA libraries it loaded ("cuda_libraries", name -> path) or why it could
+    not ("cuda_error")."""
+    info = dict(_C.build_info(), cuda_version=_build_config.CUDA_VERSION)
+    if info["cuda"]:
+        try:
+            info["cuda_libraries"] = {f.name: f.path for f in _cuda.load()}
+        except ImportError as e:
+            info["cuda_error"] = str(e)
+    return info
 
 
 # Subpackages reachable as gpt2core.tokenizer etc. after a plain `import gpt2core`, imported on first use

@@ -1,3 +1,5 @@
-from .train import main
+import sys
 
-main()
+from .train import cli
+
+sys.exit(cli())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 
@@ -45,5 +46,12 @@ def main(argv=None) -> list[str]:
     return texts
 
 
+def cli(argv=None) -> int:
+    """The console script `gpt2core-generate`: exit status 0 after a successful run (main() returns the
+    texts to Python callers)."""
+    main(argv)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

@@ -41,6 +41,18 @@ def _check_device(device: str) -> str:
     raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
 
 
+def pick_precision(precision: str | None, capability: int, dtype: str = "float32") -> str:
+    """The precision a CUDA model of this dtype runs in on a GPU of compute capability `capability`
+    (major*10+minor). None picks bf16 where bf16 tensor cores exist (sm_80+: A100, A10, L4, H100), else fp32
+    (T4, sm_75). bf16 and tf32 asked for on an older GPU are refused: it has neither."""
+    if precision is None:
+        return "bf16" if capability >= 80 and dtype == "float32" else "fp32"
+    if precision in ("bf16", "tf32") and capability < 80:
+        raise DeviceError(f"precision={precision!r} needs an sm_80+ GPU (A100, A10, L4, H100); this one is "
+                          f"sm_{capability}: use precision='fp32' (or None, which picks it)")
+    return precision
+
+
 def as_tokens(a, name: str) -> np.ndarray:
     """Integer array-like -> C-contiguous int32 (B, T), the form the core reads. The ids themselves (0..V-1; in
     targets also -1 or -100 for an ignored position) are validated once, by the core's binding; this only makes sure the cast to int32
@@ -70,7 +82,7 @@ class GPT2:
                  attention: str | None = None, fused: bool = True):
         """precision: "fp32"; "tf32" (CUDA: TF32 tensor-core matmuls); "bf16" (CUDA: bf16 weights copy and
         activations, fp32 master weights, gradients, AdamW state, softmax and loss). None picks bf16 on a
-        GPU with bf16 tensor cores (sm_80+) and fp32 elsewhere. attention (CUDA): "auto" (default: cuDNN's
+        GPU with bf16 tensor cores (sm_80+) and fp32 elsewhere (T4, sm_75, refuses bf16 and tf32). attention (CUDA): "auto" (default: cuDNN's
         fused attention for bf16 when it checks out, else "flash"), "flash" (never materialises T x T), "cudnn"
         or "naive" (the materialised rung of the speed ladder); the CPU backend always materialises attention.
         fused (CUDA): residual + layernorm in one kernel and GELU in the matmul epilogues (False: the separate
@@ -92,11 +104,9 @@ class GPT2:
         self.device = _check_device(device)
         if dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64' (float64 is for tests), got {dtype!r}")
-        if precision is None:
-            precision = "fp32"
-            if self.device != "cpu" and dtype == "float32":
-                index = int(self.device.partition(":")[2] or 0)
-                precision = "bf16" if _C.cuda_capability(index) >= 80 else "fp32"
+        if self.device != "cpu":
+            precision = pick_precision(precision, _C.cuda_capability(int(self.device.partition(":")[2] or 0)), dtype)
+        precision = precision or "fp32"
         if precision == "bf16" and dtype != "float32":
             raise ValueError("precision='bf16' keeps float32 master weights: use dtype='float32'")
         self.precision = precision

@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -381,5 +382,12 @@ def main(argv=None) -> dict:
         raise SystemExit(f"gpt2core-train: {e}") from e
 
 
+def cli(argv=None) -> int:
+    """The console script `gpt2core-train`: exit status 0 after a successful run (main() returns the last
+    step's metrics to Python callers; a console script would hand them to sys.exit as an error)."""
+    main(argv)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

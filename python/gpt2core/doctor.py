@@ -1,0 +1,186 @@
+"""Self-check, the first command on a new machine, GPU box or Colab runtime:
+
+    python -m gpt2core.doctor            (console script: gpt2core-doctor)
+
+Prints what was compiled, every library found (path and version), the GPU (name, compute capability, driver,
+memory) or why there is none, the precision and attention a model would pick, then checks correctness on
+every available device (a few AdamW steps of a tiny model: the CPU against float64, a GPU against the CPU)
+and, on a GPU, measures speed for --seconds (tokens/s and MFU on GPT-2 124M). Exit status 0 when every check
+passes, 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+# loss tolerance of a device against the CPU after a few steps, by precision: fp32 summation order ~1e-5;
+# tf32 matmuls keep 10 mantissa bits (~1e-3); bf16 activations 8 bits (~1e-2)
+LOSS_RTOL = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 3e-2}
+
+
+def _mapped(fragment: str) -> str | None:
+    """The path of a loaded shared library whose file name contains `fragment` (from /proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                if path.startswith("/") and fragment in os.path.basename(path):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def gpu_facts(index: int = 0) -> dict:
+    """Driver version and memory from nvidia-smi (absent on machines without an NVIDIA driver)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return {}
+    q = subprocess.run([smi, f"--id={index}", "--query-gpu=name,driver_version,memory.total",
+                        "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+    parts = [p.strip() for p in q.stdout.strip().split(",")]
+    return dict(zip(("name", "driver", "memory"), parts)) if q.returncode == 0 and len(parts) == 3 else {}
+
+
+def report_build(out) -> dict:
+    import gpt2core
+    from gpt2core import _C
+    info = gpt2core.build_info()
+    out(f"gpt2core {info['version']} ({os.path.dirname(gpt2core.__file__)})")
+    archs = ",".join(info["cuda_archs"]) if info["cuda"] else "-"
+    out(f"  compiled: backends {', '.join(info['backends'])} | CUDA archs {archs} | "
+        f"cuDNN {'yes' if info['cudnn'] else 'no'} (SDPA attention {'yes' if info['cudnn_sdpa'] else 'no'}) | "
+        f"NCCL {'yes' if info['nccl'] else 'no'} | Gloo {'yes' if info['gloo'] else 'no'}")
+    out(f"  CPU code: {info['cpu_isa']} (variants this CPU runs: {', '.join(_C.cpu_isas())}) | "
+        f"OpenMP threads {_C.get_num_threads()}")
+    return info
+
+
+def report_libraries(out, info) -> None:
+    """Every shared library the package loaded or needs: path and version; a CUDA backend that cannot be loaded
+    says why (the CPU still works, so that is not a failed check)."""
+    from gpt2core import _build_config, _cuda, _libs
+    out("libraries:")
+    blas = _mapped("libscipy_openblas.so" if info["blas"].startswith("scipy-openblas") else "blas")
+    out(f"  BLAS     {info['blas']}: {blas or 'linked statically'}")
+    out(f"  OpenMP   {_mapped('libgomp') or _mapped('libomp') or 'not found in the process'}")
+    if info["gloo"]:
+        out(f"  Gloo     {_mapped('libgloo') or 'linked statically'}")
+    if not _build_config.CUDA_LIBRARIES:
+        out("  CUDA     none: this build has no CUDA backend")
+        return
+    try:
+        found = _cuda.load()
+    except ImportError as e:
+        out(f"  CUDA     not loaded: {e}")
+        return
+    for f in found:
+        out(f"  {f.name:<8} {f.version:<12} {f.source:<6} {f.path}")
+
+
+def report_gpu(out) -> list[str]:
+    """The CUDA device a model uses by default (["cuda"]) after printing it, or [] after printing why none."""
+    from gpt2core import _C
+    from gpt2core import _libs
+    why = _C.cuda_status()
+    if why:
+        drv = _libs.driver()
+        out(f"GPU: none usable ({why})" if drv else "GPU: none usable (no NVIDIA driver: libcuda.so.1 not found)")
+        return []
+    from gpt2core.model import pick_precision
+    cap = _C.cuda_capability(0)
+    facts = gpu_facts(0)
+    out(f"GPU cuda:0: {_C.cuda_device_name(0)} | sm_{cap} | driver {facts.get('driver', '?')} | "
+        f"memory {facts.get('memory', '?')} | a model picks precision {pick_precision(None, cap)}, attention auto "
+        f"(cuDNN SDPA where it checks out, else gpt2core's flash kernels)")
+    return ["cuda"]
+
+
+def _train(device: str, dtype: str = "float32", steps: int = 4) -> tuple[list[float], str]:
+    from gpt2core import GPT2, GPT2Config
+    cfg = GPT2Config(block_size=32, vocab_size=97, padded_vocab_size=128, n_layer=2, n_head=2, n_embd=32)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, cfg.vocab_size, (4, 32), dtype=np.int32)
+    y = np.roll(x, -1, axis=1)  # learnable: predict the next token of a fixed batch
+    m = GPT2(cfg, device=device, seed=0, dtype=dtype)
+    losses = []
+    for _ in range(steps):
+        m.zero_grad()
+        losses.append(float(m.forward(x, y)))
+        m.backward()
+        m.step(lr=1e-2)
+    return losses, m.precision
+
+
+def check_correctness(out, devices: list[str]) -> bool:
+    """CPU (fp32) against float64, then each GPU against the CPU: the loss of 4 AdamW steps of a tiny model."""
+    ok = True
+    ref, _ = _train("cpu", "float64")
+    cpu, _ = _train("cpu")
+    runs = [("cpu", cpu, "fp32", ref, "float64")] + [(d, *_train(d), cpu, "cpu fp32") for d in devices]
+    for device, losses, precision, want, against in runs:
+        err = max(abs(a - b) / abs(b) for a, b in zip(losses, want))
+        good = err <= LOSS_RTOL[precision] and losses[-1] < losses[0]
+        ok &= good
+        out(f"check {device} ({precision}): 4 training steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
+            f"max relative difference to {against} {err:.1e} (tolerance {LOSS_RTOL[precision]:.0e}): "
+            f"{'OK' if good else 'FAIL'}")
+    return ok
+
+
+def speed_probe(out, device: str, seconds: float) -> None:
+    """GPT-2 124M (d12), B=8 T=1024, as many steps as fit in `seconds` after two warm-up steps."""
+    from gpt2core import GPT2, PRESETS, _C
+    from gpt2core.perf import gpu_peak_tflops
+    cfg = PRESETS["d12"]
+    B, T = 8, 1024
+    m = GPT2(cfg, device=device, seed=0)
+    x = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, T), dtype=np.int32)
+    steps, t0 = 0, None
+    while t0 is None or time.perf_counter() - t0 < seconds:
+        m.zero_grad()
+        m.forward(x, x)
+        m.backward()
+        m.step(lr=1e-4)
+        steps += 1
+        if steps == 2:  # forward returns the loss: each step ends synchronised with the GPU
+            steps, t0 = 0, time.perf_counter()
+    dt = (time.perf_counter() - t0) / steps
+    tps = B * T / dt
+    tflops = tps * cfg.flops_per_token(T) / 1e12
+    name = _C.cuda_device_name(int(device.partition(":")[2] or 0))
+    peak = gpu_peak_tflops(name, m.precision)
+    mfu = f"MFU {100 * tflops / peak[0]:.1f}% of {peak[0]:.0f} TFLOP/s ({peak[1]} {m.precision})" if peak else "MFU ?"
+    out(f"speed {device}: d12 B={B} T={T} {m.precision}: {dt * 1e3:.1f} ms/step, {tps:,.0f} tokens/s, "
+        f"{tflops:.1f} TFLOP/s, {mfu}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="gpt2core-doctor", description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=20.0, help="length of the GPU speed probe (0: skip it)")
+    args = ap.parse_args(argv)
+
+    def out(line: str) -> None:
+        print(line, flush=True)
+
+    out(f"python {sys.version.split()[0]} | numpy {np.__version__} | {sys.platform}")
+    info = report_build(out)
+    report_libraries(out, info)
+    devices = report_gpu(out) if "cuda" in info["backends"] else []
+    if "cuda" not in info["backends"]:
+        out("GPU: this build has no CUDA backend (pip install on a machine with the CUDA toolkit, or from a wheel)")
+    ok = check_correctness(out, devices)
+    for d in devices if args.seconds > 0 else []:
+        speed_probe(out, d, args.seconds)
+    out("all checks passed" if ok else "SOME CHECKS FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

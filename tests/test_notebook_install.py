@@ -1,0 +1,58 @@
+"""The install cell at the top of notebooks/quickstart.ipynb: a no-op where gpt2core imports; elsewhere one pip
+command whose CUDA extra follows the driver's CUDA version (nvidia-smi) and whose build targets the GPU's arch.
+nvidia-smi is a stand-in script on PATH; pip is recorded, not run."""
+import importlib.util
+import json
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+CELLS = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb").read_text())["cells"]
+CELL = "".join(next(c for c in CELLS if c.get("id") == "install")["source"])
+
+
+def run_cell(monkeypatch, tmp_path, smi_output=None, installed=False):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    if smi_output is not None:
+        smi = bindir / "nvidia-smi"
+        smi.write_text("#!/bin/sh\n"  # sh builtins only: PATH holds nothing else
+                       f"case \"$1\" in --query-gpu=compute_cap) echo 7.5;; *) echo '{smi_output}';; esac\n")
+        smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(bindir))
+    if not installed:
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    pips, real_run = [], subprocess.run
+
+    def fake_run(cmd, **kw):
+        if "pip" in cmd:
+            pips.append((cmd, kw.get("env") or {}))
+            return subprocess.CompletedProcess(cmd, 0, "", "")
+        return real_run(cmd, **kw)
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    exec(compile(CELL, "install-cell", "exec"), {})
+    return pips
+
+
+def test_the_install_cell_comes_first():
+    assert [c.get("id") for c in CELLS if c["cell_type"] == "code"][0] == "install"
+
+
+def test_cell_is_a_no_op_where_gpt2core_imports(monkeypatch, tmp_path):
+    assert "pip" in CELL and run_cell(monkeypatch, tmp_path, "CUDA Version: 12.4", installed=True) == []
+
+
+@pytest.mark.parametrize("driver, extra", [("12.4", "[cuda12]"), ("13.0", "[cuda13]")])
+def test_extra_follows_the_driver_and_the_build_targets_the_gpu(monkeypatch, tmp_path, driver, extra):
+    smi = f"| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: {driver}     |\n| Tesla T4 ..."
+    (cmd, env), = run_cell(monkeypatch, tmp_path, smi)
+    assert cmd[1:4] == ["-m", "pip", "install"] and cmd[-1].endswith("gpt2core" + extra), cmd
+    assert env["GPT2CORE_CUDA_ARCHS"] == "75"
+
+
+def test_without_a_gpu_it_installs_the_cpu_package(monkeypatch, tmp_path):
+    monkeypatch.delenv("GPT2CORE_CUDA_ARCHS", raising=False)
+    (cmd, env), = run_cell(monkeypatch, tmp_path, smi_output=None)
+    assert cmd[-1].endswith("gpt2core") and "GPT2CORE_CUDA_ARCHS" not in env
