@@ -30,8 +30,8 @@ template void matmul_backward<X>(X*, float*, float*, const X*, const X*, const X
                                  cudaStream_t);
 template void matmul_backward_weights<X>(float*, float*, const X*, const X*, float*, int, int, int, bool,
                                          cudaStream_t);
-template void matmul_gelu_forward<X>(X*, X*, const X*, const X*, const X*, int, int, int, bool, cudaStream_t);
-template void gelu_matmul_backward<X>(X*, float*, float*, const X*, const X*, const X*, const X*, float*, int, int,
+template bool matmul_gelu_forward<X>(X*, X*, const X*, const X*, const X*, int, int, int, bool, cudaStream_t);
+template bool gelu_matmul_backward<X>(X*, float*, float*, const X*, const X*, const X*, const X*, float*, int, int,
                                       int, bool, cudaStream_t);
 template void column_sum_accumulate<X>(float*, const X*, float*, int, int, cudaStream_t);
 template void gelu_forward<X>(X*, const X*, size_t, cudaStream_t);
