@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from gpt2core import GPT2, GPT2Config, _C
+from gpt2core import GPT2, GPT2Config, _C, llmc, load_model
 from gpt2core import checkpoint as ck
 from gpt2core.checkpoint import CheckpointError
 
@@ -39,12 +39,12 @@ def logits(m, x):
 def test_v3_roundtrip_gives_identical_logits(tmp_path):
     m = random_model()
     x = batch()
-    path = ck.save_model(m, tmp_path / "m.bin")
+    path = llmc.save_model(m, tmp_path / "m.bin")
     h = np.fromfile(path, dtype="<i4", count=256)
     assert list(h[:8]) == [20240326, 3, 16, 97, 2, 2, 32, 128]
     assert path.stat().st_size == 1024 + 4 * CFG.num_parameters()
-    m2 = ck.load_model(path)
-    assert m2.config == CFG and ck.read_model_header(path) == CFG
+    m2 = load_model(path)
+    assert m2.config == CFG and llmc.read_model_header(path) == CFG
     for name in _C.param_names():
         np.testing.assert_array_equal(m2.params[name], m.params[name])
     np.testing.assert_array_equal(logits(m2, x), logits(m, x))
@@ -75,21 +75,21 @@ def test_bf16_rounds_to_nearest_even():
                      one + 2**-8 + 2**-20,      # just above the halfway point -> up
                      -(one + 2**-8), -(one + 3 * 2**-8), 3.14159265, -0.1, 0.0, 1e-30],
                     dtype=np.float32)
-    got = ck.bf16_to_float32(ck.float32_to_bf16(vals))
+    got = llmc.bf16_to_float32(llmc.float32_to_bf16(vals))
     np.testing.assert_array_equal(got[:5], np.array([1.0, 1 + 2**-6, 1 + 2**-7, -1.0, -(1 + 2**-6)], np.float32))
     np.testing.assert_array_equal(got, bf16_reference(vals))
     rnd = np.random.default_rng(0).standard_normal(2000).astype(np.float32)
-    np.testing.assert_array_equal(ck.bf16_to_float32(ck.float32_to_bf16(rnd)), bf16_reference(rnd))
-    assert np.isnan(ck.bf16_to_float32(ck.float32_to_bf16(np.array([np.nan], np.float32))))[0]
+    np.testing.assert_array_equal(llmc.bf16_to_float32(llmc.float32_to_bf16(rnd)), bf16_reference(rnd))
+    assert np.isnan(llmc.bf16_to_float32(llmc.float32_to_bf16(np.array([np.nan], np.float32))))[0]
 
 
 def test_v5_bf16_export_import(tmp_path):
     m = random_model()
     x = batch()
-    p5 = ck.save_model(m, tmp_path / "m5.bin", dtype="bfloat16")
+    p5 = llmc.save_model(m, tmp_path / "m5.bin", dtype="bfloat16")
     assert np.fromfile(p5, dtype="<i4", count=2)[1] == 5
     assert p5.stat().st_size == 1024 + 2 * CFG.num_parameters()
-    m5 = ck.load_model(p5)
+    m5 = load_model(p5)
     # the imported weights are exactly the RNE-rounded fp32 weights...
     rounded = random_model()
     for name in _C.param_names():
@@ -98,9 +98,9 @@ def test_v5_bf16_export_import(tmp_path):
         np.testing.assert_array_equal(m5.params[name], r)
     np.testing.assert_array_equal(logits(m5, x), logits(rounded, x))
     # ... so a second export gives the same bytes, and its import the same logits
-    p5b = ck.save_model(m5, tmp_path / "m5b.bin", dtype="bf16")
+    p5b = llmc.save_model(m5, tmp_path / "m5b.bin", dtype="bf16")
     assert p5b.read_bytes() == p5.read_bytes()
-    np.testing.assert_array_equal(logits(ck.load_model(p5b), x), logits(m5, x))
+    np.testing.assert_array_equal(logits(load_model(p5b), x), logits(m5, x))
     # bf16 keeps ~3 significant digits: logits move, but only a little
     assert np.abs(logits(m5, x) - logits(m, x)).max() < 0.1
 
@@ -108,7 +108,7 @@ def test_v5_bf16_export_import(tmp_path):
 def test_padded_rows_and_unpadded_vocab(tmp_path):
     cfg = CFG.replace(padded_vocab_size=97)  # no padding at all
     m = random_model(3, cfg)
-    m2 = ck.load_model(ck.save_model(m, tmp_path / "u.bin"))
+    m2 = load_model(llmc.save_model(m, tmp_path / "u.bin"))
     assert m2.config.padded_vocab_size == 97
     np.testing.assert_array_equal(logits(m2, batch(config=cfg)), logits(m, batch(config=cfg)))
 
@@ -122,7 +122,7 @@ def _write(path, header, body):
 
 @pytest.fixture()
 def good_file(tmp_path):
-    return ck.save_model(random_model(), tmp_path / "good.bin")
+    return llmc.save_model(random_model(), tmp_path / "good.bin")
 
 
 @pytest.mark.parametrize("case,needle", [
@@ -146,7 +146,7 @@ def test_bad_model_files_name_the_file_and_problem(tmp_path, good_file, case, ne
     elif case == "truncated":
         path.write_bytes(raw[:-4])
     elif case == "truncated_v5":
-        raw5 = ck.save_model(random_model(), tmp_path / "v5.bin", dtype="bf16").read_bytes()
+        raw5 = llmc.save_model(random_model(), tmp_path / "v5.bin", dtype="bf16").read_bytes()
         path.write_bytes(raw5[:len(raw5) // 2])
     elif case == "too_long":
         path.write_bytes(raw + b"\0" * 8)
@@ -160,7 +160,7 @@ def test_bad_model_files_name_the_file_and_problem(tmp_path, good_file, case, ne
     elif case == "directory":
         path.mkdir()  # a directory with neither manifest nor config.json
     with pytest.raises(CheckpointError) as e:
-        ck.load_model(path)
+        load_model(path)
     assert str(path) in str(e.value) and needle in str(e.value), str(e.value)
     if case == "nan":
         assert "lnfb" in str(e.value)
@@ -168,15 +168,15 @@ def test_bad_model_files_name_the_file_and_problem(tmp_path, good_file, case, ne
 
 def test_missing_file(tmp_path):
     with pytest.raises(CheckpointError, match="no such file"):
-        ck.load_model(tmp_path / "nope.bin")
+        load_model(tmp_path / "nope.bin")
 
 
 def test_save_model_is_atomic(tmp_path):
     m = random_model()
-    path = ck.save_model(m, tmp_path / "m.bin")
+    path = llmc.save_model(m, tmp_path / "m.bin")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.bin"]
     with pytest.raises(ValueError, match="dtype"):
-        ck.save_model(m, path, dtype="float16")
+        llmc.save_model(m, path, dtype="float16")
 
 
 # ------------------------------------------------------------------------------------ checkpoint dirs
@@ -220,7 +220,7 @@ def test_checkpoint_roundtrip_restores_everything(tmp_path):
     assert np.abs(v2["qkvw"]).max() > 0  # the state really was non-trivial
     x = batch(6)
     # load_model on a checkpoint directory gives the weights
-    np.testing.assert_array_equal(logits(ck.load_model(d), x), logits(m, x))
+    np.testing.assert_array_equal(logits(load_model(d), x), logits(m, x))
     # one more identical step on both gives identical weights (the optimizer state is complete)
     for mm in (m, fresh):
         mm.zero_grad()

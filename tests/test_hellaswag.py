@@ -280,10 +280,9 @@ def test_data_cli(tmp_path, capsys):
 
 def test_evaluate_cli_on_checkpoint(tmp_path, capsys):
     gpt2core = pytest.importorskip("gpt2core")
-    checkpoint = pytest.importorskip("gpt2core.checkpoint")
     from gpt2core.eval import main
     path = tmp_path / "m.bin"
-    checkpoint.save_model(gpt2core.GPT2("tiny", seed=1), path)
+    gpt2core.GPT2("tiny", seed=1).save(path)
     assert main(["hellaswag", "--checkpoint", str(path), "--data", str(SUBSET), "--limit", "8",
                  "--no-progress"]) == 0
     out = capsys.readouterr().out

@@ -11,9 +11,9 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from gpt2core import GPT2, GPT2Config, hf
+from gpt2core import GPT2, GPT2Config, llmc, load_model, pretrained
 from gpt2core import checkpoint as ck
-from gpt2core.checkpoint import CheckpointError
+from gpt2core.llmc import CheckpointError
 
 L, NH, C, V, NPOS = 2, 2, 32, 97, 16
 HF_CONFIG = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": V, "n_positions": NPOS,
@@ -81,7 +81,7 @@ def write_hf_dir(d, sd, writer="gpt2core", config=None):
         st = pytest.importorskip("safetensors.numpy")
         st.save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
     else:
-        hf.write_safetensors(d / "model.safetensors", sd, metadata={"format": "pt"})
+        pretrained.write_safetensors(d / "model.safetensors", sd, metadata={"format": "pt"})
     return d
 
 
@@ -117,7 +117,7 @@ def test_save_pretrained_round_trip(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     for k in ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions", "activation_function", "model_type"):
         assert cfg[k] == HF_CONFIG[k], k
-    back = hf.read_safetensors(out / "model.safetensors")
+    back = pretrained.read_safetensors(out / "model.safetensors")
     expected = {k: v for k, v in sd.items() if not k.endswith(".attn.bias")}
     assert sorted(back) == sorted(expected)  # HF names, no lm_head (tied), no padded rows
     for k, v in expected.items():
@@ -152,8 +152,8 @@ def test_transformers_logits_match(tmp_path):
 def test_llmc_export_of_hf_model(tmp_path):
     m = GPT2.from_pretrained(write_hf_dir(tmp_path / "hf", hf_state(4)))
     p = m.save(tmp_path / "m.bin")
-    np.testing.assert_array_equal(our_logits(ck.load_model(p)), our_logits(m))
-    assert ck.read_model_header(p).padded_vocab_size == 128
+    np.testing.assert_array_equal(our_logits(load_model(p)), our_logits(m))
+    assert llmc.read_model_header(p).padded_vocab_size == 128
 
 
 # ------------------------------------------------------------------------------------ pytorch_model.bin

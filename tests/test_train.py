@@ -5,7 +5,7 @@ import math
 import pytest
 
 from gpt2core import train
-from gpt2core.checkpoint import load_model
+from gpt2core import load_model
 from gpt2core.data import shakespeare
 
 

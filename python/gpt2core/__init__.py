@@ -22,7 +22,7 @@ _preload_blas()
 
 from . import _C  # noqa: E402
 from .config import GPT2Config, PRESETS  # noqa: E402
-from .model import GPT2  # noqa: E402
+from .model import GPT2, load_model  # noqa: E402
 
 __version__ = _C.build_info()["version"]
 
@@ -32,4 +32,4 @@ def build_info() -> dict:
     return dict(_C.build_info())
 
 
-__all__ = ["GPT2", "GPT2Config", "PRESETS", "build_info", "__version__"]
+__all__ = ["GPT2", "GPT2Config", "PRESETS", "build_info", "load_model", "__version__"]

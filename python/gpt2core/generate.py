@@ -7,7 +7,8 @@ import argparse
 import numpy as np
 
 from . import tokenizer
-from .checkpoint import CheckpointError, load_model
+from .llmc import CheckpointError
+from .model import load_model
 
 
 def main(argv=None) -> list[str]:

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from . import _C
+from . import _C, llmc, pretrained
 from .config import GPT2Config, get_preset
 
 # the tensors that are residual projections: init scaled by 1/sqrt(2 * n_layer) (GPT-2 paper, sec. 2.3)
@@ -176,25 +176,26 @@ class GPT2:
         """AdamW first and second moments by name (numpy views)."""
         return self._m.adam_m(), self._m.adam_v()
 
-    # ------------------------------------------------------------------ interop (gpt2core.checkpoint, .hf)
+    # ------------------------------------------------------------------ files (llmc.py, pretrained.py)
     @classmethod
     def from_pretrained(cls, path, device: str = "cpu", padded_vocab_size: int | None = None) -> "GPT2":
         """Load a Hugging Face GPT-2 directory (config.json + model.safetensors or pytorch_model.bin), a
         Hub name such as "gpt2" (needs huggingface_hub and network), an llm.c model file (v3/v5) or a
-        gpt2core checkpoint directory. padded_vocab_size: for HF models (default: vocab rounded up to 128)."""
-        from .checkpoint import load_model
-        return load_model(path, device=device, padded_vocab_size=padded_vocab_size)
+        gpt2core checkpoint directory (weights only). padded_vocab_size: for HF models (default: vocab
+        rounded up to 128). Problems raise CheckpointError naming the file."""
+        config, flat, source = pretrained.read_weights(path, padded_vocab_size)
+        model = cls(config, device=device, init=False)
+        llmc.fill_params(model, flat, source)
+        return model
 
     def save_pretrained(self, path):
         """Write a Hugging Face GPT-2 directory (config.json + model.safetensors) that transformers'
         GPT2LMHeadModel.from_pretrained loads; the padded vocab rows are dropped."""
-        from .hf import save_pretrained
-        return save_pretrained(self, path)
+        return pretrained.save_pretrained(self, path)
 
     def save(self, path, dtype: str = "float32"):
         """Write an llm.c model file: dtype "float32" (version 3) or "bfloat16" (version 5)."""
-        from .checkpoint import save_model
-        return save_model(self, path, dtype=dtype)
+        return llmc.save_model(self, path, dtype=dtype)
 
     # ------------------------------------------------------------------ compute
     def forward(self, idx, targets=None, return_logits: bool = False):
@@ -279,3 +280,8 @@ class GPT2:
             nxt = np.array([top[b, rng.choice(k, p=probs[b])] for b in range(x.shape[0])], dtype=np.int32)
             x = np.concatenate([x, nxt[:, None]], axis=1)
         return x
+
+
+def load_model(path, device: str = "cpu", padded_vocab_size: int | None = None) -> GPT2:
+    """A GPT2 from any model file, checkpoint or Hugging Face source: GPT2.from_pretrained."""
+    return GPT2.from_pretrained(path, device=device, padded_vocab_size=padded_vocab_size)

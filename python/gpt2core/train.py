@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _C, tokenizer
 from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints, load_checkpoint,
-                         prune_checkpoints, save_checkpoint, save_model)
+                         prune_checkpoints, save_checkpoint)
 from .config import PRESETS, get_preset
 from .data.loader import DataLoader
 from .distributed import from_env
@@ -358,7 +358,7 @@ class Trainer:
             if every and ((step + 1) % every == 0 or last_step):
                 self.save_checkpoint(step + 1)
         if self.dist.is_master:
-            path = save_model(m, self.out / "model.bin")
+            path = m.save(self.out / "model.bin")
             self.log(f"saved {path}")
             self.log(f"sample: {self.sample()!r}")
         return last

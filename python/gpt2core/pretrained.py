@@ -1,6 +1,12 @@
-"""Hugging Face GPT-2 interop: read and write the directories of `transformers`' GPT2LMHeadModel.
+"""Pretrained weights from any source, and Hugging Face GPT-2 interop.
 
-A directory holds config.json (model_type "gpt2": vocab_size, n_positions, n_embd, n_layer, n_head)
+`read_weights(path)` reads whatever it is given into (GPT2Config, one flat fp32 vector in
+`_C.param_names()` order): an llm.c model file (v3 or v5, llmc.py), a training checkpoint directory
+(checkpoint.py, after checking its manifest), a Hugging Face GPT-2 directory, or a Hugging Face Hub name
+such as "gpt2" (through huggingface_hub, when it is installed). `GPT2.from_pretrained` (model.py) builds a
+model from them.
+
+Hugging Face directories are those of `transformers`' GPT2LMHeadModel. A directory holds config.json (model_type "gpt2": vocab_size, n_positions, n_embd, n_layer, n_head)
 and the weights in model.safetensors (preferred) or pytorch_model.bin. Keys are
 `[transformer.]wte.weight`, `wpe.weight`, `h.{i}.ln_1.{weight,bias}`, `h.{i}.attn.c_attn.{weight,bias}`,
 `h.{i}.attn.c_proj...`, `h.{i}.ln_2...`, `h.{i}.mlp.c_fc...`, `h.{i}.mlp.c_proj...`, `ln_f...`, and
@@ -29,8 +35,9 @@ import numpy as np
 
 from . import _C
 from ._io import atomic_write
-from .checkpoint import CheckpointError, _fill_params, bf16_to_float32
+from .checkpoint import MANIFEST, load_checkpoint
 from .config import GPT2Config
+from .llmc import CheckpointError, bf16_to_float32, read_model
 
 SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
                       "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
@@ -342,10 +349,9 @@ def _hub_download(repo_id: str) -> Path:
     return Path(d)
 
 
-def load_pretrained(path, device: str = "cpu", padded_vocab_size: int | None = None):
-    """A GPT2 from a local HF GPT-2 directory, or a Hub repo id such as "gpt2"."""
-    from .model import GPT2
-
+def read_hf(path, padded_vocab_size: int | None = None) -> tuple[GPT2Config, np.ndarray, Path]:
+    """(config, flat weights, the file they came from) of a local HF GPT-2 directory, or a Hub repo id such
+    as "gpt2"."""
     p = Path(path)
     if not p.exists():
         if not looks_like_hub_id(str(path)):
@@ -374,10 +380,33 @@ def load_pretrained(path, device: str = "cpu", padded_vocab_size: int | None = N
         wpath, sd = p, {}
         for s in shards:
             sd.update(read_safetensors(s))
-    flat = state_dict_to_params(sd, config, wpath)
-    model = GPT2(config, device=device, init=False)
-    _fill_params(model, flat, wpath)
-    return model
+    return config, state_dict_to_params(sd, config, wpath), wpath
+
+
+def read_weights(path, padded_vocab_size: int | None = None) -> tuple[GPT2Config, np.ndarray, Path]:
+    """(config, flat fp32 weights in param_names() order, the file they came from) of any supported source:
+
+    * an llm.c model file, version 3 (fp32) or 5 (bf16);
+    * a training checkpoint directory (its model.bin, after checking the manifest);
+    * a Hugging Face GPT-2 directory: config.json + model.safetensors or pytorch_model.bin;
+    * a Hugging Face Hub repo id such as "gpt2" (needs huggingface_hub and network access).
+
+    padded_vocab_size applies to Hugging Face models only (default: vocab rounded up to 128).
+    Problems raise CheckpointError naming the file."""
+    p = Path(path)
+    if p.is_dir():
+        if (p / MANIFEST).exists() or (p / "state.json").exists():
+            ck = load_checkpoint(p)
+            return (*ck.read_weights(), ck.path / "model.bin")
+        if any((p / n).exists() for n in ("config.json", "model.safetensors", "pytorch_model.bin")):
+            return read_hf(p, padded_vocab_size)
+        raise CheckpointError(f"{p}: directory holds neither a gpt2core checkpoint (manifest.json) nor a Hugging "
+                              "Face model (config.json)")
+    if p.exists():
+        return (*read_model(p), p)
+    if looks_like_hub_id(str(path)):
+        return read_hf(str(path), padded_vocab_size)
+    raise CheckpointError(f"{p}: no such file or directory")
 
 
 def save_pretrained(model, path) -> Path:
@@ -391,5 +420,5 @@ def save_pretrained(model, path) -> Path:
     return p
 
 
-__all__ = ["load_pretrained", "save_pretrained", "read_safetensors", "write_safetensors", "read_torch_bin",
+__all__ = ["read_weights", "read_hf", "save_pretrained", "read_safetensors", "write_safetensors", "read_torch_bin",
            "config_from_hf", "config_to_hf", "state_dict_to_params", "params_to_state_dict"]
