@@ -8,7 +8,7 @@
 #   1.6 h on 8x A100, plus evaluation (val + HellaSwag every 250 steps: a few % more). These are
 #   estimates from llm.c, not measurements of gpt2core: the multi-GPU path (NCCL, csrc/dist/comm_nccl.cpp)
 #   is built and wired into the training loop but has not yet run on GPUs; the same loop is tested on CPU
-#   processes over Gloo (tests/test_distributed.py); gpt2core's CUDA throughput is not yet measured.
+#   processes over Gloo (tests/python/test_distributed.py); gpt2core's CUDA throughput is not yet measured.
 #
 # The recipe: 524,288 tokens per step (B=64 x T=1024 per GPU, gradient accumulation as needed), AdamW
 # betas (0.9, 0.95), weight decay 0.1, grad clip 1.0, max LR 6e-4 -> 6e-5 cosine after 715 warmup steps,

@@ -1,5 +1,5 @@
 """The CUDA backend (csrc/cuda) without a GPU: compiled with g++ against the CUDA-on-CPU emulator (csrc/emu)
-into the test-only module gpt2core_cuda_emu (tests/cuda_emu/CMakeLists.txt, built here into build/emu-py,
+into the test-only module gpt2core_cuda_emu (tests/csrc/cuda/cuda_emu/CMakeLists.txt, built here into build/emu-py,
 incrementally), and compared with the CPU backend.
 
 - every op, forward and backward, on odd shapes (B=3, T=37 not a multiple of the 32-row attention tile,
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 BUILD = ROOT / "build" / "emu-py"
 CUDA_SRC = ROOT / "csrc" / "cuda"
 
@@ -43,7 +43,7 @@ def emu():
     if not _cuda_headers_present():
         pytest.skip("NVIDIA's CUDA headers (cuda_bf16.h) not found: the emulated backend compiles against them")
     if not (BUILD / "CMakeCache.txt").exists():
-        subprocess.run(["cmake", "-S", str(ROOT / "tests" / "cuda_emu"), "-B", str(BUILD),
+        subprocess.run(["cmake", "-S", str(ROOT / "tests" / "csrc" / "cuda" / "cuda_emu"), "-B", str(BUILD),
                         "-DCMAKE_BUILD_TYPE=Release", f"-DPython_EXECUTABLE={sys.executable}"],
                        check=True, capture_output=True, text=True)
     r = subprocess.run(["cmake", "--build", str(BUILD), "-j2"], capture_output=True, text=True)
@@ -75,7 +75,7 @@ def test_kernel_names_found():
 def test_ops_match_cpu_and_every_kernel_runs(emu, sched, tmp_path):
     trace = tmp_path / "trace.txt"
     env = dict(os.environ, GPT2CORE_EMU_SCHED=sched, GPT2CORE_EMU_TRACE=str(trace))
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "cuda_emu" / "compare_ops.py"), str(BUILD)],
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "csrc" / "cuda" / "cuda_emu" / "compare_ops.py"), str(BUILD)],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     errors = json.loads(r.stdout.strip().splitlines()[-1])
@@ -279,13 +279,13 @@ def test_real_cuda_build_without_gpu_is_a_clear_device_error():
 
 @pytest.mark.slow
 def test_cuda_kernels_compile_without_spills():
-    """The real nvcc build of csrc/cuda for sm_80 and sm_90, and of tests/cuda_compile (the bf16 instantiations):
+    """The real nvcc build of csrc/cuda for sm_80 and sm_90, and of tests/csrc/cuda/cuda_compile (the bf16 instantiations):
     warnings are errors, no register spills, shared memory within limits (scripts/check_cuda_compile.py reads
     ptxas -v). Needs only the CUDA toolkit."""
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
     if nvcc is None:
         pytest.skip("nvcc not found")
-    files = [str(f) for f in sorted(CUDA_SRC.glob("*.cu")) + sorted((ROOT / "tests" / "cuda_compile").glob("*.cu"))]
+    files = [str(f) for f in sorted(CUDA_SRC.glob("*.cu")) + sorted((ROOT / "tests" / "csrc" / "cuda" / "cuda_compile").glob("*.cu"))]
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_cuda_compile.py"), "--archs", "80,90", "-q",
                         "--nvcc", nvcc, "-I", str(ROOT / "csrc"), *files], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]

@@ -1,5 +1,5 @@
 // oob_probe.cu: a kernel that reads one element past the end of its buffer. Under the ASan build the
-// emulator must report a heap-buffer-overflow in oob_kernel (tests/test_emu.py); it is not run otherwise.
+// emulator must report a heap-buffer-overflow in oob_kernel (tests/csrc/emu/test_emu.py); it is not run otherwise.
 #include "../emu_test.h"
 
 __global__ void oob_kernel(float* out, const float* __restrict__ inp, int n) {

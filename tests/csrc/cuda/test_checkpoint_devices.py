@@ -2,7 +2,7 @@
 (emulated) CUDA backend exactly as on the CPU, and one written by the CUDA backend continues on the CPU.
 
 The CUDA side is the real csrc/cuda backend compiled against csrc/emu (module gpt2core_cuda_emu, built
-by tests/test_cuda_emu.py's fixture); the checkpoint code is the package's own, unchanged."""
+by tests/csrc/cuda/test_cuda_emu.py's fixture); the checkpoint code is the package's own, unchanged."""
 import numpy as np
 import pytest
 

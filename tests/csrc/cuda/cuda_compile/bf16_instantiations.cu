@@ -2,7 +2,7 @@
 // csrc/cuda for the bf16 storage type (and the float launchers backend_cuda.cu does not call yet), so
 // `scripts/check_cuda_compile.py` sees their kernels through ptxas: warnings as errors, no register spills.
 //
-//   python scripts/check_cuda_compile.py --archs 80,90 -I csrc tests/cuda_compile/bf16_instantiations.cu
+//   python scripts/check_cuda_compile.py --archs 80,90 -I csrc tests/csrc/cuda/cuda_compile/bf16_instantiations.cu
 #include "cuda/adamw.cuh"
 #include "cuda/classifier.cuh"
 #include "cuda/encoder.cuh"

@@ -16,7 +16,7 @@ from gpt2core.data.shards import write_shard
 from gpt2core.evaluate import evaluate_loss, score_hellaswag
 from gpt2core.tokenizer import get_encoding
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 # copies in tests/data (see data/SOURCES.md): the first 120 items of the 1000-item jsonl sample and the
 # first 3 items of the 6-line text file; the whole files live in shared/data/hellaswag
 SUBSET = HERE / "data" / "hellaswag_val_120.jsonl"

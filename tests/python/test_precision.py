@@ -8,7 +8,7 @@ import pytest
 from gpt2core import GPT2, _C
 from gpt2core.model import DeviceError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cpu_defaults_to_fp32_and_rejects_bf16():

@@ -1,5 +1,5 @@
 // Compile-only: instantiates every attention launcher (flash and naive, forward and backward) for
-// __nv_bfloat16 so that scripts/check_cuda_compile.py (which compiles csrc/cuda/*.cu and tests/cuda_compile/*.cu)
+// __nv_bfloat16 so that scripts/check_cuda_compile.py (which compiles csrc/cuda/*.cu and tests/csrc/cuda/cuda_compile/*.cu)
 // reports registers, spills and shared memory of the bf16 kernels. backend_cuda.cu instantiates the float ones.
 // Never linked into anything.
 #include "cuda/attention.cuh"

@@ -14,7 +14,7 @@ import pytest
 
 from gpt2core import _C
 
-BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
 TINY = ["--preset", "tiny", "--steps", "2", "--warmup", "1", "-B", "2", "-T", "16", "--threads", "1"]
 needs_gloo = pytest.mark.skipif(not _C.build_info().get("gloo"), reason="gpt2core built without Gloo")
 

@@ -197,7 +197,7 @@ def test_resume_auto_without_checkpoints_starts_fresh_and_mismatch_is_an_error(s
 
 def test_full_checkpoint_slices_for_zero1_and_is_not_consolidated(tmp_path):
     """What a ZeRO-1 rank reads from a full (non-ZeRO) checkpoint: exactly its range of adam_m / adam_v.
-    (The sharded format itself needs several ranks: tests/test_distributed.py.)"""
+    (The sharded format itself needs several ranks: tests/python/test_distributed.py.)"""
     import numpy as np
 
     from gpt2core.model import GPT2

@@ -9,7 +9,7 @@ import pytest
 
 from gpt2core import tokenizer
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpt2" / "tokenizer_test_vectors.json"
+VECTORS = Path(__file__).resolve().parents[3] / "shared" / "data" / "gpt2" / "tokenizer_test_vectors.json"
 SHARED_VOCAB = VECTORS.parent
 
 

@@ -1,4 +1,4 @@
-"""The CUDA-on-CPU emulator (csrc/emu): its test programs (tests/emu) under several schedules, the
+"""The CUDA-on-CPU emulator (csrc/emu): its test programs (tests/csrc/emu) under several schedules, the
 launch trace, the ucontext fallback, an ASan + UBSan build, and the real-nvcc compile check.
 
 Builds csrc/emu as its own CMake project into build/emu (and build/emu-asan, build/emu-ucontext);
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 EMU_SRC = ROOT / "csrc" / "emu"
-TEST_DIR = ROOT / "tests" / "emu"
+TEST_DIR = ROOT / "tests" / "csrc" / "emu"
 KERNEL_FILES = sorted(TEST_DIR.glob("*.cu"))
 PROGRAMS = sorted(p.stem for p in KERNEL_FILES) + sorted(p.stem for p in TEST_DIR.glob("*.cpp"))
 SCHEDULES = ["fwd", "rev", "random:1234"]
@@ -193,7 +193,7 @@ def test_kernels_compile_with_nvcc_for_sm80_sm90():
     """Every emulator test kernel is ordinary CUDA: nvcc -Werror, no spills, shared memory in limits.
 
     Incremental like the builds: a stamp in build/emu records the hash of the inputs (kernel files, the
-    headers they include from csrc/emu and tests/emu, the script, nvcc's version) of the last passing run."""
+    headers they include from csrc/emu and tests/csrc/emu, the script, nvcc's version) of the last passing run."""
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")

@@ -14,7 +14,7 @@ from gpt2core.data.loader import DataLoader
 from gpt2core.data.shards import find_shards, load_tokens, read_header
 from gpt2core.tokenizer import EOT, get_encoding
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[2]  # tests/
 EDU5 = HERE / "data" / "fineweb_edu_sample5.jsonl"      # a copy of shared/data/fineweb's (see data/SOURCES.md)
 SAMPLE300 = HERE.parents[1] / "shared" / "data" / "fineweb" / "fineweb_10BT_sample300.jsonl"
 needs_sample300 = pytest.mark.skipif(not SAMPLE300.exists(), reason="shared/data/fineweb not available")

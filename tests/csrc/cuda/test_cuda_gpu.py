@@ -1,6 +1,6 @@
 """The real CUDA backend of gpt2core._C on a GPU, against the CPU backend. Skipped unless this _C has the CUDA
 backend and a usable GPU (gpt2core._C.cuda_status() == ""); the same checks run without a GPU on the emulated
-build in tests/test_cuda_emu.py.
+build in tests/csrc/cuda/test_cuda_emu.py.
 
 Tolerances: fp32 (default) within 1e-5 normwise per tensor, as under emulation (summation order only; cuBLASLt
 in CUBLAS_COMPUTE_32F). With GPT2CORE_CUDA_TF32=1 the matmuls round their inputs to TF32 (10-bit mantissa,
@@ -92,7 +92,7 @@ def test_out_of_memory_is_a_clear_error():
 
 # ----------------------------------------------------------------------------- bf16 mixed precision
 def bf16_tolerances():
-    """Same reasoning as tests/test_cuda_emu_bf16_model.py: bf16 stores activations with 2^-9 relative
+    """Same reasoning as tests/csrc/cuda/test_cuda_emu_bf16_model.py: bf16 stores activations with 2^-9 relative
     rounding; ~15 stored activations in a chain per direction."""
     return dict(loss=2e-3, logits=1e-2, grads=2e-2)
 
@@ -156,7 +156,7 @@ def test_bf16_speed_ladder_rungs_agree(monkeypatch, attention, fused):
 @pytest.mark.parametrize("attention", ["flash", "auto"])
 @pytest.mark.parametrize("cls", ["Model", "ModelBF16"])
 def test_cuda_graph_replay_matches_the_direct_run(monkeypatch, cls, attention):
-    """As tests/test_cuda_graphs.py under emulation, on the real stream-capture machinery: cuBLASLt, cuDNN and
+    """As tests/csrc/cuda/test_cuda_graphs.py under emulation, on the real stream-capture machinery: cuBLASLt, cuDNN and
     our kernels recorded into graphs (micro-step, optimizer step) and replayed with new tokens, learning rates
     and weights. Bit for bit with our
     (deterministic) kernels; with cuDNN's attention (auto, bf16), whose backward may accumulate dQ with atomics,

@@ -1,9 +1,9 @@
 """Every op of the emulated CUDA backend against the CPU backend, on random inputs with odd shapes.
 
-Run by tests/test_cuda_emu.py in a subprocess per emulator schedule (GPT2CORE_EMU_SCHED=fwd|rev|random:<seed>,
+Run by tests/csrc/cuda/test_cuda_emu.py in a subprocess per emulator schedule (GPT2CORE_EMU_SCHED=fwd|rev|random:<seed>,
 GPT2CORE_EMU_TRACE=<file> recording the launched kernels):
 
-    python tests/cuda_emu/compare_ops.py build/emu-py
+    python tests/csrc/cuda/cuda_emu/compare_ops.py build/emu-py
 
 Prints one JSON object: {op name: normwise error}, where error = max|cuda - cpu| / max|cpu| over every output
 of the op (accumulated-into outputs start from random values, so the += contract is checked too).

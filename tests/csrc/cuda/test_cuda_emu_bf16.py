@@ -33,7 +33,7 @@ V, Vp, maxT = 97, 128, 40
 @pytest.fixture(scope="module")
 def bf16ops(emu):  # noqa: F811
     if not hasattr(emu, "OpsBF16"):
-        pytest.skip("gpt2core_cuda_emu has no OpsBF16 yet (tests/cuda_emu/ops_bindings.cpp)")
+        pytest.skip("gpt2core_cuda_emu has no OpsBF16 yet (tests/csrc/cuda/cuda_emu/ops_bindings.cpp)")
     return {False: emu.OpsBF16("cuda"), True: emu.OpsBF16("cuda", misalign=True)}
 
 
@@ -390,7 +390,7 @@ def test_gelu_epilogues_fp32(emu, monkeypatch):  # noqa: F811
 @pytest.mark.parametrize("N,C", SHAPES_LN)
 def test_residual_layernorm_forward_fp32(emu, mis, N, C):  # noqa: F811
     if not hasattr(emu.Ops, "residual_layernorm_forward"):
-        pytest.skip("gpt2core_cuda_emu.Ops has no residual_layernorm_forward yet (tests/cuda_emu/ops_bindings.cpp)")
+        pytest.skip("gpt2core_cuda_emu.Ops has no residual_layernorm_forward yet (tests/csrc/cuda/cuda_emu/ops_bindings.cpp)")
     rng = np.random.default_rng(9)
     a, b = f32(rng, N, C, scale=2.0) + 0.5, f32(rng, N, C)
     w, bias = f32(rng, C) + 1.0, f32(rng, C)
