@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ladder", action="store_true",
                     help="run every rung of the speed ladder (baseline, tf32, bf16, fusion, flash attention, padded "
                          "vocab, CUDA graphs) one after another and print them side by side")
+    ap.add_argument("--plot", nargs="?", const="ladder.png", default=None, metavar="PNG",
+                    help="with --ladder: also draw it as a bar chart of ms/step and speed-up (default: ladder.png; "
+                         "needs matplotlib)")
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="replay each micro-step and the optimizer step from CUDA graphs (--breakdown then times "
                          "forward and backward together)")
@@ -418,7 +421,15 @@ def main(argv=None):
         return worker(args) or True  # one rank under a launcher (ours, or torchrun scripts/bench.py ...)
     if args.nproc > 1 or args.scaling:
         return data_parallel(args, argv)
-    return ladder(args) if args.ladder else single(args)
+    if not args.ladder:
+        return single(args)
+    result = ladder(args)
+    if args.plot:
+        from gpt2core.plot import plot_ladder
+        plot_ladder(result["ladder"], args.plot, title=f"speed ladder: {args.device}, preset {args.preset}, "
+                                                       f"B={args.batch_size} T={args.seq_len}")
+        print(f"wrote {args.plot}")
+    return result
 
 
 if __name__ == "__main__":

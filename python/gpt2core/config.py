@@ -125,6 +125,8 @@ class TrainConfig:
     hellaswag_path: str | None = _opt(None, "HellaSwag val set: rendered .npz, rowanz .jsonl or 6-line .txt "
                                             "(default: download)", "evaluation and output")
     hellaswag_limit: int | None = _opt(None, "score only the first N HellaSwag items", "evaluation and output")
+    no_progress: bool = _opt(False, "no progress bars for HellaSwag (they show only on a terminal, on rank 0, on "
+                                    "stderr)", "evaluation and output")
     sample_every: int = _opt(0, "print a text sample every M steps (0: only at the end)", "evaluation and output")
     sample_tokens: int = _opt(48, "tokens per text sample", "evaluation and output")
     sample_prompt: str = _opt("\n", "text the samples continue", "evaluation and output")

@@ -24,6 +24,7 @@ import numpy as np
 
 from .data import hellaswag as _hs
 from .model import load_model
+from .progress import bar
 
 
 # ------------------------------------------------------------------------------------ val loss
@@ -90,8 +91,7 @@ def hellaswag_losses(model, data, items_per_batch: int = 4, item_ids=None, progr
     counts = np.zeros((len(item_ids), 4), dtype=np.int64)
     it = hellaswag_batches(data, items_per_batch, seq_len, item_ids)
     if progress:
-        from tqdm.auto import tqdm
-        it = tqdm(it, total=math.ceil(len(item_ids) / items_per_batch), unit="batch", desc="hellaswag")
+        it = bar(it, total=math.ceil(len(item_ids) / items_per_batch), unit="batch", desc="hellaswag")
     done = 0
     for ids, idx, tgt in it:
         model.forward(idx, tgt)

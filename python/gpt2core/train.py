@@ -7,8 +7,8 @@ sample is printed. The 124M reproduction is
     gpt2core-train --preset d12 --data-dir data/edu_fineweb10B --device cuda -B 64 -T 1024 \\
         --total-batch-tokens 524288 --steps 19073 --lr 6e-4 --warmup 715 --val-every 250
 
-Each step prints step, loss, lr, grad norm, ms and tokens/s; metrics go to <out>/metrics.jsonl. Every flag and
-its default is a field of config.TrainConfig. --block-size trains a longer context than the preset's (GPT-3
+Each step prints step, loss, lr, grad norm, ms, tokens/s, elapsed time and ETA; metrics go to
+<out>/metrics.jsonl (`gpt2core-plot <out>` draws them). Every flag and its default is a field of config.TrainConfig. --block-size trains a longer context than the preset's (GPT-3
 used 2048); --lr scales the whole LR schedule, so "2-3x the max LR" experiments are that one flag.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _C, distributed, tokenizer
+from . import _C, distributed, progress, tokenizer
 from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints, load_checkpoint,
                          prune_checkpoints, save_checkpoint)
 from .config import TrainConfig
@@ -82,7 +82,9 @@ class Trainer:
         self.train_loader = DataLoader(data_dir, "train", B, T, rank=rank, world_size=W, shuffle=not cfg.no_shuffle,
                                        seed=cfg.seed)
         self.val_loader = DataLoader(data_dir, "val", B, T, rank=rank, world_size=W, shuffle=False)
-        self.hellaswag = hellaswag.load(cfg.hellaswag_path, cfg.hellaswag_limit) if cfg.hellaswag_every else None
+        self.progress = self.dist.is_master and not cfg.no_progress
+        self.hellaswag = (hellaswag.load(cfg.hellaswag_path, cfg.hellaswag_limit, progress=self.progress)
+                          if cfg.hellaswag_every else None)
         if cfg.cuda_graphs and self.device == "cpu":
             raise SystemExit("gpt2core-train: --cuda-graphs needs --device cuda")
         model = GPT2(self.config, device=self.device, seed=cfg.seed, precision=cfg.precision, attention=cfg.attention)
@@ -246,7 +248,7 @@ class Trainer:
         row_len = min(self.config.block_size, self.hellaswag.max_row_len())
         per = max(1, (cfg.batch_size * cfg.seq_len) // (4 * row_len))
         r = score_hellaswag(self.model, self.hellaswag, items_per_batch=per, rank=self.dist.rank,
-                            world_size=self.dist.world_size)
+                            world_size=self.dist.world_size, progress=self.progress)
         counts = self.over_ranks("sum", r["n"], r["correct"], r["correct_norm"])  # float32: exact below 2**24
         n, c, cn = (int(round(v)) for v in counts)
         return {"n": n, "acc": c / n, "acc_norm": cn / n}
@@ -287,7 +289,11 @@ class Trainer:
                  (" (GELU recomputed in backward)" if m.recompute_gelu else ""))
         if self.comm is not None:
             self.log(m.describe())
+        # what gpt2core.plot needs to put runs on a tokens axis and to know a 124M run
+        self.write_metrics({"run": {"preset": cfg.preset, "params": m.num_parameters, "tokens_per_step": self.total,
+                                    "start_step": self.start_step, "steps": cfg.steps}})
         last = {}
+        t_run = time.perf_counter()
         for step in range(self.start_step, cfg.steps):
             last_step = step == cfg.steps - 1
             if cfg.val_every and (step % cfg.val_every == 0 or last_step):
@@ -306,7 +312,8 @@ class Trainer:
             rec = self.train_step(step)
             self.log(f"step {step + 1:5d}/{cfg.steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
                      f"norm {rec['grad_norm']:.3f} | {rec['dt_ms']:.0f} ms | {rec['tok_per_s']:,.0f} tok/s | "
-                     f"{rec['tok_per_s'] * self.flops_per_token / 1e9:.1f} GFLOP/s")
+                     f"{rec['tok_per_s'] * self.flops_per_token / 1e9:.1f} GFLOP/s | "
+                     + progress.eta(time.perf_counter() - t_run, step + 1 - self.start_step, cfg.steps - step - 1))
             if self.comm is not None:  # rank 0's time in the step's gradient/parameter collectives (scaling)
                 rec["comm_ms"] = m.last_comm_ms
             self.write_metrics(rec)

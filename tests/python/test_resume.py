@@ -42,7 +42,9 @@ def _restore_threads():
 
 
 def records(out):
-    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    """The per-step and evaluation records (not the {"run": ...} record each start or resume writes)."""
+    recs = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if "step" in r]
 
 
 def losses(out):

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_write
+from ..progress import bar
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 DEFAULT_DIR = Path("data") / "hellaswag"
@@ -208,13 +209,18 @@ def render_item(item: dict, enc=None):
     return ctx, [enc.encode_ordinary(" " + e) for e in item["endings"]]
 
 
-def render(items, enc=None) -> Rendered:
-    """Render items (from load_items) into token rows."""
+def render(items, enc=None, progress: bool = False) -> Rendered:
+    """Render items (from load_items) into token rows; progress: a tqdm bar on a terminal."""
     if enc is None:
         from ..tokenizer import get_encoding
         enc = get_encoding()
-    ctxs = enc.encode_ordinary_batch([it["ctx"] for it in items])
-    ends = enc.encode_ordinary_batch([" " + e for it in items for e in it["endings"]])
+    ctxs, ends = [], []
+    with bar(total=len(items), enabled=progress, unit="item", desc="hellaswag: tokenizing") as pb:
+        for i in range(0, len(items), 500):  # in chunks, so that the bar moves
+            chunk = items[i:i + 500]
+            ctxs += enc.encode_ordinary_batch([it["ctx"] for it in chunk])
+            ends += enc.encode_ordinary_batch([" " + e for it in chunk for e in it["endings"]])
+            pb.update(len(chunk))
     rows, ctx_lens = [], np.zeros(len(items), dtype=np.int32)
     for i, ctx in enumerate(ctxs):
         ctx_lens[i] = len(ctx)
@@ -254,13 +260,13 @@ def load_rendered(path) -> Rendered:
     return r
 
 
-def load(path=None, limit: int | None = None) -> Rendered:
+def load(path=None, limit: int | None = None, progress: bool = False) -> Rendered:
     """A rendered set from a .npz made by `prepare`, or rendered now from a jsonl / text file (or the
-    downloaded val set when path is None). `limit` keeps the first items."""
+    downloaded val set when path is None). `limit` keeps the first items; progress: see render."""
     if path is not None and str(path).endswith(".npz"):
         r = load_rendered(path)
         return r.subset(np.arange(min(limit, len(r)))) if limit is not None else r
-    return render(load_items(path, limit))
+    return render(load_items(path, limit), progress=progress)
 
 
 def prepare(input=None, out=None, limit: int | None = None, log=print) -> Path:
@@ -268,7 +274,7 @@ def prepare(input=None, out=None, limit: int | None = None, log=print) -> Path:
     src = Path(input) if input is not None else download()
     items = load_items(src, limit)
     out = Path(out) if out is not None else DEFAULT_DIR / "hellaswag_val.npz"
-    r = render(items)
+    r = render(items, progress=True)
     save(r, out)
     counts = np.bincount(r.labels, minlength=4)
     log(f"{len(r):,} items from {src} -> {out} (labels 0/1/2/3: {'/'.join(map(str, counts))}, "
