@@ -159,7 +159,7 @@ def test_bench_ladder_plot_writes_the_chart(tmp_path):
     import subprocess
     import sys
     from pathlib import Path
-    bench = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+    bench = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
     png = tmp_path / "ladder.png"
     p = subprocess.run([sys.executable, str(bench), "--preset", "tiny", "--steps", "2", "--warmup", "1", "-B", "2",
                         "-T", "16", "--threads", "1", "--ladder", "--plot", str(png)],

@@ -13,7 +13,7 @@ pytest.importorskip("matplotlib")
 
 from test_plot import write_run  # noqa: E402  (tests/ is on sys.path: conftest.py)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SUBSET = ROOT / "tests" / "data" / "hellaswag_val_120.jsonl"
 
 

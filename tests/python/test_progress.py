@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpt2core.progress import eta, hms
 
-SUBSET = Path(__file__).resolve().parent / "data" / "hellaswag_val_120.jsonl"
+SUBSET = Path(__file__).resolve().parents[1] / "data" / "hellaswag_val_120.jsonl"
 
 
 def stderr_of(args, tty: bool, cwd) -> str:
