@@ -11,8 +11,8 @@
 #include <string>
 
 #include "cpu/backend_cpu.h"
+#include "backends.h"
 #include "cpu/blas.h"
-#include "model/backend_factory.h"
 #include "model/gpt2.h"
 
 // The module's name: _C for the package; the test-only emulated-CUDA module (tests/csrc/cuda/cuda_emu) builds this
@@ -99,6 +99,16 @@ ModelConfig make_config(int max_seq_len, int vocab_size, int padded_vocab_size, 
   return c;
 }
 
+// The backend's options from the constructor's arguments (GPT2(precision=..., attention=..., fused=...)).
+gpt2::BackendOptions backend_options(bool tf32, const std::string& attention, bool fused) {
+  gpt2::BackendOptions o;
+  o.tf32 = tf32;
+  o.fused = fused;
+  if (!gpt2::parse_attention(attention, &o.attention))
+    arg_error("attention must be 'auto', 'flash', 'cudnn' or 'naive', got '" + attention + "'");
+  return o;
+}
+
 // A numpy view of count values at ptr, owned by `owner` (no copy).
 template <typename T>
 py::array view(T* ptr, std::vector<py::ssize_t> shape, py::handle owner) {
@@ -126,12 +136,15 @@ void bind_model(py::module_& m, const char* cls_name) {
   py::class_<M>(m, cls_name, "GPT-2 in the C++ core: parameters, gradients, forward/backward, AdamW.",
                 py::module_local())
       .def(py::init([](int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd,
-                       const std::string& device) {
+                       const std::string& device, bool tf32, const std::string& attention, bool fused) {
              auto config = make_config(max_seq_len, vocab_size, padded_vocab_size, n_layer, n_head, n_embd);
-             return new M(config, gpt2::make_backend<T>(device));
+             return new M(config, gpt2::make_backend<T>(device, backend_options(tf32, attention, fused)));
            }),
            py::arg("max_seq_len"), py::arg("vocab_size"), py::arg("padded_vocab_size"), py::arg("n_layer"),
-           py::arg("n_head"), py::arg("n_embd"), py::arg("device") = "cpu")
+           py::arg("n_head"), py::arg("n_embd"), py::arg("device") = "cpu", py::arg("tf32") = false,
+           py::arg("attention") = "auto", py::arg("fused") = true,
+           "tf32: fp32 matmuls on TF32 tensor cores (CUDA); attention: 'auto', 'flash', 'cudnn' or 'naive' (CUDA; "
+           "the CPU materialises attention); fused: fused kernels (CUDA). See csrc/model/backend_options.h.")
       .def_property_readonly("num_parameters", &M::num_parameters)
       .def_property("recompute_gelu", &M::recompute_gelu, &M::set_recompute_gelu,
                     "Recompute GELU outputs in backward instead of keeping one per layer (saves memory).")
@@ -257,6 +270,17 @@ void bind_model(py::module_& m, const char* cls_name) {
            "wpe. None removes it.")
       .def("zero_grad", &M::zero_grad)
       .def("grad_norm", [](M& self) { py::gil_scoped_release nogil; return self.grad_norm(); })
+      .def("grad_sum_squares",
+           [](M& self, size_t lo, size_t hi) {
+             if (lo > hi || hi > self.num_parameters())
+               throw py::value_error("need 0 <= lo <= hi <= num_parameters (" + std::to_string(self.num_parameters()) +
+                                     "), got lo=" + std::to_string(lo) + " hi=" + std::to_string(hi));
+             py::gil_scoped_release nogil;
+             return self.grad_sum_squares(lo, hi);
+           },
+           py::arg("lo"), py::arg("hi"),
+           "Sum of squares of flat gradients [lo, hi), accumulated in double on the backend (ZeRO-1: this rank's "
+           "part of the global norm).")
       .def("adamw_update",
            [](M& self, float lr, float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale) {
              if (!(lr >= 0)) throw py::value_error("lr must be >= 0");
@@ -265,8 +289,8 @@ void bind_model(py::module_& m, const char* cls_name) {
              py::gil_scoped_release nogil;
              self.adamw_update(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
            },
-           py::arg("lr"), py::arg("beta1") = 0.9f, py::arg("beta2") = 0.95f, py::arg("eps") = 1e-8f,
-           py::arg("weight_decay") = 0.1f, py::arg("step"), py::arg("grad_scale") = 1.0f,
+           py::arg("lr"), py::arg("beta1") = gpt2::kAdamBeta1, py::arg("beta2") = gpt2::kAdamBeta2,
+           py::arg("eps") = gpt2::kAdamEps, py::arg("weight_decay") = gpt2::kWeightDecay, py::arg("step"), py::arg("grad_scale") = 1.0f,
            "AdamW over all parameters; weight decay on 2-D tensors only; grads are multiplied by grad_scale "
            "(gradient clipping folds in here).")
       .def("optimizer_step",
@@ -278,14 +302,15 @@ void bind_model(py::module_& m, const char* cls_name) {
              py::gil_scoped_release nogil;
              return self.optimizer_step(lr, beta1, beta2, eps, weight_decay, step, grad_clip);
            },
-           py::arg("lr"), py::arg("beta1") = 0.9f, py::arg("beta2") = 0.95f, py::arg("eps") = 1e-8f,
-           py::arg("weight_decay") = 0.1f, py::arg("step"), py::arg("grad_clip") = 1.0,
+           py::arg("lr"), py::arg("beta1") = gpt2::kAdamBeta1, py::arg("beta2") = gpt2::kAdamBeta2,
+           py::arg("eps") = gpt2::kAdamEps, py::arg("weight_decay") = gpt2::kWeightDecay, py::arg("step"), py::arg("grad_clip") = 1.0,
            "One optimizer step in the backend: the global gradient norm, clipping to grad_clip (0: none) and AdamW "
            "(as adamw_update with grad_scale = grad_clip / (norm + 1e-6) when norm > grad_clip). Returns the pre-clip "
            "norm; when it is not finite nothing is updated. With cuda_graphs on, replayed from a CUDA graph.")
       .def("adamw_update_range",
            [](M& self, size_t lo, size_t hi, py::array m, py::array v, float lr, float beta1,
-              float beta2, float eps, float weight_decay, int step, float grad_scale) {
+              float beta2, float eps, float weight_decay, int step, float grad_scale, double grad_clip,
+              double sum_squares) {
              if (lo > hi || hi > self.num_parameters())
                throw py::value_error("need 0 <= lo <= hi <= num_parameters (" + std::to_string(self.num_parameters()) +
                                      "), got lo=" + std::to_string(lo) + " hi=" + std::to_string(hi));
@@ -298,17 +323,24 @@ void bind_model(py::module_& m, const char* cls_name) {
              }
              if (!(lr >= 0)) throw py::value_error("lr must be >= 0");
              if (!(grad_scale >= 0) || !std::isfinite(grad_scale)) throw py::value_error("grad_scale must be finite and >= 0");
+             if (!(grad_clip >= 0) || !std::isfinite(grad_clip)) throw py::value_error("grad_clip must be finite and >= 0");
+             if (!(sum_squares >= 0) && !std::isnan(sum_squares)) throw py::value_error("sum_squares must be >= 0");
              if (step < 1) throw py::value_error("step counts from 1");
              F* mp = static_cast<F*>(m.mutable_data());
              F* vp = static_cast<F*>(v.mutable_data());
              py::gil_scoped_release nogil;
-             self.adamw_update_range(lo, hi, mp, vp, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+             self.adamw_update_range(lo, hi, mp, vp, lr, beta1, beta2, eps, weight_decay, step, grad_scale, grad_clip,
+                                     sum_squares);
            },
-           py::arg("lo"), py::arg("hi"), py::arg("m"), py::arg("v"), py::arg("lr"), py::arg("beta1") = 0.9f,
-           py::arg("beta2") = 0.95f, py::arg("eps") = 1e-8f, py::arg("weight_decay") = 0.1f, py::arg("step"),
-           py::arg("grad_scale") = 1.0f,
+           py::arg("lo"), py::arg("hi"), py::arg("m"), py::arg("v"), py::arg("lr"), py::arg("beta1") = gpt2::kAdamBeta1,
+           py::arg("beta2") = gpt2::kAdamBeta2, py::arg("eps") = gpt2::kAdamEps,
+           py::arg("weight_decay") = gpt2::kWeightDecay, py::arg("step"), py::arg("grad_scale") = 1.0f,
+           py::arg("grad_clip") = 0.0, py::arg("sum_squares") = 0.0,
            "AdamW over flat parameters [lo, hi) only (ZeRO-1 shard) with the moments m, v of that range "
-           "(arrays of hi - lo values, updated in place); same weight-decay policy as adamw_update.");
+           "(arrays of hi - lo values, updated in place); same weight-decay policy as adamw_update. The gradients "
+           "are multiplied by grad_scale and clipped as optimizer_step does (the clip rule of "
+           "csrc/model/optimizer.h) to grad_clip (0: no clipping) by the global norm sqrt(sum_squares): pass the sum "
+           "of squares of ALL gradients (every rank's shard). Nothing is written when that norm is not finite.");
 }
 
 }  // namespace

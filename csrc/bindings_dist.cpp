@@ -1,15 +1,15 @@
-// Python bindings of the communicator seam (csrc/dist): gpt2core._C.dist. Buffers are validated here
+// Python bindings of the communicator seam (csrc/comm): gpt2core._C.dist. Buffers are validated here
 // (float32, C-contiguous, writable: they are reduced in place); collectives release the GIL.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <string>
 
-#include "dist/comm.h"
+#include "comm/comm.h"
+#include "model/grad_allreduce.h"
 #include "model/gpt2.h"
 
 // Set by the build when the NCCL communicator is linked into _C (CUDA backend + NCCL found).
@@ -17,12 +17,13 @@
 #define GPT2CORE_DIST_NCCL 0
 #endif
 #if GPT2CORE_DIST_NCCL
-#include "dist/comm_nccl.h"
+#include "comm/comm_nccl.h"
 #endif
 
 namespace py = pybind11;
 using gpt2::dist::Comm;
 using gpt2::dist::ReduceOp;
+using gpt2::GradAllreducer;
 
 namespace {
 
@@ -33,34 +34,6 @@ auto with_float_master(py::handle model, F&& f) {
   if (py::isinstance<gpt2::GPT2Model<gpt2::bf16>>(model)) return f(model.cast<gpt2::GPT2Model<gpt2::bf16>&>());
   throw py::type_error("expected a float32 or bf16 gpt2core._C model (Model or ModelBF16)");
 }
-
-// The overlapped gradient allreduce of one float32 or bf16 model (DataParallel with overlap): backward() runs
-// the model's backward with its grad-ready hook feeding a BucketAllreduce over the gradients (on the backend's
-// stream); finish() waits for it. The hook is installed for that one backward only.
-class GradAllreducer {
- public:
-  template <typename T>
-  GradAllreducer(Comm& comm, gpt2::GPT2Model<T>& m)
-      : buckets_(comm.bucket_allreduce(m.grads(), m.num_parameters(), m.backend().native_stream())) {
-    backward_ = [&m, b = buckets_.get()](float grad_scale) {
-      gpt2::GradReadyHook prev = m.set_grad_ready_hook([b](const gpt2::GradRanges& r) { b->enqueue(r); });
-      try {
-        m.backward(grad_scale, /*report_grads=*/true);
-      } catch (...) {
-        m.set_grad_ready_hook(std::move(prev));
-        throw;
-      }
-      m.set_grad_ready_hook(std::move(prev));
-    };
-  }
-  void backward(float grad_scale) { backward_(grad_scale); }
-  void finish() { buckets_->finish(); }
-  gpt2::dist::BucketAllreduce::Stats stats() const { return buckets_->stats(); }
-
- private:
-  std::unique_ptr<gpt2::dist::BucketAllreduce> buckets_;
-  std::function<void(float)> backward_;
-};
 
 // Where and how long the ranks meet; shared by the Gloo and NCCL groups.
 gpt2::dist::RendezvousOptions rendezvous_options(int rank, int world_size, const std::string& master_addr,
@@ -209,7 +182,7 @@ void bind_dist(py::module_& m) {
               throw py::value_error("need 0 <= lo <= hi <= num_parameters (" + std::to_string(m.num_parameters()) +
                                     ")");
             py::gil_scoped_release nogil;
-            return m.backend().sum_squares(m.grads() + lo, hi - lo);
+            return m.grad_sum_squares(lo, hi);
           });
         },
         py::arg("model"), py::arg("lo"), py::arg("hi"),

@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default=None,
                     help="fp32, tf32 or bf16 mixed precision (CUDA); default bf16 on sm_80+, else fp32")
     ap.add_argument("--attention", choices=["auto", "flash", "cudnn", "naive"], default=None, help="CUDA attention kernel")
+    ap.add_argument("--no-fused", action="store_true",
+                    help="CUDA: separate residual + layernorm and matmul + GELU kernels (the unfused rung)")
     ap.add_argument("--recompute-gelu", action="store_true")
     ap.add_argument("--ladder", action="store_true",
                     help="run every rung of the speed ladder (baseline, tf32, bf16, fusion, flash attention, padded "
@@ -214,7 +216,8 @@ def single(args):
         _C.set_num_threads(args.threads)
     threads = _C.get_num_threads()
     cfg = bench_config(args)
-    model = GPT2(cfg, device=args.device, seed=0, precision=args.precision, attention=args.attention)
+    model = GPT2(cfg, device=args.device, seed=0, precision=args.precision, attention=args.attention,
+                 fused=not args.no_fused)
     model.recompute_gelu = args.recompute_gelu
     model.cuda_graphs = args.cuda_graphs
     B, T = args.batch_size, args.seq_len
@@ -271,12 +274,8 @@ def ladder(args):
             print(f"{rung:<12} | {'-':>9} | {'-':>10} | {'-':>8} | {'-':>6} | {'-':>8} | {what} (CUDA only)")
             continue
         cfg = base_cfg.replace(padded_vocab_size=base_cfg.padded_vocab_size if s["padded"] else base_cfg.vocab_size)
-        os.environ["GPT2CORE_CUDA_FUSED"] = "1" if s["fused"] else "0"  # read when the backend is created
-        try:
-            model = GPT2(cfg, device=args.device, seed=0, precision=None if cpu else s["precision"],
-                         attention=None if cpu else s["attention"])
-        finally:
-            os.environ.pop("GPT2CORE_CUDA_FUSED")
+        model = GPT2(cfg, device=args.device, seed=0, precision=None if cpu else s["precision"],
+                     attention=None if cpu else s["attention"], fused=s["fused"])
         model.recompute_gelu = args.recompute_gelu
         model.cuda_graphs = s["graphs"]
         times, _, _ = timed_steps(model, None, np.random.default_rng(0), cfg.vocab_size, B, T, 1, args.warmup,
@@ -317,7 +316,8 @@ def worker(args):
     if total % (B * T * W):
         raise SystemExit(f"bench: --total-batch-tokens {total} is not a multiple of B*T*processes = {B * T * W}")
     accum = total // (B * T * W)
-    model = GPT2(cfg, device=device, seed=0, precision=args.precision, attention=args.attention)
+    model = GPT2(cfg, device=device, seed=0, precision=args.precision, attention=args.attention,
+                 fused=not args.no_fused)
     model.recompute_gelu = args.recompute_gelu
     model.cuda_graphs = args.cuda_graphs
     ddp = None

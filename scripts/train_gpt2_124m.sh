@@ -6,7 +6,7 @@
 #   after 19,073 steps x 524,288 tokens = 10.0B tokens.
 # How long: at llm.c's throughput (~468K tokens/s per H100, ~218K per A100) about 0.8 h on 8x H100 and
 #   1.6 h on 8x A100, plus evaluation (val + HellaSwag every 250 steps: a few % more). These are
-#   estimates from llm.c, not measurements of gpt2core: the multi-GPU path (NCCL, csrc/dist/comm_nccl.cpp)
+#   estimates from llm.c, not measurements of gpt2core: the multi-GPU path (NCCL, csrc/comm/comm_nccl.cpp)
 #   is built and wired into the training loop but has not yet run on GPUs; the same loop is tested on CPU
 #   processes over Gloo (tests/python/test_distributed.py); gpt2core's CUDA throughput is not yet measured.
 #

@@ -1,12 +1,15 @@
 // The CPU backend: host memory, OpenMP + BLAS ops from cpu/ops.h.
 #pragma once
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <type_traits>
+#include <vector>
 
 #include "cpu/ops.h"
 #include "model/backend.h"
+#include "model/optimizer.h"
 
 namespace gpt2::cpu {
 
@@ -62,37 +65,55 @@ class CpuBackend final : public Backend<T> {
   void gelu_forward(T* out, const T* inp, size_t N) override { cpu::gelu_forward(out, inp, N); }
   void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N) override { cpu::gelu_backward(dinp, inp, dout, N); }
   void residual_forward(T* out, const T* a, const T* b, size_t N) override { cpu::residual_forward(out, a, b, N); }
-  long crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int N, int V, int Vp) override {
-    return cpu::crossentropy_forward(losses, lse, logits, targets, N, V, Vp);
+  void crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int32_t* n_valid, int N,
+                            int V, int Vp) override {
+    *n_valid = int32_t(cpu::crossentropy_forward(losses, lse, logits, targets, N, V, Vp));
   }
-  void crossentropy_backward_inplace(T* logits, const T* lse, const int32_t* targets, T dloss, int N, int V,
-                                     int Vp) override {
+  void crossentropy_backward(T* logits, const T* lse, const int32_t* targets, const int32_t* n_valid,
+                             float grad_scale, int N, int V, int Vp) override {
+    const T dloss = *n_valid > 0 ? T(double(grad_scale) / double(*n_valid)) : T(0);
     cpu::crossentropy_backward_inplace(logits, lse, targets, dloss, N, V, Vp);
   }
-  double sum_squares(const T* p, size_t n) override {
+  void loss_accumulate(T* acc, const T* losses, const int32_t* n_valid, int N, float scale) override {
+    if (*n_valid <= 0) return;
+    double s = 0;
+    for (int i = 0; i < N; i++) s += double(losses[i]);
+    *acc += T(double(scale) * (s / double(*n_valid)));
+  }
+  void set_step_args(const StepArgs& args) override { step_ = args; }
+  void grad_sum_squares(const T* grad, size_t n) override {
     // simd reduction: lets the compiler keep several double accumulators per thread (a plain loop is a
     // serial scalar chain of cvtss2sd + fma: ~25% of a d12 step before this).
     double s = 0;
 #pragma omp parallel for simd reduction(+ : s)
-    for (size_t i = 0; i < n; i++) s += double(p[i]) * double(p[i]);
-    return s;
+    for (size_t i = 0; i < n; i++) s += double(grad[i]) * double(grad[i]);
+    step_.sumsq = s;
   }
-  void adamw(T* param, T* /*master: none, M == T*/, const T* grad, T* m, T* v, size_t n, float lr, float beta1,
-             float beta2, float eps, float decay, float grad_scale, float bc1, float bc2, uint32_t /*seed*/,
-             size_t /*offset*/) override {
+  void adamw(T* param, T* /*master: none, M == T*/, const T* grad, T* m, T* v, size_t base,
+             const std::vector<AdamWSegment>& segments, float beta1, float beta2, float eps) override {
+    float clip = 1.0f;
+    if (!clip_factor(step_.sumsq, step_.clip, &clip)) return;
+    const float grad_scale = step_.grad_scale * clip;
+    const float lr = step_.lr, bc1 = step_.bc1, bc2 = step_.bc2;
+    for (const AdamWSegment& seg : segments) {
+      const float decay = seg.decay;
 #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
-      T g = grad[i] * T(grad_scale);
-      T mi = T(beta1) * m[i] + T(1 - beta1) * g;
-      T vi = T(beta2) * v[i] + T(1 - beta2) * g * g;
-      m[i] = mi;
-      v[i] = vi;
-      T mhat = mi / T(bc1), vhat = vi / T(bc2);
-      param[i] -= T(lr) * (mhat / (std::sqrt(vhat) + T(eps)) + T(decay) * param[i]);
+      for (size_t k = seg.begin; k < seg.end; k++) {
+        const size_t i = k - base;
+        T g = grad[i] * T(grad_scale);
+        T mi = T(beta1) * m[i] + T(1 - beta1) * g;
+        T vi = T(beta2) * v[i] + T(1 - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        T mhat = mi / T(bc1), vhat = vi / T(bc2);
+        param[i] -= T(lr) * (mhat / (std::sqrt(vhat) + T(eps)) + T(decay) * param[i]);
+      }
     }
   }
+  double step_sum_squares() override { return step_.sumsq; }
 
  private:
+  StepArgs step_{};  // set_step_args' values (the CPU's "backend memory" is host memory)
   static void* zeroed(size_t bytes) {
     void* p = std::calloc(bytes ? bytes : 1, 1);
     if (!p) throw std::bad_alloc();

@@ -1,10 +1,10 @@
 // AdamW (PyTorch semantics), one launch for all parameters (a table of per-tensor segments, below):
 //   g = grad * grad_scale;  m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   w -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + decay * w)
-// grad_scale folds in gradient clipping; decay is 0 for 1-D tensors (the model's policy).
-// The step's values come either from the arguments, or (a step captured in a CUDA graph) from a StepArgs in
-// device memory, where the clip scale is computed from the gradients' sum of squares: every block reads the same
-// values and, if the norm is not finite, writes nothing.
+// decay is 0 for 1-D tensors (the model's policy). The step's values come from a StepArgs in device memory (so a
+// step captured in a CUDA graph reads each step's values at replay): lr, the bias corrections bc1, bc2, the seed,
+// and grad_scale = StepArgs::grad_scale * clip_factor(sumsq, clip) (the clip rule of model/optimizer.h, computed
+// by every block from the same values); if the norm is not finite, nothing is written.
 // grad, m, v and the master weights w are fp32. The parameters the ops read have the storage type floatX:
 //   floatX = float: master is null and param is w itself (updated in place);
 //   floatX = bf16:  w = master (fp32, updated in place), then param[i] = stochastic_round_bf16(w[i], seed,
@@ -18,28 +18,27 @@
 #include <string>
 
 #include "cuda/common.cuh"
-#include "model/backend.h"
+#include "model/optimizer.h"
 
 namespace gpt2::cuda {
 
 struct AdamWParams {
   float lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2;
   uint32_t seed;  // stochastic rounding of bf16 parameters (0: round to nearest even)
-  size_t offset;  // global index of element 0 of this tensor (the rounding's index is offset + i)
-  const StepArgs* step = nullptr;  // device memory: lr, bc1, bc2, seed and the clip scale come from here
+  size_t offset;  // global index of element 0 of the arrays (the rounding's index is offset + i)
+  const StepArgs* step = nullptr;  // device memory: lr, bc1, bc2, seed and the gradient scale come from here
 };
 
-// p with the values of *p.step (clip scale as the host computes it: clip / (norm + 1e-6) in double when the
-// norm exceeds clip > 0). False when the norm is not finite: the step must write nothing.
+// p with the values of *p.step. False when the norm is not finite: the step must write nothing.
 __device__ inline bool adamw_step_values(AdamWParams& p) {
   const StepArgs a = *p.step;
-  const double norm = sqrt(a.sumsq);
-  if (!isfinite(norm)) return false;
+  float clip = 1.0f;
+  if (!clip_factor(a.sumsq, a.clip, &clip)) return false;
   p.lr = a.lr;
   p.bc1 = a.bc1;
   p.bc2 = a.bc2;
   p.seed = a.seed;
-  p.grad_scale = a.clip > 0 && norm > a.clip ? float(a.clip / (norm + 1e-6)) : 1.0f;
+  p.grad_scale = a.grad_scale * clip;
   return true;
 }
 
@@ -64,8 +63,8 @@ __device__ inline void adamw_element(floatX* param, float* master, const float* 
   if constexpr (kIsBF16<floatX> && kStep) master[k] = w;
 }
 
-// One launch for many tensors: segment s of the table is the flat range [begin[s], end[s]) of param, master and
-// grad (and of m, v shifted by m_base: a ZeRO-1 shard keeps only its own moments), with its own weight decay.
+// One launch for many tensors: segment s of the table is the range [begin[s], end[s]) of the arrays param, master,
+// grad, m and v, with its own weight decay.
 // The model passes its 16 tensors (or their parts inside a shard) in one table, so a step is one launch.
 constexpr int kAdamWMaxSegments = 16;
 struct AdamWTable {
@@ -83,12 +82,12 @@ template <class floatX, bool kStep>
 __global__ void adamw_kernel(floatX* __restrict__ param,       // (N) flat
                              float* __restrict__ master,       // (N) flat, null when floatX = float
                              const float* __restrict__ grad,   // (N) flat  (kStep only)
-                             float* __restrict__ m,            // flat index - m_base  (kStep only)
-                             float* __restrict__ v,            // flat index - m_base  (kStep only)
-                             size_t m_base, AdamWTable table, AdamWParams p) {
+                             float* __restrict__ m,            // (N) flat  (kStep only)
+                             float* __restrict__ v,            // (N) flat  (kStep only)
+                             AdamWTable table, AdamWParams p) {
   using P4 = Pack<floatX, 4>;
   using F4 = Pack<float, 4>;
-  if (p.step && !adamw_step_values(p)) return;
+  if (kStep && !adamw_step_values(p)) return;
   const int s = blockIdx.y;
   const size_t b = table.begin[s], n = table.end[s] - b;
   p.decay = table.decay[s];
@@ -97,8 +96,8 @@ __global__ void adamw_kernel(floatX* __restrict__ param,       // (N) flat
   if (master) master += b;
   if constexpr (kStep) {
     grad += b;
-    m += b - m_base;
-    v += b - m_base;
+    m += b;
+    v += b;
   }
   const bool vec = table.vec[s];
   const size_t units = vec ? (n + 3) / 4 : n;
@@ -138,14 +137,14 @@ __global__ void adamw_kernel(floatX* __restrict__ param,       // (N) flat
 }
 
 // ----------------------------------------------------------------------------------------- launchers
-struct AdamWSpan {  // one tensor (or its part): flat [begin, end) with its weight decay
+struct AdamWSpan {  // one tensor (or its part): array indices [begin, end) with its weight decay
   size_t begin, end;
   float decay;
 };
 
 template <class floatX, bool kStep>
-void launch_adamw(floatX* param, float* master, const float* grad, float* m, float* v, size_t m_base,
-                  const AdamWSpan* spans, int count, const AdamWParams& p, cudaStream_t stream) {
+void launch_adamw(floatX* param, float* master, const float* grad, float* m, float* v, const AdamWSpan* spans,
+                  int count, const AdamWParams& p, cudaStream_t stream) {
   if (count > kAdamWMaxSegments)
     throw std::invalid_argument("adamw: at most " + std::to_string(kAdamWMaxSegments) + " segments per launch");
   AdamWTable t;
@@ -158,34 +157,28 @@ void launch_adamw(floatX* param, float* master, const float* grad, float* m, flo
     t.end[s] = spans[i].end;
     t.decay[s] = spans[i].decay;
     t.vec[s] = aligned_to<4 * sizeof(floatX)>(param + b) && (!master || aligned16(master + b)) &&
-               (!kStep || aligned16(grad + b, m + (b - m_base), v + (b - m_base)));
+               (!kStep || aligned16(grad + b, m + b, v + b));
     most = std::max(most, t.vec[s] ? (spans[i].end - b + 3) / 4 : spans[i].end - b);
   }
   if (t.count == 0) return;
   // enough blocks to fill a large GPU (x 256 threads); bigger segments loop
   const dim3 grid(std::min(ceil_div(most, 256), 2048), t.count);
-  LAUNCH((adamw_kernel<floatX, kStep>), grid, 256, 0, stream, param, master, grad, m, v, m_base, t, p);
+  LAUNCH((adamw_kernel<floatX, kStep>), grid, 256, 0, stream, param, master, grad, m, v, t, p);
   CUDA_CHECK_LAUNCH();
 }
 
-// AdamW over the spans of the flat buffers in one launch (p.decay is ignored: each span has its own).
-// floatX = float: master must be null (param is the master). floatX = bf16: master (fp32) is updated and
-// param refreshed from it with stochastic rounding (p.seed, rounding index p.offset + flat index).
+// AdamW over the spans of the arrays in one launch, the step's values from p.step (device memory; p.lr, p.bc1,
+// p.bc2, p.seed, p.grad_scale and p.decay are ignored: each span has its own decay). floatX = float: master must
+// be null (param is the master). floatX = bf16: master (fp32) is updated and param refreshed from it with
+// stochastic rounding (rounding index p.offset + array index).
 template <class floatX>
-void adamw_update(floatX* param, float* master, const float* grad, float* m, float* v, size_t m_base,
-                  const AdamWSpan* spans, int count, const AdamWParams& p, cudaStream_t stream) {
+void adamw_update(floatX* param, float* master, const float* grad, float* m, float* v, const AdamWSpan* spans,
+                  int count, const AdamWParams& p, cudaStream_t stream) {
   if (kIsBF16<floatX> == (master == nullptr))
     throw std::invalid_argument(kIsBF16<floatX> ? "adamw_update: bf16 parameters need fp32 master weights"
                                                 : "adamw_update: fp32 parameters are their own master (pass null)");
-  launch_adamw<floatX, true>(param, master, grad, m, v, m_base, spans, count, p, stream);
-}
-
-// One tensor of n values: the rounding index of value i is p.offset + i.
-template <class floatX>
-void adamw_update(floatX* param, float* master, const float* grad, float* m, float* v, size_t n,
-                  const AdamWParams& p, cudaStream_t stream) {
-  const AdamWSpan span{0, n, p.decay};
-  adamw_update(param, master, grad, m, v, 0, &span, 1, p, stream);
+  if (!p.step) throw std::invalid_argument("adamw_update: the step's values (p.step) are needed");
+  launch_adamw<floatX, true>(param, master, grad, m, v, spans, count, p, stream);
 }
 
 // param[i] = stochastic_round_bf16(master[i], seed, offset + i) (a plain copy when floatX = float);
@@ -205,7 +198,7 @@ void cast_params(floatX* param, const float* master, size_t n, uint32_t seed, si
     p.offset = offset;
     const AdamWSpan span{0, n, 0.0f};
     // the kernel takes master non-const (the update writes it); with kStep = false it only reads it
-    launch_adamw<floatX, false>(param, const_cast<float*>(master), nullptr, nullptr, nullptr, 0, &span, 1, p, stream);
+    launch_adamw<floatX, false>(param, const_cast<float*>(master), nullptr, nullptr, nullptr, &span, 1, p, stream);
   }
 }
 

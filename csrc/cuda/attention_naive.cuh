@@ -1,5 +1,5 @@
 // Causal multi-head attention with the T x T probabilities materialised (the "no flash attention" rung, for
-// reference and debugging; select with GPT2CORE_CUDA_ATTENTION=naive). Same math and layouts as
+// reference and debugging; select with the backend option attention='naive'). Same math and layouts as
 // attention.cuh and csrc/cpu/ops.h: qkv (B, T, 3C) = [q | k | v], out (B, T, C), att (B, NH, T, T) holds
 // P = softmax(scale q.k) per query row (0 above the diagonal), as the CPU backend's att.
 //   backward: dv_j += sum_t P[t,j] dout_t;  dS = P * (dout.v - sum_j P dout.v);  dq_t += scale sum_j dS[t,j] k_j;

@@ -6,7 +6,7 @@
 // managed memory, so the numpy views the Python layer keeps over parameters and gradients stay valid on
 // the host. Kernels run on one stream the backend creates (a blocking one: the synchronous copies of
 // to_host & co. wait for it). The ops themselves never wait for the GPU, except those that return values
-// or that the host reads after (zero_grad, adamw, cast_params); the model calls synchronize() at the end of
+// or that the host reads after (zero_grad, step_sum_squares, cast_params); the model calls synchronize() at the end of
 // backward. So forward_backward's ops can be captured into a CUDA graph (capture_begin/end): while capturing,
 // any host synchronisation fails, and growing a scratch buffer (which needs one) is refused.
 // Out-of-memory is checked before allocating and reported with the size asked for.
@@ -33,7 +33,7 @@
 #include "cuda/matmul.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/residual.cuh"
-#include "emu/seams.h"
+#include "cuda/seams.h"
 #if !GPT2CORE_EMU
 #include "cuda/seams_cudnn.h"
 #endif
@@ -77,38 +77,27 @@ class CudaBackend final : public Backend<T> {
   static const K* k(const T* p) { return reinterpret_cast<const K*>(p); }
 
  public:
-  explicit CudaBackend(int device) {
+  CudaBackend(int device, const BackendOptions& options)
+      : tf32_(options.tf32 && !kIsBF16<K>), fused_(options.fused) {
     const std::string why = device_status(device);
     if (!why.empty()) throw std::runtime_error(why);
     CUDA_CHECK(cudaSetDevice(device));
     device_ = device;
     CUDA_CHECK(cudaStreamCreate(&stream_));  // not the legacy default stream, which cannot be captured
-#if !GPT2CORE_EMU
-    const char* tf32 = std::getenv("GPT2CORE_CUDA_TF32");
-    gpt2core::seams::set_matmul_tf32(tf32 && tf32[0] == '1');
-#endif
-    const char* fused = std::getenv("GPT2CORE_CUDA_FUSED");
-    fused_ = !(fused && fused[0] == '0');
-    const char* att_env = std::getenv("GPT2CORE_CUDA_ATTENTION");
-    const std::string att = att_env ? att_env : "";
-    if (att == "naive") attention_ = Attention::Naive;
-    else if (att == "flash") attention_ = Attention::Flash;
-    else if (att == "cudnn") attention_ = Attention::Cudnn;
-    else if (!att.empty() && att != "auto")
-      throw std::invalid_argument("GPT2CORE_CUDA_ATTENTION must be 'auto' (default), 'flash', 'cudnn' or 'naive', got '" +
-                                  att + "'");
-    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&norm_work_), (kNormBlocks + 1) * sizeof(double)));
-    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&valid_), sizeof(int)));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&norm_work_), kNormBlocks * sizeof(double)));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&step_dev_), sizeof(StepArgs)));
     // auto: cuDNN's fused attention for bf16 models on a GPU when it is compiled in and agrees with our flash
     // kernel on a small problem (checked here, once); our flash kernel otherwise. An explicit 'cudnn' must pass
     // the same check or the backend refuses to start.
-    const bool auto_mode = att.empty() || att == "auto";
-    if (attention_ == Attention::Cudnn || (auto_mode && kIsBF16<K> && !GPT2CORE_EMU)) {
+    using A = BackendOptions::Attention;
+    attention_ = options.attention == A::Naive ? Attention::Naive
+                 : options.attention == A::Cudnn ? Attention::Cudnn : Attention::Flash;
+    if (attention_ == Attention::Cudnn || (options.attention == A::Auto && kIsBF16<K> && !GPT2CORE_EMU)) {
       const std::string why = check_cudnn_attention();
       if (why.empty()) {
         attention_ = Attention::Cudnn;
       } else if (attention_ == Attention::Cudnn) {
-        throw std::runtime_error("GPT2CORE_CUDA_ATTENTION=cudnn: " + why);
+        throw std::runtime_error("attention='cudnn': " + why);
       } else {
         attention_ = Attention::Flash;
         if (why.find("built without") == std::string::npos)
@@ -122,10 +111,9 @@ class CudaBackend final : public Backend<T> {
       if (e != cudaSuccess && e != cudaErrorCudartUnloading)
         fprintf(stderr, "gpt2core: %s failed in ~CudaBackend: %s\n", what, cudaGetErrorString(e));
     };
-    for (void* p : {static_cast<void*>(norm_work_), static_cast<void*>(valid_), static_cast<void*>(scratch_.p),
+    for (void* p : {static_cast<void*>(norm_work_), static_cast<void*>(step_dev_), static_cast<void*>(scratch_.p),
                     static_cast<void*>(buckets_.p), static_cast<void*>(tscratch_.p)})
       if (p) check(cudaFree(p), "cudaFree");
-    if (step_dev_) check(cudaFree(step_dev_), "cudaFree");
     for (PinnedStaging* st : {&batch_staging_, &step_staging_}) {
       if (st->p) check(cudaFreeHost(st->p), "cudaFreeHost");
       if (st->copied) check(cudaEventDestroy(st->copied), "cudaEventDestroy");
@@ -202,7 +190,7 @@ class CudaBackend final : public Backend<T> {
     cuda::layernorm_backward(k(dinp), dw, db, k(dout), k(inp), k(w), mean, rstd, s, N, C, stream_);
   }
   // fused (default): one kernel reads a and b once and writes the residual and its layernorm;
-  // GPT2CORE_CUDA_FUSED=0: the two separate kernels (the "no fusion" rung of the speed ladder).
+  // fused=false: the two separate kernels (the "no fusion" rung of the speed ladder).
   void residual_layernorm_forward(T* residual, T* out, float* mean, float* rstd, const T* a, const T* b, const T* w,
                                   const T* bias, int N, int C) override {
     if (!fused_) {
@@ -212,22 +200,22 @@ class CudaBackend final : public Backend<T> {
     cuda::residual_layernorm_forward(k(residual), k(out), mean, rstd, k(a), k(b), k(w), k(bias), N, C, stream_);
   }
   void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) override {
-    cuda::matmul_forward(k(out), k(inp), k(w), k(bias), N, C, OC, stream_);
+    cuda::matmul_forward(k(out), k(inp), k(w), k(bias), N, C, OC, tf32_, stream_);
   }
   void matmul_backward(T* dinp, float* dw, float* dbias, const T* dout, const T* inp, const T* w, int N, int C,
                        int OC) override {
     float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
-    cuda::matmul_backward(k(dinp), dw, dbias, k(dout), k(inp), k(w), s, N, C, OC, stream_);
+    cuda::matmul_backward(k(dinp), dw, dbias, k(dout), k(inp), k(w), s, N, C, OC, tf32_, stream_);
   }
   // fused (default): GELU in the matmul's epilogue (cuBLASLt GELU_AUX_BIAS forward, DGELU backward; tanh GELU,
-  // see matmul.cuh), so the (N, 4C) activation is not read back by a separate kernel; GPT2CORE_CUDA_FUSED=0, or a
+  // see matmul.cuh), so the (N, 4C) activation is not read back by a separate kernel; fused=false, or a
   // GELU matrix cuBLASLt cannot take (leading dimension not a multiple of 8, unaligned): matmul + GELU kernels.
   void matmul_gelu_forward(T* pre, T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) override {
     if (!fused_ || !cuda::gelu_epilogue_ok(OC, pre, out)) {
       Backend<T>::matmul_gelu_forward(pre, out, inp, w, bias, N, C, OC);
       return;
     }
-    cuda::matmul_gelu_forward(k(pre), k(out), k(inp), k(w), k(bias), N, C, OC, stream_);
+    cuda::matmul_gelu_forward(k(pre), k(out), k(inp), k(w), k(bias), N, C, OC, tf32_, stream_);
   }
   void gelu_matmul_backward(T* dpre, float* dw, float* dbias, const T* dout, const T* pre, const T* act, const T* w,
                             T* scratch_t, int N, int C, int OC) override {
@@ -236,7 +224,7 @@ class CudaBackend final : public Backend<T> {
       return;
     }
     float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
-    cuda::gelu_matmul_backward(k(dpre), dw, dbias, k(dout), k(pre), k(act), k(w), s, N, C, OC, stream_);
+    cuda::gelu_matmul_backward(k(dpre), dw, dbias, k(dout), k(pre), k(act), k(w), s, N, C, OC, tf32_, stream_);
   }
   // flash and cudnn: att is the logsumexp of each query row, (B, NH, T); the T x T matrix never exists.
   // naive: att holds the softmax probabilities (B, NH, T, T), as on the CPU.
@@ -284,21 +272,13 @@ class CudaBackend final : public Backend<T> {
   void residual_forward(T* out, const T* a, const T* b, size_t N) override {
     cuda::residual_forward(k(out), k(a), k(b), N, stream_);
   }
-  long crossentropy_forward(float* losses, float* lse, const T* logits, const int32_t* targets, int N, int V,
-                            int Vp) override {
-    return cuda::crossentropy_forward(losses, lse, k(logits), targets, valid_, N, V, Vp, stream_);
+  void crossentropy_forward(float* losses, float* lse, const T* logits, const int32_t* targets, int32_t* n_valid,
+                            int N, int V, int Vp) override {
+    cuda::crossentropy_forward(losses, lse, k(logits), targets, n_valid, N, V, Vp, stream_);
   }
-  void crossentropy_backward_inplace(T* logits, const float* lse, const int32_t* targets, float dloss, int N, int V,
-                                     int Vp) override {
-    cuda::crossentropy_backward_inplace(k(logits), lse, targets, nullptr, dloss, N, V, Vp, stream_);
-  }
-  void crossentropy_forward_counted(float* losses, float* lse, const T* logits, const int32_t* targets,
-                                    int32_t* n_valid, int N, int V, int Vp) override {
-    cuda::crossentropy_forward_counted(losses, lse, k(logits), targets, n_valid, N, V, Vp, stream_);
-  }
-  void crossentropy_backward_counted(T* logits, const float* lse, const int32_t* targets, const int32_t* n_valid,
-                                     float grad_scale, int N, int V, int Vp) override {
-    cuda::crossentropy_backward_inplace(k(logits), lse, targets, n_valid, grad_scale, N, V, Vp, stream_);
+  void crossentropy_backward(T* logits, const float* lse, const int32_t* targets, const int32_t* n_valid,
+                             float grad_scale, int N, int V, int Vp) override {
+    cuda::crossentropy_backward(k(logits), lse, targets, n_valid, grad_scale, N, V, Vp, stream_);
   }
   void loss_accumulate(float* acc, const float* losses, const int32_t* n_valid, int N, float scale) override {
     cuda::loss_accumulate(acc, losses, n_valid, N, scale, stream_);
@@ -334,46 +314,35 @@ class CudaBackend final : public Backend<T> {
   void graph_destroy(void* graph) noexcept override {
     if (cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph)) != cudaSuccess) (void)cudaGetLastError();
   }
-  double sum_squares(const float* p, size_t n) override { return cuda::sum_squares(p, n, norm_work_, stream_); }
-  void adamw(T* param, float* master, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
-             float beta2, float eps, float decay, float grad_scale, float bc1, float bc2, uint32_t seed,
-             size_t offset) override {
-    cuda::adamw_update(k(param), master, grad, m, v, n,
-                       AdamWParams{lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2, seed, offset}, stream_);
-    sync();  // parameters are read on the host through numpy views
-  }
-  // the whole model (or a ZeRO-1 shard) in one launch
-  void adamw_segments(T* param, float* master, const float* grad, float* m, float* v, size_t m_base,
-                      const std::vector<AdamWSegment>& segments, float lr, float beta1, float beta2, float eps,
-                      float grad_scale, float bc1, float bc2, uint32_t seed) override {
-    launch_adamw_segments(param, master, grad, m, v, m_base, segments,
-                          AdamWParams{lr, beta1, beta2, eps, 0.0f, grad_scale, bc1, bc2, seed, 0});
-    sync();  // parameters are read on the host through numpy views
-  }
-  // The device-resident step's values, through pinned staging memory into step_dev_.
+  // The step's values, through pinned staging memory into step_dev_ (device memory).
   void set_step_args(const StepArgs& args) override {
-    if (!step_dev_) CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&step_dev_), sizeof(StepArgs)));
     StepArgs* host = static_cast<StepArgs*>(step_staging_.reserve(sizeof(StepArgs)));
     *host = args;
     CUDA_CHECK(cudaMemcpyAsync(step_dev_, host, sizeof(StepArgs), cudaMemcpyHostToDevice, stream_));
     step_staging_.sent(stream_);
   }
   void grad_sum_squares(const float* grad, size_t n) override {
-    cuda::sum_squares_into(&step_args_dev()->sumsq, grad, n, norm_work_, stream_);
+    cuda::sum_squares_into(&step_dev_->sumsq, grad, n, norm_work_, stream_);
   }
-  void clipped_adamw_segments(T* param, float* master, const float* grad, float* m, float* v, size_t m_base,
-                              const std::vector<AdamWSegment>& segments, float beta1, float beta2,
-                              float eps) override {
+  // the whole model (or a ZeRO-1 shard) in one launch; lr, bias corrections, seed and the gradient scale (clip
+  // factor included) come from step_dev_
+  void adamw(T* param, float* master, const float* grad, float* m, float* v, size_t base,
+             const std::vector<AdamWSegment>& segments, float beta1, float beta2, float eps) override {
+    std::vector<AdamWSpan> spans;
+    for (const AdamWSegment& s : segments) spans.push_back({s.begin - base, s.end - base, s.decay});
     AdamWParams p{};
     p.beta1 = beta1, p.beta2 = beta2, p.eps = eps;
-    p.step = step_args_dev();  // lr, bc1, bc2, seed and the clip scale
-    launch_adamw_segments(param, master, grad, m, v, m_base, segments, p);
+    p.offset = base;  // the rounding index of array element i is base + i
+    p.step = step_dev_;
+    for (size_t i = 0; i < spans.size(); i += kAdamWMaxSegments)
+      cuda::adamw_update(k(param), master, grad, m, v, spans.data() + i,
+                         int(std::min<size_t>(kAdamWMaxSegments, spans.size() - i)), p, stream_);
   }
-  double last_grad_norm() override {
+  double step_sum_squares() override {
     double sumsq = 0;
-    CUDA_CHECK(cudaMemcpyAsync(&sumsq, &step_args_dev()->sumsq, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(&sumsq, &step_dev_->sumsq, sizeof(double), cudaMemcpyDeviceToHost, stream_));
     sync();  // also: the update is done, the host may read the parameters
-    return std::sqrt(sumsq);
+    return sumsq;
   }
   void cast_params(T* param, const float* master, size_t n, uint32_t seed, size_t offset) override {
     if constexpr (std::is_same_v<T, float>) {
@@ -480,20 +449,6 @@ class CudaBackend final : public Backend<T> {
 
   void sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
-  // AdamW over the segments, kAdamWMaxSegments per launch (the model's 16 tensors: one launch).
-  void launch_adamw_segments(T* param, float* master, const float* grad, float* m, float* v, size_t m_base,
-                             const std::vector<AdamWSegment>& segments, const AdamWParams& p) {
-    std::vector<AdamWSpan> spans;
-    for (const AdamWSegment& s : segments) spans.push_back({s.begin, s.end, s.decay});
-    for (size_t i = 0; i < spans.size(); i += kAdamWMaxSegments)
-      cuda::adamw_update(k(param), master, grad, m, v, m_base, spans.data() + i,
-                         int(std::min<size_t>(kAdamWMaxSegments, spans.size() - i)), p, stream_);
-  }
-  StepArgs* step_args_dev() const {
-    if (!step_dev_) throw std::logic_error("CUDA backend: set_step_args must come before the step's ops");
-    return step_dev_;
-  }
-
   static constexpr const char* kOomHint = "; try a smaller micro-batch (B) or sequence length (T), or --recompute-gelu";
   void* alloc_bytes(size_t bytes) {
     const size_t want = bytes ? bytes : 1;
@@ -570,13 +525,13 @@ class CudaBackend final : public Backend<T> {
   };
 
   int device_ = 0;
-  bool fused_ = true;             // GPT2CORE_CUDA_FUSED=0: unfused residual + layernorm, matmul + GELU
-  Attention attention_ = Attention::Flash;  // GPT2CORE_CUDA_ATTENTION: auto (cudnn if it checks out), flash, ...
+  const bool tf32_;               // BackendOptions::tf32, for fp32 models: every matmul's seam params carry it
+  const bool fused_;              // BackendOptions::fused; false: unfused residual + layernorm, matmul + GELU
+  Attention attention_ = Attention::Flash;  // from BackendOptions::attention (auto resolved in the constructor)
   Scratch<T> tscratch_;
   cudaStream_t stream_ = nullptr;
   bool capturing_ = false;
   double* norm_work_ = nullptr;
-  int* valid_ = nullptr;
   Scratch<float> scratch_;
   Scratch<int> buckets_;            // encoder_buckets of the last upload_batch, for encoder_backward
   const int32_t* bucketed_ = nullptr;  // the device token ids buckets_ describes
@@ -641,12 +596,12 @@ std::string device_name(int device) {
   return prop.name;
 }
 
-std::unique_ptr<Backend<float>> make_backend(const std::string& device) {
-  return std::make_unique<CudaBackend<float>>(parse_device_index(device));
+std::unique_ptr<Backend<float>> make_backend(const std::string& device, const BackendOptions& options) {
+  return std::make_unique<CudaBackend<float>>(parse_device_index(device), options);
 }
 
-std::unique_ptr<Backend<::gpt2::bf16>> make_backend_bf16(const std::string& device) {
-  return std::make_unique<CudaBackend<::gpt2::bf16>>(parse_device_index(device));
+std::unique_ptr<Backend<::gpt2::bf16>> make_backend_bf16(const std::string& device, const BackendOptions& options) {
+  return std::make_unique<CudaBackend<::gpt2::bf16>>(parse_device_index(device), options);
 }
 
 }  // namespace gpt2::cuda

@@ -1,10 +1,11 @@
-// The CUDA backend's entry points, for the backend factory (csrc/model/backend_factory.h).
+// The CUDA backend's entry points, for the composition root (csrc/backends.h).
 // Plain C++: no CUDA headers, so the bindings compile with the host compiler.
 #pragma once
 #include <memory>
 #include <string>
 
 #include "model/backend.h"
+#include "model/backend_options.h"
 
 namespace gpt2::cuda {
 
@@ -18,11 +19,11 @@ int device_capability(int device);
 // The device's name as the driver reports it ("NVIDIA H100 80GB HBM3"), "" if none.
 std::string device_name(int device);
 
-// device: "cuda" or "cuda:<index>". Throws std::runtime_error when no usable device exists.
-// TF32 matmuls when the environment has GPT2CORE_CUDA_TF32=1 (fp32 otherwise).
-std::unique_ptr<Backend<float>> make_backend(const std::string& device);
+// device: "cuda" or "cuda:<index>". Throws std::runtime_error when no usable device exists (or attention=Cudnn
+// is asked for and cuDNN's attention is not usable).
+std::unique_ptr<Backend<float>> make_backend(const std::string& device, const BackendOptions& options);
 // The bf16 mixed-precision backend: bf16 parameters copy and activations, fp32 master weights, gradients,
-// AdamW state and statistics.
-std::unique_ptr<Backend<::gpt2::bf16>> make_backend_bf16(const std::string& device);
+// AdamW state and statistics (options.tf32 has no effect: its matmuls take bf16 inputs).
+std::unique_ptr<Backend<::gpt2::bf16>> make_backend_bf16(const std::string& device, const BackendOptions& options);
 
 }  // namespace gpt2::cuda

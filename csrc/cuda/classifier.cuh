@@ -2,10 +2,9 @@
 //   forward:  lse[n] = logsumexp(logits[n, :V]); losses[n] = lse[n] - logits[n, target[n]], or 0 where
 //             the target is -1 (ignored) or targets is null; counts the non-ignored rows (integer atomics).
 //   backward (in place): logits[n, i] becomes (softmax - onehot(target)) * dloss for i < V of valid rows,
-//             0 in the padded columns V..Vp-1 and in ignored rows. dloss is a kernel argument, or (the "counted"
-//             form, for a step without host round trips) grad_scale / count with the count of valid rows read
-//             from device memory, divided in double as the host does.
-//   loss:     *acc += scale * sum(losses) / count (the counted form's mean loss, accumulated over micro-steps).
+//             0 in the padded columns V..Vp-1 and in ignored rows; dloss = grad_scale / count with the count of
+//             valid rows read from device memory (no host round trip), divided in double and rounded once.
+//   loss:     *acc += scale * sum(losses) / count (the mean loss, accumulated over micro-steps).
 // One block per row; forward reads the row once (online max/sum), backward reads and writes it once, 16 bytes
 // per access (Vec<floatX>) when every row starts 16-byte aligned, one value per access otherwise;
 // softmax statistics in fp32 with a fixed-order block reduction. logits have the storage type floatX (float
@@ -83,12 +82,12 @@ template <class floatX>
 __global__ void crossentropy_backward_kernel(floatX* __restrict__ logits,       // (N, Vp), in place
                                              const float* __restrict__ lse,     // (N)
                                              const int* __restrict__ targets,   // (N)
-                                             const int* __restrict__ count,     // (1) or null: use dloss
-                                             float dloss, int V, int Vp, bool vec) {
+                                             const int* __restrict__ count,     // (1) valid rows
+                                             float grad_scale, int V, int Vp, bool vec) {
   using P = Vec<floatX>;
   constexpr int K = kVec<floatX>;
   const int n = blockIdx.x;
-  if (count) dloss = *count > 0 ? float(double(dloss) / double(*count)) : 0.0f;  // dloss holds grad_scale
+  const float dloss = *count > 0 ? float(double(grad_scale) / double(*count)) : 0.0f;
   floatX* row = logits + size_t(n) * Vp;
   const int t = targets[n];
   const float l = lse[n];
@@ -134,8 +133,8 @@ __global__ void loss_accumulate_kernel(float* __restrict__ acc, const float* __r
 // ----------------------------------------------------------------------------------------- launchers
 // Counts the non-ignored rows into *valid_dev (one device int) without reading it back.
 template <class floatX>
-void crossentropy_forward_counted(float* losses, float* lse, const floatX* logits, const int* targets, int* valid_dev,
-                                  int N, int V, int Vp, cudaStream_t stream) {
+void crossentropy_forward(float* losses, float* lse, const floatX* logits, const int* targets, int* valid_dev, int N,
+                          int V, int Vp, cudaStream_t stream) {
   CUDA_CHECK(cudaMemsetAsync(valid_dev, 0, sizeof(int), stream));
   if (N <= 0) return;
   const bool vec = Vp % kVec<floatX> == 0 && aligned16(logits);
@@ -144,27 +143,14 @@ void crossentropy_forward_counted(float* losses, float* lse, const floatX* logit
   CUDA_CHECK_LAUNCH();
 }
 
-// valid_dev: one device int (scratch). Returns the number of non-ignored rows.
+// count: a device int of valid rows; dloss = grad_scale / *count on the device.
 template <class floatX>
-long crossentropy_forward(float* losses, float* lse, const floatX* logits, const int* targets, int* valid_dev, int N,
-                          int V, int Vp, cudaStream_t stream) {
-  if (N <= 0) return 0;
-  crossentropy_forward_counted(losses, lse, logits, targets, valid_dev, N, V, Vp, stream);
-  int valid = 0;
-  CUDA_CHECK(cudaMemcpyAsync(&valid, valid_dev, sizeof(int), cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
-  return valid;
-}
-
-// count: null (dloss is the gradient scale of every valid row), or a device int of valid rows (dloss is then
-// divided by it on the device: the counted form).
-template <class floatX>
-void crossentropy_backward_inplace(floatX* logits, const float* lse, const int* targets, const int* count, float dloss,
-                                   int N, int V, int Vp, cudaStream_t stream) {
+void crossentropy_backward(floatX* logits, const float* lse, const int* targets, const int* count, float grad_scale,
+                           int N, int V, int Vp, cudaStream_t stream) {
   if (N <= 0) return;
   const bool vec = Vp % kVec<floatX> == 0 && aligned16(logits);
-  LAUNCH(crossentropy_backward_kernel<floatX>, N, kClassifierBlock, 0, stream, logits, lse, targets, count, dloss, V,
-         Vp, vec);
+  LAUNCH(crossentropy_backward_kernel<floatX>, N, kClassifierBlock, 0, stream, logits, lse, targets, count,
+         grad_scale, V, Vp, vec);
   CUDA_CHECK_LAUNCH();
 }
 

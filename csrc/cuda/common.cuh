@@ -1,5 +1,5 @@
 // Shared helpers of the CUDA backend: error macros that throw, ceil_div, warp and block reductions, and the
-// storage-type helpers of the bf16 contract (notes/bf16_contract.md):
+// storage-type helpers of the bf16 contract (stated here):
 //   the storage type (T in the contract, the template parameter floatX in the kernel files) is float or
 //   __nv_bfloat16; compute is fp32 in registers:
 //     load_f(x) = float(x);  store_t<T>(v) = v rounded to T (round to nearest even for bf16)
@@ -8,7 +8,7 @@
 //   stochastic_round_bf16(x, seed, idx): fp32 bit pattern + a 16-bit hash of (seed, idx), truncated to bf16
 //   (rounds away from zero with probability equal to the dropped fraction of an ulp, so E[result] = x);
 //   seed 0 = round to nearest even.
-// Included by every kernel file; compiles with nvcc and, through emu/cuda_portable.h, with g++ against
+// Included by every kernel file; compiles with nvcc and, through cuda/portable.h, with g++ against
 // the CUDA-on-CPU emulator (csrc/emu).
 #pragma once
 #include <cstdint>
@@ -17,7 +17,7 @@
 #include <string>
 #include <type_traits>
 
-#include "emu/cuda_portable.h"
+#include "cuda/portable.h"
 
 namespace gpt2::cuda {
 

@@ -40,14 +40,4 @@ inline void sum_squares_into(double* out, const float* p, size_t n, double* work
   CUDA_CHECK_LAUNCH();
 }
 
-// work: kNormBlocks + 1 doubles of device memory.
-inline double sum_squares(const float* p, size_t n, double* work, cudaStream_t stream) {
-  if (n == 0) return 0.0;
-  sum_squares_into(work + kNormBlocks, p, n, work, stream);
-  double out = 0.0;
-  CUDA_CHECK(cudaMemcpyAsync(&out, work + kNormBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
-  return out;
-}
-
 }  // namespace gpt2::cuda

@@ -10,10 +10,11 @@
 //             into D); dw and dbias accumulate as in matmul_backward
 // Storage type floatX (float or bf16) for inp, w, bias, out, dout and dinp (dinp += is accumulated in fp32
 // and rounded once to floatX); dw and dbias are fp32 for either floatX. Products accumulate in fp32 (seams.h).
+// tf32: fp32 inputs may go through TF32 tensor cores (the seam's MatmulParams::tf32; the caller's option, per call).
 #pragma once
 #include "cuda/common.cuh"
 #include "cuda/reduce.cuh"
-#include "emu/seams.h"
+#include "cuda/seams.h"
 #if !GPT2CORE_EMU
 #include "cuda/seams_cublaslt.h"
 #endif
@@ -40,7 +41,7 @@ constexpr gpt2core::seams::DType seam_dtype() {
 // The seam's parameters of out (N, OC) = inp (N, C) @ w^T + bias, all in floatX.
 template <class floatX>
 gpt2core::seams::MatmulParams linear_params(floatX* out, const floatX* inp, const floatX* w, const floatX* bias, int N,
-                                            int C, int OC, cudaStream_t stream) {
+                                            int C, int OC, bool tf32, cudaStream_t stream) {
   constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
   gpt2core::seams::MatmulParams p;
   p.d = out; p.ldd = OC; p.d_type = X;
@@ -48,6 +49,7 @@ gpt2core::seams::MatmulParams linear_params(floatX* out, const floatX* inp, cons
   p.b = w; p.ldb = C; p.trans_b = true; p.b_type = X;
   p.m = N; p.n = OC; p.k = C;
   p.bias = bias;
+  p.tf32 = tf32;
   p.stream = stream;
   return p;
 }
@@ -57,9 +59,9 @@ void matmul_forward(floatX* out,          // (N, OC)
                     const floatX* inp,    // (N, C)
                     const floatX* w,      // (OC, C)
                     const floatX* bias,   // (OC) or null
-                    int N, int C, int OC, cudaStream_t stream) {
+                    int N, int C, int OC, bool tf32, cudaStream_t stream) {
   if (N <= 0 || OC <= 0) return;
-  MATMUL_CHECK(gpt2core::seams::matmul(linear_params(out, inp, w, bias, N, C, OC, stream)), "forward");
+  MATMUL_CHECK(gpt2core::seams::matmul(linear_params(out, inp, w, bias, N, C, OC, tf32, stream)), "forward");
 }
 
 // dw (OC, C) += dout^T @ inp; dbias (OC) += sum_n dout when dbias is given.
@@ -69,7 +71,7 @@ void matmul_backward_weights(float* dw,            // (OC, C), accumulated into
                              float* dbias,         // (OC) or null, accumulated into
                              const floatX* dout,   // (N, OC)
                              const floatX* inp,    // (N, C)
-                             float* scratch, int N, int C, int OC, cudaStream_t stream) {
+                             float* scratch, int N, int C, int OC, bool tf32, cudaStream_t stream) {
   if (N <= 0 || C <= 0 || OC <= 0) return;
   constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
   gpt2core::seams::MatmulParams q;  // dw (OC, C) += dout^T (OC, N) @ inp (N, C)
@@ -78,6 +80,7 @@ void matmul_backward_weights(float* dw,            // (OC, C), accumulated into
   q.b = inp; q.ldb = C; q.b_type = X;
   q.m = OC; q.n = C; q.k = N;
   q.accumulate = true;
+  q.tf32 = tf32;
   q.stream = stream;
   MATMUL_CHECK(gpt2core::seams::matmul(q), "backward dweight");
   if (dbias) column_sum_accumulate(dbias, dout, scratch, N, OC, stream);
@@ -91,7 +94,7 @@ void matmul_backward(floatX* dinp,         // (N, C), accumulated into
                      const floatX* dout,   // (N, OC)
                      const floatX* inp,    // (N, C)
                      const floatX* w,      // (OC, C)
-                     float* scratch, int N, int C, int OC, cudaStream_t stream) {
+                     float* scratch, int N, int C, int OC, bool tf32, cudaStream_t stream) {
   if (N <= 0 || C <= 0 || OC <= 0) return;
   constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
   gpt2core::seams::MatmulParams p;  // dinp (N, C) += dout (N, OC) @ w (OC, C)
@@ -100,9 +103,10 @@ void matmul_backward(floatX* dinp,         // (N, C), accumulated into
   p.b = w; p.ldb = C; p.b_type = X;
   p.m = N; p.n = C; p.k = OC;
   p.accumulate = true;
+  p.tf32 = tf32;
   p.stream = stream;
   MATMUL_CHECK(gpt2core::seams::matmul(p), "backward dinp");
-  matmul_backward_weights(dw, dbias, dout, inp, scratch, N, C, OC, stream);
+  matmul_backward_weights(dw, dbias, dout, inp, scratch, N, C, OC, tf32, stream);
 }
 
 // ------------------------------------------------------------------------------------------ GELU epilogues
@@ -127,9 +131,9 @@ void matmul_gelu_forward(floatX* pre,         // (N, OC): inp @ w^T + bias, kept
                          const floatX* inp,   // (N, C)
                          const floatX* w,     // (OC, C)
                          const floatX* bias,  // (OC) or null
-                         int N, int C, int OC, cudaStream_t stream) {
+                         int N, int C, int OC, bool tf32, cudaStream_t stream) {
   if (N <= 0 || OC <= 0) return;
-  gpt2core::seams::MatmulParams p = linear_params(out, inp, w, bias, N, C, OC, stream);
+  gpt2core::seams::MatmulParams p = linear_params(out, inp, w, bias, N, C, OC, tf32, stream);
   p.epilogue = gpt2core::seams::Epilogue::Gelu;
   p.pre_gelu = pre;
   MATMUL_CHECK(gpt2core::seams::matmul(p), "forward + GELU");
@@ -145,7 +149,7 @@ void gelu_matmul_backward(floatX* dpre,         // (N, C), written
                           const floatX* pre,    // (N, C)
                           const floatX* act,    // (N, C): gelu(pre)
                           const floatX* w,      // (OC, C)
-                          float* scratch, int N, int C, int OC, cudaStream_t stream) {
+                          float* scratch, int N, int C, int OC, bool tf32, cudaStream_t stream) {
   if (N <= 0 || C <= 0) return;
   constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
   gpt2core::seams::MatmulParams p;  // dpre (N, C) = (dout (N, OC) @ w (OC, C)) * gelu'(pre)
@@ -155,9 +159,10 @@ void gelu_matmul_backward(floatX* dpre,         // (N, C), written
   p.m = N; p.n = C; p.k = OC;
   p.epilogue = gpt2core::seams::Epilogue::GeluBackward;
   p.pre_gelu = const_cast<floatX*>(pre);  // read only by the GELU backward epilogue
+  p.tf32 = tf32;
   p.stream = stream;
   MATMUL_CHECK(gpt2core::seams::matmul(p), "backward dinp + GELU backward");
-  matmul_backward_weights(dw, dbias, dout, act, scratch, N, C, OC, stream);
+  matmul_backward_weights(dw, dbias, dout, act, scratch, N, C, OC, tf32, stream);
 }
 
 }  // namespace gpt2::cuda

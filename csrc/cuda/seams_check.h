@@ -1,7 +1,7 @@
 // Error handling shared by the GPU-only seam implementations (seams_cublaslt.cu, seams_cudnn.cu): inside, a
 // failed call throws (CUDA_CHECK_THROW: file, line and CUDA's message); at the seam, run_guarded turns any
 // exception or pending CUDA error into the cudaError_t result and keeps the message for the caller (seams never
-// throw; see csrc/emu/seams.h).
+// throw; see csrc/cuda/seams.h).
 #pragma once
 #include <cuda_runtime_api.h>
 

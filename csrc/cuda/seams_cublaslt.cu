@@ -4,7 +4,7 @@
 // D^T (n, m) = op(B)^T @ op(A)^T: cuBLASLt's "A" is our B and its "B" is our A, with the transposes swapped
 // accordingly; the bias (n) is then a per-row vector of D^T, which is what cuBLASLt's bias epilogue takes.
 // Compute: fp32 (CUBLAS_COMPUTE_32F), or TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) for fp32 inputs
-// after set_matmul_tf32(true); bf16 inputs accumulate in fp32. Epilogues: bias, GELU (+ bias, + saving the
+// when the call's params say tf32; bf16 inputs accumulate in fp32. Epilogues: bias, GELU (+ bias, + saving the
 // pre-activation as aux), GELU backward (dGELU from aux; not combined with accumulation). Algorithms come from
 // cuBLASLt's heuristic once per shape (cached). One handle and a 32 MiB workspace for the process, on the
 // device current when first used.
@@ -18,7 +18,7 @@
 
 #include "cuda/seams_check.h"
 #include "cuda/seams_cublaslt.h"
-#include "emu/seams.h"
+#include "cuda/seams.h"
 
 // Throws std::runtime_error with file, line and cuBLASLt's message.
 #define CUBLAS_CHECK(call)                                                                                  \
@@ -39,7 +39,6 @@ struct State {
   std::mutex mu;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  bool tf32 = false;
   std::map<std::array<long long, 20>, cublasLtMatmulAlgo_t> algos;
 };
 State& state() {
@@ -80,7 +79,7 @@ void matmul_impl(const MatmulParams& p) {
     CUDA_CHECK_THROW(cudaMalloc(&S.workspace, kWorkspaceBytes));
   }
   const bool all_f32 = p.a_type == DType::F32 && p.b_type == DType::F32 && p.d_type == DType::F32;
-  const cublasComputeType_t compute = (S.tf32 && all_f32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t compute = (p.tf32 && all_f32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 
   Desc ds;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&ds.op, compute, CUDA_R_32F));
@@ -159,12 +158,6 @@ void matmul_impl(const MatmulParams& p) {
 }
 
 }  // namespace
-
-void set_matmul_tf32(bool on) {
-  State& S = state();
-  std::lock_guard<std::mutex> lock(S.mu);
-  S.tf32 = on;
-}
 
 std::string last_matmul_error() { return t_last_error; }
 

@@ -5,8 +5,6 @@
 
 namespace gpt2core::seams {
 
-// fp32 matmuls use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) when on, plain fp32 otherwise.
-void set_matmul_tf32(bool on);
 // The cuBLASLt message behind the last failed matmul on this thread ("" if none).
 std::string last_matmul_error();
 

@@ -25,7 +25,7 @@
 
 #include "cuda/seams_check.h"
 #include "cuda/seams_cudnn.h"
-#include "emu/seams.h"
+#include "cuda/seams.h"
 
 #ifndef GPT2CORE_HAS_CUDNN_SDPA
 #define GPT2CORE_HAS_CUDNN_SDPA 0

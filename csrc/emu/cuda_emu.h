@@ -1,6 +1,7 @@
 // cuda_emu.h: CUDA C++ on the CPU, with CUDA's semantics checked, for tests.
 //
-// Include through emu/cuda_portable.h (which picks the real CUDA headers under nvcc). Compiled with
+// Force-included by gpt2core_emu_cuda_sources (CMakeLists.txt here) ahead of CUDA sources, which include
+// cuda/portable.h (the real CUDA headers under nvcc). Compiled with
 // g++ against NVIDIA's own headers in host mode: cuda_runtime.h gives the types and the runtime API
 // declarations (implemented in emu/runtime.cpp), cuda_bf16.h / cuda_fp16.h give the bf16 / fp16
 // types and their host conversions. This header adds what only exists in device code:
@@ -32,7 +33,7 @@
 #pragma once
 
 #if defined(__CUDACC__)
-#error "emu/cuda_emu.h is the host-compiler emulation; nvcc uses the real CUDA headers (include emu/cuda_portable.h)"
+#error "emu/cuda_emu.h is the host-compiler emulation; nvcc uses the real CUDA headers (cuda/portable.h)"
 #endif
 
 // Defined before NVIDIA's headers: host_defines.h keeps a __shared__ that is already defined.

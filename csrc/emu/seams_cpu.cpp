@@ -9,7 +9,7 @@
 // Each call checks its arguments, then hands the work, holding a copy of the params, to
 // gpt2emu::enqueue: it runs now, or becomes a graph node when the stream is capturing.
 #include "emu/cuda_emu.h"  // before any NVIDIA header (it defines __shared__ first)
-#include "emu/seams.h"
+#include "cuda/seams.h"
 
 #include <cuda_bf16.h>
 

@@ -8,7 +8,6 @@
 // parameter gradients, AdamW moments, per-row statistics: layernorm mean/rstd, attention state, losses,
 // logsumexps). For float and double models M == T; for bf16 models M is float.
 #pragma once
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -16,24 +15,9 @@
 #include <vector>
 
 #include "model/dtypes.h"
+#include "model/optimizer.h"
 
 namespace gpt2 {
-
-// One tensor (or the part of it inside a ZeRO-1 shard) in an AdamW update: flat indices [begin, end) of the
-// parameters, with this tensor's weight decay.
-struct AdamWSegment {
-  size_t begin, end;
-  float decay;
-};
-
-// The values of one optimizer step that change from step to step, for clipped_adamw_segments: in backend memory
-// so that a captured step reads each step's values at replay. sumsq is written by grad_sum_squares in the step.
-struct StepArgs {
-  float lr, bc1, bc2;
-  uint32_t seed;  // stochastic rounding of a bf16 copy: the step
-  double clip;    // clip the global gradient norm to this (0: no clipping)
-  double sumsq;   // sum of squares of all gradients
-};
 
 template <typename T>
 class Backend {
@@ -115,29 +99,16 @@ class Backend {
   virtual void gelu_forward(T* out, const T* inp, size_t N) = 0;
   virtual void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N) = 0;
   virtual void residual_forward(T* out, const T* a, const T* b, size_t N) = 0;
-  virtual long crossentropy_forward(M* losses, M* lse, const T* logits, const int32_t* targets, int N, int V, int Vp) = 0;
-  virtual void crossentropy_backward_inplace(T* logits, const M* lse, const int32_t* targets, M dloss,
-                                             int N, int V, int Vp) = 0;
-  // The loss without host round trips (GPT2Model::forward_backward, which a CUDA graph can capture): the number of
-  // non-ignored targets stays in backend memory (*n_valid), the backward scale is computed from it where it is
-  // used (dloss = grad_scale / *n_valid, in double, as backward() does on the host), and the mean loss is added
-  // to an accumulator in backend memory: *acc += scale * sum(losses) / *n_valid (nothing when *n_valid is 0).
-  // The defaults are for backends whose memory is host memory.
-  virtual void crossentropy_forward_counted(M* losses, M* lse, const T* logits, const int32_t* targets,
-                                            int32_t* n_valid, int N, int V, int Vp) {
-    *n_valid = int32_t(crossentropy_forward(losses, lse, logits, targets, N, V, Vp));
-  }
-  virtual void crossentropy_backward_counted(T* logits, const M* lse, const int32_t* targets, const int32_t* n_valid,
-                                             float grad_scale, int N, int V, int Vp) {
-    const M dloss = *n_valid > 0 ? M(double(grad_scale) / double(*n_valid)) : M(0);
-    crossentropy_backward_inplace(logits, lse, targets, dloss, N, V, Vp);
-  }
-  virtual void loss_accumulate(M* acc, const M* losses, const int32_t* n_valid, int N, float scale) {
-    if (*n_valid <= 0) return;
-    double s = 0;
-    for (int i = 0; i < N; i++) s += double(losses[i]);
-    *acc += M(double(scale) * (s / double(*n_valid)));
-  }
+  // The loss, counted and summed in backend memory (no host round trip, so a CUDA graph can capture it):
+  // crossentropy_forward writes per-row losses and logsumexps and the number of non-ignored targets into *n_valid
+  // (targets may be null: every row ignored); crossentropy_backward turns logits into dlogits in place, scaled by
+  // dloss = grad_scale / *n_valid (in double, rounded once; 0 when *n_valid is 0); loss_accumulate adds the mean
+  // loss: *acc += scale * sum(losses) / *n_valid (nothing when *n_valid is 0).
+  virtual void crossentropy_forward(M* losses, M* lse, const T* logits, const int32_t* targets, int32_t* n_valid,
+                                    int N, int V, int Vp) = 0;
+  virtual void crossentropy_backward(T* logits, const M* lse, const int32_t* targets, const int32_t* n_valid,
+                                     float grad_scale, int N, int V, int Vp) = 0;
+  virtual void loss_accumulate(M* acc, const M* losses, const int32_t* n_valid, int N, float scale) = 0;
   // CUDA graphs: the ops enqueued between capture_begin() and capture_end() are recorded, not run, and
   // graph_launch() replays them with the pointers and scalar arguments they had when recorded. Only a backend
   // with a device queue can (can_capture()); ops that would synchronise with the host fail while capturing.
@@ -147,51 +118,24 @@ class Backend {
   virtual void* capture_end(bool /*keep*/) { return nullptr; }
   virtual void graph_launch(void* /*graph*/) {}
   virtual void graph_destroy(void* /*graph*/) noexcept {}
-  // sum of squares of n values, accumulated in double
-  virtual double sum_squares(const M* p, size_t n) = 0;
-  // AdamW on n values; decay is the weight decay for this tensor (0 for 1-D tensors). master is null when the
-  // parameters are their own master copy (M == T); otherwise master is updated and param rewritten from it as
-  // cast_params(param, master, n, seed, offset) does.
-  virtual void adamw(T* param, M* master, const M* grad, M* m, M* v, size_t n, float lr, float beta1, float beta2,
-                     float eps, float decay, float grad_scale, float bc1, float bc2, uint32_t seed,
-                     size_t offset) = 0;
-  // AdamW over several segments of the flat buffers at once (the model passes all of its tensors): param, master
-  // and grad are indexed by flat index, m and v by flat index - m_base. The rounding index of flat value k is k.
-  // By default one adamw() per segment; a backend may do it in one pass (the CUDA backend: one launch).
-  virtual void adamw_segments(T* param, M* master, const M* grad, M* m, M* v, size_t m_base,
-                              const std::vector<AdamWSegment>& segments, float lr, float beta1, float beta2, float eps,
-                              float grad_scale, float bc1, float bc2, uint32_t seed) {
-    for (const AdamWSegment& s : segments)
-      adamw(param + s.begin, master ? master + s.begin : nullptr, grad + s.begin, m + (s.begin - m_base),
-            v + (s.begin - m_base), s.end - s.begin, lr, beta1, beta2, eps, s.decay, grad_scale, bc1, bc2, seed,
-            s.begin);
-  }
-  // The optimizer step without a host round trip (GPT2Model::optimizer_step): set_step_args stores the step's
-  // values in backend memory (never while capturing), grad_sum_squares writes the sum of squares of n gradients
-  // into them, and clipped_adamw_segments is adamw_segments with grad_scale = clip / (norm + 1e-6) when clip > 0
-  // and norm = sqrt(sumsq) > clip (else 1), computed where it runs, in double, and with nothing written at all
-  // when the norm is not finite. last_grad_norm() reads the norm back. Defaults: for host-memory backends.
-  virtual void set_step_args(const StepArgs& args) { step_args_ = args; }
-  virtual void grad_sum_squares(const M* grad, size_t n) { step_args_.sumsq = sum_squares(grad, n); }
-  virtual void clipped_adamw_segments(T* param, M* master, const M* grad, M* m, M* v, size_t m_base,
-                                      const std::vector<AdamWSegment>& segments, float beta1, float beta2,
-                                      float eps) {
-    const StepArgs& a = step_args_;
-    const double norm = std::sqrt(a.sumsq);
-    if (!std::isfinite(norm)) return;
-    const float scale = a.clip > 0 && norm > a.clip ? float(a.clip / (norm + 1e-6)) : 1.0f;
-    adamw_segments(param, master, grad, m, v, m_base, segments, a.lr, beta1, beta2, eps, scale, a.bc1, a.bc2,
-                   a.seed);
-  }
-  virtual double last_grad_norm() { return std::sqrt(step_args_.sumsq); }
+  // The optimizer step, its values in backend memory (so a captured step reads each step's values at replay):
+  // set_step_args stores them (never while capturing); grad_sum_squares writes the sum of squares of n gradients
+  // (accumulated in double) into their sumsq; adamw is AdamW over segments of the flat buffers with the gradients
+  // scaled by grad_scale * clip_factor(sumsq, clip) (model/optimizer.h), computed where it runs, writing nothing
+  // at all when the norm is not finite. param, master, grad, m and v hold flat indices [base, ...): value k is at
+  // ptr[k - base], and the bf16 rounding index of value k is k (master is null when M == T: the parameters are
+  // their own master copy; otherwise master is updated and param rewritten from it as cast_params does).
+  // step_sum_squares() reads sumsq back (the one host read; the ops before it have finished when it returns).
+  virtual void set_step_args(const StepArgs& args) = 0;
+  virtual void grad_sum_squares(const M* grad, size_t n) = 0;
+  virtual void adamw(T* param, M* master, const M* grad, M* m, M* v, size_t base,
+                     const std::vector<AdamWSegment>& segments, float beta1, float beta2, float eps) = 0;
+  virtual double step_sum_squares() = 0;
   // param[i] = master[i] rounded to T: stochastically with random bits that are a function of (seed, offset + i)
   // only, or to nearest even when seed == 0. Only backends whose models keep a master copy implement it.
   virtual void cast_params(T* /*param*/, const M* /*master*/, size_t /*n*/, uint32_t /*seed*/, size_t /*offset*/) {
     throw std::logic_error(std::string("backend ") + name() + " has no separate master weights to cast");
   }
-
- private:
-  StepArgs step_args_{};  // the defaults' copy (host memory)
 };
 
 }  // namespace gpt2

@@ -13,7 +13,14 @@
 
 namespace gpt2 {
 
-constexpr int kNumParamTensors = 16;
+// The 16 parameter tensors by name, in layout order.
+enum ParamTensor : int {
+  kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
+  kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb,
+  kNumParamTensors
+};
+// The per-layer tensors (L, ...) are kLn1w..kFcprojb: layer l's slice of each is one layer's parameters.
+constexpr int kFirstLayerTensor = kLn1w, kLastLayerTensor = kFcprojb;
 
 struct ModelConfig {
   int max_seq_len = 1024;        // maxT, the block size
@@ -64,7 +71,7 @@ inline std::array<size_t, kNumParamTensors> param_sizes(const ModelConfig& c) {
 // Weight decay applies to 2-D weights only: embeddings and matmul weights (per layer they are 2-D).
 inline bool param_decays(int i) {
   switch (i) {
-    case 0: case 1: case 4: case 6: case 10: case 12: return true;
+    case kWte: case kWpe: case kQkvw: case kAttprojw: case kFcw: case kFcprojw: return true;
     default: return false;
   }
 }

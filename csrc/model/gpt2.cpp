@@ -20,14 +20,16 @@ GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> b
   params_ = backend_->alloc(num_params_);
   if constexpr (kHasMasterCopy<T>) master_ = backend_->alloc_master(num_params_);
   grads_ = backend_->alloc_master(num_params_);
+  n_valid_dev_ = backend_->alloc_i32(1);
+  loss_acc_ = backend_->alloc_master(1);
 }
 
 template <typename T>
 GPT2Model<T>::~GPT2Model() {
   drop_graph(step_graph_);
   drop_graph(optimizer_graph_);
-  if (n_valid_dev_) backend_->free_i32(n_valid_dev_);
-  if (loss_acc_) backend_->free_master(loss_acc_);
+  backend_->free_i32(n_valid_dev_);
+  backend_->free_master(loss_acc_);
   backend_->free(params_);
   if (master_) backend_->free_master(master_);
   backend_->free_master(grads_);
@@ -133,12 +135,10 @@ double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, 
   have_targets_ = false;
   refresh_params();
   forward_ops(B, Tn);
-  if (!targets) {
-    be.crossentropy_forward(a_.losses, a_.lse, a_.logits, nullptr, N, V, Vp);
-    n_valid_ = 0;
-    return std::numeric_limits<double>::quiet_NaN();
-  }
-  n_valid_ = be.crossentropy_forward(a_.losses, a_.lse, a_.logits, targets_, N, V, Vp);
+  be.crossentropy_forward(a_.losses, a_.lse, a_.logits, targets ? targets_ : nullptr, n_valid_dev_, N, V, Vp);
+  n_valid_ = 0;  // the count the backend keeps in its memory, from the host's copy of the targets
+  if (!targets) return std::numeric_limits<double>::quiet_NaN();
+  for (int i = 0; i < N; i++) n_valid_ += targets[i] >= 0;
   have_targets_ = true;
   std::vector<M> losses(N);
   be.to_host_master(losses.data(), a_.losses, N);
@@ -155,9 +155,11 @@ void GPT2Model<T>::forward_ops(int B, int Tn) {
   const int Vp = config_.padded_vocab_size;
   const int N = B * Tn;
   const size_t NC = size_t(N) * C;
-  be.encoder_forward(a_.encoded, inputs_, param(0), param(1), B, Tn, C);
-  be.layernorm_forward(a_.ln1, a_.ln1_mean, a_.ln1_rstd, a_.encoded, param(2), param(3), N, C);
+  be.encoder_forward(a_.encoded, inputs_, param(kWte), param(kWpe), B, Tn, C);
+  const LayerTensors<T> first = layer(params_, 0);
+  be.layernorm_forward(a_.ln1, a_.ln1_mean, a_.ln1_rstd, a_.encoded, first.ln1w, first.ln1b, N, C);
   for (int l = 0; l < L; l++) {
+    const LayerTensors<T> p = layer(params_, l);
     const T* x = l == 0 ? a_.encoded : a_.residual3 + (l - 1) * NC;
     T* ln1 = a_.ln1 + l * NC;  // layernorm(x): written by the previous layer's fused residual + layernorm
     T* qkv = a_.qkv + l * NC * 3;
@@ -170,22 +172,25 @@ void GPT2Model<T>::forward_ops(int B, int Tn) {
     T* fch_gelu = recompute_gelu_ ? a_.fch_gelu : a_.fch_gelu + l * NC * 4;
     T* fcproj = a_.fcproj + l * NC;
     T* res3 = a_.residual3 + l * NC;
-    be.matmul_forward(qkv, ln1, param(4) + size_t(l) * 3 * C * C, param(5) + l * 3 * C, N, C, 3 * C);
+    be.matmul_forward(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
     be.attention_forward(atty, att, qkv, B, Tn, C, NH);
-    be.matmul_forward(attproj, atty, param(6) + size_t(l) * C * C, param(7) + l * C, N, C, C);
-    be.residual_layernorm_forward(res2, ln2, a_.ln2_mean + l * N, a_.ln2_rstd + l * N, x, attproj,
-                                  param(8) + l * C, param(9) + l * C, N, C);
+    be.matmul_forward(attproj, atty, p.attprojw, p.attprojb, N, C, C);
+    be.residual_layernorm_forward(res2, ln2, a_.ln2_mean + l * N, a_.ln2_rstd + l * N, x, attproj, p.ln2w, p.ln2b,
+                                  N, C);
     // fch = ln2 @ fcw^T + fcb, fch_gelu = gelu(fch): one op so that a backend can fuse the GELU into the matmul
-    be.matmul_gelu_forward(fch, fch_gelu, ln2, param(10) + size_t(l) * 4 * C * C, param(11) + l * 4 * C, N, C, 4 * C);
-    be.matmul_forward(fcproj, fch_gelu, param(12) + size_t(l) * 4 * C * C, param(13) + l * C, N, 4 * C, C);
+    be.matmul_gelu_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C);
+    be.matmul_forward(fcproj, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
     // residual3 = residual2 + fcproj, normalised by the next layer's ln1 (or, after the last layer, by lnf)
-    if (l + 1 < L)
+    if (l + 1 < L) {
+      const LayerTensors<T> next = layer(params_, l + 1);
       be.residual_layernorm_forward(res3, a_.ln1 + (l + 1) * NC, a_.ln1_mean + (l + 1) * N, a_.ln1_rstd + (l + 1) * N,
-                                    res2, fcproj, param(2) + (l + 1) * C, param(3) + (l + 1) * C, N, C);
-    else
-      be.residual_layernorm_forward(res3, a_.lnf, a_.lnf_mean, a_.lnf_rstd, res2, fcproj, param(14), param(15), N, C);
+                                    res2, fcproj, next.ln1w, next.ln1b, N, C);
+    } else {
+      be.residual_layernorm_forward(res3, a_.lnf, a_.lnf_mean, a_.lnf_rstd, res2, fcproj, param(kLnfw), param(kLnfb),
+                                    N, C);
+    }
   }
-  be.matmul_forward(a_.logits, a_.lnf, param(0), nullptr, N, C, Vp);  // lm_head tied to wte
+  be.matmul_forward(a_.logits, a_.lnf, param(kWte), nullptr, N, C, Vp);  // lm_head tied to wte
 }
 
 template <typename T>
@@ -211,10 +216,18 @@ template <typename T>
 void GPT2Model<T>::zero_grad() { backend_->zero_master(grads_, num_params_); }
 
 template <typename T>
+template <typename P>
+LayerTensors<P> GPT2Model<T>::layer(P* base, int l) const {
+  auto at = [&](ParamTensor i) { return base + offsets_[i] + size_t(l) * (sizes_[i] / size_t(config_.n_layer)); };
+  return {at(kLn1w), at(kLn1b), at(kQkvw), at(kQkvb), at(kAttprojw), at(kAttprojb),
+          at(kLn2w), at(kLn2b), at(kFcw),  at(kFcb),  at(kFcprojw),  at(kFcprojb)};
+}
+
+template <typename T>
 GradRanges GPT2Model<T>::layer_grad_ranges(int l) const {
   GradRanges r;
-  r.reserve(12);
-  for (int i = 2; i <= 13; i++) {  // ln1w .. fcprojb: (L, ...) tensors, layer l's slice of each
+  r.reserve(kLastLayerTensor - kFirstLayerTensor + 1);
+  for (int i = kFirstLayerTensor; i <= kLastLayerTensor; i++) {  // (L, ...) tensors, layer l's slice of each
     const size_t per_layer = sizes_[i] / size_t(config_.n_layer);
     r.emplace_back(offsets_[i] + size_t(l) * per_layer, offsets_[i] + size_t(l + 1) * per_layer);
   }
@@ -222,7 +235,7 @@ GradRanges GPT2Model<T>::layer_grad_ranges(int l) const {
 }
 
 template <typename T>
-GradRanges GPT2Model<T>::tensor_grad_ranges(int first, int last) const {
+GradRanges GPT2Model<T>::tensor_grad_ranges(ParamTensor first, ParamTensor last) const {
   GradRanges r;
   for (int i = first; i <= last; i++) r.emplace_back(offsets_[i], offsets_[i] + sizes_[i]);
   return r;
@@ -239,14 +252,14 @@ void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
   const bool report = report_grads && grad_hook_;  // call the grad-ready hook in this backward
   if (n_valid_ == 0) {  // every target ignored: the loss does not depend on the parameters
     if (report) {       // the gradients are final as they are; report them in the usual groups
-      grad_hook_(tensor_grad_ranges(14, 15));
+      grad_hook_(tensor_grad_ranges(kLnfw, kLnfb));
       for (int l = L - 1; l >= 0; l--) grad_hook_(layer_grad_ranges(l));
-      grad_hook_(tensor_grad_ranges(0, 1));
+      grad_hook_(tensor_grad_ranges(kWte, kWpe));
     }
     return;
   }
 
-  be.crossentropy_backward_inplace(a_.logits, a_.lse, targets_, M(grad_scale / double(n_valid_)), N, V, Vp);
+  be.crossentropy_backward(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, N, V, Vp);
   backward_ops(report);
   be.synchronize();  // the gradients are read on the host next (numpy views)
 }
@@ -262,14 +275,16 @@ void GPT2Model<T>::backward_ops(bool report) {
   const size_t NC = size_t(N) * C;
   T* dlogits = a_.logits;
   be.zero(a_.dln, NC);
-  be.matmul_backward(a_.dln, grad(0), nullptr, dlogits, a_.lnf, param(0), N, C, Vp);
+  be.matmul_backward(a_.dln, grad(kWte), nullptr, dlogits, a_.lnf, param(kWte), N, C, Vp);
   be.zero(a_.dres, NC);
-  be.layernorm_backward(a_.dres, grad(14), grad(15), a_.dln, a_.residual3 + (L - 1) * NC, param(14),
+  be.layernorm_backward(a_.dres, grad(kLnfw), grad(kLnfb), a_.dln, a_.residual3 + (L - 1) * NC, param(kLnfw),
                         a_.lnf_mean, a_.lnf_rstd, N, C);
-  if (report) grad_hook_(tensor_grad_ranges(14, 15));  // lnfw, lnfb
+  if (report) grad_hook_(tensor_grad_ranges(kLnfw, kLnfb));
   // a_.dres now holds d(loss)/d(output of the last layer); walk the layers backwards.
   for (int l = L - 1; l >= 0; l--) {
     const T* x = l == 0 ? a_.encoded : a_.residual3 + (l - 1) * NC;
+    const LayerTensors<T> p = layer(params_, l);
+    const LayerTensors<M> g = layer(grads_, l);
     // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
     const T* fch_gelu = a_.fch_gelu + l * NC * 4;
     if (recompute_gelu_) {  // the forward kept only fch; rebuild gelu(fch) for this layer
@@ -277,29 +292,25 @@ void GPT2Model<T>::backward_ops(bool report) {
       fch_gelu = a_.fch_gelu;
     }
     // dfch = (dres @ fcprojw) * gelu'(fch) (written; a_.dfch_gelu is the op's scratch), fcprojw/fcprojb grads +=
-    be.gelu_matmul_backward(a_.dfch, grad(12) + size_t(l) * 4 * C * C, grad(13) + l * C, a_.dres, a_.fch + l * NC * 4,
-                            fch_gelu, param(12) + size_t(l) * 4 * C * C, a_.dfch_gelu, N, 4 * C, C);
+    be.gelu_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, a_.fch + l * NC * 4, fch_gelu, p.fcprojw,
+                            a_.dfch_gelu, N, 4 * C, C);
     be.zero(a_.dln, NC);
-    be.matmul_backward(a_.dln, grad(10) + size_t(l) * 4 * C * C, grad(11) + l * 4 * C, a_.dfch, a_.ln2 + l * NC,
-                       param(10) + size_t(l) * 4 * C * C, N, C, 4 * C);
-    be.layernorm_backward(a_.dres, grad(8) + l * C, grad(9) + l * C, a_.dln, a_.residual2 + l * NC,
-                          param(8) + l * C, a_.ln2_mean + l * N, a_.ln2_rstd + l * N, N, C);
+    be.matmul_backward(a_.dln, g.fcw, g.fcb, a_.dfch, a_.ln2 + l * NC, p.fcw, N, C, 4 * C);
+    be.layernorm_backward(a_.dres, g.ln2w, g.ln2b, a_.dln, a_.residual2 + l * NC, p.ln2w, a_.ln2_mean + l * N,
+                          a_.ln2_rstd + l * N, N, C);
     // residual2 = x + attproj(attention(qkv(ln1(x))))
     be.zero(a_.datty, NC);
-    be.matmul_backward(a_.datty, grad(6) + size_t(l) * C * C, grad(7) + l * C, a_.dres, a_.atty + l * NC,
-                       param(6) + size_t(l) * C * C, N, C, C);
+    be.matmul_backward(a_.datty, g.attprojw, g.attprojb, a_.dres, a_.atty + l * NC, p.attprojw, N, C, C);
     be.zero(a_.dqkv, NC * 3);
     be.attention_backward(a_.dqkv, a_.datty, a_.qkv + l * NC * 3, a_.atty + l * NC, a_.att + l * att_size_, B, Tn,
                           C, NH);
     be.zero(a_.dln, NC);
-    be.matmul_backward(a_.dln, grad(4) + size_t(l) * 3 * C * C, grad(5) + l * 3 * C, a_.dqkv, a_.ln1 + l * NC,
-                       param(4) + size_t(l) * 3 * C * C, N, C, 3 * C);
-    be.layernorm_backward(a_.dres, grad(2) + l * C, grad(3) + l * C, a_.dln, x, param(2) + l * C,
-                          a_.ln1_mean + l * N, a_.ln1_rstd + l * N, N, C);
+    be.matmul_backward(a_.dln, g.qkvw, g.qkvb, a_.dqkv, a_.ln1 + l * NC, p.qkvw, N, C, 3 * C);
+    be.layernorm_backward(a_.dres, g.ln1w, g.ln1b, a_.dln, x, p.ln1w, a_.ln1_mean + l * N, a_.ln1_rstd + l * N, N, C);
     if (report) grad_hook_(layer_grad_ranges(l));  // ln1w .. fcprojb of layer l
   }
-  be.encoder_backward(grad(0), grad(1), a_.dres, inputs_, B, Tn, C);
-  if (report) grad_hook_(tensor_grad_ranges(0, 1));  // wte (lm_head and embedding gradients), wpe
+  be.encoder_backward(grad(kWte), grad(kWpe), a_.dres, inputs_, B, Tn, C);
+  if (report) grad_hook_(tensor_grad_ranges(kWte, kWpe));  // wte (lm_head and embedding gradients), wpe
 }
 
 template <typename T>
@@ -309,8 +320,6 @@ void GPT2Model<T>::forward_backward(const int32_t* inp, const int32_t* targets, 
   if (!targets) throw std::invalid_argument("forward_backward: needs targets");
   ensure_activations(B, Tn);  // a new layout drops the graph
   Backend<T>& be = *backend_;
-  if (!n_valid_dev_) n_valid_dev_ = be.alloc_i32(1);
-  if (!loss_acc_) loss_acc_ = be.alloc_master(1);
   // outside any graph: the host-side work of the step (the batch's upload, a rebuilt bf16 weight copy)
   be.upload_batch(inputs_, targets_, inp, targets, B, Tn);
   refresh_params();
@@ -368,15 +377,14 @@ void GPT2Model<T>::forward_backward_ops(float grad_scale) {
   Backend<T>& be = *backend_;
   const int N = B_ * T_, V = config_.vocab_size, Vp = config_.padded_vocab_size;
   forward_ops(B_, T_);
-  be.crossentropy_forward_counted(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_, N, V, Vp);
+  be.crossentropy_forward(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_, N, V, Vp);
   be.loss_accumulate(loss_acc_, a_.losses, n_valid_dev_, N, grad_scale);
-  be.crossentropy_backward_counted(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, N, V, Vp);
+  be.crossentropy_backward(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, N, V, Vp);
   backward_ops(false);
 }
 
 template <typename T>
 double GPT2Model<T>::take_loss() {
-  if (!loss_acc_) return 0.0;
   M acc;
   backend_->to_host_master(&acc, loss_acc_, 1);
   backend_->zero_master(loss_acc_, 1);
@@ -399,19 +407,39 @@ void GPT2Model<T>::drop_graph(GraphSlot& g) {
 }
 
 template <typename T>
-double GPT2Model<T>::grad_norm() { return std::sqrt(backend_->sum_squares(grads_, num_params_)); }
+double GPT2Model<T>::grad_sum_squares(size_t lo, size_t hi) {
+  backend_->grad_sum_squares(grads_ + lo, hi - lo);
+  return backend_->step_sum_squares();
+}
+
+template <typename T>
+double GPT2Model<T>::grad_norm() { return std::sqrt(grad_sum_squares(0, num_params_)); }
 
 template <typename T>
 void GPT2Model<T>::adamw_update(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                                 float grad_scale) {
   if (step < 1) throw std::invalid_argument("adamw_update: step counts from 1");
   ensure_optimizer_state();
-  adamw_over(0, num_params_, m_, v_, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+  adamw_over(0, num_params_, m_, v_, beta1, beta2, eps, weight_decay,
+             step_args(lr, beta1, beta2, step, grad_scale, 0, 0));
+  backend_->synchronize();  // the host may read the parameters next
   params_stale_ = false;  // the update rewrote the ops' copy from the new master weights
 }
 
-// AdamW's bias corrections 1 - beta^step, in float: both update paths use these, so their bits agree.
-static float bias_correction(float beta, int step) { return 1.0f - std::pow(beta, float(step)); }
+// The step's values: the bias corrections of this step, and the step as the seed of the bf16 rounding.
+template <typename T>
+StepArgs GPT2Model<T>::step_args(float lr, float beta1, float beta2, int step, float grad_scale, double clip,
+                                 double sumsq) const {
+  StepArgs args{};
+  args.lr = lr;
+  args.bc1 = bias_correction(beta1, step);
+  args.bc2 = bias_correction(beta2, step);
+  args.grad_scale = grad_scale;
+  args.seed = uint32_t(step);
+  args.clip = clip;
+  args.sumsq = sumsq;
+  return args;
+}
 
 template <typename T>
 double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
@@ -419,19 +447,13 @@ double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float ep
   if (step < 1) throw std::invalid_argument("optimizer_step: step counts from 1");
   ensure_optimizer_state();
   Backend<T>& be = *backend_;
-  StepArgs args{};
-  args.lr = lr;
-  args.bc1 = bias_correction(beta1, step);
-  args.bc2 = bias_correction(beta2, step);
-  args.seed = uint32_t(step);
-  args.clip = grad_clip;
-  be.set_step_args(args);  // outside the graph: its ops read them from backend memory
+  be.set_step_args(step_args(lr, beta1, beta2, step, 1.0f, grad_clip, 0));  // outside the graph: read at replay
   const std::vector<AdamWSegment> segments = adamw_segments(0, num_params_, weight_decay);
   run_graphed(optimizer_graph_, {beta1, beta2, eps, weight_decay}, [&] {
     be.grad_sum_squares(grads_, num_params_);
-    be.clipped_adamw_segments(params_, master_, grads_, m_, v_, 0, segments, beta1, beta2, eps);
+    be.adamw(params_, master_, grads_, m_, v_, 0, segments, beta1, beta2, eps);
   });
-  const double norm = be.last_grad_norm();
+  const double norm = std::sqrt(be.step_sum_squares());
   if (std::isfinite(norm)) {  // else nothing was written
     round_seed_ = uint32_t(step);
     params_stale_ = false;
@@ -441,23 +463,26 @@ double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float ep
 
 template <typename T>
 void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2,
-                                      float eps, float weight_decay, int step, float grad_scale) {
+                                      float eps, float weight_decay, int step, float grad_scale, double grad_clip,
+                                      double sumsq) {
   if (step < 1) throw std::invalid_argument("adamw_update_range: step counts from 1");
   if (lo > hi || hi > num_params_) throw std::invalid_argument("adamw_update_range: bad range");
-  adamw_over(lo, hi, m, v, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+  adamw_over(lo, hi, m, v, beta1, beta2, eps, weight_decay,
+             step_args(lr, beta1, beta2, step, grad_scale, grad_clip, sumsq));
+  backend_->synchronize();  // the host reads the shard next (all-gather)
   // the rest of the master weights arrive from the other ranks (all-gather), which calls params_changed();
   // rebuilding the whole copy with this step's seed then gives every rank the bits a full update writes
 }
 
-// AdamW over flat [lo, hi) (moments m, v of that range), each tensor's part with its weight decay, in one
-// backend call. The step is also the seed of the stochastic rounding of a bf16 copy.
+// AdamW over flat [lo, hi) (moments m, v of that range) with the step's values, each tensor's part with its
+// weight decay, in one backend call.
 template <typename T>
-void GPT2Model<T>::adamw_over(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
-                              float weight_decay, int step, float grad_scale) {
-  backend_->adamw_segments(params_, master_, grads_, m, v, lo, adamw_segments(lo, hi, weight_decay), lr, beta1, beta2,
-                           eps, grad_scale, bias_correction(beta1, step), bias_correction(beta2, step),
-                           uint32_t(step));
-  round_seed_ = uint32_t(step);
+void GPT2Model<T>::adamw_over(size_t lo, size_t hi, M* m, M* v, float beta1, float beta2, float eps,
+                              float weight_decay, const StepArgs& args) {
+  backend_->set_step_args(args);
+  backend_->adamw(params_ + lo, master_ ? master_ + lo : nullptr, grads_ + lo, m, v, lo,
+                  adamw_segments(lo, hi, weight_decay), beta1, beta2, eps);
+  round_seed_ = args.seed;
 }
 
 // The part of each tensor inside flat [lo, hi), with its weight decay (2-D tensors only).

@@ -11,6 +11,7 @@
 
 #include "model/backend.h"
 #include "model/config.h"
+#include "model/optimizer.h"
 
 namespace gpt2 {
 
@@ -23,6 +24,13 @@ struct Activations {
   M *ln1_mean, *ln1_rstd, *att, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *losses, *lse;
   // backward scratch (not kept between steps)
   T *dres, *dln, *datty, *dqkv, *dfch, *dfch_gelu;
+};
+
+// One layer's slice of each per-layer tensor, by name (as llm.c's ParameterTensors): of the parameters (P = T) or
+// of their gradients (P = Master<T>).
+template <typename P>
+struct LayerTensors {
+  P *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 };
 
 // Flat gradient ranges [lo, hi) (offsets into grads()) and the callback backward reports them to.
@@ -104,13 +112,18 @@ class GPT2Model {
   long graph_captures() const { return graph_captures_; }
   long graph_replays() const { return graph_replays_; }
   void zero_grad();
+  // The host-synchronous forms of the optimizer's device ops (each the ops plus one read of the sum of squares):
+  double grad_sum_squares(size_t lo, size_t hi);  // of flat gradients [lo, hi), accumulated in double
   double grad_norm();  // global L2 norm of all gradients
+  // AdamW with the gradients multiplied by grad_scale, no clipping.
   void adamw_update(float lr, float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale);
   // AdamW over the flat parameter range [lo, hi) only (ZeRO-1: this rank's shard), with the same per-tensor
-  // weight-decay policy as adamw_update. m and v are the shard's moments: hi - lo values each in backend
-  // memory, owned by the caller; the model's own adam_m()/adam_v() are not touched (nor allocated).
+  // weight-decay policy as adamw_update and the gradients multiplied by grad_scale * clip_factor(sumsq,
+  // grad_clip) (model/optimizer.h; sumsq: of all gradients, every rank's shard; nothing is written when it is
+  // not finite). m and v are the shard's moments: hi - lo values each in backend memory, owned by the caller;
+  // the model's own adam_m()/adam_v() are not touched (nor allocated).
   void adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
-                          float weight_decay, int step, float grad_scale);
+                          float weight_decay, int step, float grad_scale, double grad_clip, double sumsq);
   int last_B() const { return B_; }
   int last_T() const { return T_; }
 
@@ -136,14 +149,18 @@ class GPT2Model {
   void ensure_optimizer_state();
   void refresh_params();
   std::vector<AdamWSegment> adamw_segments(size_t lo, size_t hi, float weight_decay) const;
-  void adamw_over(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps, float weight_decay,
-                  int step, float grad_scale);
-  T* param(int i) const { return params_ + offsets_[i]; }
-  M* master(int i) const { return master_ ? master_ + offsets_[i] : nullptr; }
-  M* grad(int i) const { return grads_ + offsets_[i]; }
+  StepArgs step_args(float lr, float beta1, float beta2, int step, float grad_scale, double clip,
+                     double sumsq) const;
+  void adamw_over(size_t lo, size_t hi, M* m, M* v, float beta1, float beta2, float eps, float weight_decay,
+                  const StepArgs& args);
+  T* param(ParamTensor i) const { return params_ + offsets_[i]; }
+  M* grad(ParamTensor i) const { return grads_ + offsets_[i]; }
+  // layer l's tensors in base (params_ or grads_)
+  template <typename P>
+  LayerTensors<P> layer(P* base, int l) const;
   // The grad-ready groups: layer l's 12 per-layer slices; lnfw, lnfb; wte, wpe.
   GradRanges layer_grad_ranges(int l) const;
-  GradRanges tensor_grad_ranges(int first, int last) const;
+  GradRanges tensor_grad_ranges(ParamTensor first, ParamTensor last) const;
 
   ModelConfig config_;
   std::unique_ptr<Backend<T>> backend_;
@@ -166,8 +183,8 @@ class GPT2Model {
   bool recompute_gelu_ = false;
   GradReadyHook grad_hook_;
   bool have_targets_ = false;   // last forward had targets and its logits are intact
-  long n_valid_ = 0;
-  // forward_backward's state in backend memory: non-ignored targets of the micro-step, accumulated loss
+  long n_valid_ = 0;            // non-ignored targets of the last forward, counted on the host
+  // in backend memory: non-ignored targets of the last forward, the loss accumulated by forward_backward
   int32_t* n_valid_dev_ = nullptr;
   M* loss_acc_ = nullptr;
   bool graphs_ = false;

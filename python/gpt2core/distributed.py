@@ -10,7 +10,7 @@ Environment (first match wins):
   to the first host of SLURM_JOB_NODELIST
 
 The process group meets at MASTER_ADDR:MASTER_PORT: rank 0 serves a small rendezvous store there (the C++
-core, csrc/dist). torchrun's agent already serves its own store on MASTER_PORT
+core, csrc/comm). torchrun's agent already serves its own store on MASTER_PORT
 (TORCHELASTIC_USE_AGENT_STORE=True), so under torchrun we use MASTER_PORT + 1; GPT2CORE_STORE_PORT
 overrides the port in every case. On the CPU the collectives run over Gloo (TCP); with device "cuda" over
 NCCL, each process on GPU LOCAL_RANK (the CUDA backend's buffers are managed memory, so the same numpy
@@ -169,13 +169,6 @@ def setup(device: str = "cpu", timeout: float = DEFAULT_TIMEOUT):
     return env, init_process_group(env, timeout=timeout, device=device), device
 
 
-def clip_scale(norm: float, max_norm: float) -> float:
-    """The factor that clips gradients of global norm `norm` to `max_norm` (0 disables): max_norm / (norm + 1e-6)
-    above it, else 1. GPT2.step applies this rule inside the core (csrc/model/backend.h); ZeRO-1, which
-    computes the norm over ranks, applies it here. Keep the two the same."""
-    return max_norm / (norm + 1e-6) if max_norm and max_norm > 0 and norm > max_norm else 1.0
-
-
 class DataParallel:
     """A GPT2 trained on every rank of a Comm: the same methods as GPT2, with the gradients averaged over ranks
     (and optionally ZeRO-1). Every rank must call the same methods in the same order. Attributes it does not
@@ -312,8 +305,10 @@ class DataParallel:
         if not math.isfinite(norm):
             raise FloatingPointError(f"gradient norm is {norm} at step {m.step_count + 1}; weights not updated")
         m.step_count += 1
+        # clipped by the core's rule (csrc/model/optimizer.h) by the global norm, from the sum of squares over ranks
         m.adamw_range(self.lo, self.hi, self.m, self.v, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                      weight_decay=weight_decay, step=m.step_count, grad_scale=clip_scale(norm, grad_clip))
+                      weight_decay=weight_decay, step=m.step_count,
+                      grad_clip=grad_clip if grad_clip and grad_clip > 0 else 0.0, sum_squares=float(ss[0]))
         t1 = time.perf_counter()
         self.comm.all_gather(m.flat_params())
         self.last_comm_ms = comm_ms + (time.perf_counter() - t1) * 1e3

@@ -6,7 +6,6 @@ is the (padded_vocab_size, n_embd) token embedding, and writing into it changes 
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
@@ -43,7 +42,9 @@ def _check_device(device: str) -> str:
 
 
 def as_tokens(a, name: str) -> np.ndarray:
-    """Integer array-like -> C-contiguous int32 (B, T); a clear error for anything else."""
+    """Integer array-like -> C-contiguous int32 (B, T), the form the core reads. The ids themselves (0..V-1; in
+    targets also -1 or -100 for an ignored position) are validated once, by the core's binding; this only makes sure the cast to int32
+    cannot wrap a wider id into a valid-looking one."""
     arr = np.asarray(a)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
@@ -51,14 +52,10 @@ def as_tokens(a, name: str) -> np.ndarray:
         arr = arr[None, :]
     if arr.ndim != 2:
         raise ValueError(f"{name} must have shape (B, T), got {arr.shape}")
-    if arr.size and arr.min() < 0:
-        bad = arr[(arr < 0) & (arr != -1) & (arr != -100)]    # the binding rejects -1 and -100 in idx
-        if bad.size:
-            raise ValueError(f"{name} contains id {int(bad[0])}; token ids are >= 0 (in targets, -1 or -100 "
-                             "mark an ignored position)")
-    if arr.size and arr.max() > np.iinfo(np.int32).max:
-        raise ValueError(f"{name} contains id {int(arr.max())}, beyond the int32 range")
-    return np.ascontiguousarray(arr, dtype=np.int32)
+    out = np.ascontiguousarray(arr, dtype=np.int32)
+    if out.dtype != arr.dtype and not np.array_equal(out, arr):
+        raise ValueError(f"{name} contains ids beyond the int32 range (up to {int(arr.max())})")
+    return out
 
 
 class GPT2:
@@ -70,12 +67,15 @@ class GPT2:
 
     def __init__(self, config: GPT2Config | str = "d12", device: str = "cpu", seed: int = 0,
                  dtype: str = "float32", init: bool = True, precision: str | None = None,
-                 attention: str | None = None):
+                 attention: str | None = None, fused: bool = True):
         """precision: "fp32"; "tf32" (CUDA: TF32 tensor-core matmuls); "bf16" (CUDA: bf16 weights copy and
         activations, fp32 master weights, gradients, AdamW state, softmax and loss). None picks bf16 on a
-        GPU with bf16 tensor cores (sm_80+) and fp32 elsewhere. attention (CUDA): "flash" (default, never
-        materialises T x T) or "naive" (the materialised rung of the speed ladder); the CPU backend always
-        materialises attention."""
+        GPU with bf16 tensor cores (sm_80+) and fp32 elsewhere. attention (CUDA): "auto" (default: cuDNN's
+        fused attention for bf16 when it checks out, else "flash"), "flash" (never materialises T x T), "cudnn"
+        or "naive" (the materialised rung of the speed ladder); the CPU backend always materialises attention.
+        fused (CUDA): residual + layernorm in one kernel and GELU in the matmul epilogues (False: the separate
+        kernels, the unfused rung of the speed ladder; the CPU backend has nothing to fuse). All of these are
+        this model's own: two models in one process may differ."""
         if isinstance(config, str):
             config = get_preset(config)
         elif not isinstance(config, GPT2Config):
@@ -102,21 +102,9 @@ class GPT2:
         self.precision = precision
         cls = {"float64": _C.ModelF64, "float32": _C.ModelBF16 if precision == "bf16" else _C.Model}[dtype]
         c = config
-        # the CUDA backend reads its speed-ladder switches when it is created
-        switches = {"GPT2CORE_CUDA_TF32": "1" if precision == "tf32" else "0",
-                    "GPT2CORE_CUDA_ATTENTION": attention or "auto"}
-        saved = {k: os.environ.get(k) for k in switches}
-        os.environ.update(switches)
-        try:
-            self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size,
-                          padded_vocab_size=c.padded_vocab_size, n_layer=c.n_layer, n_head=c.n_head,
-                          n_embd=c.n_embd, device=self.device)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size, padded_vocab_size=c.padded_vocab_size,
+                      n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, device=self.device,
+                      tf32=precision == "tf32", attention=attention or "auto", fused=bool(fused))
         self.params: dict[str, np.ndarray] = self._m.params()
         self.grads: dict[str, np.ndarray] = self._m.grads()
         self.step_count = 0
@@ -298,12 +286,13 @@ class GPT2:
         return _C.dist.alloc_state(self._m, n)
 
     def adamw_range(self, lo: int, hi: int, m: np.ndarray, v: np.ndarray, lr: float, beta1: float, beta2: float,
-                    eps: float, weight_decay: float, step: int, grad_scale: float) -> None:
+                    eps: float, weight_decay: float, step: int, grad_clip: float, sum_squares: float) -> None:
         """AdamW on parameters [lo, hi) of flat_params() only, with moments m, v of length hi - lo (ZeRO-1's
-        shard): gradients times grad_scale (the clip factor), weight decay on 2-D weights, bias correction
-        for `step`."""
-        self._m.adamw_update_range(lo, hi, m, v, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                                   weight_decay=weight_decay, step=step, grad_scale=grad_scale)
+        shard): weight decay on 2-D weights, bias correction for `step`, the gradients clipped as step() clips
+        them to grad_clip (0: none) by the global norm sqrt(sum_squares), the sum over ALL gradients (every
+        rank's shard). Nothing is written when that norm is not finite."""
+        self._m.adamw_update_range(lo, hi, m, v, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+                                   step=step, grad_clip=grad_clip, sum_squares=sum_squares)
 
     def grad_allreducer(self, comm):
         """A _C.dist.GradAllreducer over comm for this model: its backward(scale) is this model's backward,

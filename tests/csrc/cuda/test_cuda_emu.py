@@ -217,9 +217,9 @@ def test_five_steps_lower_the_loss_like_cpu(emu):
     np.testing.assert_allclose(lg, lc, rtol=1e-4)  # loose: AdamW's m/sqrt(v) amplifies rounding over steps
 
 
-def test_fused_and_unfused_training_steps_agree(emu, monkeypatch):
-    """GPT2CORE_CUDA_FUSED=1 (the default: residual + layernorm in one kernel, GELU in the matmul epilogues of
-    the MLP) against GPT2CORE_CUDA_FUSED=0 (the separate kernels), with stored and with recomputed GELU
+def test_fused_and_unfused_training_steps_agree(emu):
+    """fused=True (the default: residual + layernorm in one kernel, GELU in the matmul epilogues of
+    the MLP) against fused=False (the separate kernels), with stored and with recomputed GELU
     activations: one training step -- loss, logits, every gradient, grad norm, updated weights -- within 1e-5
     normwise per tensor (both do the same fp32 arithmetic up to summation order; see the module docstring).
     Updated weights as in test_training_step_matches_cpu (Adam's first step is discontinuous at g = 0)."""
@@ -228,8 +228,7 @@ def test_fused_and_unfused_training_steps_agree(emu, monkeypatch):
     for recompute in (False, True):
         runs = {}
         for fused in ("1", "0"):
-            monkeypatch.setenv("GPT2CORE_CUDA_FUSED", fused)
-            m = emu.Model(**CFG, device="cuda")
+            m = emu.Model(**CFG, device="cuda", fused=fused == "1")
             m.recompute_gelu = recompute
             init_params(m, seed=6)
             before = {k: v.copy() for k, v in m.params().items()}

@@ -1,4 +1,4 @@
-"""bf16 storage (notes/bf16_contract.md) of the CUDA kernels, emulated: every op of the test class
+"""bf16 storage (the contract at the top of csrc/cuda/common.cuh) of the CUDA kernels, emulated: every op of the test class
 gpt2core_cuda_emu.OpsBF16 against a float64 numpy reference computed over the bf16-ROUNDED inputs, on odd shapes
 (N = 3 * 37 rows, C = 192, vocab 97 padded to 128 with ignored targets, ragged element counts), with 16-byte
 aligned buffers (vectorised paths: 8 bf16 per access) and misaligned ones (scalar fallbacks); stochastic rounding
@@ -208,11 +208,10 @@ def test_gelu_and_residual(bf16ops, mis, n):
 
 @pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
 @pytest.mark.parametrize("fused", ["1", "0"])
-def test_gelu_epilogues(emu, monkeypatch, mis, fused):  # noqa: F811
+def test_gelu_epilogues(emu, mis, fused):  # noqa: F811
     """matmul_gelu_forward and gelu_matmul_backward (the MLP; GELU in cuBLASLt's epilogues when fused, else the
     separate matmul and GELU kernels; misaligned buffers take the separate kernels too)."""
-    monkeypatch.setenv("GPT2CORE_CUDA_FUSED", fused)
-    ops, rng = emu.OpsBF16("cuda", misalign=mis), np.random.default_rng(10)
+    ops, rng = emu.OpsBF16("cuda", misalign=mis, fused=fused == "1"), np.random.default_rng(10)
     OC = 4 * C
     x, w, bias = rnd(rng, N, C), rnd(rng, OC, C, scale=0.1), rnd(rng, OC)
     xd, wd = x.astype(np.float64), w.astype(np.float64)
@@ -357,7 +356,7 @@ def test_stochastic_rounding(bf16ops):
 
 
 # --------------------------------------------------------------------------------------------- fp32 fused ops
-def test_gelu_epilogues_fp32(emu, monkeypatch):  # noqa: F811
+def test_gelu_epilogues_fp32(emu):  # noqa: F811
     """matmul_gelu_forward / gelu_matmul_backward in fp32: the CPU backend (the default implementation: the
     separate ops), the emulated CUDA backend fused (GELU in the matmul epilogues) and unfused, against float64
     (1e-5 normwise, see test_cuda_emu.py)."""
@@ -372,8 +371,7 @@ def test_gelu_epilogues_fp32(emu, monkeypatch):  # noqa: F811
     dpre_ref = (gd @ w2.astype(np.float64)) * gelu_grad_ref(p.astype(np.float64))
     dw_ref, db_ref = dw0 + gd.T @ act.astype(np.float64), db0 + gd.sum(0)
     for dev, fused in (("cpu", "1"), ("cuda", "1"), ("cuda", "0")):
-        monkeypatch.setenv("GPT2CORE_CUDA_FUSED", fused)
-        ops = emu.Ops(dev)
+        ops = emu.Ops(dev, fused=fused == "1")
         pre, out = ops.matmul_gelu_forward(x, w, bias)
         assert normwise(pre, pre_ref) <= 1e-5 and normwise(out, gelu_ref(pre_ref)) <= 1e-5, (dev, fused)
         dpre, dw, db = ops.gelu_matmul_backward(dpre0, dw0, db0, dout, p, act, w2)

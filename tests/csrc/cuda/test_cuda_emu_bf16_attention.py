@@ -5,11 +5,11 @@ against a float64 numpy reference of causal attention over the bf16-ROUNDED inpu
 Shapes: B=3; T=37 (not a multiple of the 32-row tile), T=9 and T=70; C=192 with head sizes 64 and 16, head size
 10 (C=20; not a multiple of the 8-element bf16 pack: scalar loads), head size 128 (C=256); head sizes 64 and 16
 again with misaligned buffers (misalign=True: the scalar fallback of the 16-byte pack loads). Both rungs: flash
-(default) and naive (GPT2CORE_CUDA_ATTENTION=naive, read when the backend is made), each under the emulator
+(default) and naive (the backend's attention option, given when it is made), each under the emulator
 schedules fwd, rev and random:7 (GPT2CORE_EMU_SCHED is read once per process, so each run is a subprocess that
 runs this file as a script), which must also agree bit for bit (no atomics in the attention kernels).
 
-The third variant, cudnn (GPT2CORE_CUDA_ATTENTION=cudnn), is the backend's path through the attention seam
+The third variant, cudnn (attention='cudnn'), is the backend's path through the attention seam
 (cuDNN's fused SDPA on GPUs; its CPU implementation, csrc/emu/seams_cpu.cpp, here): the backend's glue (strides,
 stats, the self-check against the flash kernel at construction, adding the seam's output into dqkv).
 
@@ -100,13 +100,12 @@ def error_ratio(got, ref, term=None, abs_=ABS):
     return float(np.max(np.abs(got - ref) / (REL * (np.abs(ref) + extra) + abs_ * np.max(np.abs(ref)))))
 
 
-def run_cases(module_dir):
-    """Script mode: every case through OpsBF16 of the module in module_dir; prints one JSON object
+def run_cases(module_dir, mode):
+    """Script mode: every case through OpsBF16 of the module in module_dir with attention=mode; prints one JSON object
     {"errors": {case: {"out": ratio, "dqkv": ratio}}, "digest": sha256 of all outputs}."""
     sys.path.insert(0, str(module_dir))
     import gpt2core_cuda_emu as E
 
-    mode = os.environ.get("GPT2CORE_CUDA_ATTENTION", "flash")
     flash = mode != "naive"  # the cudnn seam also takes D from the stored bf16 out
     # cudnn: the seam writes the gradient rounded to bf16, which the backend then adds to dqkv (a second
     # rounding): the first rounding's error scales with |grad|
@@ -116,7 +115,7 @@ def run_cases(module_dir):
         qkv = round_bf16(rng.standard_normal((B, T, 3 * C)))
         dout = round_bf16(rng.standard_normal((B, T, C)))
         dqkv = round_bf16(rng.standard_normal((B, T, 3 * C)))
-        out, dq = E.OpsBF16("cuda", misalign=misalign).attention(qkv, dout, dqkv, NH)
+        out, dq = E.OpsBF16("cuda", misalign=misalign, attention=mode).attention(qkv, dout, dqkv, NH)
         ref_out, ref_dq = reference(qkv, dout, dqkv, NH, flash)
         assert out.shape == ref_out.shape and dq.shape == ref_dq.shape, name
         assert np.array_equal(round_bf16(out), out) and np.array_equal(round_bf16(dq), dq), name  # bf16 values
@@ -138,8 +137,8 @@ def test_bf16_attention_matches_float64_reference(emu, variant):  # noqa: F811
         pytest.skip("gpt2core_cuda_emu has no OpsBF16 yet (bf16 test bindings)")
     digests = {}
     for sched in ("fwd", "rev", "random:7"):
-        env = dict(os.environ, GPT2CORE_EMU_SCHED=sched, GPT2CORE_CUDA_ATTENTION=variant)
-        r = subprocess.run([sys.executable, str(HERE), str(BUILD)], env=env, capture_output=True, text=True,
+        env = dict(os.environ, GPT2CORE_EMU_SCHED=sched)
+        r = subprocess.run([sys.executable, str(HERE), str(BUILD), variant], env=env, capture_output=True, text=True,
                            timeout=600)
         assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
         res = json.loads(r.stdout.strip().splitlines()[-1])
@@ -151,4 +150,4 @@ def test_bf16_attention_matches_float64_reference(emu, variant):  # noqa: F811
 
 
 if __name__ == "__main__":
-    run_cases(sys.argv[1])
+    run_cases(sys.argv[1], sys.argv[2])

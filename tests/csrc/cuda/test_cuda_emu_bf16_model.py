@@ -25,8 +25,8 @@ def f64_reference(emu, seed):
     return m
 
 
-def bf16_model(emu, seed):
-    m = emu.ModelBF16(**CFG, device="cuda")
+def bf16_model(emu, seed, **options):
+    m = emu.ModelBF16(**CFG, device="cuda", **options)
     init_params(m, seed)
     m.params_changed()
     return m
@@ -149,8 +149,8 @@ def test_bf16_sharded_update_equals_the_full_update(emu):
     assert np.array_equal(full.logits(), shard.logits())
 
 
-def test_bf16_fused_and_unfused_training_steps_agree(emu, monkeypatch):
-    """GPT2CORE_CUDA_FUSED=1 (default: fused residual + layernorm, GELU in the matmul epilogues) against =0 (the
+def test_bf16_fused_and_unfused_training_steps_agree(emu):
+    """fused=True (default: fused residual + layernorm, GELU in the matmul epilogues) against False (the
     separate kernels) on the bf16 model, stored and recomputed GELU: within the tolerances above (the paths round
     differently: the fused forward applies GELU to the fp32 pre-activation, the unfused one to its bf16 copy; the
     fused backward rounds (dout @ w) * gelu' once, the unfused one rounds dout @ w first)."""
@@ -158,8 +158,7 @@ def test_bf16_fused_and_unfused_training_steps_agree(emu, monkeypatch):
     for recompute in (False, True):
         runs = {}
         for fused in ("1", "0"):
-            monkeypatch.setenv("GPT2CORE_CUDA_FUSED", fused)
-            m = bf16_model(emu, 6)
+            m = bf16_model(emu, 6, fused=fused == "1")
             m.recompute_gelu = recompute
             m.zero_grad()
             loss = m.forward(idx, tgt)

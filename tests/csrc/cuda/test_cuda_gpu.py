@@ -3,11 +3,9 @@ backend and a usable GPU (gpt2core._C.cuda_status() == ""); the same checks run 
 build in tests/csrc/cuda/test_cuda_emu.py.
 
 Tolerances: fp32 (default) within 1e-5 normwise per tensor, as under emulation (summation order only; cuBLASLt
-in CUBLAS_COMPUTE_32F). With GPT2CORE_CUDA_TF32=1 the matmuls round their inputs to TF32 (10-bit mantissa,
+in CUBLAS_COMPUTE_32F). With tf32=True the matmuls round their inputs to TF32 (10-bit mantissa,
 ~5e-4 relative per product), so 2e-3.
 """
-import os
-
 import numpy as np
 import pytest
 
@@ -19,7 +17,8 @@ pytestmark = pytest.mark.skipif(
 
 CFG = dict(max_seq_len=64, vocab_size=97, padded_vocab_size=128, n_layer=2, n_head=3, n_embd=192)
 B, T = 3, 61
-TOL = 2e-3 if os.environ.get("GPT2CORE_CUDA_TF32") == "1" else 1e-5
+TOL = 1e-5
+TOL_TF32 = 2e-3
 
 
 def init_params(model, seed=0):
@@ -45,22 +44,24 @@ def normwise(a, b):
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
-def test_forward_backward_match_cpu():
+@pytest.mark.parametrize("tf32", [False, True])
+def test_forward_backward_match_cpu(tf32):
+    tol = TOL_TF32 if tf32 else TOL
     idx, tgt = batch()
-    cpu, gpu = _C.Model(**CFG, device="cpu"), _C.Model(**CFG, device="cuda")
+    cpu, gpu = _C.Model(**CFG, device="cpu"), _C.Model(**CFG, device="cuda", tf32=tf32)
     for m in (cpu, gpu):
         init_params(m)
     lc, lg = cpu.forward(idx, tgt), gpu.forward(idx, tgt)
-    assert abs(lg - lc) <= TOL * abs(lc)
-    assert normwise(gpu.logits(), cpu.logits()) <= TOL
+    assert abs(lg - lc) <= tol * abs(lc)
+    assert normwise(gpu.logits(), cpu.logits()) <= tol
     for m in (cpu, gpu):
         m.zero_grad()
         m.forward(idx, tgt)
         m.backward()
     gc, gg = cpu.grads(), gpu.grads()
     errs = {k: normwise(gg[k], gc[k]) for k in gc}
-    assert max(errs.values()) <= TOL, errs
-    assert abs(gpu.grad_norm() - cpu.grad_norm()) <= TOL * cpu.grad_norm()
+    assert max(errs.values()) <= tol, errs
+    assert abs(gpu.grad_norm() - cpu.grad_norm()) <= tol * cpu.grad_norm()
 
 
 def test_training_lowers_loss_like_cpu_and_is_deterministic():
@@ -127,7 +128,7 @@ def test_bf16_matches_float64_and_learns():
 @pytest.mark.skipif("cuda" in _C.build_info()["backends"] and _C.cuda_capability(0) < 80,
                     reason="bf16 tensor cores need sm_80+")
 @pytest.mark.parametrize("attention,fused", [("flash", "0"), ("naive", "1"), ("cudnn", "1")])
-def test_bf16_speed_ladder_rungs_agree(monkeypatch, attention, fused):
+def test_bf16_speed_ladder_rungs_agree(attention, fused):
     """Every rung computes the same model: bf16 with flash attention and fused kernels (the reference here)
     against naive attention, unfused kernels, and cuDNN attention, within the bf16 tolerances."""
     if attention == "cudnn" and not _C.build_info().get("cudnn_sdpa"):
@@ -136,9 +137,7 @@ def test_bf16_speed_ladder_rungs_agree(monkeypatch, attention, fused):
     idx, tgt = batch()
     runs = []
     for att, fu in (("flash", "1"), (attention, fused)):
-        monkeypatch.setenv("GPT2CORE_CUDA_ATTENTION", att)
-        monkeypatch.setenv("GPT2CORE_CUDA_FUSED", fu)
-        m = _C.ModelBF16(**CFG, device="cuda")
+        m = _C.ModelBF16(**CFG, device="cuda", attention=att, fused=fu == "1")
         init_params(m)
         m.params_changed()
         m.zero_grad()
@@ -155,14 +154,13 @@ def test_bf16_speed_ladder_rungs_agree(monkeypatch, attention, fused):
 
 @pytest.mark.parametrize("attention", ["flash", "auto"])
 @pytest.mark.parametrize("cls", ["Model", "ModelBF16"])
-def test_cuda_graph_replay_matches_the_direct_run(monkeypatch, cls, attention):
+def test_cuda_graph_replay_matches_the_direct_run(cls, attention):
     """As tests/csrc/cuda/test_cuda_graphs.py under emulation, on the real stream-capture machinery: cuBLASLt, cuDNN and
     our kernels recorded into graphs (micro-step, optimizer step) and replayed with new tokens, learning rates
     and weights. Bit for bit with our
     (deterministic) kernels; with cuDNN's attention (auto, bf16), whose backward may accumulate dQ with atomics,
     within bf16 rounding (1e-2 normwise)."""
-    monkeypatch.setenv("GPT2CORE_CUDA_ATTENTION", attention)
-    graphed, direct = getattr(_C, cls)(**CFG, device="cuda"), getattr(_C, cls)(**CFG, device="cuda")
+    graphed, direct = (getattr(_C, cls)(**CFG, device="cuda", attention=attention) for _ in range(2))
     for m in (graphed, direct):
         init_params(m)
         m.params_changed()

@@ -23,15 +23,14 @@ from test_cuda_emu import CFG, B, T, emu, init_params  # noqa: F401  (emu: fixtu
 import gpt2core
 
 
-# the speed-ladder rungs whose ops differ (CUDA backend switches, read when a model is created)
-RUNGS = {"fused+flash": {}, "unfused+naive": {"GPT2CORE_CUDA_FUSED": "0", "GPT2CORE_CUDA_ATTENTION": "naive"},
-         "cudnn": {"GPT2CORE_CUDA_ATTENTION": "cudnn"}}
+# the speed-ladder rungs whose ops differ (the CUDA backend's options, given when a model is created)
+RUNGS = {"fused+flash": {}, "unfused+naive": {"fused": False, "attention": "naive"}, "cudnn": {"attention": "cudnn"}}
 
 
-def models(emu, cls, n=2, seed=0):
+def models(emu, cls, n=2, seed=0, **options):
     out = []
     for _ in range(n):
-        m = getattr(emu, cls)(**CFG, device="cuda")
+        m = getattr(emu, cls)(**CFG, device="cuda", **options)
         init_params(m, seed)
         m.params_changed()
         out.append(m)
@@ -70,14 +69,12 @@ def test_forward_backward_matches_forward_then_backward(emu, cls):
 
 @pytest.mark.parametrize("cls,rung", [("Model", "fused+flash"), ("ModelBF16", "fused+flash"),
                                       ("Model", "unfused+naive"), ("ModelBF16", "cudnn")])
-def test_graph_replays_bitwise_like_the_direct_run(emu, monkeypatch, cls, rung):
+def test_graph_replays_bitwise_like_the_direct_run(emu, cls, rung):
     """Three optimizer steps of three micro-steps, new tokens every time, AdamW between steps (the graph must read
     the new weights), a step whose targets are all ignored (count 0: no gradient, no loss), and weights written
     from outside between steps (bf16: the copy is rebuilt before the replay); for the default kernels and for
     the other rungs of the speed ladder (unfused kernels with materialised attention; the cuDNN attention seam)."""
-    for k, v in RUNGS[rung].items():
-        monkeypatch.setenv(k, v)
-    graphed, direct = models(emu, cls)
+    graphed, direct = models(emu, cls, **RUNGS[rung])
     graphed.cuda_graphs = True
     assert graphed.cuda_graphs and not direct.cuda_graphs
     data = list(batches(9, 2))

@@ -3,7 +3,7 @@
 // the first failure; schedule-dependent programs print "value <name> <number>" for pytest to judge.
 #pragma once
 
-#include "emu/cuda_portable.h"
+#include "cuda/portable.h"
 #include "check.h"
 
 #include <cstdio>

@@ -5,7 +5,7 @@
 // inside a capture is refused and invalidates the capture, after which the stream works normally.
 // Random data throughout: a result that is still the NaN poison or a stale value cannot pass.
 #include "emu_test.h"
-#include "emu/seams.h"
+#include "cuda/seams.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,8 +1,8 @@
-// seams.cpp: the emulated library seams (csrc/emu/seams.h) against double-precision references:
+// seams.cpp: the emulated library seams (csrc/cuda/seams.h) against double-precision references:
 // matmul with every transpose, bias / GELU / GELU-backward epilogues, accumulation, batching, fp32 and
 // bf16 outputs; causal attention forward, and backward against finite differences of the reference.
 // Host-only (not a kernel file), so not part of the nvcc compile check.
-#include "emu/seams.h"
+#include "cuda/seams.h"
 #include "check.h"
 
 #include <cuda_bf16.h>

@@ -197,7 +197,7 @@ def test_kernels_compile_with_nvcc_for_sm80_sm90():
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")
-    inputs = [*KERNEL_FILES, TEST_DIR / "emu_test.h", TEST_DIR / "check.h", EMU_SRC / "cuda_portable.h", ROOT / "scripts" / "check_cuda_compile.py"]
+    inputs = [*KERNEL_FILES, TEST_DIR / "emu_test.h", TEST_DIR / "check.h", ROOT / "csrc" / "cuda" / "portable.h", ROOT / "scripts" / "check_cuda_compile.py"]
     digest = hashlib.sha256(subprocess.run([nvcc, "--version"], capture_output=True).stdout)
     for path in inputs:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())

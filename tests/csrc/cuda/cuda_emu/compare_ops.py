@@ -75,10 +75,8 @@ for OC in (3 * C, 101):
 # matmul with the GELU epilogues (the MLP): up-projection C -> OC with GELU, then the backward of
 # gelu(pre) @ w^T + b (OC -> C). OC = 4C as in the model; OC = 101 is no multiple of 8, which cuBLASLt's GELU
 # matrix needs, so the CUDA backend falls back to the separate matmul and GELU kernels there. The unfused rung
-# (GPT2CORE_CUDA_FUSED=0) is compared too.
-os.environ["GPT2CORE_CUDA_FUSED"] = "0"
-cuda_unfused = E.Ops("cuda")
-del os.environ["GPT2CORE_CUDA_FUSED"]
+# (fused=False) is compared too.
+cuda_unfused = E.Ops("cuda", fused=False)
 for OC in (4 * C, 101):
     xin, wt, bias = f32(N, C), f32(OC, C, scale=0.1), f32(OC)
     pre = f32(N, OC, scale=2.0)
@@ -97,12 +95,10 @@ for (Ca, NH, Ta) in ((192, 3, T), (48, 3, T), (20, 2, 9), (256, 2, 33)):
     qkv = f32(B, Ta, 3 * Ca)
     record(f"attention(hs={Ca // NH})", *both("attention", qkv, f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH))
 
-# the other attention paths, selected by GPT2CORE_CUDA_ATTENTION when the backend is made: the materialised
-# ("naive") rung, and the attention seam (cuDNN's SDPA on GPUs, its CPU implementation here)
+# the other attention paths, selected by the backend's attention option: the materialised ("naive") rung, and
+# the attention seam (cuDNN's SDPA on GPUs, its CPU implementation here)
 for mode in ("naive", "cudnn"):
-    os.environ["GPT2CORE_CUDA_ATTENTION"] = mode
-    ops = E.Ops("cuda")
-    del os.environ["GPT2CORE_CUDA_ATTENTION"]
+    ops = E.Ops("cuda", attention=mode)
     for (Ca, NH, Ta) in ((192, 3, T), (20, 2, 9)):
         args = (f32(B, Ta, 3 * Ca), f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH)
         record(f"{mode} attention(hs={Ca // NH})", ops.attention(*args), cpu.attention(*args))

@@ -10,6 +10,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <array>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -17,7 +19,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "model/backend_factory.h"
+#include "backends.h"
 
 namespace gpt2emu {
 void set_schedule(const char* spec);
@@ -39,7 +41,14 @@ struct Ops {
   std::vector<int32_t*> ibufs;
   int shift = 0;  // misalign: buffers start one element into their allocation (not 16-byte aligned)
 
-  Ops(const std::string& device, bool misalign) : be(gpt2::make_backend<T>(device)), shift(misalign ? 1 : 0) {}
+  Ops(const std::string& device, bool misalign, const std::string& attention, bool fused)
+      : be(gpt2::make_backend<T>(device, options(attention, fused))), shift(misalign ? 1 : 0) {}
+  static gpt2::BackendOptions options(const std::string& attention, bool fused) {
+    gpt2::BackendOptions o;
+    o.fused = fused;
+    if (!gpt2::parse_attention(attention, &o.attention)) throw py::value_error("bad attention '" + attention + "'");
+    return o;
+  }
   ~Ops() { clear(); }
   void clear() {
     for (auto* p : tbufs) be->free(p);
@@ -94,6 +103,35 @@ struct Ops {
     for (py::ssize_t i = 0; i < out.size(); i++) out.mutable_data()[i] = wide(p[i]);
     return out;
   }
+  // Backend::adamw over param (fp32: the parameters; bf16: the master copy), arrays starting at flat index base,
+  // with the step's values already set. With norm: the gradients' sum of squares first; returns (norm, param or
+  // master, m, v). Without: (param, m, v) for fp32, (bf16 copy, master, m, v) for bf16.
+  py::tuple adamw(F param, F grad, F m, F v, size_t base, const std::vector<gpt2::AdamWSegment>& segments,
+                  float beta1, float beta2, float eps, bool norm) {
+    const size_t n = param.size();
+    const py::ssize_t sn = py::ssize_t(n);
+    float* mm = um(m);
+    float* vv = um(v);
+    float* g = um(grad);
+    float* w = um(param);
+    T* p = nullptr;
+    if constexpr (std::is_same_v<T, float>) p = w;
+    else p = zt(n);
+    float* master = std::is_same_v<T, float> ? nullptr : w;
+    if (norm) be->grad_sum_squares(g, n);
+    be->adamw(p, master, g, mm, vv, base, segments, beta1, beta2, eps);
+    const double sumsq = be->step_sum_squares();  // also waits for the update
+    py::list out;
+    if (norm) out.append(std::sqrt(sumsq));
+    if constexpr (!std::is_same_v<T, float>) {
+      if (!norm) out.append(dt(p, {sn}));
+    }
+    out.append(dm(w, {sn}));
+    out.append(dm(mm, {sn}));
+    out.append(dm(vv, {sn}));
+    clear();
+    return py::tuple(out);
+  }
   static F dm(const float* p, std::vector<py::ssize_t> shape) {
     F out(shape);
     std::memcpy(out.mutable_data(), p, out.size() * sizeof(float));
@@ -105,7 +143,8 @@ template <class T>
 void bind_ops(py::module_& m, const char* name, const char* doc) {
   using O = Ops<T>;
   py::class_<O>(m, name, doc)
-      .def(py::init<const std::string&, bool>(), py::arg("device"), py::arg("misalign") = false)
+      .def(py::init<const std::string&, bool, const std::string&, bool>(), py::arg("device"),
+           py::arg("misalign") = false, py::arg("attention") = "auto", py::arg("fused") = true)
       .def("encoder_forward",
            [](O& o, I inp, F wte, F wpe) {
              const int B = inp.shape(0), T_ = inp.shape(1), C = wte.shape(1);
@@ -250,16 +289,21 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              float* losses = o.zm(N);
              float* lse = o.zm(N);
              const int32_t* t = targets.is_none() ? nullptr : o.ui(targets.cast<I>());
-             const long valid = o.be->crossentropy_forward(losses, lse, o.ut(logits), t, N, V, Vp);
-             auto r = py::make_tuple(O::dm(losses, {N}), O::dm(lse, {N}), valid);
+             int32_t* nv = o.ui(I(py::array_t<int32_t>(1)));
+             *nv = -12345;  // poisoned: the op must write it
+             o.be->crossentropy_forward(losses, lse, o.ut(logits), t, nv, N, V, Vp);
+             o.be->synchronize();
+             auto r = py::make_tuple(O::dm(losses, {N}), O::dm(lse, {N}), long(*nv));
              o.clear();
              return r;
            })
-      .def("crossentropy_backward_inplace",
+      .def("crossentropy_backward_inplace",  // with one valid row counted: dloss = grad_scale / 1
            [](O& o, F logits, F lse, I targets, float dloss, int V) {
              const int N = logits.shape(0), Vp = logits.shape(1);
              T* a = o.ut(logits);
-             o.be->crossentropy_backward_inplace(a, o.um(lse), o.ui(targets), dloss, N, V, Vp);
+             const int32_t* one = o.ui(I(py::array_t<int32_t>(1, std::array<int32_t, 1>{1}.data())));
+             o.be->crossentropy_backward(a, o.um(lse), o.ui(targets), one, dloss, N, V, Vp);
+             o.be->synchronize();
              auto r = O::dt(a, {N, Vp});
              o.clear();
              return r;
@@ -274,66 +318,36 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              *nv = -12345;
              T* lg = o.ut(logits);
              const int32_t* t = o.ui(targets);
-             o.be->crossentropy_forward_counted(losses, lse, lg, t, nv, N, V, Vp);
+             o.be->crossentropy_forward(losses, lse, lg, t, nv, N, V, Vp);
              o.be->loss_accumulate(acc, losses, nv, N, grad_scale);
-             o.be->crossentropy_backward_counted(lg, lse, t, nv, grad_scale, N, V, Vp);
+             o.be->crossentropy_backward(lg, lse, t, nv, grad_scale, N, V, Vp);
+             o.be->synchronize();
              auto r = py::make_tuple(O::dm(losses, {N}), O::dm(lse, {N}), long(*nv), double(*acc), O::dt(lg, {N, Vp}));
              o.clear();
              return r;
            })
       .def("sum_squares",
            [](O& o, F p) {
-             const double s = o.be->sum_squares(o.um(p), p.size());
+             o.be->grad_sum_squares(o.um(p), p.size());
+             const double s = o.be->step_sum_squares();
              o.clear();
              return s;
            })
-      .def("adamw",
+      .def("adamw",  // one tensor: AdamW with grad_scale and no clipping; rounding index of value i: offset + i
            [](O& o, F param, F grad, F m, F v, float lr, float beta1, float beta2, float eps, float decay,
-              float grad_scale, float bc1, float bc2, uint32_t seed, size_t offset) -> py::tuple {
+              float grad_scale, float bc1, float bc2, uint32_t seed, size_t offset) {
              const size_t n = param.size();
-             const py::ssize_t sn = py::ssize_t(n);
-             float* mm = o.um(m);
-             float* vv = o.um(v);
-             if constexpr (std::is_same_v<T, float>) {  // the parameters are their own master copy
-               float* p = o.um(param);
-               o.be->adamw(p, nullptr, o.um(grad), mm, vv, n, lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2,
-                           seed, offset);
-               auto r = py::make_tuple(O::dm(p, {sn}), O::dm(mm, {sn}), O::dm(vv, {sn}));
-               o.clear();
-               return r;
-             } else {  // param: the fp32 master; returns (bf16 copy, master, m, v)
-               float* master = o.um(param);
-               T* p = o.zt(n);
-               o.be->adamw(p, master, o.um(grad), mm, vv, n, lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2,
-                           seed, offset);
-               auto r = py::make_tuple(O::dt(p, {sn}), O::dm(master, {sn}), O::dm(mm, {sn}), O::dm(vv, {sn}));
-               o.clear();
-               return r;
-             }
+             o.be->set_step_args(gpt2::StepArgs{lr, bc1, bc2, grad_scale, seed, 0.0, 0.0});
+             return o.adamw(param, grad, m, v, offset, {{offset, offset + n, decay}}, beta1, beta2, eps, false);
            },
            py::arg("param"), py::arg("grad"), py::arg("m"), py::arg("v"), py::arg("lr"), py::arg("beta1"),
            py::arg("beta2"), py::arg("eps"), py::arg("decay"), py::arg("grad_scale"), py::arg("bc1"), py::arg("bc2"),
            py::arg("seed") = 0, py::arg("offset") = 0)
-      .def("clipped_adamw",  // the device-resident optimizer step: norm, clip scale and AdamW over two segments
+      .def("clipped_adamw",  // the optimizer step of a training step: norm, clip factor and AdamW over two segments
            [](O& o, F param, F grad, F m, F v, float lr, float bc1, float bc2, uint32_t seed, double clip) {
              const size_t n = param.size();
-             const py::ssize_t sn = py::ssize_t(n);
-             float* mm = o.um(m);
-             float* vv = o.um(v);
-             float* g = o.um(grad);
-             float* w = o.um(param);  // fp32: the parameters themselves; bf16: the master copy
-             T* p = nullptr;
-             if constexpr (std::is_same_v<T, float>) p = w;
-             else p = o.zt(n);
-             float* master = std::is_same_v<T, float> ? nullptr : w;
-             o.be->set_step_args(gpt2::StepArgs{lr, bc1, bc2, seed, clip, -1.0});  // sumsq poisoned
-             o.be->grad_sum_squares(g, n);
-             o.be->clipped_adamw_segments(p, master, g, mm, vv, 0, {{0, n / 2, 0.1f}, {n / 2, n, 0.0f}}, 0.9f, 0.95f,
-                                          1e-8f);
-             const double norm = o.be->last_grad_norm();
-             auto r = py::make_tuple(norm, O::dm(w, {sn}), O::dm(mm, {sn}), O::dm(vv, {sn}));
-             o.clear();
-             return r;
+             o.be->set_step_args(gpt2::StepArgs{lr, bc1, bc2, 1.0f, seed, clip, -1.0});  // sumsq poisoned
+             return o.adamw(param, grad, m, v, 0, {{0, n / 2, 0.1f}, {n / 2, n, 0.0f}}, 0.9f, 0.95f, 1e-8f, true);
            })
       .def("cast_params",
            [](O& o, F master, uint32_t seed, size_t offset) {

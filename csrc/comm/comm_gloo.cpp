@@ -21,8 +21,8 @@
 #include <sstream>
 #include <thread>
 
-#include "dist/comm.h"
-#include "dist/rendezvous.h"
+#include "comm/comm.h"
+#include "comm/rendezvous.h"
 
 #if GPT2CORE_HAS_GLOO
 #include <gloo/allgatherv.h>

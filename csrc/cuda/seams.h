@@ -1,7 +1,7 @@
 // seams.h: the narrow interfaces through which CUDA backend code reaches the vendor libraries that
 // cannot be emulated (cuBLASLt, cuDNN, NCCL).
 //
-//   GPU build:       implemented in csrc/cuda/ over cuBLASLt / cuDNN / NCCL (CUDA backend issue).
+//   GPU build:       implemented in csrc/cuda/ over cuBLASLt (seams_cublaslt.cu) and cuDNN (seams_cudnn.cu).
 //   emulated build:  implemented in csrc/emu/seams_cpu.cpp on the host, with the same numerics contract,
 //                    so the whole CUDA training step runs in CI.
 //
@@ -62,6 +62,9 @@ struct MatmulParams {
   void* pre_gelu = nullptr;
   int batch = 1;
   long long stride_a = 0, stride_b = 0, stride_d = 0;  // elements between batch entries
+  // all-fp32 products may use TF32 tensor cores (inputs rounded to a 10-bit mantissa; cuBLASLt's
+  // CUBLAS_COMPUTE_32F_FAST_TF32); the CPU implementation computes in fp32 either way
+  bool tf32 = false;
   cudaStream_t stream = nullptr;
 };
 cudaError_t matmul(const MatmulParams& p);

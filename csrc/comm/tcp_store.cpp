@@ -1,6 +1,6 @@
 // TcpStore: see tcp_store.h for the protocol. The server is one thread multiplexing all clients with
 // poll(2); a pipe wakes it for shutdown.
-#include "dist/tcp_store.h"
+#include "comm/tcp_store.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -17,7 +17,7 @@
 #include <map>
 #include <sstream>
 
-#include "dist/comm.h"
+#include "comm/comm.h"
 
 namespace gpt2::dist {
 

@@ -1,9 +1,10 @@
-// cuda_portable.h: the one header a kernel file (.cu / .cuh) includes to get CUDA.
+// portable.h: the one header a kernel file (.cu / .cuh) includes to get CUDA.
 //
 // The same source compiles two ways:
 //   - with nvcc: the real CUDA headers, LAUNCH is `kernel<<<grid, block, smem, stream>>>(args...)`;
-//   - with g++ (no __CUDACC__): csrc/emu/cuda_emu.h, which runs each block on an OS thread and each
-//     CUDA thread as a fiber, with CUDA's barrier, warp and memory semantics checked.
+//   - with g++ (no __CUDACC__), for the tests: against the CUDA-on-CPU emulator, which the emulated build
+//     force-includes ahead of every CUDA source (csrc/emu/CMakeLists.txt, gpt2core_emu_cuda_sources). Production
+//     code never includes csrc/emu: the emulator depends on this folder, not the reverse.
 //
 // The two project conventions kernel code must follow:
 //   LAUNCH(kernel, grid, block, smem, stream, args...)   instead of <<<>>>. A template kernel with
@@ -33,8 +34,6 @@
   extern __shared__ __align__(16) unsigned char gpt2core_dynamic_smem_[];       \
   type* const name = reinterpret_cast<type*>(gpt2core_dynamic_smem_)
 
-#else
-
-#include "emu/cuda_emu.h"
-
+#elif !defined(GPT2CORE_EMU)
+#error "CUDA sources compile with nvcc, or with a host compiler through the emulator (csrc/emu, gpt2core_emu_cuda_sources)"
 #endif

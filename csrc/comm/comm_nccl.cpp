@@ -10,7 +10,7 @@
 //                    stream at enqueue time, then runs its ranges' ncclAllReduce(avg) in one
 //                    ncclGroupStart/End; finish() makes the compute stream wait for the comm stream
 // The communicator is non-blocking (config.blocking = 0), so init and every wait can time out.
-#include "dist/comm_nccl.h"
+#include "comm/comm_nccl.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "dist/rendezvous.h"
+#include "comm/rendezvous.h"
 
 namespace gpt2::dist {
 

@@ -1,4 +1,5 @@
-// device string -> Backend: the one place that knows which backends this build has.
+// The composition root: device string -> Backend, the one place that knows which backends this build has
+// (the bindings include it; the model layer only knows the Backend interface).
 // GPT2CORE_BACKEND_CUDA (set by the build on targets that link csrc/cuda) adds "cuda" / "cuda:<index>":
 // the real CUDA backend in gpt2core._C, the emulated one in the test-only module.
 #pragma once
@@ -9,6 +10,7 @@
 
 #include "cpu/backend_cpu.h"
 #include "model/backend.h"
+#include "model/backend_options.h"
 
 #ifndef GPT2CORE_BACKEND_CUDA
 #define GPT2CORE_BACKEND_CUDA 0
@@ -52,11 +54,16 @@ inline std::string cuda_device_name(int index) {
 #endif
 }
 
-// Throws std::invalid_argument for a device this build does not have (or a dtype it does not support),
+// Throws std::invalid_argument for a device this build does not have (or a dtype or option it does not support),
 // std::runtime_error when the device exists in the build but not on this machine.
 template <class T>
-std::unique_ptr<Backend<T>> make_backend(const std::string& device) {
+std::unique_ptr<Backend<T>> make_backend(const std::string& device, const BackendOptions& options = {}) {
   if (device == "cpu") {
+    using A = BackendOptions::Attention;
+    if (options.tf32 || options.attention == A::Flash || options.attention == A::Cudnn)
+      throw std::invalid_argument(std::string("the CPU backend computes in fp32 with materialised attention: tf32=") +
+                                  (options.tf32 ? "True" : "False") + ", attention='" +
+                                  attention_name(options.attention) + "' need device='cuda'");
     if constexpr (std::is_same_v<T, bf16>)
       throw std::invalid_argument("bf16 mixed precision needs device='cuda'; the CPU backend computes in fp32");
     else
@@ -64,8 +71,8 @@ std::unique_ptr<Backend<T>> make_backend(const std::string& device) {
   }
 #if GPT2CORE_BACKEND_CUDA
   if (is_cuda_device(device)) {
-    if constexpr (std::is_same_v<T, float>) return cuda::make_backend(device);
-    else if constexpr (std::is_same_v<T, bf16>) return cuda::make_backend_bf16(device);
+    if constexpr (std::is_same_v<T, float>) return cuda::make_backend(device, options);
+    else if constexpr (std::is_same_v<T, bf16>) return cuda::make_backend_bf16(device, options);
     else throw std::invalid_argument("device '" + device + "' supports float32 and bf16 models only");
   }
 #endif

@@ -1,5 +1,5 @@
 // Rendezvous: see rendezvous.h.
-#include "dist/rendezvous.h"
+#include "comm/rendezvous.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>

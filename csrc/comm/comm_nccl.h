@@ -8,7 +8,7 @@
 #pragma once
 #include <memory>
 
-#include "dist/comm.h"
+#include "comm/comm.h"
 
 typedef struct CUstream_st* cudaStream_t;
 

@@ -5,8 +5,8 @@
 #include <memory>
 #include <string>
 
-#include "dist/comm.h"
-#include "dist/tcp_store.h"
+#include "comm/comm.h"
+#include "comm/tcp_store.h"
 
 namespace gpt2::dist {
 
