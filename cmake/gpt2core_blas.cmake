@@ -1,5 +1,5 @@
 # BLAS for the CPU backend, shared by the package build (CMakeLists.txt) and the test-only emulated
-# CUDA module (tests/cuda_emu). Needs Python_EXECUTABLE. Sets _blas_target (link it), _blas_defs
+# CUDA module (tests/csrc/cuda/cuda_emu). Needs Python_EXECUTABLE. Sets _blas_target (link it), _blas_defs
 # (GPT2CORE_BLAS_PREFIX for csrc/cpu/blas.h) and _blas_name (for build_info()).
 # Preferred: scipy-openblas32 from PyPI (what numpy and scipy build against; prefixed symbols).
 # Fallback: a system CBLAS found by CMake's FindBLAS (set GPT2CORE_BLAS=system to force it).

@@ -15,7 +15,7 @@
 #include "cpu/blas.h"
 #include "model/gpt2.h"
 
-// The module's name: _C for the package; the test-only emulated-CUDA module (tests/cuda_emu) builds this
+// The module's name: _C for the package; the test-only emulated-CUDA module (tests/csrc/cuda/cuda_emu) builds this
 // same file under another name, without the distributed bindings, plus its own extra bindings.
 #ifndef GPT2CORE_MODULE_NAME
 #define GPT2CORE_MODULE_NAME _C

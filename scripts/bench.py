@@ -149,25 +149,23 @@ def timed_steps(model, ddp, rng, vocab, B, T, accum, warmup, steps):
     y = rng.integers(0, vocab, size=(B, T), dtype=np.int32)
     parts = {"fwd": [], "bwd": [], "opt": []}
     times, comm = [], []
+    net = ddp or model  # the same methods: DataParallel averages the gradients during the last backward
     for i in range(warmup + steps):
         fwd = bwd = 0.0
         t0 = time.perf_counter()
-        model.zero_grad()
-        for k in range(accum):
+        net.zero_grad()
+        for _ in range(accum):
             ta = time.perf_counter()
             if model.cuda_graphs:  # one graph launch for forward and backward: no split to time
-                model.forward_backward(x, y, 1.0 / accum)
+                net.forward_backward(x, y, 1.0 / accum)
                 tb = ta
             else:
-                model.forward(x, y)
+                net.forward(x, y)
                 tb = time.perf_counter()
-                if ddp:
-                    ddp.backward(1.0 / accum, last=k == accum - 1)
-                else:
-                    model.backward(1.0 / accum)
+                net.backward(1.0 / accum)
             fwd, bwd = fwd + tb - ta, bwd + time.perf_counter() - tb
         t2 = time.perf_counter()
-        (ddp or model).step(lr=1e-4)
+        net.step(lr=1e-4)
         if model.cuda_graphs:
             model.take_loss()  # as the training loop does once per step
         t3 = time.perf_counter()
@@ -360,7 +358,7 @@ def worker(args):
     model.cuda_graphs = args.cuda_graphs
     ddp = None
     if comm is not None:
-        ddp = DataParallel(model, comm, zero=args.zero,
+        ddp = DataParallel(model, comm, zero=args.zero, grad_accum=accum,
                            overlap=False if args.no_overlap_comm or args.cuda_graphs else None)
     times, parts, comm_ms = timed_steps(model, ddp, np.random.default_rng(env.rank), cfg.vocab_size, B, T, accum,
                                         args.warmup, args.steps)

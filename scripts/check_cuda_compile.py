@@ -8,7 +8,7 @@ Each file is compiled (-c, host and device code) for the given architectures wit
 per-block limit. No GPU is needed, only the CUDA toolkit.
 
     python scripts/check_cuda_compile.py            # the CUDA backend: DEFAULT_FILES
-    python scripts/check_cuda_compile.py tests/emu/*.cu
+    python scripts/check_cuda_compile.py tests/csrc/emu/*.cu
     python scripts/check_cuda_compile.py --archs 75,80,90 -I csrc csrc/cuda/*.cu
 
 Prints one line per (file, arch, function) with registers, spills and shared memory, then "OK" or the
@@ -50,9 +50,9 @@ RE_ARCH = re.compile(r"for '(?:sm|compute)_(\d+)a?'")
 
 
 def default_files() -> list[Path]:
-    """csrc/cuda/*.cu (the backend, float instantiations) and tests/cuda_compile/*.cu (compile-only files that
+    """csrc/cuda/*.cu (the backend, float instantiations) and tests/csrc/cuda/cuda_compile/*.cu (compile-only files that
     instantiate the kernel templates for the other storage types, e.g. bf16)."""
-    return sorted((ROOT / "csrc" / "cuda").glob("*.cu")) + sorted((ROOT / "tests" / "cuda_compile").glob("*.cu"))
+    return sorted((ROOT / "csrc" / "cuda").glob("*.cu")) + sorted((ROOT / "tests" / "csrc" / "cuda" / "cuda_compile").glob("*.cu"))
 
 
 def find_nvcc(explicit: str | None) -> str | None:
@@ -130,7 +130,7 @@ def compile_one(nvcc: str, src: Path, archs: list[str], includes: list[str], ext
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", type=Path,
-                    help=".cu files to compile (default: csrc/cuda/*.cu and tests/cuda_compile/*.cu)")
+                    help=".cu files to compile (default: csrc/cuda/*.cu and tests/csrc/cuda/cuda_compile/*.cu)")
     ap.add_argument("--archs", default="80,90", help="comma-separated compute capabilities (default 80,90)")
     ap.add_argument("-I", dest="includes", action="append", default=None,
                     help="include directory (default: <repo>/csrc)")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A roofline model of one GPT-2 training step of the CUDA backend on named GPUs. MODELLED, NOT MEASURED.
 
-Where the launches come from: the CUDA backend compiled against the CUDA-on-CPU emulator (tests/cuda_emu, the
+Where the launches come from: the CUDA backend compiled against the CUDA-on-CPU emulator (tests/csrc/cuda/cuda_emu, the
 test-only module gpt2core_cuda_emu) runs one bf16 training step of a SMALL model with GPT2CORE_EMU_LAUNCH_LOG
 set: one JSON line per kernel launch (name, grid, block, integer arguments), cuBLASLt / cuDNN seam call (GEMM
 m, n, k, epilogue; attention B, T, NH, HS) and memset. Emulating d12 at B=64, T=1024 would take hours on a CPU,
@@ -479,7 +479,7 @@ m.optimizer_step(lr=1e-4, step=1)
 """
     env = dict(os.environ, GPT2CORE_EMU_LAUNCH_LOG=str(log))
     if not (EMU_BUILD / "CMakeCache.txt").exists():
-        subprocess.run(["cmake", "-S", str(ROOT / "tests" / "cuda_emu"), "-B", str(EMU_BUILD),
+        subprocess.run(["cmake", "-S", str(ROOT / "tests" / "csrc" / "cuda" / "cuda_emu"), "-B", str(EMU_BUILD),
                         "-DCMAKE_BUILD_TYPE=Release", f"-DPython_EXECUTABLE={sys.executable}"], check=True)
     subprocess.run(["cmake", "--build", str(EMU_BUILD), "-j2"], check=True, stdout=subprocess.DEVNULL)
     subprocess.run([sys.executable, "-c", code], env=env, check=True)

@@ -3,8 +3,8 @@
 
 Each mutation in MUTATIONS replaces one exact snippet of one file. The script copies csrc/cuda into a
 scratch folder (<build-dir>/src/cuda), applies one mutation at a time, builds the test module against
-it (tests/cuda_emu/CMakeLists.txt with GPT2CORE_EMU_CUDA_DIR; only backend_cuda.cu recompiles between
-mutants) and runs tests/cuda_emu/compare_ops.py (every op against the CPU backend) under each emulator
+it (tests/csrc/cuda/cuda_emu/CMakeLists.txt with GPT2CORE_EMU_CUDA_DIR; only backend_cuda.cu recompiles between
+mutants) and runs tests/csrc/cuda/cuda_emu/compare_ops.py (every op against the CPU backend) under each emulator
 schedule. A mutant is
   killed by report   a launch failed with an emulator report (race, bounds, uninitialised shared memory,
                      barrier or warp rule); "line" when the report names the mutated line (file:line),
@@ -141,7 +141,7 @@ def sync_tree(src, dst):
 
 def build(build_dir, scratch):
     if not (build_dir / "CMakeCache.txt").exists():
-        cfg = ["cmake", "-S", str(ROOT / "tests" / "cuda_emu"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+        cfg = ["cmake", "-S", str(ROOT / "tests" / "csrc" / "cuda" / "cuda_emu"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
                f"-DPython_EXECUTABLE={sys.executable}", f"-DGPT2CORE_EMU_CUDA_DIR={scratch}",
                "-DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF"]  # no LTO: each mutant relinks the whole module
         if shutil.which("ninja"):
@@ -157,7 +157,7 @@ def run_ops(build_dir, sched, timeout, checker=True):
         env["GPT2CORE_EMU_RACECHECK"] = "0"
     env.pop("GPT2CORE_EMU_TRACE", None)
     try:
-        r = subprocess.run([sys.executable, str(ROOT / "tests" / "cuda_emu" / "compare_ops.py"), str(build_dir)],
+        r = subprocess.run([sys.executable, str(ROOT / "tests" / "csrc" / "cuda" / "cuda_emu" / "compare_ops.py"), str(build_dir)],
                            env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return "error", "timed out"

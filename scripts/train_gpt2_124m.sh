@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # GPT-2 124M (d12) reproduction on FineWeb-Edu 10B, data parallel on one 8-GPU node.
 #
-# What it should reach (llm.c's reference run of the same recipe; the targets in DESIGN.md):
+# What it should reach (llm.c's reference run of the same recipe, and this project's targets):
 #   FineWeb-Edu val loss ~3.28 (target <= 3.29), HellaSwag acc_norm ~0.30 (OpenAI's GPT-2 124M: 0.2955),
 #   after 19,073 steps x 524,288 tokens = 10.0B tokens.
 # How long: at llm.c's throughput (~468K tokens/s per H100, ~218K per A100) about 0.8 h on 8x H100 and
 #   1.6 h on 8x A100, plus evaluation (val + HellaSwag every 250 steps: a few % more). These are
 #   estimates from llm.c, not measurements of gpt2core: the multi-GPU path (NCCL, csrc/comm/comm_nccl.cpp)
 #   is built and wired into the training loop but has not yet run on GPUs; the same loop is tested on CPU
-#   processes over Gloo (tests/test_distributed.py); gpt2core's CUDA throughput is not yet measured.
+#   processes over Gloo (tests/python/test_distributed.py); gpt2core's CUDA throughput is not yet measured.
 #
 # The recipe: 524,288 tokens per step (B=64 x T=1024 per GPU, gradient accumulation as needed), AdamW
 # betas (0.9, 0.95), weight decay 0.1, grad clip 1.0, max LR 6e-4 -> 6e-5 cosine after 715 warmup steps,

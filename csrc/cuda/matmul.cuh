@@ -115,7 +115,7 @@ void matmul_backward(floatX* dinp,         // (N, C), accumulated into
 // by its users: PyTorch's _addmm_activation runs its GELU through this epilogue and switched its other GPU
 // paths to the tanh form to agree with it (pytorch/pytorch#104061: "cuBLASLt-based fused GELU epilogue ...
 // uses tanh approximation"), and a measurement against F.gelu gives 5.5e-6 max difference in fp32 for the
-// tanh form vs 4.7e-4 for the erf form (sgl-project/sglang#28164). On a GPU, tests/test_cuda_gpu.py checks the
+// tanh form vs 4.7e-4 for the erf form (sgl-project/sglang#28164). On a GPU, tests/csrc/cuda/test_cuda_gpu.py checks the
 // CUDA model (fused by default) against the CPU backend to 1e-5, which an erf GELU (~1e-3 apart) would fail.
 //
 // cuBLASLt requires the GELU input ("aux") matrix's leading dimension to be divisible by 8; the backend

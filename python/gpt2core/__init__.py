@@ -22,7 +22,7 @@ _preload_blas()
 
 from . import _build_config, _C, _cuda  # noqa: E402  (_C: no CUDA library; _cuda loads the CUDA backend on use)
 from .config import GPT2Config, PRESETS  # noqa: E402
-from .model import GPT2  # noqa: E402
+from .model import GPT2, load_model  # noqa: E402
 
 __version__ = _C.build_info()["version"]
 
@@ -41,8 +41,8 @@ def build_info() -> dict:
 
 
 # Subpackages reachable as gpt2core.tokenizer etc. after a plain `import gpt2core`, imported on first use
-# (together about 20 ms, mostly checkpoint's, on top of the package's 340 ms).
-_LAZY_SUBMODULES = ("checkpoint", "data", "tokenizer")
+# (model files and checkpoints, llmc/pretrained/checkpoint, come with GPT2).
+_LAZY_SUBMODULES = ("data", "tokenizer")
 
 
 def __getattr__(name: str):
@@ -56,4 +56,4 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY_SUBMODULES))
 
 
-__all__ = ["GPT2", "GPT2Config", "PRESETS", "build_info", "__version__"]
+__all__ = ["GPT2", "GPT2Config", "PRESETS", "build_info", "load_model", "__version__"]

@@ -1,13 +1,6 @@
-"""Saving and loading: llm.c model files, training checkpoints that resume exactly, any-format loading.
+"""Training checkpoints: directories that resume a run exactly (weights, AdamW state, data position).
 
-llm.c model files (see DESIGN.md): a header of 256 int32 -- magic 20240326, version, max_seq_len,
-vocab_size, n_layer, n_head, n_embd, padded_vocab_size -- then the 16 parameter tensors in the order
-of `_C.param_names()`, layers stacked, Linear weights (out, in), wte with its padded rows.
-Version 3 stores them as fp32, version 5 as bf16. Export to bf16 rounds each fp32 weight to the
-nearest bf16 with ties to even (the rounding of torch's `.to(torch.bfloat16)` and of llm.c); import
-widens bf16 to fp32 exactly, so export -> import -> export gives the same bytes.
-
-Training checkpoints are directories `<output-dir>/checkpoints/step_NNNNNN/`:
+A checkpoint is a directory `<output-dir>/checkpoints/step_NNNNNN/`:
 
     model.bin        the weights, an llm.c version-3 (fp32) model file (the CPU backend's master weights)
     adam_m.npy       AdamW first moments, all parameters flat in param_names() order, float32
@@ -33,9 +26,8 @@ after its manifest is on disk: a crash mid-write leaves the previous checkpoints
 directory without a valid manifest, or whose files do not match it, is incomplete and is rejected.
 `latest_checkpoint(dir)` (what `--resume auto` uses) returns the newest complete one.
 
-`load_model(path)` reads whatever it is given: an llm.c model file (v3 or v5), a training checkpoint
-directory, a Hugging Face GPT-2 directory (model.safetensors or pytorch_model.bin + config.json), or a
-Hugging Face Hub name such as "gpt2" (through huggingface_hub, when it is installed).
+The weights file is written and read by llmc.py; loading the weights of any source (llm.c file, checkpoint,
+Hugging Face) into a new model is `GPT2.from_pretrained` (pretrained.py reads them).
 """
 from __future__ import annotations
 
@@ -54,168 +46,13 @@ import numpy as np
 from . import _C
 from ._io import atomic_write
 from .config import GPT2Config
+from .llmc import CheckpointError, describe, fill_params, read_model, save_model
 
-MODEL_MAGIC = 20240326
-MODEL_VERSIONS = {3: "float32", 5: "bfloat16"}
 CHECKPOINT_FORMAT = "gpt2core-checkpoint"
 CHECKPOINT_VERSION = 1   # full optimizer state (adam_m.npy, adam_v.npy)
 CHECKPOINT_VERSIONS = (1, 2)  # 2: ZeRO-1, one optimizer shard file per rank
 MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-class CheckpointError(ValueError):
-    """A model file or checkpoint that cannot be used: the message names the file and what is wrong."""
-
-
-# ------------------------------------------------------------------------------------ bf16
-def float32_to_bf16(x) -> np.ndarray:
-    """fp32 -> bf16 bit patterns (uint16), rounding to nearest with ties to even; NaN stays (quiet) NaN,
-    values beyond the largest bf16 round to +-inf."""
-    u = np.ascontiguousarray(x, dtype="<f4").view("<u4")
-    rounded = ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)).astype("<u2")
-    nan = np.isnan(np.asarray(x, dtype=np.float32))
-    if nan.any():
-        rounded[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x0040)).astype("<u2")
-    return rounded
-
-
-def bf16_to_float32(b) -> np.ndarray:
-    """bf16 bit patterns (uint16) -> fp32, exactly."""
-    return (np.asarray(b, dtype="<u2").astype("<u4") << np.uint32(16)).view("<f4")
-
-
-# ------------------------------------------------------------------------------------ llm.c files
-def save_model(model, path, dtype: str = "float32") -> Path:
-    """Write the weights as an llm.c model file, atomically (temporary file + rename).
-    dtype "float32" writes version 3, "bfloat16" version 5 (round to nearest even)."""
-    if dtype in ("float32", "fp32"):
-        version = 3
-    elif dtype in ("bfloat16", "bf16"):
-        version = 5
-    else:
-        raise ValueError(f"dtype must be 'float32' (llm.c version 3) or 'bfloat16' (version 5), got {dtype!r}")
-    path = Path(path)
-    c = model.config
-    header = np.zeros(256, dtype="<i4")
-    header[:8] = [MODEL_MAGIC, version, c.block_size, c.vocab_size, c.n_layer, c.n_head, c.n_embd, c.padded_vocab_size]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path, tmp_name=f".{path.name}.{os.getpid()}.tmp") as f:
-        f.write(header.tobytes())
-        for name in _C.param_names():
-            p = model.params[name]
-            if version == 3:
-                f.write(np.ascontiguousarray(p, dtype="<f4").tobytes())
-            else:
-                f.write(float32_to_bf16(p).tobytes())
-    return path
-
-
-def _read_header(path: Path) -> tuple[GPT2Config, int]:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(1024)
-    except IsADirectoryError:
-        raise CheckpointError(f"{path}: is a directory, not an llm.c model file") from None
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read model file ({e.strerror})") from e
-    if len(raw) < 1024:
-        raise CheckpointError(f"{path}: truncated header ({len(raw)} bytes, need 1024)")
-    h = np.frombuffer(raw, dtype="<i4")
-    if h[0] != MODEL_MAGIC:
-        raise CheckpointError(f"{path}: bad magic {int(h[0])} (expected {MODEL_MAGIC}); not an llm.c/gpt2core model file")
-    version = int(h[1])
-    if version not in MODEL_VERSIONS:
-        raise CheckpointError(f"{path}: unsupported model file version {version} "
-                              "(this reader handles 3 = fp32 and 5 = bf16)")
-    try:
-        config = GPT2Config(block_size=int(h[2]), vocab_size=int(h[3]), n_layer=int(h[4]), n_head=int(h[5]),
-                            n_embd=int(h[6]), padded_vocab_size=int(h[7]) or int(h[3]))
-    except ValueError as e:
-        raise CheckpointError(f"{path}: header describes an invalid model: {e}") from e
-    return config, version
-
-
-def read_model_header(path) -> GPT2Config:
-    """The model shape stored in an llm.c model file's header (version 3 or 5)."""
-    return _read_header(Path(path))[0]
-
-
-def _load_llmc(path: Path, device: str = "cpu", config: GPT2Config | None = None):
-    from .model import GPT2
-
-    hconfig, flat = _read_llmc(path, config)
-    model = GPT2(hconfig, device=device, init=False)
-    _fill_params(model, flat, path)
-    return model
-
-
-def _read_llmc(path: Path, config: GPT2Config | None = None) -> tuple[GPT2Config, np.ndarray]:
-    """(config, all weights as one flat fp32 vector) of an llm.c model file, checked against its header."""
-    hconfig, version = _read_header(path)
-    if config is not None and hconfig != config:
-        raise CheckpointError(f"{path}: the file holds a model of shape {_shape(hconfig)}, but {_shape(config)} "
-                              "was expected")
-    n = hconfig.num_parameters()
-    itemsize = 4 if version == 3 else 2
-    expected = 1024 + itemsize * n
-    size = path.stat().st_size
-    if size != expected:
-        raise CheckpointError(f"{path}: file has {size} bytes but the header's model ({_shape(hconfig)}, "
-                              f"{MODEL_VERSIONS[version]}) needs {expected}; truncated or corrupt")
-    if version == 3:
-        flat = np.fromfile(path, dtype="<f4", offset=1024)
-    else:
-        flat = bf16_to_float32(np.fromfile(path, dtype="<u2", offset=1024))
-    return hconfig, flat
-
-
-def _fill_params(model, flat: np.ndarray, path) -> None:
-    """Copy a flat fp32 vector (param_names order) into the model; NaN/Inf are rejected by tensor name."""
-    if flat.size != model.num_parameters:
-        raise CheckpointError(f"{path}: holds {flat.size} values, the model has {model.num_parameters} parameters")
-    off = 0
-    for name in _C.param_names():
-        p = model.params[name]
-        chunk = flat[off:off + p.size]
-        if not np.isfinite(chunk).all():
-            bad = int(np.size(chunk) - np.isfinite(chunk).sum())
-            raise CheckpointError(f"{path}: weights contain NaN or Inf ({bad} values in tensor {name})")
-        p[...] = chunk.reshape(p.shape)
-        off += p.size
-    model.params_changed()
-
-
-def _shape(c: GPT2Config) -> str:
-    return (f"n_layer={c.n_layer} n_head={c.n_head} n_embd={c.n_embd} block_size={c.block_size} "
-            f"vocab_size={c.vocab_size} padded_vocab_size={c.padded_vocab_size}")
-
-
-def load_model(path, device: str = "cpu", padded_vocab_size: int | None = None):
-    """A GPT2 from any supported source:
-
-    * an llm.c model file, version 3 (fp32) or 5 (bf16);
-    * a training checkpoint directory (its model.bin, after checking the manifest);
-    * a Hugging Face GPT-2 directory: config.json + model.safetensors or pytorch_model.bin;
-    * a Hugging Face Hub repo id such as "gpt2" (needs huggingface_hub and network access).
-
-    padded_vocab_size applies to Hugging Face models only (default: vocab rounded up to 128).
-    Problems raise CheckpointError naming the file."""
-    p = Path(path)
-    if p.is_dir():
-        if (p / MANIFEST).exists() or (p / "state.json").exists():
-            return load_checkpoint(p).load_model(device=device)
-        if any((p / n).exists() for n in ("config.json", "model.safetensors", "pytorch_model.bin")):
-            from . import hf
-            return hf.load_pretrained(p, device=device, padded_vocab_size=padded_vocab_size)
-        raise CheckpointError(f"{p}: directory holds neither a gpt2core checkpoint (manifest.json) nor a Hugging "
-                              "Face model (config.json)")
-    if p.exists():
-        return _load_llmc(p, device=device)
-    from . import hf
-    if hf.looks_like_hub_id(str(path)):
-        return hf.load_pretrained(str(path), device=device, padded_vocab_size=padded_vocab_size)
-    raise CheckpointError(f"{p}: no such file or directory")
 
 
 # ------------------------------------------------------------------------------------ checkpoints
@@ -428,9 +265,9 @@ class Checkpoint:
         p = self.path / "metrics.jsonl"
         return p if p.exists() else None
 
-    def load_model(self, device: str = "cpu"):
-        """A GPT2 with the checkpoint's weights (optimizer state not restored: see restore())."""
-        return _load_llmc(self.path / "model.bin", device=device, config=self.config)
+    def read_weights(self) -> tuple[GPT2Config, np.ndarray]:
+        """(config, the weights as one flat fp32 vector) from model.bin; optimizer state: see restore()."""
+        return read_model(self.path / "model.bin", config=self.config)
 
     @property
     def zero(self) -> dict | None:
@@ -520,19 +357,19 @@ class Checkpoint:
         if optimizer and self.zero is not None:
             raise self.layout_error(1, zero=False)
         if model.config != self.config:
-            raise CheckpointError(f"{self.path}: checkpoint holds a model of shape {_shape(self.config)}, the "
-                                  f"model to restore into is {_shape(model.config)}")
-        _, flat = _read_llmc(self.path / "model.bin", config=self.config)
+            raise CheckpointError(f"{self.path}: checkpoint holds a model of shape {describe(self.config)}, the "
+                                  f"model to restore into is {describe(model.config)}")
+        _, flat = read_model(self.path / "model.bin", config=self.config)
         order = self.state["optimizer"]["param_order"]
         if list(order) != list(_C.param_names()):
             raise CheckpointError(f"{self.path}: optimizer state is in parameter order {order}, this version "
                                   f"uses {list(_C.param_names())}")
         if not optimizer:
-            _fill_params(model, flat, self.path / "model.bin")
+            fill_params(model, flat, self.path / "model.bin")
             model.step_count = int(self.state["optimizer"]["step_count"])
             return
         am, av = self._moments()
-        _fill_params(model, flat, self.path / "model.bin")
+        fill_params(model, flat, self.path / "model.bin")
         m, v = model.opt_state()
         off = 0
         for name in order:
@@ -717,9 +554,8 @@ def main(argv=None) -> None:
     print(f"consolidated {args.dir} -> {path} (full adam_m.npy / adam_v.npy)")
 
 
-__all__ = ["CheckpointError", "Checkpoint", "save_model", "load_model", "read_model_header", "float32_to_bf16",
-           "bf16_to_float32", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints",
-           "prune_checkpoints", "checkpoint_dir", "consolidate"]
+__all__ = ["CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
+           "list_checkpoints", "prune_checkpoints", "checkpoint_dir", "consolidate"]
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import warnings
 import numpy as np
 
 from .data import hellaswag as _hs
+from .model import load_model
 from .progress import bar
 
 
@@ -130,16 +131,10 @@ def score_hellaswag(model, data=None, items_per_batch: int = 4, rank: int = 0, w
 
 
 # ------------------------------------------------------------------------------------ CLI
-def _load_checkpoint(path, device: str):
-    """A model file (llm.c format), a training checkpoint directory or a Hugging Face model."""
-    from .checkpoint import load_model
-    return load_model(path, device=device)
-
-
 def _cmd_hellaswag(args) -> int:
     try:
         data = _hs.load(args.data, args.limit)
-        model = _load_checkpoint(args.checkpoint, args.device)
+        model = load_model(args.checkpoint, device=args.device)
     except (ValueError, OSError) as e:      # HellaSwagError, CheckpointError, missing files
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -154,7 +149,7 @@ def _cmd_hellaswag(args) -> int:
 def _cmd_val(args) -> int:
     from .data.loader import DataLoader
     try:
-        model = _load_checkpoint(args.checkpoint, args.device)
+        model = load_model(args.checkpoint, device=args.device)
         T = args.seq_len or int(model.config.block_size)
         loader = DataLoader(args.data_dir, "val", args.batch_size, T, shuffle=False)
     except (ValueError, OSError) as e:      # CheckpointError, ShardError, no val shard

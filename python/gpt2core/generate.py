@@ -8,7 +8,8 @@ import sys
 import numpy as np
 
 from . import tokenizer
-from .checkpoint import CheckpointError, load_model
+from .llmc import CheckpointError
+from .model import load_model
 
 
 def non_negative_int(s: str) -> int:

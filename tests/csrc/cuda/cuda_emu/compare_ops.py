@@ -1,0 +1,208 @@
+"""Every op of the emulated CUDA backend against the CPU backend, on random inputs with odd shapes.
+
+Run by tests/csrc/cuda/test_cuda_emu.py in a subprocess per emulator schedule (GPT2CORE_EMU_SCHED=fwd|rev|random:<seed>,
+GPT2CORE_EMU_TRACE=<file> recording the launched kernels):
+
+    python tests/csrc/cuda/cuda_emu/compare_ops.py build/emu-py
+
+Prints one JSON object: {op name: normwise error}, where error = max|cuda - cpu| / max|cpu| over every output
+of the op (accumulated-into outputs start from random values, so the += contract is checked too).
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, sys.argv[1])
+import gpt2core_cuda_emu as E  # noqa: E402
+
+rng = np.random.default_rng(1234)
+cpu, cuda = E.Ops("cpu"), E.Ops("cuda")
+errors = {}
+
+
+def f32(*shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def record(name, got, want):
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    worst = 0.0
+    for g, w in zip(got, want):
+        if w is None:
+            continue
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        assert g.shape == w.shape, (name, g.shape, w.shape)
+        if not np.all(np.isfinite(g)):
+            worst = float("inf")
+            continue
+        denom = max(np.max(np.abs(w)), 1e-30) if w.size else 1.0
+        worst = max(worst, float(np.max(np.abs(g - w)) / denom) if w.size else 0.0)
+    errors[name] = max(errors.get(name, 0.0), worst)
+
+
+def both(method, *args):
+    return getattr(cuda, method)(*args), getattr(cpu, method)(*args)
+
+
+B, T, C = 3, 37, 192           # T not a multiple of the 32-row attention tile; C = 3 * 64
+N = B * T
+V, Vp, maxT = 97, 128, 40
+
+# encoder
+inp = rng.integers(0, V, (B, T)).astype(np.int32)
+inp[1, :5] = inp[0, 3]          # repeated tokens: the deterministic bucketed dwte sum
+wte, wpe = f32(Vp, C), f32(maxT, C)
+record("encoder_forward", *both("encoder_forward", inp, wte, wpe))
+record("encoder_backward", *both("encoder_backward", f32(Vp, C), f32(maxT, C), f32(B, T, C), inp))
+
+# layernorm
+x, w, b = f32(N, C, scale=2.0) + 0.5, f32(C), f32(C)
+out, mean, rstd = cpu.layernorm_forward(x, w, b)
+record("layernorm_forward", cuda.layernorm_forward(x, w, b), (out, mean, rstd))
+record("layernorm_backward", *both("layernorm_backward", f32(N, C), f32(C), f32(C), f32(N, C), x, w, mean, rstd))
+
+# matmul (through the seam) with and without bias; OC odd
+for OC in (3 * C, 101):
+    xin, wt, bias = f32(N, C), f32(OC, C, scale=0.1), f32(OC)
+    record("matmul_forward", *both("matmul_forward", xin, wt, bias))
+    record("matmul_forward", *both("matmul_forward", xin, wt, None))
+    record("matmul_backward", *both("matmul_backward", f32(N, C), f32(OC, C), f32(OC), f32(N, OC), xin, wt))
+    record("matmul_backward", *both("matmul_backward", f32(N, C), f32(OC, C), None, f32(N, OC), xin, wt))
+
+# matmul with the GELU epilogues (the MLP): up-projection C -> OC with GELU, then the backward of
+# gelu(pre) @ w^T + b (OC -> C). OC = 4C as in the model; OC = 101 is no multiple of 8, which cuBLASLt's GELU
+# matrix needs, so the CUDA backend falls back to the separate matmul and GELU kernels there. The unfused rung
+# (fused=False) is compared too.
+cuda_unfused = E.Ops("cuda", fused=False)
+for OC in (4 * C, 101):
+    xin, wt, bias = f32(N, C), f32(OC, C, scale=0.1), f32(OC)
+    pre = f32(N, OC, scale=2.0)
+    act = cpu.gelu_forward(pre.ravel()).reshape(N, OC)
+    w2 = f32(C, OC, scale=0.1)
+    for prefix, ops in (("", cuda), ("unfused ", cuda_unfused)):
+        for bb in (bias, None):
+            record(prefix + "matmul_gelu_forward", ops.matmul_gelu_forward(xin, wt, bb),
+                   cpu.matmul_gelu_forward(xin, wt, bb))
+        for db in (f32(C), None):  # dpre starts random: it is overwritten, not accumulated into
+            args = (f32(N, OC), f32(C, OC), db, f32(N, C), pre, act, w2)
+            record(prefix + "gelu_matmul_backward", ops.gelu_matmul_backward(*args), cpu.gelu_matmul_backward(*args))
+
+# attention: head sizes 64 (C=192, 3 heads), 16 and 10 (zero-padded in the 64-wide kernels), 128
+for (Ca, NH, Ta) in ((192, 3, T), (48, 3, T), (20, 2, 9), (256, 2, 33)):
+    qkv = f32(B, Ta, 3 * Ca)
+    record(f"attention(hs={Ca // NH})", *both("attention", qkv, f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH))
+
+# the other attention paths, selected by the backend's attention option: the materialised ("naive") rung, and
+# the attention seam (cuDNN's SDPA on GPUs, its CPU implementation here)
+for mode in ("naive", "cudnn"):
+    ops = E.Ops("cuda", attention=mode)
+    for (Ca, NH, Ta) in ((192, 3, T), (20, 2, 9)):
+        args = (f32(B, Ta, 3 * Ca), f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH)
+        record(f"{mode} attention(hs={Ca // NH})", ops.attention(*args), cpu.attention(*args))
+
+# the bf16 flash path's tensor-core forward (attention_tc.cuh), run here so the launch trace sees every kernel;
+# its numerics are checked against float64 in tests/test_cuda_emu_bf16_attention.py
+E.OpsBF16("cuda").attention(f32(B, 9, 3 * 192), f32(B, 9, 192), f32(B, 9, 3 * 192), 3)
+
+# gelu, residual (sizes not a multiple of 4: the float4 paths finish with a scalar tail)
+g = f32(N * 4 + 3, scale=2.0)
+record("gelu_forward", *both("gelu_forward", g))
+record("gelu_backward", *both("gelu_backward", f32(g.size), g, f32(g.size)))
+record("residual_forward", *both("residual_forward", f32(1001), f32(1001)))
+
+# fused classifier: padded vocab, ignored targets
+logits = f32(N, Vp, scale=3.0)
+targets = rng.integers(0, V, N).astype(np.int32)
+targets[[0, 5, N - 1]] = -1
+(l1, s1, n1), (l0, s0, n0) = both("crossentropy_forward", logits, targets, V)
+assert n1 == n0 == N - 3, (n1, n0)
+record("crossentropy_forward", (l1, s1), (l0, s0))
+(l1, s1, n1), (l0, s0, n0) = both("crossentropy_forward", logits, None, V)
+assert n1 == n0 == 0
+record("crossentropy_forward", (l1, s1), (l0, s0))
+record("crossentropy_backward_inplace", *both("crossentropy_backward_inplace", logits, s0, targets, 1.0 / 7, V))
+# forward_backward's device-resident loss: the count stays in device memory, dloss = grad_scale / count and the
+# mean loss is accumulated there; against the CPU backend and against the host-side forms above
+(l1, s1, n1, a1, d1), (l0, s0c, n0, a0, d0) = both("crossentropy_counted", logits, targets, V, 0.25, 1.5)
+assert n1 == n0 == N - 3, (n1, n0)
+assert abs(a1 - a0) <= 1e-6 * abs(a0) and abs(a0 - (1.5 + 0.25 * l0.sum() / n0)) <= 1e-6 * a0, (a1, a0)
+record("crossentropy_counted", (l1, s1, d1), (l0, s0c, d0))
+record("crossentropy_counted", d1, cuda.crossentropy_backward_inplace(logits, s0, targets, 0.25 / n0, V))
+
+
+# classifier rows of other widths: Vp a multiple of 8 with V not (16-byte vectors, a ragged tail up to V, padded
+# vectors written 0), V = Vp, rows wider than the block's 512 vectors, and Vp odd (rows not 16-byte aligned: one
+# value per access); targets include the last column and one in the ragged part
+def classifier_cases(ops, prefix):
+    for (Vc, Vpc, Nc) in ((101, 120, 7), (64, 64, 5), (5001, 5008, 3), (97, 99, 7)):
+        lg = f32(Nc, Vpc, scale=3.0)
+        tg = rng.integers(0, Vc, Nc).astype(np.int32)
+        tg[[0, 1, 2]] = (Vc - 1, Vc - 2, -1)
+        (l1, s1, n1), (l0, s0, n0) = ops.crossentropy_forward(lg, tg, Vc), cpu.crossentropy_forward(lg, tg, Vc)
+        assert n1 == n0 == Nc - 1, (n1, n0)
+        record(prefix + "crossentropy_forward", (l1, s1), (l0, s0))
+        args = (lg, s0, tg, 1.0 / 3, Vc)
+        record(prefix + "crossentropy_backward_inplace", ops.crossentropy_backward_inplace(*args),
+               cpu.crossentropy_backward_inplace(*args))
+
+
+classifier_cases(cuda, "")
+
+# global norm and AdamW
+p = f32(70001)
+s1, s0 = both("sum_squares", p)
+errors["sum_squares"] = abs(s1 - s0) / s0
+pw, gw = f32(5003), f32(5003, scale=1e-2)
+m0, v0 = f32(5003, scale=1e-3), np.abs(f32(5003, scale=1e-5))
+record("adamw", *both("adamw", pw, gw, m0, v0, 1e-3, 0.9, 0.95, 1e-8, 0.1, 0.5, 1 - 0.9 ** 3, 1 - 0.95 ** 3))
+record("adamw", *both("adamw", pw, gw, m0, v0, 1e-3, 0.9, 0.95, 1e-8, 0.0, 1.0, 1 - 0.9, 1 - 0.95))
+# the optimizer step with its values in device memory (a graph replays it): norm and clip scale on the device;
+# against the CPU backend, and bit for bit against adamw() with the host's clip scale; non-finite: no write
+for clip in (0.0, 0.5, 1e9):
+    got, want = both("clipped_adamw", pw, gw, m0, v0, 1e-3, 1 - 0.9 ** 3, 1 - 0.95 ** 3, 3, clip)
+    norm64 = np.sqrt(np.sum(gw.astype(np.float64) ** 2))
+    assert abs(got[0] - want[0]) <= 1e-6 * want[0] and abs(got[0] - norm64) <= 1e-6 * norm64, (got, want)
+    record("clipped_adamw", got[1:], want[1:])
+    scale = clip / (got[0] + 1e-6) if 0 < clip < got[0] else 1.0
+    h = len(pw) // 2
+    parts = [cuda.adamw(x, y, a, b, 1e-3, 0.9, 0.95, 1e-8, d, scale, 1 - 0.9 ** 3, 1 - 0.95 ** 3)
+             for x, y, a, b, d in ((pw[:h], gw[:h], m0[:h], v0[:h], 0.1), (pw[h:], gw[h:], m0[h:], v0[h:], 0.0))]
+    for k in range(3):
+        assert np.array_equal(got[1 + k], np.concatenate([parts[0][k], parts[1][k]])), (clip, k)
+g_nan = gw.copy()
+g_nan[17] = np.nan
+got = cuda.clipped_adamw(pw, g_nan, m0, v0, 1e-3, 0.1, 0.05, 3, 1.0)
+assert np.isnan(got[0]) and np.array_equal(got[1], pw) and np.array_equal(got[2], m0) and np.array_equal(got[3], v0)
+
+# the memory-bound kernels' one-float-per-thread paths: buffers that are not 16-byte aligned
+cuda_unaligned = E.Ops("cuda", misalign=True)
+record("unaligned encoder_forward", cuda_unaligned.encoder_forward(inp, wte, wpe), cpu.encoder_forward(inp, wte, wpe))
+record("unaligned gelu_forward", cuda_unaligned.gelu_forward(g), cpu.gelu_forward(g))
+args = (f32(g.size), g, f32(g.size))
+record("unaligned gelu_backward", cuda_unaligned.gelu_backward(*args), cpu.gelu_backward(*args))
+args = (f32(1001), f32(1001))
+record("unaligned residual_forward", cuda_unaligned.residual_forward(*args), cpu.residual_forward(*args))
+out, mean, rstd = cpu.layernorm_forward(x, w, b)
+record("unaligned layernorm_forward", cuda_unaligned.layernorm_forward(x, w, b), (out, mean, rstd))
+args = (f32(N, C), f32(C), f32(C), f32(N, C), x, w, mean, rstd)
+record("unaligned layernorm_backward", cuda_unaligned.layernorm_backward(*args), cpu.layernorm_backward(*args))
+# C not a multiple of 4: the scalar path with aligned buffers
+x5, w5, b5 = f32(N, 45), f32(45), f32(45)
+out, mean, rstd = cpu.layernorm_forward(x5, w5, b5)
+record("layernorm_forward", cuda.layernorm_forward(x5, w5, b5), (out, mean, rstd))
+args = (f32(N, 45), f32(45), f32(45), f32(N, 45), x5, w5, mean, rstd)
+record("layernorm_backward", cuda.layernorm_backward(*args), cpu.layernorm_backward(*args))
+args = (pw, gw, m0, v0, 1e-3, 0.9, 0.95, 1e-8, 0.1, 0.5, 1 - 0.9 ** 3, 1 - 0.95 ** 3)
+record("unaligned adamw", cuda_unaligned.adamw(*args), cpu.adamw(*args))
+l1, s1, _ = cuda_unaligned.crossentropy_forward(logits, targets, V)
+l0, s0, _ = cpu.crossentropy_forward(logits, targets, V)
+record("unaligned crossentropy_forward", (l1, s1), (l0, s0))
+args = (logits, s0, targets, 1.0 / 7, V)
+record("unaligned crossentropy_backward_inplace", cuda_unaligned.crossentropy_backward_inplace(*args),
+       cpu.crossentropy_backward_inplace(*args))
+classifier_cases(cuda_unaligned, "unaligned ")
+
+print(json.dumps(errors))

@@ -1,0 +1,184 @@
+"""The real CUDA backend of gpt2core._C on a GPU, against the CPU backend. Skipped unless this _C has the CUDA
+backend and a usable GPU (gpt2core._C.cuda_status() == ""); the same checks run without a GPU on the emulated
+build in tests/csrc/cuda/test_cuda_emu.py.
+
+Tolerances: fp32 (default) within 1e-5 normwise per tensor, as under emulation (summation order only; cuBLASLt
+in CUBLAS_COMPUTE_32F). With tf32=True the matmuls round their inputs to TF32 (10-bit mantissa,
+~5e-4 relative per product), so 2e-3.
+"""
+import numpy as np
+import pytest
+
+from gpt2core import _C
+
+pytestmark = pytest.mark.skipif(
+    "cuda" not in _C.build_info()["backends"] or _C.cuda_status() != "",
+    reason="needs gpt2core._C with the CUDA backend and a usable GPU")
+
+CFG = dict(max_seq_len=64, vocab_size=97, padded_vocab_size=128, n_layer=2, n_head=3, n_embd=192)
+B, T = 3, 61
+TOL = 1e-5
+TOL_TF32 = 2e-3
+
+
+def init_params(model, seed=0):
+    rng = np.random.default_rng(seed)
+    for name, v in model.params().items():
+        if name in ("ln1w", "ln2w", "lnfw"):
+            v[...] = 1.0 + rng.standard_normal(v.shape) * 0.1
+        else:
+            v[...] = rng.standard_normal(v.shape) * 0.02
+    model.params()["wte"][CFG["vocab_size"]:] = 0.0
+
+
+def batch(seed=0):
+    rng = np.random.default_rng(100 + seed)
+    idx = rng.integers(0, CFG["vocab_size"], (B, T)).astype(np.int32)
+    tgt = rng.integers(0, CFG["vocab_size"], (B, T)).astype(np.int32)
+    tgt[0, 2] = -1
+    return idx, tgt
+
+
+def normwise(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_forward_backward_match_cpu(tf32):
+    tol = TOL_TF32 if tf32 else TOL
+    idx, tgt = batch()
+    cpu, gpu = _C.Model(**CFG, device="cpu"), _C.Model(**CFG, device="cuda", tf32=tf32)
+    for m in (cpu, gpu):
+        init_params(m)
+    lc, lg = cpu.forward(idx, tgt), gpu.forward(idx, tgt)
+    assert abs(lg - lc) <= tol * abs(lc)
+    assert normwise(gpu.logits(), cpu.logits()) <= tol
+    for m in (cpu, gpu):
+        m.zero_grad()
+        m.forward(idx, tgt)
+        m.backward()
+    gc, gg = cpu.grads(), gpu.grads()
+    errs = {k: normwise(gg[k], gc[k]) for k in gc}
+    assert max(errs.values()) <= tol, errs
+    assert abs(gpu.grad_norm() - cpu.grad_norm()) <= tol * cpu.grad_norm()
+
+
+def test_training_lowers_loss_like_cpu_and_is_deterministic():
+    runs = {}
+    for dev in ("cpu", "cuda", "cuda"):
+        m = _C.Model(**CFG, device=dev)
+        init_params(m, seed=3)
+        idx, tgt = batch(1)
+        losses = []
+        for step in range(1, 6):
+            m.zero_grad()
+            losses.append(m.forward(idx, tgt))
+            m.backward()
+            norm = m.grad_norm()
+            m.adamw_update(lr=1e-3, step=step, grad_scale=min(1.0, 1.0 / (norm + 1e-6)))
+        runs.setdefault(dev, []).append((np.array(losses), m.flat_params().copy()))
+    (lc, _), = runs["cpu"]
+    (lg, pg), (lg2, pg2) = runs["cuda"]
+    assert lg[-1] < lg[0] - 0.1
+    np.testing.assert_allclose(lg, lc, rtol=max(1e-4, TOL))
+    assert np.array_equal(lg, lg2) and np.array_equal(pg, pg2), "two identical CUDA runs differ"
+
+
+def test_out_of_memory_is_a_clear_error():
+    big = dict(CFG, max_seq_len=1024, n_layer=48, n_embd=192 * 64 // 3 * 3)  # ~1e12 bytes of parameters
+    with pytest.raises(RuntimeError, match="out of memory"):
+        _C.Model(**dict(big, n_head=3), device="cuda")
+
+
+# ----------------------------------------------------------------------------- bf16 mixed precision
+def bf16_tolerances():
+    """Same reasoning as tests/csrc/cuda/test_cuda_emu_bf16_model.py: bf16 stores activations with 2^-9 relative
+    rounding; ~15 stored activations in a chain per direction."""
+    return dict(loss=2e-3, logits=1e-2, grads=2e-2)
+
+
+@pytest.mark.skipif("cuda" in _C.build_info()["backends"] and _C.cuda_capability(0) < 80,
+                    reason="bf16 tensor cores need sm_80+")
+def test_bf16_matches_float64_and_learns():
+    tol = bf16_tolerances()
+    idx, tgt = batch()
+    ref, m = _C.ModelF64(**CFG, device="cpu"), _C.ModelBF16(**CFG, device="cuda")
+    for x in (ref, m):
+        init_params(x)
+    m.params_changed()
+    lr_, lm = ref.forward(idx, tgt), m.forward(idx, tgt)
+    assert abs(lm - lr_) <= tol["loss"] * abs(lr_)
+    assert normwise(m.logits(), ref.logits()) <= tol["logits"]
+    for x in (ref, m):
+        x.zero_grad()
+        x.forward(idx, tgt)
+        x.backward()
+    errs = {k: normwise(m.grads()[k], ref.grads()[k]) for k in ref.grads()}
+    assert max(errs.values()) <= tol["grads"], errs
+    losses = []
+    for step in range(1, 6):
+        m.zero_grad()
+        losses.append(m.forward(idx, tgt))
+        m.backward()
+        m.adamw_update(lr=1e-3, step=step, grad_scale=min(1.0, 1.0 / (m.grad_norm() + 1e-6)))
+    assert np.all(np.diff(losses) < 0) and losses[-1] < losses[0] - 0.1, losses
+
+
+@pytest.mark.skipif("cuda" in _C.build_info()["backends"] and _C.cuda_capability(0) < 80,
+                    reason="bf16 tensor cores need sm_80+")
+@pytest.mark.parametrize("attention,fused", [("flash", "0"), ("naive", "1"), ("cudnn", "1")])
+def test_bf16_speed_ladder_rungs_agree(attention, fused):
+    """Every rung computes the same model: bf16 with flash attention and fused kernels (the reference here)
+    against naive attention, unfused kernels, and cuDNN attention, within the bf16 tolerances."""
+    if attention == "cudnn" and not _C.build_info().get("cudnn_sdpa"):
+        pytest.skip("built without cuDNN SDPA")
+    tol = bf16_tolerances()
+    idx, tgt = batch()
+    runs = []
+    for att, fu in (("flash", "1"), (attention, fused)):
+        m = _C.ModelBF16(**CFG, device="cuda", attention=att, fused=fu == "1")
+        init_params(m)
+        m.params_changed()
+        m.zero_grad()
+        loss = m.forward(idx, tgt)
+        logits = m.logits().copy()
+        m.backward()
+        runs.append((loss, logits, {k: v.copy() for k, v in m.grads().items()}))
+    (l0, x0, g0), (l1, x1, g1) = runs
+    assert abs(l1 - l0) <= tol["loss"] * abs(l0)
+    assert normwise(x1, x0) <= tol["logits"]
+    errs = {k: normwise(g1[k], g0[k]) for k in g0}
+    assert max(errs.values()) <= tol["grads"], errs
+
+
+@pytest.mark.parametrize("attention", ["flash", "auto"])
+@pytest.mark.parametrize("cls", ["Model", "ModelBF16"])
+def test_cuda_graph_replay_matches_the_direct_run(cls, attention):
+    """As tests/csrc/cuda/test_cuda_graphs.py under emulation, on the real stream-capture machinery: cuBLASLt, cuDNN and
+    our kernels recorded into graphs (micro-step, optimizer step) and replayed with new tokens, learning rates
+    and weights. Bit for bit with our
+    (deterministic) kernels; with cuDNN's attention (auto, bf16), whose backward may accumulate dQ with atomics,
+    within bf16 rounding (1e-2 normwise)."""
+    graphed, direct = (getattr(_C, cls)(**CFG, device="cuda", attention=attention) for _ in range(2))
+    for m in (graphed, direct):
+        init_params(m)
+        m.params_changed()
+    graphed.cuda_graphs = True
+    tol = 1e-2 if cls == "ModelBF16" and attention == "auto" else 0.0
+    for step in range(3):
+        for m in (graphed, direct):
+            m.zero_grad()
+        for k in range(3):
+            x, y = batch(10 * step + k)
+            for m in (graphed, direct):
+                m.forward_backward(x, y, 1 / 3)
+        lg, ld = graphed.take_loss(), direct.take_loss()
+        assert abs(lg - ld) <= tol * ld
+        for name, g in direct.grads().items():
+            assert normwise(graphed.grads()[name], g) <= tol, name
+        norms = [m.optimizer_step(lr=1e-3 / (step + 1), step=step + 1, grad_clip=0.05) for m in (graphed, direct)]
+        assert abs(norms[0] - norms[1]) <= tol * norms[1]
+        for name, p in direct.params().items():
+            assert normwise(graphed.params()[name], p) <= tol, name
+    assert graphed.graph_captures == 2 and graphed.graph_replays == 8 + 2

@@ -1,0 +1,64 @@
+"""Precision selection from Python (the CPU side; the bf16 numerics are in test_cuda_emu_bf16_*.py)."""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpt2core import GPT2, _C
+from gpt2core.model import DeviceError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_cpu_defaults_to_fp32_and_rejects_bf16():
+    m = GPT2("tiny", seed=0)
+    assert m.precision == "fp32" and m._m.dtype == "float32"
+    with pytest.raises(ValueError, match="bf16.*need device='cuda'"):
+        GPT2("tiny", precision="bf16")
+    with pytest.raises(ValueError, match="precision must be"):
+        GPT2("tiny", precision="fp16")
+    with pytest.raises(ValueError, match="bf16 mixed precision needs device='cuda'"):  # the C++ layer says it too
+        _C.ModelBF16(max_seq_len=8, vocab_size=10, padded_vocab_size=16, n_layer=1, n_head=2, n_embd=8, device="cpu")
+
+
+@pytest.mark.skipif(_C.cuda_status() == "", reason="a CUDA device is available here")
+def test_bf16_on_a_machine_without_gpu_is_a_device_error():
+    assert _C.cuda_capability(0) == -1 and _C.cuda_device_name(0) == ""
+    with pytest.raises((DeviceError, ValueError)):
+        GPT2("tiny", device="cuda", precision="bf16")
+
+
+def test_step_count_sets_the_rounding_seed():
+    """GPT2.step_count (restored on resume) is also the seed of the bf16 copy's stochastic rounding."""
+    m = GPT2("tiny", seed=0)
+    x = np.arange(8, dtype=np.int32)[None]
+    m.forward(x, x)
+    m.backward()
+    m.step(lr=1e-3)
+    assert m.step_count == 1 and m._m.param_round_seed == 1
+    m.step_count = 42
+    assert m._m.param_round_seed == 42
+
+
+def test_bench_finds_the_gpu_peak_for_the_precision():
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.gpu_peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == (989.0, "H100 SXM")
+    assert bench.gpu_peak_tflops("NVIDIA H100 PCIe", "tf32") == (378.0, "H100 PCIe")
+    assert bench.gpu_peak_tflops("NVIDIA A100-SXM4-80GB", "fp32") == (19.5, "A100")
+    assert bench.gpu_peak_tflops("Some Future GPU", "bf16") is None
+
+
+def test_precision_follows_the_gpu_generation():
+    """What a CUDA model picks on each GPU generation (the capability a real GPU would report): bf16 from
+    sm_80 (A100, H100), fp32 on a T4 (sm_75, no bf16 or tf32 tensor cores), where asking for either is refused."""
+    from gpt2core.model import pick_precision
+    assert pick_precision(None, 90) == pick_precision(None, 80) == "bf16"
+    assert pick_precision(None, 75) == "fp32"
+    assert pick_precision(None, 90, dtype="float64") == "fp32"
+    assert pick_precision("tf32", 86) == "tf32" and pick_precision("fp32", 75) == "fp32"
+    for p in ("bf16", "tf32"):
+        with pytest.raises(DeviceError, match=rf"precision='{p}' needs an sm_80\+ GPU .* sm_75"):
+            pick_precision(p, 75)
