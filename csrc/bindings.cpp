@@ -5,10 +5,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <limits>
 #include <sstream>
 #include <string>
 
 #include "cpu/backend_cpu.h"
+#include "cpu/blas.h"
 #include "model/backend_factory.h"
 #include "model/gpt2.h"
 
@@ -38,7 +41,8 @@ namespace {
 
 [[noreturn]] void arg_error(const std::string& msg) { throw py::value_error(msg); }
 
-// An int32, C-contiguous, 2-D array: the only form the core reads token ids in.
+// An int32, C-contiguous, 2-D array: the only form the core reads token ids in. Targets (allow_ignore) may
+// mark ignored positions with -1 or with Hugging Face's -100; the core sees only -1 (a copy, when -100 occurs).
 py::array_t<int32_t> check_tokens(const py::handle& obj, const char* name, int B, int Tn, bool allow_ignore,
                                   int vocab_size, int max_T) {
   if (!py::isinstance<py::array>(obj)) arg_error(std::string(name) + " must be a numpy array of int32");
@@ -61,16 +65,22 @@ py::array_t<int32_t> check_tokens(const py::handle& obj, const char* name, int B
   auto a = py::reinterpret_borrow<py::array_t<int32_t>>(arr);
   const int32_t* p = a.data();
   const py::ssize_t n = a.size();
-  const int lo = allow_ignore ? -1 : 0;
+  constexpr int32_t kHfIgnore = -100;
+  bool has_hf_ignore = false;
   for (py::ssize_t i = 0; i < n; i++) {
-    if (p[i] < lo || p[i] >= vocab_size) {
+    const bool ignored = allow_ignore && (p[i] == -1 || p[i] == kHfIgnore);
+    has_hf_ignore |= allow_ignore && p[i] == kHfIgnore;
+    if (!ignored && (p[i] < 0 || p[i] >= vocab_size)) {
       std::ostringstream s;
-      s << name << " contains id " << p[i] << " at flat position " << i << "; valid ids are " << lo << ".."
-        << vocab_size - 1 << (allow_ignore ? " (-1 = ignored)" : "");
+      s << name << " contains id " << p[i] << " at flat position " << i << "; valid ids are 0.." << vocab_size - 1
+        << (allow_ignore ? ", or -1 or -100 for an ignored position" : "");
       arg_error(s.str());
     }
   }
-  return a;
+  if (!has_hf_ignore) return a;
+  py::array_t<int32_t> mapped({arr.shape(0), arr.shape(1)});
+  std::replace_copy(p, p + n, mapped.mutable_data(), kHfIgnore, -1);
+  return mapped;
 }
 
 ModelConfig make_config(int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd) {
@@ -180,7 +190,7 @@ void bind_model(py::module_& m, const char* cls_name) {
              return self.forward(x.data(), yp, B, Tn);
            },
            py::arg("idx"), py::arg("targets") = py::none(),
-           "Forward pass. idx, targets: int32 (B, T); targets -1 are ignored. Returns the mean loss (NaN without targets).")
+           "Forward pass. idx, targets: int32 (B, T), targets[b, t] the token after idx[b, t]; targets -1 or -100 are ignored. Returns the mean loss (NaN without targets).")
       .def("logits",
            [](M& self) {
              py::array_t<F> out({self.last_B(), self.last_T(), self.config().padded_vocab_size});
@@ -338,6 +348,33 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
     omp_set_num_threads(n);
   }, py::arg("n"), "Threads for the CPU backend (OpenMP; BLAS calls are split over the same threads).");
   m.def("get_num_threads", []() { return omp_get_max_threads(); });
+  m.def("matmul", [](py::object a_obj, py::object b_obj) {
+    auto matrix = [](const py::object& obj, const char* name) {
+      const std::string what = std::string(name) + " must be a non-empty, C-contiguous float32 numpy array of 2 dimensions";
+      if (!py::isinstance<py::array>(obj) || !py::array_t<float>::check_(obj)) arg_error(what);
+      auto arr = py::reinterpret_borrow<py::array_t<float>>(obj);
+      if (arr.ndim() != 2 || !(arr.flags() & py::array::c_style) || arr.size() == 0) arg_error(what);
+      return arr;
+    };
+    auto a = matrix(a_obj, "a"), b = matrix(b_obj, "b");
+    const py::ssize_t M = a.shape(0), K = a.shape(1), N = b.shape(1);
+    if (b.shape(0) != K) {
+      std::ostringstream s;
+      s << "a (M, K) @ b (K, N): a has K=" << K << " columns but b has " << b.shape(0) << " rows";
+      arg_error(s.str());
+    }
+    if (std::max({M, N, K}) > std::numeric_limits<int>::max())
+      arg_error("a and b: each dimension must fit in int32 (BLAS's int)");
+    py::array_t<float> c({M, N});
+    {
+      py::gil_scoped_release nogil;
+      gpt2::cpu::gemm(false, false, int(M), int(N), int(K), 1.0f, a.data(), int(K), b.data(), int(N), 0.0f,
+                      c.mutable_data(), int(N));
+    }
+    return c;
+  }, py::arg("a"), py::arg("b"),
+     "a @ b for float32 matrices through the CPU backend's GEMM (BLAS, C split over the OpenMP threads), as the "
+     "model's matmuls run: scripts/bench.py times it for the CPU's fp32 peak.");
   m.def("param_names", []() { std::vector<std::string> v(gpt2::param_names().begin(), gpt2::param_names().end()); return v; });
   bind_model<float>(m, "Model");
   bind_model<double>(m, "ModelF64");

@@ -13,17 +13,22 @@ the time rank 0 waited for gradient collectives (DataParallel.last_comm_ms) and 
 efficiency = tokens/s with N / (N x tokens/s with 1). `torchrun --nproc_per_node N scripts/bench.py ...` works too.
 
 FLOPs per token are 6*N + 6*L*C*T (forward + backward, N = parameters less wpe). The CPU peak is
-cores x clock x FP32 FLOPs per cycle per core (AVX-512: 2 FMA units x 16 lanes x 2 = 64; AVX2: 32);
-pass --peak-gflops to override. GPU peaks are the dense bf16 / tf32 tensor-core figures.
+measured: the best of 3 products of two 2048 x 2048 fp32 matrices through the core's GEMM (the BLAS and
+thread split the model's matmuls use), once per CPU model, thread count and BLAS, then read from
+$XDG_CACHE_HOME/gpt2core/cpu_peak.json (~/.cache/gpt2core/...); --measure-peak measures again,
+--peak-gflops overrides it. GPU peaks are the dense bf16 / tf32 tensor-core figures.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import platform
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -47,20 +52,47 @@ def gpu_peak_tflops(name: str, precision: str) -> tuple[float, str] | None:
     return {"bf16": bf16, "tf32": tf32, "fp32": fp32}[precision], key
 
 
-def cpu_peak_gflops(threads: int) -> tuple[float, str]:
-    flags, mhz = "", 0.0
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags") and not flags:
-                    flags = line
-                elif line.startswith("cpu MHz") and not mhz:
-                    mhz = float(line.split(":")[1])
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    per_cycle = 64 if "avx512f" in flags else 32 if "fma" in flags else 8
-    ghz = mhz / 1000 if mhz else 2.0
-    return threads * ghz * per_cycle, f"{threads} cores x {ghz:.2f} GHz x {per_cycle} FLOP/cycle"
+    return platform.processor() or platform.machine()
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_peak_gflops(threads: int, measure: bool = False, n: int = 2048) -> tuple[float, str]:
+    """(fp32 GFLOP/s, where it comes from): the best of 3 (n, n) @ (n, n) products through _C.matmul, the
+    core's GEMM, measured once per CPU model, thread count and BLAS and cached in the user's cache directory
+    (measure=True: measure again)."""
+    from gpt2core import _C, build_info
+
+    blas = build_info()["blas"]
+    how = f"sgemm {n}^3 through {blas} on {threads} thread{'s' * (threads > 1)}"
+    path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpt2core" / "cpu_peak.json"
+    key = f"{cpu_name()} | {how}"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key in cache and not measure:
+        return cache[key]["gflops"], f"cached: {how}, measured {cache[key]['date']}; {path}, --measure-peak to redo"
+    a, b = np.random.default_rng(0).standard_normal((2, n, n), dtype=np.float32)
+    seconds = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        _C.matmul(a, b)
+        seconds.append(time.perf_counter() - t0)
+    gflops = round(2 * n**3 / min(seconds) / 1e9, 1)
+    cache[key] = {"gflops": gflops, "date": time.strftime("%Y-%m-%d %H:%M")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cache, indent=1))
+    os.replace(tmp, path)    # atomic: a concurrent bench reads the old file or the new one
+    return gflops, f"measured: {how}; cached in {path}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=None,
                     help="threads per process (default: all cores; with --nproc N, cores / N)")
     ap.add_argument("--peak-gflops", type=float, default=None, help="override the peak used for utilisation")
+    ap.add_argument("--measure-peak", action="store_true",
+                    help="CPU: measure the sgemm peak again instead of reading the cached figure")
     ap.add_argument("--breakdown", action="store_true", help="also time forward / backward / optimizer")
     ap.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default=None,
                     help="fp32, tf32 or bf16 mixed precision (CUDA); default bf16 on sm_80+, else fp32")
@@ -143,7 +177,7 @@ def peak_gflops(args, device, precision, threads) -> tuple[float | None, str, st
     from gpt2core import _C
 
     if device == "cpu":
-        peak, how = (args.peak_gflops, "given") if args.peak_gflops else cpu_peak_gflops(threads)
+        peak, how = (args.peak_gflops, "given") if args.peak_gflops else cpu_peak_gflops(threads, args.measure_peak)
         return peak, how, "CPU"
     peak, how = args.peak_gflops, "given"
     name = _C.cuda_device_name(int(device.partition(":")[2] or 0))
@@ -153,10 +187,11 @@ def peak_gflops(args, device, precision, threads) -> tuple[float | None, str, st
 
 
 def peak_line(args, device, gflops, precision, threads, what=""):
-    """The utilisation line: CPU FMA peak or the GPU's dense tensor-core peak (per process / device)."""
+    """The utilisation line: the CPU's measured sgemm peak or the GPU's dense tensor-core peak (per process /
+    device)."""
     peak, how, name = peak_gflops(args, device, precision, threads)
     if device == "cpu":
-        return f"CPU fp32 FMA peak {peak:.1f} GFLOP/s ({how}){what} | utilisation {100 * gflops / peak:.1f}%"
+        return f"CPU fp32 peak {peak:.1f} GFLOP/s ({how}){what} | utilisation {100 * gflops / peak:.1f}%"
     if peak:
         return f"GPU {name} | MFU {100 * gflops / peak:.1f}% of {peak / 1e3:.1f} TFLOP/s ({how}){what}"
     return ("GPU peak table (dense TFLOP/s bf16/tf32/fp32): " +

@@ -45,6 +45,7 @@ def _bad_idx():
         "padded id": np.full((1, 3), Vp - 1, I32),
         "huge id": np.full((1, 3), 2**31 - 1, I32),
         "-1": np.where(ok == ok[0, 0], -1, ok).astype(I32),
+        "-100": np.where(ok == ok[0, 0], -100, ok).astype(I32),
         "negative": np.full((2, 2), -7, I32),
         "T > block size": big_t,
     }
@@ -100,7 +101,7 @@ def test_messages_say_what_is_wrong(core):
         m.forward(PB.idx.astype(np.int64))
     with pytest.raises(ValueError, match=r"idx contains id 97 .*0\.\.96"):
         m.forward(np.full((1, 2), 97, I32))
-    with pytest.raises(ValueError, match=r"targets contains id -2 .*-1\.\.96"):
+    with pytest.raises(ValueError, match=r"targets contains id -2 .*0\.\.96.*-1 or -100"):
         m.forward(PB.idx, np.full_like(PB.idx, -2))
     with pytest.raises(ValueError, match=r"T=12.*max_seq_len=11"):
         m.forward(np.zeros((1, 12), I32))
@@ -118,6 +119,25 @@ def test_edge_values_are_accepted(core):
     tgt = np.full((1, PB.maxT), -1, I32)
     tgt[0, 4] = PB.V - 1
     assert math.isfinite(m.forward(idx, tgt))
+
+
+@pytest.mark.parametrize("cls", [_C.Model, _C.ModelF64], ids=["f32", "f64"])
+def test_minus_100_is_ignored_like_minus_1(cls):
+    """Hugging Face labels mark ignored positions with -100: the same loss, per-token losses and
+    gradients as -1 (which make_problem puts at two positions), and the caller's array is left as it was."""
+    pb = make_problem("padded", seed=1)
+    hf = np.where(pb.targets == -1, -100, pb.targets).astype(I32)
+    hf_before = hf.copy()
+    a, b, c = pb.model(cls), pb.model(cls), pb.model(cls)
+    loss = a.forward(pb.idx, pb.targets)
+    assert b.forward(pb.idx, hf) == loss and math.isfinite(loss)
+    np.testing.assert_array_equal(b.token_losses(), a.token_losses())
+    a.backward(1.0)
+    b.backward(1.0)
+    c.forward_backward(pb.idx, hf, 1.0)
+    np.testing.assert_array_equal(b.flat_grads(), a.flat_grads())
+    np.testing.assert_array_equal(c.flat_grads(), a.flat_grads())
+    np.testing.assert_array_equal(hf, hf_before)
 
 
 def test_a_rejected_call_between_forward_and_backward_keeps_the_step(padded):
@@ -234,6 +254,11 @@ def test_wrapper_rejects_bad_idx(wrapped, case, exc):
     assert model.forward(PB.idx, PB.targets) == loss
 
 
+def test_wrapper_accepts_hf_ignore_index(wrapped):
+    model, loss = wrapped
+    assert model.forward(PB.idx, np.where(PB.targets == -1, -100, PB.targets)) == loss
+
+
 def test_wrapper_rejects_out_of_int32_ids(wrapped):
     model, _ = wrapped
     with pytest.raises(ValueError, match=r"\bidx\b"):
@@ -259,6 +284,23 @@ def test_wrapper_generate_rejects_bad_arguments(wrapped):
         model.generate(PB.idx[:1, :3], 2, temperature=0.0)
     with pytest.raises(TypeError, match=r"\bidx\b"):
         model.generate(np.ones((1, 3)), 2)
+    with pytest.raises(ValueError, match=r"top_k must be >= 0.*-1"):
+        model.generate(PB.idx[:1, :3], 2, top_k=-1)
+
+
+def test_generate_cli_rejects_negative_top_k(capsys):
+    from gpt2core import generate
+    with pytest.raises(SystemExit) as e:
+        generate.main(["--model", "unused.bin", "--top-k", "-1"])
+    assert e.value.code == 2      # argparse's usage error, before any model is read
+    assert "--top-k: must be >= 0" in capsys.readouterr().err
+
+
+def test_constructor_errors_name_the_argument():
+    with pytest.raises(TypeError, match=r"config must be a GPT2Config or a preset name.*dict"):
+        GPT2({"n_layer": 2})
+    with pytest.raises(TypeError, match=r"device must be a string .*None"):
+        GPT2("tiny", device=None)
 
 
 def test_rejected_step_does_not_advance_step_count():

@@ -2,11 +2,14 @@
 prints the scaling efficiency; --zero 1 and gradient accumulation run; a bad --total-batch-tokens is refused
 before any process starts. The figures are not checked against a target: 2 processes on a shared 2-core box
 say little about scaling, only that the tool measures."""
+import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gpt2core import _C
@@ -16,8 +19,8 @@ TINY = ["--preset", "tiny", "--steps", "2", "--warmup", "1", "-B", "2", "-T", "1
 needs_gloo = pytest.mark.skipif(not _C.build_info().get("gloo"), reason="gpt2core built without Gloo")
 
 
-def bench(*args, check=True):
-    p = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=120)
+def bench(*args, check=True, env=None):
+    p = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=120, env=env)
     if check:
         assert p.returncode == 0, p.stdout + p.stderr
     return p
@@ -59,3 +62,36 @@ def test_ladder_runs_every_rung_this_device_has_side_by_side():
         else:
             assert ms == "-" and "(CUDA only)" in out, out
     assert re.search(r"^baseline .*\|\s+1\.00x \|", out, re.M), out
+
+
+def test_matmul_matches_float64_reference():
+    """_C.matmul, the core's GEMM that bench times for the CPU peak, against numpy in float64."""
+    rng = np.random.default_rng(0)
+    for M, K, N in [(1, 1, 1), (67, 129, 35), (300, 257, 190)]:    # the last is split over the threads
+        a = rng.standard_normal((M, K), dtype=np.float32)
+        b = rng.standard_normal((K, N), dtype=np.float32)
+        # fp32 sums of K products of unit normals: errors grow about like K * 2^-24 * |terms|
+        np.testing.assert_allclose(_C.matmul(a, b), a.astype(np.float64) @ b, rtol=0, atol=1e-6 * K)
+    with pytest.raises(ValueError, match=r"^a must be .*float32"):
+        _C.matmul(a.astype(np.float64), b)
+    with pytest.raises(ValueError, match=r"^b must be .*C-contiguous"):
+        _C.matmul(a, np.asfortranarray(b))
+    with pytest.raises(ValueError, match="a has K=257 columns but b has 256 rows"):
+        _C.matmul(a, b[:-1].copy())
+
+
+def test_cpu_peak_is_measured_then_cached(tmp_path):
+    """The CPU peak is one large sgemm through the core's GEMM, measured once per CPU, thread count and BLAS,
+    kept under the user's cache directory; the output says which."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    line = re.compile(r"^CPU fp32 peak ([0-9.]+) GFLOP/s \((measured|cached): sgemm 2048\^3 through (.+?) on 1 "
+                      r"thread.*\) \| utilisation ([0-9.]+)%$", re.M)
+    first = line.search(bench(*TINY, env=env).stdout)
+    assert first and first.group(2) == "measured" and first.group(3) == _C.build_info()["blas"]
+    cache = json.loads((tmp_path / "gpt2core" / "cpu_peak.json").read_text())
+    [entry] = cache.values()
+    assert entry["gflops"] == pytest.approx(float(first.group(1)), abs=0.06) and entry["gflops"] > 0
+    second = line.search(bench(*TINY, env=env).stdout)
+    assert second and second.group(2) == "cached" and second.group(1) == first.group(1)
+    again = line.search(bench(*TINY, "--measure-peak", env=env).stdout)
+    assert again and again.group(2) == "measured"

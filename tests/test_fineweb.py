@@ -21,12 +21,12 @@ needs_sample300 = pytest.mark.skipif(not SAMPLE300.exists(), reason="shared/data
 
 
 def reference_stream(texts):
-    """EOT + tokens of each non-empty document, straight from tiktoken."""
+    """EOT + tokens of every document, straight from tiktoken: llm.c's dev/data/fineweb.py writes empty and
+    whitespace-only documents too (as [EOT] and [EOT, whitespace tokens])."""
     enc = get_encoding()
     out = []
     for t in texts:
-        if t.strip():
-            out += [EOT] + enc.encode_ordinary(t)
+        out += [EOT] + enc.encode_ordinary(t)
     return np.array(out, dtype=np.int64)
 
 
@@ -96,7 +96,7 @@ def test_resume_after_interruption(tmp_path, chunk_chars):
     rng = np.random.default_rng(0)
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "\n"]
     texts = [" ".join(rng.choice(words, size=rng.integers(20, 400))) for _ in range(60)]
-    texts[7] = ""          # an empty document is skipped
+    texts[7] = ""          # an empty document: a lone EOT
     kw = dict(name="t", shard_size=997, settings={"src": "x"}, progress=False, log=lambda *a: None,
               chunk_chars=chunk_chars)
     clean = write_shards(texts, tmp_path / "clean", **kw)
@@ -114,7 +114,7 @@ def test_resume_after_interruption(tmp_path, chunk_chars):
     _, b = all_tokens(tmp_path / "run", "t")
     np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(a, reference_stream(texts))
-    assert clean["empty_docs"] == 1
+    assert clean["docs"] == 60
     again = write_shards(texts, tmp_path / "run", **kw)      # complete: nothing to do
     assert again["n_tokens"] == a.size and again["seconds"] == 0.0
 
@@ -162,14 +162,13 @@ def test_empty_documents_and_txt_inputs(tmp_path):
     d = tmp_path / "docs"
     d.mkdir()
     (d / "a.txt").write_text("First document.\nTwo lines.")
-    (d / "b.txt").write_text("   \n")                       # whitespace only: skipped
-    (d / "c.jsonl").write_text('{"text": ""}\n{"text": "Third."}\n{"text": null}\n')
+    (d / "b.txt").write_text("   \n")                       # whitespace only: EOT and its tokens
+    (d / "c.jsonl").write_text('{"text": ""}\n{"text": "Third."}\n{"text": null}\n')   # "" and null: EOT
     msgs = []
     r = prepare([d], tmp_path / "o", shard_size=1000, progress=False, log=msgs.append)
     _, toks = all_tokens(tmp_path / "o")
-    np.testing.assert_array_equal(toks, reference_stream(["First document.\nTwo lines.", "Third."]))
-    assert r["docs"] == 2 and r["empty_docs"] == 3
-    assert any("skipped 3 empty documents" in m for m in msgs)
+    np.testing.assert_array_equal(toks, reference_stream(["First document.\nTwo lines.", "   \n", "", "Third.", ""]))
+    assert (toks == EOT).sum() == 5 and toks[-1] == EOT and r["docs"] == 5
     assert any("val shard" in m for m in msgs)     # everything fit in shard 0: warned
     (d / "d.txt").write_bytes(b"ok\nline two \xc3\x28 broken")
     with pytest.raises(InputError, match=r"d.txt: line 2, byte offset \d+: invalid UTF-8"):
@@ -183,6 +182,31 @@ def test_token_ids_must_fit_uint16(monkeypatch):
     monkeypatch.setattr(fineweb, "_ENC", Wide())
     with pytest.raises(InputError, match="token id 70000 does not fit in uint16"):
         fineweb.tokenize_chunk(["anything"])
+
+
+@pytest.mark.parametrize("name", ["my_val_data", "val_set", "fw_train_x", "train", "val", "", "a/b"])
+def test_ambiguous_names_refused(tmp_path, name, capsys):
+    """A name with a _val_ / _train_ part would make glob patterns like *_val_*.bin (llm.c's -j) pick
+    up the other split: refused before anything is written."""
+    with pytest.raises(ValueError, match="name"):
+        write_shards(["some text"], tmp_path / "o", name=name, shard_size=10, progress=False)
+    assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())
+    if name:
+        from gpt2core.data.__main__ import main
+        assert main(["fineweb", "--input", str(EDU5), "--out-dir", str(tmp_path / "c"), "--name", name,
+                     "--no-progress", "-j", "1"]) == 1
+        assert f"{name!r}" in capsys.readouterr().err
+
+
+def test_names_that_share_a_prefix_stay_apart(tmp_path):
+    """Shards of `fw` and `fw_x` in one directory: writing or overwriting one leaves the other alone."""
+    kw = dict(shard_size=20, progress=False, log=lambda *a: None)
+    first = write_shards(["one document here, long enough for two shards"] * 3, tmp_path, name="fw_x", **kw)
+    before = {p: p.read_bytes() for p in first["shards"]}
+    r = write_shards(["another text"] * 4, tmp_path, name="fw", **kw)
+    write_shards(["a third text"] * 5, tmp_path, name="fw", overwrite=True, **kw)
+    assert {p: p.read_bytes() for p in first["shards"]} == before
+    assert all(p.name.startswith("fw_val_") or p.name.startswith("fw_train_") for p in r["shards"])
 
 
 def test_shard_size_checked(tmp_path):

@@ -1,6 +1,8 @@
 """HellaSwag: reading both file formats, rendering, scoring (fake model with known per-token losses,
 and an untrained GPT2 near chance), validation loss helper, CLIs."""
 import json
+import re
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -190,6 +192,7 @@ def reference_scores(items, cost, max_len=None):
     return hits, hits_norm, differ
 
 
+@pytest.mark.filterwarnings("ignore:.*longer than the model.s context")  # short contexts on purpose
 @pytest.mark.parametrize("block_size", [1024, 40])
 def test_scoring_matches_reference(subset_items, block_size):
     items = subset_items[:120]
@@ -211,6 +214,21 @@ def test_scoring_matches_reference(subset_items, block_size):
     assert sum(p["correct"] for p in parts) == hits and sum(p["correct_norm"] for p in parts) == hits_norm
 
 
+def test_rows_longer_than_the_context_warn_once_with_the_count(subset_items):
+    items = subset_items[:120]
+    data = hs.render(items)
+    cost = np.random.default_rng(2).uniform(0.5, 10.0, 50257).astype(np.float32)
+    n_long = sum(len(data.row(i, r)) > 41 for i in range(120) for r in range(4))   # 41 = block_size + 1
+    assert 0 < n_long < 480
+    with pytest.warns(UserWarning) as caught:
+        score_hellaswag(CostModel(cost, 40), data, items_per_batch=5)
+    assert len(caught) == 1
+    assert re.search(rf"\b{n_long} of 480 HellaSwag rows .*longer than the model's context", str(caught[0].message))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # everything fits: no warning
+        score_hellaswag(CostModel(cost, 1024), data, items_per_batch=5)
+
+
 def test_scoring_picks_lowest_sum_and_lowest_mean():
     # hand-made item: ending 0 has the lowest total loss, ending 2 the lowest loss per token
     enc = get_encoding()
@@ -229,6 +247,7 @@ def test_scoring_picks_lowest_sum_and_lowest_mean():
     assert (r["correct"], r["correct_norm"]) == (1, 0)
 
 
+@pytest.mark.filterwarnings("ignore:.*longer than the model.s context")  # short contexts on purpose
 def test_untrained_model_scores_near_chance(subset_items):
     gpt2core = pytest.importorskip("gpt2core")
     from gpt2core.config import GPT2Config
@@ -278,6 +297,7 @@ def test_data_cli(tmp_path, capsys):
     assert "no 'label' field" in capsys.readouterr().err
 
 
+@pytest.mark.filterwarnings("ignore:.*longer than the model.s context")  # short contexts on purpose
 def test_evaluate_cli_on_checkpoint(tmp_path, capsys):
     gpt2core = pytest.importorskip("gpt2core")
     from gpt2core.eval import main
@@ -289,6 +309,7 @@ def test_evaluate_cli_on_checkpoint(tmp_path, capsys):
     assert "hellaswag: 8 items, acc " in out and "acc_norm" in out
 
 
+@pytest.mark.filterwarnings("ignore:.*longer than the model.s context")  # short contexts on purpose
 def test_train_logs_hellaswag(tmp_path):
     pytest.importorskip("gpt2core._C")
     from gpt2core import train

@@ -1,4 +1,7 @@
 """Package-level behaviour: build_info, device selection, presets."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -16,6 +19,8 @@ def test_build_info_reports_what_was_compiled():
     assert "openblas" in info["blas"].lower() or "blas" in info["blas"].lower()
     assert info["version"] == gpt2core.__version__
     assert all(a.isdigit() for a in info["cuda_archs"])
+    # archs are those the CUDA code was compiled for: none in a build without it
+    assert bool(info["cuda_archs"]) == info["cuda"]
 
 
 def test_cuda_without_gpu_is_a_clear_python_error():
@@ -125,3 +130,16 @@ def test_speed_ladder_switches_are_validated_on_cpu():
     GPT2("tiny", attention="naive")  # the CPU backend's own (materialised) attention
     import os
     assert "GPT2CORE_CUDA_TF32" not in os.environ  # switches do not leak into the environment
+
+
+def test_subpackages_are_attributes_of_the_package():
+    """`import gpt2core` then gpt2core.tokenizer / .checkpoint / .data, imported on first use (a fresh
+    interpreter: here pytest has imported them already)."""
+    code = ("import sys, gpt2core\n"
+            "assert not {'gpt2core.tokenizer', 'gpt2core.checkpoint', 'gpt2core.data'} & set(sys.modules)\n"
+            "assert {'tokenizer', 'checkpoint', 'data'} <= set(dir(gpt2core))\n"
+            "assert gpt2core.tokenizer.decode(gpt2core.tokenizer.encode('Hello world')) == 'Hello world'\n"
+            "assert gpt2core.checkpoint.__name__ == 'gpt2core.checkpoint' and callable(gpt2core.data.find_shards)\n"
+            "try:\n    gpt2core.tokenizr\nexcept AttributeError as e:\n    assert 'tokenizr' in str(e)\n"
+            "else:\n    raise SystemExit('no AttributeError')\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -55,3 +55,21 @@ def test_corrupt_shards_name_the_file(tmp_path, corruption, message):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(ShardError, match="nothere.bin"):
         read_header(tmp_path / "nothere.bin")
+
+
+def test_split_is_read_from_the_name_structure(tmp_path):
+    """<name>_<split>_<index>.bin: the split is the part right before the index, whatever the name
+    holds; llm.c's small sets (tiny_shakespeare_val.bin) have no index."""
+    from gpt2core.data.loader import DataLoader
+    from gpt2core.data.shards import find_shards
+    split_of = {"my_val_data_val_000000.bin": "val", "my_val_data_train_000001.bin": "train",
+                "fw_train_x_val_000000.bin": "val", "fw_train_x_train_000001.bin": "train",
+                "val_set_train_000002.bin": "train", "train_val_000000.bin": "val",
+                "val_000000.bin": "val", "tiny_shakespeare_val.bin": "val", "tiny_shakespeare_train.bin": "train",
+                "interval_000001.bin": None, "x_valid_000001.bin": None, "x_train_x.bin": None}
+    for name in split_of:
+        write_shard(tmp_path / name, np.arange(300))
+    for split in ("train", "val"):
+        want = sorted(n for n, s in split_of.items() if s == split)
+        assert [p.name for p in find_shards(tmp_path, split)] == want
+        assert [p.name for p in DataLoader(tmp_path, split, 1, 8).files] == want

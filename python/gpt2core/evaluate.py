@@ -80,6 +80,12 @@ def hellaswag_losses(model, data, items_per_batch: int = 4, item_ids=None, progr
         item_ids = np.arange(len(data))
     item_ids = np.asarray(item_ids, dtype=np.int64)
     seq_len = min(int(model.config.block_size), max(1, data.max_row_len() - 1))
+    row_lens = np.diff(data.offsets).reshape(-1, 4)[item_ids]
+    n_long = int((row_lens - 1 > seq_len).sum())     # a row of n tokens is n - 1 positions
+    if n_long:
+        warnings.warn(f"{n_long} of {row_lens.size} HellaSwag rows are longer than the model's context "
+                      f"(block_size {seq_len}: rows of up to {seq_len + 1} tokens fit); they are scored with "
+                      "their context cut from the left", stacklevel=2)
     sums = np.zeros((len(item_ids), 4), dtype=np.float64)
     counts = np.zeros((len(item_ids), 4), dtype=np.int64)
     it = hellaswag_batches(data, items_per_batch, seq_len, item_ids)

@@ -11,6 +11,13 @@ from .llmc import CheckpointError
 from .model import load_model
 
 
+def non_negative_int(s: str) -> int:
+    k = int(s)
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0: sample from the whole vocabulary), got {k}")
+    return k
+
+
 def main(argv=None) -> list[str]:
     ap = argparse.ArgumentParser(prog="gpt2core-generate", description=__doc__)
     ap.add_argument("prompt", nargs="?", default="\n", help="text to continue")
@@ -18,7 +25,8 @@ def main(argv=None) -> list[str]:
                     help="an llm.c model file (v3 fp32 or v5 bf16, e.g. out/model.bin), a training checkpoint "
                          "directory, a Hugging Face GPT-2 directory, or a Hub name such as gpt2")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--top-k", type=int, default=50)
+    ap.add_argument("--top-k", type=non_negative_int, default=50,
+                    help="sample from the k most likely tokens (default 50; 0: all)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--num-samples", type=int, default=1)
     ap.add_argument("--seed", type=int, default=42)

@@ -24,6 +24,8 @@ class DeviceError(RuntimeError):
 
 
 def _check_device(device: str) -> str:
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a string such as 'cpu', 'cuda' or 'cuda:1', got {device!r}")
     if device == "cpu":
         return device
     if device.startswith("cuda"):
@@ -49,8 +51,11 @@ def as_tokens(a, name: str) -> np.ndarray:
         arr = arr[None, :]
     if arr.ndim != 2:
         raise ValueError(f"{name} must have shape (B, T), got {arr.shape}")
-    if arr.size and arr.min() < -1:
-        raise ValueError(f"{name} contains id {int(arr.min())}; token ids are >= 0 (-1 marks an ignored target)")
+    if arr.size and arr.min() < 0:
+        bad = arr[(arr < 0) & (arr != -1) & (arr != -100)]    # the binding rejects -1 and -100 in idx
+        if bad.size:
+            raise ValueError(f"{name} contains id {int(bad[0])}; token ids are >= 0 (in targets, -1 or -100 "
+                             "mark an ignored position)")
     if arr.size and arr.max() > np.iinfo(np.int32).max:
         raise ValueError(f"{name} contains id {int(arr.max())}, beyond the int32 range")
     return np.ascontiguousarray(arr, dtype=np.int32)
@@ -73,6 +78,9 @@ class GPT2:
         materialises attention."""
         if isinstance(config, str):
             config = get_preset(config)
+        elif not isinstance(config, GPT2Config):
+            raise TypeError(f"config must be a GPT2Config or a preset name, got {type(config).__name__} {config!r}"
+                            + ("; GPT2Config(**config) makes one from a dict" if isinstance(config, dict) else ""))
         self.config = config
         if precision not in (None, "fp32", "tf32", "bf16"):
             raise ValueError(f"precision must be 'fp32', 'tf32' or 'bf16', got {precision!r}")
@@ -199,8 +207,12 @@ class GPT2:
 
     # ------------------------------------------------------------------ compute
     def forward(self, idx, targets=None, return_logits: bool = False):
-        """Mean cross-entropy over targets != -1 (NaN without targets); with return_logits also the
-        logits (B, T, padded_vocab_size) as a new array."""
+        """Mean cross-entropy of predicting targets from idx (NaN without targets); with return_logits
+        also the logits (B, T, padded_vocab_size) as a new array.
+
+        targets are the next tokens, already shifted: targets[b, t] is the token that follows idx[b, t]
+        (tokens[:, 1:] for idx = tokens[:, :-1]), not a copy of idx as Hugging Face's `labels` are.
+        Positions whose target is -1 or -100 (Hugging Face's ignore index) are left out of the mean."""
         x = as_tokens(idx, "idx")
         y = None if targets is None else as_tokens(targets, "targets")
         loss = self._m.forward(x, y)
@@ -266,6 +278,8 @@ class GPT2:
         x = as_tokens(idx, "idx")
         if temperature <= 0:
             raise ValueError("temperature must be > 0")
+        if top_k is not None and top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 or None: sample from the whole vocabulary), got {top_k}")
         rng = np.random.default_rng(seed)
         V = self.config.vocab_size
         for _ in range(max_new_tokens):

@@ -14,13 +14,14 @@ One record (FineWeb-Edu, text shortened):
     "url": "...", "language": "en", "token_count": ..., "score": ..., "int_score": ...}
 
 What it does
-    Every document becomes ``<|endoftext|>`` (50256) followed by its GPT-2 tokens (empty documents are
-    skipped and counted). A process pool tokenizes; the token stream is cut into shards of
-    ``--shard-size`` tokens (1e8 by default, the last one shorter). Shard 0 is validation:
-    ``edufineweb_val_000000.bin``, then ``edufineweb_train_000001.bin``, ... Each shard is written to a
-    temporary name and renamed, and ``<name>_manifest.json`` records after each shard where the next one
-    starts, so an interrupted run, started again with the same command, keeps the finished shards and
-    carries on from there.
+    Every document becomes ``<|endoftext|>`` (50256) followed by its GPT-2 tokens, empty and
+    whitespace-only ones too (a lone 50256, or 50256 and the whitespace's tokens), as llm.c's
+    ``dev/data/fineweb.py`` writes them: the same documents give the same shards, byte for byte.
+    A process pool tokenizes; the token stream is cut into shards of ``--shard-size`` tokens (1e8 by
+    default, the last one shorter). Shard 0 is validation: ``edufineweb_val_000000.bin``, then
+    ``edufineweb_train_000001.bin``, ... Each shard is written to a temporary name and renamed, and
+    ``<name>_manifest.json`` records after each shard where the next one starts, so an interrupted run,
+    started again with the same command, keeps the finished shards and carries on from there.
 
 Commands and what they produce
     python -m gpt2core.data fineweb --num-procs 16          # into data/edu_fineweb10B
@@ -48,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_write
-from .shards import read_header, write_shard
+from .shards import check_name, parse_shard_filename, read_header, shard_filename, write_shard
 
 EOT = 50256
 DATASETS = {"edu": "HuggingFaceFW/fineweb-edu", "fineweb": "HuggingFaceFW/fineweb"}
@@ -199,14 +200,12 @@ def _init_worker():
 
 
 def tokenize_chunk(texts):
-    """Tokens of a list of documents: (uint16 array of [EOT, doc tokens...] for each non-empty
-    document, concatenated; int64 array of each document's token count, 0 for empty ones)."""
+    """Tokens of a list of documents: (uint16 array of [EOT, doc tokens...] for each document,
+    concatenated; int64 array of each document's token count, EOT included)."""
     if _ENC is None:
         _init_worker()
     parts, lens = [], np.zeros(len(texts), dtype=np.int64)
     for i, text in enumerate(texts):
-        if not text or text.isspace():
-            continue
         toks = np.array([EOT] + _ENC.encode_ordinary(text), dtype=np.int64)
         hi = int(toks.max())
         if hi > 65535:
@@ -251,8 +250,13 @@ def _tokenized(docs, num_procs: int, chunk_chars: int):
 
 # ------------------------------------------------------------------------------------ shards
 def shard_path(out_dir, name: str, index: int) -> Path:
-    split = "val" if index == 0 else "train"
-    return Path(out_dir) / f"{name}_{split}_{index:06d}.bin"
+    return Path(out_dir) / shard_filename(name, index)
+
+
+def _shards_of(out_dir: Path, name: str, suffix: str = "") -> list[Path]:
+    """The shard files (+ suffix) of data set `name` in out_dir; not those of a name that starts like it."""
+    return sorted(p for p in out_dir.glob(f"*.bin{suffix}")
+                  if (s := parse_shard_filename(p.name[:len(p.name) - len(suffix)])) and s[0] == name)
 
 
 def _write_json_atomic(path: Path, obj):
@@ -291,9 +295,9 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
                  chunk_chars: int = CHUNK_CHARS, log=print) -> dict:
     """Tokenize the documents of the iterable `docs` into shards in `out_dir` (see the module doc).
 
-    Returns a summary dict: shards (paths), n_tokens, docs, empty_docs, seconds, tokens_per_s,
+    Returns a summary dict: shards (paths), n_tokens, docs, seconds, tokens_per_s,
     resumed_shards."""
-    shard_size = int(shard_size)
+    shard_size, name = int(shard_size), check_name(name)
     if not 1 <= shard_size <= MAX_SHARD:
         raise ValueError(f"shard_size must be in [1, {MAX_SHARD}], got {shard_size}")
     out_dir = Path(out_dir)
@@ -301,11 +305,11 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
     settings = dict(settings or {}, name=name, shard_size=shard_size)
     manifest_path = out_dir / f"{name}_manifest.json"
     if overwrite:
-        for p in list(out_dir.glob(f"{name}_*_??????.bin")) + [manifest_path]:
+        for p in _shards_of(out_dir, name) + [manifest_path]:
             p.unlink(missing_ok=True)
     resume = _resume_point(manifest_path, settings, out_dir)
     if resume is None:
-        stale = sorted(out_dir.glob(f"{name}_*_??????.bin"))
+        stale = _shards_of(out_dir, name)
         if stale:
             raise InputError(f"{out_dir} already has shards ({stale[0].name}, ...) but no {manifest_path.name} "
                              "to resume from; use another --out-dir, or --overwrite to replace them")
@@ -316,7 +320,7 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
         n = sum(s["n_tokens"] for s in shards)
         log(f"{out_dir}: already complete ({len(shards)} shards, {n:,} tokens); nothing to do")
         return {"shards": [out_dir / s["file"] for s in shards], "n_tokens": n, "resumed_shards": len(shards),
-                "docs": resume["stats"].get("docs"), "empty_docs": resume["stats"].get("empty_docs"),
+                "docs": resume["stats"].get("docs"),
                 "seconds": 0.0, "tokens_per_s": 0.0}
     start_doc = shards[-1]["next_doc"] if shards else 0
     skip_tokens = shards[-1]["next_doc_offset"] if shards else 0
@@ -324,7 +328,8 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
     if shards:
         log(f"resuming: keeping {len(shards)} finished shards ({n_done:,} tokens), "
             f"continuing at document {start_doc:,}")
-    for p in out_dir.glob(f"{name}_*.tmp"):      # leftovers of a killed run
+    # leftovers of a killed run
+    for p in _shards_of(out_dir, name, ".tmp") + [manifest_path.with_name(manifest_path.name + ".tmp")]:
         p.unlink(missing_ok=True)
 
     manifest = {"version": MANIFEST_VERSION, "settings": settings, "shards": shards, "complete": False}
@@ -339,7 +344,7 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
     from tqdm.auto import tqdm
     bar = tqdm(unit="tok", unit_scale=True, disable=not progress, desc=f"{name}", mininterval=0.5)
     buf = np.empty(shard_size, dtype=np.uint16)
-    fill, doc_base, n_docs, n_empty, n_tok = 0, start_doc, 0, 0, 0
+    fill, doc_base, n_docs, n_tok = 0, start_doc, 0, 0
     _init_worker()       # load the vocabulary once, before timing (forked workers inherit it)
     t0 = time.perf_counter()
     docs = itertools.islice(iter(docs), start_doc, None)
@@ -364,8 +369,7 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
                     flush(buf, doc_base + j, offset)
                     fill = 0
             doc_base += len(lens)
-            n_docs += int(np.count_nonzero(lens))
-            n_empty += int(lens.size - np.count_nonzero(lens))
+            n_docs += len(lens)
             n_tok += int(toks.size)
             bar.update(int(toks.size))
             bar.set_postfix(docs=n_docs, shard=len(shards), refresh=False)
@@ -375,16 +379,14 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
         bar.close()
     seconds = time.perf_counter() - t0
     manifest["complete"] = True
-    manifest["stats"] = {"docs": n_docs, "empty_docs": n_empty}
+    manifest["stats"] = {"docs": n_docs}
     _write_json_atomic(manifest_path, manifest)
     total = sum(s["n_tokens"] for s in shards)
     if len(shards) == 1:
         log(f"warning: all {total:,} tokens went into the val shard {shards[0]['file']}; "
             "use a smaller --shard-size to get training shards")
-    if n_empty:
-        log(f"skipped {n_empty:,} empty documents")
     return {"shards": [out_dir / s["file"] for s in shards], "n_tokens": total, "docs": n_docs,
-            "empty_docs": n_empty, "seconds": seconds, "tokens_per_s": n_tok / max(seconds, 1e-9),
+            "seconds": seconds, "tokens_per_s": n_tok / max(seconds, 1e-9),
             "resumed_shards": n_resumed}
 
 
@@ -407,7 +409,7 @@ def prepare(inputs=None, out_dir=None, dataset: str = "edu", sample: str = "10BT
         raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {dataset!r}")
     if utf8_errors not in ("strict", "replace"):
         raise ValueError(f"utf8_errors must be 'strict' or 'replace', got {utf8_errors!r}")
-    name = name or DEFAULT_NAMES[dataset]
+    name = check_name(name or DEFAULT_NAMES[dataset])    # before any download
     if out_dir is None:
         out_dir = default_out_dir(dataset, sample)
     if num_procs is None:
@@ -431,7 +433,8 @@ def add_arguments(p: argparse.ArgumentParser):
     p.add_argument("--sample", default="10BT", help="Hub sample config: 10BT (default), 100BT, 350BT")
     p.add_argument("--out-dir", "-o", help="output directory (default: data/edu_fineweb10B, data/fineweb100B, "
                                            "... after --dataset and --sample)")
-    p.add_argument("--name", help="shard name prefix (default: edufineweb, or fineweb for --dataset fineweb)")
+    p.add_argument("--name", help="shard name prefix: <name>_val_000000.bin, <name>_train_000001.bin, ... "
+                                  "(default: edufineweb, or fineweb for --dataset fineweb)")
     p.add_argument("--shard-size", type=lambda s: int(float(s)), default=10**8,
                    help="tokens per shard (default 1e8); shard 0 is validation")
     p.add_argument("--num-procs", "-j", type=int, default=None,

@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from .. import tokenizer
-from .shards import write_shard
+from .shards import shard_filename, write_shard
 
 TEXT = tokenizer.ASSETS / "tinyshakespeare.txt"
+NAME = "tinyshakespeare"
 
 
 def prepare(out_dir, val_fraction: float = 0.1) -> list[Path]:
@@ -28,14 +29,14 @@ def prepare(out_dir, val_fraction: float = 0.1) -> list[Path]:
     out_dir = Path(out_dir)
     val = np.array(tokenizer.encode(text[n_train:]), dtype=np.uint16)
     train = np.array(tokenizer.encode(text[:n_train]), dtype=np.uint16)
-    return [write_shard(out_dir / "tinyshakespeare_val_000000.bin", val),
-            write_shard(out_dir / "tinyshakespeare_train_000001.bin", train)]
+    return [write_shard(out_dir / shard_filename(NAME, 0), val),
+            write_shard(out_dir / shard_filename(NAME, 1), train)]
 
 
 def ensure(out_dir) -> Path:
     """The shard directory, prepared on first use."""
     out_dir = Path(out_dir)
-    if not (out_dir / "tinyshakespeare_train_000001.bin").exists():
+    if not (out_dir / shard_filename(NAME, 1)).exists():
         prepare(out_dir)
     return out_dir
 

@@ -2,10 +2,12 @@
 
 A shard is a header of 256 little-endian int32 (magic 20240520, version 1, number of tokens, then
 zeros) followed by that many uint16 tokens. The file size must be exactly 1024 + 2*n.
-Shard 0 of a data set (``*_val_*.bin``) is validation, the others are training data.
+A shard is named ``<name>_<split>_<index>.bin``; shard 0 of a data set (``<name>_val_000000.bin``) is
+validation, the others (``<name>_train_000001.bin``, ...) are training data.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,10 @@ MAGIC = 20240520
 VERSION = 1
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
+SPLITS = ("train", "val")
+# <name>_<split>_<index>.bin, the split read from the end, so a name may hold anything (llm.c's small
+# sets, tiny_shakespeare_val.bin, have no index; the name may be empty: val_000000.bin)
+_SHARD_NAME = re.compile(rf"(?:(?P<name>.*)_)?(?P<split>{'|'.join(SPLITS)})(?:_(?P<index>\d+))?\.bin")
 
 
 class ShardError(ValueError):
@@ -73,10 +79,33 @@ def load_tokens(path) -> np.ndarray:
     return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
 
 
+def shard_filename(name: str, index: int) -> str:
+    """<name>_val_000000.bin for shard 0, <name>_train_<index>.bin for the others."""
+    return f"{name}_{'val' if index == 0 else 'train'}_{index:06d}.bin"
+
+
+def parse_shard_filename(filename: str):
+    """(name, split, index or None) of a shard file name, or None when it is not one."""
+    m = _SHARD_NAME.fullmatch(filename)
+    if m is None:
+        return None
+    return m["name"] or "", m["split"], None if m["index"] is None else int(m["index"])
+
+
+def check_name(name: str) -> str:
+    """A data set name for new shards: non-empty, no path separator, and no part (between '_') that
+    is a split, since glob patterns such as llm.c's ``*_val_*.bin`` would then match the other split."""
+    parts = name.split("_")
+    if not name or "/" in name or "\\" in name or any(p in SPLITS for p in parts):
+        raise ValueError(f"shard name {name!r} is ambiguous or not a file name: it must be non-empty, without "
+                         f"'/', and without a '_'-separated part {' or '.join(map(repr, SPLITS))} (shards are "
+                         f"named <name>_<split>_<index>.bin and found by patterns like *_val_*.bin)")
+    return name
+
+
 def find_shards(data_dir, split: str) -> list[Path]:
-    """Sorted shard files of a split ('train' or 'val') in `data_dir` (names contain _train_/_val_)."""
+    """Sorted shard files of a split ('train' or 'val') in `data_dir`, named <name>_<split>_<index>.bin."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise FileNotFoundError(f"data directory {data_dir} does not exist")
-    files = sorted(p for p in data_dir.glob("*.bin") if f"_{split}_" in p.name or p.name.startswith(f"{split}_"))
-    return files
+    return sorted(p for p in data_dir.glob("*.bin") if (s := parse_shard_filename(p.name)) and s[1] == split)
