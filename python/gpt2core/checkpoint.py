@@ -111,7 +111,7 @@ def _checkpoint_bytes(model, metrics_path, full_optimizer: bool = True) -> int:
     """About how many bytes a checkpoint of `model` takes: model.bin, the AdamW moments, metrics, JSON."""
     n = model.num_parameters
     metrics = Path(metrics_path).stat().st_size if metrics_path is not None and Path(metrics_path).exists() else 0
-    return 1024 + 4 * n + (2 * npy_bytes(n) if full_optimizer else 0) + metrics + (64 << 10)
+    return 1024 + 4 * n + (2 * npy_bytes(n) if full_optimizer else 0) + metrics + (16 << 10)  # + JSON
 
 
 def check_finite_state(model, path) -> None:

@@ -35,7 +35,7 @@ def write_error(e: OSError, path, needed: int | None = None, what: str = "write"
     msg = f"{path}: cannot {what}: {reason}" + (f" ({name})" if name else "")
     if needed is not None:
         msg += f"; it needs {_size(needed)}"
-        if e.errno in (_errno.ENOSPC, _errno.EDQUOT, _errno.EFBIG):
+        if e.errno in (_errno.ENOSPC, _errno.EDQUOT):
             free = _free_bytes(path)
             if free is not None:
                 msg += f", {_size(free)} free on that file system"
