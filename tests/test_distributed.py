@@ -64,7 +64,7 @@ RECORDER = textwrap.dedent("""
             if step == kill_after:
                 os.kill(os.getpid(), signal.SIGKILL)
         train.Trainer.save_checkpoint = save_then_die
-    t = train.Trainer(train.build_parser().parse_args(sys.argv[2:]))
+    t = train.Trainer(train.parse_args(sys.argv[2:]))
 
     class Counting:  # records (collective, buffer size) of every call the data-parallel wrapper makes
         def __init__(self, comm):
@@ -78,15 +78,15 @@ RECORDER = textwrap.dedent("""
                     self.calls.append([name, int(a[0].size)])
                 return f(*a, **k)
             return call
-    if t.ddp:
-        t.ddp.comm = Counting(t.ddp.comm)
+    if t.comm is not None:  # t.model is the DataParallel
+        t.model.comm = Counting(t.model.comm)
     t.run()
-    if t.ddp:
+    if t.comm is not None:
         import json
-        json.dump(t.ddp.comm.calls, open(f"{sys.argv[1]}/calls{t.dist.rank}.json", "w"))
-        json.dump(t.ddp.reducer.stats() if t.ddp.reducer else None,
+        json.dump(t.model.comm.calls, open(f"{sys.argv[1]}/calls{t.dist.rank}.json", "w"))
+        json.dump(t.model.reducer.stats() if t.model.reducer else None,
                   open(f"{sys.argv[1]}/reducer{t.dist.rank}.json", "w"))
-    np.save(f"{sys.argv[1]}/params{t.dist.rank}.npy", t.model._m.flat_params())
+    np.save(f"{sys.argv[1]}/params{t.dist.rank}.npy", t.model.flat_params())
     np.save(f"{sys.argv[1]}/batches{t.dist.rank}.npy", np.stack(seen))
 """)
 
@@ -453,19 +453,21 @@ def test_overlapped_allreduce_in_a_one_rank_group(one_thread):
     DataParallel picks overlap for plain data parallel only."""
     c = _C.dist.init_gloo(0, 1, "127.0.0.1", free_port(), timeout=5)
     a, b = GPT2("tiny", seed=2), GPT2("tiny", seed=2)
-    dp = DataParallel(a, c)
+    dp = DataParallel(a, c, grad_accum=2)
     assert dp.overlap and "overlapped" in dp.describe()
     x = np.random.default_rng(1).integers(0, 1000, (2, 8)).astype(np.int32)
-    for last in (False, True):
-        a.forward(x, x), b.forward(x, x)
-        dp.backward(0.5, last=last)
+    for _ in range(2):  # the second micro-step's backward averages over the (one-rank) group
+        dp.forward(x, x), b.forward(x, x)
+        dp.backward(0.5)
         b.backward(0.5)
     assert dp.reducer.stats() == {"finishes": 0, "groups": a.config.n_layer + 2, "ranges": 12 * a.config.n_layer + 4,
                                   "values": a.num_parameters}
-    np.testing.assert_array_equal(a._m.flat_grads(), b._m.flat_grads())
+    with pytest.raises(RuntimeError, match="more than grad_accum=2 micro-steps"):
+        dp.backward(0.5)
+    np.testing.assert_array_equal(a.flat_grads(), b.flat_grads())
     dp.step(lr=1e-3), b.step(lr=1e-3)
     assert dp.reducer.stats()["finishes"] == 1
-    np.testing.assert_array_equal(a._m.flat_params(), b._m.flat_params())
+    np.testing.assert_array_equal(a.flat_params(), b.flat_params())
     with pytest.raises(_C.dist.DistError, match="already has a live one"):
         DataParallel(b, c, broadcast=False)
     with pytest.raises(ValueError, match="ZeRO-1 keeps its single reduce-scatter"):
@@ -497,7 +499,7 @@ MIDWAY = textwrap.dedent("""
         m._m.set_grad_ready_hook(hook)
         m._m.backward(1.0, report_grads=True)
     else:
-        dp.backward(1.0, last=True)
+        dp.backward(1.0)  # grad_accum=1: this micro-step averages as it goes
         print("backward done", flush=True)
         dp.step(lr=1e-3)
     print("no error", flush=True)
@@ -564,7 +566,7 @@ def test_memory_report_of_zero1():
 
     m = GPT2("tiny", seed=0)
     dp = DataParallel(m, FakeComm(), zero=1)
-    rep = dp.memory_report()
+    rep = dp.optimizer_memory()
     n = m.num_parameters
     assert rep["optimizer_bytes_unsharded"] == 8 * n
     assert rep["optimizer_bytes_per_rank"] == 8 * (n - 3 * -(-n // 4)) == 8 * dp.m.size

@@ -61,3 +61,29 @@ def test_cuda_graphs_need_a_gpu_device(shakespeare_dir, tmp_path):
     d, _ = shakespeare_dir
     with pytest.raises(SystemExit, match="--cuda-graphs needs --device cuda"):
         train.main(["--preset", "tiny", "--data-dir", str(d), "-T", "32", "--cuda-graphs", "--output-dir", str(tmp_path)])
+
+
+def test_block_size_trains_a_longer_context_than_the_preset(shakespeare_dir, tmp_path):
+    d, _ = shakespeare_dir
+    train.main(["--preset", "tiny", "--block-size", "128", "-T", "96", "-B", "2", "--steps", "2", "--val-every", "0",
+                "--sample-tokens", "2", "--checkpoint-every", "2", "--data-dir", str(d), "--output-dir", str(tmp_path)])
+    m = load_model(tmp_path / "model.bin")
+    assert m.config.block_size == 128 and m.params["wpe"].shape == (128, m.config.n_embd)  # the preset has 64
+    with pytest.raises(SystemExit, match="does not match .*--block-size"):  # resuming it needs the same context
+        train.main(["--preset", "tiny", "-T", "32", "--data-dir", str(d), "--output-dir", str(tmp_path),
+                    "--resume", "auto"])
+
+
+def test_every_training_default_is_in_train_config():
+    import inspect
+
+    from gpt2core import GPT2
+    from gpt2core.config import TrainConfig
+    from gpt2core.distributed import DataParallel
+    assert train.parse_args([]) == TrainConfig()
+    assert train.parse_args(["-B", "3", "--lr", "2e-3", "--no-shuffle"]) == TrainConfig(batch_size=3, lr=2e-3,
+                                                                                         no_shuffle=True)
+    for step in (GPT2.step, DataParallel.step):  # the optimizer's defaults are the trainer's
+        for name, p in inspect.signature(step).parameters.items():
+            if name in ("weight_decay", "beta1", "beta2", "eps", "grad_clip"):
+                assert p.default == getattr(TrainConfig(), name), (step, name)

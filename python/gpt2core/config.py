@@ -1,7 +1,7 @@
 """Model and training configuration, with the GPT-2 presets."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -65,3 +65,103 @@ def get_preset(name: str) -> GPT2Config:
         return PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
+
+
+def _opt(default, help: str, group: str, **argparse_kw):
+    """A TrainConfig field: its default, and what the command line needs (train.build_parser)."""
+    return field(default=default, metadata={"help": help, "group": group, **argparse_kw})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every training setting and its default, once. `gpt2core-train`'s flags are these fields (--name-with-dashes;
+    bools are switches); `GPT2.step` and `DataParallel.step` take their AdamW defaults from here.
+
+    LR experiments are one flag: --lr scales the whole schedule (warmup peak, cosine, and the floor, which is
+    --min-lr-frac of it), so "3x the max LR" is `--lr 1.8e-3` against a 6e-4 recipe."""
+    # model
+    preset: str = _opt("s4", "model shape", "model", choices=sorted(PRESETS))
+    block_size: int | None = _opt(None, "context length the model is built for (the wpe rows); above the preset's "
+                                        "trains a longer context, e.g. 2048 as GPT-3 did (default: the preset's)",
+                                  "model")
+    padded_vocab_size: int | None = _opt(None, "override the padded vocab (50257 disables padding)", "model")
+    device: str = _opt("cpu", "cpu or cuda", "model")
+    precision: str | None = _opt(None, "fp32; tf32 (CUDA: TF32 tensor-core matmuls); bf16 (CUDA: bf16 activations "
+                                       "and weights copy, fp32 master weights and optimizer state). Default: bf16 "
+                                       "on sm_80+ GPUs, else fp32", "model", choices=["fp32", "tf32", "bf16"])
+    attention: str | None = _opt(None, "CUDA attention: auto (default: cuDNN's fused attention for bf16 when it "
+                                       "passes a self-check at start, else flash), flash (gpt2core's kernel), cudnn, "
+                                       "or the materialised 'naive' rung", "model",
+                                 choices=["auto", "flash", "cudnn", "naive"])
+    recompute_gelu: bool = _opt(False, "recompute GELU outputs in backward instead of storing one per layer "
+                                       "(less memory)", "model")
+    cuda_graphs: bool = _opt(False, "CUDA: capture each micro-step's forward and backward, and the optimizer step, "
+                                    "in CUDA graphs and replay them (one launch instead of hundreds); with data "
+                                    "parallel, gradients are then averaged after backward", "model")
+    # data
+    data_dir: str | None = _opt(None, "directory of token shards (*_train_*.bin, *_val_*.bin); default: the bundled "
+                                      "tiny Shakespeare, prepared in <output-dir>/data", "data")
+    batch_size: int = _opt(8, "micro-batch size per process", "data", flags=["-B", "--batch-size"])
+    seq_len: int = _opt(128, "sequence length (<= the block size)", "data", flags=["-T", "--seq-len"])
+    total_batch_tokens: int | None = _opt(None, "tokens per optimizer step; gradient accumulation makes up the "
+                                                "difference (default: B*T*world)", "data")
+    no_shuffle: bool = _opt(False, "read shards and windows sequentially", "data")
+    # optimization: AdamW (decoupled weight decay on 2-D weights only) with warmup + cosine LR
+    steps: int = _opt(120, "optimizer steps", "optimization")
+    lr: float = _opt(1e-3, "max learning rate (the whole schedule scales with it)", "optimization")
+    min_lr_frac: float = _opt(0.1, "min LR as a fraction of --lr (cosine)", "optimization")
+    warmup: int = _opt(10, "linear warmup steps", "optimization")
+    schedule: str = _opt("cosine", "LR after warmup", "optimization", choices=["cosine", "constant"])
+    weight_decay: float = _opt(0.1, "AdamW weight decay (2-D weights only)", "optimization")
+    grad_clip: float = _opt(1.0, "global grad-norm clip (0 disables)", "optimization")
+    beta1: float = _opt(0.9, "AdamW beta1", "optimization")
+    beta2: float = _opt(0.95, "AdamW beta2", "optimization")
+    eps: float = _opt(1e-8, "AdamW epsilon", "optimization")
+    # evaluation and output
+    val_every: int = _opt(40, "validation loss every N steps (0: never)", "evaluation and output")
+    val_steps: int = _opt(8, "batches per validation", "evaluation and output")
+    hellaswag_every: int = _opt(0, "HellaSwag accuracy every N steps and at the end (0: never)",
+                                "evaluation and output")
+    hellaswag_path: str | None = _opt(None, "HellaSwag val set: rendered .npz, rowanz .jsonl or 6-line .txt "
+                                            "(default: download)", "evaluation and output")
+    hellaswag_limit: int | None = _opt(None, "score only the first N HellaSwag items", "evaluation and output")
+    sample_every: int = _opt(0, "print a text sample every M steps (0: only at the end)", "evaluation and output")
+    sample_tokens: int = _opt(48, "tokens per text sample", "evaluation and output")
+    sample_prompt: str = _opt("\n", "text the samples continue", "evaluation and output")
+    output_dir: str = _opt("out", "metrics.jsonl and model.bin go here", "evaluation and output")
+    seed: int = _opt(1337, "weights init, data order and sampling", "evaluation and output")
+    threads: int | None = _opt(None, "CPU threads (default: all cores)", "evaluation and output")
+    # data parallel
+    zero: int = _opt(0, "1: ZeRO-1, each rank keeps and updates only its shard of the AdamW state",
+                     "data parallel (under torchrun, python -m gpt2core.launch, srun or mpirun)", choices=[0, 1])
+    no_overlap_comm: bool = _opt(False, "average gradients in one allreduce after backward instead of overlapping "
+                                        "it with the last micro-step's backward (for measurements; ZeRO-1 never "
+                                        "overlaps)", "data parallel (under torchrun, python -m gpt2core.launch, srun "
+                                                     "or mpirun)")
+    dist_timeout: float = _opt(300.0, "seconds a collective waits for the other ranks before the run fails (a dead "
+                                      "or hung rank)", "data parallel (under torchrun, python -m gpt2core.launch, "
+                                                       "srun or mpirun)")
+    # checkpoints
+    checkpoint_every: int = _opt(0, "write <output-dir>/checkpoints/step_NNNNNN every N steps and at the end "
+                                    "(0: never)", "checkpoints")
+    keep_last: int = _opt(0, "keep only the newest K checkpoints (0: all)", "checkpoints")
+    resume: str | None = _opt(None, "continue from a checkpoint directory, or 'auto': the newest complete "
+                                    "checkpoint in <output-dir>/checkpoints (a fresh start if there is none)",
+                              "checkpoints", metavar="DIR|auto")
+
+    # the settings that change the trajectory: a resumed run that changes them no longer matches an uninterrupted one
+    TRAJECTORY = ("preset", "block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens",
+                  "no_shuffle", "steps", "lr", "min_lr_frac", "warmup", "schedule", "weight_decay", "grad_clip",
+                  "beta1", "beta2", "eps", "seed")
+
+    def model_config(self) -> GPT2Config:
+        """The preset, with --block-size and --padded-vocab-size applied."""
+        c = get_preset(self.preset)
+        if self.block_size:
+            c = c.replace(block_size=self.block_size)
+        if self.padded_vocab_size:
+            c = c.replace(padded_vocab_size=self.padded_vocab_size)
+        return c
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -10,22 +10,24 @@ Environment (first match wins):
   to the first host of SLURM_JOB_NODELIST
 
 The process group meets at MASTER_ADDR:MASTER_PORT: rank 0 serves a small rendezvous store there (the C++
-core, csrc/dist). torchrun's agent already serves its own store on MASTER_PORT
+core's rendezvous). torchrun's agent already serves its own store on MASTER_PORT
 (TORCHELASTIC_USE_AGENT_STORE=True), so under torchrun we use MASTER_PORT + 1; GPT2CORE_STORE_PORT
 overrides the port in every case. On the CPU the collectives run over Gloo (TCP); with device "cuda" over
 NCCL, each process on GPU LOCAL_RANK (the CUDA backend's buffers are managed memory, so the same numpy
 views reach NCCL as device pointers). Every collective is bounded by a timeout: a rank that died or hangs
 makes the others raise DistError instead of waiting forever.
 
-One optimizer step (``DataParallel.step``), after the last micro-step of gradient accumulation (the
-micro-steps before it do not communicate):
+``DataParallel`` has GPT2's face (forward_backward, take_loss, step, and the rest passed through to the
+model), so the training loop is the same with or without it. Of the ``grad_accum`` micro-steps of an
+optimizer step, only the last one communicates; ``take_loss`` returns the loss averaged over ranks. In
+``step``:
 
 * plain DDP: the gradients are averaged (mean over ranks), then the usual clip + AdamW on every rank
   (identical bits on every rank, so the replicas stay identical). With ``overlap`` (the default) the
-  averaging overlaps the last micro-step's backward: ``DataParallel.backward(scale, last=True)`` runs it
-  with the model's grad-ready hook, which hands each group of final gradients (lnf; then each layer, from
-  the last one down; then the embeddings) to a background all-reduce (a worker thread over Gloo, a comm
-  stream over NCCL; one collective per group), and ``step`` only waits for it (``finish``). Without
+  averaging overlaps the last micro-step's backward: that micro-step runs the model's backward with its
+  grad-ready hook, which hands each group of final gradients (lnf; then each layer, from the last one
+  down; then the embeddings) to a background all-reduce (a worker thread over Gloo, a comm stream over
+  NCCL; one collective per group), and ``take_loss`` or ``step`` waits for it (``finish``). Without
   overlap: one allreduce of the flat gradient buffer in ``step``;
 * ZeRO-1 (``zero=1``): reduce-scatter (mean) of the gradients, the global grad norm from one allreduce
   of per-shard sums of squares, AdamW on this rank's shard only (its moments are the only optimizer state
@@ -44,6 +46,9 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from . import _C
+from .config import TrainConfig
 
 DEFAULT_PORT = 29500
 DEFAULT_TIMEOUT = 300.0  # seconds a collective may wait for the other ranks
@@ -134,8 +139,6 @@ def init_process_group(env: DistEnv | None = None, timeout: float = DEFAULT_TIME
 
     Blocks until all ranks arrived (or raises DistError naming the missing ranks after `timeout` seconds).
     Every later collective is bounded by the same timeout."""
-    from . import _C
-
     env = from_env() if env is None else env
     if device.startswith("cuda"):  # NCCL on GPU LOCAL_RANK (or the index in "cuda:N")
         if not _C.dist.have_nccl():
@@ -154,59 +157,74 @@ def init_process_group(env: DistEnv | None = None, timeout: float = DEFAULT_TIME
                              iface=os.environ.get("GLOO_SOCKET_IFNAME", ""))
 
 
-def _sum_squares(x: np.ndarray, chunk: int = 1 << 20) -> float:
-    """sum(x**2) accumulated in float64, chunk by chunk (no full-size temporary)."""
-    s = 0.0
-    for i in range(0, x.size, chunk):
-        c = x[i:i + chunk].astype(np.float64)
-        s += float(np.dot(c, c))
-    return s
+def setup(device: str = "cpu", timeout: float = DEFAULT_TIMEOUT):
+    """(DistEnv, process group or None, device) of this process: its place in the job (from_env), the process
+    group it joined (None when it runs alone), and its device: under a multi-process launcher "cuda" is
+    "cuda:LOCAL_RANK", one GPU per process."""
+    env = from_env()
+    if env.world_size == 1:
+        return env, None, device
+    if device == "cuda":
+        device = f"cuda:{env.local_rank}"
+    return env, init_process_group(env, timeout=timeout, device=device), device
+
+
+def clip_scale(norm: float, max_norm: float) -> float:
+    """The factor that clips gradients of global norm `norm` to `max_norm` (0 disables): max_norm / (norm + 1e-6)
+    above it, else 1. GPT2.step applies this rule inside the core (csrc/model/backend.h); ZeRO-1, which
+    computes the norm over ranks, applies it here. Keep the two the same."""
+    return max_norm / (norm + 1e-6) if max_norm and max_norm > 0 and norm > max_norm else 1.0
 
 
 class DataParallel:
-    """Gradient averaging (and optionally ZeRO-1) for a GPT2 over a Comm. Every rank must call the same
-    methods in the same order."""
+    """A GPT2 trained on every rank of a Comm: the same methods as GPT2, with the gradients averaged over ranks
+    (and optionally ZeRO-1). Every rank must call the same methods in the same order. Attributes it does not
+    define (forward, generate, params, config, save, ...) are the model's."""
 
     def __init__(self, model, comm, zero: int = 0, broadcast: bool = True, resume_from=None,
-                 overlap: bool | None = None):
+                 overlap: bool | None = None, grad_accum: int = 1):
         """resume_from: the checkpoint.Checkpoint the model was restored from (weights and step count), from
         which ZeRO-1 reads this rank's range of the AdamW moments (its own shard file, or a slice of a full
         checkpoint's). Without it, a model with step_count > 0 is taken to hold the full restored moments.
         overlap: average the gradients during the last micro-step's backward (plain data parallel only;
-        default: on for plain data parallel with a float32/bf16 model, off for ZeRO-1)."""
+        default: on for plain data parallel with a float32/bf16 model, off for ZeRO-1).
+        grad_accum: micro-steps (forward_backward or backward calls) per optimizer step; the last one overlaps."""
         if zero not in (0, 1):
             raise ValueError(f"zero must be 0 (plain data parallel) or 1 (ZeRO-1), got {zero!r}")
         if overlap and zero:
             raise ValueError("overlap=True needs zero=0: ZeRO-1 keeps its single reduce-scatter after backward")
+        if grad_accum < 1:
+            raise ValueError(f"grad_accum must be >= 1, got {grad_accum!r}")
         if overlap is None:
-            overlap = not zero and getattr(model._m, "dtype", "float64") != "float64"
-        self.model, self.comm, self.zero = model, comm, zero
+            overlap = not zero and model.params["wte"].dtype != np.float64
+        self.model, self.comm, self.zero, self.grad_accum = model, comm, zero, grad_accum
         self.world = comm.size
         self.n = model.num_parameters
         if broadcast:  # the replicas start identical even if their seeds or checkpoints differ
-            comm.broadcast(model._m.flat_params(), root=0)
+            comm.broadcast(model.flat_params(), root=0)
         self.lo, self.hi = comm.shard(self.n) if zero else (0, self.n)
         self.last_comm_ms = 0.0  # wall time of the last step's gradient/parameter collectives
-        self.reducer = None  # the overlapped gradient allreduce
-        self._in_flight = False  # an overlapped backward ran since the last step()
-        if overlap:
-            from . import _C
-            self.reducer = _C.dist.GradAllreducer(comm, model._m)
+        self.reducer = model.grad_allreducer(comm) if overlap else None  # the overlapped gradient allreduce
+        self._micro = 0           # micro-steps since the last step()
+        self._in_flight = False   # an overlapped backward ran and finish() has not been called
+        self._averaged = False    # this step's gradients are averaged (by the overlapped backward)
+        self._host_loss = 0.0     # the overlapped micro-step's grad_scale * loss (it is read back on the host)
+        self._comm_ms = 0.0
         self.m = self.v = None
         if zero:  # this rank's moments, in the backend's memory (device memory on GPUs)
-            from . import _C
             S = self.hi - self.lo
-            if isinstance(model._m, (_C.Model, _C.ModelBF16)):
-                self.m, self.v = _C.dist.alloc_state(model._m, S), _C.dist.alloc_state(model._m, S)
-            else:  # float64 test models (CPU)
-                dtype = model.params["wte"].dtype
-                self.m, self.v = np.zeros(S, dtype=dtype), np.zeros(S, dtype=dtype)
+            self.m, self.v = model.alloc_optimizer_state(S), model.alloc_optimizer_state(S)
             if resume_from is not None:
                 resume_from.load_optimizer_shard(comm.rank, self.world, self.lo, self.hi, self.m, self.v)
             elif model.step_count > 0:  # restored in full by the caller: take this rank's shard of the moments
-                am, av = model._m.adam_m(), model._m.adam_v()
+                am, av = model.opt_state()
                 self.m[:] = _flat(am, model)[self.lo:self.hi]
                 self.v[:] = _flat(av, model)[self.lo:self.hi]
+
+    def __getattr__(self, name):  # only called for names DataParallel does not define
+        if name == "model":
+            raise AttributeError(name)
+        return getattr(self.model, name)
 
     # ------------------------------------------------------------------ reductions of scalars
     def mean(self, *values: float) -> list[float]:
@@ -215,60 +233,94 @@ class DataParallel:
         self.comm.allreduce(buf, "avg")
         return [float(v) for v in buf]
 
-    # ------------------------------------------------------------------ backward and the optimizer step
+    # ------------------------------------------------------------------ micro-steps
     @property
     def overlap(self) -> bool:
         return self.reducer is not None
 
-    def backward(self, grad_scale: float = 1.0, last: bool = True) -> None:
-        """One micro-step's backward. last: the final micro-step of gradient accumulation before step():
-        with overlap its gradients are averaged while it runs. Earlier micro-steps never communicate."""
-        if self.reducer is not None and last:
-            if self._in_flight:
-                raise RuntimeError("DataParallel.backward(last=True) twice without step() in between")
-            self._in_flight = True  # even if it fails part-way: step() must then wait for what was started
-            self.reducer.backward(float(grad_scale))
+    def _overlaps(self) -> bool:
+        """Count a micro-step; True if it is the one whose backward averages the gradients (the grad_accum-th)."""
+        if self._in_flight or self._averaged:
+            raise RuntimeError(f"more than grad_accum={self.grad_accum} micro-steps before step(): the gradients "
+                               "were already averaged over ranks")
+        self._micro += 1
+        return self.reducer is not None and self._micro == self.grad_accum
+
+    def _overlapped_backward(self, grad_scale: float) -> None:
+        self._in_flight = True  # even if it fails part-way: finish() must then wait for what was started
+        self.reducer.backward(float(grad_scale))
+
+    def forward_backward(self, idx, targets, grad_scale: float = 1.0) -> None:
+        """GPT2.forward_backward; the last micro-step of the optimizer step averages the gradients over ranks
+        during its backward (with overlap), its loss then read back on the host."""
+        if self._overlaps():
+            self._host_loss += grad_scale * self.model.forward(idx, targets)
+            self._overlapped_backward(grad_scale)
+        else:
+            self.model.forward_backward(idx, targets, grad_scale)
+
+    def backward(self, grad_scale: float = 1.0) -> None:
+        """GPT2.backward (after forward); as in forward_backward, the last micro-step averages as it goes."""
+        if self._overlaps():
+            self._overlapped_backward(grad_scale)
         else:
             self.model.backward(grad_scale)
 
-    def step(self, lr: float, weight_decay: float = 0.1, beta1: float = 0.9, beta2: float = 0.95,
-             eps: float = 1e-8, grad_clip: float = 1.0) -> float:
+    def _finish(self) -> None:
+        """Wait for the overlapped gradient averaging, if one is in flight."""
+        if self._in_flight:
+            self._in_flight = False
+            t0 = time.perf_counter()
+            self.reducer.finish()
+            self._comm_ms += (time.perf_counter() - t0) * 1e3
+            self._averaged = True
+
+    def take_loss(self) -> float:
+        """GPT2.take_loss averaged over ranks (one allreduce, once the overlapped averaging has finished)."""
+        self._finish()
+        loss = self.model.take_loss() + self._host_loss
+        self._host_loss = 0.0
+        return self.mean(loss)[0]
+
+    def zero_grad(self) -> None:
+        self._finish()
+        self._micro, self._averaged = 0, False
+        self.model.zero_grad()
+
+    # ------------------------------------------------------------------ the optimizer step
+    def step(self, lr: float, weight_decay: float = TrainConfig.weight_decay, beta1: float = TrainConfig.beta1,
+             beta2: float = TrainConfig.beta2, eps: float = TrainConfig.eps,
+             grad_clip: float = TrainConfig.grad_clip) -> float:
         """Average the gradients over ranks and take one clipped AdamW step (see the module doc); returns
         the pre-clip global grad norm, the same on every rank."""
         m = self.model
-        grads = m._m.flat_grads()
+        self._finish()
+        averaged, comm_ms = self._averaged, self._comm_ms
+        self._micro, self._averaged, self._comm_ms = 0, False, 0.0
+        grads = m.flat_grads()
         t0 = time.perf_counter()
         if not self.zero:
-            if self._in_flight:  # averaged during the last backward: wait for the rest of it
-                self._in_flight = False
-                self.reducer.finish()
-            else:
+            if not averaged:
                 self.comm.allreduce(grads, "avg")
-            self.last_comm_ms = (time.perf_counter() - t0) * 1e3
+            self.last_comm_ms = comm_ms + (time.perf_counter() - t0) * 1e3
             return m.step(lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, eps=eps, grad_clip=grad_clip)
         self.comm.reduce_scatter(grads, "avg")
-        from . import _C
-        local = (_C.dist.grad_sum_squares(m._m, self.lo, self.hi) if isinstance(m._m, (_C.Model, _C.ModelBF16))
-                 else _sum_squares(grads[self.lo:self.hi]))
-        ss = np.array([local], dtype=np.float32)
+        ss = np.array([m.grad_sum_squares(self.lo, self.hi)], dtype=np.float32)
         self.comm.allreduce(ss, "sum")
-        comm_ms = (time.perf_counter() - t0) * 1e3
+        comm_ms += (time.perf_counter() - t0) * 1e3
         norm = math.sqrt(float(ss[0]))
         if not math.isfinite(norm):
             raise FloatingPointError(f"gradient norm is {norm} at step {m.step_count + 1}; weights not updated")
-        scale = 1.0
-        if grad_clip and grad_clip > 0 and norm > grad_clip:
-            scale = grad_clip / (norm + 1e-6)
         m.step_count += 1
-        m._m.adamw_update_range(self.lo, self.hi, self.m, self.v, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                                weight_decay=weight_decay, step=m.step_count, grad_scale=scale)
+        m.adamw_range(self.lo, self.hi, self.m, self.v, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                      weight_decay=weight_decay, step=m.step_count, grad_scale=clip_scale(norm, grad_clip))
         t1 = time.perf_counter()
-        self.comm.all_gather(m._m.flat_params())
+        self.comm.all_gather(m.flat_params())
         self.last_comm_ms = comm_ms + (time.perf_counter() - t1) * 1e3
         return norm
 
     # ------------------------------------------------------------------ reporting
-    def memory_report(self) -> dict:
+    def optimizer_memory(self) -> dict:
         """Bytes of AdamW state (m and v, fp32) per rank, with and without ZeRO-1."""
         full = 2 * 4 * self.n
         ours = 2 * 4 * (self.hi - self.lo) if self.zero else full
@@ -280,7 +332,7 @@ class DataParallel:
                    else "in one allreduce after backward")
             return (f"data parallel over {self.world} ranks ({self.comm.backend}): gradients averaged once per "
                     f"optimizer step, {how}")
-        r = self.memory_report()
+        r = self.optimizer_memory()
         mb = 1 / 2**20
         return (f"ZeRO-1 over {self.world} ranks ({self.comm.backend}): this rank updates parameters "
                 f"[{self.lo:,}, {self.hi:,}); AdamW state {r['optimizer_bytes_per_rank'] * mb:.1f} MiB per rank "
@@ -289,7 +341,5 @@ class DataParallel:
 
 def _flat(views: dict, model) -> np.ndarray:
     """The flat buffer behind a dict of per-tensor views (slices of one allocation, the first at offset 0)."""
-    from . import _C
-
     first = views[_C.param_names()[0]].reshape(-1)
     return np.lib.stride_tricks.as_strided(first, shape=(model.num_parameters,), strides=(first.itemsize,))

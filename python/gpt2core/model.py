@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from . import _C, llmc, pretrained
-from .config import GPT2Config, get_preset
+from .config import GPT2Config, TrainConfig, get_preset
 
 # the tensors that are residual projections: init scaled by 1/sqrt(2 * n_layer) (GPT-2 paper, sec. 2.3)
 _RESIDUAL_PROJ = ("attprojw", "fcprojw")
@@ -258,8 +258,9 @@ class GPT2:
     def grad_norm(self) -> float:
         return self._m.grad_norm()
 
-    def step(self, lr: float, weight_decay: float = 0.1, beta1: float = 0.9, beta2: float = 0.95,
-             eps: float = 1e-8, grad_clip: float = 1.0) -> float:
+    def step(self, lr: float, weight_decay: float = TrainConfig.weight_decay, beta1: float = TrainConfig.beta1,
+             beta2: float = TrainConfig.beta2, eps: float = TrainConfig.eps,
+             grad_clip: float = TrainConfig.grad_clip) -> float:
         """Clip the global gradient norm to grad_clip (0 disables), take one AdamW step, return the
         pre-clip norm. A non-finite norm raises FloatingPointError and leaves the weights untouched;
         so does a hyperparameter out of range (ValueError naming it, see check_step_args)."""
@@ -273,6 +274,45 @@ class GPT2:
             raise FloatingPointError(f"gradient norm is {norm} at step {self.step_count + 1}; weights not updated")
         self.step_count += 1  # only once the update was accepted
         return norm
+
+    # ------------------------------------------------------------------ flat buffers (data parallel, ZeRO-1)
+    def flat_params(self) -> np.ndarray:
+        """All parameters as one vector (a view, param_names() order): what collectives send."""
+        return self._m.flat_params()
+
+    def flat_grads(self) -> np.ndarray:
+        """All gradients as one vector (a view, the layout of flat_params)."""
+        return self._m.flat_grads()
+
+    def grad_sum_squares(self, lo: int, hi: int) -> float:
+        """sum(g**2) over flat_grads()[lo:hi], accumulated in float64."""
+        if isinstance(self._m, _C.ModelF64):  # the core's routine serves float32 master gradients
+            g, total = self._m.flat_grads()[lo:hi], 0.0
+            for i in range(0, g.size, 1 << 20):  # chunk by chunk: no full-size temporary
+                c = g[i:i + (1 << 20)]
+                total += float(np.dot(c, c))
+            return total
+        return _C.dist.grad_sum_squares(self._m, lo, hi)
+
+    def alloc_optimizer_state(self, n: int) -> np.ndarray:
+        """n zeros in the backend's memory (device memory on GPUs), in the optimizer state's dtype."""
+        if isinstance(self._m, _C.ModelF64):
+            return np.zeros(n, dtype=np.float64)
+        return _C.dist.alloc_state(self._m, n)
+
+    def adamw_range(self, lo: int, hi: int, m: np.ndarray, v: np.ndarray, lr: float, beta1: float, beta2: float,
+                    eps: float, weight_decay: float, step: int, grad_scale: float) -> None:
+        """AdamW on parameters [lo, hi) of flat_params() only, with moments m, v of length hi - lo (ZeRO-1's
+        shard): gradients times grad_scale (the clip factor), weight decay on 2-D weights, bias correction
+        for `step`."""
+        self._m.adamw_update_range(lo, hi, m, v, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                                   weight_decay=weight_decay, step=step, grad_scale=grad_scale)
+
+    def grad_allreducer(self, comm):
+        """A _C.dist.GradAllreducer over comm for this model: its backward(scale) is this model's backward,
+        with each group of final gradients averaged over the ranks while the rest of backward runs
+        (float32 and bf16 models)."""
+        return _C.dist.GradAllreducer(comm, self._m)
 
     # ------------------------------------------------------------------ sampling
     def generate(self, idx, max_new_tokens: int, top_k: int = 50, temperature: float = 1.0,
