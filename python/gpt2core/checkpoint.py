@@ -587,16 +587,17 @@ def prune_checkpoints(root, keep_last: int) -> list[Path]:
 _TEMPORARY = re.compile(r"^\.step_\d+\.(tmp|old)-(\d+)$")
 
 
-def remove_stale_temporaries(root) -> list[Path]:
-    """Delete the temporary directories (.step_NNNNNN.tmp-PID, .old-PID) under root whose writer, process PID
-    on this machine, is no longer running: what a killed save leaves, possibly filling the disk. Returns
-    what was deleted. (Run under the output folder's RunLock, no other run writes there.)"""
+def remove_stale_temporaries(root, locked: bool = False) -> list[Path]:
+    """Delete the temporary directories (.step_NNNNNN.tmp-PID, .old-PID) under root that a save killed
+    mid-way left behind, possibly filling the disk: those of processes no longer running on this machine,
+    or with locked=True (the caller holds the output folder's RunLock, so no other run writes there) all
+    but this process's own. Returns what was deleted."""
     root = Path(root)
     removed = []
     if root.is_dir():
         for d in root.iterdir():
             mt = _TEMPORARY.match(d.name)
-            if mt and int(mt.group(2)) != os.getpid() and not pid_alive(int(mt.group(2))):
+            if mt and int(mt.group(2)) != os.getpid() and (locked or not pid_alive(int(mt.group(2)))):
                 shutil.rmtree(d, ignore_errors=True)
                 removed.append(d)
     return removed
