@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt2core import _C, train
+from gpt2core import GPT2, GPT2Config, _C, train
 from gpt2core import checkpoint as ck
 from gpt2core.preemption import EXIT_PREEMPTED
 
@@ -225,3 +225,67 @@ def test_loss_outliers_are_warned_logged_and_skipped(data, tmp_path, monkeypatch
         assert "warning: step 9 is an outlier over the previous 6 steps: loss 11.5" in capsys.readouterr().out
         assert t.model.step_count == 10 - (len(flagged) if skip else 0)
         assert np.array_equal(weights["before"], weights["after"]) is skip  # skipped: step 9 left no trace
+
+
+@pytest.mark.skipif(not _C.build_info().get("gloo"), reason="gpt2core built without Gloo")
+@pytest.mark.parametrize("zero", ["0", "1"])
+def test_data_parallel_ranks_agree_on_the_stop_step(data, tmp_path, zero):
+    """SIGTERM reaches rank 1 only: both ranks stop after the same step (an allreduce of the flag), the checkpoint
+    of that step is complete, both exit 75; resuming it with two ranks finishes the run. With --zero 1 and
+    --skip-outliers, DataParallel.grad_norm (the norm before the update) is exercised too."""
+    from test_distributed import start_ranks, wait_all
+    out = tmp_path / "dp"
+    cmd = [sys.executable, "-m", "gpt2core.train", *argv(data, out, "--zero", zero, "--skip-outliers", "-B", "1",
+                                                              "--val-every", "0")]
+    procs = start_ranks(2, cmd, tmp_path, "dp")
+    log0 = tmp_path / "dp.rank0.log"
+    deadline = time.monotonic() + 120
+    while "step     2/" not in (log0.read_text() if log0.exists() else ""):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), log0.read_text()
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGTERM)
+    codes = wait_all(procs, timeout=120)
+    logs = [(tmp_path / f"dp.rank{r}.log").read_text() for r in range(2)]
+    assert codes == [EXIT_PREEMPTED] * 2, logs
+    stopped = {int(log.split("after step ")[1].split(" ")[0]) for log in logs}
+    assert len(stopped) == 1, logs  # the same step on both ranks
+    (step,) = stopped
+    assert "stopped by a signal on another rank" in logs[0] and "stopped by SIGTERM" in logs[1]
+    assert ck.load_checkpoint(ck.checkpoint_dir(out / "checkpoints", step)).step == step
+    assert len(records(out)) == step
+    codes = wait_all(start_ranks(2, cmd + ["--resume", "auto"], tmp_path, "dp2"), timeout=120)
+    assert codes == [0, 0], (tmp_path / "dp2.rank0.log").read_text()
+    assert len(trajectory(out)) == STEPS
+
+
+class OneRank:
+    """A communicator of one rank: every collective is the identity (DataParallel's bookkeeping, in-process)."""
+    rank, size = 0, 1
+
+    def shard(self, n):
+        return 0, n
+
+    def __getattr__(self, name):  # broadcast, allreduce, reduce_scatter, all_gather, barrier
+        return lambda *a, **k: None
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_data_parallel_grad_norm_before_step_is_reused_by_it(zero):
+    """--skip-outliers asks DataParallel for the norm before the update; step() must then neither average the
+    gradients again nor change the result: the same weights as a plain step, bit for bit."""
+    from gpt2core.distributed import DataParallel
+    x = np.random.default_rng(0).integers(0, 97, (2, 16)).astype(np.int32)
+    weights = []
+    for ask_first in (False, True):
+        m = GPT2(GPT2Config(block_size=16, vocab_size=97, padded_vocab_size=128, n_layer=1, n_head=2, n_embd=16),
+                 seed=3)
+        dp = DataParallel(m, OneRank(), zero=zero, overlap=False)
+        for _ in range(3):
+            dp.zero_grad()
+            dp.forward_backward(x, np.roll(x, -1, 1))
+            dp.take_loss()
+            norm = dp.grad_norm() if ask_first else None
+            got = dp.step(1e-2)
+            assert norm is None or norm == pytest.approx(got, rel=1e-6)
+        weights.append(m.flat_params().copy())
+    np.testing.assert_array_equal(weights[0], weights[1])
