@@ -24,6 +24,8 @@ from gpt2core import checkpoint as ck  # noqa: E402
 from gpt2core.data import hellaswag, shards  # noqa: E402
 from gpt2core.errors import FileFormatError  # noqa: E402
 
+from test_faults import one_thread  # noqa: E402,F401 -- a module fixture
+
 MAX_EXAMPLES = 100
 FUZZ = settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -32,11 +34,8 @@ TALLY = defaultdict(lambda: [0, 0])  # reader -> [cases, clear errors]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def report():
-    n = _C.get_num_threads()
-    _C.set_num_threads(1)
+def report(one_thread):
     yield
-    _C.set_num_threads(n)
     print(f"\n{'reader':<36} cases  clear errors  crashes")
     for k, (cases, clear) in sorted(TALLY.items()):
         print(f"{k:<36} {cases:5d}  {clear:12d}  {0:7d}")

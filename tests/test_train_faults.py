@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +19,8 @@ import pytest
 from gpt2core import GPT2, GPT2Config, _C, train
 from gpt2core import checkpoint as ck
 from gpt2core.preemption import EXIT_PREEMPTED
+
+from test_resume import _restore_threads, records  # noqa: F401 -- _restore_threads is an autouse fixture
 
 STEPS = 16
 
@@ -34,17 +35,6 @@ def argv(data, out, *extra):
     return ["--preset", "tiny", "-B", "2", "-T", "32", "--val-every", "5", "--val-steps", "2", "--steps", str(STEPS),
             "--threads", "1", "--sample-tokens", "2", "--lr", "3e-3", "--warmup", "3", "--data-dir", str(data),
             "--output-dir", str(out), *extra]
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    n = _C.get_num_threads()
-    yield
-    _C.set_num_threads(n)
-
-
-def records(out):
-    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
 def trajectory(out):
