@@ -73,7 +73,7 @@ def wait_for_step(proc, k):
     raise AssertionError(f"training ended ({proc.wait()}) before step {k}: {proc.stderr.read()}")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_stops_after_the_step_with_a_checkpoint_and_resume_is_bit_identical(data, straight, tmp_path, sig):
     k = random.randint(1, 8)
     out = tmp_path / "run"
