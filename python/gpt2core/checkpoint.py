@@ -24,7 +24,10 @@ Everything is plain little-endian arrays and JSON, so a checkpoint does not depe
 wrote it. A checkpoint is written into a hidden temporary directory that is renamed into place only
 after its manifest is on disk: a crash mid-write leaves the previous checkpoints intact, and a
 directory without a valid manifest, or whose files do not match it, is incomplete and is rejected.
-`latest_checkpoint(dir)` (what `--resume auto` uses) returns the newest complete one.
+`latest_checkpoint(dir)` (what `--resume auto` uses) returns the newest complete one whose weights and
+moments are finite. Files are written with plain writes, never through memory maps (a full disk under a
+map is SIGBUS): a failed write is a WriteError naming the file and the bytes needed, after the temporary
+directory is removed; NaN or Inf state is refused before anything is written (NonFiniteError).
 
 The weights file is written and read by llmc.py; loading the weights of any source (llm.c file, checkpoint,
 Hugging Face) into a new model is `GPT2.from_pretrained` (pretrained.py reads them).
@@ -501,7 +504,7 @@ def _check_finite_files(ck: "Checkpoint") -> None:
     if bad:
         raise CheckpointError(f"{ck.path / 'model.bin'}: weights contain NaN or Inf ({bad})")
     if ck.zero is None:
-        ck._moments()  # reads them in chunks, raising on NaN or Inf
+        ck._moments()  # raises on NaN or Inf
     else:
         for r in range(ck.zero["world_size"]):
             ck._read_shard(r)
