@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPT-2 124M (d12) reproduction on FineWeb-Edu 10B, data parallel on one 8-GPU node.
 #
-# What it should reach (llm.c's reference run of the same recipe; the targets in DESIGN.md):
+# What it should reach (llm.c's reference run of the same recipe, and this project's targets):
 #   FineWeb-Edu val loss ~3.28 (target <= 3.29), HellaSwag acc_norm ~0.30 (OpenAI's GPT-2 124M: 0.2955),
 #   after 19,073 steps x 524,288 tokens = 10.0B tokens.
 # How long: at llm.c's throughput (~468K tokens/s per H100, ~218K per A100) about 0.8 h on 8x H100 and

@@ -272,7 +272,7 @@ def test_cli(tmp_path, capsys):
 def test_cli_dispatches_shakespeare(tmp_path):
     from gpt2core.data.__main__ import main
     assert main(["shakespeare", "--out", str(tmp_path)]) == 0
-    # nanoGPT's 90/10 split of Tiny Shakespeare (shared/data/SOURCES.md)
+    # nanoGPT's 90/10 split of Tiny Shakespeare (its prepare.py: 301,966 train and 36,059 val tokens)
     assert [read_header(p) for p in find_shards(tmp_path, "val") + find_shards(tmp_path, "train")] == [36059, 301966]
 
 

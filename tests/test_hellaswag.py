@@ -54,7 +54,7 @@ def first3():
 @needs_data
 def test_text_format_whole_val_set(full_items):
     assert len(full_items) == 10042
-    # label counts published with the file (shared/data/SOURCES.md)
+    # the label counts of the full val set
     assert np.bincount([it["label"] for it in full_items]).tolist() == [2515, 2485, 2584, 2458]
     first = full_items[0]
     assert first["ctx"] == "A man is sitting on a roof. he" and first["label"] == 3
@@ -300,7 +300,7 @@ def test_data_cli(tmp_path, capsys):
 @pytest.mark.filterwarnings("ignore:.*longer than the model.s context")  # short contexts on purpose
 def test_evaluate_cli_on_checkpoint(tmp_path, capsys):
     gpt2core = pytest.importorskip("gpt2core")
-    from gpt2core.eval import main
+    from gpt2core.evaluate import main
     path = tmp_path / "m.bin"
     gpt2core.GPT2("tiny", seed=1).save(path)
     assert main(["hellaswag", "--checkpoint", str(path), "--data", str(SUBSET), "--limit", "8",

@@ -82,7 +82,7 @@ def test_package_import_graph_has_no_cycle():
 
 
 def test_persistence_is_layered():
-    """llm.c format <- training checkpoints <- any-format loading <- the model class (see DESIGN.md)."""
+    """llm.c format <- training checkpoints <- any-format loading <- the model class."""
     g = import_graph(PACKAGE)
     assert "gpt2core.model" in g["gpt2core.train"]
     assert g["gpt2core.llmc"] & {"gpt2core.checkpoint", "gpt2core.pretrained", "gpt2core.model"} == set()

@@ -34,7 +34,7 @@ def test_cuda_without_gpu_is_a_clear_python_error():
 
 def test_d12_has_gpt2_small_parameter_count():
     assert PRESETS["d12"].num_parameters() == 124_475_904
-    # ~0.80 GFLOP per token at T=1024 (DESIGN.md)
+    # ~0.80 GFLOP per token at T=1024 (6N + 6LCT, see GPT2Config.flops_per_token)
     assert abs(PRESETS["d12"].flops_per_token() / 1e9 - 0.80) < 0.01
 
 
@@ -133,10 +133,10 @@ def test_speed_ladder_switches_are_validated_on_cpu():
 
 
 def test_subpackages_are_attributes_of_the_package():
-    """`import gpt2core` then gpt2core.tokenizer / .checkpoint / .data, imported on first use (a fresh
-    interpreter: here pytest has imported them already)."""
+    """`import gpt2core` then gpt2core.tokenizer / .data, imported on first use (a fresh interpreter: here pytest
+    has imported them already), and .checkpoint, which comes with GPT2 (model files and checkpoints)."""
     code = ("import sys, gpt2core\n"
-            "assert not {'gpt2core.tokenizer', 'gpt2core.checkpoint', 'gpt2core.data'} & set(sys.modules)\n"
+            "assert not {'gpt2core.tokenizer', 'gpt2core.data'} & set(sys.modules)\n"
             "assert {'tokenizer', 'checkpoint', 'data'} <= set(dir(gpt2core))\n"
             "assert gpt2core.tokenizer.decode(gpt2core.tokenizer.encode('Hello world')) == 'Hello world'\n"
             "assert gpt2core.checkpoint.__name__ == 'gpt2core.checkpoint' and callable(gpt2core.data.find_shards)\n"

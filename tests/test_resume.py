@@ -220,4 +220,4 @@ def test_full_checkpoint_slices_for_zero1_and_is_not_consolidated(tmp_path):
     fresh = GPT2("tiny", seed=2)
     c.restore(fresh, optimizer=False)  # weights and step count only
     assert fresh.step_count == 1
-    np.testing.assert_array_equal(fresh._m.flat_params(), m._m.flat_params())
+    np.testing.assert_array_equal(fresh.flat_params(), m.flat_params())

@@ -33,8 +33,8 @@ def build_info() -> dict:
 
 
 # Subpackages reachable as gpt2core.tokenizer etc. after a plain `import gpt2core`, imported on first use
-# (together about 20 ms, mostly checkpoint's, on top of the package's 340 ms).
-_LAZY_SUBMODULES = ("checkpoint", "data", "llmc", "pretrained", "tokenizer")
+# (model files and checkpoints, llmc/pretrained/checkpoint, come with GPT2).
+_LAZY_SUBMODULES = ("data", "tokenizer")
 
 
 def __getattr__(name: str):

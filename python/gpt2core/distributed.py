@@ -10,7 +10,7 @@ Environment (first match wins):
   to the first host of SLURM_JOB_NODELIST
 
 The process group meets at MASTER_ADDR:MASTER_PORT: rank 0 serves a small rendezvous store there (the C++
-core's rendezvous). torchrun's agent already serves its own store on MASTER_PORT
+core, csrc/dist). torchrun's agent already serves its own store on MASTER_PORT
 (TORCHELASTIC_USE_AGENT_STORE=True), so under torchrun we use MASTER_PORT + 1; GPT2CORE_STORE_PORT
 overrides the port in every case. On the CPU the collectives run over Gloo (TCP); with device "cuda" over
 NCCL, each process on GPU LOCAL_RANK (the CUDA backend's buffers are managed memory, so the same numpy

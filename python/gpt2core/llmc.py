@@ -1,4 +1,4 @@
-"""llm.c model files: the weights of a GPT-2 in the format llm.c reads and writes (see DESIGN.md).
+"""llm.c model files: the weights of a GPT-2 in the format llm.c reads and writes.
 
 A header of 256 int32 -- magic 20240326, version, max_seq_len, vocab_size, n_layer, n_head, n_embd,
 padded_vocab_size -- then the 16 parameter tensors in the order of `_C.param_names()`, layers stacked,
