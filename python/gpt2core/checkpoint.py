@@ -24,7 +24,10 @@ Everything is plain little-endian arrays and JSON, so a checkpoint does not depe
 wrote it. A checkpoint is written into a hidden temporary directory that is renamed into place only
 after its manifest is on disk: a crash mid-write leaves the previous checkpoints intact, and a
 directory without a valid manifest, or whose files do not match it, is incomplete and is rejected.
-`latest_checkpoint(dir)` (what `--resume auto` uses) returns the newest complete one.
+`latest_checkpoint(dir)` (what `--resume auto` uses) returns the newest complete one whose weights and
+moments are finite. Files are written with plain writes, never through memory maps (a full disk under a
+map is SIGBUS): a failed write is a WriteError naming the file and the bytes needed, after the temporary
+directory is removed; NaN or Inf state is refused before anything is written (NonFiniteError).
 
 The weights file is written and read by llmc.py; loading the weights of any source (llm.c file, checkpoint,
 Hugging Face) into a new model is `GPT2.from_pretrained` (pretrained.py reads them).
@@ -44,9 +47,11 @@ from pathlib import Path
 import numpy as np
 
 from . import _C
-from ._io import atomic_write
+from ._io import NPZ_ERRORS, atomic_write, npy_bytes, write_flat_npy
 from .config import GPT2Config
-from .llmc import CheckpointError, describe, fill_params, read_model, save_model
+from .errors import WriteError, write_error
+from .llmc import CheckpointError, NonFiniteError, describe, fill_params, first_nonfinite, read_model, save_model
+from .runlock import pid_alive
 
 CHECKPOINT_FORMAT = "gpt2core-checkpoint"
 CHECKPOINT_VERSION = 1   # full optimizer state (adam_m.npy, adam_v.npy)
@@ -76,14 +81,52 @@ def _write_json(path: Path, obj) -> None:
 
 
 def _save_flat(path: Path, parts) -> None:
-    n = sum(int(a.size) for a in parts)
-    out = np.lib.format.open_memmap(path, mode="w+", dtype="<f4", shape=(n,))
-    off = 0
-    for a in parts:
-        out[off:off + a.size] = a.reshape(-1)
-        off += a.size
-    out.flush()
-    del out
+    with open(path, "wb") as f:
+        write_flat_npy(f, sum(int(a.size) for a in parts), parts)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class _Writing:
+    """Turns an OSError raised while writing the checkpoint `final` into a WriteError naming the file being
+    written (`self.file`, as it will be named in `final`) and the checkpoint's `needed` bytes."""
+
+    def __init__(self, final: Path, needed: int):
+        self.final, self.needed, self.file = final, needed, None
+
+    def __call__(self, name: str) -> str:
+        self.file = name
+        return name
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        if isinstance(e, OSError):
+            if isinstance(e, WriteError) and isinstance(e.__cause__, OSError):
+                e = e.__cause__  # a file writer's own WriteError: re-worded for the whole checkpoint
+            raise write_error(e, self.final / self.file if self.file else self.final, self.needed,
+                              what="write checkpoint") from e
+        return False
+
+
+def _checkpoint_bytes(model, metrics_path, full_optimizer: bool = True) -> int:
+    """About how many bytes a checkpoint of `model` takes: model.bin, the AdamW moments, metrics, JSON."""
+    n = model.num_parameters
+    metrics = Path(metrics_path).stat().st_size if metrics_path is not None and Path(metrics_path).exists() else 0
+    return 1024 + 4 * n + (2 * npy_bytes(n) if full_optimizer else 0) + metrics + (16 << 10)  # + JSON
+
+
+def check_finite_state(model, path) -> None:
+    """Raise NonFiniteError (naming `path` and the tensor) when the weights or AdamW moments hold NaN or
+    Inf: such a state is never written, since resuming from it could only produce NaN."""
+    names = list(_C.param_names())
+    m, v = model.opt_state()
+    bad = first_nonfinite([(k, model.params[k]) for k in names] + [(f"adam_m[{k}]", m[k]) for k in names]
+                          + [(f"adam_v[{k}]", v[k]) for k in names])
+    if bad:
+        raise NonFiniteError(f"{path}: refusing to write a checkpoint with non-finite state ({bad}); the "
+                             "previous checkpoints are kept")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -122,7 +165,7 @@ def _checkpoint_state(step: int, model, state: dict | None) -> dict:
     return st
 
 
-def _finish_checkpoint(tmp: Path, final: Path, step: int, zero: dict | None = None) -> None:
+def _finish_checkpoint(tmp: Path, final: Path, step: int, w: _Writing, zero: dict | None = None) -> None:
     """Hash every file of `tmp` into its manifest (written last), then rename tmp onto `final` (swapping out
     an existing `final`). Version 1: full optimizer state; version 2: ZeRO-1 shards (`zero` in the manifest)."""
     files = {}
@@ -131,9 +174,10 @@ def _finish_checkpoint(tmp: Path, final: Path, step: int, zero: dict | None = No
     manifest = {"format": CHECKPOINT_FORMAT, "version": 2 if zero else 1, "step": int(step), "files": files}
     if zero:
         manifest["zero"] = zero
-    _write_json(tmp / MANIFEST, manifest)
+    _write_json(tmp / w(MANIFEST), manifest)
     _fsync_dir(tmp)
     root = final.parent
+    w("")  # renaming into place
     if final.exists():  # the same step written again (e.g. by a resumed run): swap it out
         old = root / f".{final.name}.old-{os.getpid()}"
         os.replace(final, old)
@@ -155,25 +199,27 @@ def save_checkpoint(root, step: int, model, state: dict | None = None, metrics_p
     if zero is not None and getattr(zero, "zero", 0):
         return _save_sharded(Path(root), step, model, state, metrics_path, zero)
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir(root, step)
+    check_finite_state(model, final)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        names = list(_C.param_names())
-        save_model(model, tmp / "model.bin")
-        m, v = model.opt_state()
-        _save_flat(tmp / "adam_m.npy", [m[k] for k in names])
-        _save_flat(tmp / "adam_v.npy", [v[k] for k in names])
-        _write_json(tmp / "state.json", _checkpoint_state(step, model, state))
-        if metrics_path is not None and Path(metrics_path).exists():
-            shutil.copyfile(metrics_path, tmp / "metrics.jsonl")
-        _finish_checkpoint(tmp, final, step)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with _Writing(final, _checkpoint_bytes(model, metrics_path)) as w:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        try:
+            names = list(_C.param_names())
+            save_model(model, tmp / w("model.bin"))
+            m, v = model.opt_state()
+            _save_flat(tmp / w("adam_m.npy"), [m[k] for k in names])
+            _save_flat(tmp / w("adam_v.npy"), [v[k] for k in names])
+            _write_json(tmp / w("state.json"), _checkpoint_state(step, model, state))
+            if metrics_path is not None and Path(metrics_path).exists():
+                shutil.copyfile(metrics_path, tmp / w("metrics.jsonl"))
+            _finish_checkpoint(tmp, final, step, w)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return final
 
 
@@ -196,6 +242,8 @@ def _save_sharded(root: Path, step: int, model, state, metrics_path, dp) -> Path
     final = checkpoint_dir(root, step)
     flag = np.zeros(1, dtype=np.float32)
     error = None
+    w = _Writing(final, _checkpoint_bytes(model, metrics_path, full_optimizer=False)
+                 + 2 * 4 * (dp.hi - dp.lo) + 1024)
     if rank == 0:
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -212,14 +260,20 @@ def _save_sharded(root: Path, step: int, model, state, metrics_path, dp) -> Path
                               + (f" ({error})" if error else "")) from error
     tmp = root / f".{final.name}.tmp-{int(flag[0])}"
     try:
-        with atomic_write(tmp / _shard_file(rank, world)) as f:
+        bad = first_nonfinite([("adam_m", dp.m), ("adam_v", dp.v)]
+                              + ([(k, model.params[k]) for k in _C.param_names()] if rank == 0 else []))
+        if bad:
+            raise NonFiniteError(f"{final}: refusing to write a checkpoint with non-finite state on rank {rank} "
+                                 f"({bad}); the previous checkpoints are kept")
+        with w, atomic_write(tmp / w(_shard_file(rank, world))) as f:
             np.savez(f, lo=np.int64(dp.lo), hi=np.int64(dp.hi), num_parameters=np.int64(model.num_parameters),
                      step_count=np.int64(model.step_count), m=np.asarray(dp.m, dtype="<f4"),
                      v=np.asarray(dp.v, dtype="<f4"))
         if rank == 0:
-            save_model(model, tmp / "model.bin")
-            if metrics_path is not None and Path(metrics_path).exists():
-                shutil.copyfile(metrics_path, tmp / "metrics.jsonl")
+            with w:
+                save_model(model, tmp / w("model.bin"))
+                if metrics_path is not None and Path(metrics_path).exists():
+                    shutil.copyfile(metrics_path, tmp / w("metrics.jsonl"))
         flag[0] = 0.0
     except Exception as e:  # noqa: BLE001 -- reported to every rank below, then re-raised here
         error, flag[0] = e, 1.0
@@ -240,8 +294,9 @@ def _save_sharded(root: Path, step: int, model, state, metrics_path, dp) -> Path
                 shards.append({"file": _shard_file(r, world), "lo": int(z["lo"]), "hi": int(z["hi"])})
         st = _checkpoint_state(step, model, state)
         st["zero"] = {"stage": 1, "world_size": world, "shards": shards}
-        _write_json(tmp / "state.json", st)
-        _finish_checkpoint(tmp, final, step, zero={"stage": 1, "world_size": world})
+        with w:
+            _write_json(tmp / w("state.json"), st)
+            _finish_checkpoint(tmp, final, step, w, zero={"stage": 1, "world_size": world})
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -295,10 +350,11 @@ class Checkpoint:
             p = self.path / name
             try:
                 a = np.load(p, mmap_mode="r", allow_pickle=False)
-            except (OSError, ValueError) as e:
+            except NPZ_ERRORS as e:
                 raise CheckpointError(f"{p}: cannot read optimizer state ({e})") from e
-            if a.dtype != np.dtype("<f4") or a.shape != (n,):
-                raise CheckpointError(f"{p}: expected float32 of shape ({n},), got {a.dtype} {a.shape}")
+            if not isinstance(a, np.ndarray) or a.dtype != np.dtype("<f4") or a.shape != (n,):
+                got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else "an .npz archive"
+                raise CheckpointError(f"{p}: expected a float32 .npy of shape ({n},), got {got}")
             if check_finite and not np.isfinite(a).all():
                 raise CheckpointError(f"{p}: optimizer state contains NaN or Inf")
             out.append(a)
@@ -314,7 +370,7 @@ class Checkpoint:
             with np.load(p, allow_pickle=False) as f:
                 lo, hi, fn, fs = (int(f[k]) for k in ("lo", "hi", "num_parameters", "step_count"))
                 m, v = f["m"], f["v"]
-        except (OSError, ValueError, KeyError) as e:
+        except NPZ_ERRORS as e:
             raise CheckpointError(f"{p}: cannot read optimizer shard ({e})") from e
         if (lo, hi) != (info["lo"], info["hi"]) or fn != n or fs != steps:
             raise CheckpointError(f"{p}: shard holds [{lo}, {hi}) of {fn} parameters at optimizer step {fs}; "
@@ -380,9 +436,84 @@ class Checkpoint:
         model.step_count = int(self.state["optimizer"]["step_count"])
 
 
+# what malformed JSON (a list where a dict belongs, a string for a number, a float of 1e999) raises
+_MALFORMED = (ValueError, KeyError, TypeError, AttributeError, OverflowError, IndexError)
+
+
+def _read_manifest(path: Path) -> tuple[dict, dict, int, int]:
+    """(manifest, its files {name: {bytes, sha256}}, step, ZeRO-1 world size or 0), checked for shape."""
+    mpath = path / MANIFEST
+    try:
+        manifest = json.loads(mpath.read_bytes())
+        files, step = manifest["files"], manifest["step"]
+        if not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be a non-negative integer, got {step!r}")
+        if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+            raise TypeError("'files' must map file names to {bytes, sha256}")
+        odd = [n for n in files if n in ("", ".", "..") or "/" in n or "\\" in n]
+        if odd:
+            raise ValueError(f"'files' lists {odd[0]!r}, not a file name inside the checkpoint")
+        zero = manifest.get("zero")
+        world = zero["world_size"] if zero else 0
+        if not isinstance(world, int) or not 0 <= world <= len(files):
+            raise ValueError(f"ZeRO-1 world size {world!r} is not the number of shard files")
+    except OSError as e:
+        raise CheckpointError(f"{mpath}: cannot read ({e.strerror or e})") from None
+    except _MALFORMED as e:
+        raise CheckpointError(f"{mpath}: corrupt manifest ({type(e).__name__}: {e})") from None
+    if manifest.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{mpath}: not a gpt2core checkpoint manifest (format {manifest.get('format')!r})")
+    if manifest.get("version") not in CHECKPOINT_VERSIONS:
+        raise CheckpointError(f"{mpath}: unsupported checkpoint version {manifest.get('version')!r} "
+                              f"(this reader handles {', '.join(map(str, CHECKPOINT_VERSIONS))})")
+    return manifest, files, step, world
+
+
+def _read_state(path: Path, world: int, optim: list[str]) -> dict:
+    """state.json, checked for everything restore() and resume read from it."""
+    try:
+        state = json.loads((path / "state.json").read_bytes())
+        config = GPT2Config(**state["model_config"])
+        opt = state["optimizer"]
+        count, n, order = opt["step_count"], opt["num_parameters"], opt["param_order"]
+        if not isinstance(count, int) or count < 0:
+            raise ValueError(f"optimizer step_count must be a non-negative integer, got {count!r}")
+        if n != config.num_parameters():
+            raise ValueError(f"num_parameters {n!r} is not the {config.num_parameters()} of its model_config")
+        if not isinstance(order, list) or not all(isinstance(k, str) for k in order):
+            raise TypeError(f"param_order must be a list of names, got {order!r}")
+        if world:  # the shards tile [0, num_parameters) in rank order
+            shards = state["zero"]["shards"]
+            bounds = [0] + [int(s["hi"]) for s in shards]
+            if (state["zero"]["world_size"] != world or len(shards) != world
+                    or [s["file"] for s in shards] != optim or [int(s["lo"]) for s in shards] != bounds[:-1]
+                    or bounds != sorted(bounds) or bounds[-1] != n):
+                raise ValueError(f"ZeRO-1 shards {shards} do not tile the parameters over world size {world}")
+        return state
+    except OSError as e:
+        raise CheckpointError(f"{path / 'state.json'}: cannot read ({e.strerror or e})") from None
+    except _MALFORMED as e:
+        raise CheckpointError(f"{path / 'state.json'}: corrupt or incomplete state ({type(e).__name__}: "
+                              f"{e})") from None
+
+
+def _check_finite_files(ck: "Checkpoint") -> None:
+    """CheckpointError naming the file when the weights or AdamW moments of `ck` hold NaN or Inf."""
+    _, flat = ck.read_weights()
+    bad = first_nonfinite([("model.bin", flat)])
+    if bad:
+        raise CheckpointError(f"{ck.path / 'model.bin'}: weights contain NaN or Inf ({bad})")
+    if ck.zero is None:
+        ck._moments()  # raises on NaN or Inf
+    else:
+        for r in range(ck.zero["world_size"]):
+            ck._read_shard(r)
+
+
 def load_checkpoint(path, verify: bool = True) -> Checkpoint:
-    """Open a checkpoint directory, checking that it is complete: the manifest exists and parses, and
-    every file it lists is there with the recorded size and sha256. Raises CheckpointError otherwise."""
+    """Open a checkpoint directory, checking that it is complete: the manifest exists and parses, every file
+    it lists is there with the recorded size and sha256, state.json describes it, and (with verify) its
+    weights and AdamW moments are finite. Raises CheckpointError naming the file otherwise."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory (no such directory)")
@@ -390,31 +521,16 @@ def load_checkpoint(path, verify: bool = True) -> Checkpoint:
     if not mpath.exists():
         raise CheckpointError(f"{path}: incomplete checkpoint: no {MANIFEST} (it is written last, so the save "
                               "was interrupted)")
-    try:
-        manifest = json.loads(mpath.read_text())
-        files = manifest["files"]
-        step = int(manifest["step"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{mpath}: corrupt manifest ({e})") from None
-    if manifest.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{mpath}: not a gpt2core checkpoint manifest (format {manifest.get('format')!r})")
-    if manifest.get("version") not in CHECKPOINT_VERSIONS:
-        raise CheckpointError(f"{mpath}: unsupported checkpoint version {manifest.get('version')!r} "
-                              f"(this reader handles {', '.join(map(str, CHECKPOINT_VERSIONS))})")
-    zero = manifest.get("zero")
-    try:
-        world = int(zero["world_size"]) if zero else 0
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{mpath}: corrupt manifest ({e})") from None
-    optim = [_shard_file(r, world) for r in range(world)] if zero else ["adam_m.npy", "adam_v.npy"]
+    manifest, files, step, world = _read_manifest(path)
+    optim = [_shard_file(r, world) for r in range(world)] if world else ["adam_m.npy", "adam_v.npy"]
     for required in ("model.bin", "state.json", *optim):
         if required not in files:
             raise CheckpointError(f"{mpath}: manifest does not list {required}"
                                   + (f" (the optimizer shard of rank {optim.index(required)} of this ZeRO-1 "
-                                     f"checkpoint)" if zero and required in optim else ""))
+                                     f"checkpoint)" if world and required in optim else ""))
     for name, info in files.items():
         f = path / name
-        if not f.exists():
+        if not f.is_file():
             raise CheckpointError(f"{f}: missing (listed in the manifest)")
         size = f.stat().st_size
         if size != info.get("bytes"):
@@ -422,22 +538,13 @@ def load_checkpoint(path, verify: bool = True) -> Checkpoint:
                                   "modified")
         if verify and _sha256(f) != info.get("sha256"):
             raise CheckpointError(f"{f}: sha256 does not match the manifest; the file is corrupt")
-    try:
-        state = json.loads((path / "state.json").read_text())
-        GPT2Config(**state["model_config"])
-        state["optimizer"]["step_count"], state["optimizer"]["num_parameters"]
-        if zero:  # the shards tile [0, num_parameters) in rank order
-            shards = state["zero"]["shards"]
-            bounds = [0] + [int(s["hi"]) for s in shards]
-            if (int(state["zero"]["world_size"]) != world or len(shards) != world
-                    or [s["file"] for s in shards] != optim or [int(s["lo"]) for s in shards] != bounds[:-1]
-                    or bounds[-1] != int(state["optimizer"]["num_parameters"])):
-                raise ValueError(f"ZeRO-1 shards {shards} do not tile the parameters over world size {world}")
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{path / 'state.json'}: corrupt or incomplete state ({e})") from None
-    if int(state.get("step", -1)) != step:
+    state = _read_state(path, world, optim)
+    if state.get("step") != step:
         raise CheckpointError(f"{path}: manifest says step {step}, state.json says {state.get('step')}")
-    return Checkpoint(path=path, step=step, state=state, manifest=manifest)
+    ck = Checkpoint(path=path, step=step, state=state, manifest=manifest)
+    if verify:
+        _check_finite_files(ck)
+    return ck
 
 
 def list_checkpoints(root) -> list[tuple[int, Path]]:
@@ -477,24 +584,26 @@ def prune_checkpoints(root, keep_last: int) -> list[Path]:
         for _, d in list_checkpoints(root)[keep_last:]:
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
+    return removed + remove_stale_temporaries(root)
+
+
+_TEMPORARY = re.compile(r"^\.step_\d+\.(tmp|old)-(\d+)$")
+
+
+def remove_stale_temporaries(root, locked: bool = False) -> list[Path]:
+    """Delete the temporary directories (.step_NNNNNN.tmp-PID, .old-PID) under root that a save killed
+    mid-way left behind, possibly filling the disk: those of processes no longer running on this machine,
+    or with locked=True (the caller holds the output folder's RunLock, so no other run writes there) all
+    but this process's own. Returns what was deleted."""
+    root = Path(root)
+    removed = []
     if root.is_dir():
         for d in root.iterdir():
-            if d.name.startswith(".step_") and (".tmp-" in d.name or ".old-" in d.name):
-                pid = d.name.rsplit("-", 1)[-1]
-                if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-                    shutil.rmtree(d, ignore_errors=True)
-                    removed.append(d)
+            mt = _TEMPORARY.match(d.name)
+            if mt and int(mt.group(2)) != os.getpid() and (locked or not pid_alive(int(mt.group(2)))):
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d)
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ------------------------------------------------------------------------------------ ZeRO-1 shards -> full state
@@ -503,38 +612,38 @@ def consolidate(path, out=None) -> Path:
     size (a single process, plain data parallel, or ZeRO-1 over another number of ranks) can resume it.
 
     Writes `out` (default: replaces `path` itself), atomically like save_checkpoint: a temporary directory
-    renamed into place after its manifest. Reads one shard at a time into memory-mapped output files, so it
+    renamed into place after its manifest. Appends one shard's moments at a time to the output files, so it
     never holds the full optimizer state in memory. Returns the verified consolidated checkpoint's path."""
     ck = load_checkpoint(path)
     if ck.zero is None:
         raise CheckpointError(f"{ck.path}: not a ZeRO-1 checkpoint; it already holds the full optimizer state")
     dest = Path(out) if out is not None else ck.path
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        for name in ("model.bin", "metrics.jsonl"):
-            if (ck.path / name).exists():
-                shutil.copyfile(ck.path / name, tmp / name)
-        n = int(ck.state["optimizer"]["num_parameters"])
-        am = np.lib.format.open_memmap(tmp / "adam_m.npy", mode="w+", dtype="<f4", shape=(n,))
-        av = np.lib.format.open_memmap(tmp / "adam_v.npy", mode="w+", dtype="<f4", shape=(n,))
-        for r in range(ck.zero["world_size"]):
-            lo, hi, m, v = ck._read_shard(r)
-            am[lo:hi], av[lo:hi] = m, v
-            del m, v
-        am.flush(), av.flush()
-        del am, av
-        st = dict(ck.state)
-        st["consolidated_from"] = {"zero": st.pop("zero"), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                   time.gmtime())}
-        _write_json(tmp / "state.json", st)
-        _finish_checkpoint(tmp, dest, ck.step)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    n = int(ck.state["optimizer"]["num_parameters"])
+    with _Writing(dest, sum(f.stat().st_size for f in ck.path.iterdir()) + 2 * npy_bytes(n)) as w:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        try:
+            for name in ("model.bin", "metrics.jsonl"):
+                if (ck.path / name).exists():
+                    shutil.copyfile(ck.path / name, tmp / w(name))
+            # the shards tile [0, n) in rank order (load_checkpoint checked it): append them one at a time,
+            # each moment in turn, so that only one shard's m or v is in memory
+            for i, name in enumerate(("adam_m.npy", "adam_v.npy")):
+                with open(tmp / w(name), "wb") as f:
+                    write_flat_npy(f, n, (ck._read_shard(r)[2 + i] for r in range(ck.zero["world_size"])))
+                    f.flush()
+                    os.fsync(f.fileno())
+            st = dict(ck.state)
+            st["consolidated_from"] = {"zero": st.pop("zero"), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                       time.gmtime())}
+            _write_json(tmp / w("state.json"), st)
+            _finish_checkpoint(tmp, dest, ck.step, w)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return load_checkpoint(dest).path
 
 
@@ -554,8 +663,9 @@ def main(argv=None) -> None:
     print(f"consolidated {args.dir} -> {path} (full adam_m.npy / adam_v.npy)")
 
 
-__all__ = ["CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
-           "list_checkpoints", "prune_checkpoints", "checkpoint_dir", "consolidate"]
+__all__ = ["CheckpointError", "NonFiniteError", "Checkpoint", "save_checkpoint", "load_checkpoint",
+           "latest_checkpoint", "list_checkpoints", "prune_checkpoints", "remove_stale_temporaries", "checkpoint_dir",
+           "consolidate", "check_finite_state"]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Model and training configuration, with the GPT-2 presets."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 
 
@@ -117,6 +118,11 @@ class TrainConfig:
     beta1: float = _opt(0.9, "AdamW beta1", "optimization")
     beta2: float = _opt(0.95, "AdamW beta2", "optimization")
     eps: float = _opt(1e-8, "AdamW epsilon", "optimization")
+    outlier_z: float = _opt(5.0, "a step whose loss or grad norm is more than this many standard deviations above "
+                                 "the previous 128 steps' is an outlier: warned about and logged in metrics.jsonl",
+                            "optimization")
+    skip_outliers: bool = _opt(False, "skip the update of an outlier step (see --outlier-z), as llm.c can",
+                               "optimization")
     # evaluation and output
     val_every: int = _opt(40, "validation loss every N steps (0: never)", "evaluation and output")
     val_steps: int = _opt(8, "batches per validation", "evaluation and output")
@@ -156,6 +162,17 @@ class TrainConfig:
                   "no_shuffle", "steps", "lr", "min_lr_frac", "warmup", "schedule", "weight_decay", "grad_clip",
                   "beta1", "beta2", "eps", "seed")
 
+    def __post_init__(self):
+        """Every number in its range: ValueError naming the flag (gpt2core-train prints it as a one-line error)."""
+        for name, (lo, hi, what) in _RANGES.items():
+            v = getattr(self, name)
+            if v is None and name in _OPTIONAL:
+                continue
+            if not _is(v, int if name in _INTS else float) or not lo <= v <= hi or (name in _POSITIVE and v == 0):
+                raise ValueError(f"--{name.replace('_', '-')} must be {what}, got {v!r}")
+        if self.val_every and not self.val_steps:
+            raise ValueError("--val-steps must be >= 1 when --val-every is set")
+
     def model_config(self) -> GPT2Config:
         """The preset, with --block-size and --padded-vocab-size applied."""
         c = get_preset(self.preset)
@@ -167,3 +184,35 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _is(v, kind) -> bool:
+    """v is a finite real number (an int when kind is int; never a bool)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return isinstance(v, int) if kind is int else math.isfinite(v)
+
+
+_INF = math.inf
+# TrainConfig's numbers: (lowest, highest, the message's "must be ...")
+_RANGES = {
+    "block_size": (1, _INF, "a positive integer"), "padded_vocab_size": (1, _INF, "a positive integer"),
+    "batch_size": (1, _INF, "a positive integer"), "seq_len": (1, _INF, "a positive integer"),
+    "total_batch_tokens": (1, _INF, "a positive integer"), "steps": (1, _INF, "a positive integer"),
+    "lr": (0, _INF, "a finite number > 0"), "min_lr_frac": (0, 1, "a fraction in [0, 1]"),
+    "warmup": (0, _INF, "an integer >= 0"), "weight_decay": (0, _INF, "a finite number >= 0"),
+    "grad_clip": (0, _INF, "a finite number >= 0 (0 disables clipping)"),
+    "beta1": (0, 1 - 1e-12, "a number in [0, 1)"), "beta2": (0, 1 - 1e-12, "a number in [0, 1)"),
+    "eps": (0, _INF, "a finite number > 0"), "outlier_z": (0, _INF, "a finite number > 0"),
+    "val_every": (0, _INF, "an integer >= 0 (0: never)"), "val_steps": (0, _INF, "an integer >= 0"),
+    "hellaswag_every": (0, _INF, "an integer >= 0 (0: never)"), "hellaswag_limit": (1, _INF, "a positive integer"),
+    "sample_every": (0, _INF, "an integer >= 0 (0: only at the end)"), "sample_tokens": (0, _INF, "an integer >= 0"),
+    "seed": (0, 2**63 - 1, "an integer >= 0"), "threads": (1, _INF, "a positive integer"),
+    "dist_timeout": (0, _INF, "a finite number of seconds > 0"),
+    "checkpoint_every": (0, _INF, "an integer >= 0 (0: never)"), "keep_last": (0, _INF, "an integer >= 0 (0: all)"),
+}
+_INTS = {"block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens", "steps", "warmup",
+         "val_every", "val_steps", "hellaswag_every", "hellaswag_limit", "sample_every", "sample_tokens", "seed",
+         "threads", "checkpoint_every", "keep_last"}
+_OPTIONAL = {"block_size", "padded_vocab_size", "total_batch_tokens", "hellaswag_limit", "threads"}
+_POSITIVE = {"lr", "eps", "outlier_z", "dist_timeout"}

@@ -49,6 +49,7 @@ import numpy as np
 
 from . import _C
 from .config import TrainConfig
+from .model import check_step_args
 
 DEFAULT_PORT = 29500
 DEFAULT_TIMEOUT = 300.0  # seconds a collective may wait for the other ranks
@@ -203,6 +204,7 @@ class DataParallel:
         self._averaged = False    # this step's gradients are averaged (by the overlapped backward)
         self._host_loss = 0.0     # the overlapped micro-step's grad_scale * loss (it is read back on the host)
         self._comm_ms = 0.0
+        self._norm = None         # this step's global grad norm, once grad_norm() computed it
         self.m = self.v = None
         if zero:  # this rank's moments, in the backend's memory (device memory on GPUs)
             S = self.hi - self.lo
@@ -277,7 +279,7 @@ class DataParallel:
 
     def zero_grad(self) -> None:
         self._finish()
-        self._micro, self._averaged = 0, False
+        self._micro, self._averaged, self._norm = 0, False, None
         self.model.zero_grad()
 
     # ------------------------------------------------------------------ the optimizer step
@@ -286,33 +288,51 @@ class DataParallel:
              grad_clip: float = TrainConfig.grad_clip) -> float:
         """Average the gradients over ranks and take one clipped AdamW step (see the module doc); returns
         the pre-clip global grad norm, the same on every rank."""
+        check_step_args(lr, weight_decay, beta1, beta2, eps, grad_clip)
         m = self.model
+        norm = self.grad_norm() if self.zero else None  # ZeRO-1: reduce-scatter + one allreduce of sum(g**2)
         self._finish()
         averaged, comm_ms = self._averaged, self._comm_ms
-        self._micro, self._averaged, self._comm_ms = 0, False, 0.0
-        grads = m.flat_grads()
+        self._micro, self._averaged, self._comm_ms, self._norm = 0, False, 0.0, None
         t0 = time.perf_counter()
         if not self.zero:
             if not averaged:
-                self.comm.allreduce(grads, "avg")
+                self.comm.allreduce(m.flat_grads(), "avg")
             self.last_comm_ms = comm_ms + (time.perf_counter() - t0) * 1e3
             return m.step(lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, eps=eps, grad_clip=grad_clip)
-        self.comm.reduce_scatter(grads, "avg")
-        ss = np.array([m.grad_sum_squares(self.lo, self.hi)], dtype=np.float32)
-        self.comm.allreduce(ss, "sum")
-        comm_ms += (time.perf_counter() - t0) * 1e3
-        norm = math.sqrt(float(ss[0]))
         if not math.isfinite(norm):
             raise FloatingPointError(f"gradient norm is {norm} at step {m.step_count + 1}; weights not updated")
         m.step_count += 1
         # clipped by the core's rule (csrc/model/optimizer.h) by the global norm, from the sum of squares over ranks
         m.adamw_range(self.lo, self.hi, self.m, self.v, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                       weight_decay=weight_decay, step=m.step_count,
-                      grad_clip=grad_clip if grad_clip and grad_clip > 0 else 0.0, sum_squares=float(ss[0]))
+                      grad_clip=grad_clip if grad_clip and grad_clip > 0 else 0.0, sum_squares=self._sumsq)
         t1 = time.perf_counter()
         self.comm.all_gather(m.flat_params())
         self.last_comm_ms = comm_ms + (time.perf_counter() - t1) * 1e3
         return norm
+
+    def grad_norm(self) -> float:
+        """The global norm of the gradients averaged over ranks, before step() (which then reuses the
+        averaging): plain data parallel averages them in full, ZeRO-1 reduce-scatters them and sums the
+        squares of each rank's range."""
+        self._finish()
+        if self._norm is None:
+            t0 = time.perf_counter()
+            if not self.zero:
+                if not self._averaged:
+                    self.comm.allreduce(self.model.flat_grads(), "avg")
+                    self._averaged = True
+                self._comm_ms += (time.perf_counter() - t0) * 1e3
+                self._norm = self.model.grad_norm()
+            else:
+                self.comm.reduce_scatter(self.model.flat_grads(), "avg")
+                ss = np.array([self.model.grad_sum_squares(self.lo, self.hi)], dtype=np.float32)
+                self.comm.allreduce(ss, "sum")
+                self._comm_ms += (time.perf_counter() - t0) * 1e3
+                self._sumsq = float(ss[0])  # step() hands it to the core's clip rule
+                self._norm = math.sqrt(self._sumsq)
+        return self._norm
 
     # ------------------------------------------------------------------ reporting
     def optimizer_memory(self) -> dict:

@@ -21,13 +21,26 @@ import numpy as np
 from . import _C
 from ._io import atomic_write
 from .config import GPT2Config
+from .errors import FileFormatError
 
 MODEL_MAGIC = 20240326
 MODEL_VERSIONS = {3: "float32", 5: "bfloat16"}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(FileFormatError):
     """A model file or checkpoint that cannot be used: the message names the file and what is wrong."""
+
+
+class NonFiniteError(ValueError):
+    """Weights or optimizer moments holding NaN or Inf, which gpt2core never writes to disk."""
+
+
+def first_nonfinite(named_arrays) -> str | None:
+    """The first (name, array) pair holding NaN or Inf as "<count> NaN/Inf values in tensor <name>", else None."""
+    for name, a in named_arrays:
+        if not np.isfinite(a).all():
+            return f"{int(np.size(a) - np.isfinite(a).sum())} NaN/Inf values in tensor {name}"
+    return None
 
 
 # ------------------------------------------------------------------------------------ bf16
@@ -59,11 +72,15 @@ def save_model(model, path, dtype: str = "float32") -> Path:
     else:
         raise ValueError(f"dtype must be 'float32' (llm.c version 3) or 'bfloat16' (version 5), got {dtype!r}")
     path = Path(path)
+    bad = first_nonfinite((name, model.params[name]) for name in _C.param_names())
+    if bad:
+        raise NonFiniteError(f"{path}: refusing to write non-finite weights ({bad})")
     c = model.config
     header = np.zeros(256, dtype="<i4")
     header[:8] = [MODEL_MAGIC, version, c.block_size, c.vocab_size, c.n_layer, c.n_head, c.n_embd, c.padded_vocab_size]
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path, tmp_name=f".{path.name}.{os.getpid()}.tmp") as f:
+    needed = 1024 + (4 if version == 3 else 2) * c.num_parameters()
+    with atomic_write(path, tmp_name=f".{path.name}.{os.getpid()}.tmp", needed=needed) as f:
         f.write(header.tobytes())
         for name in _C.param_names():
             p = model.params[name]
@@ -116,15 +133,20 @@ def read_model(path, config: GPT2Config | None = None) -> tuple[GPT2Config, np.n
     n = hconfig.num_parameters()
     itemsize = 4 if version == 3 else 2
     expected = 1024 + itemsize * n
-    size = path.stat().st_size
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read model file ({e.strerror})") from e
     if size != expected:
         raise CheckpointError(f"{path}: file has {size} bytes but the header's model ({describe(hconfig)}, "
                               f"{MODEL_VERSIONS[version]}) needs {expected}; truncated or corrupt")
-    if version == 3:
-        flat = np.fromfile(path, dtype="<f4", offset=1024)
-    else:
-        flat = bf16_to_float32(np.fromfile(path, dtype="<u2", offset=1024))
-    return hconfig, flat
+    try:
+        raw = np.fromfile(path, dtype="<f4" if version == 3 else "<u2", offset=1024)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read model file ({e.strerror or e})") from e
+    if raw.size != n:  # the file changed since its size was checked
+        raise CheckpointError(f"{path}: read {raw.size} of {n} values; the file is being changed or truncated")
+    return hconfig, raw if version == 3 else bf16_to_float32(raw)
 
 
 def fill_params(model, flat: np.ndarray, path) -> None:
@@ -132,15 +154,16 @@ def fill_params(model, flat: np.ndarray, path) -> None:
     (`path` names the source in the error)."""
     if flat.size != model.num_parameters:
         raise CheckpointError(f"{path}: holds {flat.size} values, the model has {model.num_parameters} parameters")
-    off = 0
+    chunks, off = [], 0
     for name in _C.param_names():
-        p = model.params[name]
-        chunk = flat[off:off + p.size]
-        if not np.isfinite(chunk).all():
-            bad = int(np.size(chunk) - np.isfinite(chunk).sum())
-            raise CheckpointError(f"{path}: weights contain NaN or Inf ({bad} values in tensor {name})")
-        p[...] = chunk.reshape(p.shape)
-        off += p.size
+        size = model.params[name].size
+        chunks.append((name, flat[off:off + size]))
+        off += size
+    bad = first_nonfinite(chunks)
+    if bad:
+        raise CheckpointError(f"{path}: weights contain NaN or Inf ({bad})")
+    for name, chunk in chunks:
+        model.params[name][...] = chunk.reshape(model.params[name].shape)
     model.params_changed()
 
 
@@ -150,5 +173,5 @@ def describe(c: GPT2Config) -> str:
             f"vocab_size={c.vocab_size} padded_vocab_size={c.padded_vocab_size}")
 
 
-__all__ = ["CheckpointError", "MODEL_MAGIC", "MODEL_VERSIONS", "save_model", "read_model", "read_model_header",
+__all__ = ["CheckpointError", "NonFiniteError", "first_nonfinite", "MODEL_MAGIC", "MODEL_VERSIONS", "save_model", "read_model", "read_model_header",
            "fill_params", "float32_to_bf16", "bf16_to_float32", "describe"]

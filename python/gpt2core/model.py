@@ -6,6 +6,7 @@ is the (padded_vocab_size, n_embd) token embedding, and writing into it changes 
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -259,7 +260,9 @@ class GPT2:
              beta2: float = TrainConfig.beta2, eps: float = TrainConfig.eps,
              grad_clip: float = TrainConfig.grad_clip) -> float:
         """Clip the global gradient norm to grad_clip (0 disables), take one AdamW step, return the
-        pre-clip norm. A non-finite norm raises FloatingPointError and leaves the weights untouched."""
+        pre-clip norm. A non-finite norm raises FloatingPointError and leaves the weights untouched;
+        so does a hyperparameter out of range (ValueError naming it, see check_step_args)."""
+        check_step_args(lr, weight_decay, beta1, beta2, eps, grad_clip)
         # norm, clip scale and update all in the backend (one graph with cuda_graphs): no wait for the GPU
         # until the norm is read back at the end
         clip = grad_clip if grad_clip and grad_clip > 0 else 0.0
@@ -333,6 +336,20 @@ class GPT2:
             nxt = np.array([top[b, rng.choice(k, p=probs[b])] for b in range(x.shape[0])], dtype=np.int32)
             x = np.concatenate([x, nxt[:, None]], axis=1)
         return x
+
+
+def check_step_args(lr, weight_decay, beta1, beta2, eps, grad_clip) -> None:
+    """ValueError naming the argument unless every AdamW hyperparameter is a finite real number in its range:
+    lr >= 0, weight_decay >= 0, 0 <= beta1, beta2 < 1, eps > 0, grad_clip >= 0 or None (no clipping). One
+    NaN or Inf here would turn every weight into NaN in a single step."""
+    ranges = {"lr": (lr, 0.0, math.inf, "[0, inf)"), "weight_decay": (weight_decay, 0.0, math.inf, "[0, inf)"),
+              "beta1": (beta1, 0.0, 1.0, "[0, 1)"), "beta2": (beta2, 0.0, 1.0, "[0, 1)"),
+              "eps": (eps, 0.0, math.inf, "(0, inf)"),
+              "grad_clip": (0.0 if grad_clip is None else grad_clip, 0.0, math.inf, "[0, inf) (0 or None: off)")}
+    for name, (v, lo, hi, text) in ranges.items():
+        ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and lo <= v < hi
+        if not ok or (name == "eps" and v == 0):
+            raise ValueError(f"{name} must be a finite number in {text}, got {v!r}")
 
 
 def load_model(path, device: str = "cpu", padded_vocab_size: int | None = None) -> GPT2:

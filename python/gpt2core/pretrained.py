@@ -15,10 +15,11 @@ of our (out, in) Linear layout. c_attn is our qkvw (q, k, v stacked along the ou
 order). HF has no padded vocab: on import the vocab is padded with zero rows (to a multiple of 128 by
 default), on export the padding is dropped.
 
-Neither torch nor the `safetensors` package is needed: safetensors files are read and written here
-(8-byte little-endian header length, JSON header, raw little-endian data), and pytorch_model.bin (the
-zip format of torch >= 1.6) is read with a restricted unpickler that only rebuilds tensors; torch is
-used instead when it is installed.
+Safetensors files are read and written by the `safetensors` package (an optional dependency: `pip install
+safetensors`), whose parser checks the header and offsets. torch is not needed: pytorch_model.bin (the zip
+format of torch >= 1.6) is read with a restricted unpickler that only rebuilds tensors, after checking
+each tensor lies inside its storage; torch is used instead when it is installed. Whatever the bytes,
+every reader raises CheckpointError naming the file.
 """
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ import json
 import os
 import pickle
 import re
-import struct
 import warnings
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -45,67 +46,47 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?
 
 
 # ------------------------------------------------------------------------------------ safetensors
+def _safetensors(path):
+    try:
+        import safetensors
+        import safetensors.numpy
+    except ImportError:
+        raise CheckpointError(f"{path}: reading or writing .safetensors needs the safetensors package "
+                              "(pip install safetensors)") from None
+    return safetensors
+
+
 def read_safetensors(path) -> dict[str, np.ndarray]:
-    """All tensors of a .safetensors file as numpy arrays (BF16 widened to float32)."""
+    """All tensors of a .safetensors file as numpy arrays (BF16 widened to float32), parsed by the
+    `safetensors` package."""
     path = Path(path)
+    st = _safetensors(path)
     try:
         data = path.read_bytes()
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read ({e.strerror})") from e
-    if len(data) < 8:
-        raise CheckpointError(f"{path}: truncated safetensors file ({len(data)} bytes)")
-    (n,) = struct.unpack("<Q", data[:8])
-    if 8 + n > len(data):
-        raise CheckpointError(f"{path}: truncated safetensors file (header of {n} bytes, file of {len(data)})")
     try:
-        header = json.loads(data[8:8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from None
-    body = memoryview(data)[8 + n:]
+        tensors = st.deserialize(data)
+    except st.SafetensorError as e:
+        raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({e})") from None
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dt, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{path}: corrupt safetensors header entry for {name!r}") from None
-        if dt not in SAFETENSORS_DTYPES:
-            raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {dt}")
-        np_dt = np.dtype(SAFETENSORS_DTYPES[dt])
-        count = int(np.prod(shape, dtype=np.int64))
-        if not 0 <= begin <= end <= len(body):
-            raise CheckpointError(f"{path}: tensor {name!r} lies outside the file (bytes {begin}..{end} of "
-                                  f"{len(body)}); truncated")
-        if end - begin != count * np_dt.itemsize:
-            raise CheckpointError(f"{path}: tensor {name!r} of shape {shape} {dt} needs "
-                                  f"{count * np_dt.itemsize} bytes, has {end - begin}")
-        a = np.frombuffer(body[begin:end], dtype=np_dt).reshape(shape)
-        out[name] = bf16_to_float32(a).reshape(shape) if dt == "BF16" else a.copy()
+    for name, t in tensors:
+        if t["dtype"] not in SAFETENSORS_DTYPES:
+            raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {t['dtype']}")
+        a = np.frombuffer(t["data"], dtype=SAFETENSORS_DTYPES[t["dtype"]]).reshape(t["shape"])
+        out[name] = bf16_to_float32(a).reshape(a.shape) if t["dtype"] == "BF16" else a
     return out
 
 
 def write_safetensors(path, tensors: dict[str, np.ndarray], metadata: dict | None = None) -> Path:
-    """Write float32 tensors as a .safetensors file (atomically). metadata {"format": "pt"} is what
-    transformers expects."""
+    """Write float32 tensors as a .safetensors file (atomically), serialised by the `safetensors` package.
+    metadata {"format": "pt"} is what transformers expects."""
     path = Path(path)
-    header: dict = {}
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    off = 0
-    arrays = []
-    for name, a in tensors.items():
-        a = np.ascontiguousarray(a, dtype="<f4")
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
-        off += a.nbytes
-        arrays.append(a)
-    hb = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hb += b" " * (-len(hb) % 8)  # the data starts 8-byte aligned
-    with atomic_write(path, tmp_name=f".{path.name}.{os.getpid()}.tmp") as f:
-        f.write(struct.pack("<Q", len(hb)))
-        f.write(hb)
-        for a in arrays:
-            f.write(a.tobytes())
+    st = _safetensors(path)
+    data = st.numpy.save({k: np.ascontiguousarray(a, dtype="<f4") for k, a in tensors.items()},
+                         metadata={str(k): str(v) for k, v in (metadata or {}).items()} or None)
+    with atomic_write(path, tmp_name=f".{path.name}.{os.getpid()}.tmp", needed=len(data)) as f:
+        f.write(data)
     return path
 
 
@@ -115,23 +96,40 @@ _TORCH_STORAGES = {"FloatStorage": "<f4", "DoubleStorage": "<f8", "HalfStorage":
                    "ByteStorage": "u1", "BoolStorage": "?"}
 
 
+# what a malformed archive or pickle raises while the restricted unpickler runs: bad opcodes or arguments
+# (pickle's own errors, wrong types or arity, bad keys), a truncated or corrupt zip member, deep nesting
+_UNPICKLE_ERRORS = (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+                    OverflowError, RecursionError, NotImplementedError, OSError, zipfile.BadZipFile, zlib.error)
+
+
 class _StorageType:
     def __init__(self, name):
         self.name = name
         self.dtype = _TORCH_STORAGES[name]
 
 
+def _ints(x, what: str) -> tuple[int, ...]:
+    if not isinstance(x, (tuple, list)) or not all(type(v) is int and v >= 0 for v in x):
+        raise pickle.UnpicklingError(f"tensor {what} {x!r} is not a tuple of non-negative ints")
+    return tuple(x)
+
+
 def _rebuild_tensor(storage, offset, size, stride, *rest):
-    a = storage
-    if a.dtype == np.uint16 and getattr(storage, "_bf16", False):
-        a = bf16_to_float32(a)
-    if not size:
-        return a[offset:offset + 1].reshape(()).copy()
-    itemsize = a.dtype.itemsize
-    need = offset + 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else offset
-    if need > a.size:
-        raise pickle.UnpicklingError(f"tensor of size {tuple(size)} exceeds its storage ({a.size} elements)")
-    view = np.lib.stride_tricks.as_strided(a[offset:], shape=tuple(size), strides=[s * itemsize for s in stride])
+    """The tensor (offset, size, stride) of `storage`, copied; refused unless it lies inside the storage
+    (as_strided itself would read whatever memory the strides point at)."""
+    if not isinstance(storage, np.ndarray):
+        raise pickle.UnpicklingError(f"tensor storage is a {type(storage).__name__}, not a storage")
+    (offset,), size, stride = _ints((offset,), "offset"), _ints(size, "size"), _ints(stride, "stride")
+    if len(size) != len(stride):
+        raise pickle.UnpicklingError(f"tensor size {size} and stride {stride} differ in length")
+    a = bf16_to_float32(storage) if getattr(storage, "_bf16", False) else storage
+    last = offset + sum((n - 1) * st for n, st in zip(size, stride)) if all(size) else offset - 1
+    if last >= a.size:
+        raise pickle.UnpicklingError(f"tensor of size {size}, stride {stride} at offset {offset} exceeds its "
+                                     f"storage ({a.size} elements)")
+    if not all(size):
+        return np.zeros(size, dtype=a.dtype)
+    view = np.lib.stride_tricks.as_strided(a[offset:], shape=size, strides=[n * a.dtype.itemsize for n in stride])
     return np.array(view)
 
 
@@ -189,7 +187,7 @@ def read_torch_bin(path) -> dict[str, np.ndarray]:
         return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in sd.items()}
     try:
         zf = zipfile.ZipFile(path)
-    except zipfile.BadZipFile:
+    except (zipfile.BadZipFile, EOFError, ValueError):
         raise CheckpointError(f"{path}: not a zip archive: truncated, or the legacy torch format, which needs "
                               "torch installed") from None
     except OSError as e:
@@ -202,12 +200,13 @@ def read_torch_bin(path) -> dict[str, np.ndarray]:
         try:
             with zf.open(pkl[0]) as f:
                 sd = _TorchUnpickler(f, zf, prefix, path).load()
-        except (pickle.UnpicklingError, EOFError, zipfile.BadZipFile, ValueError) as e:
-            raise CheckpointError(f"{path}: cannot unpickle the state dict ({e})") from e
-    if not isinstance(sd, dict):
-        raise CheckpointError(f"{path}: holds a {type(sd).__name__}, not a state dict")
-    return {k: np.asarray(v, dtype=np.float32) if np.asarray(v).dtype.kind == "f" else np.asarray(v)
-            for k, v in sd.items()}
+        except CheckpointError:
+            raise
+        except _UNPICKLE_ERRORS as e:
+            raise CheckpointError(f"{path}: cannot unpickle the state dict ({type(e).__name__}: {e})") from None
+    if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in sd.items()):
+        raise CheckpointError(f"{path}: holds a {type(sd).__name__}, not a state dict of named tensors")
+    return {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in sd.items()}
 
 
 # ------------------------------------------------------------------------------------ config
@@ -216,6 +215,8 @@ def _pad(v: int, multiple: int = 128) -> int:
 
 
 def config_from_hf(cfg: dict, path, padded_vocab_size: int | None = None) -> GPT2Config:
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{path}: holds a JSON {type(cfg).__name__}, not an object of settings")
     if cfg.get("model_type", "gpt2") != "gpt2":
         raise CheckpointError(f"{path}: model_type is {cfg.get('model_type')!r}, only 'gpt2' is supported")
     act = cfg.get("activation_function", "gelu_new")
@@ -238,7 +239,7 @@ def config_from_hf(cfg: dict, path, padded_vocab_size: int | None = None) -> GPT
                           n_head=int(cfg["n_head"]), n_embd=n_embd)
     except KeyError as e:
         raise CheckpointError(f"{path}: config.json lacks {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise CheckpointError(f"{path}: config.json describes an invalid model: {e}") from None
 
 
@@ -283,8 +284,9 @@ def state_dict_to_params(sd: dict, config: GPT2Config, path) -> np.ndarray:
         return a.astype(np.float32, copy=False)
 
     out = {}
+    hf_wte = get("wte.weight", (V, C))  # first: the file's own tensor bounds what config.json makes us allocate
     wte = np.zeros((c.padded_vocab_size, C), dtype=np.float32)
-    wte[:V] = get("wte.weight", (V, C))
+    wte[:V] = hf_wte
     out["wte"] = wte
     out["wpe"] = get("wpe.weight", (c.block_size, C))
     per_layer = {"ln1w": (C,), "ln1b": (C,), "qkvw": (3 * C, C), "qkvb": (3 * C,), "attprojw": (C, C),
@@ -364,6 +366,8 @@ def read_hf(path, padded_vocab_size: int | None = None) -> tuple[GPT2Config, np.
         cfg = json.loads(cfg_path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{cfg_path}: missing; a Hugging Face model directory needs config.json") from None
+    except OSError as e:
+        raise CheckpointError(f"{cfg_path}: cannot read ({e.strerror or e})") from None
     except ValueError as e:
         raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
     config = config_from_hf(cfg, cfg_path, padded_vocab_size)

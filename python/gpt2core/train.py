@@ -26,13 +26,17 @@ from pathlib import Path
 import numpy as np
 
 from . import _C, distributed, progress, tokenizer
-from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints, load_checkpoint,
-                         prune_checkpoints, save_checkpoint)
+from .checkpoint import (CheckpointError, NonFiniteError, checkpoint_dir, latest_checkpoint, list_checkpoints,
+                         load_checkpoint, prune_checkpoints, remove_stale_temporaries, save_checkpoint)
 from .config import TrainConfig
 from .data import hellaswag, shakespeare
 from .data.loader import DataLoader
+from .errors import FileFormatError, WriteError
 from .evaluate import score_hellaswag
 from .model import GPT2
+from .outliers import WINDOW, OutlierDetector
+from .preemption import EXIT_PREEMPTED, GracefulStop
+from .runlock import RunLock, RunLockedError
 from .schedule import lr_at
 
 
@@ -59,7 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> TrainConfig:
-    return TrainConfig(**vars(build_parser().parse_args(argv)))
+    """The TrainConfig of a command line; a value out of range is a one-line error naming the flag (exit 2)."""
+    ap = build_parser()
+    try:
+        return TrainConfig(**vars(ap.parse_args(argv)))
+    except ValueError as e:
+        ap.exit(2, f"{ap.prog}: error: {e}\n")
+
+
+class TrainingStopped(Exception):
+    """The run stopped early on SIGTERM/SIGINT, after writing a checkpoint (the message says which)."""
 
 
 class Trainer:
@@ -76,13 +89,26 @@ class Trainer:
         self.grad_accum, self.total = self._batch_plan()
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
+        self.lock = self._lock()
+        if cfg.warmup > cfg.steps:
+            self.log(f"warning: --warmup {cfg.warmup} is longer than the run (--steps {cfg.steps}): the learning "
+                     f"rate never reaches --lr {cfg.lr:g}")
+        try:
+            self._setup(cfg)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, cfg: TrainConfig) -> None:
         self.metrics_path = self.out / "metrics.jsonl"
         self.ckpt_root = self.out / "checkpoints"
         data_dir = cfg.data_dir or self._shakespeare()
         B, T, W, rank = cfg.batch_size, cfg.seq_len, self.dist.world_size, self.dist.rank
+        V = self.config.vocab_size  # every shard's ids are checked against it when first opened
         self.train_loader = DataLoader(data_dir, "train", B, T, rank=rank, world_size=W, shuffle=not cfg.no_shuffle,
-                                       seed=cfg.seed)
-        self.val_loader = DataLoader(data_dir, "val", B, T, rank=rank, world_size=W, shuffle=False)
+                                       seed=cfg.seed, vocab_size=V)
+        self.val_loader = DataLoader(data_dir, "val", B, T, rank=rank, world_size=W, shuffle=False, vocab_size=V)
+        self.outliers = {"loss": OutlierDetector(WINDOW), "grad_norm": OutlierDetector(WINDOW)}
         self.progress = self.dist.is_master and not cfg.no_progress
         self.hellaswag = (hellaswag.load(cfg.hellaswag_path, cfg.hellaswag_limit, progress=self.progress)
                           if cfg.hellaswag_every else None)
@@ -94,12 +120,47 @@ class Trainer:
         self.flops_per_token = self.config.flops_per_token(T)
         self.start_step = 0
         ck = self.resume(model, cfg.resume) if cfg.resume else None
+        self._rewind_metrics(ck)
         self.model = model
         if self.comm is not None:  # after resume: ZeRO-1 reads its shard of the checkpoint's AdamW state
             # None: on unless ZeRO-1; a captured backward cannot call back into Python to start collectives
             overlap = False if cfg.no_overlap_comm or cfg.cuda_graphs else None
             self.model = distributed.DataParallel(model, self.comm, zero=cfg.zero, resume_from=ck, overlap=overlap,
                                                   grad_accum=self.grad_accum)
+
+    def _lock(self) -> RunLock | None:
+        """Rank 0 locks the output folder for the whole run (RunLockedError naming the holder, on every rank)."""
+        lock = error = None
+        if self.dist.is_master:
+            try:
+                lock = RunLock(self.out).acquire()
+            except RunLockedError as e:
+                error = e
+        if self.over_ranks("sum", error is not None)[0]:
+            raise error or RunLockedError(f"{self.out} is in use by another gpt2core run (see rank 0's message)")
+        if lock is not None and lock.previous:
+            self.log(lock.describe_previous())
+        return lock
+
+    def close(self) -> None:
+        """Release the output folder (also released by the kernel if the process dies)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _rewind_metrics(self, ck) -> None:
+        """metrics.jsonl as it was when the checkpoint resumed from was written (its copy), or empty for a run
+        from step 0: the records of steps a stopped or killed run took after it would otherwise appear twice."""
+        if self.dist.is_master:
+            tmp = self.metrics_path.with_name(self.metrics_path.name + ".resume.tmp")
+            tmp.write_bytes(ck.metrics_path.read_bytes() if ck is not None and ck.metrics_path else b"")
+            os.replace(tmp, self.metrics_path)
 
     def _batch_plan(self) -> tuple[int, int]:
         """(micro-steps per optimizer step, tokens per optimizer step), checked against the model."""
@@ -147,6 +208,9 @@ class Trainer:
         checkpoint; returns it (None when 'auto' found none). With ZeRO-1 the AdamW moments are left to
         DataParallel(resume_from=...), which reads only this rank's range."""
         if where == "auto":
+            if self.dist.is_master:  # under the lock no other run writes here: what a killed save left is stale
+                for d in remove_stale_temporaries(self.ckpt_root, locked=True):
+                    self.log(f"removed {d}, left by an interrupted checkpoint")
             ck = self._newest(self.ckpt_root)
             if ck is None:
                 self.log(f"resume auto: no complete checkpoint in {self.ckpt_root}; starting from step 0")
@@ -173,16 +237,12 @@ class Trainer:
         ck.restore(model, optimizer=not self.zero1)
         try:
             self.train_loader.load_state_dict(ck.state["train_loader"])
-        except (KeyError, ValueError) as e:
-            raise CheckpointError(f"{ck.path}: cannot restore the data loader position: {e}") from e
+            for k, d in ck.state.get("outliers", {}).items():
+                self.outliers[k].load_state_dict(d)
+        except (KeyError, ValueError, TypeError) as e:
+            raise CheckpointError(f"{ck.path}: cannot restore the data loader position or outlier windows: "
+                                  f"{e}") from e
         self.start_step = ck.step
-        if self.dist.is_master:
-            tmp = self.metrics_path.with_name(self.metrics_path.name + ".resume.tmp")
-            if ck.metrics_path is not None:
-                tmp.write_bytes(ck.metrics_path.read_bytes())
-            else:
-                tmp.write_bytes(b"")
-            os.replace(tmp, self.metrics_path)  # drop records of steps after the checkpoint
         self.log(f"resumed from {ck.path} at step {ck.step}")
         return ck
 
@@ -197,6 +257,7 @@ class Trainer:
             "train_loader": self.train_loader.state_dict(),
             "args": cfg.to_dict(),
             "lr_next": self.lr(step),
+            "outliers": {k: d.state_dict() for k, d in self.outliers.items()},
             "grad_accum": self.grad_accum,
             "world_size": self.dist.world_size,
             # the data order is a function of (seed, loader position); sampling is seeded per call
@@ -261,7 +322,9 @@ class Trainer:
 
     def train_step(self, step: int) -> dict:
         """One optimizer step: grad_accum micro-steps (forward + backward, the loss summed on the device), then
-        clip + AdamW. With data parallel the model averages the gradients over ranks on the way."""
+        clip + AdamW. With data parallel the model averages the gradients over ranks on the way. The loss and
+        grad norm are scored against the previous steps' (outliers); with --skip-outliers an outlier's update
+        is skipped, which needs the norm before the update."""
         cfg, m = self.cfg, self.model
         t0 = time.perf_counter()
         lr = self.lr(step)
@@ -272,11 +335,48 @@ class Trainer:
         loss = m.take_loss()  # the mean over micro-steps (and ranks): the first wait for the device
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {step}; weights were not updated (try a lower --lr)")
-        norm = m.step(lr, weight_decay=cfg.weight_decay, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps,
-                      grad_clip=cfg.grad_clip)
+        z = {"loss_z": self.outliers["loss"].update(loss)}
+        kw = dict(weight_decay=cfg.weight_decay, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, grad_clip=cfg.grad_clip)
+        if cfg.skip_outliers:
+            norm = m.grad_norm()
+            z["grad_norm_z"] = self.outliers["grad_norm"].update(norm)
+            skipped = any(v > cfg.outlier_z for v in z.values())  # NaN (window not yet full) compares False
+            if not skipped:
+                m.step(lr, **kw)
+        else:
+            norm, skipped = m.step(lr, **kw), False
+            z["grad_norm_z"] = self.outliers["grad_norm"].update(norm)
         dt = time.perf_counter() - t0
-        return {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm, "dt_ms": dt * 1e3,
-                "tok_per_s": self.total / dt}
+        rec = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm, "dt_ms": dt * 1e3,
+               "tok_per_s": self.total / dt}
+        rec.update({k: v for k, v in z.items() if math.isfinite(v)})
+        outliers = [f"{k[:-2].replace('_', ' ')} {rec[k[:-2]]:.4g} (z {v:.1f})" for k, v in z.items()
+                    if v > cfg.outlier_z]
+        if outliers:
+            rec["skipped"] = skipped
+            self.log(f"warning: step {step + 1} is an outlier over the previous {WINDOW} steps: "
+                     + ", ".join(outliers) + ("; its update was skipped" if skipped else ""))
+        return rec
+
+    def evaluate(self, step: int, last: dict) -> None:
+        """Validation loss and HellaSwag after `step` updates, each when due: every --val-every /
+        --hellaswag-every steps, and after the last update."""
+        cfg, final = self.cfg, step == self.cfg.steps
+        if cfg.val_every and (step % cfg.val_every == 0 or final):
+            vl = self.val_loss()
+            self.log(f"step {step:5d} | val loss {vl:.4f}")
+            self.write_metrics({"step": step, "val_loss": vl})
+            last["val_loss"] = vl
+        if cfg.hellaswag_every and (step % cfg.hellaswag_every == 0 or final):
+            hs = self.hellaswag_eval()
+            self.log(f"step {step:5d} | hellaswag acc {hs['acc']:.4f} acc_norm {hs['acc_norm']:.4f} "
+                     f"({hs['n']} items)")
+            self.write_metrics({"step": step, "hellaswag_acc": hs["acc"], "hellaswag_acc_norm": hs["acc_norm"]})
+            last["hellaswag_acc"], last["hellaswag_acc_norm"] = hs["acc"], hs["acc_norm"]
+
+    def _stop_now(self, stop: GracefulStop) -> bool:
+        """Whether any rank got SIGTERM/SIGINT: all ranks stop after the same step (one allreduce per step)."""
+        return self.over_ranks("sum", stop.requested)[0] > 0 if self.comm is not None else stop.requested
 
     def run(self) -> dict:
         cfg, m = self.cfg, self.model
@@ -295,32 +395,29 @@ class Trainer:
                                     "start_step": self.start_step, "steps": cfg.steps}})
         last = {}
         t_run = time.perf_counter()
-        for step in range(self.start_step, cfg.steps):
-            last_step = step == cfg.steps - 1
-            if cfg.val_every and (step % cfg.val_every == 0 or last_step):
-                vl = self.val_loss()
-                self.log(f"step {step:5d} | val loss {vl:.4f}")
-                self.write_metrics({"step": step, "val_loss": vl})
-                last["val_loss"] = vl
-            if cfg.hellaswag_every and (step % cfg.hellaswag_every == 0 or last_step):
-                hs = self.hellaswag_eval()
-                self.log(f"step {step:5d} | hellaswag acc {hs['acc']:.4f} acc_norm {hs['acc_norm']:.4f} "
-                         f"({hs['n']} items)")
-                self.write_metrics({"step": step, "hellaswag_acc": hs["acc"], "hellaswag_acc_norm": hs["acc_norm"]})
-                last["hellaswag_acc"], last["hellaswag_acc_norm"] = hs["acc"], hs["acc_norm"]
-            if cfg.sample_every and step > 0 and step % cfg.sample_every == 0:
-                self.log(f"step {step:5d} | sample: {self.sample()!r}")
-            rec = self.train_step(step)
-            self.log(f"step {step + 1:5d}/{cfg.steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
-                     f"norm {rec['grad_norm']:.3f} | {rec['dt_ms']:.0f} ms | {rec['tok_per_s']:,.0f} tok/s | "
-                     f"{rec['tok_per_s'] * self.flops_per_token / 1e9:.1f} GFLOP/s | "
-                     + progress.eta(time.perf_counter() - t_run, step + 1 - self.start_step, cfg.steps - step - 1))
-            if self.comm is not None:  # rank 0's time in the step's gradient/parameter collectives (scaling)
-                rec["comm_ms"] = m.last_comm_ms
-            self.write_metrics(rec)
-            last.update(rec)
-            if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or last_step):
-                self.save_checkpoint(step + 1)
+        with GracefulStop() as stop:
+            for step in range(self.start_step, cfg.steps):
+                self.evaluate(step, last)
+                if cfg.sample_every and step > 0 and step % cfg.sample_every == 0:
+                    self.log(f"step {step:5d} | sample: {self.sample()!r}")
+                rec = self.train_step(step)
+                self.log(f"step {step + 1:5d}/{cfg.steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
+                         f"norm {rec['grad_norm']:.3f} | {rec['dt_ms']:.0f} ms | {rec['tok_per_s']:,.0f} tok/s | "
+                         f"{rec['tok_per_s'] * self.flops_per_token / 1e9:.1f} GFLOP/s | "
+                         + progress.eta(time.perf_counter() - t_run, step + 1 - self.start_step, cfg.steps - step - 1))
+                if self.comm is not None:  # rank 0's time in the step's gradient/parameter collectives (scaling)
+                    rec["comm_ms"] = m.last_comm_ms
+                self.write_metrics(rec)
+                last.update(rec)
+                stopping = self._stop_now(stop)
+                due = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
+                if due or stopping or (cfg.checkpoint_every and step + 1 == cfg.steps):
+                    path = self.save_checkpoint(step + 1)
+                if stopping:
+                    raise TrainingStopped(f"stopped by {stop.name or 'a signal on another rank'} after step "
+                                          f"{step + 1} of {cfg.steps}; checkpoint {path or self.ckpt_root} written. "
+                                          f"Continue with the same command and --resume auto")
+        self.evaluate(cfg.steps, last)
         if self.dist.is_master:
             path = m.save(self.out / "model.bin")
             self.log(f"saved {path}")
@@ -329,10 +426,16 @@ class Trainer:
 
 
 def main(argv=None) -> dict:
+    """gpt2core-train. Exits with a one-line message on a file, disk, lock or divergence problem (status 1),
+    and with EXIT_PREEMPTED (75) after a checkpoint when stopped by SIGTERM/SIGINT."""
     cfg = parse_args(argv)
     try:
-        return Trainer(cfg).run()
-    except CheckpointError as e:
+        with Trainer(cfg) as trainer:
+            return trainer.run()
+    except TrainingStopped as e:
+        print(f"gpt2core-train: {e} (exit code {EXIT_PREEMPTED})", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_PREEMPTED) from None
+    except (FileFormatError, WriteError, NonFiniteError, RunLockedError, FloatingPointError) as e:
         raise SystemExit(f"gpt2core-train: {e}") from e
 
 

@@ -323,7 +323,7 @@ def test_train_logs_hellaswag(tmp_path):
                        "--hellaswag-limit", "4", "--sample-tokens", "1", "--output-dir", str(tmp_path / "out")])
     recs = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
     hs_recs = [r for r in recs if "hellaswag_acc" in r]
-    assert [r["step"] for r in hs_recs] == [0, 1]
+    assert [r["step"] for r in hs_recs] == [0, 1, 2]  # every step, and the final model after the last update
     for r in hs_recs:
         assert r["hellaswag_acc"] * 4 == int(r["hellaswag_acc"] * 4)     # a count out of 4 items
         assert 0 <= r["hellaswag_acc_norm"] <= 1

@@ -281,7 +281,7 @@ def test_hub_name_through_huggingface_hub(tmp_path, monkeypatch):
     ("missing", "model.safetensors", "missing tensor 'h.1.mlp.c_fc.bias'"),
     ("nan", "model.safetensors", "NaN or Inf"),
     ("truncated", "model.safetensors", "truncated"),
-    ("header", "model.safetensors", "corrupt safetensors header"),
+    ("header", "model.safetensors", "corrupt or truncated safetensors file"),
     ("no_config", "config.json", "missing"),
     ("bad_json", "config.json", "not valid JSON"),
     ("activation", "config.json", "activation_function 'relu'"),

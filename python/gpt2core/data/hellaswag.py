@@ -37,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import atomic_write
+from .._io import NPZ_ERRORS, atomic_write
+from ..errors import FileFormatError
 from ..progress import bar
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -45,7 +46,7 @@ DEFAULT_DIR = Path("data") / "hellaswag"
 RENDER_VERSION = 1
 
 
-class HellaSwagError(ValueError):
+class HellaSwagError(FileFormatError):
     """A HellaSwag file that cannot be read; the message names the file and line."""
 
 
@@ -243,21 +244,39 @@ def save(rendered: Rendered, path) -> Path:
 
 
 def load_rendered(path) -> Rendered:
+    """A rendered set saved by save(), checked so that scoring can index it blindly: HellaSwagError naming
+    the file otherwise."""
     path = Path(path)
     try:
-        with np.load(path) as z:
-            if int(z["version"]) != RENDER_VERSION:
-                raise HellaSwagError(f"{path}: rendered format version {int(z['version'])}, "
-                                     f"expected {RENDER_VERSION}; render it again")
-            r = Rendered(z["tokens"].astype(np.int32), z["offsets"].astype(np.int64),
-                         z["ctx_lens"].astype(np.int32), z["labels"].astype(np.int8))
-    except (OSError, KeyError, ValueError) as e:
-        if isinstance(e, HellaSwagError):
-            raise
-        raise HellaSwagError(f"{path}: not a rendered HellaSwag file ({e})") from None
-    if r.offsets.size != 4 * r.labels.size + 1 or r.offsets[-1] != r.tokens.size:
-        raise HellaSwagError(f"{path}: inconsistent rendered HellaSwag file; render it again")
-    return r
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise HellaSwagError(f"{path}: a .npy array, not a rendered HellaSwag .npz archive")
+        with z:
+            version = z["version"]
+            if version.shape != () or version.dtype.kind not in "iu" or int(version) != RENDER_VERSION:
+                raise HellaSwagError(f"{path}: rendered format version {version!r}, expected {RENDER_VERSION}; "
+                                     "render it again")
+            arrays = {k: z[k] for k in ("tokens", "offsets", "ctx_lens", "labels")}
+    except HellaSwagError:
+        raise
+    except NPZ_ERRORS as e:
+        raise HellaSwagError(f"{path}: not a rendered HellaSwag file ({type(e).__name__}: {e})") from None
+    bad = [k for k, a in arrays.items() if a.ndim != 1 or a.dtype.kind not in "iu"]
+    if bad:
+        raise HellaSwagError(f"{path}: {bad[0]} is {arrays[bad[0]].dtype} of shape {arrays[bad[0]].shape}, not a "
+                             "1-D integer array; render it again")
+    r = Rendered(arrays["tokens"].astype(np.int32), arrays["offsets"].astype(np.int64),
+                 arrays["ctx_lens"].astype(np.int64), arrays["labels"].astype(np.int64))
+    n = r.labels.size
+    lens = np.diff(r.offsets)
+    ok = (r.offsets.size == 4 * n + 1 and r.ctx_lens.size == n and r.offsets[0] == 0
+          and r.offsets[-1] == r.tokens.size and (lens > 0).all() and ((r.labels >= 0) & (r.labels < 4)).all()
+          and ((r.ctx_lens >= 0) & (r.ctx_lens < lens.reshape(n, 4).min(axis=1, initial=1 << 62))).all()
+          and (arrays["tokens"] >= 0).all() and (arrays["tokens"] <= 65535).all())
+    if not ok:
+        raise HellaSwagError(f"{path}: inconsistent rendered HellaSwag file (offsets, context lengths, labels or "
+                             "token ids out of range); render it again")
+    return Rendered(r.tokens, r.offsets, r.ctx_lens.astype(np.int32), r.labels.astype(np.int8))
 
 
 def load(path=None, limit: int | None = None, progress: bool = False) -> Rendered:

@@ -77,13 +77,15 @@ class DataLoader:
         rank, world_size: this process's rank among world_size data-parallel processes.
         shuffle: permute shards and windows each epoch (from `seed`); False reads sequentially.
         seed: seed of the permutations.
+        vocab_size: when given, each shard's token ids are checked to be below it the first time the
+            shard is opened (ShardError naming the file and offset), not when a batch meets a bad id.
 
     Attributes: n_tokens (tokens in all shards), batches_per_epoch, tokens_per_epoch (used per epoch,
     all ranks together), epoch, files.
     """
 
     def __init__(self, data_dir_or_files, split: str, B: int, T: int, rank: int = 0,
-                 world_size: int = 1, shuffle: bool = True, seed: int = 0):
+                 world_size: int = 1, shuffle: bool = True, seed: int = 0, vocab_size: int | None = None):
         for name, v in (("B", B), ("T", T), ("world_size", world_size)):
             if int(v) != v or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -92,6 +94,8 @@ class DataLoader:
         self.split, self.B, self.T = split, int(B), int(T)
         self.rank, self.world_size = int(rank), int(world_size)
         self.shuffle, self.seed = bool(shuffle), int(seed)
+        self.vocab_size = vocab_size
+        self._checked: set[int] = set()  # shards whose ids were checked against vocab_size
         self.window = self.world_size * self.B * self.T   # tokens per global batch (+1 for targets)
 
         files = _resolve_files(data_dir_or_files, split)
@@ -144,8 +148,10 @@ class DataLoader:
         """The next (x, y), both np.int32 of shape (B, T)."""
         shard = int(self._order[self._shard_pos])
         if self._tokens_shard != shard:
-            self._tokens = load_tokens(self.files[shard])
+            check = self.vocab_size if shard not in self._checked else None
+            self._tokens = load_tokens(self.files[shard], check)
             self._tokens_shard = shard
+            self._checked.add(shard)
         start = int(self._windows[self._window_pos]) * self.window + self.rank * self.B * self.T
         buf = np.asarray(self._tokens[start:start + self.B * self.T + 1], dtype=np.int32)
         x = buf[:-1].reshape(self.B, self.T)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_write
+from ..errors import FileFormatError
 
 MAGIC = 20240520
 VERSION = 1
@@ -24,7 +25,7 @@ SPLITS = ("train", "val")
 _SHARD_NAME = re.compile(rf"(?:(?P<name>.*)_)?(?P<split>{'|'.join(SPLITS)})(?:_(?P<index>\d+))?\.bin")
 
 
-class ShardError(ValueError):
+class ShardError(FileFormatError):
     """A token shard that cannot be read: the message names the file and what is wrong."""
 
 
@@ -41,7 +42,7 @@ def write_shard(path, tokens) -> Path:
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[0], header[1], header[2] = MAGIC, VERSION, toks.size
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path) as f:
+    with atomic_write(path, needed=HEADER_BYTES + 2 * toks.size) as f:
         f.write(header.tobytes())
         f.write(toks.astype("<u2", copy=False).tobytes())
     return path
@@ -71,12 +72,32 @@ def read_header(path) -> int:
     return n
 
 
-def load_tokens(path) -> np.ndarray:
-    """The tokens of a shard as a read-only uint16 array (memory-mapped, no copy)."""
+def load_tokens(path, vocab_size: int | None = None) -> np.ndarray:
+    """The tokens of a shard as a read-only uint16 array (memory-mapped, no copy). With vocab_size, every id
+    is checked to be below it (one vectorised pass): ShardError names the file and the first bad offset."""
     n = read_header(path)
     if n == 0:
         return np.zeros(0, dtype=np.uint16)
-    return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
+    try:
+        tokens = np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
+    except (OSError, ValueError) as e:
+        raise ShardError(f"{path}: cannot map shard ({e})") from e
+    if vocab_size is not None:
+        check_tokens(tokens, vocab_size, path)
+    return tokens
+
+
+def check_tokens(tokens: np.ndarray, vocab_size: int, path) -> None:
+    """ShardError unless every id of `tokens` (a shard's, read from `path`) is below vocab_size. Reads the
+    shard in 64 MiB chunks: the max of each, and only where it is too large, where the first bad id is."""
+    chunk = 1 << 25
+    for lo in range(0, tokens.size, chunk):
+        part = tokens[lo:lo + chunk]
+        if int(part.max()) >= vocab_size:
+            i = lo + int(np.argmax(part >= vocab_size))
+            raise ShardError(f"{path}: token id {int(tokens[i])} at token offset {i:,} (byte {HEADER_BYTES + 2 * i:,})"
+                             f" is not below the vocabulary size {vocab_size}; the shard was made with another "
+                             "tokenizer, or is corrupt")
 
 
 def shard_filename(name: str, index: int) -> str:
