@@ -11,6 +11,10 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # so tests can `import numpy_gpt2`
+# test modules whose helpers other folders' tests import (`from test_emu import ROOT`, `from test_resume import
+# records`), importable whichever file pytest collects first
+for _sub in (("python",), ("csrc", "emu"), ("csrc", "cuda")):
+    sys.path.insert(1, os.path.join(os.path.dirname(__file__), *_sub))
 
 import numpy_gpt2 as ref  # noqa: E402
 from gpt2core import _C  # noqa: E402

@@ -114,7 +114,7 @@ def test_without_the_checker_missing_syncthreads_is_exposed_by_some_schedule(emu
 
 
 def test_run_ahead_schedules_expose_a_missing_barrier_between_warps(emu_build):
-    """block_sum without its first __syncthreads (tests/emu/racecheck.cu war_kernel), checker off: lock-step
+    """block_sum without its first __syncthreads (tests/csrc/emu/racecheck.cu war_kernel), checker off: lock-step
     schedules read every warp's slot before any warp writes the next pass, run-ahead ones do not."""
     for sched in SCHEDULES:
         proc = _run(emu_build, "racecheck", sched, "war_values", GPT2CORE_EMU_RACECHECK="0")
@@ -125,7 +125,7 @@ def test_run_ahead_schedules_expose_a_missing_barrier_between_warps(emu_build):
 
 @pytest.mark.parametrize("case", RACECHECK_CASES)
 def test_memory_checker_reports_with_the_source_line(emu_build, case):
-    """Each buggy kernel of tests/emu/racecheck.cu fails its launch with a report naming the access's line
+    """Each buggy kernel of tests/csrc/emu/racecheck.cu fails its launch with a report naming the access's line
     (the program checks the message); run-ahead and lock-step schedules alike."""
     for sched in ["fwd", "ahead:5"]:
         proc = _run(emu_build, "racecheck", sched, case)

@@ -104,7 +104,7 @@ for mode in ("naive", "cudnn"):
         record(f"{mode} attention(hs={Ca // NH})", ops.attention(*args), cpu.attention(*args))
 
 # the bf16 flash path's tensor-core forward (attention_tc.cuh), run here so the launch trace sees every kernel;
-# its numerics are checked against float64 in tests/test_cuda_emu_bf16_attention.py
+# its numerics are checked against float64 in tests/csrc/cuda/test_cuda_emu_bf16_attention.py
 E.OpsBF16("cuda").attention(f32(B, 9, 3 * 192), f32(B, 9, 192), f32(B, 9, 3 * 192), 3)
 
 # gelu, residual (sizes not a multiple of 4: the float4 paths finish with a scalar tail)

@@ -372,7 +372,7 @@ void bind_cuda_emu_ops(py::module_& m) {
   m.def("memory_checker_enabled", []() { return gpt2emu::memory_checker_enabled(); },
         "Whether the emulator's race / bounds checker checks the kernels.");
   // The matmul seam's CPU implementation (csrc/emu/seams_cpu.cpp) on raw addresses, every MatmulParams field by
-  // keyword: runs it on the very buffers another implementation described (tests/test_cublaslt_descriptors.py).
+  // keyword: runs it on the very buffers another implementation described (tests/csrc/cuda/test_cublaslt_descriptors.py).
   m.def("seam_matmul", [](uint64_t d, uint64_t a, uint64_t b, uint64_t bias, uint64_t pre_gelu, int d_type, int a_type,
                           int b_type, int lda, int ldb, int ldd, bool trans_a, bool trans_b, int m, int n, int k,
                           float alpha, bool accumulate, int epilogue, int batch, long long stride_a,
@@ -390,7 +390,7 @@ void bind_cuda_emu_ops(py::module_& m) {
      py::arg("a_type"), py::arg("b_type"), py::arg("lda"), py::arg("ldb"), py::arg("ldd"), py::arg("trans_a"),
      py::arg("trans_b"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("alpha"), py::arg("accumulate"),
      py::arg("epilogue"), py::arg("batch"), py::arg("stride_a"), py::arg("stride_b"), py::arg("stride_d"));
-  // The attention seam's CPU implementation in bf16 on raw addresses (tests/test_cudnn_graph.py): forward when
+  // The attention seam's CPU implementation in bf16 on raw addresses (tests/csrc/cuda/test_cudnn_graph.py): forward when
   // dqkv is 0 (writes out, stats), backward otherwise (writes dqkv).
   m.def("seam_attention", [](uint64_t qkv, uint64_t out, uint64_t stats, uint64_t dout, uint64_t dqkv, int B, int T,
                              int NH, int HS, float scale) {

@@ -1,7 +1,7 @@
 // describe.cpp: a C entry point (for ctypes) that runs the real cuBLASLt translation of one seams::matmul
 // (describe_matmul in csrc/cuda/seams_cublaslt.cu, linked against NVIDIA's libcublasLt) and reads every
 // attribute of the resulting descriptors back through cuBLASLt's Get*Attribute calls. No handle, no GPU:
-// tests/test_cublaslt_descriptors.py evaluates what was read back with its own column-major interpreter.
+// tests/csrc/cuda/test_cublaslt_descriptors.py evaluates what was read back with its own column-major interpreter.
 #include <cublasLt.h>
 
 #include <cstdint>

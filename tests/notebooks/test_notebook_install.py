@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-CELLS = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb").read_text())["cells"]
+CELLS = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / "quickstart.ipynb").read_text())["cells"]
 CELL = "".join(next(c for c in CELLS if c.get("id") == "install")["source"])
 
 

@@ -5,7 +5,7 @@ a matmul into cuBLASLt descriptors never runs in CI. cuBLASLt's descriptor calls
 (only cublasLtCreate, the heuristic and cublasLtMatmul do), so here the real describe_matmul, linked against
 NVIDIA's libcublasLt, builds the call for every precision (fp32, TF32, bf16, bf16 inputs into an fp32 D), every
 epilogue (bias, GELU with and without bias and aux, GELU backward), both transposes, accumulation and batching,
-with pointers of every alignment; tests/cublaslt/describe.cpp reads every attribute back through cuBLASLt's
+with pointers of every alignment; tests/csrc/cuda/cublaslt/describe.cpp reads every attribute back through cuBLASLt's
 Get*Attribute calls. `interpret` below evaluates what was read back -- and nothing else -- with cuBLASLt's
 documented column-major semantics (cublasLt.h):
     D = epilogue(alpha * op(A) op(B) + beta * C), op by TRANSA / TRANSB, each matrix (rows, cols, ld, batch count,
@@ -39,7 +39,7 @@ EPILOGUES = {1: set(), 4: {"bias"}, 32: {"gelu"}, 36: {"bias", "gelu"}, 160: {"g
              164: {"bias", "gelu", "aux"}, 192: {"dgelu"}}
 F32, BF16 = 0, 1                                 # seams::DType
 NONE, GELU, GELU_BACKWARD = 0, 1, 2              # seams::Epilogue
-SOURCES = [ROOT / "csrc" / "cuda" / "seams_cublaslt.cu", ROOT / "tests" / "cublaslt" / "describe.cpp"]
+SOURCES = [ROOT / "csrc" / "cuda" / "seams_cublaslt.cu", ROOT / "tests" / "csrc" / "cuda" / "cublaslt" / "describe.cpp"]
 HEADERS = [ROOT / "csrc" / "cuda" / h for h in ("seams_cublaslt_call.h", "seams_cublaslt.h", "seams_check.h")] + [
     ROOT / "csrc" / "cuda" / "seams.h"]
 

@@ -199,7 +199,7 @@ def test_hf_config_json(files, data):
 
 @pytest.fixture(scope="module")
 def torch_bin(files, tmp_path_factory):
-    """A pytorch_model.bin in torch's zip format, written without torch (tests/test_interop.py's writer)."""
+    """A pytorch_model.bin in torch's zip format, written without torch (tests/python/test_interop.py's writer)."""
     from test_interop import write_torch_zip
     sd = pretrained.params_to_state_dict(files.model)
     p = tmp_path_factory.mktemp("torch") / "pytorch_model.bin"

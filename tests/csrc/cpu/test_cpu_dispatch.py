@@ -13,7 +13,7 @@ import pytest
 import numpy_gpt2 as ref
 from gpt2core import _C
 
-F32_RTOL = 1e-4  # fp32 vs the float64 reference, as tests/test_model_backward.py (~1e-6 measured)
+F32_RTOL = 1e-4  # fp32 vs the float64 reference, as tests/csrc/model/test_model_backward.py (~1e-6 measured)
 F64_RTOL = 1e-9  # float64 vs float64: summation order only
 
 

@@ -2,7 +2,7 @@
 
 Under the emulator the seam's CPU implementation replaces cuDNN. Assembling the frontend graph needs no handle
 (validate() and everything after it need a device), and Graph::print() describes it: every tensor's uid, dims,
-strides and type, and the SDPA node's scale, causal band and stats flag. tests/cudnn/describe.cpp returns that
+strides and type, and the SDPA node's scale, causal band and stats flag. tests/csrc/cuda/cudnn/describe.cpp returns that
 description with the variant pack (uid -> address) the seam would execute it with; `forward` and `backward` below
 evaluate the description -- and nothing else -- as cuDNN documents SDPA:
     S = attn_scale * Q K^T, keys outside the diagonal band masked (TOP_LEFT alignment: key j allowed for query i
@@ -31,7 +31,7 @@ from test_cublaslt_descriptors import bf16_bits
 from test_cuda_emu import emu  # noqa: F401  (fixture)
 from test_emu import ROOT, _cuda_include
 
-SOURCES = [ROOT / "csrc" / "cuda" / "seams_cudnn.cu", ROOT / "tests" / "cudnn" / "describe.cpp"]
+SOURCES = [ROOT / "csrc" / "cuda" / "seams_cudnn.cu", ROOT / "tests" / "csrc" / "cuda" / "cudnn" / "describe.cpp"]
 HEADERS = [ROOT / "csrc" / "cuda" / h for h in ("seams_cudnn_graph.h", "seams_cudnn.h", "seams_check.h")] + [
     ROOT / "csrc" / "cuda" / "seams.h"]
 SIZES = {"BFLOAT16": 2, "FLOAT": 4}

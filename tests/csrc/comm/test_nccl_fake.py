@@ -1,9 +1,9 @@
-"""The NCCL communicator (csrc/comm/comm_nccl.cpp) against a scripted fake NCCL (tests/comm/fake_nccl.cpp) on the
+"""The NCCL communicator (csrc/comm/comm_nccl.cpp) against a scripted fake NCCL (tests/csrc/comm/fake_nccl.cpp) on the
 CUDA-on-CPU emulator: the lifecycle nccl.h prescribes for a non-blocking communicator (finalize polled while
 ncclInProgress, then destroy; abort at once on an error or a timeout, also of a half-built communicator) and
 collectives on a stream of the communicator's own. Real NCCL needs GPUs; these rules do not.
 
-Needs g++, cmake (for the emulator library, built as in tests/test_emu.py) and nccl.h; skipped without them.
+Needs g++, cmake (for the emulator library, built as in tests/csrc/emu/test_emu.py) and nccl.h; skipped without them.
 """
 import shutil
 import socket
@@ -14,7 +14,7 @@ import pytest
 
 from test_emu import ROOT, _build, _cuda_include
 
-SOURCES = [ROOT / "tests" / "comm" / "fake_nccl.cpp"] + [ROOT / "csrc" / "comm" / f for f in
+SOURCES = [ROOT / "tests" / "csrc" / "comm" / "fake_nccl.cpp"] + [ROOT / "csrc" / "comm" / f for f in
                                                            ("comm_nccl.cpp", "rendezvous.cpp", "tcp_store.cpp")]
 
 

@@ -2,7 +2,7 @@
 // call (attention_graph / attention_pack in csrc/cuda/seams_cudnn.cu, linked against cuDNN) and returns what
 // Graph::print() says about it (every tensor's uid, dims, strides and type; the SDPA node's scale, causal band
 // and stats) plus the variant pack the seam would execute it with. No handle, no GPU (validate() and the plans
-// need a device): tests/test_cudnn_graph.py evaluates the description with its own interpreter.
+// need a device): tests/csrc/cuda/test_cudnn_graph.py evaluates the description with its own interpreter.
 #include <cstdint>
 #include <cstdio>
 #include <exception>

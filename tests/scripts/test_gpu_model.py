@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("gpu_model", ROOT / "scripts" / "gpu_model.py")
 gm = importlib.util.module_from_spec(spec)
 sys.modules["gpu_model"] = gm  # dataclasses look their module up
