@@ -56,6 +56,12 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) { gp
 
 template <class T>
 __device__ inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  // m16n8k16 needs sm_80. The kernels using it still compile for sm_75 (one build for T4 to H100), but the backend
+  // never launches them there: bf16 is refused below sm_80, and fp16 on sm_75 would use mma_m16n8k8_f16.
+  (void)d, (void)a, (void)b;
+  __trap();
+#else
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
@@ -67,6 +73,7 @@ __device__ inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   }
+#endif
 }
 __device__ inline void mma_m16n8k8_f16(float (&d)[4], const uint32_t (&a)[2], uint32_t b) {
   asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
