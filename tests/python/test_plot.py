@@ -140,7 +140,7 @@ def test_training_run_records_what_the_plot_needs(tmp_path, capsys):
     r = plot.read_run(out)
     assert r.info["params"] == get_preset("tiny").num_parameters() and r.tokens_per_step == 32 and not r.is_124m
     np.testing.assert_array_equal(r.curve("loss")[0], [32, 64, 96])
-    np.testing.assert_array_equal(r.series["val_loss"][0], [0, 2])
+    np.testing.assert_array_equal(r.series["val_loss"][0], [0, 2, 3])  # and after the last update
 
 
 def test_ladder_bar_chart():

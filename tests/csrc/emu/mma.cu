@@ -80,7 +80,9 @@ __global__ void ldmatrix_kernel(uint32_t* out, const uint16_t* M) {
 template <bool kFromTranspose>
 __global__ void ldmatrix_mma_kernel(float* D, const __nv_bfloat16* A, const __nv_bfloat16* B) {
   constexpr int S = 24;
-  __shared__ __align__(16) __nv_bfloat16 As[16 * S], Bs[16 * S];
+  DYNAMIC_SMEM(__nv_bfloat16, tiles);  // As then Bs, 16 x S each
+  __nv_bfloat16* As = tiles;
+  __nv_bfloat16* Bs = tiles + 16 * S;
   const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
   for (int i = lane; i < 256; i += 32) {
     As[(i / 16) * S + i % 16] = A[i];
@@ -193,7 +195,7 @@ template <bool kFromTranspose>
 static void test_ldmatrix_mma(const char* what, std::mt19937& rng) {
   const auto A = random16<__nv_bfloat16>(256, rng), B = random16<__nv_bfloat16>(256, rng);
   float* dD = device_alloc<float>(256);
-  LAUNCH(ldmatrix_mma_kernel<kFromTranspose>, 1, 32, 0, 0, dD, to_device(A), to_device(B));
+  LAUNCH(ldmatrix_mma_kernel<kFromTranspose>, 1, 32, 2 * 16 * 24 * sizeof(__nv_bfloat16), 0, dD, to_device(A), to_device(B));
   TEST_CUDA(cudaDeviceSynchronize());
   std::vector<double> ref(256, 0.0), mag(256, 0.0);
   for (int r = 0; r < 16; r++)
