@@ -41,6 +41,16 @@ def _restore_threads():
     _C.set_num_threads(n)
 
 
+def train_keeping_threads(args):
+    """train.main(args) for a fixture wider than a test, which _restore_threads does not wrap: --threads changes
+    the process-wide OpenMP thread count."""
+    n = _C.get_num_threads()
+    try:
+        return train.main(args)
+    finally:
+        _C.set_num_threads(n)
+
+
 def records(out):
     """The per-step and evaluation records (not the {"run": ...} record each start or resume writes)."""
     recs = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
@@ -57,11 +67,7 @@ def losses(out):
 def straight(shakespeare_dir, tmp_path_factory):
     """The reference: 20 steps without interruption."""
     out = tmp_path_factory.mktemp("straight")
-    n = _C.get_num_threads()
-    try:
-        train.main(argv(shakespeare_dir, out))
-    finally:
-        _C.set_num_threads(n)
+    train_keeping_threads(argv(shakespeare_dir, out))
     return out
 
 

@@ -5,7 +5,6 @@ loss outliers (warned, logged, skipped with --skip-outliers), the validation los
 
 The tiny preset with B=2, T=32 on the bundled Shakespeare, one thread, 16 steps."""
 import json
-import os
 import random
 import signal
 import socket
@@ -20,7 +19,7 @@ from gpt2core import GPT2, GPT2Config, _C, train
 from gpt2core import checkpoint as ck
 from gpt2core.preemption import EXIT_PREEMPTED
 
-from test_resume import _restore_threads, records  # noqa: F401 -- _restore_threads is an autouse fixture
+from test_resume import _restore_threads, records, train_keeping_threads  # noqa: F401 -- _restore_threads is an autouse fixture
 
 STEPS = 16
 
@@ -48,11 +47,7 @@ def trajectory(out):
 @pytest.fixture(scope="module")
 def straight(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("straight")
-    n = _C.get_num_threads()
-    try:
-        train.main(argv(data, out))
-    finally:
-        _C.set_num_threads(n)
+    train_keeping_threads(argv(data, out))
     return out
 
 
