@@ -335,6 +335,28 @@ void bind_model(py::module_& m, const char* cls_name) {
            "One optimizer step in the backend: the global gradient norm, clipping to grad_clip (0: none) and AdamW "
            "(as adamw_update with grad_scale = grad_clip / (norm + 1e-6) when norm > grad_clip). Returns the pre-clip "
            "norm; when it is not finite nothing is updated. With cuda_graphs on, replayed from a CUDA graph.")
+      .def("set_loss_scaling",
+           [](M& self, bool on, float scale, int interval, int clean, int64_t skipped, float growth, float backoff) {
+             gpt2::LossScaler st;
+             st.scale = scale, st.interval = interval, st.clean = clean, st.skipped = skipped;
+             st.growth = growth, st.backoff = backoff;
+             self.set_loss_scaling(on, st);
+           },
+           py::arg("on"), py::arg("scale") = gpt2::kLossScaleInit, py::arg("interval") = gpt2::kLossScaleInterval,
+           py::arg("clean") = 0, py::arg("skipped") = 0, py::arg("growth") = 2.0f, py::arg("backoff") = 0.5f,
+           "Dynamic loss scaling (GradScaler's rule, csrc/model/optimizer.h) on or off, starting from this state: "
+           "the scale, clean steps in a row so far, steps skipped so far; growth and backoff factors. Off: scale 1.")
+      .def_property_readonly("loss_scaling", &M::loss_scaling)
+      .def_property_readonly("loss_scaler",
+                             [](M& self) {
+                               const gpt2::LossScaler& s = self.loss_scaler();
+                               py::dict d;
+                               d["scale"] = s.scale, d["interval"] = s.interval, d["clean"] = s.clean;
+                               d["skipped"] = s.skipped, d["growth"] = s.growth, d["backoff"] = s.backoff;
+                               return d;
+                             },
+                             "The loss scaler's state as of the last optimizer step: scale, interval, clean (steps "
+                             "in a row without overflow), skipped (in total), growth, backoff.")
       .def("adamw_update_range",
            [](M& self, size_t lo, size_t hi, py::array m, py::array v, float lr, float beta1,
               float beta2, float eps, float weight_decay, int step, float grad_scale, double grad_clip,

@@ -246,6 +246,7 @@ KERNELS = {
     "loss_accumulate_kernel": (["N"], lambda a, c, es: dict(flops=a["N"], bytes=4 * a["N"], blocks=1)),
     "sum_squares_partial_kernel": (["n"], lambda a, c, es: dict(flops=2 * a["n"], bytes=4 * a["n"], blocks=256)),
     "sum_squares_final_kernel": ([None], lambda a, c, es: dict(flops=256, bytes=2048, blocks=1)),
+    "loss_scale_update_kernel": ([None], lambda a, c, es: dict(flops=4, bytes=64, blocks=1)),  # fp16 loss scaling
     # AdamW: the launches of one step together update every parameter once (grad, m, v, master read; m, v,
     # master, bf16 copy written): P / (launches) each
     "adamw_kernel": ([None], lambda a, c, es: dict(flops=12 * c.params, bytes=(28 + es) * c.params, blocks=None)),

@@ -87,7 +87,7 @@ class CpuBackend final : public Backend<T> {
   }
   void crossentropy_backward(T* logits, const T* lse, const int32_t* targets, const int32_t* n_valid,
                              float grad_scale, int N, int V, int Vp) override {
-    const T dloss = *n_valid > 0 ? T(double(grad_scale) / double(*n_valid)) : T(0);
+    const T dloss = *n_valid > 0 ? T(double(grad_scale) * double(step_.scaler.scale) / double(*n_valid)) : T(0);
     ops::crossentropy_backward_inplace(logits, lse, targets, dloss, N, V, Vp);
   }
   void loss_accumulate(T* acc, const T* losses, const int32_t* n_valid, int N, float scale) override {
@@ -96,21 +96,20 @@ class CpuBackend final : public Backend<T> {
     for (int i = 0; i < N; i++) s += double(losses[i]);
     *acc += T(double(scale) * (s / double(*n_valid)));
   }
-  void set_step_args(const StepArgs& args) override { step_ = args; }
+  void set_step_args(const StepArgs& args) override { step_.args = args; }
   void grad_sum_squares(const T* grad, size_t n) override {
     // simd reduction: lets the compiler keep several double accumulators per thread (a plain loop is a
     // serial scalar chain of cvtss2sd + fma: ~25% of a d12 step before this).
     double s = 0;
 #pragma omp parallel for simd reduction(+ : s)
     for (size_t i = 0; i < n; i++) s += double(grad[i]) * double(grad[i]);
-    step_.sumsq = s;
+    step_.args.sumsq = s;
   }
   void adamw(T* param, T* /*master: none, M == T*/, const T* grad, T* m, T* v, size_t base,
              const std::vector<AdamWSegment>& segments, float beta1, float beta2, float eps) override {
-    float clip = 1.0f;
-    if (!clip_factor(step_.sumsq, step_.clip, &clip)) return;
-    const float grad_scale = step_.grad_scale * clip;
-    const float lr = step_.lr, bc1 = step_.bc1, bc2 = step_.bc2;
+    float grad_scale = 1.0f;
+    if (!update_factor(step_.args, step_.scaler.scale, &grad_scale)) return;
+    const float lr = step_.args.lr, bc1 = step_.args.bc1, bc2 = step_.args.bc2;
     for (const AdamWSegment& seg : segments) {
       const float decay = seg.decay;
 #pragma omp parallel for
@@ -126,10 +125,12 @@ class CpuBackend final : public Backend<T> {
       }
     }
   }
-  double step_sum_squares() override { return step_.sumsq; }
+  void set_loss_scaler(const LossScaler& scaler) override { step_.scaler = scaler; }
+  void loss_scale_update() override { gpt2::loss_scale_update(step_.scaler, step_.args.sumsq); }
+  StepResult step_result() override { return {step_.args.sumsq, step_.scaler}; }
 
  private:
-  StepArgs step_{};  // set_step_args' values (the CPU's "backend memory" is host memory)
+  StepState step_{};  // set_step_args' values and the loss scaler (the CPU's "backend memory" is host memory)
   static void* zeroed(size_t bytes) {
     void* p = std::calloc(bytes ? bytes : 1, 1);
     if (!p) throw std::bad_alloc();

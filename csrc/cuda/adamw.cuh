@@ -1,10 +1,11 @@
 // AdamW (PyTorch semantics), one launch for all parameters (a table of per-tensor segments, below):
 //   g = grad * grad_scale;  m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   w -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + decay * w)
-// decay is 0 for 1-D tensors (the model's policy). The step's values come from a StepArgs in device memory (so a
+// decay is 0 for 1-D tensors (the model's policy). The step's values come from a StepState in device memory (so a
 // step captured in a CUDA graph reads each step's values at replay): lr, the bias corrections bc1, bc2, the seed,
-// and grad_scale = StepArgs::grad_scale * clip_factor(sumsq, clip) (the clip rule of model/optimizer.h, computed
-// by every block from the same values); if the norm is not finite, nothing is written.
+// and grad_scale = update_factor(args, scaler.scale) = StepArgs::grad_scale * clip_factor / loss scale (the clip
+// rule of model/optimizer.h on the unscaled norm, computed by every block from the same values); if the norm is
+// not finite, nothing is written. loss_scale_update_kernel then steps the loss scaler (model/optimizer.h).
 // grad, m, v and the master weights w are fp32. The parameters the ops read have the storage type floatX:
 //   floatX = float: master is null and param is w itself (updated in place);
 //   floatX = bf16:  w = master (fp32, updated in place), then param[i] = stochastic_round_bf16(w[i], seed,
@@ -26,19 +27,17 @@ struct AdamWParams {
   float lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2;
   uint32_t seed;  // stochastic rounding of bf16 parameters (0: round to nearest even)
   size_t offset;  // global index of element 0 of the arrays (the rounding's index is offset + i)
-  const StepArgs* step = nullptr;  // device memory: lr, bc1, bc2, seed and the gradient scale come from here
+  const StepState* step = nullptr;  // device memory: lr, bc1, bc2, seed and the gradient scale come from here
 };
 
 // p with the values of *p.step. False when the norm is not finite: the step must write nothing.
 __device__ inline bool adamw_step_values(AdamWParams& p) {
-  const StepArgs a = *p.step;
-  float clip = 1.0f;
-  if (!clip_factor(a.sumsq, a.clip, &clip)) return false;
+  const StepArgs a = p.step->args;
+  if (!update_factor(a, p.step->scaler.scale, &p.grad_scale)) return false;
   p.lr = a.lr;
   p.bc1 = a.bc1;
   p.bc2 = a.bc2;
   p.seed = a.seed;
-  p.grad_scale = a.grad_scale * clip;
   return true;
 }
 
@@ -136,7 +135,17 @@ __global__ void adamw_kernel(floatX* __restrict__ param,       // (N) flat
   }
 }
 
+// One thread: the loss scaler's step after the update, from the sum of squares the update saw.
+__global__ void loss_scale_update_kernel(StepState* state) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) loss_scale_update(state->scaler, state->args.sumsq);
+}
+
 // ----------------------------------------------------------------------------------------- launchers
+inline void loss_scale_update(StepState* state, cudaStream_t stream) {
+  LAUNCH(loss_scale_update_kernel, 1, 32, 0, stream, state);
+  CUDA_CHECK_LAUNCH();
+}
+
 struct AdamWSpan {  // one tensor (or its part): array indices [begin, end) with its weight decay
   size_t begin, end;
   float decay;

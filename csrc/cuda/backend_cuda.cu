@@ -9,13 +9,14 @@
 // asynchronous step allows): Linux on Pascal or newer. Windows and WSL lack it, and there a host access
 // during a kernel is an error, so the backend refuses to start on such a device with a message saying why. Kernels run on one stream the backend creates (a blocking one: the synchronous copies of
 // to_host & co. wait for it). The ops themselves never wait for the GPU, except those that return values
-// or that the host reads after (zero_grad, step_sum_squares, cast_params); the model calls synchronize() at the end of
+// or that the host reads after (zero_grad, step_result, cast_params); the model calls synchronize() at the end of
 // backward. So forward_backward's ops can be captured into a CUDA graph (capture_begin/end): while capturing,
 // any host synchronisation fails, and growing a scratch buffer (which needs one) is refused.
 // Out-of-memory is checked before allocating and reported with the size asked for.
 #include "cuda/backend_cuda.h"
 
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -97,7 +98,8 @@ class CudaBackend final : public Backend<T> {
     device_ = device;
     CUDA_CHECK(cudaStreamCreate(&stream_));  // not the legacy default stream, which cannot be captured
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&norm_work_), kNormBlocks * sizeof(double)));
-    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&step_dev_), sizeof(StepArgs)));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&step_dev_), sizeof(StepState)));
+    set_loss_scaler(LossScaler{});  // scale 1: no loss scaling until the model turns it on
     // auto: cuDNN's fused attention for bf16 models on a GPU when it is compiled in and agrees with our flash
     // kernel on a small problem (checked here, once); our flash kernel otherwise. An explicit 'cudnn' must pass
     // the same check or the backend refuses to start.
@@ -304,7 +306,8 @@ class CudaBackend final : public Backend<T> {
   }
   void crossentropy_backward(T* logits, const float* lse, const int32_t* targets, const int32_t* n_valid,
                              float grad_scale, int N, int V, int Vp) override {
-    cuda::crossentropy_backward(k(logits), lse, targets, n_valid, grad_scale, N, V, Vp, stream_);
+    cuda::crossentropy_backward(k(logits), lse, targets, n_valid, &step_dev_->scaler.scale, grad_scale, N, V, Vp,
+                                stream_);
   }
   void loss_accumulate(float* acc, const float* losses, const int32_t* n_valid, int N, float scale) override {
     cuda::loss_accumulate(acc, losses, n_valid, N, scale, stream_);
@@ -345,16 +348,13 @@ class CudaBackend final : public Backend<T> {
   void graph_destroy(void* graph) noexcept override {
     if (cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph)) != cudaSuccess) (void)cudaGetLastError();
   }
-  // The step's values, through pinned staging memory into step_dev_ (device memory).
-  void set_step_args(const StepArgs& args) override {
-    StepArgs* host = static_cast<StepArgs*>(step_staging_.reserve(sizeof(StepArgs)));
-    *host = args;
-    CUDA_CHECK(cudaMemcpyAsync(step_dev_, host, sizeof(StepArgs), cudaMemcpyHostToDevice, stream_));
-    step_staging_.sent(stream_);
-  }
+  // The step's values and the loss scaler, through pinned staging memory into step_dev_ (device memory).
+  void set_step_args(const StepArgs& args) override { stage(&step_dev_->args, args); }
+  void set_loss_scaler(const LossScaler& scaler) override { stage(&step_dev_->scaler, scaler); }
   void grad_sum_squares(const float* grad, size_t n) override {
-    cuda::sum_squares_into(&step_dev_->sumsq, grad, n, norm_work_, stream_);
+    cuda::sum_squares_into(&step_dev_->args.sumsq, grad, n, norm_work_, stream_);
   }
+  void loss_scale_update() override { cuda::loss_scale_update(step_dev_, stream_); }
   // the whole model (or a ZeRO-1 shard) in one launch; lr, bias corrections, seed and the gradient scale (clip
   // factor included) come from step_dev_
   void adamw(T* param, float* master, const float* grad, float* m, float* v, size_t base,
@@ -369,11 +369,15 @@ class CudaBackend final : public Backend<T> {
       cuda::adamw_update(k(param), master, grad, m, v, spans.data() + i,
                          int(std::min<size_t>(kAdamWMaxSegments, spans.size() - i)), p, stream_);
   }
-  double step_sum_squares() override {
-    double sumsq = 0;
-    CUDA_CHECK(cudaMemcpyAsync(&sumsq, &step_dev_->sumsq, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  // sumsq and the scaler behind it (StepArgs ends with sumsq, StepState puts the scaler next): one copy
+  StepResult step_result() override {
+    static_assert(offsetof(StepArgs, sumsq) + sizeof(double) == sizeof(StepArgs), "sumsq must end StepArgs");
+    constexpr size_t from = offsetof(StepState, args) + offsetof(StepArgs, sumsq);
+    StepState host{};
+    CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<char*>(&host) + from, reinterpret_cast<char*>(step_dev_) + from,
+                               sizeof(StepState) - from, cudaMemcpyDeviceToHost, stream_));
     sync();  // also: the update is done, the host may read the parameters
-    return sumsq;
+    return {host.args.sumsq, host.scaler};
   }
   void cast_params(T* param, const float* master, size_t n, uint32_t seed, size_t offset) override {
     if constexpr (std::is_same_v<T, float>) {
@@ -544,6 +548,14 @@ class CudaBackend final : public Backend<T> {
     }
     return s.p;
   }
+  // *dst (device memory) = value, copied from step_staging_ in stream order (never while capturing)
+  template <class V>
+  void stage(V* dst, const V& value) {
+    V* host = static_cast<V*>(step_staging_.reserve(sizeof(V)));
+    *host = value;
+    CUDA_CHECK(cudaMemcpyAsync(dst, host, sizeof(V), cudaMemcpyHostToDevice, stream_));
+    step_staging_.sent(stream_);
+  }
   float* scratch(size_t n) { return grow(scratch_, n); }
   T* t_scratch(size_t n) { return grow(tscratch_, n); }  // cuDNN attention backward's output
   // Pinned host memory that asynchronous host-to-device copies read from. reserve() waits until the copies
@@ -581,7 +593,7 @@ class CudaBackend final : public Backend<T> {
   const int32_t* bucketed_ = nullptr;  // the device token ids buckets_ describes
   int bucketed_BT_ = 0;
   PinnedStaging batch_staging_;     // upload_batch's
-  StepArgs* step_dev_ = nullptr;    // the optimizer step's values (set_step_args), device memory
+  StepState* step_dev_ = nullptr;   // the optimizer step's values (set_step_args) and the loss scaler, device memory
   PinnedStaging step_staging_;
 };
 

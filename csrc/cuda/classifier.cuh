@@ -2,8 +2,10 @@
 //   forward:  lse[n] = logsumexp(logits[n, :V]); losses[n] = lse[n] - logits[n, target[n]], or 0 where
 //             the target is -1 (ignored) or targets is null; counts the non-ignored rows (integer atomics).
 //   backward (in place): logits[n, i] becomes (softmax - onehot(target)) * dloss for i < V of valid rows,
-//             0 in the padded columns V..Vp-1 and in ignored rows; dloss = grad_scale / count with the count of
-//             valid rows read from device memory (no host round trip), divided in double and rounded once.
+//             0 in the padded columns V..Vp-1 and in ignored rows; dloss = grad_scale * loss_scale / count with
+//             the count of valid rows and the loss scale (dynamic loss scaling; null: 1) read from device memory
+//             when the kernel runs (no host round trip; a graph replay sees each step's scale), in double, rounded
+//             once.
 //   loss:     *acc += scale * sum(losses) / count (the mean loss, accumulated over micro-steps).
 // One block per row; forward reads the row once (online max/sum), backward reads and writes it once, 16 bytes
 // per access (Vec<floatX>) when every row starts 16-byte aligned, one value per access otherwise;
@@ -83,11 +85,13 @@ __global__ void crossentropy_backward_kernel(floatX* __restrict__ logits,       
                                              const float* __restrict__ lse,     // (N)
                                              const int* __restrict__ targets,   // (N)
                                              const int* __restrict__ count,     // (1) valid rows
+                                             const float* __restrict__ loss_scale,  // (1) or null: 1
                                              float grad_scale, int V, int Vp, bool vec) {
   using P = Vec<floatX>;
   constexpr int K = kVec<floatX>;
   const int n = blockIdx.x;
-  const float dloss = *count > 0 ? float(double(grad_scale) / double(*count)) : 0.0f;
+  const double scale = loss_scale ? double(*loss_scale) : 1.0;
+  const float dloss = *count > 0 ? float(double(grad_scale) * scale / double(*count)) : 0.0f;
   floatX* row = logits + size_t(n) * Vp;
   const int t = targets[n];
   const float l = lse[n];
@@ -143,14 +147,15 @@ void crossentropy_forward(float* losses, float* lse, const floatX* logits, const
   CUDA_CHECK_LAUNCH();
 }
 
-// count: a device int of valid rows; dloss = grad_scale / *count on the device.
+// count: a device int of valid rows; loss_scale: a device float or null; dloss = grad_scale * *loss_scale / *count
+// on the device.
 template <class floatX>
-void crossentropy_backward(floatX* logits, const float* lse, const int* targets, const int* count, float grad_scale,
-                           int N, int V, int Vp, cudaStream_t stream) {
+void crossentropy_backward(floatX* logits, const float* lse, const int* targets, const int* count,
+                           const float* loss_scale, float grad_scale, int N, int V, int Vp, cudaStream_t stream) {
   if (N <= 0) return;
   const bool vec = Vp % kVec<floatX> == 0 && aligned16(logits);
   LAUNCH(crossentropy_backward_kernel<floatX>, N, kClassifierBlock, 0, stream, logits, lse, targets, count,
-         grad_scale, V, Vp, vec);
+         loss_scale, grad_scale, V, Vp, vec);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -102,8 +102,10 @@ class Backend {
   // The loss, counted and summed in backend memory (no host round trip, so a CUDA graph can capture it):
   // crossentropy_forward writes per-row losses and logsumexps and the number of non-ignored targets into *n_valid
   // (targets may be null: every row ignored); crossentropy_backward turns logits into dlogits in place, scaled by
-  // dloss = grad_scale / *n_valid (in double, rounded once; 0 when *n_valid is 0); loss_accumulate adds the mean
-  // loss: *acc += scale * sum(losses) / *n_valid (nothing when *n_valid is 0).
+  // dloss = grad_scale * S / *n_valid (in double, rounded once; 0 when *n_valid is 0), where S is the loss scale
+  // in backend memory (LossScaler::scale, 1 unless loss scaling is on), read when the op runs, so a captured
+  // backward uses each step's scale; loss_accumulate adds the mean (unscaled) loss: *acc += scale * sum(losses) /
+  // *n_valid (nothing when *n_valid is 0).
   virtual void crossentropy_forward(M* losses, M* lse, const T* logits, const int32_t* targets, int32_t* n_valid,
                                     int N, int V, int Vp) = 0;
   virtual void crossentropy_backward(T* logits, const M* lse, const int32_t* targets, const int32_t* n_valid,
@@ -118,19 +120,24 @@ class Backend {
   virtual void* capture_end(bool /*keep*/) { return nullptr; }
   virtual void graph_launch(void* /*graph*/) {}
   virtual void graph_destroy(void* /*graph*/) noexcept {}
-  // The optimizer step, its values in backend memory (so a captured step reads each step's values at replay):
-  // set_step_args stores them (never while capturing); grad_sum_squares writes the sum of squares of n gradients
-  // (accumulated in double) into their sumsq; adamw is AdamW over segments of the flat buffers with the gradients
-  // scaled by grad_scale * clip_factor(sumsq, clip) (model/optimizer.h), computed where it runs, writing nothing
-  // at all when the norm is not finite. param, master, grad, m and v hold flat indices [base, ...): value k is at
+  // The optimizer step, its values in backend memory (a StepState, model/optimizer.h, so a captured step reads
+  // each step's values at replay): set_step_args stores the StepArgs (never while capturing); grad_sum_squares
+  // writes the sum of squares of n gradients (accumulated in double) into their sumsq; adamw is AdamW over
+  // segments of the flat buffers with the gradients multiplied by update_factor(args, scaler.scale) (grad_scale *
+  // clip_factor / scale), computed where it runs, writing nothing at all when the norm is not finite. param, master, grad, m and v hold flat indices [base, ...): value k is at
   // ptr[k - base], and the bf16 rounding index of value k is k (master is null when M == T: the parameters are
   // their own master copy; otherwise master is updated and param rewritten from it as cast_params does).
-  // step_sum_squares() reads sumsq back (the one host read; the ops before it have finished when it returns).
+  // Loss scaling: set_loss_scaler stores the scaler's state (never while capturing); loss_scale_update applies
+  // loss_scale_update(scaler, sumsq) where it runs (one tiny kernel on a GPU), after adamw.
+  // step_result() reads sumsq and the scaler back in one copy (the one host read of a step; the ops before it
+  // have finished when it returns).
   virtual void set_step_args(const StepArgs& args) = 0;
   virtual void grad_sum_squares(const M* grad, size_t n) = 0;
   virtual void adamw(T* param, M* master, const M* grad, M* m, M* v, size_t base,
                      const std::vector<AdamWSegment>& segments, float beta1, float beta2, float eps) = 0;
-  virtual double step_sum_squares() = 0;
+  virtual void set_loss_scaler(const LossScaler& scaler) = 0;
+  virtual void loss_scale_update() = 0;
+  virtual StepResult step_result() = 0;
   // param[i] = master[i] rounded to T: stochastically with random bits that are a function of (seed, offset + i)
   // only, or to nearest even when seed == 0. Only backends whose models keep a master copy implement it.
   virtual void cast_params(T* /*param*/, const M* /*master*/, size_t /*n*/, uint32_t /*seed*/, size_t /*offset*/) {

@@ -407,13 +407,32 @@ void GPT2Model<T>::drop_graph(GraphSlot& g) {
 }
 
 template <typename T>
-double GPT2Model<T>::grad_sum_squares(size_t lo, size_t hi) {
-  backend_->grad_sum_squares(grads_ + lo, hi - lo);
-  return backend_->step_sum_squares();
+double GPT2Model<T>::read_step_result() {
+  const StepResult r = backend_->step_result();
+  scaler_ = r.scaler;
+  return r.sumsq;
 }
 
 template <typename T>
-double GPT2Model<T>::grad_norm() { return std::sqrt(grad_sum_squares(0, num_params_)); }
+void GPT2Model<T>::set_loss_scaling(bool on, const LossScaler& state) {
+  if (on && !(state.scale > 0 && std::isfinite(state.scale) && state.interval >= 1 && state.growth >= 1 &&
+              std::isfinite(state.growth) && state.backoff > 0 && state.backoff < 1 && state.clean >= 0 &&
+              state.skipped >= 0))
+    throw std::invalid_argument("loss scaling: need a finite scale > 0, interval >= 1, growth >= 1, 0 < backoff < 1 "
+                                "and counters >= 0");
+  loss_scaling_ = on;
+  scaler_ = on ? state : LossScaler{};  // off: scale 1, never updated
+  backend_->set_loss_scaler(scaler_);
+}
+
+template <typename T>
+double GPT2Model<T>::grad_sum_squares(size_t lo, size_t hi) {
+  backend_->grad_sum_squares(grads_ + lo, hi - lo);
+  return read_step_result();
+}
+
+template <typename T>
+double GPT2Model<T>::grad_norm() { return std::sqrt(unscaled(grad_sum_squares(0, num_params_))); }
 
 template <typename T>
 void GPT2Model<T>::adamw_update(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
@@ -423,6 +442,7 @@ void GPT2Model<T>::adamw_update(float lr, float beta1, float beta2, float eps, f
   adamw_over(0, num_params_, m_, v_, beta1, beta2, eps, weight_decay,
              step_args(lr, beta1, beta2, step, grad_scale, 0, 0));
   backend_->synchronize();  // the host may read the parameters next
+  round_seed_ = uint32_t(step);
   params_stale_ = false;  // the update rewrote the ops' copy from the new master weights
 }
 
@@ -449,11 +469,14 @@ double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float ep
   Backend<T>& be = *backend_;
   be.set_step_args(step_args(lr, beta1, beta2, step, 1.0f, grad_clip, 0));  // outside the graph: read at replay
   const std::vector<AdamWSegment> segments = adamw_segments(0, num_params_, weight_decay);
-  run_graphed(optimizer_graph_, {beta1, beta2, eps, weight_decay}, [&] {
+  const bool scaling = loss_scaling_;
+  run_graphed(optimizer_graph_, {beta1, beta2, eps, weight_decay, double(scaling)}, [&] {
     be.grad_sum_squares(grads_, num_params_);
     be.adamw(params_, master_, grads_, m_, v_, 0, segments, beta1, beta2, eps);
+    if (scaling) be.loss_scale_update();
   });
-  const double norm = std::sqrt(be.step_sum_squares());
+  const double sumsq = unscaled(read_step_result());  // the scale these gradients carry: the one before the update
+  const double norm = std::sqrt(sumsq);
   if (std::isfinite(norm)) {  // else nothing was written
     round_seed_ = uint32_t(step);
     params_stale_ = false;
@@ -469,9 +492,11 @@ void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr
   if (lo > hi || hi > num_params_) throw std::invalid_argument("adamw_update_range: bad range");
   adamw_over(lo, hi, m, v, beta1, beta2, eps, weight_decay,
              step_args(lr, beta1, beta2, step, grad_scale, grad_clip, sumsq));
-  backend_->synchronize();  // the host reads the shard next (all-gather)
+  if (loss_scaling_) backend_->loss_scale_update();  // from the sumsq every rank was given: the same decision
+  read_step_result();  // also waits: the host reads the shard next (all-gather)
   // the rest of the master weights arrive from the other ranks (all-gather), which calls params_changed();
   // rebuilding the whole copy with this step's seed then gives every rank the bits a full update writes
+  if (std::isfinite(sumsq)) round_seed_ = uint32_t(step);
 }
 
 // AdamW over flat [lo, hi) (moments m, v of that range) with the step's values, each tensor's part with its
@@ -482,7 +507,6 @@ void GPT2Model<T>::adamw_over(size_t lo, size_t hi, M* m, M* v, float beta1, flo
   backend_->set_step_args(args);
   backend_->adamw(params_ + lo, master_ ? master_ + lo : nullptr, grads_ + lo, m, v, lo,
                   adamw_segments(lo, hi, weight_decay), beta1, beta2, eps);
-  round_seed_ = args.seed;
 }
 
 // The part of each tensor inside flat [lo, hi), with its weight decay (2-D tensors only).

@@ -99,8 +99,19 @@ class GPT2Model {
   // The loss accumulated by forward_backward since the last call (0 if none), and resets it.
   double take_loss();
   // optimizer_step: the global gradient norm, clipping to grad_clip (0: none) and AdamW, all in backend memory;
-  // returns the pre-clip norm. A non-finite norm leaves weights and moments untouched (and is returned).
+  // returns the pre-clip norm (unscaled). A non-finite norm leaves weights and moments untouched (and is returned);
+  // with loss scaling that is a skipped step, and the scaler backs off (see set_loss_scaling).
   double optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step, double grad_clip);
+  // Dynamic loss scaling (LossScaler, model/optimizer.h: PyTorch GradScaler's rule), off by default. On, every
+  // backward multiplies the loss gradient by the scale in backend memory, so grads() hold scale * the gradients
+  // (as PyTorch's .grad before GradScaler.unscale_); the optimizer divides it out (clipping by the unscaled norm)
+  // and then steps the scaler on the device: a step with non-finite gradients writes nothing and halves the
+  // scale, `interval` clean steps in a row double it. `state` is where the scaler starts (a new run: scale = the
+  // initial scale, clean = skipped = 0; a resumed one: the saved state). Off, the scale is 1 and never changes.
+  // The host's copy, loss_scaler(), is refreshed by the read that ends each optimizer step (no extra round trip).
+  void set_loss_scaling(bool on, const LossScaler& state = LossScaler{});
+  bool loss_scaling() const { return loss_scaling_; }
+  const LossScaler& loss_scaler() const { return scaler_; }
   // With graphs on and a backend that can capture (CUDA), each of the two runs from a CUDA graph: the first call
   // for a shape (forward_backward: B, Tn, grad_scale; optimizer_step: beta1, beta2, eps, weight_decay) runs the
   // ops directly, which also sizes every scratch buffer; the second records them into a graph and launches it;
@@ -113,15 +124,18 @@ class GPT2Model {
   long graph_replays() const { return graph_replays_; }
   void zero_grad();
   // The host-synchronous forms of the optimizer's device ops (each the ops plus one read of the sum of squares):
-  double grad_sum_squares(size_t lo, size_t hi);  // of flat gradients [lo, hi), accumulated in double
-  double grad_norm();  // global L2 norm of all gradients
-  // AdamW with the gradients multiplied by grad_scale, no clipping.
+  // of flat gradients [lo, hi) as they are in memory (with loss scaling: scaled), accumulated in double
+  double grad_sum_squares(size_t lo, size_t hi);
+  double grad_norm();  // global L2 norm of all gradients (unscaled)
+  // AdamW with the gradients multiplied by grad_scale (and divided by the loss scale), no clipping.
   void adamw_update(float lr, float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale);
   // AdamW over the flat parameter range [lo, hi) only (ZeRO-1: this rank's shard), with the same per-tensor
   // weight-decay policy as adamw_update and the gradients multiplied by grad_scale * clip_factor(sumsq,
   // grad_clip) (model/optimizer.h; sumsq: of all gradients, every rank's shard; nothing is written when it is
   // not finite). m and v are the shard's moments: hi - lo values each in backend memory, owned by the caller;
-  // the model's own adam_m()/adam_v() are not touched (nor allocated).
+  // the model's own adam_m()/adam_v() are not touched (nor allocated). With loss scaling, sumsq is of the scaled
+  // gradients and the scaler then steps from it: every rank passes the same all-reduced sumsq, so every rank
+  // takes the same skip decision.
   void adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
                           float weight_decay, int step, float grad_scale, double grad_clip, double sumsq);
   int last_B() const { return B_; }
@@ -153,6 +167,9 @@ class GPT2Model {
                      double sumsq) const;
   void adamw_over(size_t lo, size_t hi, M* m, M* v, float beta1, float beta2, float eps, float weight_decay,
                   const StepArgs& args);
+  double unscaled(double sumsq) const { return sumsq / (double(scaler_.scale) * double(scaler_.scale)); }
+  // The step's one read (Backend::step_result): refreshes the host's scaler copy, returns the sum of squares.
+  double read_step_result();
   T* param(ParamTensor i) const { return params_ + offsets_[i]; }
   M* grad(ParamTensor i) const { return grads_ + offsets_[i]; }
   // layer l's tensors in base (params_ or grads_)
@@ -189,6 +206,8 @@ class GPT2Model {
   M* loss_acc_ = nullptr;
   bool graphs_ = false;
   GraphSlot step_graph_, optimizer_graph_;  // forward_backward's and optimizer_step's
+  bool loss_scaling_ = false;
+  LossScaler scaler_;  // the host's copy of the backend's (as of the last optimizer step's read)
   long graph_captures_ = 0, graph_replays_ = 0;
 };
 

@@ -35,6 +35,45 @@ GPT2CORE_HOST_DEVICE inline bool clip_factor(double sumsq, double clip, float* f
   return true;
 }
 
+// Dynamic loss scaling, PyTorch's GradScaler (torch.amp.GradScaler): the loss gradient is multiplied by `scale`
+// so that small fp16 gradients do not flush to zero; the update divides it out again. A step whose gradients hold
+// an inf or NaN (their global sum of squares is not finite) is skipped: nothing is written, the scale is
+// multiplied by `backoff` and the run of clean steps restarts. After `interval` clean steps in a row the scale is
+// multiplied by `growth` (unless that would overflow fp32, as GradScaler) and the run restarts. The state lives in
+// backend memory and is updated there (Backend::loss_scale_update), so a step needs no host round trip; off, the
+// scale stays 1 and nothing updates it.
+struct LossScaler {
+  float scale = 1.0f;
+  float growth = 2.0f, backoff = 0.5f;
+  int32_t interval = 2000;  // clean steps in a row before the scale grows
+  int32_t clean = 0;        // clean steps since the last growth or backoff (GradScaler's growth tracker)
+  int64_t skipped = 0;      // steps skipped for non-finite gradients, in total
+};
+constexpr float kLossScaleInit = 65536.0f;  // 2^16, GradScaler's init_scale
+constexpr int kLossScaleInterval = 2000;    // GradScaler's growth_interval
+
+// One step of the scaler after an update whose gradients had sum of squares sumsq (of the scaled gradients).
+GPT2CORE_HOST_DEVICE inline void loss_scale_update(LossScaler& s, double sumsq) {
+#if defined(__CUDACC__)
+  const bool finite = ::isfinite(sumsq);
+#else
+  const bool finite = std::isfinite(sumsq);
+#endif
+  if (!finite) {
+    s.scale *= s.backoff;
+    s.clean = 0;
+    s.skipped++;
+  } else if (++s.clean >= s.interval) {
+    const float grown = s.scale * s.growth;
+#if defined(__CUDACC__)
+    if (::isfinite(grown)) s.scale = grown;
+#else
+    if (std::isfinite(grown)) s.scale = grown;
+#endif
+    s.clean = 0;
+  }
+}
+
 // AdamW's bias corrections 1 - beta^step, in float (every update path uses these, so their bits agree).
 inline float bias_correction(float beta, int step) { return 1.0f - std::pow(beta, float(step)); }
 
@@ -49,12 +88,38 @@ struct AdamWSegment {
 // that a captured step reads each step's values at replay. The gradients are multiplied by
 // grad_scale * clip_factor(sumsq, clip); sumsq is written by Backend::grad_sum_squares in a training step, or
 // given (ZeRO-1: the sum over all ranks' shards; 0 with clip = 0 for a plain update).
+//
+// With loss scaling the gradients in memory are scale * the true ones (scale: the LossScaler's, the one their
+// backward used): the clip rule sees the unscaled sum of squares sumsq / scale^2, and the factor is
+// grad_scale * clip_factor / scale (update_factor). Off, scale is 1 and this is the plain rule.
 struct StepArgs {
   float lr, bc1, bc2;
   float grad_scale;  // 1 in a training step
   uint32_t seed;     // stochastic rounding of a bf16 copy: the step
   double clip;       // clip the global gradient norm to this (0: no clipping)
-  double sumsq;      // sum of squares of all gradients
+  double sumsq;      // sum of squares of all gradients (as they are in memory: scaled); LAST (see StepState)
 };
+
+// What a backend keeps in its memory for the optimizer: the step's values and the loss scaler, in this order, so
+// that the one read after a step (Backend::step_result) copies sumsq and the scaler together.
+struct StepState {
+  StepArgs args;
+  LossScaler scaler;
+};
+// The host's copy of what that read brings back.
+struct StepResult {
+  double sumsq;
+  LossScaler scaler;
+};
+
+// The factor AdamW multiplies the gradients by: grad_scale * clip_factor(unscaled sumsq, clip) / scale, in float
+// (with scale = 2^k the division is exact, so scaled and unscaled runs write the same bits). False when the sum
+// of squares is not finite: the step must write nothing.
+GPT2CORE_HOST_DEVICE inline bool update_factor(const StepArgs& a, float scale, float* factor) {
+  float clip = 1.0f;
+  if (!clip_factor(a.sumsq / (double(scale) * double(scale)), a.clip, &clip)) return false;
+  *factor = (a.grad_scale * clip) / scale;
+  return true;
+}
 
 }  // namespace gpt2

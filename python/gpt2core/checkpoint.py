@@ -6,7 +6,8 @@ A checkpoint is a directory `<output-dir>/checkpoints/step_NNNNNN/`:
     adam_m.npy       AdamW first moments, all parameters flat in param_names() order, float32
     adam_v.npy       AdamW second moments, the same layout
     state.json       step, optimizer step count, next LR, train loader position, model config, the
-                     training arguments, versions
+                     training arguments, versions; with loss scaling the scaler's state (optimizer.loss_scaler:
+                     scale, clean, skipped)
     metrics.jsonl    a copy of the run's metrics up to this step
     manifest.json    written last: format, version, step, and the size and sha256 of every other file
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -156,7 +158,7 @@ def _checkpoint_state(step: int, model, state: dict | None) -> dict:
     st.update({
         "step": int(step),
         "optimizer": {"name": "adamw", "step_count": int(model.step_count), "param_order": names,
-                      "num_parameters": int(model.num_parameters)},
+                      "num_parameters": int(model.num_parameters), "loss_scaler": model.loss_scaler_state()},
         "model_config": model.config.to_dict(),
         "gpt2core_version": _C.build_info()["version"],
         "device": getattr(model, "device", "cpu"),
@@ -420,6 +422,9 @@ class Checkpoint:
         if list(order) != list(_C.param_names()):
             raise CheckpointError(f"{self.path}: optimizer state is in parameter order {order}, this version "
                                   f"uses {list(_C.param_names())}")
+        # the loss scaler continues where it was (ignored by a model without loss scaling: an fp16 run's
+        # checkpoint continues in fp32 on the CPU without one; a run without it gives a scaling model none)
+        model.load_loss_scaler_state(self.state["optimizer"].get("loss_scaler"))
         if not optimizer:
             fill_params(model, flat, self.path / "model.bin")
             model.step_count = int(self.state["optimizer"]["step_count"])
@@ -482,6 +487,11 @@ def _read_state(path: Path, world: int, optim: list[str]) -> dict:
             raise ValueError(f"num_parameters {n!r} is not the {config.num_parameters()} of its model_config")
         if not isinstance(order, list) or not all(isinstance(k, str) for k in order):
             raise TypeError(f"param_order must be a list of names, got {order!r}")
+        scaler = opt.get("loss_scaler")
+        if scaler is not None and not (isinstance(scaler["scale"], float) and math.isfinite(scaler["scale"])
+                                       and scaler["scale"] > 0 and all(isinstance(scaler[k], int) and scaler[k] >= 0
+                                                                       for k in ("clean", "skipped"))):
+            raise ValueError(f"loss_scaler must hold a finite scale > 0 and counts clean, skipped >= 0, got {scaler!r}")
         if world:  # the shards tile [0, num_parameters) in rank order
             shards = state["zero"]["shards"]
             bounds = [0] + [int(s["hi"]) for s in shards]

@@ -94,6 +94,12 @@ class TrainConfig:
                                        "passes a self-check at start, else flash), flash (gpt2core's kernel), cudnn, "
                                        "or the materialised 'naive' rung", "model",
                                  choices=["auto", "flash", "cudnn", "naive"])
+    loss_scaling: str = _opt("auto", "dynamic loss scaling (PyTorch GradScaler's rule, on the device): auto (on for "
+                                     "fp16 only), on, off. An overflow skips the step and halves the scale",
+                             "model", choices=["auto", "on", "off"])
+    loss_scale_init: float = _opt(65536.0, "initial loss scale (2**16, as GradScaler)", "model")
+    loss_scale_interval: int = _opt(2000, "steps in a row without overflow after which the loss scale doubles",
+                                    "model")
     recompute_gelu: bool = _opt(False, "recompute GELU outputs in backward instead of storing one per layer "
                                        "(less memory)", "model")
     cuda_graphs: bool = _opt(False, "CUDA: capture each micro-step's forward and backward, and the optimizer step, "
@@ -160,7 +166,7 @@ class TrainConfig:
     # the settings that change the trajectory: a resumed run that changes them no longer matches an uninterrupted one
     TRAJECTORY = ("preset", "block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens",
                   "no_shuffle", "steps", "lr", "min_lr_frac", "warmup", "schedule", "weight_decay", "grad_clip",
-                  "beta1", "beta2", "eps", "seed")
+                  "beta1", "beta2", "eps", "seed", "loss_scaling", "loss_scale_init", "loss_scale_interval")
 
     def __post_init__(self):
         """Every number in its range: ValueError naming the flag (gpt2core-train prints it as a one-line error)."""
@@ -172,6 +178,13 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be {what}, got {v!r}")
         if self.val_every and not self.val_steps:
             raise ValueError("--val-steps must be >= 1 when --val-every is set")
+        if self.loss_scaling not in ("auto", "on", "off"):
+            raise ValueError(f"--loss-scaling must be auto, on or off, got {self.loss_scaling!r}")
+
+    @property
+    def loss_scaling_on(self) -> bool | None:
+        """--loss-scaling as GPT2's loss_scaling argument: None (auto: on for fp16 only), True or False."""
+        return {"auto": None, "on": True, "off": False}[self.loss_scaling]
 
     def model_config(self) -> GPT2Config:
         """The preset, with --block-size and --padded-vocab-size applied."""
@@ -209,10 +222,12 @@ _RANGES = {
     "sample_every": (0, _INF, "an integer >= 0 (0: only at the end)"), "sample_tokens": (0, _INF, "an integer >= 0"),
     "seed": (0, 2**63 - 1, "an integer >= 0"), "threads": (1, _INF, "a positive integer"),
     "dist_timeout": (0, _INF, "a finite number of seconds > 0"),
+    "loss_scale_init": (0, 3.0e38, "a finite number > 0 that fits in float32 (e.g. 65536)"),
+    "loss_scale_interval": (1, 2**31 - 1, "an integer >= 1"),
     "checkpoint_every": (0, _INF, "an integer >= 0 (0: never)"), "keep_last": (0, _INF, "an integer >= 0 (0: all)"),
 }
 _INTS = {"block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens", "steps", "warmup",
          "val_every", "val_steps", "hellaswag_every", "hellaswag_limit", "sample_every", "sample_tokens", "seed",
-         "threads", "checkpoint_every", "keep_last"}
+         "threads", "checkpoint_every", "keep_last", "loss_scale_interval"}
 _OPTIONAL = {"block_size", "padded_vocab_size", "total_batch_tokens", "hellaswag_limit", "threads"}
-_POSITIVE = {"lr", "eps", "outlier_z", "dist_timeout"}
+_POSITIVE = {"lr", "eps", "outlier_z", "dist_timeout", "loss_scale_init"}

@@ -300,13 +300,18 @@ class DataParallel:
                 self.comm.allreduce(m.flat_grads(), "avg")
             self.last_comm_ms = comm_ms + (time.perf_counter() - t0) * 1e3
             return m.step(lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, eps=eps, grad_clip=grad_clip)
-        if not math.isfinite(norm):
+        if not math.isfinite(norm) and not m.loss_scaling:
             raise FloatingPointError(f"gradient norm is {norm} at step {m.step_count + 1}; weights not updated")
-        m.step_count += 1
-        # clipped by the core's rule (csrc/model/optimizer.h) by the global norm, from the sum of squares over ranks
+        # clipped by the core's rule (csrc/model/optimizer.h) by the global norm, from the sum of squares over ranks;
+        # with loss scaling an overflow (that sum not finite, the same value on every rank) skips the update and
+        # backs the scale off on every rank alike (GradScaler's convention: step_count counts applied updates)
         m.adamw_range(self.lo, self.hi, self.m, self.v, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                      weight_decay=weight_decay, step=m.step_count,
+                      weight_decay=weight_decay, step=m.step_count + 1,
                       grad_clip=grad_clip if grad_clip and grad_clip > 0 else 0.0, sum_squares=self._sumsq)
+        if not math.isfinite(norm):
+            self.last_comm_ms = comm_ms
+            return norm  # nothing written on any rank: nothing to all-gather
+        m.step_count += 1
         t1 = time.perf_counter()
         self.comm.all_gather(m.flat_params())
         self.last_comm_ms = comm_ms + (time.perf_counter() - t1) * 1e3
@@ -330,8 +335,8 @@ class DataParallel:
                 ss = np.array([self.model.grad_sum_squares(self.lo, self.hi)], dtype=np.float32)
                 self.comm.allreduce(ss, "sum")
                 self._comm_ms += (time.perf_counter() - t0) * 1e3
-                self._sumsq = float(ss[0])  # step() hands it to the core's clip rule
-                self._norm = math.sqrt(self._sumsq)
+                self._sumsq = float(ss[0])  # step() hands it to the core's clip rule (scaled, as the gradients)
+                self._norm = math.sqrt(self._sumsq / self.model.loss_scale ** 2)
         return self._norm
 
     # ------------------------------------------------------------------ reporting

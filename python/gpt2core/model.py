@@ -80,7 +80,8 @@ class GPT2:
 
     def __init__(self, config: GPT2Config | str = "d12", device: str = "cpu", seed: int = 0,
                  dtype: str = "float32", init: bool = True, precision: str | None = None,
-                 attention: str | None = None, fused: bool = True):
+                 attention: str | None = None, fused: bool = True, loss_scaling: bool | None = None,
+                 loss_scale_init: float = 2.0**16, loss_scale_interval: int = 2000):
         """precision: "fp32"; "tf32" (CUDA: TF32 tensor-core matmuls); "bf16" (CUDA: bf16 weights copy and
         activations, fp32 master weights, gradients, AdamW state, softmax and loss). None picks bf16 on a
         GPU with bf16 tensor cores (sm_80+) and fp32 elsewhere (T4, sm_75, refuses bf16 and tf32). attention (CUDA): "auto" (default: cuDNN's
@@ -88,7 +89,13 @@ class GPT2:
         or "naive" (the materialised rung of the speed ladder); the CPU backend always materialises attention.
         fused (CUDA): residual + layernorm in one kernel and GELU in the matmul epilogues (False: the separate
         kernels, the unfused rung of the speed ladder; the CPU backend has nothing to fuse). All of these are
-        this model's own: two models in one process may differ."""
+        this model's own: two models in one process may differ.
+
+        loss_scaling: dynamic loss scaling as PyTorch's GradScaler does it, on the device (see step()): True,
+        False, or None (default: on for precision="fp16" only, whose gradients would underflow without it; it
+        works on every backend and precision, so also on the CPU, where it is off unless asked for).
+        loss_scale_init (default 2**16) is the first scale; after loss_scale_interval (default 2000) steps in a
+        row without overflow it doubles, and each overflow halves it."""
         if isinstance(config, str):
             config = get_preset(config)
         elif not isinstance(config, GPT2Config):
@@ -116,6 +123,12 @@ class GPT2:
         self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size, padded_vocab_size=c.padded_vocab_size,
                       n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, device=self.device,
                       tf32=precision == "tf32", attention=attention or "auto", fused=bool(fused))
+        if loss_scaling not in (None, True, False):
+            raise ValueError(f"loss_scaling must be True, False or None (on for fp16 only), got {loss_scaling!r}")
+        check_loss_scale_args(loss_scale_init, loss_scale_interval)
+        if loss_scaling is None:
+            loss_scaling = precision == "fp16"
+        self._m.set_loss_scaling(bool(loss_scaling), scale=float(loss_scale_init), interval=int(loss_scale_interval))
         self.params: dict[str, np.ndarray] = self._m.params()
         self.grads: dict[str, np.ndarray] = self._m.grads()
         self.step_count = 0
@@ -162,6 +175,40 @@ class GPT2:
         self._step_count = int(step)
         if self._m.param_round_seed != self._step_count:
             self._m.param_round_seed = self._step_count
+
+    # ------------------------------------------------------------------ loss scaling
+    @property
+    def loss_scaling(self) -> bool:
+        """Dynamic loss scaling is on (see __init__ and step())."""
+        return self._m.loss_scaling
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 when loss scaling is off): self.grads hold this times the gradients."""
+        return self._m.loss_scaler["scale"]
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped so far for an overflow (inf/NaN gradients) under loss scaling."""
+        return self._m.loss_scaler["skipped"]
+
+    def loss_scaler_state(self) -> dict | None:
+        """The loss scaler's state {scale, clean, skipped} (clean: steps in a row without overflow since the
+        scale last changed; skipped: in total), None when loss scaling is off. What checkpoints save."""
+        if not self.loss_scaling:
+            return None
+        d = self._m.loss_scaler
+        return {"scale": d["scale"], "clean": d["clean"], "skipped": d["skipped"]}
+
+    def load_loss_scaler_state(self, state: dict | None) -> None:
+        """Continue from a saved loss_scaler_state(). With loss scaling off the state is ignored (an fp16 run's
+        checkpoint continuing in fp32 needs no scale); None (a checkpoint of a run without scaling) leaves the
+        scaler at its initial scale."""
+        if state is None or not self.loss_scaling:
+            return
+        interval = self._m.loss_scaler["interval"]
+        self._m.set_loss_scaling(True, scale=float(state["scale"]), interval=interval, clean=int(state["clean"]),
+                                 skipped=int(state["skipped"]))
 
     @property
     def recompute_gelu(self) -> bool:
@@ -261,14 +308,23 @@ class GPT2:
              grad_clip: float = TrainConfig.grad_clip) -> float:
         """Clip the global gradient norm to grad_clip (0 disables), take one AdamW step, return the
         pre-clip norm. A non-finite norm raises FloatingPointError and leaves the weights untouched;
-        so does a hyperparameter out of range (ValueError naming it, see check_step_args)."""
+        so does a hyperparameter out of range (ValueError naming it, see check_step_args).
+
+        With loss scaling, the norm is of the unscaled gradients, and a non-finite one is an overflow: the step
+        is skipped as GradScaler skips optimizer.step() (weights and AdamW moments untouched), the scale halves,
+        skipped_steps counts it, and the non-finite norm is returned instead of raised. Step counters, as with
+        GradScaler: step_count counts the updates applied, and AdamW's bias correction (and the bf16 rounding
+        seed) use it, so a skipped step does not advance them; the learning rate is the caller's, and a loop
+        that takes it from its own step (train.py) moves on past a skipped step."""
         check_step_args(lr, weight_decay, beta1, beta2, eps, grad_clip)
-        # norm, clip scale and update all in the backend (one graph with cuda_graphs): no wait for the GPU
-        # until the norm is read back at the end
+        # norm, clip scale, update and the loss scaler's step all in the backend (one graph with cuda_graphs): no
+        # wait for the GPU until the norm is read back at the end
         clip = grad_clip if grad_clip and grad_clip > 0 else 0.0
         norm = self._m.optimizer_step(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
                                       step=self.step_count + 1, grad_clip=clip)
         if not math.isfinite(norm):  # the backend wrote nothing
+            if self.loss_scaling:
+                return norm
             raise FloatingPointError(f"gradient norm is {norm} at step {self.step_count + 1}; weights not updated")
         self.step_count += 1  # only once the update was accepted
         return norm
@@ -350,6 +406,16 @@ def check_step_args(lr, weight_decay, beta1, beta2, eps, grad_clip) -> None:
         ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and lo <= v < hi
         if not ok or (name == "eps" and v == 0):
             raise ValueError(f"{name} must be a finite number in {text}, got {v!r}")
+
+
+def check_loss_scale_args(init, interval) -> None:
+    """ValueError naming the argument unless the loss scaler's initial scale is a finite number > 0 and its growth
+    interval an integer >= 1."""
+    if isinstance(init, bool) or not isinstance(init, numbers.Real) or not (math.isfinite(init) and init > 0):
+        raise ValueError(f"loss_scale_init must be a finite number > 0 (e.g. 65536 = 2**16), got {init!r}")
+    if isinstance(interval, bool) or not isinstance(interval, numbers.Integral) or not 1 <= interval < 2**31:
+        raise ValueError(f"loss_scale_interval must be an integer >= 1 (steps without overflow before the scale "
+                         f"doubles), got {interval!r}")
 
 
 def load_model(path, device: str = "cpu", padded_vocab_size: int | None = None) -> GPT2:

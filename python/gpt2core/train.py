@@ -114,7 +114,9 @@ class Trainer:
                           if cfg.hellaswag_every else None)
         if cfg.cuda_graphs and self.device == "cpu":
             raise SystemExit("gpt2core-train: --cuda-graphs needs --device cuda")
-        model = GPT2(self.config, device=self.device, seed=cfg.seed, precision=cfg.precision, attention=cfg.attention)
+        model = GPT2(self.config, device=self.device, seed=cfg.seed, precision=cfg.precision, attention=cfg.attention,
+                     loss_scaling=cfg.loss_scaling_on, loss_scale_init=cfg.loss_scale_init,
+                     loss_scale_interval=cfg.loss_scale_interval)
         model.recompute_gelu = cfg.recompute_gelu
         model.cuda_graphs = cfg.cuda_graphs
         self.flops_per_token = self.config.flops_per_token(T)
@@ -337,18 +339,25 @@ class Trainer:
             raise FloatingPointError(f"loss is {loss} at step {step}; weights were not updated (try a lower --lr)")
         z = {"loss_z": self.outliers["loss"].update(loss)}
         kw = dict(weight_decay=cfg.weight_decay, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, grad_clip=cfg.grad_clip)
+        # with loss scaling an overflow (non-finite norm) is no outlier: the step is skipped and the scale backs off
+        scored = lambda norm: math.isfinite(norm) or not m.loss_scaling  # noqa: E731
         if cfg.skip_outliers:
             norm = m.grad_norm()
-            z["grad_norm_z"] = self.outliers["grad_norm"].update(norm)
+            if scored(norm):
+                z["grad_norm_z"] = self.outliers["grad_norm"].update(norm)
             skipped = any(v > cfg.outlier_z for v in z.values())  # NaN (window not yet full) compares False
             if not skipped:
                 m.step(lr, **kw)
         else:
             norm, skipped = m.step(lr, **kw), False
-            z["grad_norm_z"] = self.outliers["grad_norm"].update(norm)
+            if scored(norm):
+                z["grad_norm_z"] = self.outliers["grad_norm"].update(norm)
         dt = time.perf_counter() - t0
-        rec = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm, "dt_ms": dt * 1e3,
-               "tok_per_s": self.total / dt}
+        # the LR above is the loop step's whether or not the update is skipped (GradScaler's convention, GPT2.step)
+        rec = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm if math.isfinite(norm) else None,
+               "dt_ms": dt * 1e3, "tok_per_s": self.total / dt}
+        if m.loss_scaling:  # the scale after this step's update (GradScaler.get_scale()), skips so far
+            rec["loss_scale"], rec["skipped_steps"] = m.loss_scale, m.skipped_steps
         rec.update({k: v for k, v in z.items() if math.isfinite(v)})
         outliers = [f"{k[:-2].replace('_', ' ')} {rec[k[:-2]]:.4g} (z {v:.1f})" for k, v in z.items()
                     if v > cfg.outlier_z]
@@ -401,8 +410,10 @@ class Trainer:
                 if cfg.sample_every and step > 0 and step % cfg.sample_every == 0:
                     self.log(f"step {step:5d} | sample: {self.sample()!r}")
                 rec = self.train_step(step)
+                norm = "overflow, skipped" if rec["grad_norm"] is None else f"{rec['grad_norm']:.3f}"
+                scale = f"scale {rec['loss_scale']:g} skips {rec['skipped_steps']} | " if "loss_scale" in rec else ""
                 self.log(f"step {step + 1:5d}/{cfg.steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
-                         f"norm {rec['grad_norm']:.3f} | {rec['dt_ms']:.0f} ms | {rec['tok_per_s']:,.0f} tok/s | "
+                         f"norm {norm} | {scale}{rec['dt_ms']:.0f} ms | {rec['tok_per_s']:,.0f} tok/s | "
                          f"{rec['tok_per_s'] * self.flops_per_token / 1e9:.1f} GFLOP/s | "
                          + progress.eta(time.perf_counter() - t_run, step + 1 - self.start_step, cfg.steps - step - 1))
                 if self.comm is not None:  # rank 0's time in the step's gradient/parameter collectives (scaling)

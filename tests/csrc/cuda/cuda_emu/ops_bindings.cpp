@@ -122,7 +122,7 @@ struct Ops {
     float* master = std::is_same_v<T, float> ? nullptr : w;
     if (norm) be->grad_sum_squares(g, n);
     be->adamw(p, master, g, mm, vv, base, segments, beta1, beta2, eps);
-    const double sumsq = be->step_sum_squares();  // also waits for the update
+    const double sumsq = be->step_result().sumsq;  // also waits for the update
     py::list out;
     if (norm) out.append(std::sqrt(sumsq));
     if constexpr (!std::is_same_v<T, float>) {
@@ -331,7 +331,7 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
       .def("sum_squares",
            [](O& o, F p) {
              o.be->grad_sum_squares(o.um(p), p.size());
-             const double s = o.be->step_sum_squares();
+             const double s = o.be->step_result().sumsq;
              o.clear();
              return s;
            })
