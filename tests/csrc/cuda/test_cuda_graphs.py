@@ -27,10 +27,10 @@ import gpt2core
 RUNGS = {"fused+flash": {}, "unfused+naive": {"fused": False, "attention": "naive"}, "cudnn": {"attention": "cudnn"}}
 
 
-def models(emu, cls, n=2, seed=0, **options):
+def models(emu, cls, n=2, seed=0, device="cuda", **options):
     out = []
     for _ in range(n):
-        m = getattr(emu, cls)(**CFG, device="cuda", **options)
+        m = getattr(emu, cls)(**CFG, device=device, **options)
         init_params(m, seed)
         m.params_changed()
         out.append(m)
@@ -219,3 +219,73 @@ def test_a_step_that_cannot_be_captured_runs_directly(emu, monkeypatch, capfd, k
     err = capfd.readouterr().err
     assert err.count("gpt2core: CUDA graphs turned off, the step could not be captured") == 1, err
     assert uncapturable in err and "GPT2CORE_EMU_" + knob in err, err
+
+
+# ----------------------------------------------------------------------------------------- dynamic loss scaling
+def scaler(m):
+    s = m.loss_scaler
+    return s["scale"], s["clean"], s["skipped"]
+
+
+def test_loss_scaling_captured_matches_direct_and_cpu(emu):
+    """Loss scaling (interval 2) with the step captured: 5 optimizer steps, an overflow forced (an inf in one
+    gradient before backward accumulates into it) at step 3, a replay of the captured optimizer step, between clean
+    ones (growth at steps 2 and 5, the latter a replay too). The graphed model takes the decisions the direct one
+    takes, with the same bits (losses, scaled gradients, norms, weights, moments), so the captured backward reads
+    each step's scale and the captured update skips, backs off and grows on the device. The CUDA backend's scaler
+    kernel and unscaling against the CPU backend's: the same (scale, clean, skipped) after every step, and the
+    same unscaled norms within the op tests' 1e-5 (summation order). (The weights: the next test shows the scaled
+    CUDA update bit-identical to the unscaled one, which test_cuda_emu.py compares with the CPU.)"""
+    graphed, direct = models(emu, "Model")
+    (cpu,) = models(emu, "Model", n=1, device="cpu")
+    graphed.cuda_graphs = True
+    for m in (graphed, direct, cpu):
+        m.set_loss_scaling(True, scale=2.0**16, interval=2)
+    want = [(2.0**16, 1, 0), (2.0**17, 0, 0), (2.0**16, 0, 1), (2.0**16, 1, 1), (2.0**17, 0, 1)]
+    for step, (x, y) in enumerate(batches(5, 30)):
+        overflow = step == 2
+        for m in (graphed, direct, cpu):
+            m.zero_grad()
+            if overflow:
+                m.flat_grads()[11] = np.inf
+            m.forward_backward(x, y, 1.0)
+        assert graphed.take_loss() == direct.take_loss()
+        cpu.take_loss()
+        same(graphed.grads(), direct.grads())
+        before = graphed.flat_params().copy()
+        norms = [m.optimizer_step(lr=1e-2, step=step + 1, grad_clip=0.05) for m in (graphed, direct, cpu)]
+        assert norms[0] == norms[1] and np.isinf(norms[0]) == overflow
+        if overflow:
+            assert np.array_equal(graphed.flat_params(), before) and np.isinf(norms[2])
+        else:
+            assert abs(norms[2] - norms[0]) <= 1e-5 * norms[2]
+        same(graphed.params(), direct.params())
+        same(graphed.adam_m(), direct.adam_m())
+        assert scaler(graphed) == scaler(direct) == scaler(cpu) == want[step], step
+    assert graphed.graph_captures == 2 and graphed.graph_replays == 4 + 4
+
+
+@pytest.mark.parametrize("cls", ["Model", "ModelBF16"])
+def test_power_of_two_loss_scale_is_exact_on_the_cuda_backend(emu, cls):
+    """The emulated CUDA backend with scale 2^16 against itself without scaling: the scaled loss gradient (2^16 x,
+    exact in fp32 and bf16 alike: same exponent range), every backward kernel linear in it, and the update dividing
+    2^16 out exactly, so gradients are exactly 2^16 x and weights, moments and norms bit-identical; the growth
+    stops below fp32's overflow (2^127 x 2 is inf) exactly as on the CPU."""
+    on, off = models(emu, cls)
+    on.set_loss_scaling(True, scale=2.0**16, interval=1000)
+    for step, (x, y) in enumerate(batches(2, 40)):
+        for m in (on, off):
+            m.zero_grad()
+            m.forward_backward(x, y, 1.0)
+        assert np.array_equal(on.flat_grads(), off.flat_grads() * np.float32(2.0**16))
+        assert on.optimizer_step(lr=1e-2, step=step + 1, grad_clip=0.05) == \
+            off.optimizer_step(lr=1e-2, step=step + 1, grad_clip=0.05)
+        same(on.params(), off.params())
+        same(on.adam_v(), off.adam_v())
+    cpu = models(emu, "Model", n=1, device="cpu")[0]
+    for m in (on, cpu):
+        m.set_loss_scaling(True, scale=2.0**127, interval=1)
+        m.zero_grad()
+        m.forward_backward(*next(batches(1, 41)), 1.0)
+        assert np.isfinite(m.optimizer_step(lr=1e-2, step=3))
+        assert scaler(m) == (2.0**127, 0, 0)
