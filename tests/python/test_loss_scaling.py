@@ -19,6 +19,7 @@ are compared with these under the emulator (tests/csrc/cuda/test_cuda_graphs.py)
 * Bad arguments: ValueError naming them (GPT2 and TrainConfig).
 """
 import json
+import sys
 import math
 from pathlib import Path
 
@@ -315,3 +316,66 @@ def test_training_without_scaling_logs_no_scale(shakespeare_dir, tmp_path):
     out = tmp_path / "off"
     train.main(argv(shakespeare_dir, out, "--steps", "2", "--loss-scaling", "auto"))
     assert all("loss_scale" not in r and "skipped_steps" not in r for r in records(out))
+
+
+# ----------------------------------------------------------------------------------------- data parallel
+# Each rank: 5 steps of loss-scaled training over Gloo; at step OVERFLOW_AT only rank 0's gradients overflow (an inf
+# put into its gradient buffer before backward accumulates into it, so it reaches the averaging the way a real
+# overflow does). Saves per step (norm finite?, scale, clean, skipped, step_count) and the weights before and
+# after each step.
+RANK_SCRIPT = """
+import json, sys
+import numpy as np
+from gpt2core import _C
+from gpt2core.config import GPT2Config
+from gpt2core.distributed import DataParallel, init_process_group
+from gpt2core.model import GPT2
+_C.set_num_threads(1)
+zero, overlap, out = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3]
+comm = init_process_group(timeout=60)
+cfg = GPT2Config(block_size=16, vocab_size=97, padded_vocab_size=128, n_layer=1, n_head=2, n_embd=32)
+m = GPT2(cfg, seed=comm.rank, loss_scaling=True, loss_scale_interval=2)  # different seeds: broadcast from rank 0
+dp = DataParallel(m, comm, zero=zero, overlap=overlap if not zero else None)
+rng = np.random.default_rng(10 + comm.rank)  # each rank its own rows
+log, weights = [], []
+for step in range(5):
+    dp.zero_grad()
+    if step == OVERFLOW_AT and comm.rank == 0:
+        m.flat_grads()[5] = np.inf
+    dp.forward_backward(rng.integers(0, 97, (2, 16)), rng.integers(0, 97, (2, 16)))
+    dp.take_loss()
+    weights.append(m.flat_params().copy())
+    norm = dp.step(1e-3)
+    s = m._m.loss_scaler
+    log.append([bool(np.isfinite(norm)), s["scale"], s["clean"], s["skipped"], m.step_count])
+weights.append(m.flat_params().copy())
+np.save(out + f".rank{comm.rank}.npy", np.stack(weights))
+json.dump(log, open(out + f".rank{comm.rank}.json", "w"))
+"""
+OVERFLOW_AT = 2
+
+
+@pytest.mark.parametrize("zero,overlap", [(0, 1), (0, 0), (1, 0)], ids=["ddp-overlap", "ddp", "zero1"])
+def test_data_parallel_ranks_take_the_same_skip_decision(tmp_path, zero, overlap):
+    """Overflow on rank 0 only: both ranks skip that step (their decision comes from the averaged gradients, or
+    ZeRO-1's all-reduced sum of squares, never from a rank's own), both halve the scale, and the weights stay
+    identical across ranks and unchanged by the skipped step."""
+    from test_distributed import needs_gloo, start_ranks, wait_all  # the launch helpers of the data-parallel tests
+    if needs_gloo.args[0]:
+        pytest.skip(needs_gloo.kwargs["reason"])
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT.replace("OVERFLOW_AT", str(OVERFLOW_AT)))
+    out = str(tmp_path / "run")
+    procs = start_ranks(2, [sys.executable, str(script), str(zero), str(overlap), out], tmp_path, "ls")
+    codes = wait_all(procs, timeout=120)
+    assert codes == [0, 0], "".join((tmp_path / f"ls.rank{r}.log").read_text() for r in range(2))
+    logs = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(2)]
+    w = [np.load(f"{out}.rank{r}.npy") for r in range(2)]
+    assert logs[0] == logs[1]
+    want = reference_scaler(2.0**16, 2, [s == OVERFLOW_AT for s in range(5)])
+    assert [(s, c, k) for _, s, c, k, _ in logs[0]] == want
+    assert [ok for ok, *_ in logs[0]] == [s != OVERFLOW_AT for s in range(5)]
+    assert [n for *_, n in logs[0]] == [1, 2, 2, 3, 4]  # step_count: applied updates only
+    assert np.array_equal(w[0], w[1])  # identical replicas, every step
+    assert np.array_equal(w[0][OVERFLOW_AT], w[0][OVERFLOW_AT + 1])  # the skipped step wrote nothing
+    assert not np.array_equal(w[0][OVERFLOW_AT + 1], w[0][OVERFLOW_AT + 2])
