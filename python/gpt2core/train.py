@@ -339,19 +339,20 @@ class Trainer:
             raise FloatingPointError(f"loss is {loss} at step {step}; weights were not updated (try a lower --lr)")
         z = {"loss_z": self.outliers["loss"].update(loss)}
         kw = dict(weight_decay=cfg.weight_decay, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, grad_clip=cfg.grad_clip)
-        # with loss scaling an overflow (non-finite norm) is no outlier: the step is skipped and the scale backs off
-        scored = lambda norm: math.isfinite(norm) or not m.loss_scaling  # noqa: E731
+
+        def score_norm(norm):  # with loss scaling a non-finite norm is an overflow (a skipped step), no outlier
+            if math.isfinite(norm) or not m.loss_scaling:
+                z["grad_norm_z"] = self.outliers["grad_norm"].update(norm)
+
         if cfg.skip_outliers:
             norm = m.grad_norm()
-            if scored(norm):
-                z["grad_norm_z"] = self.outliers["grad_norm"].update(norm)
+            score_norm(norm)
             skipped = any(v > cfg.outlier_z for v in z.values())  # NaN (window not yet full) compares False
             if not skipped:
                 m.step(lr, **kw)
         else:
             norm, skipped = m.step(lr, **kw), False
-            if scored(norm):
-                z["grad_norm_z"] = self.outliers["grad_norm"].update(norm)
+            score_norm(norm)
         dt = time.perf_counter() - t0
         # the LR above is the loop step's whether or not the update is skipped (GradScaler's convention, GPT2.step)
         rec = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm if math.isfinite(norm) else None,

@@ -305,7 +305,9 @@ def test_training_logs_scaler_and_resume_restores_it_exactly(shakespeare_dir, tm
     # steps 1-3 clean (2^16 -> 2^17 at step 3), step 4 overflows (2^16), step 5 clean: clean 1 of 3
     assert saved["loss_scaler"] == {"scale": 65536.0, "clean": 1, "skipped": 1} and saved["step_count"] == 4
     train.main(argv(shakespeare_dir, run, "--checkpoint-every", "5", "--resume", "auto"))
-    untimed = lambda rs: [{k: v for k, v in r.items() if k not in ("dt_ms", "tok_per_s")} for r in rs]  # noqa: E731
+    def untimed(rs):
+        return [{k: v for k, v in r.items() if k not in ("dt_ms", "tok_per_s")} for r in rs]
+
     assert untimed(records(run)) == untimed(recs)  # losses, norms, LRs, scales, skips: exact
     assert (run / "model.bin").read_bytes() == (straight / "model.bin").read_bytes()
     end = ck.load_checkpoint(run / "checkpoints" / f"step_{STEPS:06d}").state["optimizer"]

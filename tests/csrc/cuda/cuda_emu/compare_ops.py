@@ -131,6 +131,11 @@ assert n1 == n0 == N - 3, (n1, n0)
 assert abs(a1 - a0) <= 1e-6 * abs(a0) and abs(a0 - (1.5 + 0.25 * l0.sum() / n0)) <= 1e-6 * a0, (a1, a0)
 record("crossentropy_counted", (l1, s1, d1), (l0, s0c, d0))
 record("crossentropy_counted", d1, cuda.crossentropy_backward_inplace(logits, s0, targets, 0.25 / n0, V))
+# with a loss scale in backend memory (dynamic loss scaling): dlogits exactly 2^10 x the unscaled ones (a power of
+# two scales without rounding), the loss unscaled
+(l2, _, _, a2, d2), (_, _, _, a2c, d2c) = both("crossentropy_counted", logits, targets, V, 0.25, 1.5, 2.0**10)
+assert np.array_equal(d2, d1 * np.float32(2.0**10)) and np.array_equal(d2c, d0 * np.float32(2.0**10))
+assert a2 == a1 and a2c == a0 and np.array_equal(l2, l1)
 
 
 # classifier rows of other widths: Vp a multiple of 8 with V not (16-byte vectors, a ragged tail up to V, padded
@@ -172,6 +177,22 @@ for clip in (0.0, 0.5, 1e9):
              for x, y, a, b, d in ((pw[:h], gw[:h], m0[:h], v0[:h], 0.1), (pw[h:], gw[h:], m0[h:], v0[h:], 0.0))]
     for k in range(3):
         assert np.array_equal(got[1 + k], np.concatenate([parts[0][k], parts[1][k]])), (clip, k)
+# loss-scaled gradients (2^12 x): the update divides the scale out and clips by the unscaled norm, the same bits
+for clip in (0.0, 0.5):
+    got, want = both("clipped_adamw", pw, gw * np.float32(2.0**12), m0, v0, 1e-3, 1 - 0.9 ** 3, 1 - 0.95 ** 3, 3, clip,
+                     2.0**12)
+    plain = cuda.clipped_adamw(pw, gw, m0, v0, 1e-3, 1 - 0.9 ** 3, 1 - 0.95 ** 3, 3, clip)
+    assert got[0] == plain[0] * 2.0**12 and all(np.array_equal(a, b) for a, b in zip(got[1:], plain[1:])), clip
+    record("clipped_adamw", got[1:], want[1:])
+# the loss scaler's step (model/optimizer.h, GradScaler's rule) on the device against the host's, every branch:
+# clean below the interval, growth, growth capped below fp32 overflow, backoff on inf and on NaN
+for args in ((2.0**16, 3, 0, 5, 1.5), (2.0**16, 3, 2, 5, 1.5), (2.0**127, 1, 0, 0, 2.0), (2.0**16, 3, 2, 5, np.inf),
+             (3.0, 2000, 1999, 0, np.nan), (2.0**-3, 1, 0, 7, 0.0)):
+    got, want = both("loss_scale_update", *args)
+    assert got[1:] == want[1:] and (got[0] == want[0] or np.isnan(want[0])), (args, got, want)
+    record("loss_scale_update", np.array(got[1:], dtype=np.float64), np.array(want[1:], dtype=np.float64))
+assert cpu.loss_scale_update(2.0**16, 3, 2, 5, np.inf)[1:] == (2.0**15, 0, 6)
+assert cpu.loss_scale_update(2.0**16, 3, 2, 5, 1.0)[1:] == (2.0**17, 0, 5)
 g_nan = gw.copy()
 g_nan[17] = np.nan
 got = cuda.clipped_adamw(pw, g_nan, m0, v0, 1e-3, 0.1, 0.05, 3, 1.0)

@@ -311,7 +311,10 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              return r;
            })
       .def("crossentropy_counted",  // the device-resident loss of forward_backward: counted forward, loss, backward
-           [](O& o, F logits, I targets, int V, float grad_scale, float acc0) {
+           [](O& o, F logits, I targets, int V, float grad_scale, float acc0, float loss_scale) {
+             gpt2::LossScaler scaler;  // the backward reads the loss scale from backend memory
+             scaler.scale = loss_scale;
+             o.be->set_loss_scaler(scaler);
              const int N = logits.shape(0), Vp = logits.shape(1);
              float* losses = o.zm(N);
              float* lse = o.zm(N);
@@ -325,9 +328,12 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              o.be->crossentropy_backward(lg, lse, t, nv, grad_scale, N, V, Vp);
              o.be->synchronize();
              auto r = py::make_tuple(O::dm(losses, {N}), O::dm(lse, {N}), long(*nv), double(*acc), O::dt(lg, {N, Vp}));
+             o.be->set_loss_scaler(gpt2::LossScaler{});
              o.clear();
              return r;
-           })
+           },
+           py::arg("logits"), py::arg("targets"), py::arg("V"), py::arg("grad_scale"), py::arg("acc0"),
+           py::arg("loss_scale") = 1.0f)
       .def("sum_squares",
            [](O& o, F p) {
              o.be->grad_sum_squares(o.um(p), p.size());
@@ -346,10 +352,29 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
            py::arg("beta2"), py::arg("eps"), py::arg("decay"), py::arg("grad_scale"), py::arg("bc1"), py::arg("bc2"),
            py::arg("seed") = 0, py::arg("offset") = 0)
       .def("clipped_adamw",  // the optimizer step of a training step: norm, clip factor and AdamW over two segments
-           [](O& o, F param, F grad, F m, F v, float lr, float bc1, float bc2, uint32_t seed, double clip) {
+           [](O& o, F param, F grad, F m, F v, float lr, float bc1, float bc2, uint32_t seed, double clip,
+              float loss_scale) {  // the gradients carry the loss scale: the update divides it out
              const size_t n = param.size();
+             gpt2::LossScaler scaler;
+             scaler.scale = loss_scale;
+             o.be->set_loss_scaler(scaler);
              o.be->set_step_args(gpt2::StepArgs{lr, bc1, bc2, 1.0f, seed, clip, -1.0});  // sumsq poisoned
-             return o.adamw(param, grad, m, v, 0, {{0, n / 2, 0.1f}, {n / 2, n, 0.0f}}, 0.9f, 0.95f, 1e-8f, true);
+             auto r = o.adamw(param, grad, m, v, 0, {{0, n / 2, 0.1f}, {n / 2, n, 0.0f}}, 0.9f, 0.95f, 1e-8f, true);
+             o.be->set_loss_scaler(gpt2::LossScaler{});
+             return r;
+           },
+           py::arg("param"), py::arg("grad"), py::arg("m"), py::arg("v"), py::arg("lr"), py::arg("bc1"),
+           py::arg("bc2"), py::arg("seed"), py::arg("clip"), py::arg("loss_scale") = 1.0f)
+      .def("loss_scale_update",  // the scaler's step after an update whose gradients' sum of squares was sumsq
+           [](O& o, float scale, int interval, int clean, int64_t skipped, double sumsq) {
+             gpt2::LossScaler s;
+             s.scale = scale, s.interval = interval, s.clean = clean, s.skipped = skipped;
+             o.be->set_loss_scaler(s);
+             o.be->set_step_args(gpt2::StepArgs{0.0f, 1.0f, 1.0f, 1.0f, 0, 0.0, sumsq});
+             o.be->loss_scale_update();
+             const gpt2::StepResult r = o.be->step_result();
+             o.be->set_loss_scaler(gpt2::LossScaler{});
+             return py::make_tuple(r.sumsq, r.scaler.scale, r.scaler.clean, r.scaler.skipped);
            })
       .def("cast_params",
            [](O& o, F master, uint32_t seed, size_t offset) {
