@@ -475,8 +475,9 @@ double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float ep
     be.adamw(params_, master_, grads_, m_, v_, 0, segments, beta1, beta2, eps);
     if (scaling) be.loss_scale_update();
   });
-  const double sumsq = unscaled(read_step_result());  // the scale these gradients carry: the one before the update
-  const double norm = std::sqrt(sumsq);
+  const float carried = scaler_.scale;  // the scale these gradients carry (the update may change it)
+  const double sumsq = read_step_result();
+  const double norm = std::sqrt(sumsq / (double(carried) * double(carried)));
   if (std::isfinite(norm)) {  // else nothing was written
     round_seed_ = uint32_t(step);
     params_stale_ = false;

@@ -167,6 +167,7 @@ class GPT2Model {
                      double sumsq) const;
   void adamw_over(size_t lo, size_t hi, M* m, M* v, float beta1, float beta2, float eps, float weight_decay,
                   const StepArgs& args);
+  // a sum of squares of the gradients in memory, divided by the square of the loss scale they carry now
   double unscaled(double sumsq) const { return sumsq / (double(scaler_.scale) * double(scaler_.scale)); }
   // The step's one read (Backend::step_result): refreshes the host's scaler copy, returns the sum of squares.
   double read_step_result();

@@ -153,17 +153,19 @@ def test_growth_stops_below_fp32_overflow():
 
 @pytest.mark.parametrize("clip", [0.0, 0.05])
 def test_power_of_two_scale_is_bit_identical_to_no_scaling(clip):
-    """5 steps, clipping off or active: gradients exactly 2^16 x the unscaled ones; norms, weights, moments equal."""
-    on, off = model(loss_scaling=True), model()
+    """5 steps, clipping off or active, the scale growing after every 2nd: gradients exactly 2^16, 2^16, 2^17,
+    2^17, 2^18 x the unscaled ones; norms (the reported one unscaled by the scale its gradients carry, also at a
+    step after which the scale grows), weights, moments equal."""
+    on, off = model(loss_scaling=True, loss_scale_interval=2), model()
     for s, (x, y) in enumerate(batches(5, 4)):
         micro(on, x, y)
         micro(off, x, y)
-        assert np.array_equal(on.flat_grads(), off.flat_grads() * np.float32(2.0**16))
+        assert np.array_equal(on.flat_grads(), off.flat_grads() * np.float32(2.0 ** (16 + s // 2)))
         assert on.grad_norm() == off.grad_norm()
         assert on.step(2e-3, grad_clip=clip) == off.step(2e-3, grad_clip=clip)
         for a, b in zip(state(on), state(off)):
             assert np.array_equal(a, b)
-    assert on.loss_scale == 2.0**16  # no overflow, interval not reached
+    assert on.loss_scale == 2.0**18  # no overflow: grown twice
 
 
 def test_scale_not_a_power_of_two_matches_within_fp32_rounding():
