@@ -19,8 +19,8 @@ are compared with these under the emulator (tests/csrc/cuda/test_cuda_graphs.py)
 * Bad arguments: ValueError naming them (GPT2 and TrainConfig).
 """
 import json
-import sys
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +31,8 @@ from gpt2core import checkpoint as ck
 from gpt2core.config import GPT2Config, TrainConfig
 from gpt2core.model import GPT2
 from gpt2core.schedule import lr_at
+from test_distributed import needs_gloo, start_ranks, wait_all  # the data-parallel tests' launch helpers
+from test_resume import shakespeare_dir  # noqa: F401  (fixture: the bundled Shakespeare, prepared once)
 
 CFG = GPT2Config(block_size=16, vocab_size=97, padded_vocab_size=128, n_layer=2, n_head=2, n_embd=32)
 B, T = 2, 16
@@ -241,14 +243,6 @@ STEPS = 12
 POISON = {4, 9}  # loop steps (1-based) whose gradients overflow
 
 
-@pytest.fixture(scope="module")
-def shakespeare_dir(tmp_path_factory):
-    from gpt2core.data import shakespeare
-    d = tmp_path_factory.mktemp("shakespeare")
-    shakespeare.prepare(d)
-    return d
-
-
 def argv(data, out, *extra):
     return ["--preset", "tiny", "-B", "2", "-T", "16", "--val-every", "0", "--steps", str(STEPS), "--threads", "1",
             "--sample-tokens", "2", "--lr", "3e-3", "--warmup", "3", "--data-dir", str(data), "--output-dir", str(out),
@@ -359,14 +353,12 @@ json.dump(log, open(out + f".rank{comm.rank}.json", "w"))
 OVERFLOW_AT = 2
 
 
+@needs_gloo
 @pytest.mark.parametrize("zero,overlap", [(0, 1), (0, 0), (1, 0)], ids=["ddp-overlap", "ddp", "zero1"])
 def test_data_parallel_ranks_take_the_same_skip_decision(tmp_path, zero, overlap):
     """Overflow on rank 0 only: both ranks skip that step (their decision comes from the averaged gradients, or
     ZeRO-1's all-reduced sum of squares, never from a rank's own), both halve the scale, and the weights stay
     identical across ranks and unchanged by the skipped step."""
-    from test_distributed import needs_gloo, start_ranks, wait_all  # the launch helpers of the data-parallel tests
-    if needs_gloo.args[0]:
-        pytest.skip(needs_gloo.kwargs["reason"])
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT.replace("OVERFLOW_AT", str(OVERFLOW_AT)))
     out = str(tmp_path / "run")
