@@ -8,7 +8,9 @@ sample is printed. The 124M reproduction is
         --total-batch-tokens 524288 --steps 19073 --lr 6e-4 --warmup 715 --val-every 250
 
 Each step prints step, loss, lr, grad norm, ms, tokens/s, elapsed time and ETA; metrics go to
-<out>/metrics.jsonl (`gpt2core-plot <out>` draws them). Every flag and its default is a field of config.TrainConfig. --block-size trains a longer context than the preset's (GPT-3
+<out>/metrics.jsonl (`gpt2core-plot <out>` draws them). With dynamic loss scaling (--loss-scaling; on for fp16) each
+step also prints and records the loss scale after its update and the steps skipped so far for an overflow
+(`loss_scale`, `skipped_steps`); a skipped step's grad_norm is null. Every flag and its default is a field of config.TrainConfig. --block-size trains a longer context than the preset's (GPT-3
 used 2048); --lr scales the whole LR schedule, so "2-3x the max LR" experiments are that one flag.
 """
 from __future__ import annotations
