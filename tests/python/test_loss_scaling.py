@@ -113,6 +113,9 @@ def test_overflow_skips_exactly_that_update_and_follows_gradscalers_step_convent
                 assert np.array_equal(a, b)  # weights, m and v untouched
             assert scaled.loss_scale == 2.0**15 and scaled.skipped_steps == 1 and scaled.step_count == 2
             assert scaled._m.loss_scaler["clean"] == 0
+            # the bf16 copy's rounding seed is the last APPLIED step's, as step_count, so a resumed run (which sets
+            # it from the restored step_count) rebuilds the same bits
+            assert scaled._m.param_round_seed == scaled.step_count == 2
             continue
         micro(scaled, x, y)
         micro(plain, x, y)
