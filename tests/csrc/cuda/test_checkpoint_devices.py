@@ -112,3 +112,51 @@ def test_bf16_checkpoint_resumes_bit_exactly(emu, tmp_path):  # noqa: F811
     d = GPT2(CFG, seed=0)
     load_checkpoint(ck).restore(d)
     np.testing.assert_allclose(train(d, data[3:]), full[3:], rtol=2e-3)
+
+
+def test_loss_scaled_checkpoint_resumes_bit_exactly_with_its_scaler(emu, tmp_path):  # noqa: F811
+    """Dynamic loss scaling (interval 2) on the emulated CUDA backend in bf16, overflows forced (an inf in one
+    gradient before backward) at steps 2 and 5: 3 steps + save + load into a fresh loss-scaled model + 3 steps gives
+    exactly the losses, weights and scaler (scale, clean, skipped) of 6 uninterrupted steps; the skipped step left
+    step_count and the rounding seed at the last applied update. The checkpoint continues in fp32 on the CPU without
+    loss scaling: the saved scaler is ignored there (bf16 tolerance, as above)."""
+    data = batches(6, seed=2)
+    overflow = [False, True, False, False, True, False]
+    ref = GPT2(CFG, seed=5)
+
+    def fresh():
+        m = emulated_cuda_gpt2(emu, CFG, "bf16")
+        for k, p in m.params.items():
+            p[...] = ref.params[k]
+        m.params_changed()
+        m._m.set_loss_scaling(True, scale=2.0**16, interval=2)
+        return m
+
+    def train_scaled(model, steps):
+        losses = []
+        for (x, y), inf in steps:
+            model.zero_grad()
+            if inf:
+                model.flat_grads()[3] = np.inf
+            losses.append(model.forward(x, y))
+            model.backward()
+            assert np.isfinite(model.step(lr=3e-3)) != inf
+        return np.array(losses)
+
+    a = fresh()
+    full = train_scaled(a, zip(data, overflow))
+    assert a.loss_scaler_state() == {"scale": 2.0**15, "clean": 1, "skipped": 2} and a.step_count == 4
+    b = fresh()
+    part = train_scaled(b, zip(data[:3], overflow[:3]))
+    ck = save_checkpoint(tmp_path / "ck", 3, b)
+    c = fresh()
+    load_checkpoint(ck).restore(c)
+    assert c.loss_scaler_state() == {"scale": 2.0**15, "clean": 1, "skipped": 1}
+    assert c.step_count == 2 and c._m.param_round_seed == 2
+    part = np.concatenate([part, train_scaled(c, zip(data[3:], overflow[3:]))])
+    assert np.array_equal(part, full)
+    assert np.array_equal(flat(c), flat(a)) and c.loss_scaler_state() == a.loss_scaler_state()
+    d = GPT2(CFG, seed=0)
+    load_checkpoint(ck).restore(d)
+    assert not d.loss_scaling and d.step_count == 2
+    np.testing.assert_allclose(train(d, [data[3], data[5]]), full[[3, 5]], rtol=2e-3)
