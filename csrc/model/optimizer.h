@@ -42,6 +42,9 @@ GPT2CORE_HOST_DEVICE inline bool clip_factor(double sumsq, double clip, float* f
 // multiplied by `growth` (unless that would overflow fp32, as GradScaler) and the run restarts. The state lives in
 // backend memory and is updated there (Backend::loss_scale_update), so a step needs no host round trip; off, the
 // scale stays 1 and nothing updates it.
+// Step counters, as with GradScaler (which skips optimizer.step(), so Adam's own step does not advance while the
+// LR scheduler, stepped by the loop, does): AdamW's step (bias corrections, the bf16 rounding seed) counts the
+// updates applied; the learning rate follows the training loop's step, skipped or not (GPT2.step, train.py).
 struct LossScaler {
   float scale = 1.0f;
   float growth = 2.0f, backoff = 0.5f;
