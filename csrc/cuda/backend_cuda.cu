@@ -202,9 +202,10 @@ class CudaBackend final : public Backend<T> {
     cuda::layernorm_forward(k(out), mean, rstd, k(inp), k(w), k(b), N, C, stream_);
   }
   void layernorm_backward(T* dinp, float* dw, float* db, const T* dout, const T* inp, const T* w, const float* mean,
-                          const float* rstd, int N, int C) override {
+                          const float* rstd, int N, int C, InputGrad mode) override {
     float* s = scratch(2 * size_t(column_chunks(N)) * C);
-    cuda::layernorm_backward(k(dinp), dw, db, k(dout), k(inp), k(w), mean, rstd, s, N, C, stream_);
+    cuda::layernorm_backward(k(dinp), dw, db, k(dout), k(inp), k(w), mean, rstd, s, N, C, mode == InputGrad::Add,
+                             stream_);
   }
   // fused (default): one kernel reads a and b once and writes the residual and its layernorm;
   // fused=false: the two separate kernels (the "no fusion" rung of the speed ladder).
@@ -220,9 +221,10 @@ class CudaBackend final : public Backend<T> {
     cuda::matmul_forward(k(out), k(inp), k(w), k(bias), N, C, OC, tf32_, stream_);
   }
   void matmul_backward(T* dinp, float* dw, float* dbias, const T* dout, const T* inp, const T* w, int N, int C,
-                       int OC) override {
+                       int OC, InputGrad mode) override {
     float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
-    cuda::matmul_backward(k(dinp), dw, dbias, k(dout), k(inp), k(w), s, N, C, OC, tf32_, stream_);
+    cuda::matmul_backward(k(dinp), dw, dbias, k(dout), k(inp), k(w), s, N, C, OC, mode == InputGrad::Add, tf32_,
+                          stream_);
   }
   // fused (default): GELU in the matmul's epilogue (cuBLASLt GELU_AUX_BIAS forward, DGELU backward; tanh GELU,
   // see matmul.cuh), so the (N, 4C) activation is not read back by a separate kernel; fused=false, or a
@@ -264,8 +266,10 @@ class CudaBackend final : public Backend<T> {
                              return;
     }
   }
+  // InputGrad::Write: the kernels accumulate, so dqkv is cleared first
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* att, int B, int Tn, int C,
-                          int NH) override {
+                          int NH, InputGrad mode) override {
+    if (mode == InputGrad::Write) zero(dqkv, size_t(B) * Tn * 3 * C);
     switch (attention_) {
       case Attention::Naive: {
         float* ds = scratch(size_t(B) * NH * Tn * Tn);

@@ -4,7 +4,8 @@
 //   residual_layernorm_forward (fused): residual = a + b rounded to floatX, then the forward above on the
 //             ROUNDED residual: bit for bit residual_forward followed by layernorm_forward.
 //   backward: norm = (x - mean) * rstd, dnorm = w * dout,
-//             dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd      (accumulates, in floatX)
+//             dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd      (accumulates, in floatX;
+//             or, accumulate = false, dinp = ... without reading dinp)
 //             dw += sum_rows norm * dout, db += sum_rows dout                         (accumulates, fp32)
 // All arithmetic in fp32 registers; floatX values are rounded once when stored.
 // One warp per row for the row-wise parts; parameter gradients reduced deterministically in two passes
@@ -156,13 +157,13 @@ __global__ void layernorm_forward_kernel(floatX* __restrict__ residual,    // (N
 }
 
 template <class floatX>
-__global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp,        // (N, C), accumulated into
+__global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp,        // (N, C), += (add) or written
                                                 const floatX* __restrict__ dout,  // (N, C)
                                                 const floatX* __restrict__ inp,   // (N, C)
                                                 const floatX* __restrict__ w,     // (C)
                                                 const float* __restrict__ mean,   // (N)
                                                 const float* __restrict__ rstd,   // (N)
-                                                int N, int C, bool vec) {
+                                                int N, int C, bool vec, bool add) {
   using V = Vec<floatX>;
   constexpr int K = kVec<floatX>;
   const int lane = threadIdx.x % 32;
@@ -194,15 +195,17 @@ __global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp,      
   dnmean = warp_sum(dnmean) / C;
   for (int i = lane; i < CV; i += 32) {
     const V a = V::load(x + size_t(i) * K), g = V::load(dy + size_t(i) * K), ww = V::load(w + size_t(i) * K);
-    V d = V::load(dx + size_t(i) * K);
+    V d;
+    if (add) d = V::load(dx + size_t(i) * K);
 #pragma unroll
-    for (int k = 0; k < K; k++) d.set(k, d.f(k) + (ww.f(k) * g.f(k) - dmean - (a.f(k) - m) * s * dnmean) * s);
+    for (int k = 0; k < K; k++)
+      d.set(k, (add ? d.f(k) : 0.0f) + (ww.f(k) * g.f(k) - dmean - (a.f(k) - m) * s * dnmean) * s);
     d.store(dx + size_t(i) * K);
   }
   for (int i = K * CV + lane; i < C; i += 32) {
     const float norm = (load_f(x[i]) - m) * s;
     const float dnorm = load_f(w[i]) * load_f(dy[i]);
-    dx[i] = store_t<floatX>(load_f(dx[i]) + (dnorm - dmean - norm * dnmean) * s);
+    dx[i] = store_t<floatX>((add ? load_f(dx[i]) : 0.0f) + (dnorm - dmean - norm * dnmean) * s);
   }
 }
 
@@ -280,15 +283,16 @@ void residual_layernorm_forward(floatX* residual, floatX* out, float* mean, floa
   launch_layernorm_forward<floatX, true>(residual, out, mean, rstd, a, b, w, bias, N, C, vec, stream);
 }
 
-// scratch: at least 2 * column_chunks(N) * C floats.
+// scratch: at least 2 * column_chunks(N) * C floats. accumulate: dinp += (else dinp is written, never read).
 template <class floatX>
 void layernorm_backward(floatX* dinp, float* dw, float* db, const floatX* dout, const floatX* inp, const floatX* w,
-                        const float* mean, const float* rstd, float* scratch, int N, int C, cudaStream_t stream) {
+                        const float* mean, const float* rstd, float* scratch, int N, int C, bool accumulate,
+                        cudaStream_t stream) {
   if (N <= 0) return;
   const int block = 256, rows_per_block = block / 32;
   const bool vec = C % kVec<floatX> == 0 && aligned16(dinp, dout, inp, w);
   LAUNCH(layernorm_backward_input_kernel<floatX>, ceil_div(N, rows_per_block), block, 0, stream, dinp, dout, inp, w,
-         mean, rstd, N, C, vec);
+         mean, rstd, N, C, vec, accumulate);
   CUDA_CHECK_LAUNCH();
   const int R = column_chunks(N);
   float* pdw = scratch;

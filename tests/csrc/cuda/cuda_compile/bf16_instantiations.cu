@@ -24,10 +24,10 @@ template void residual_layernorm_forward<X>(X*, X*, float*, float*, const X*, co
 template void residual_layernorm_forward<float>(float*, float*, float*, float*, const float*, const float*,
                                                 const float*, const float*, int, int, cudaStream_t);
 template void layernorm_backward<X>(X*, float*, float*, const X*, const X*, const X*, const float*, const float*,
-                                    float*, int, int, cudaStream_t);
+                                    float*, int, int, bool, cudaStream_t);
 template void matmul_forward<X>(X*, const X*, const X*, const X*, int, int, int, bool, cudaStream_t);
 template void matmul_backward<X>(X*, float*, float*, const X*, const X*, const X*, float*, int, int, int, bool,
-                                 cudaStream_t);
+                                 bool, cudaStream_t);
 template void matmul_backward_weights<X>(float*, float*, const X*, const X*, float*, int, int, int, bool,
                                          cudaStream_t);
 template bool matmul_gelu_forward<X>(X*, X*, const X*, const X*, const X*, int, int, int, bool, cudaStream_t);
