@@ -266,10 +266,11 @@ class CudaBackend final : public Backend<T> {
                              return;
     }
   }
-  // InputGrad::Write: the kernels accumulate, so dqkv is cleared first
+  // The attention seam (cuDNN) writes dQ, dK, dV straight into dqkv, through strided views of it
+  // (seams_cudnn.cu); our kernels accumulate, so for them InputGrad::Write clears dqkv first.
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* att, int B, int Tn, int C,
                           int NH, InputGrad mode) override {
-    if (mode == InputGrad::Write) zero(dqkv, size_t(B) * Tn * 3 * C);
+    if (mode == InputGrad::Write && attention_ != Attention::Cudnn) zero(dqkv, size_t(B) * Tn * 3 * C);
     switch (attention_) {
       case Attention::Naive: {
         float* ds = scratch(size_t(B) * NH * Tn * Tn);
@@ -284,8 +285,12 @@ class CudaBackend final : public Backend<T> {
         return;
       }
       case Attention::Cudnn: {
-        // cuDNN overwrites its output and the seam contract says so; the backend's accumulates (dqkv +=), so
-        // cuDNN writes a scratch copy that is then added (one extra pass over dqkv, ~1% of a d12 step)
+        if (mode == InputGrad::Write) {
+          check_attention_seam(seams::attention_backward(sdpa_backward(dqkv, dout, qkv, out, att, B, Tn, C, NH)),
+                               "backward");
+          return;
+        }
+        // Add: cuDNN overwrites its output (the seam's contract), so it writes a scratch copy that is then added
         const size_t n = size_t(B) * Tn * 3 * C;
         T* tmp = t_scratch(n);
         check_attention_seam(seams::attention_backward(sdpa_backward(tmp, dout, qkv, out, att, B, Tn, C, NH)),
@@ -549,7 +554,7 @@ class CudaBackend final : public Backend<T> {
     return s.p;
   }
   float* scratch(size_t n) { return grow(scratch_, n); }
-  T* t_scratch(size_t n) { return grow(tscratch_, n); }  // cuDNN attention backward's output
+  T* t_scratch(size_t n) { return grow(tscratch_, n); }  // cuDNN attention backward's output (InputGrad::Add only)
   // Pinned host memory that asynchronous host-to-device copies read from. reserve() waits until the copies
   // of the previous use have finished (an event recorded by sent()), so the host runs at most one use ahead
   // of the stream and never overwrites what a copy has yet to read.
