@@ -203,7 +203,7 @@ class CudaBackend final : public Backend<T> {
   }
   void layernorm_backward(T* dinp, float* dw, float* db, const T* dout, const T* inp, const T* w, const float* mean,
                           const float* rstd, int N, int C, InputGrad mode) override {
-    float* s = scratch(2 * size_t(column_chunks(N)) * C);
+    float* s = scratch(2 * size_t(column_chunks(N, C)) * C);
     cuda::layernorm_backward(k(dinp), dw, db, k(dout), k(inp), k(w), mean, rstd, s, N, C, mode == InputGrad::Add,
                              stream_);
   }
@@ -222,7 +222,7 @@ class CudaBackend final : public Backend<T> {
   }
   void matmul_backward(T* dinp, float* dw, float* dbias, const T* dout, const T* inp, const T* w, int N, int C,
                        int OC, InputGrad mode) override {
-    float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
+    float* s = dbias ? scratch(size_t(column_chunks(N, OC)) * OC) : nullptr;
     cuda::matmul_backward(k(dinp), dw, dbias, k(dout), k(inp), k(w), s, N, C, OC, mode == InputGrad::Add, tf32_,
                           stream_);
   }
@@ -241,7 +241,7 @@ class CudaBackend final : public Backend<T> {
   void gelu_matmul_backward(T* dpre, float* dw, float* dbias, const T* dout, const T* pre, const T* act, const T* w,
                             T* scratch_t, int N, int C, int OC) override {
     if (fused_ && !gelu_refused_[1] && cuda::gelu_epilogue_ok(C, dpre, pre)) {
-      float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
+      float* s = dbias ? scratch(size_t(column_chunks(N, OC)) * OC) : nullptr;
       if (cuda::gelu_matmul_backward(k(dpre), dw, dbias, k(dout), k(pre), k(act), k(w), s, N, C, OC, tf32_,
                                      stream_))
         return;

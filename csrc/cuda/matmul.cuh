@@ -66,7 +66,7 @@ void matmul_forward(floatX* out,          // (N, OC)
 }
 
 // dw (OC, C) += dout^T @ inp; dbias (OC) += sum_n dout when dbias is given.
-// scratch: column_chunks(N) * OC floats (only when dbias is given).
+// scratch: column_chunks(N, OC) * OC floats (only when dbias is given).
 template <class floatX>
 void matmul_backward_weights(float* dw,            // (OC, C), accumulated into
                              float* dbias,         // (OC) or null, accumulated into
@@ -87,7 +87,7 @@ void matmul_backward_weights(float* dw,            // (OC, C), accumulated into
   if (dbias) column_sum_accumulate(dbias, dout, scratch, N, OC, stream);
 }
 
-// scratch: column_chunks(N) * OC floats (only when dbias is given).
+// scratch: column_chunks(N, OC) * OC floats (only when dbias is given).
 template <class floatX>
 void matmul_backward(floatX* dinp,         // (N, C), accumulated into (accumulate) or written
                      float* dw,            // (OC, C), accumulated into
@@ -146,7 +146,7 @@ template <class floatX>
 }
 
 // The backward of out (N, OC) = gelu(pre) @ w^T + bias, with act = gelu(pre) (N, C) the matmul's input.
-// scratch: column_chunks(N) * OC floats (only when dbias is given).
+// scratch: column_chunks(N, OC) * OC floats (only when dbias is given).
 template <class floatX>
 [[nodiscard]] bool gelu_matmul_backward(floatX* dpre,         // (N, C), written
                           float* dw,            // (OC, C), accumulated into
