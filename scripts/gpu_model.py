@@ -244,6 +244,11 @@ KERNELS = {
         flops=4 * c.B * c.T * a["Vp"], bytes=c.B * c.T * a["Vp"] * es, blocks=c.B * c.T)),
     "crossentropy_backward_kernel": (["V", "Vp"], lambda a, c, es: dict(
         flops=4 * c.B * c.T * a["Vp"], bytes=2 * c.B * c.T * a["Vp"] * es, blocks=c.B * c.T)),
+    # the training step's fused pass: the row's second read (dlogits) meets L2 (classifier.cuh), so one read + one
+    # write of the logits reach DRAM
+    "crossentropy_count_kernel": (["N"], lambda a, c, es: dict(flops=a["N"], bytes=4 * a["N"], blocks=1)),
+    "crossentropy_forward_backward_kernel": (["V", "Vp"], lambda a, c, es: dict(
+        flops=8 * c.B * c.T * a["Vp"], bytes=2 * c.B * c.T * a["Vp"] * es, blocks=c.B * c.T)),
     "loss_accumulate_kernel": (["N"], lambda a, c, es: dict(flops=a["N"], bytes=4 * a["N"], blocks=1)),
     "sum_squares_partial_kernel": (["n"], lambda a, c, es: dict(flops=2 * a["n"], bytes=4 * a["n"], blocks=256)),
     "sum_squares_final_kernel": ([None], lambda a, c, es: dict(flops=256, bytes=2048, blocks=1)),

@@ -315,6 +315,10 @@ class CudaBackend final : public Backend<T> {
                              float grad_scale, int N, int V, int Vp) override {
     cuda::crossentropy_backward(k(logits), lse, targets, n_valid, grad_scale, N, V, Vp, stream_);
   }
+  void crossentropy_forward_backward(float* losses, float* lse, T* logits, const int32_t* targets, int32_t* n_valid,
+                                     float grad_scale, int N, int V, int Vp) override {
+    cuda::crossentropy_forward_backward(losses, lse, k(logits), targets, n_valid, grad_scale, N, V, Vp, stream_);
+  }
   void loss_accumulate(float* acc, const float* losses, const int32_t* n_valid, int N, float scale) override {
     cuda::loss_accumulate(acc, losses, n_valid, N, scale, stream_);
   }

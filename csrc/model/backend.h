@@ -116,6 +116,14 @@ class Backend {
   virtual void crossentropy_backward(T* logits, const M* lse, const int32_t* targets, const int32_t* n_valid,
                                      float grad_scale, int N, int V, int Vp) = 0;
   virtual void loss_accumulate(M* acc, const M* losses, const int32_t* n_valid, int N, float scale) = 0;
+  // crossentropy_forward then crossentropy_backward (targets not null), one op so that a backend can make it one
+  // pass over the logits (CUDA: the count of valid targets first, by a small kernel, so that the fused pass knows
+  // dloss before it writes dlogits).
+  virtual void crossentropy_forward_backward(M* losses, M* lse, T* logits, const int32_t* targets, int32_t* n_valid,
+                                             float grad_scale, int N, int V, int Vp) {
+    crossentropy_forward(losses, lse, logits, targets, n_valid, N, V, Vp);
+    crossentropy_backward(logits, lse, targets, n_valid, grad_scale, N, V, Vp);
+  }
   // CUDA graphs: the ops enqueued between capture_begin() and capture_end() are recorded, not run, and
   // graph_launch() replays them with the pointers and scalar arguments they had when recorded. Only a backend
   // with a device queue can (can_capture()); ops that would synchronise with the host fail while capturing.

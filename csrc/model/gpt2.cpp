@@ -375,9 +375,8 @@ void GPT2Model<T>::forward_backward_ops(float grad_scale) {
   Backend<T>& be = *backend_;
   const int N = B_ * T_, V = config_.vocab_size, Vp = config_.padded_vocab_size;
   forward_ops(B_, T_);
-  be.crossentropy_forward(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_, N, V, Vp);
+  be.crossentropy_forward_backward(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_, grad_scale, N, V, Vp);
   be.loss_accumulate(loss_acc_, a_.losses, n_valid_dev_, N, grad_scale);
-  be.crossentropy_backward(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, N, V, Vp);
   backward_ops(false);
 }
 

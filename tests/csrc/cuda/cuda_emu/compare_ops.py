@@ -157,6 +157,10 @@ assert n1 == n0 == N - 3, (n1, n0)
 assert abs(a1 - a0) <= 1e-6 * abs(a0) and abs(a0 - (1.5 + 0.25 * l0.sum() / n0)) <= 1e-6 * a0, (a1, a0)
 record("crossentropy_counted", (l1, s1, d1), (l0, s0c, d0))
 record("crossentropy_counted", d1, cuda.crossentropy_backward_inplace(logits, s0, targets, 0.25 / n0, V))
+# the training step's fused pass (count first, then loss, lse and dlogits in one kernel) against the CPU's two ops
+(l1, s1, n1, a1, d1) = cuda.crossentropy_counted(logits, targets, V, 0.25, 1.5, fused=True)
+assert n1 == n0 and abs(a1 - a0) <= 1e-6 * abs(a0), (n1, n0, a1, a0)
+record("crossentropy_fused", (l1, s1, d1), (l0, s0c, d0))
 
 
 # classifier rows of other widths: Vp a multiple of 8 with V not (16-byte vectors, a ragged tail up to V, padded
@@ -173,6 +177,10 @@ def classifier_cases(ops, prefix):
         args = (lg, s0, tg, 1.0 / 3, Vc)
         record(prefix + "crossentropy_backward_inplace", ops.crossentropy_backward_inplace(*args),
                cpu.crossentropy_backward_inplace(*args))
+        (l1, s1, n1, a1, d1), (l0, s0, n0, a0, d0) = (o.crossentropy_counted(lg, tg, Vc, 0.5, 0.0, fused=True)
+                                                      for o in (ops, cpu))
+        assert n1 == n0 == Nc - 1, (n1, n0)
+        record(prefix + "crossentropy_fused", (l1, s1, d1, np.float32(a1)), (l0, s0, d0, np.float32(a0)))
 
 
 classifier_cases(cuda, "")

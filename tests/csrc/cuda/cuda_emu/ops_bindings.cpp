@@ -318,7 +318,8 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              return r;
            })
       .def("crossentropy_counted",  // the device-resident loss of forward_backward: counted forward, loss, backward
-           [](O& o, F logits, I targets, int V, float grad_scale, float acc0) {
+           // (fused: crossentropy_forward_backward, then the loss, as the model's training step)
+           [](O& o, F logits, I targets, int V, float grad_scale, float acc0, bool fused) {
              const int N = logits.shape(0), Vp = logits.shape(1);
              float* losses = o.zm(N);
              float* lse = o.zm(N);
@@ -327,14 +328,21 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              *nv = -12345;
              T* lg = o.ut(logits);
              const int32_t* t = o.ui(targets);
-             o.be->crossentropy_forward(losses, lse, lg, t, nv, N, V, Vp);
-             o.be->loss_accumulate(acc, losses, nv, N, grad_scale);
-             o.be->crossentropy_backward(lg, lse, t, nv, grad_scale, N, V, Vp);
+             if (fused) {
+               o.be->crossentropy_forward_backward(losses, lse, lg, t, nv, grad_scale, N, V, Vp);
+               o.be->loss_accumulate(acc, losses, nv, N, grad_scale);
+             } else {
+               o.be->crossentropy_forward(losses, lse, lg, t, nv, N, V, Vp);
+               o.be->loss_accumulate(acc, losses, nv, N, grad_scale);
+               o.be->crossentropy_backward(lg, lse, t, nv, grad_scale, N, V, Vp);
+             }
              o.be->synchronize();
              auto r = py::make_tuple(O::dm(losses, {N}), O::dm(lse, {N}), long(*nv), double(*acc), O::dt(lg, {N, Vp}));
              o.clear();
              return r;
-           })
+           },
+           py::arg("logits"), py::arg("targets"), py::arg("V"), py::arg("grad_scale"), py::arg("acc0"),
+           py::arg("fused") = false)
       .def("sum_squares",
            [](O& o, F p) {
              o.be->grad_sum_squares(o.um(p), p.size());
