@@ -4,7 +4,7 @@
 //   pass 2 (column_reduce_kernel): out[c] += sum_r partial[r, c], r in order.
 // The chunking depends only on N, so results are bit-identical run to run and GPU to GPU.
 // Used for bias gradients (dbias[o] += sum_n dout[n, o]); layernorm.cuh reuses pass 2.
-// The input has the storage type floatX (float or bf16); partial sums and out are fp32.
+// The input has the storage type floatX (float, bf16 or fp16); partial sums and out are fp32.
 #pragma once
 #include "cuda/common.cuh"
 
