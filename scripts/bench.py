@@ -267,9 +267,10 @@ def modelled_vs_measured(args, cfg, measured_s):
         return
     target = gm.Config(B=args.batch_size, T=args.seq_len, C=cfg.n_embd, NH=cfg.n_head, L=cfg.n_layer,
                        V=cfg.vocab_size, Vp=cfg.padded_vocab_size, maxT=cfg.max_seq_len)
-    att = "cudnn" if args.attention in (None, "auto", "cudnn") else "flash"
-    counts = gm.launch_counts(att, gm.ROOT / "build" / "model", target, reuse=True)
-    rows = gm.model(counts, target, gm.GPUS[key], gm.read_ptxas(gm.ROOT / "build" / "model" / "ptxas.txt"), 2)
+    gpu = gm.GPUS[key]  # a GPU without bf16 runs fp16, and cuDNN's fused attention needs sm_80+
+    att = "cudnn" if args.attention in (None, "auto", "cudnn") and gpu.bf16 else "flash"
+    counts = gm.launch_counts(att, gm.ROOT / "build" / "model", target, reuse=True, precision=gpu.precision)
+    rows = gm.model(counts, target, gpu, gm.read_ptxas(gm.ROOT / "build" / "model" / "ptxas.txt"), 2)
     step = sum(r.seconds for r in rows)  # one micro-step and the optimizer step, as timed_steps runs them
     print(f"step: measured {measured_s * 1e3:.2f} ms | MODELLED {step * 1e3:.2f} ms ({gm.GPUS[key].name}, "
           f"{att} attention) | measured / modelled {measured_s / step:.2f}")
