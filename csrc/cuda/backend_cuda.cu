@@ -99,6 +99,13 @@ class CudaBackend final : public Backend<T> {
                                " lacks concurrent managed memory access (as on Windows and WSL, or GPUs before Pascal): "
                                "gpt2core's CUDA backend keeps parameters and gradients in managed memory that numpy "
                                "views read while kernels may run, which such a platform forbids; use Linux");
+    // 16-bit models need the GPU's tensor cores for their type: bf16 from sm_80 (cuBLASLt has no bf16 GEMMs
+    // before, and the bf16 attention kernels' mma instructions trap there), fp16 from sm_70
+    if (const int cc = device_capability(device); kIs16Bit<K> && cc >= 0 && cc < (kIsBF16<K> ? 80 : 70))
+      throw std::runtime_error(std::string(kIsBF16<K> ? "bf16 mixed precision needs an sm_80+ GPU"
+                                                      : "fp16 mixed precision needs an sm_70+ GPU (fp16 tensor cores)") +
+                               "; cuda:" + std::to_string(device) + " is sm_" + std::to_string(cc) +
+                               (kIsBF16<K> && cc >= 70 ? ": use fp16" : ": use fp32"));
     device_ = device;
     CUDA_CHECK(cudaStreamCreate(&stream_));  // not the legacy default stream, which cannot be captured
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&norm_work_), kNormBlocks * sizeof(double)));

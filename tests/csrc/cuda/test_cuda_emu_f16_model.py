@@ -120,3 +120,19 @@ def test_f16_five_steps_lower_the_loss_like_float64(emu):  # noqa: F811
     lf, lh = losses["f64"], losses["f16"]
     assert np.all(np.diff(lh) < 0) and lh[-1] < lh[0] - 0.1, lh
     np.testing.assert_allclose(lh, lf, rtol=LOSS)
+
+
+def test_16bit_models_need_their_tensor_cores(emu, monkeypatch):  # noqa: F811
+    """The backend itself refuses a 16-bit model on a GPU without tensor cores for its type (the emulated device
+    reports the capability GPT2CORE_EMU_COMPUTE_CAPABILITY names): bf16 below sm_80 (a T4, where the bf16
+    kernels' mma instructions trap), fp16 below sm_70; fp16 runs on a T4, with our flash attention."""
+    monkeypatch.setenv("GPT2CORE_EMU_COMPUTE_CAPABILITY", "75")
+    with pytest.raises(RuntimeError, match=r"bf16 mixed precision needs an sm_80\+ GPU; cuda:0 is sm_75: use fp16"):
+        emu.ModelBF16(**CFG, device="cuda")
+    idx, tgt = batch()
+    ref, m = reference(emu, 0), f16_model(emu, 0)
+    assert abs(m.forward(idx, tgt) - ref.forward(idx, tgt)) <= LOSS * abs(ref.forward(idx, tgt))
+    monkeypatch.setenv("GPT2CORE_EMU_COMPUTE_CAPABILITY", "61")
+    with pytest.raises(RuntimeError, match=r"fp16 mixed precision needs an sm_70\+ GPU .*sm_61: use fp32"):
+        emu.ModelF16(**CFG, device="cuda")
+    emu.Model(**CFG, device="cuda")  # fp32 runs anywhere
