@@ -8,8 +8,9 @@
 //   vector of the memory-bound kernels (4 floats or 8 bf16 / fp16).
 //   stochastic_round_bf16(x, seed, idx): fp32 bit pattern + a 16-bit hash of (seed, idx), truncated to bf16
 //   (rounds away from zero with probability equal to the dropped fraction of an ulp, so E[result] = x);
-//   seed 0 = round to nearest even. The fp16 weight copy is rounded to nearest even (round_param): its 11-bit
-//   significand keeps 8x finer steps than bf16's, so updates smaller than half an ulp are rare.
+//   seed 0 = round to nearest even. The fp16 weight copy is rounded to nearest even (round_param): the fp32
+//   master keeps every update, and fp16's 11-bit significand makes the copy's rounding error 8x smaller than
+//   bf16's, where stochastic rounding keeps the copy unbiased.
 // Included by every kernel file; compiles with nvcc and, through cuda/portable.h, with g++ against
 // the CUDA-on-CPU emulator (csrc/emu).
 #pragma once
