@@ -15,23 +15,29 @@
 
 namespace gpt2 {
 
+// The bits of a float and back (std::bit_cast before C++20).
+inline uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 // bfloat16 as 16 raw bits: the top half of an IEEE float. The CUDA backend reinterprets it as __nv_bfloat16.
 struct bf16 {
   uint16_t bits;
 };
 static_assert(sizeof(bf16) == 2, "bf16 must be 2 bytes");
 
-inline float bf16_to_float(bf16 x) {
-  const uint32_t u = uint32_t(x.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline float bf16_to_float(bf16 x) { return bits_float(uint32_t(x.bits) << 16); }
 
 // Round to nearest, ties to even; NaN stays NaN (quiet).
 inline bf16 float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  uint32_t u = float_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40u)};
   u += 0x7fffu + ((u >> 16) & 1u);
   return bf16{uint16_t(u >> 16)};
@@ -47,26 +53,16 @@ static_assert(sizeof(f16) == 2, "f16 must be 2 bytes");
 // Exact: every fp16 value is a float.
 inline float f16_to_float(f16 x) {
   const uint32_t sign = uint32_t(x.bits & 0x8000u) << 16, exp = (x.bits >> 10) & 0x1fu, frac = x.bits & 0x3ffu;
-  uint32_t u;
-  if (exp == 0x1f) {
-    u = sign | 0x7f800000u | (frac << 13);  // Inf, or NaN keeping its payload
-  } else if (exp != 0) {
-    u = sign | ((exp + 112u) << 23) | (frac << 13);  // rebias 15 -> 127
-  } else {
-    const float v = float(frac) * (1.0f / 16777216.0f);  // subnormal (or zero): frac * 2^-24, exact in float
-    std::memcpy(&u, &v, 4);
-    u |= sign;
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+  if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (frac << 13));  // Inf, or NaN keeping its payload
+  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (frac << 13));  // rebias 15 -> 127
+  // subnormal (or zero): frac * 2^-24, exact in float
+  return bits_float(sign | float_bits(float(frac) * (1.0f / 16777216.0f)));
 }
 
 // Round to nearest, ties to even, subnormals included; |f| >= 65520 (halfway from 65504 to 2^16) becomes Inf;
 // NaN stays NaN (quiet, the top payload bits kept).
 inline f16 float_to_f16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  const uint32_t u = float_bits(f);
   const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return f16{uint16_t(sign | 0x7e00u | (a >> 13))};
