@@ -166,6 +166,10 @@ def test_layernorm(f16ops, mis, N, C):
     check_f16(dinp, dinp0 + term, mag + np.abs(dinp0))  # dinp += term, rounded once
     check_f32(dw, dw0 + (norm * gd).sum(0), np.abs(dw0) + np.abs(norm * gd).sum(0))
     check_f32(db, db0 + gd.sum(0), np.abs(db0) + np.abs(gd).sum(0))
+    # InputGrad::Write: dinp = term, its NaN contents neither read nor kept
+    dinp_w = ops.layernorm_backward(np.full_like(dinp0, np.nan), dw0, db0, dout, x, w, m.astype(np.float32),
+                                    r.astype(np.float32), write=True)[0]
+    check_f16(dinp_w, term, mag)
 
 
 def test_layernorm_of_values_whose_squares_overflow_fp16(f16ops):
@@ -206,6 +210,8 @@ def test_matmul(f16ops, mis):
         for dbias0 in (db0, None):
             dinp, dw, db = ops.matmul_backward(dinp0, dw0, dbias0, dout, x, w)
             check_f16(dinp, dinp0 + gd @ wd, np.abs(dinp0) + np.abs(gd) @ np.abs(wd))  # += rounded once
+            dinp_w = ops.matmul_backward(np.full_like(dinp0, np.nan), dw0, dbias0, dout, x, w, write=True)[0]
+            check_f16(dinp_w, gd @ wd, np.abs(gd) @ np.abs(wd))  # InputGrad::Write: NaN neither read nor kept
             check_f32(dw, dw0 + gd.T @ xd, np.abs(dw0) + np.abs(gd).T @ np.abs(xd))  # K = N = 111 rows
             assert (db is None) == (dbias0 is None)
             if db is not None:
@@ -316,6 +322,14 @@ def test_crossentropy(f16ops, mis, Nc, V, Vp, scale):
         extra = np.where(valid[:, None], 4 * 2.0 ** -24 * x_lse * p * dloss, 0.0)
         check_f16(d[:, :V], ref, (p + 1.0) * dloss, extra)
         assert np.all(d[:, V:] == 0.0) and np.all(d[~valid] == 0.0)
+        # the training step's fused pass (count, then losses, lse and dlogits in one kernel): the same bounds
+        l_f, lse_f, n_f, acc, d_f = ops.crossentropy_counted(logits, targets, V, grad_scale, 0.0, fused=True)
+        assert n_f == valid.sum() and abs(acc - grad_scale * loss.sum() / n_f) <= FP32 * grad_scale * np.sum(
+            np.abs(lse) + biggest) / n_f
+        check_f32(lse_f, lse, np.abs(lse) + biggest)
+        check_f32(l_f, loss, np.where(valid, np.abs(lse) + biggest, 0.0))
+        check_f16(d_f[:, :V], ref, (p + 1.0) * dloss, extra)
+        assert np.all(d_f[:, V:] == 0.0) and np.all(d_f[~valid] == 0.0)
 
 
 # --------------------------------------------------------------------------------------------- AdamW, rounding
@@ -349,17 +363,19 @@ ATT_ABS = 1e-5      # fp32 arithmetic, relative to the tensor's largest value (t
 ATT_ABS_SEAM = 5e-5  # the seam's CPU backward sums in another order (test_cuda_emu_bf16_attention.ABS_SEAM)
 
 
-def attention_errors(emu, variant, C, NH, T_, misalign, rng, qkv_scale=1.0, score_err=0.0):  # noqa: F811
+def attention_errors(emu, variant, C, NH, T_, misalign, rng, qkv_scale=1.0, score_err=0.0, write=False):  # noqa: F811
     """Worst ratios of |got - ref| to its bound for (out, dqkv) of one random case. Bound per element:
     U (|ref| + extra) + ABS max|ref| + 2 score_err P_terms: one rounding of each output (dqkv accumulates:
     dqkv_in + grad rounded once); extra: flash, P |v| and the backward's products with |P| and |dS| (the
     tensor-core kernel rounds P and dS to the 16-bit type; the CUDA-core kernel that serves fp16 until then keeps
     them fp32, inside the same bound); cudnn, |grad| (the seam's output is rounded before it is added); score_err:
     an absolute error bound of the fp32 scores (and of the logsumexp), which exp() turns into that much relative
-    error of every P, carried by the same P terms."""
+    error of every P, carried by the same P terms. write: the backward with InputGrad::Write, dqkv given as NaN
+    (neither read nor kept: the reference accumulates into zeros)."""
     qkv = rnd(rng, B, T_, 3 * C, scale=qkv_scale)
-    dout, dqkv = rnd(rng, B, T_, C), rnd(rng, B, T_, 3 * C)
-    out, dq = emu.OpsF16("cuda", misalign=misalign, attention=variant).attention(qkv, dout, dqkv, NH)
+    dout, dqkv = rnd(rng, B, T_, C), rnd(rng, B, T_, 3 * C) * (not write)
+    given = np.full_like(dqkv, np.nan) if write else dqkv
+    out, dq = emu.OpsF16("cuda", misalign=misalign, attention=variant).attention(qkv, dout, given, NH, write=write)
     assert is_f16(out) and is_f16(dq) and np.all(np.isfinite(out)) and np.all(np.isfinite(dq))
     flash = variant != "naive"  # flash and the cudnn seam take D from the stored fp16 out
     ref_out, ref_dq, pv_abs, grad_abs = attention_reference(qkv, dout, dqkv, NH, flash, out)
@@ -382,6 +398,8 @@ def test_f16_attention_matches_float64_reference(emu, variant):  # noqa: F811
     for name, C, NH, T_, misalign in ATT_CASES:
         worst = attention_errors(emu, variant, C, NH, T_, misalign, rng)
         assert max(worst) <= 1.0, (name, worst)
+    worst = attention_errors(emu, variant, *ATT_CASES[0][1:], rng, write=True)
+    assert max(worst) <= 1.0, ("write", worst)
 
 
 @pytest.mark.parametrize("variant", ["flash", "naive"])
