@@ -33,6 +33,15 @@ def emulated_cuda_gpt2(emu_module, config, precision="fp32"):
     return model
 
 
+def emulated_copy(emu_module, ref, precision):
+    """An emulated CUDA GPT2 of `precision` holding ref's weights."""
+    m = emulated_cuda_gpt2(emu_module, ref.config, precision)
+    for k, p in m.params.items():
+        p[...] = ref.params[k]
+    m.params_changed()
+    return m
+
+
 def batches(n, seed=0):
     rng = np.random.default_rng(seed)
     return [(rng.integers(0, CFG.vocab_size, (B, T), dtype=np.int32),
@@ -97,11 +106,7 @@ def test_16bit_checkpoint_resumes_bit_exactly(emu, tmp_path, precision):  # noqa
     ref = GPT2(CFG, seed=4)
 
     def fresh():
-        m = emulated_cuda_gpt2(emu, CFG, precision)
-        for k, p in m.params.items():
-            p[...] = ref.params[k]
-        m.params_changed()
-        return m
+        return emulated_copy(emu, ref, precision)
 
     a = fresh()
     full = train(a, data)
@@ -132,10 +137,7 @@ def test_loss_scaled_checkpoint_resumes_bit_exactly_with_its_scaler(emu, tmp_pat
     ref = GPT2(CFG, seed=5)
 
     def fresh():
-        m = emulated_cuda_gpt2(emu, CFG, precision)
-        for k, p in m.params.items():
-            p[...] = ref.params[k]
-        m.params_changed()
+        m = emulated_copy(emu, ref, precision)
         m._m.set_loss_scaling(True, scale=2.0**16, interval=2)
         return m
 
