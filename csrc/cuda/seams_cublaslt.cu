@@ -5,8 +5,9 @@
 // accordingly; the bias (n) is then a per-row vector of D^T, which is what cuBLASLt's bias epilogue takes.
 // Compute: fp32 (CUBLAS_COMPUTE_32F), or TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) for fp32 inputs
 // when the call's params say tf32; bf16 inputs accumulate in fp32. Epilogues: bias, GELU (+ bias, + saving the
-// pre-activation as aux, in D's type: the aux type is left at its default), GELU backward (dGELU from aux); no
-// GELU epilogue with accumulation (seams.h). A fused epilogue cuBLASLt refuses at run time (no algorithm, or
+// pre-activation as aux, in D's type: the aux type is left at its default), GELU backward (dGELU from aux), bias
+// gradient (BGRADB: cuBLASLt's B is our A, so the sums over k of op(A)'s rows, written to bias_grad in D's type);
+// no GELU epilogue with accumulation (seams.h). A fused epilogue cuBLASLt refuses at run time (no algorithm, or
 // NOT_SUPPORTED / INVALID_VALUE) returns cudaErrorNotSupported having written nothing, so the caller can run
 // the unfused ops instead. Algorithm: once per shape, types, epilogue and the alignment of every pointer, the
 // heuristic's best kCandidates are timed with CUDA events and the fastest is cached (matmul_algo_choice.h); while
@@ -107,6 +108,7 @@ cublasLtEpilogue_t epilogue_of(const MatmulParams& p) {
     case Epilogue::GeluBackward: return CUBLASLT_EPILOGUE_DGELU;
     case Epilogue::None: break;
   }
+  if (p.bias_grad) return CUBLASLT_EPILOGUE_BGRADB;  // cuBLASLt's B is our A: sums over k per column of D^T
   return p.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
@@ -125,7 +127,7 @@ Alignments alignments_of(const MatmulParams& p) {
   return {alignment_bytes(p.a, p.lda * ea, batched ? p.stride_a * ea : 0),
           alignment_bytes(p.b, p.ldb * eb, batched ? p.stride_b * eb : 0),
           alignment_bytes(p.d, p.ldd * ed, batched ? p.stride_d * ed : 0),
-          p.bias ? alignment_bytes(p.bias, 0, 0) : 0u,
+          p.bias ? alignment_bytes(p.bias, 0, 0) : p.bias_grad ? alignment_bytes(p.bias_grad, 0, 0) : 0u,
           p.pre_gelu ? alignment_bytes(p.pre_gelu, p.ldd * ed, batched ? p.stride_d * ed : 0) : 0u};
 }
 
@@ -139,6 +141,10 @@ void describe_matmul(const MatmulParams& p, size_t workspace_bytes, CublasLtCall
   set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue_of(p));
   if (p.bias && p.epilogue != Epilogue::GeluBackward) {
     set(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
+    set(call.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(p.d_type));
+  }
+  if (p.bias_grad) {  // the bias gradient's output: cuBLASLt's bias pointer, in D's type (cublasLt.h)
+    set(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias_grad);
     set(call.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(p.d_type));
   }
   if (p.pre_gelu) {  // aux: (m, n) like D, ld and batch stride of D; its type defaults to D's (cublasLt.h)
@@ -190,8 +196,8 @@ struct Scratch {
 
 // Milliseconds per run of call with algo (the mean of kTimedRuns after a warm-up run), or -1 if cuBLASLt or CUDA
 // failed. A beta = 1 call reads C = the real D and writes a scratch D of the same layout (allocated on first
-// use), so timing leaves D as it was; a beta = 0 call writes D (and aux) in place, which the real run then
-// overwrites.
+// use), so timing leaves D as it was; a beta = 0 call writes D in place, and either writes its aux or bias
+// gradient output in place: outputs only, which the real run then overwrites.
 float time_algo(cublasLtHandle_t handle, const CublasLtCall& call, const MatmulParams& p,
                 const cublasLtMatmulAlgo_t& algo, void* workspace, Scratch& scratch) {
   void* D = call.D;
@@ -241,10 +247,10 @@ bool matmul_impl(const MatmulParams& p) {
 
   CublasLtCall call;
   describe_matmul(p, kWorkspaceBytes, call);
-  const bool fused = p.epilogue != Epilogue::None;
+  const bool fused = p.epilogue != Epilogue::None || p.bias_grad;
   auto refused = [&](const char* what, cublasStatus_t st) {
-    t_last_error = std::string("cuBLASLt refused the fused GELU epilogue (") + what + ": " +
-                   cublasLtGetStatusName(st) + ")";
+    t_last_error = std::string("cuBLASLt refused the fused ") + (p.bias_grad ? "bias gradient" : "GELU") +
+                   " epilogue (" + what + ": " + cublasLtGetStatusName(st) + ")";
     return false;
   };
   const Alignments al = alignments_of(p);
@@ -267,7 +273,8 @@ bool matmul_impl(const MatmulParams& p) {
   auto time = [&](const cublasLtMatmulAlgo_t& algo) { return time_algo(handle, call, p, algo, workspace, scratch); };
   const std::optional<cublasLtMatmulAlgo_t> algo = S.algos.choose(key, can_time(p.stream), candidates, time);
   if (!algo) {
-    if (fused && (heuristic == CUBLAS_STATUS_NOT_SUPPORTED || heuristic == CUBLAS_STATUS_SUCCESS))
+    if (fused && (heuristic == CUBLAS_STATUS_NOT_SUPPORTED || heuristic == CUBLAS_STATUS_INVALID_VALUE ||
+                  heuristic == CUBLAS_STATUS_SUCCESS))
       return refused("no algorithm", heuristic);
     CUBLAS_CHECK(heuristic);
     throw std::runtime_error("cuBLASLt has no algorithm for this matmul (m=" + std::to_string(p.m) + " n=" +
