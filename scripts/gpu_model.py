@@ -75,6 +75,8 @@ GPUS = {
 ASSUMPTIONS = {
     "gemm_eff": 0.70,           # cuBLASLt bf16 GEMMs of GPT-2 sizes (k, n >= 768) reach ~70% of tensor peak
     "gemm_eff_small": 0.40,     # GEMMs with fewer than 4 waves of 128x128 tiles
+    "bgrad_extra": 0.05,        # a GEMM with the bias-gradient epilogue (BGRADB: sums of op(A) over k) takes this
+                                # fraction longer (unmeasured; the sums come from tiles already loaded)
     "cudnn_fwd_eff": 0.55,      # cuDNN fused SDPA, causal, hs=64, of tensor peak
     "cudnn_bwd_eff": 0.40,
     "mma_fwd_eff": 0.45,        # our mma.sync flash kernel, sm_80/sm_89 (FlashAttention-2 reaches ~50-70% on A100)
@@ -385,10 +387,12 @@ def gemm_cost(f: dict, cfg: Config, gpu: GPU, A: dict) -> tuple[float, float, fl
     flops = 2.0 * m * n * k * batch
     nbytes = batch * (m * k * sz(f["a"]) + k * n * sz(f["b"]) + m * n * sz(f["d"]) * (1 + f["accumulate"]))
     nbytes += batch * m * n * sz(f["d"]) * (f["epilogue"] in (1, 2))  # pre-GELU written / read
+    nbytes += m * sz(f["d"]) * f.get("bias_grad", 0)  # BGRADB: the row sums of op(A), from tiles already loaded
     tiles = batch * ceil_div(m, 128) * ceil_div(n, 128)
     eff = A["gemm_eff"] if tiles >= 4 * gpu.sms else A["gemm_eff_small"]
     peak = gpu.tensor_tflops if f["a"] == "bf16" else gpu.tensor_tflops / 2  # fp32 inputs: TF32 at half rate
-    return flops, nbytes, max(flops / (peak * 1e12 * eff), nbytes / (gpu.hbm_gbs * 1e9 * A["mem_eff"]))
+    t = max(flops / (peak * 1e12 * eff), nbytes / (gpu.hbm_gbs * 1e9 * A["mem_eff"]))
+    return flops, nbytes, t * (1 + A["bgrad_extra"] * f.get("bias_grad", 0))
 
 
 def model(counts: Counter, cfg: Config, gpu: GPU, ptxas: dict, es: int, A: dict = ASSUMPTIONS) -> list[Row]:
@@ -403,7 +407,7 @@ def model(counts: Counter, cfg: Config, gpu: GPU, ptxas: dict, es: int, A: dict 
             flops, nbytes, t = gemm_cost(f, cfg, gpu, A)
             label = f"cuBLASLt gemm {f['m']}x{f['n']}x{f['k']}" + (f" x{f['batch']}" if f["batch"] != 1 else "") + \
                 ("" if not f["epilogue"] else " +gelu" if f["epilogue"] == 1 else " +dgelu") + \
-                (" +=" if f["accumulate"] else "")
+                (" +bgrad" if f.get("bias_grad") else "") + (" +=" if f["accumulate"] else "")
             bound = "tensor" if flops / (gpu.tensor_tflops * 1e12) > nbytes / (gpu.hbm_gbs * 1e9) else "memory"
         elif key[0] == "seam":
             f = dict(key[2])
@@ -531,7 +535,7 @@ def report(counts: Counter, cfg: Config, gpu: GPU, ptxas: dict, title: str, top:
 def print_assumptions(A: dict) -> None:
     print("Assumptions (all figures below are MODELLED from these, not measured on a GPU):")
     for k, v in A.items():
-        print(f"  {k} = {v}")
+        print(f"  {k} = {v}" + (f"   (WHAT-IF via --assume; default {ASSUMPTIONS[k]})" if v != ASSUMPTIONS[k] else ""))
     print("  launches: emulated bf16 step of " + f"{SMALL} with 1 and 2 layers, sizes re-evaluated at the target, "
           "counts affine in n_layer, grids from the launchers' rules (checked at the emulated config)")
     print("  GPUs (dense tensor / fp32 TFLOP/s, HBM GB/s, SMs): " +
@@ -552,7 +556,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse", action="store_true", help="reuse launch logs already in --logdir")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--assume", nargs="+", default=[], metavar="NAME=VALUE",
+                    help="replace assumptions, e.g. gemm_eff_small=0.55 (what-if lines: label them as such)")
     args = ap.parse_args(argv)
+    A = dict(ASSUMPTIONS)
+    for kv in args.assume:
+        name, _, value = kv.partition("=")
+        if name not in A or not value:
+            ap.error(f"--assume {kv}: expected NAME=VALUE with NAME one of {', '.join(A)}")
+        A[name] = float(value) if isinstance(A[name], float) else int(value)
     target = Config(B=args.B, T=args.T, C=TARGET.C, NH=TARGET.NH, L=args.layers, V=TARGET.V, Vp=TARGET.Vp,
                     maxT=max(TARGET.maxT, args.T))
     args.logdir.mkdir(parents=True, exist_ok=True)
@@ -566,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
             if r.returncode == 2:
                 print("nvcc not found: registers assumed", ASSUMPTIONS["regs_unknown"], file=sys.stderr)
     ptxas = read_ptxas(ptx)
-    print_assumptions(ASSUMPTIONS)
+    print_assumptions(A)
     results = []
     for att in args.attention:
         counts = launch_counts(att, args.logdir, target, args.reuse)
@@ -576,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n== {gpu.name}: no bf16 on sm_{gpu.sm} (the bf16 model needs sm_80+): skipped ==")
                 continue
             title = "cuDNN attention" if att == "cudnn" else "gpt2core flash attention"
-            results.append(report(counts, target, gpu, ptxas, title, args.top))
+            results.append(report(counts, target, gpu, ptxas, title, args.top, A))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0
