@@ -218,14 +218,15 @@ KERNELS = {
     "encoder_backward_wte_kernel": (["BT", "C"], lambda a, c, es: dict(
         flops=a["BT"] * a["C"], bytes=a["BT"] * a["C"] * (es + 8), blocks=min(a["BT"], 2048) * ceil_div(a["C"], 64))),
     "layernorm_forward_kernel": (["N", "C"], _ln_fwd),
-    "layernorm_backward_input_kernel": (["N", "C"], lambda a, c, es: dict(
-        flops=12 * a["N"] * a["C"], bytes=4 * a["N"] * a["C"] * es + 8 * a["N"], blocks=ceil_div(a["N"], 8))),
-    "layernorm_param_partial_kernel": (["N", "C", None], lambda a, c, es: dict(
-        flops=4 * a["N"] * a["C"], bytes=2 * a["N"] * a["C"] * es + 8 * column_chunks(a["N"], a["C"]) * a["C"],
-        blocks=ceil_div(a["C"], 32) * column_chunks(a["N"], a["C"]))),
+    # dinp and pass 1 of dw, db in one kernel: dout and inp read once from DRAM (the column pass meets L1 / L2),
+    # dinp read and written (accumulating: the log does not record the flag), an (R, C) row of partial sums per
+    # block for each of dw, db
+    "layernorm_backward_kernel": (["N", "C", None], lambda a, c, es: dict(
+        flops=16 * a["N"] * a["C"], bytes=4 * a["N"] * a["C"] * es + 8 * a["N"] +
+        8 * column_chunks(a["N"], a["C"]) * a["C"], blocks=column_chunks(a["N"], a["C"]))),
     "column_partial_sum_kernel": (["N", "C", None], _col_partial),
-    "column_reduce_kernel": (["R", "C"], lambda a, c, es: dict(
-        flops=a["R"] * a["C"], bytes=4 * column_chunks(c.B * c.T, a["C"]) * a["C"] + 8 * a["C"],  # R at the target
+    "column_reduce_kernel": (["R", "C"], lambda a, c, es: dict(  # R at the target; R = 1: a GEMM epilogue's sums
+        flops=a["R"] * a["C"], bytes=4 * (1 if a["R"] == 1 else column_chunks(c.B * c.T, a["C"])) * a["C"] + 8 * a["C"],
         blocks=ceil_div(a["C"], 32))),
     "gelu_forward_kernel": (["N"], lambda a, c, es: dict(
         flops=15 * a["N"], bytes=2 * a["N"] * es, blocks=ceil_div(a["N"] // (16 // es), 256))),
