@@ -87,7 +87,7 @@ class CudaBackend final : public Backend<T> {
 
  public:
   CudaBackend(int device, const BackendOptions& options)
-      : tf32_(options.tf32 && !kIs16Bit<K>), fused_(options.fused) {
+      : matmul_mode_{options.tf32 && !kIs16Bit<K>, options.matmul_tuning}, fused_(options.fused) {
     const std::string why = device_status(device);
     if (!why.empty()) throw std::runtime_error(why);
     CUDA_CHECK(cudaSetDevice(device));
@@ -231,12 +231,12 @@ class CudaBackend final : public Backend<T> {
     cuda::residual_layernorm_forward(k(residual), k(out), mean, rstd, k(a), k(b), k(w), k(bias), N, C, stream_);
   }
   void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) override {
-    cuda::matmul_forward(k(out), k(inp), k(w), k(bias), N, C, OC, tf32_, stream_);
+    cuda::matmul_forward(k(out), k(inp), k(w), k(bias), N, C, OC, matmul_mode_, stream_);
   }
   void matmul_backward(T* dinp, float* dw, float* dbias, const T* dout, const T* inp, const T* w, int N, int C,
                        int OC, InputGrad mode) override {
     float* s = dbias ? scratch(size_t(column_chunks(N, OC)) * OC) : nullptr;
-    cuda::matmul_backward(k(dinp), dw, dbias, k(dout), k(inp), k(w), s, N, C, OC, mode == InputGrad::Add, tf32_,
+    cuda::matmul_backward(k(dinp), dw, dbias, k(dout), k(inp), k(w), s, N, C, OC, mode == InputGrad::Add, matmul_mode_,
                           stream_);
   }
   // fused (default): GELU in the matmul's epilogue (cuBLASLt GELU_AUX_BIAS forward, DGELU backward; tanh GELU,
@@ -246,7 +246,7 @@ class CudaBackend final : public Backend<T> {
   // backend, with one message: the first (uncaptured) run of a step finds out, so a graph never holds the attempt.
   void matmul_gelu_forward(T* pre, T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) override {
     if (fused_ && !gelu_refused_[0] && cuda::gelu_epilogue_ok(OC, pre, out)) {
-      if (cuda::matmul_gelu_forward(k(pre), k(out), k(inp), k(w), k(bias), N, C, OC, tf32_, stream_)) return;
+      if (cuda::matmul_gelu_forward(k(pre), k(out), k(inp), k(w), k(bias), N, C, OC, matmul_mode_, stream_)) return;
       refuse_gelu_epilogue(0);
     }
     Backend<T>::matmul_gelu_forward(pre, out, inp, w, bias, N, C, OC);
@@ -255,7 +255,7 @@ class CudaBackend final : public Backend<T> {
                             T* scratch_t, int N, int C, int OC) override {
     if (fused_ && !gelu_refused_[1] && cuda::gelu_epilogue_ok(C, dpre, pre)) {
       float* s = dbias ? scratch(size_t(column_chunks(N, OC)) * OC) : nullptr;
-      if (cuda::gelu_matmul_backward(k(dpre), dw, dbias, k(dout), k(pre), k(act), k(w), s, N, C, OC, tf32_,
+      if (cuda::gelu_matmul_backward(k(dpre), dw, dbias, k(dout), k(pre), k(act), k(w), s, N, C, OC, matmul_mode_,
                                      stream_))
         return;
       refuse_gelu_epilogue(1);
@@ -595,7 +595,7 @@ class CudaBackend final : public Backend<T> {
   };
 
   int device_ = 0;
-  const bool tf32_;               // BackendOptions::tf32, for fp32 models: every matmul's seam params carry it
+  const cuda::MatmulMode matmul_mode_;  // BackendOptions::tf32 (fp32 models) and ::matmul_tuning, for every matmul
   const bool fused_;              // BackendOptions::fused; false: unfused residual + layernorm, matmul + GELU
   bool gelu_refused_[2] = {false, false};  // the library refused the fused GELU forward / backward epilogue
   Attention attention_ = Attention::Flash;  // from BackendOptions::attention (auto resolved in the constructor)

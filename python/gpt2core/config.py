@@ -95,6 +95,10 @@ class TrainConfig:
                                        "passes a self-check at start, else flash), flash (gpt2core's kernel), cudnn, "
                                        "or the materialised 'naive' rung", "model",
                                  choices=["auto", "flash", "cudnn", "naive"])
+    matmul_tuning: bool = _opt(False, "CUDA: time cuBLASLt's candidate algorithms once per matmul shape and keep "
+                                      "the fastest (a resumed run may then round differently from an "
+                                      "uninterrupted one; off: cuBLASLt's heuristic's first, bit-exact resume)",
+                               "model")
     recompute_gelu: bool = _opt(False, "recompute GELU outputs in backward instead of storing one per layer "
                                        "(less memory)", "model")
     cuda_graphs: bool = _opt(False, "CUDA: capture each micro-step's forward and backward, and the optimizer step, "

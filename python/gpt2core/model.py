@@ -87,7 +87,7 @@ class GPT2:
 
     def __init__(self, config: GPT2Config | str = "d12", device: str = "cpu", seed: int = 0,
                  dtype: str = "float32", init: bool = True, precision: str | None = None,
-                 attention: str | None = None, fused: bool = True):
+                 attention: str | None = None, fused: bool = True, matmul_tuning: bool = False):
         """precision: "fp32"; "tf32" (CUDA: TF32 tensor-core matmuls); "bf16" (CUDA: bf16 weights copy and
         activations, fp32 master weights, gradients, AdamW state, softmax and loss); "fp16" (CUDA: the same in
         IEEE half precision, for sm_70 / sm_75 GPUs; train with a loss scale so small gradients survive). None
@@ -96,8 +96,11 @@ class GPT2:
         fused attention for bf16 when it checks out, else "flash"), "flash" (never materialises T x T), "cudnn"
         or "naive" (the materialised rung of the speed ladder); the CPU backend always materialises attention.
         fused (CUDA): residual + layernorm in one kernel and GELU in the matmul epilogues (False: the separate
-        kernels, the unfused rung of the speed ladder; the CPU backend has nothing to fuse). All of these are
-        this model's own: two models in one process may differ."""
+        kernels, the unfused rung of the speed ladder; the CPU backend has nothing to fuse). matmul_tuning (CUDA):
+        time cuBLASLt's candidate algorithms once per matmul shape and keep the fastest (as PyTorch's
+        cudnn.benchmark); the choice is per process, so a resumed run may round differently from the run it
+        continues: the default, False, takes cuBLASLt's heuristic's first and keeps resume bit-exact. All of these
+        are this model's own: two models in one process may differ."""
         if isinstance(config, str):
             config = get_preset(config)
         elif not isinstance(config, GPT2Config):
@@ -126,7 +129,8 @@ class GPT2:
         c = config
         self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size, padded_vocab_size=c.padded_vocab_size,
                       n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, device=self.device,
-                      tf32=precision == "tf32", attention=attention or "auto", fused=bool(fused))
+                      tf32=precision == "tf32", attention=attention or "auto", fused=bool(fused),
+                      matmul_tuning=bool(matmul_tuning))
         self.params: dict[str, np.ndarray] = self._m.params()
         self.grads: dict[str, np.ndarray] = self._m.grads()
         self.step_count = 0

@@ -114,7 +114,8 @@ class Trainer:
                           if cfg.hellaswag_every else None)
         if cfg.cuda_graphs and self.device == "cpu":
             raise SystemExit("gpt2core-train: --cuda-graphs needs --device cuda")
-        model = GPT2(self.config, device=self.device, seed=cfg.seed, precision=cfg.precision, attention=cfg.attention)
+        model = GPT2(self.config, device=self.device, seed=cfg.seed, precision=cfg.precision, attention=cfg.attention,
+                     matmul_tuning=cfg.matmul_tuning)
         model.recompute_gelu = cfg.recompute_gelu
         model.cuda_graphs = cfg.cuda_graphs
         self.flops_per_token = self.config.flops_per_token(T)
