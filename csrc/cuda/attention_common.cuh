@@ -1,5 +1,5 @@
 // Storage-type helpers of the attention kernels (attention.cuh, attention_naive.cuh). floatX, the storage type
-// of qkv / out / dout / dqkv, is float or __nv_bfloat16 (the bf16 mixed-precision contract); compute is fp32:
+// of qkv / out / dout / dqkv, is float, __nv_bfloat16 or __half (the 16-bit mixed-precision contract); compute is fp32:
 // values are converted on load and rounded once (to nearest even) on store. Kept in their own namespace so
 // they cannot collide with the general load/store helpers of common.cuh.
 #pragma once
@@ -9,6 +9,7 @@ namespace gpt2::cuda::attn {
 
 __device__ inline float to_float(float x) { return x; }
 __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ inline float to_float(__half x) { return __half2float(x); }
 
 template <class floatX>
 __device__ inline floatX from_float(float x);
@@ -16,8 +17,10 @@ template <>
 __device__ inline float from_float<float>(float x) { return x; }
 template <>
 __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ inline __half from_float<__half>(float x) { return __float2half_rn(x); }
 
-// 16 bytes of floatX: 4 floats or 8 bf16, moved with one vector load / store.
+// 16 bytes of floatX: 4 floats or 8 bf16 / fp16, moved with one vector load / store.
 template <class floatX>
 struct alignas(16) Pack {
   static constexpr int N = 16 / sizeof(floatX);

@@ -10,21 +10,28 @@
 // row sum l stays fp32. K and V tiles are double-buffered: tile j + 1 is loaded while tile j is computed, one
 // barrier per tile. Shared rows are padded by 8 elements (16 bytes) so that ldmatrix's eight row reads hit eight
 // different bank groups. Head sizes up to HS (64 or 128) run zero-padded.
-// Backward (FlashAttention-2's, made deterministic without float atomics), with D = rowsum(dout * out) from
-// attention.cuh's dot kernel:
+// Backward (FlashAttention-2's products, made deterministic without float atomics), with D = rowsum(dout * out)
+// from attention.cuh's dot kernel:
 //   dkdv kernel, one block per 64-key tile (warp w: keys 16w ..), looping over the query tiles at or after it:
 //     S^T = K Q^T, P^T = exp(scale S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - D); dV += P^T dO, dK += dS^T Q;
-//   dq kernel, one block per 64-query tile, looping over the key tiles up to the diagonal:
-//     S = Q K^T, dP = dO V^T (recomputed), dS = P (dP - D); dQ += dS K.
-// Seven T x T x hs products (4 + 3) where FlashAttention-2's single pass with float atomics on dQ needs five: with
-// the forward's two, 9 L C T-equivalent causal FLOPs instead of 7 (about 1.3x the minimum attention work),
-// bought for bit-reproducible gradients under any schedule. P and dS are rounded to the storage type for
-// their products (as FlashAttention-2); everything else, lse and D included, stays fp32. dK, dV, dQ are added
-// into dqkv once, in fp32, rounded once.
+//     and dS^T, rounded to the storage type (as for its dK product), is stored to a scratch tile per (query tile,
+//     key tile) pair;
+//   dq kernel, one block per 64-query tile, summing over the key tiles up to the diagonal in order: dQ += dS K,
+//     dS read back from the scratch (the value the dK product used, so nothing is recomputed).
+// Five T x T x hs products (4 + 1), with the forward's two 7 L C T-equivalent causal FLOPs, FlashAttention-2's
+// count, with bit-reproducible gradients under any schedule: each dQ row is one block's sum in a fixed order.
+// The price is HBM traffic instead of FLOPs: the dS scratch is written once and read once, 2 bytes per causal
+// (query, key) pair (tile-granular: n (n + 1) / 2 tiles of 64 x 64, n = ceil(T / 64)) each way; for hs = 64
+// that is half of the per-tile fp32 dQ partials a partial-sum scheme would move, and at hs = 64 it costs less
+// than recomputing S and dP in the dq kernel (the 9 L C T scheme this replaced; scripts/gpu_model.py models both).
+// P and dS are rounded to the storage type for their products (as FlashAttention-2); everything else, lse and D
+// included, stays fp32. dK, dV, dQ are added into dqkv once, in fp32, rounded once.
 #pragma once
 #include "cuda/attention.cuh"  // dispatch_head_size, attention_backward_dot
 #include "cuda/attention_common.cuh"
 #include "cuda/mma.cuh"
+
+#include <algorithm>
 
 namespace gpt2::cuda {
 
@@ -44,8 +51,18 @@ constexpr size_t tc_smem_bytes() {  // forward: Q, 2 K, 2 V tiles of 16-bit elem
   return 5 * tc_tile_elems<HS> * 2;
 }
 template <int HS>
-constexpr size_t tc_bwd_smem_bytes() {  // backward: 6 tiles; dkdv: + lse and D of 2 query tiles
+constexpr size_t tc_bwd_smem_bytes() {  // dkdv: K, V, 2 Q, 2 dO tiles + lse and D of 2 query tiles
   return 6 * tc_tile_elems<HS> * 2 + 4 * kTcRows * sizeof(float);
+}
+template <int HS>
+constexpr size_t tc_dq_smem_bytes() {  // dq: 2 dS^T tiles (64 x 64), 2 K tiles
+  return 2 * (tc_tile_elems<64> + tc_tile_elems<HS>) * 2;
+}
+// dS^T tiles of the backward: one 64 x 64 tile of floatX per (query tile i, key tile j <= i) of each (b, h), at
+// tile index i (i + 1) / 2 + j.
+inline size_t tc_ds_tiles(int T) {
+  const size_t n = ceil_div(T, kTcRows);
+  return n * (n + 1) / 2;
 }
 
 // Rows r0 .. r0 + 63 of src (dims 0 .. HS - 1; 0 outside [0, T) x [0, hs)) into a shared tile.
@@ -93,25 +110,32 @@ __device__ inline void tc_mma_abt(float (&acc)[N / 8][4], const floatX* A, const
   }
 }
 
+// acc (16 x HS) += A B over keys 16 kk .. 16 kk + 15: a = the A fragment of those 16 columns, B = rows at Bs (shared,
+// row stride kTcStride<HS>, loaded .trans). Element e of acc[dt] is (row g + 8 (e / 2), dim 8 dt + 2t + e % 2).
+template <int HS, class floatX>
+__device__ inline void tc_mma_ab_k16(float (&acc)[HS / 8][4], const uint32_t (&a)[4], const floatX* Bs, int kk,
+                                     int lane) {
+  constexpr int S = kTcStride<HS>;
+#pragma unroll
+  for (int dp = 0; dp < HS / 16; dp++) {  // dims 16 dp ..: matrices {rows lo, hi} x {dims lo, hi}, transposed
+    uint32_t r[4];
+    ldmatrix_x4_trans(r, Bs + (kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * S + dp * 16 + lane / 16 * 8);
+    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+    mma_m16n8k16<floatX>(acc[2 * dp], a, b0);
+    mma_m16n8k16<floatX>(acc[2 * dp + 1], a, b1);
+  }
+}
+
 // acc (16 x HS) += P B: P (16 x N) in tc_mma_abt's accumulator layout, rounded to floatX (the C fragments of
 // column tiles 2kk, 2kk + 1 are the A fragment of columns 16kk ..); B = the N rows x HS at Bs (shared, .trans).
-// Element e of acc[dt] is (row g + 8 (e / 2), dim 8 dt + 2t + e % 2).
 template <int HS, int N, class floatX>
 __device__ inline void tc_mma_pb(float (&acc)[HS / 8][4], const float (&p)[N / 8][4], const floatX* Bs, int lane) {
-  constexpr int S = kTcStride<HS>;
 #pragma unroll
   for (int kk = 0; kk < N / 16; kk++) {
     const uint32_t pa[4] = {pack2<floatX>(p[2 * kk][0], p[2 * kk][1]), pack2<floatX>(p[2 * kk][2], p[2 * kk][3]),
                             pack2<floatX>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
                             pack2<floatX>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-#pragma unroll
-    for (int dp = 0; dp < HS / 16; dp++) {  // dims 16 dp ..: matrices {rows lo, hi} x {dims lo, hi}, transposed
-      uint32_t r[4];
-      ldmatrix_x4_trans(r, Bs + (kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * S + dp * 16 + lane / 16 * 8);
-      const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-      mma_m16n8k16<floatX>(acc[2 * dp], pa, b0);
-      mma_m16n8k16<floatX>(acc[2 * dp + 1], pa, b1);
-    }
+    tc_mma_ab_k16<HS>(acc, pa, Bs, kk, lane);
   }
 }
 
@@ -221,13 +245,14 @@ attention_tc_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
                            q0 + warp * 16, T, hs, lane);
 }
 
-// dK, dV of one 64-key tile: grid (ceil(T / 64), NH, B), block kTcThreads, dynamic shared memory
-// tc_bwd_smem_bytes<HS>(). Q and dO tiles (with their rows' lse and D) are double-buffered. A tile's queries are
-// taken NQ at a time (S^T and dP^T of 16 x NQ per warp: 64 would not fit the register budget). vec:
+// dK, dV of one 64-key tile, and its dS^T tiles: grid (ceil(T / 64), NH, B), block kTcThreads, dynamic shared
+// memory tc_bwd_smem_bytes<HS>(). Q and dO tiles (with their rows' lse and D) are double-buffered. A tile's queries
+// are taken NQ at a time (S^T and dP^T of 16 x NQ per warp: 64 would not fit the register budget). vec:
 // attn::packs_fit(hs, dout, qkv).
 template <int HS, class floatX>
 __global__ void __launch_bounds__(kTcThreads, kTcBwdMinBlocks<HS>)
 attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), accumulated into
+                                  floatX* __restrict__ dS,         // (B, NH, tc_ds_tiles(T), 64 keys, 64 queries)
                                   const floatX* __restrict__ dout, // (B, T, C)
                                   const floatX* __restrict__ qkv,  // (B, T, 3C)
                                   const float* __restrict__ lse,   // (B, NH, T)
@@ -263,8 +288,10 @@ attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C)
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
   const int ntiles = (T - 1 - k0) / kTcRows + 1;  // query tiles k0, k0 + 64, ...: earlier ones see none of these keys
+  floatX* dsb = dS + (size_t(blockIdx.z) * NH + blockIdx.y) * tc_ds_tiles(T) * kTcRows * kTcRows;
   for (int j = 0; j < ntiles; j++) {
-    const int buf = j & 1, q0 = k0 + j * kTcRows;
+    const int buf = j & 1, q0 = k0 + j * kTcRows, qt = blockIdx.x + j;
+    floatX* dst = dsb + (size_t(qt) * (qt + 1) / 2 + blockIdx.x) * kTcRows * kTcRows;
     if (j + 1 < ntiles) load_queries(buf ^ 1, q0 + kTcRows);  // released by the previous tile's barrier
     for (int c0 = 0; c0 < kTcRows; c0 += NQ) {  // queries q0 + c0 .. q0 + c0 + NQ - 1
       const floatX* Qc = Qs + buf * TILE + c0 * S;
@@ -285,6 +312,12 @@ attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C)
         }
       tc_mma_pb<HS, NQ>(dv, p, dOc, lane);  // dV += P^T dO
       tc_mma_pb<HS, NQ>(dk, ds, Qc, lane);  // dK += dS^T Q
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++)  // dS^T[key][query], the pairs of queries this lane holds
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+          *reinterpret_cast<uint32_t*>(dst + (warp * 16 + g + 8 * h) * kTcRows + c0 + nt * 8 + 2 * t) =
+              pack2<floatX>(ds[nt][2 * h], ds[nt][2 * h + 1]);
     }
     __syncthreads();  // every warp is done with buffer buf and tile j + 1 is complete
   }
@@ -294,62 +327,43 @@ attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C)
   tc_store_rows<true, HS>(dkbase + C, 3 * C, dv, vmul, k0 + warp * 16, T, hs, lane);
 }
 
-// dQ of one 64-query tile: grid (ceil(T / 64), NH, B), block kTcThreads, dynamic shared memory
-// tc_bwd_smem_bytes<HS>(); the tiles run last (most keys) first. K and V tiles are double-buffered.
-// vec: attn::packs_fit(hs, dout, qkv).
+// dQ of one 64-query tile from the dS^T tiles of the dkdv kernel: grid (ceil(T / 64), NH, B), block kTcThreads,
+// dynamic shared memory tc_dq_smem_bytes<HS>(); the tiles run last (most keys) first. dS^T and K tiles are
+// double-buffered; warp w sums its 16 query rows over the key tiles 0 .. i in order. vec: attn::packs_fit(hs, qkv).
 template <int HS, class floatX>
-__global__ void __launch_bounds__(kTcThreads, kTcBwdMinBlocks<HS>)
+__global__ void __launch_bounds__(kTcThreads)
 attention_tc_backward_dq_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), accumulated into
-                                const floatX* __restrict__ dout, // (B, T, C)
+                                const floatX* __restrict__ dS,   // (B, NH, tc_ds_tiles(T), 64 keys, 64 queries)
                                 const floatX* __restrict__ qkv,  // (B, T, 3C)
-                                const float* __restrict__ lse,   // (B, NH, T)
-                                const float* __restrict__ Dd,    // (B, NH, T)
                                 int T, int NH, int hs, float scale, bool vec) {
-  constexpr int S = kTcStride<HS>, NT = kTcRows / 8;  // 8-key tiles
-  constexpr size_t TILE = tc_tile_elems<HS>;
+  constexpr int SD = kTcStride<64>;
+  constexpr size_t DTILE = tc_tile_elems<64>, KTILE = tc_tile_elems<HS>;
   DYNAMIC_SMEM(floatX, smem);
-  floatX* Qs = smem;
-  floatX* dOs = smem + TILE;
-  floatX* Ks[2] = {smem + 2 * TILE, smem + 3 * TILE};
-  floatX* Vs[2] = {smem + 4 * TILE, smem + 5 * TILE};
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kTcRows;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  floatX* dSs[2] = {smem, smem + DTILE};
+  floatX* Ks[2] = {smem + 2 * DTILE, smem + 2 * DTILE + KTILE};
+  const int qt = gridDim.x - 1 - blockIdx.x, q0 = qt * kTcRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int C = NH * hs;
-  const floatX* base = qkv + size_t(blockIdx.z) * T * 3 * C + size_t(blockIdx.y) * hs;
-  const size_t stats = (size_t(blockIdx.z) * NH + blockIdx.y) * T;
-  tc_load_tile<HS>(Qs, base, 3 * C, q0, T, hs, vec);
-  tc_load_tile<HS>(dOs, dout + size_t(blockIdx.z) * T * C + size_t(blockIdx.y) * hs, C, q0, T, hs, vec);
-  tc_load_tile<HS>(Ks[0], base + C, 3 * C, 0, T, hs, vec);
-  tc_load_tile<HS>(Vs[0], base + 2 * C, 3 * C, 0, T, hs, vec);
+  const floatX* kbase = qkv + size_t(blockIdx.z) * T * 3 * C + C + size_t(blockIdx.y) * hs;
+  const floatX* dsrow = dS + ((size_t(blockIdx.z) * NH + blockIdx.y) * tc_ds_tiles(T) + size_t(qt) * (qt + 1) / 2) *
+                                 kTcRows * kTcRows;  // the tiles (qt, 0), (qt, 1), ..., (qt, qt)
+  auto load = [&](int b, int j) {
+    tc_load_tile<64>(dSs[b], dsrow + size_t(j) * kTcRows * kTcRows, kTcRows, 0, kTcRows, kTcRows, true);
+    tc_load_tile<HS>(Ks[b], kbase, 3 * C, j * kTcRows, T, hs, vec);
+  };
+  load(0, 0);
   __syncthreads();
-  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
-  float L[2], D[2];
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    L[h] = row[h] < T ? lse[stats + row[h]] : 0.0f;
-    D[h] = row[h] < T ? Dd[stats + row[h]] : 0.0f;
-  }
   float dq[HS / 8][4] = {};
-  const int ntiles = (min(T - 1, q0 + kTcRows - 1)) / kTcRows + 1;
-  for (int j = 0; j < ntiles; j++) {
-    const int buf = j & 1, k0 = j * kTcRows;
-    if (j + 1 < ntiles) {  // the other buffer was released by the barrier ending the previous tile
-      tc_load_tile<HS>(Ks[buf ^ 1], base + C, 3 * C, k0 + kTcRows, T, hs, vec);
-      tc_load_tile<HS>(Vs[buf ^ 1], base + 2 * C, 3 * C, k0 + kTcRows, T, hs, vec);
+  for (int j = 0; j <= qt; j++) {
+    const int buf = j & 1;
+    if (j < qt) load(buf ^ 1, j + 1);  // the other buffer was released by the barrier ending the previous tile
+#pragma unroll
+    for (int kk = 0; kk < kTcRows / 16; kk++) {
+      // A = dS (the warp's 16 queries x keys 16 kk ..) from dS^T rows: .trans, matrices {keys lo, hi} x {queries
+      // lo, hi} in the order a[0..3] wants (queries lo keys lo, queries hi keys lo, queries lo keys hi, ...)
+      uint32_t a[4];
+      ldmatrix_x4_trans(a, dSs[buf] + (kk * 16 + lane / 16 * 8 + lane % 8) * SD + warp * 16 + (lane / 8) % 2 * 8);
+      tc_mma_ab_k16<HS>(dq, a, Ks[buf], kk, lane);  // dQ += dS K
     }
-    float p[NT][4] = {}, ds[NT][4] = {};
-    tc_mma_abt<HS, kTcRows>(p, Qs + warp * 16 * S, Ks[buf], lane);    // S
-    tc_mma_abt<HS, kTcRows>(ds, dOs + warp * 16 * S, Vs[buf], lane);  // dP
-    // element e of tile nt is (row[e / 2], key k0 + 8 nt + 2t + e % 2)
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int key = k0 + nt * 8 + 2 * t + e % 2, h = e / 2;
-        p[nt][e] = (row[h] < T && key <= row[h]) ? expf(p[nt][e] * scale - L[h]) : 0.0f;
-        ds[nt][e] = p[nt][e] * (ds[nt][e] - D[h]);
-      }
-    tc_mma_pb<HS, kTcRows>(dq, ds, Ks[buf], lane);  // dQ += dS K
     __syncthreads();
   }
   const float qmul[2] = {scale, scale};
@@ -361,6 +375,21 @@ attention_tc_backward_dq_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), 
 template <class Kernel>
 inline void tc_allow_smem(Kernel* kernel, size_t smem) {
   if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+}
+
+// True when this GPU runs the tensor-core kernels for head size hs: their tiles must fit its shared memory per
+// block (sm_75: 64 KiB; HS = 64 takes tc_smem_bytes<64>() = 45 KiB forward, tc_bwd_smem_bytes<64>() = 55 KiB
+// backward; HS = 128 needs more and falls back to the CUDA-core kernels there).
+inline bool attention_tc_fits(int hs) {
+  int device = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  size_t need = 0;
+  dispatch_head_size(hs, [&](auto HSc) {
+    constexpr int HS = decltype(HSc)::value;
+    need = std::max({tc_smem_bytes<HS>(), tc_bwd_smem_bytes<HS>(), tc_dq_smem_bytes<HS>()});
+  });
+  return need <= size_t(optin);
 }
 
 template <class floatX>
@@ -381,26 +410,33 @@ inline void attention_tc_forward(floatX* out, float* lse, const floatX* qkv, int
   CUDA_CHECK_LAUNCH();
 }
 
-// out, lse: what attention_tc_forward produced for this qkv. Dscratch: B * NH * T floats.
+// Floats of scratch attention_tc_backward takes: D (B NH T, rounded up to a 16-byte multiple), then the dS^T tiles
+// (B NH tc_ds_tiles(T) 64 x 64 16-bit values).
+inline size_t attention_tc_scratch_floats(int B, int T, int NH) {
+  return (size_t(B) * NH * T + 3) / 4 * 4 + size_t(B) * NH * tc_ds_tiles(T) * kTcRows * kTcRows / 2;
+}
+
+// out, lse: what attention_tc_forward produced for this qkv. scratch: attention_tc_scratch_floats(B, T, NH) floats,
+// 16-byte aligned.
 template <class floatX>
 inline void attention_tc_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out,
-                                  const float* lse, float* Dscratch, int B, int T, int C, int NH, cudaStream_t stream) {
+                                  const float* lse, float* scratch, int B, int T, int C, int NH, cudaStream_t stream) {
   if (B <= 0 || T <= 0) return;
   const int hs = C / NH;
   const float scale = 1.0f / sqrtf(float(hs));
-  attention_backward_dot(Dscratch, dout, out, B, T, C, NH, stream);
-  const bool vec = attn::packs_fit<floatX>(hs, dout, qkv);
+  float* D = scratch;
+  floatX* dS = reinterpret_cast<floatX*>(scratch + (size_t(B) * NH * T + 3) / 4 * 4);
+  attention_backward_dot(D, dout, out, B, T, C, NH, stream);
   const dim3 grid(ceil_div(T, kTcRows), NH, B);
   dispatch_head_size(hs, [&](auto HSc) {
     constexpr int HS = decltype(HSc)::value;
-    constexpr size_t smem = tc_bwd_smem_bytes<HS>();
-    tc_allow_smem(attention_tc_backward_dkdv_kernel<HS, floatX>, smem);
-    tc_allow_smem(attention_tc_backward_dq_kernel<HS, floatX>, smem);
-    LAUNCH((attention_tc_backward_dkdv_kernel<HS, floatX>), grid, kTcThreads, smem, stream, dqkv, dout, qkv, lse,
-           Dscratch, T, NH, hs, scale, vec);
+    tc_allow_smem(attention_tc_backward_dkdv_kernel<HS, floatX>, tc_bwd_smem_bytes<HS>());
+    tc_allow_smem(attention_tc_backward_dq_kernel<HS, floatX>, tc_dq_smem_bytes<HS>());
+    LAUNCH((attention_tc_backward_dkdv_kernel<HS, floatX>), grid, kTcThreads, tc_bwd_smem_bytes<HS>(), stream, dqkv,
+           dS, dout, qkv, lse, D, T, NH, hs, scale, attn::packs_fit<floatX>(hs, dout, qkv));
     CUDA_CHECK_LAUNCH();
-    LAUNCH((attention_tc_backward_dq_kernel<HS, floatX>), grid, kTcThreads, smem, stream, dqkv, dout, qkv, lse,
-           Dscratch, T, NH, hs, scale, vec);
+    LAUNCH((attention_tc_backward_dq_kernel<HS, floatX>), grid, kTcThreads, tc_dq_smem_bytes<HS>(), stream, dqkv, dS,
+           qkv, T, NH, hs, scale, attn::packs_fit<floatX>(hs, qkv));
   });
   CUDA_CHECK_LAUNCH();
 }

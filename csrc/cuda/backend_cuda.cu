@@ -255,9 +255,11 @@ class CudaBackend final : public Backend<T> {
   void attention_forward(T* out, float* att, const T* qkv, int B, int Tn, int C, int NH) override {
     switch (attention_) {
       case Attention::Naive: cuda::attention_naive_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_); return;
-      case Attention::Flash:  // bf16: tensor cores (attention_tc.cuh); fp32: CUDA cores
-        if constexpr (kIsBF16<K>) cuda::attention_tc_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
-        else cuda::attention_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
+      case Attention::Flash:  // 16-bit: tensor cores (attention_tc.cuh) where its tiles fit; fp32: CUDA cores
+        if constexpr (sizeof(K) == 2)
+          if (cuda::attention_tc_fits(C / NH))
+            return cuda::attention_tc_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
+        cuda::attention_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
         return;
       case Attention::Cudnn: check_attention_seam(seams::attention_forward(sdpa_forward(out, att, qkv, B, Tn, C, NH)),
                                                   "forward");
@@ -273,10 +275,13 @@ class CudaBackend final : public Backend<T> {
         return;
       }
       case Attention::Flash: {
+        if constexpr (sizeof(K) == 2)
+          if (cuda::attention_tc_fits(C / NH))
+            return cuda::attention_tc_backward(k(dqkv), k(dout), k(qkv), k(out), att,
+                                               scratch(cuda::attention_tc_scratch_floats(B, Tn, NH)), B, Tn, C, NH,
+                                               stream_);
         float* D = scratch(size_t(B) * NH * Tn);
-        if constexpr (kIsBF16<K>)
-          cuda::attention_tc_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
-        else cuda::attention_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
+        cuda::attention_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
         return;
       }
       case Attention::Cudnn: {
