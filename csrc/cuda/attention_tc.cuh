@@ -46,6 +46,17 @@ template <int HS>
 constexpr int kTcStride = HS + 8;  // shared row stride (elements)
 template <int HS>
 constexpr size_t tc_tile_elems = size_t(kTcRows) * kTcStride<HS>;
+// False where this compilation's architecture never runs the kernels for head size HS, which then compile to a trap:
+// below sm_80 (sm_75: 64 KiB of shared memory per block) only HS = 64 fits (attention_tc_fits).
+template <int HS>
+__device__ constexpr bool tc_arch_runs() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  return HS <= 64;
+#else
+  return true;
+#endif
+}
+
 template <int HS>
 constexpr size_t tc_smem_bytes() {  // forward: Q, 2 K, 2 V tiles of 16-bit elements
   return 5 * tc_tile_elems<HS> * 2;
@@ -60,8 +71,8 @@ constexpr size_t tc_dq_smem_bytes() {  // dq: 2 dS^T tiles (64 x 64), 2 K tiles
 }
 // dS^T tiles of the backward: one 64 x 64 tile of floatX per (query tile i, key tile j <= i) of each (b, h), at
 // tile index i (i + 1) / 2 + j.
-inline size_t tc_ds_tiles(int T) {
-  const size_t n = ceil_div(T, kTcRows);
+__host__ __device__ inline size_t tc_ds_tiles(int T) {
+  const size_t n = (size_t(T) + kTcRows - 1) / kTcRows;
   return n * (n + 1) / 2;
 }
 
@@ -175,6 +186,7 @@ attention_tc_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
   constexpr int S = kTcStride<HS>, NT = kTcRows / 8;  // 8-key tiles
   constexpr size_t TILE = tc_tile_elems<HS>;
   DYNAMIC_SMEM(floatX, smem);
+  if (!tc_arch_runs<HS>()) return __trap();
   floatX* Qs = smem;
   floatX* Ks[2] = {smem + TILE, smem + 2 * TILE};
   floatX* Vs[2] = {smem + 3 * TILE, smem + 4 * TILE};
@@ -261,6 +273,7 @@ attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C)
   constexpr int S = kTcStride<HS>, NQ = HS > 64 ? 32 : 16, NT = NQ / 8;  // 8-query tiles
   constexpr size_t TILE = tc_tile_elems<HS>;
   DYNAMIC_SMEM(floatX, smem);
+  if (!tc_arch_runs<HS>()) return __trap();
   floatX* Ks = smem;
   floatX* Vs = smem + TILE;
   floatX* Qs = smem + 2 * TILE;                           // [2] tiles, then dO's [2]
@@ -339,6 +352,7 @@ attention_tc_backward_dq_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), 
   constexpr int SD = kTcStride<64>;
   constexpr size_t DTILE = tc_tile_elems<64>, KTILE = tc_tile_elems<HS>;
   DYNAMIC_SMEM(floatX, smem);
+  if (!tc_arch_runs<HS>()) return __trap();
   floatX* dSs[2] = {smem, smem + DTILE};
   floatX* Ks[2] = {smem + 2 * DTILE, smem + 2 * DTILE + KTILE};
   const int qt = gridDim.x - 1 - blockIdx.x, q0 = qt * kTcRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -377,13 +391,15 @@ inline void tc_allow_smem(Kernel* kernel, size_t smem) {
   if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
 }
 
-// True when this GPU runs the tensor-core kernels for head size hs: their tiles must fit its shared memory per
-// block (sm_75: 64 KiB; HS = 64 takes tc_smem_bytes<64>() = 45 KiB forward, tc_bwd_smem_bytes<64>() = 55 KiB
-// backward; HS = 128 needs more and falls back to the CUDA-core kernels there).
+// True when this GPU runs the tensor-core kernels for head size hs (the builds start at sm_75: ldmatrix, fp16 mma):
+// the tiles must fit its shared memory per block (sm_75: 64 KiB; HS = 64 takes 45 KiB forward, 55 KiB in the dkdv
+// kernel; HS = 128 takes more, so sm_75 runs only HS = 64, as tc_arch_runs compiles).
 inline bool attention_tc_fits(int hs) {
-  int device = 0, optin = 0;
+  int device = 0, optin = 0, major = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major < 8 && hs > 64) return false;  // tc_arch_runs
   size_t need = 0;
   dispatch_head_size(hs, [&](auto HSc) {
     constexpr int HS = decltype(HSc)::value;
