@@ -7,8 +7,9 @@
 // from shared memory through ldmatrix (K rows as B^T: no transpose; V rows: .trans). The online softmax runs on
 // the S fragments in registers (each lane holds rows g, g + 8 of its warp's 16, a quad of lanes shares a row:
 // row max by two xor-shuffles); P is rounded to the storage type for the P V product (as FlashAttention-2), the
-// row sum l stays fp32. K and V tiles are double-buffered: tile j + 1 is loaded while tile j is computed, one
-// barrier per tile. Shared rows are padded by 8 elements (16 bytes) so that ldmatrix's eight row reads hit eight
+// row sum l stays fp32. Tiles are single-buffered (two barriers per tile): with loads that go through registers a
+// second buffer hides little, and the smaller footprint lets more blocks share an SM (sm_75's 64 KiB, A100's 164
+// KiB), which hides the loads instead. Shared rows are padded by 8 elements (16 bytes) so that ldmatrix's eight row reads hit eight
 // different bank groups. Head sizes up to HS (64 or 128) run zero-padded.
 // Backward (FlashAttention-2's products, made deterministic without float atomics), with D = rowsum(dout * out)
 // from attention.cuh's dot kernel:
@@ -58,16 +59,16 @@ __device__ constexpr bool tc_arch_runs() {
 }
 
 template <int HS>
-constexpr size_t tc_smem_bytes() {  // forward: Q, 2 K, 2 V tiles of 16-bit elements
-  return 5 * tc_tile_elems<HS> * 2;
+constexpr size_t tc_smem_bytes() {  // forward: Q, K, V tiles of 16-bit elements
+  return 3 * tc_tile_elems<HS> * 2;
 }
 template <int HS>
-constexpr size_t tc_bwd_smem_bytes() {  // dkdv: K, V, 2 Q, 2 dO tiles + lse and D of 2 query tiles
-  return 6 * tc_tile_elems<HS> * 2 + 4 * kTcRows * sizeof(float);
+constexpr size_t tc_bwd_smem_bytes() {  // dkdv: K, V, Q, dO tiles + lse and D of the query tile
+  return 4 * tc_tile_elems<HS> * 2 + 2 * kTcRows * sizeof(float);
 }
 template <int HS>
-constexpr size_t tc_dq_smem_bytes() {  // dq: 2 dS^T tiles (64 x 64), 2 K tiles
-  return 2 * (tc_tile_elems<64> + tc_tile_elems<HS>) * 2;
+constexpr size_t tc_dq_smem_bytes() {  // dq: a dS^T tile (64 x 64), a K tile
+  return (tc_tile_elems<64> + tc_tile_elems<HS>) * 2;
 }
 // dS^T tiles of the backward: one 64 x 64 tile of floatX per (query tile i, key tile j <= i) of each (b, h), at
 // tile index i (i + 1) / 2 + j.
@@ -188,27 +189,24 @@ attention_tc_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
   DYNAMIC_SMEM(floatX, smem);
   if (!tc_arch_runs<HS>()) return __trap();
   floatX* Qs = smem;
-  floatX* Ks[2] = {smem + TILE, smem + 2 * TILE};
-  floatX* Vs[2] = {smem + 3 * TILE, smem + 4 * TILE};
+  floatX* Ks = smem + TILE;
+  floatX* Vs = smem + 2 * TILE;
   const int q0 = blockIdx.x * kTcRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int C = NH * hs;
   const floatX* base = qkv + size_t(blockIdx.z) * T * 3 * C + size_t(blockIdx.y) * hs;
   tc_load_tile<HS>(Qs, base, 3 * C, q0, T, hs, vec);
-  tc_load_tile<HS>(Ks[0], base + C, 3 * C, 0, T, hs, vec);
-  tc_load_tile<HS>(Vs[0], base + 2 * C, 3 * C, 0, T, hs, vec);
-  __syncthreads();
   float o[HS / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8: running max, this lane's sum
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   const int ntiles = (min(T - 1, q0 + kTcRows - 1)) / kTcRows + 1;
   for (int j = 0; j < ntiles; j++) {
-    const int buf = j & 1, k0 = j * kTcRows;
-    if (j + 1 < ntiles) {  // the other buffer was released by the barrier ending the previous tile
-      tc_load_tile<HS>(Ks[buf ^ 1], base + C, 3 * C, k0 + kTcRows, T, hs, vec);
-      tc_load_tile<HS>(Vs[buf ^ 1], base + 2 * C, 3 * C, k0 + kTcRows, T, hs, vec);
-    }
+    const int k0 = j * kTcRows;
+    if (j) __syncthreads();  // every warp is done with tile j - 1
+    tc_load_tile<HS>(Ks, base + C, 3 * C, k0, T, hs, vec);
+    tc_load_tile<HS>(Vs, base + 2 * C, 3 * C, k0, T, hs, vec);
+    __syncthreads();
     float s[NT][4] = {};
-    tc_mma_abt<HS, kTcRows>(s, Qs + warp * 16 * S, Ks[buf], lane);
+    tc_mma_abt<HS, kTcRows>(s, Qs + warp * 16 * S, Ks, lane);
     // online softmax: element e of tile nt is (row[e / 2], key k0 + 8 nt + 2t + e % 2)
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -242,8 +240,7 @@ attention_tc_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
         s[nt][e] = expf(s[nt][e] - mref[e / 2]);  // exp(-inf) = 0 for masked keys
         l[e / 2] += s[nt][e];
       }
-    tc_mma_pb<HS, kTcRows>(o, s, Vs[buf], lane);
-    __syncthreads();  // every warp is done with buffer buf (refilled next tile) and tile j + 1 is complete
+    tc_mma_pb<HS, kTcRows>(o, s, Vs, lane);
   }
   float inv[2];
 #pragma unroll
@@ -258,7 +255,8 @@ attention_tc_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
 }
 
 // dK, dV of one 64-key tile, and its dS^T tiles: grid (ceil(T / 64), NH, B), block kTcThreads, dynamic shared
-// memory tc_bwd_smem_bytes<HS>(). Q and dO tiles (with their rows' lse and D) are double-buffered. A tile's queries
+// memory tc_bwd_smem_bytes<HS>(). K and V stay in shared memory; Q and dO tiles (with their rows' lse and D) come
+// in turn. A tile's queries
 // are taken NQ at a time (S^T and dP^T of 16 x NQ per warp: 64 would not fit the register budget). vec:
 // attn::packs_fit(hs, dout, qkv).
 template <int HS, class floatX>
@@ -276,41 +274,38 @@ attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C)
   if (!tc_arch_runs<HS>()) return __trap();
   floatX* Ks = smem;
   floatX* Vs = smem + TILE;
-  floatX* Qs = smem + 2 * TILE;                           // [2] tiles, then dO's [2]
-  floatX* dOs = smem + 4 * TILE;
-  float* Ls = reinterpret_cast<float*>(smem + 6 * TILE);  // [2][kTcRows]
-  float* Ds = Ls + 2 * kTcRows;                           // [2][kTcRows]
+  floatX* Qs = smem + 2 * TILE;
+  floatX* dOs = smem + 3 * TILE;
+  float* Ls = reinterpret_cast<float*>(smem + 4 * TILE);  // [kTcRows]
+  float* Ds = Ls + kTcRows;                               // [kTcRows]
   const int k0 = blockIdx.x * kTcRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int C = NH * hs;
   const floatX* base = qkv + size_t(blockIdx.z) * T * 3 * C + size_t(blockIdx.y) * hs;
   const floatX* dbase = dout + size_t(blockIdx.z) * T * C + size_t(blockIdx.y) * hs;
   const size_t stats = (size_t(blockIdx.z) * NH + blockIdx.y) * T;
-  auto load_queries = [&](int b, int q0) {
-    tc_load_tile<HS>(Qs + b * TILE, base, 3 * C, q0, T, hs, vec);
-    tc_load_tile<HS>(dOs + b * TILE, dbase, C, q0, T, hs, vec);
-    for (int i = threadIdx.x; i < kTcRows; i += blockDim.x) {
-      const bool ok = q0 + i < T;
-      Ls[b * kTcRows + i] = ok ? lse[stats + q0 + i] : 0.0f;
-      Ds[b * kTcRows + i] = ok ? Dd[stats + q0 + i] : 0.0f;
-    }
-  };
   tc_load_tile<HS>(Ks, base + C, 3 * C, k0, T, hs, vec);
   tc_load_tile<HS>(Vs, base + 2 * C, 3 * C, k0, T, hs, vec);
-  load_queries(0, k0);
-  __syncthreads();
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
   const int ntiles = (T - 1 - k0) / kTcRows + 1;  // query tiles k0, k0 + 64, ...: earlier ones see none of these keys
   floatX* dsb = dS + (size_t(blockIdx.z) * NH + blockIdx.y) * tc_ds_tiles(T) * kTcRows * kTcRows;
   for (int j = 0; j < ntiles; j++) {
-    const int buf = j & 1, q0 = k0 + j * kTcRows, qt = blockIdx.x + j;
+    const int q0 = k0 + j * kTcRows, qt = blockIdx.x + j;
     floatX* dst = dsb + (size_t(qt) * (qt + 1) / 2 + blockIdx.x) * kTcRows * kTcRows;
-    if (j + 1 < ntiles) load_queries(buf ^ 1, q0 + kTcRows);  // released by the previous tile's barrier
+    if (j) __syncthreads();  // every warp is done with query tile j - 1
+    tc_load_tile<HS>(Qs, base, 3 * C, q0, T, hs, vec);
+    tc_load_tile<HS>(dOs, dbase, C, q0, T, hs, vec);
+    for (int i = threadIdx.x; i < kTcRows; i += blockDim.x) {
+      const bool ok = q0 + i < T;
+      Ls[i] = ok ? lse[stats + q0 + i] : 0.0f;
+      Ds[i] = ok ? Dd[stats + q0 + i] : 0.0f;
+    }
+    __syncthreads();
     for (int c0 = 0; c0 < kTcRows; c0 += NQ) {  // queries q0 + c0 .. q0 + c0 + NQ - 1
-      const floatX* Qc = Qs + buf * TILE + c0 * S;
-      const floatX* dOc = dOs + buf * TILE + c0 * S;
-      const float* Lc = Ls + buf * kTcRows + c0;
-      const float* Dc = Ds + buf * kTcRows + c0;
+      const floatX* Qc = Qs + c0 * S;
+      const floatX* dOc = dOs + c0 * S;
+      const float* Lc = Ls + c0;
+      const float* Dc = Ds + c0;
       float p[NT][4] = {}, ds[NT][4] = {};
       tc_mma_abt<HS, NQ>(p, Ks + warp * 16 * S, Qc, lane);    // S^T
       tc_mma_abt<HS, NQ>(ds, Vs + warp * 16 * S, dOc, lane);  // dP^T
@@ -332,7 +327,6 @@ attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C)
           *reinterpret_cast<uint32_t*>(dst + (warp * 16 + g + 8 * h) * kTcRows + c0 + nt * 8 + 2 * t) =
               pack2<floatX>(ds[nt][2 * h], ds[nt][2 * h + 1]);
     }
-    __syncthreads();  // every warp is done with buffer buf and tile j + 1 is complete
   }
   floatX* dkbase = dqkv + size_t(blockIdx.z) * T * 3 * C + C + size_t(blockIdx.y) * hs;
   const float kmul[2] = {scale, scale}, vmul[2] = {1.0f, 1.0f};
@@ -341,8 +335,8 @@ attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C)
 }
 
 // dQ of one 64-query tile from the dS^T tiles of the dkdv kernel: grid (ceil(T / 64), NH, B), block kTcThreads,
-// dynamic shared memory tc_dq_smem_bytes<HS>(); the tiles run last (most keys) first. dS^T and K tiles are
-// double-buffered; warp w sums its 16 query rows over the key tiles 0 .. i in order. vec: attn::packs_fit(hs, qkv).
+// dynamic shared memory tc_dq_smem_bytes<HS>(); the tiles run last (most keys) first. Warp w sums its 16 query rows
+// over the key tiles 0 .. i in order. vec: attn::packs_fit(hs, qkv).
 template <int HS, class floatX>
 __global__ void __launch_bounds__(kTcThreads)
 attention_tc_backward_dq_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), accumulated into
@@ -350,35 +344,30 @@ attention_tc_backward_dq_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), 
                                 const floatX* __restrict__ qkv,  // (B, T, 3C)
                                 int T, int NH, int hs, float scale, bool vec) {
   constexpr int SD = kTcStride<64>;
-  constexpr size_t DTILE = tc_tile_elems<64>, KTILE = tc_tile_elems<HS>;
+  constexpr size_t DTILE = tc_tile_elems<64>;
   DYNAMIC_SMEM(floatX, smem);
   if (!tc_arch_runs<HS>()) return __trap();
-  floatX* dSs[2] = {smem, smem + DTILE};
-  floatX* Ks[2] = {smem + 2 * DTILE, smem + 2 * DTILE + KTILE};
+  floatX* dSs = smem;
+  floatX* Ks = smem + DTILE;
   const int qt = gridDim.x - 1 - blockIdx.x, q0 = qt * kTcRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int C = NH * hs;
   const floatX* kbase = qkv + size_t(blockIdx.z) * T * 3 * C + C + size_t(blockIdx.y) * hs;
   const floatX* dsrow = dS + ((size_t(blockIdx.z) * NH + blockIdx.y) * tc_ds_tiles(T) + size_t(qt) * (qt + 1) / 2) *
                                  kTcRows * kTcRows;  // the tiles (qt, 0), (qt, 1), ..., (qt, qt)
-  auto load = [&](int b, int j) {
-    tc_load_tile<64>(dSs[b], dsrow + size_t(j) * kTcRows * kTcRows, kTcRows, 0, kTcRows, kTcRows, true);
-    tc_load_tile<HS>(Ks[b], kbase, 3 * C, j * kTcRows, T, hs, vec);
-  };
-  load(0, 0);
-  __syncthreads();
   float dq[HS / 8][4] = {};
   for (int j = 0; j <= qt; j++) {
-    const int buf = j & 1;
-    if (j < qt) load(buf ^ 1, j + 1);  // the other buffer was released by the barrier ending the previous tile
+    if (j) __syncthreads();  // every warp is done with key tile j - 1
+    tc_load_tile<64>(dSs, dsrow + size_t(j) * kTcRows * kTcRows, kTcRows, 0, kTcRows, kTcRows, true);
+    tc_load_tile<HS>(Ks, kbase, 3 * C, j * kTcRows, T, hs, vec);
+    __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < kTcRows / 16; kk++) {
       // A = dS (the warp's 16 queries x keys 16 kk ..) from dS^T rows: .trans, matrices {keys lo, hi} x {queries
       // lo, hi} in the order a[0..3] wants (queries lo keys lo, queries hi keys lo, queries lo keys hi, ...)
       uint32_t a[4];
-      ldmatrix_x4_trans(a, dSs[buf] + (kk * 16 + lane / 16 * 8 + lane % 8) * SD + warp * 16 + (lane / 8) % 2 * 8);
-      tc_mma_ab_k16<HS>(dq, a, Ks[buf], kk, lane);  // dQ += dS K
+      ldmatrix_x4_trans(a, dSs + (kk * 16 + lane / 16 * 8 + lane % 8) * SD + warp * 16 + (lane / 8) % 2 * 8);
+      tc_mma_ab_k16<HS>(dq, a, Ks, kk, lane);  // dQ += dS K
     }
-    __syncthreads();
   }
   const float qmul[2] = {scale, scale};
   tc_store_rows<true, HS>(dqkv + size_t(blockIdx.z) * T * 3 * C + size_t(blockIdx.y) * hs, 3 * C, dq, qmul,
@@ -392,8 +381,9 @@ inline void tc_allow_smem(Kernel* kernel, size_t smem) {
 }
 
 // True when this GPU runs the tensor-core kernels for head size hs (the builds start at sm_75: ldmatrix, fp16 mma):
-// the tiles must fit its shared memory per block (sm_75: 64 KiB; HS = 64 takes 45 KiB forward, 55 KiB in the dkdv
-// kernel; HS = 128 takes more, so sm_75 runs only HS = 64, as tc_arch_runs compiles).
+// the tiles must fit its shared memory per block (sm_75: 64 KiB). HS = 64 takes 27 KiB forward, 36.5 KiB in the
+// dkdv kernel, 18 KiB in the dq kernel; HS = 128's dkdv kernel takes 68.5 KiB (and 255 registers on sm_75), so
+// sm_75 runs only HS = 64, as tc_arch_runs compiles.
 inline bool attention_tc_fits(int hs) {
   int device = 0, optin = 0, major = 0;
   CUDA_CHECK(cudaGetDevice(&device));
