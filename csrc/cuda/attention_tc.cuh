@@ -8,9 +8,9 @@
 // the S fragments in registers (each lane holds rows g, g + 8 of its warp's 16, a quad of lanes shares a row:
 // row max by two xor-shuffles); P is rounded to the storage type for the P V product (as FlashAttention-2), the
 // row sum l stays fp32. Tiles are single-buffered (two barriers per tile): with loads that go through registers a
-// second buffer hides little, and the smaller footprint lets more blocks share an SM (sm_75's 64 KiB, A100's 164
-// KiB), which hides the loads instead. Shared rows are padded by 8 elements (16 bytes) so that ldmatrix's eight row reads hit eight
-// different bank groups. Head sizes up to HS (64 or 128) run zero-padded.
+// second buffer hides little, and the smaller footprint lets more blocks share an SM (sm_75's 64 KiB, A100's
+// 164 KiB), which hides the loads instead. Shared rows are padded by 8 elements (16 bytes) so that ldmatrix's eight
+// row reads hit eight different bank groups. Head sizes up to HS (64 or 128) run zero-padded.
 // Backward (FlashAttention-2's products, made deterministic without float atomics), with D = rowsum(dout * out)
 // from attention.cuh's dot kernel:
 //   dkdv kernel, one block per 64-key tile (warp w: keys 16w ..), looping over the query tiles at or after it:
@@ -38,6 +38,7 @@ namespace gpt2::cuda {
 
 constexpr int kTcRows = 64;      // query rows per block (16 per warp) = key rows per tile
 constexpr int kTcThreads = 128;  // 4 warps
+constexpr int kTcSlab = 32;      // query rows the dkdv kernel loads at a time (half a tile: two blocks fit sm_75)
 // Backward blocks per SM that the register budget is sized for: head size 64 fits 128 registers a thread (4 blocks
 // of 4 warps, a quarter of the SM's warp slots); 128 cannot (its dK, dV accumulators alone take 128).
 template <int HS>
@@ -48,7 +49,7 @@ constexpr int kTcStride = HS + 8;  // shared row stride (elements)
 template <int HS>
 constexpr size_t tc_tile_elems = size_t(kTcRows) * kTcStride<HS>;
 // False where this compilation's architecture never runs the kernels for head size HS, which then compile to a trap:
-// below sm_80 (sm_75: 64 KiB of shared memory per block) only HS = 64 fits (attention_tc_fits).
+// below sm_80 only HS = 64 (attention_tc_fits).
 template <int HS>
 __device__ constexpr bool tc_arch_runs() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -63,8 +64,8 @@ constexpr size_t tc_smem_bytes() {  // forward: Q, K, V tiles of 16-bit elements
   return 3 * tc_tile_elems<HS> * 2;
 }
 template <int HS>
-constexpr size_t tc_bwd_smem_bytes() {  // dkdv: K, V, Q, dO tiles + lse and D of the query tile
-  return 4 * tc_tile_elems<HS> * 2 + 2 * kTcRows * sizeof(float);
+constexpr size_t tc_bwd_smem_bytes() {  // dkdv: K, V tiles, Q, dO slabs + lse and D of the slab's rows
+  return (2 * tc_tile_elems<HS> + 2 * kTcSlab * kTcStride<HS>) * 2 + 2 * kTcSlab * sizeof(float);
 }
 template <int HS>
 constexpr size_t tc_dq_smem_bytes() {  // dq: a dS^T tile (64 x 64), a K tile
@@ -77,12 +78,12 @@ __host__ __device__ inline size_t tc_ds_tiles(int T) {
   return n * (n + 1) / 2;
 }
 
-// Rows r0 .. r0 + 63 of src (dims 0 .. HS - 1; 0 outside [0, T) x [0, hs)) into a shared tile.
-template <int HS, class floatX>
+// Rows r0 .. r0 + ROWS - 1 of src (dims 0 .. HS - 1; 0 outside [0, T) x [0, hs)) into a shared tile.
+template <int HS, int ROWS = kTcRows, class floatX>
 __device__ inline void tc_load_tile(floatX* tile, const floatX* src, int stride, int r0, int T, int hs, bool vec) {
   constexpr int S = kTcStride<HS>, N = attn::Pack<floatX>::N;
   if (vec) {
-    for (int idx = threadIdx.x; idx < kTcRows * HS / N; idx += blockDim.x) {
+    for (int idx = threadIdx.x; idx < ROWS * HS / N; idx += blockDim.x) {
       const int r = idx / (HS / N), d0 = idx % (HS / N) * N, row = r0 + r;
       attn::Pack<floatX> x;
       if (row < T && d0 < hs) {
@@ -94,7 +95,7 @@ __device__ inline void tc_load_tile(floatX* tile, const floatX* src, int stride,
       attn::store_pack(tile + r * S + d0, x);
     }
   } else {
-    for (int idx = threadIdx.x; idx < kTcRows * HS; idx += blockDim.x) {
+    for (int idx = threadIdx.x; idx < ROWS * HS; idx += blockDim.x) {
       const int r = idx / HS, d = idx % HS, row = r0 + r;
       tile[r * S + d] = (row < T && d < hs) ? src[size_t(row) * stride + d] : attn::from_float<floatX>(0.0f);
     }
@@ -255,10 +256,9 @@ attention_tc_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
 }
 
 // dK, dV of one 64-key tile, and its dS^T tiles: grid (ceil(T / 64), NH, B), block kTcThreads, dynamic shared
-// memory tc_bwd_smem_bytes<HS>(). K and V stay in shared memory; Q and dO tiles (with their rows' lse and D) come
-// in turn. A tile's queries
-// are taken NQ at a time (S^T and dP^T of 16 x NQ per warp: 64 would not fit the register budget). vec:
-// attn::packs_fit(hs, dout, qkv).
+// memory tc_bwd_smem_bytes<HS>(). K and V stay in shared memory; Q and dO (with their rows' lse and D) come in
+// slabs of kTcSlab rows, taken NQ queries at a time (S^T and dP^T of 16 x NQ per warp: 64 would not fit the
+// register budget). vec: attn::packs_fit(hs, dout, qkv).
 template <int HS, class floatX>
 __global__ void __launch_bounds__(kTcThreads, kTcBwdMinBlocks<HS>)
 attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), accumulated into
@@ -274,10 +274,10 @@ attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C)
   if (!tc_arch_runs<HS>()) return __trap();
   floatX* Ks = smem;
   floatX* Vs = smem + TILE;
-  floatX* Qs = smem + 2 * TILE;
-  floatX* dOs = smem + 3 * TILE;
-  float* Ls = reinterpret_cast<float*>(smem + 4 * TILE);  // [kTcRows]
-  float* Ds = Ls + kTcRows;                               // [kTcRows]
+  floatX* Qs = smem + 2 * TILE;                                      // kTcSlab rows
+  floatX* dOs = Qs + kTcSlab * S;                                    // kTcSlab rows
+  float* Ls = reinterpret_cast<float*>(dOs + kTcSlab * S);           // [kTcSlab]
+  float* Ds = Ls + kTcSlab;                                          // [kTcSlab]
   const int k0 = blockIdx.x * kTcRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int C = NH * hs;
   const floatX* base = qkv + size_t(blockIdx.z) * T * 3 * C + size_t(blockIdx.y) * hs;
@@ -290,42 +290,47 @@ attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C)
   const int ntiles = (T - 1 - k0) / kTcRows + 1;  // query tiles k0, k0 + 64, ...: earlier ones see none of these keys
   floatX* dsb = dS + (size_t(blockIdx.z) * NH + blockIdx.y) * tc_ds_tiles(T) * kTcRows * kTcRows;
   for (int j = 0; j < ntiles; j++) {
-    const int q0 = k0 + j * kTcRows, qt = blockIdx.x + j;
-    floatX* dst = dsb + (size_t(qt) * (qt + 1) / 2 + blockIdx.x) * kTcRows * kTcRows;
-    if (j) __syncthreads();  // every warp is done with query tile j - 1
-    tc_load_tile<HS>(Qs, base, 3 * C, q0, T, hs, vec);
-    tc_load_tile<HS>(dOs, dbase, C, q0, T, hs, vec);
-    for (int i = threadIdx.x; i < kTcRows; i += blockDim.x) {
-      const bool ok = q0 + i < T;
-      Ls[i] = ok ? lse[stats + q0 + i] : 0.0f;
-      Ds[i] = ok ? Dd[stats + q0 + i] : 0.0f;
-    }
-    __syncthreads();
-    for (int c0 = 0; c0 < kTcRows; c0 += NQ) {  // queries q0 + c0 .. q0 + c0 + NQ - 1
-      const floatX* Qc = Qs + c0 * S;
-      const floatX* dOc = dOs + c0 * S;
-      const float* Lc = Ls + c0;
-      const float* Dc = Ds + c0;
-      float p[NT][4] = {}, ds[NT][4] = {};
-      tc_mma_abt<HS, NQ>(p, Ks + warp * 16 * S, Qc, lane);    // S^T
-      tc_mma_abt<HS, NQ>(ds, Vs + warp * 16 * S, dOc, lane);  // dP^T
-      // element e of tile nt is (key[e / 2], query q0 + c0 + 8 nt + 2t + e % 2)
+    const int qt = blockIdx.x + j;
+    // this lane's first element of the tile's dS^T: row (key) 16 warp + g, column (query) 2t
+    floatX* dst =
+        dsb + (size_t(qt) * (qt + 1) / 2 + blockIdx.x) * kTcRows * kTcRows + (warp * 16 + g) * kTcRows + 2 * t;
+#pragma unroll 1
+    for (int s0 = 0; s0 < kTcRows; s0 += kTcSlab) {  // queries q0 .. q0 + kTcSlab - 1 of the tile
+      const int q0 = qt * kTcRows + s0;
+      if (j || s0) __syncthreads();  // every warp is done with the previous slab
+      tc_load_tile<HS, kTcSlab>(Qs, base, 3 * C, q0, T, hs, vec);
+      tc_load_tile<HS, kTcSlab>(dOs, dbase, C, q0, T, hs, vec);
+      for (int i = threadIdx.x; i < kTcSlab; i += blockDim.x) {
+        const bool ok = q0 + i < T;
+        Ls[i] = ok ? lse[stats + q0 + i] : 0.0f;
+        Ds[i] = ok ? Dd[stats + q0 + i] : 0.0f;
+      }
+      __syncthreads();
+#pragma unroll 1
+      for (int c0 = 0; c0 < kTcSlab; c0 += NQ) {  // queries q0 + c0 .. q0 + c0 + NQ - 1
+        const floatX* Qc = Qs + c0 * S;
+        const floatX* dOc = dOs + c0 * S;
+        float p[NT][4] = {}, ds[NT][4] = {};
+        tc_mma_abt<HS, NQ>(p, Ks + warp * 16 * S, Qc, lane);    // S^T
+        tc_mma_abt<HS, NQ>(ds, Vs + warp * 16 * S, dOc, lane);  // dP^T
+        // element e of tile nt is (key[e / 2], query q0 + c0 + 8 nt + 2t + e % 2)
 #pragma unroll
-      for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int qi = nt * 8 + 2 * t + e % 2, q = q0 + c0 + qi;
-          p[nt][e] = (q < T && key[e / 2] <= q) ? expf(p[nt][e] * scale - Lc[qi]) : 0.0f;
-          ds[nt][e] = p[nt][e] * (ds[nt][e] - Dc[qi]);
-        }
-      tc_mma_pb<HS, NQ>(dv, p, dOc, lane);  // dV += P^T dO
-      tc_mma_pb<HS, NQ>(dk, ds, Qc, lane);  // dK += dS^T Q
+          for (int e = 0; e < 4; e++) {
+            const int qi = c0 + nt * 8 + 2 * t + e % 2, q = q0 + qi;
+            p[nt][e] = (q < T && key[e / 2] <= q) ? expf(p[nt][e] * scale - Ls[qi]) : 0.0f;
+            ds[nt][e] = p[nt][e] * (ds[nt][e] - Ds[qi]);
+          }
+        tc_mma_pb<HS, NQ>(dv, p, dOc, lane);  // dV += P^T dO
+        tc_mma_pb<HS, NQ>(dk, ds, Qc, lane);  // dK += dS^T Q
 #pragma unroll
-      for (int nt = 0; nt < NT; nt++)  // dS^T[key][query], the pairs of queries this lane holds
+        for (int nt = 0; nt < NT; nt++)  // dS^T[key][query], the pairs of queries this lane holds
 #pragma unroll
-        for (int h = 0; h < 2; h++)
-          *reinterpret_cast<uint32_t*>(dst + (warp * 16 + g + 8 * h) * kTcRows + c0 + nt * 8 + 2 * t) =
-              pack2<floatX>(ds[nt][2 * h], ds[nt][2 * h + 1]);
+          for (int h = 0; h < 2; h++)
+            *reinterpret_cast<uint32_t*>(dst + 8 * h * kTcRows + s0 + c0 + nt * 8) =
+                pack2<floatX>(ds[nt][2 * h], ds[nt][2 * h + 1]);
+      }
     }
   }
   floatX* dkbase = dqkv + size_t(blockIdx.z) * T * 3 * C + C + size_t(blockIdx.y) * hs;
@@ -381,9 +386,9 @@ inline void tc_allow_smem(Kernel* kernel, size_t smem) {
 }
 
 // True when this GPU runs the tensor-core kernels for head size hs (the builds start at sm_75: ldmatrix, fp16 mma):
-// the tiles must fit its shared memory per block (sm_75: 64 KiB). HS = 64 takes 27 KiB forward, 36.5 KiB in the
-// dkdv kernel, 18 KiB in the dq kernel; HS = 128's dkdv kernel takes 68.5 KiB (and 255 registers on sm_75), so
-// sm_75 runs only HS = 64, as tc_arch_runs compiles.
+// the tiles must fit its shared memory per block (sm_75: 64 KiB). HS = 64 takes 27 KiB forward, 27.25 KiB in the
+// dkdv kernel, 18 KiB in the dq kernel; sm_75 runs only HS = 64 (tc_arch_runs: HS = 128's dkdv kernel needs more
+// than sm_75's 255 registers a thread and spills).
 inline bool attention_tc_fits(int hs) {
   int device = 0, optin = 0, major = 0;
   CUDA_CHECK(cudaGetDevice(&device));

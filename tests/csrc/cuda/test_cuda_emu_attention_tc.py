@@ -22,16 +22,14 @@ lse is checked at fp32: |got - ref| <= 1e-5 (1 + |ref|).
 """
 import hashlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from test_cuda_emu import BUILD, emu  # noqa: F401  (emu: the fixture that builds and imports gpt2core_cuda_emu)
-from test_cuda_emu_bf16_attention import reference, round_bf16
+from test_cuda_emu import emu  # noqa: F401  (the fixture that builds and imports gpt2core_cuda_emu)
+from test_cuda_emu_bf16_attention import check_under_schedules, reference, round_bf16
 
 HERE = Path(__file__).resolve()
 UNIT = {"f16": 2.0**-11, "bf16": 2.0**-8}
@@ -118,18 +116,7 @@ def test_bits_helpers():
 def test_attention_tc_matches_float64_reference(emu, dtype):  # noqa: F811
     if not hasattr(emu, "attention_tc"):
         pytest.skip("gpt2core_cuda_emu has no attention_tc binding")
-    digests = {}
-    for sched in ("low", "high", "ahead:7"):
-        env = dict(os.environ, GPT2CORE_EMU_SCHED=sched)
-        r = subprocess.run([sys.executable, str(HERE), str(BUILD), dtype], env=env, capture_output=True, text=True,
-                           timeout=900)
-        assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-        res = json.loads(r.stdout.strip().splitlines()[-1])
-        assert {name for name, *_ in CASES} == set(res["errors"])
-        bad = {k: v for k, v in res["errors"].items() if not max(v.values()) <= 1.0}
-        assert not bad, f"{dtype} tensor-core attention outside the tolerance under {sched}: {bad}"
-        digests[sched] = res["digest"]
-    assert len(set(digests.values())) == 1, f"{dtype} tensor-core attention differs between schedules: {digests}"
+    check_under_schedules(HERE, dtype, CASES, ("low", "high", "ahead:7"), f"{dtype} tensor-core attention")
 
 
 if __name__ == "__main__":
