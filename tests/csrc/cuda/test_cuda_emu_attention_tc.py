@@ -6,7 +6,7 @@ this file as a script), which must also agree bit for bit (no atomics: the backw
 the key tiles in a fixed order, from the dS tiles the dkdv kernel stored).
 
 Shapes: B=2; T=37 and T=70 (not multiples of the 64-row tile; T=70: two tiles, so dS tiles off the diagonal),
-T=130 (three tiles) with hs=64, hs=128 (C=256), hs=16 and hs=10 (zero-padded to 64; hs=10: scalar loads), and
+T=128 (exactly two tiles) and T=130 (three) with hs=64, hs=128 (C=256), hs=16 and hs=10 (zero-padded to 64; hs=10: scalar loads), and
 misaligned buffers (the scalar fallback of the 16-byte loads). Every output buffer and the backward's scratch (D
 and the dS tiles) is poisoned (NaN bits) before the kernels run.
 
@@ -38,6 +38,7 @@ B = 2
 CASES = [  # (name, C, NH, T, misalign)
     ("hs=64 T=37", 192, 3, 37, False),
     ("hs=64 T=70", 128, 2, 70, False),
+    ("hs=64 T=128", 64, 1, 128, False),
     ("hs=64 T=130", 64, 1, 130, False),
     ("hs=128 T=33", 256, 2, 33, False),
     ("hs=16 T=37", 64, 4, 37, False),
