@@ -332,9 +332,9 @@ def read_ptxas(path: Path | None) -> dict[tuple[int, str, str], list[tuple[str, 
         if not m:
             continue
         arch, name, tmpl, regs, smem = int(m[1]), m[2], m[3] or "", int(m[4]), int(m[5])
-        kind = "bf16" if "bfloat16" in tmpl else "f16" if "__half" in tmpl else "f32"
+        of = "bf16" if "bfloat16" in tmpl else "f16" if "__half" in tmpl else "f32"
         for dt in ("bf16", "f16", "f32"):
-            if not tmpl or kind == dt:
+            if not tmpl or of == dt:
                 out.setdefault((arch, name, dt), []).append((tmpl, regs, smem))
     return out
 
@@ -387,8 +387,7 @@ def gemm_cost(f: dict, cfg: Config, gpu: GPU, A: dict) -> tuple[float, float, fl
     return flops, nbytes, max(flops / (peak * 1e12 * eff), nbytes / (gpu.hbm_gbs * 1e9 * A["mem_eff"]))
 
 
-def model(counts: Counter, cfg: Config, gpu: GPU, ptxas: dict, es: int, A: dict = ASSUMPTIONS,
-          dtype: str = "bf16") -> list[Row]:
+def model(counts: Counter, cfg: Config, gpu: GPU, ptxas: dict, es: int, A: dict = ASSUMPTIONS) -> list[Row]:
     rows: dict[str, Row] = {}
     gap = A["launch_gap_us"] * 1e-6
     n_adamw = sum(n for key, n in counts.items() if key[0] == "kernel" and key[1] == "adamw_kernel")
@@ -427,9 +426,8 @@ def model(counts: Counter, cfg: Config, gpu: GPU, ptxas: dict, es: int, A: dict 
                 c = {k: (v / n_adamw if isinstance(v, (int, float)) else v) for k, v in c.items()}
                 c["blocks"] = min(ceil_div(c["bytes"] / (28 + es) / 4, 256), 2048)
             threads = block[0] * block[1] * block[2]
-            dt = dtype if es == 2 else "f32"  # a kernel without an sm_75 report: its sm_80 one
-            regs, smem = kernel_resources(ptxas, arch if (arch, name, dt) in ptxas else max(arch, 80), name, dt,
-                                          a.get("hs"), A)
+            dt = ("bf16" if gpu.bf16 else "f16") if es == 2 else "f32"
+            regs, smem = kernel_resources(ptxas, arch, name, dt, a.get("hs"), A)
             occ, _bps = occupancy(gpu, threads, regs, smem + dyn_smem)
             fill = min(1.0, c["blocks"] / gpu.sms)
             tc = c.get("tc_flops", 0)
@@ -504,9 +502,8 @@ def launch_counts(attention: str, logdir: Path, target: Config, reuse: bool = Fa
 
 
 # ------------------------------------------------------------------------------------------- report
-def report(counts: Counter, cfg: Config, gpu: GPU, ptxas: dict, title: str, top: int, A: dict = ASSUMPTIONS,
-           dtype: str = "bf16") -> dict:
-    rows = model(counts, cfg, gpu, ptxas, 2, A, dtype)
+def report(counts: Counter, cfg: Config, gpu: GPU, ptxas: dict, title: str, top: int, A: dict = ASSUMPTIONS) -> dict:
+    rows = model(counts, cfg, gpu, ptxas, 2, A)
     once = ("adamw", "sum_squares", "memset 4*P")  # per optimizer step: zero_grad, norm, AdamW
     micro = sum(r.seconds for r in rows if not r.name.startswith(once))
     opt = sum(r.seconds for r in rows) - micro
@@ -514,7 +511,7 @@ def report(counts: Counter, cfg: Config, gpu: GPU, ptxas: dict, title: str, top:
     tokens = A["grad_accum"] * cfg.B * cfg.T
     tps = tokens / step
     mfu = A["grad_accum"] * step_flops(cfg) / step / (gpu.tensor_tflops * 1e12)
-    print(f"\n== MODELLED (not measured): {gpu.name}, {title}: d{cfg.L} C={cfg.C} B={cfg.B} T={cfg.T} {dtype} ==")
+    print(f"\n== MODELLED (not measured): {gpu.name}, {title}: d{cfg.L} C={cfg.C} B={cfg.B} T={cfg.T} bf16 ==")
     print(f"{'kernel / library call':58s} {'n':>5s} {'ms':>8s} {'%':>5s} {'GFLOP':>9s} {'GB':>7s} {'occ':>5s} bound")
     for r in rows[:top]:
         occ = f"{r.occ:.2f}" if r.occ is not None else "  -"
@@ -572,14 +569,11 @@ def main(argv: list[str] | None = None) -> int:
         counts = launch_counts(att, args.logdir, target, args.reuse)
         for g in args.gpu:
             gpu = GPUS[g]
+            if not gpu.bf16:
+                print(f"\n== {gpu.name}: no bf16 on sm_{gpu.sm} (the bf16 model needs sm_80+): skipped ==")
+                continue
             title = "cuDNN attention" if att == "cudnn" else "gpt2core flash attention"
-            if gpu.bf16:
-                results.append(report(counts, target, gpu, ptxas, title, args.top))
-            elif att == "cudnn":
-                print(f"\n== {gpu.name}: cuDNN's fused attention needs sm_80+ (sm_{gpu.sm}): skipped ==")
-            else:  # fp16 (no bf16 below sm_80): the same launches as the bf16 step, 2-byte elements, fp16 kernels
-                results.append(report(counts, target, gpu, ptxas, title + " (fp16: the bf16 step's launches)",
-                                      args.top, dtype="f16"))
+            results.append(report(counts, target, gpu, ptxas, title, args.top))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

@@ -49,10 +49,12 @@ constexpr int kTcStride = HS + 8;  // shared row stride (elements)
 template <int HS>
 constexpr size_t tc_tile_elems = size_t(kTcRows) * kTcStride<HS>;
 // False where this compilation's architecture never runs the kernels for head size HS, which then compile to a trap:
-// below sm_80 only HS = 64 (attention_tc_fits).
+// below sm_75 none (no ldmatrix, no fp16 m16n8k8), below sm_80 only HS = 64 (attention_tc_fits).
 template <int HS>
 __device__ constexpr bool tc_arch_runs() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
+  return false;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   return HS <= 64;
 #else
   return true;
@@ -385,16 +387,18 @@ inline void tc_allow_smem(Kernel* kernel, size_t smem) {
   if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
 }
 
-// True when this GPU runs the tensor-core kernels for head size hs (the builds start at sm_75: ldmatrix, fp16 mma):
-// the tiles must fit its shared memory per block (sm_75: 64 KiB). HS = 64 takes 27 KiB forward, 27.25 KiB in the
-// dkdv kernel, 18 KiB in the dq kernel; sm_75 runs only HS = 64 (tc_arch_runs: HS = 128's dkdv kernel needs more
-// than sm_75's 255 registers a thread and spills).
+// True when this GPU runs the tensor-core kernels for head size hs: sm_75 or newer (ldmatrix, fp16 mma; sm_70 takes
+// the CUDA-core kernels), and the tiles within its shared memory per block (sm_75: 64 KiB). HS = 64 takes 27 KiB
+// forward, 27.25 KiB in the dkdv kernel, 18 KiB in the dq kernel; sm_75 runs only HS = 64 (tc_arch_runs: HS = 128's
+// dkdv kernel needs more than sm_75's 255 registers a thread and spills).
 inline bool attention_tc_fits(int hs) {
-  int device = 0, optin = 0, major = 0;
+  int device = 0, optin = 0, major = 0, minor = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  if (major < 8 && hs > 64) return false;  // tc_arch_runs
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  const int cc = major * 10 + minor;
+  if (cc < 75 || (cc < 80 && hs > 64)) return false;  // as tc_arch_runs compiles
   size_t need = 0;
   dispatch_head_size(hs, [&](auto HSc) {
     constexpr int HS = decltype(HSc)::value;

@@ -56,10 +56,23 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) { gp
 
 #else
 
+// ldmatrix and mma m16n8k8 need sm_75: below (sm_70, which CUDA 12 still builds) the wrappers compile to a trap, and
+// the backend never launches their kernels there (attention_tc_fits).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
+#define GPT2_SM75 0
+#else
+#define GPT2_SM75 1
+#endif
+
 __device__ inline void mma_m16n8k8_f16(float (&d)[4], const uint32_t (&a)[2], uint32_t b) {
+#if GPT2_SM75
   asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(b));
+#else
+  (void)d, (void)a, (void)b;
+  __trap();
+#endif
 }
 __device__ inline void mma_m16n8k16_by_k8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
 
@@ -89,18 +102,31 @@ __device__ inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const
 #endif
 }
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+#if GPT2_SM75
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
+#else
+  (void)row;
+  r[0] = r[1] = r[2] = r[3] = 0;
+  __trap();
+#endif
 }
 __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+#if GPT2_SM75
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
+#else
+  (void)row;
+  r[0] = r[1] = r[2] = r[3] = 0;
+  __trap();
+#endif
 }
 
+#undef GPT2_SM75
 #endif
 
 __device__ inline void mma_m16n8k16_by_k8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
