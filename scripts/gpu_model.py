@@ -153,8 +153,8 @@ def causal_pairs(T: int, tile: int | None = None) -> int:
     return tile * tile * n * (n + 1) // 2
 
 
-def column_chunks(N: int) -> int:  # csrc/cuda/reduce.cuh
-    return min(ceil_div(N, 64), 1024)
+def column_chunks(N: int, C: int) -> int:  # csrc/cuda/reduce.cuh
+    return min(ceil_div(N, 32), ceil_div(1024, ceil_div(C, 256)))
 
 
 # name -> (argument names of the logged integers, cost(a, cfg, es) -> dict). a: the arguments evaluated at cfg,
@@ -165,10 +165,10 @@ def _ln_fwd(a, cfg, es):
     return dict(flops=8 * N * C, bytes=N * C * es * 3 + 8 * N, blocks=ceil_div(N, 8))  # (residual: +1 read)
 
 
-def _col_partial(a, cfg, es):
+def _col_partial(a, cfg, es):  # 16-byte loads: 32 lanes x (16 / es) columns per block
     N, C = a["N"], a["C"]
-    return dict(flops=N * C, bytes=N * C * es + 4 * column_chunks(N) * C,
-                blocks=ceil_div(C, 32) * column_chunks(N))
+    return dict(flops=N * C, bytes=N * C * es + 4 * column_chunks(N, C) * C,
+                blocks=ceil_div(C, 32 * (16 // es)) * column_chunks(N, C))
 
 
 def _attn_fwd(a, cfg, es):
@@ -220,11 +220,12 @@ KERNELS = {
     "layernorm_backward_input_kernel": (["N", "C"], lambda a, c, es: dict(
         flops=12 * a["N"] * a["C"], bytes=4 * a["N"] * a["C"] * es + 8 * a["N"], blocks=ceil_div(a["N"], 8))),
     "layernorm_param_partial_kernel": (["N", "C", None], lambda a, c, es: dict(
-        flops=4 * a["N"] * a["C"], bytes=2 * a["N"] * a["C"] * es + 8 * column_chunks(a["N"]) * a["C"],
-        blocks=ceil_div(a["C"], 32) * column_chunks(a["N"]))),
+        flops=4 * a["N"] * a["C"], bytes=2 * a["N"] * a["C"] * es + 8 * column_chunks(a["N"], a["C"]) * a["C"],
+        blocks=ceil_div(a["C"], 32) * column_chunks(a["N"], a["C"]))),
     "column_partial_sum_kernel": (["N", "C", None], _col_partial),
     "column_reduce_kernel": (["R", "C"], lambda a, c, es: dict(
-        flops=a["R"] * a["C"], bytes=4 * a["R"] * a["C"] + 8 * a["C"], blocks=ceil_div(a["C"], 256))),
+        flops=a["R"] * a["C"], bytes=4 * column_chunks(c.B * c.T, a["C"]) * a["C"] + 8 * a["C"],  # R at the target
+        blocks=ceil_div(a["C"], 32))),
     "gelu_forward_kernel": (["N"], lambda a, c, es: dict(
         flops=15 * a["N"], bytes=2 * a["N"] * es, blocks=ceil_div(a["N"] // (16 // es), 256))),
     "gelu_backward_kernel": (["N"], lambda a, c, es: dict(
@@ -234,7 +235,7 @@ KERNELS = {
     "attention_forward_kernel": (["T", "NH", "hs"], _attn_fwd),
     "attention_backward_dot_kernel": (["B", "T", "NH", "hs"], lambda a, c, es: dict(
         flops=2 * a["B"] * a["T"] * a["NH"] * a["hs"], bytes=2 * a["B"] * a["T"] * a["NH"] * a["hs"] * es,
-        blocks=ceil_div(a["B"] * a["T"] * a["NH"], 256))),
+        blocks=ceil_div(a["B"] * a["T"] * a["NH"] * 8, 256))),  # 8 lanes per row
     "attention_backward_dkdv_kernel": (["T", "NH", "hs"], _attn_dkdv),
     "attention_backward_dq_kernel": (["T", "NH", "hs"], _attn_dq),
     "attention_tc_forward_kernel": (["T", "NH", "hs"], _attn_tc_fwd),
@@ -244,6 +245,11 @@ KERNELS = {
         flops=4 * c.B * c.T * a["Vp"], bytes=c.B * c.T * a["Vp"] * es, blocks=c.B * c.T)),
     "crossentropy_backward_kernel": (["V", "Vp"], lambda a, c, es: dict(
         flops=4 * c.B * c.T * a["Vp"], bytes=2 * c.B * c.T * a["Vp"] * es, blocks=c.B * c.T)),
+    # the training step's fused pass: the row's second read (dlogits) meets L2 (classifier.cuh), so one read + one
+    # write of the logits reach DRAM
+    "crossentropy_count_kernel": (["N"], lambda a, c, es: dict(flops=a["N"], bytes=4 * a["N"], blocks=1)),
+    "crossentropy_forward_backward_kernel": (["V", "Vp"], lambda a, c, es: dict(
+        flops=8 * c.B * c.T * a["Vp"], bytes=2 * c.B * c.T * a["Vp"] * es, blocks=c.B * c.T)),
     "loss_accumulate_kernel": (["N"], lambda a, c, es: dict(flops=a["N"], bytes=4 * a["N"], blocks=1)),
     "sum_squares_partial_kernel": (["n"], lambda a, c, es: dict(flops=2 * a["n"], bytes=4 * a["n"], blocks=256)),
     "sum_squares_final_kernel": ([None], lambda a, c, es: dict(flops=256, bytes=2048, blocks=1)),

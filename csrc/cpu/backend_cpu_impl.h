@@ -61,21 +61,26 @@ class CpuBackend final : public Backend<T> {
   void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int N, int C) override {
     ops::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
   }
+  // InputGrad::Write: the reference ops accumulate, so the input gradient is cleared first
   void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean,
-                          const T* rstd, int N, int C) override {
+                          const T* rstd, int N, int C, InputGrad mode) override {
+    if (mode == InputGrad::Write) zero(dinp, size_t(N) * C);
     ops::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
   void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) override {
     ops::matmul_forward(out, inp, w, bias, N, C, OC);
   }
-  void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N, int C, int OC) override {
+  void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N, int C, int OC,
+                       InputGrad mode) override {
+    if (mode == InputGrad::Write) zero(dinp, size_t(N) * C);
     ops::matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
   }
   void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH) override {
     ops::attention_forward(out, att, qkv, B, Tn, C, NH);
   }
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* /*out*/, const T* att, int B, int Tn, int C,
-                          int NH) override {
+                          int NH, InputGrad mode) override {
+    if (mode == InputGrad::Write) zero(dqkv, size_t(B) * Tn * 3 * C);
     ops::attention_backward(dqkv, dout, qkv, att, B, Tn, C, NH);
   }
   void gelu_forward(T* out, const T* inp, size_t N) override { ops::gelu_forward(out, inp, N); }

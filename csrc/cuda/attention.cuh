@@ -278,18 +278,41 @@ attention_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
   if (g == 0) lse[hd.stats + i] = m + logf(l);
 }
 
-// D[b, h, t] = dout[b, t, h, :] . out[b, t, h, :]; one thread per (b, t, h). vec: attn::packs_fit(hs, dout, out).
+// D[b, h, t] = dout[b, t, h, :] . out[b, t, h, :]. kDotLanes consecutive lanes per (b, t, h) row, lane g over the
+// row's 16-byte packs (vec: attn::packs_fit(hs, dout, out)) or values g, g + kDotLanes, ..., the lanes' sums
+// combined by shuffles in a fixed order: each warp load reads 4 whole rows of hs = 64 bf16 (512 contiguous
+// bytes), where one thread per row touched 32 rows' cache lines per load.
+constexpr int kDotLanes = 8;
 template <class floatX>
 __global__ void attention_backward_dot_kernel(float* __restrict__ Dout,         // (B, NH, T)
                                               const floatX* __restrict__ dout,  // (B, T, C)
                                               const floatX* __restrict__ out,   // (B, T, C)
                                               int B, int T, int NH, int hs, bool vec) {
-  const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;  // over (b, t, h)
-  if (idx >= size_t(B) * T * NH) return;
-  const int h = int(idx % NH);
-  const size_t bt = idx / NH;
-  const int t = int(bt % T), b = int(bt / T);
-  Dout[(size_t(b) * NH + h) * T + t] = attn::dot_seq(dout + idx * hs, out + idx * hs, hs, vec);
+  const size_t idx = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) / kDotLanes;  // over (b, t, h)
+  const int g = threadIdx.x % kDotLanes;
+  const bool live = idx < size_t(B) * T * NH;
+  float s = 0.0f;
+  if (live) {
+    const floatX* a = dout + idx * hs;
+    const floatX* b = out + idx * hs;
+    if (vec) {
+      constexpr int N = attn::Pack<floatX>::N;
+      for (int d = g * N; d < hs; d += kDotLanes * N) {
+        const attn::Pack<floatX> x = attn::load_pack(a + d), y = attn::load_pack(b + d);
+#pragma unroll
+        for (int k = 0; k < N; k++) s += attn::to_float(x.v[k]) * attn::to_float(y.v[k]);
+      }
+    } else {
+      for (int d = g; d < hs; d += kDotLanes) s += attn::to_float(a[d]) * attn::to_float(b[d]);
+    }
+  }
+#pragma unroll
+  for (int o = kDotLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(kFullMask, s, o);  // every lane takes part
+  if (live && g == 0) {
+    const int h = int(idx % NH);
+    const size_t bt = idx / NH;
+    Dout[(bt / T * NH + h) * T + bt % T] = s;
+  }
 }
 
 // dk, dv for one tile of keys: grid (ceil(T / kAttTile), NH, B), block kAttThreads.
@@ -413,8 +436,8 @@ inline void attention_backward_dot(float* D, const floatX* dout, const floatX* o
                                    cudaStream_t stream) {
   const int hs = C / NH;
   const size_t rows = size_t(B) * T * NH;
-  LAUNCH(attention_backward_dot_kernel<floatX>, ceil_div(rows, 256), 256, 0, stream, D, dout, out, B, T, NH, hs,
-         attn::packs_fit<floatX>(hs, dout, out));
+  LAUNCH(attention_backward_dot_kernel<floatX>, ceil_div(rows * kDotLanes, 256), 256, 0, stream, D, dout, out, B, T,
+         NH, hs, attn::packs_fit<floatX>(hs, dout, out));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -202,9 +202,10 @@ class CudaBackend final : public Backend<T> {
     cuda::layernorm_forward(k(out), mean, rstd, k(inp), k(w), k(b), N, C, stream_);
   }
   void layernorm_backward(T* dinp, float* dw, float* db, const T* dout, const T* inp, const T* w, const float* mean,
-                          const float* rstd, int N, int C) override {
-    float* s = scratch(2 * size_t(column_chunks(N)) * C);
-    cuda::layernorm_backward(k(dinp), dw, db, k(dout), k(inp), k(w), mean, rstd, s, N, C, stream_);
+                          const float* rstd, int N, int C, InputGrad mode) override {
+    float* s = scratch(2 * size_t(column_chunks(N, C)) * C);
+    cuda::layernorm_backward(k(dinp), dw, db, k(dout), k(inp), k(w), mean, rstd, s, N, C, mode == InputGrad::Add,
+                             stream_);
   }
   // fused (default): one kernel reads a and b once and writes the residual and its layernorm;
   // fused=false: the two separate kernels (the "no fusion" rung of the speed ladder).
@@ -220,9 +221,10 @@ class CudaBackend final : public Backend<T> {
     cuda::matmul_forward(k(out), k(inp), k(w), k(bias), N, C, OC, tf32_, stream_);
   }
   void matmul_backward(T* dinp, float* dw, float* dbias, const T* dout, const T* inp, const T* w, int N, int C,
-                       int OC) override {
-    float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
-    cuda::matmul_backward(k(dinp), dw, dbias, k(dout), k(inp), k(w), s, N, C, OC, tf32_, stream_);
+                       int OC, InputGrad mode) override {
+    float* s = dbias ? scratch(size_t(column_chunks(N, OC)) * OC) : nullptr;
+    cuda::matmul_backward(k(dinp), dw, dbias, k(dout), k(inp), k(w), s, N, C, OC, mode == InputGrad::Add, tf32_,
+                          stream_);
   }
   // fused (default): GELU in the matmul's epilogue (cuBLASLt GELU_AUX_BIAS forward, DGELU backward; tanh GELU,
   // see matmul.cuh), so the (N, 4C) activation is not read back by a separate kernel; fused=false, or a
@@ -239,7 +241,7 @@ class CudaBackend final : public Backend<T> {
   void gelu_matmul_backward(T* dpre, float* dw, float* dbias, const T* dout, const T* pre, const T* act, const T* w,
                             T* scratch_t, int N, int C, int OC) override {
     if (fused_ && !gelu_refused_[1] && cuda::gelu_epilogue_ok(C, dpre, pre)) {
-      float* s = dbias ? scratch(size_t(column_chunks(N)) * OC) : nullptr;
+      float* s = dbias ? scratch(size_t(column_chunks(N, OC)) * OC) : nullptr;
       if (cuda::gelu_matmul_backward(k(dpre), dw, dbias, k(dout), k(pre), k(act), k(w), s, N, C, OC, tf32_,
                                      stream_))
         return;
@@ -266,8 +268,11 @@ class CudaBackend final : public Backend<T> {
                              return;
     }
   }
+  // The attention seam (cuDNN) writes dQ, dK, dV straight into dqkv, through strided views of it
+  // (seams_cudnn.cu); our kernels accumulate, so for them InputGrad::Write clears dqkv first.
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* att, int B, int Tn, int C,
-                          int NH) override {
+                          int NH, InputGrad mode) override {
+    if (mode == InputGrad::Write && attention_ != Attention::Cudnn) zero(dqkv, size_t(B) * Tn * 3 * C);
     switch (attention_) {
       case Attention::Naive: {
         float* ds = scratch(size_t(B) * NH * Tn * Tn);
@@ -285,8 +290,12 @@ class CudaBackend final : public Backend<T> {
         return;
       }
       case Attention::Cudnn: {
-        // cuDNN overwrites its output and the seam contract says so; the backend's accumulates (dqkv +=), so
-        // cuDNN writes a scratch copy that is then added (one extra pass over dqkv, ~1% of a d12 step)
+        if (mode == InputGrad::Write) {
+          check_attention_seam(seams::attention_backward(sdpa_backward(dqkv, dout, qkv, out, att, B, Tn, C, NH)),
+                               "backward");
+          return;
+        }
+        // Add: cuDNN overwrites its output (the seam's contract), so it writes a scratch copy that is then added
         const size_t n = size_t(B) * Tn * 3 * C;
         T* tmp = t_scratch(n);
         check_attention_seam(seams::attention_backward(sdpa_backward(tmp, dout, qkv, out, att, B, Tn, C, NH)),
@@ -310,6 +319,10 @@ class CudaBackend final : public Backend<T> {
   void crossentropy_backward(T* logits, const float* lse, const int32_t* targets, const int32_t* n_valid,
                              float grad_scale, int N, int V, int Vp) override {
     cuda::crossentropy_backward(k(logits), lse, targets, n_valid, grad_scale, N, V, Vp, stream_);
+  }
+  void crossentropy_forward_backward(float* losses, float* lse, T* logits, const int32_t* targets, int32_t* n_valid,
+                                     float grad_scale, int N, int V, int Vp) override {
+    cuda::crossentropy_forward_backward(losses, lse, k(logits), targets, n_valid, grad_scale, N, V, Vp, stream_);
   }
   void loss_accumulate(float* acc, const float* losses, const int32_t* n_valid, int N, float scale) override {
     cuda::loss_accumulate(acc, losses, n_valid, N, scale, stream_);
@@ -550,7 +563,7 @@ class CudaBackend final : public Backend<T> {
     return s.p;
   }
   float* scratch(size_t n) { return grow(scratch_, n); }
-  T* t_scratch(size_t n) { return grow(tscratch_, n); }  // cuDNN attention backward's output
+  T* t_scratch(size_t n) { return grow(tscratch_, n); }  // cuDNN attention backward's output (InputGrad::Add only)
   // Pinned host memory that asynchronous host-to-device copies read from. reserve() waits until the copies
   // of the previous use have finished (an event recorded by sent()), so the host runs at most one use ahead
   // of the stream and never overwrites what a copy has yet to read.

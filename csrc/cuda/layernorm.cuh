@@ -4,7 +4,8 @@
 //   residual_layernorm_forward (fused): residual = a + b rounded to floatX, then the forward above on the
 //             ROUNDED residual: bit for bit residual_forward followed by layernorm_forward.
 //   backward: norm = (x - mean) * rstd, dnorm = w * dout,
-//             dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd      (accumulates, in floatX)
+//             dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd      (accumulates, in floatX;
+//             or, accumulate = false, dinp = ... without reading dinp)
 //             dw += sum_rows norm * dout, db += sum_rows dout                         (accumulates, fp32)
 // All arithmetic in fp32 registers; floatX values are rounded once when stored.
 // One warp per row for the row-wise parts; parameter gradients reduced deterministically in two passes
@@ -29,9 +30,11 @@ __device__ inline float pairwise_sum(const float (&v)[P::kSize]) {
   return t[0];
 }
 
-// Floats of the row kept in registers per lane by the cached forward variant: rows of up to 32 * 64 = 2048
-// channels are read from memory once (the residual inputs a and b once, not once per pass).
-constexpr int kLnCacheFloats = 64;
+// Floats of the row kept in registers per lane by the cached forward variant: rows of up to 32 * 32 = 1024
+// channels are read from memory once (the residual inputs a and b once, not once per pass). 32, not 64: the
+// 64-float variant needs 94 registers (ptxas, sm_80/sm_90), which leaves 2 blocks of 256 threads per SM, a
+// quarter of its warps, too few to hide DRAM latency for a memory-bound kernel; wider rows re-read (L1/L2).
+constexpr int kLnCacheFloats = 32;
 
 // vec (C % kVec<floatX> == 0 and 16-byte aligned pointers): lanes move Vec<floatX> (16 bytes); otherwise one
 // value per access. Lane l handles vectors l, l + 32, l + 64, ... in that order in every pass.
@@ -156,13 +159,13 @@ __global__ void layernorm_forward_kernel(floatX* __restrict__ residual,    // (N
 }
 
 template <class floatX>
-__global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp,        // (N, C), accumulated into
+__global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp,        // (N, C), += (add) or written
                                                 const floatX* __restrict__ dout,  // (N, C)
                                                 const floatX* __restrict__ inp,   // (N, C)
                                                 const floatX* __restrict__ w,     // (C)
                                                 const float* __restrict__ mean,   // (N)
                                                 const float* __restrict__ rstd,   // (N)
-                                                int N, int C, bool vec) {
+                                                int N, int C, bool vec, bool add) {
   using V = Vec<floatX>;
   constexpr int K = kVec<floatX>;
   const int lane = threadIdx.x % 32;
@@ -194,15 +197,17 @@ __global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp,      
   dnmean = warp_sum(dnmean) / C;
   for (int i = lane; i < CV; i += 32) {
     const V a = V::load(x + size_t(i) * K), g = V::load(dy + size_t(i) * K), ww = V::load(w + size_t(i) * K);
-    V d = V::load(dx + size_t(i) * K);
+    V d;
+    if (add) d = V::load(dx + size_t(i) * K);
 #pragma unroll
-    for (int k = 0; k < K; k++) d.set(k, d.f(k) + (ww.f(k) * g.f(k) - dmean - (a.f(k) - m) * s * dnmean) * s);
+    for (int k = 0; k < K; k++)
+      d.set(k, (add ? d.f(k) : 0.0f) + (ww.f(k) * g.f(k) - dmean - (a.f(k) - m) * s * dnmean) * s);
     d.store(dx + size_t(i) * K);
   }
   for (int i = K * CV + lane; i < C; i += 32) {
     const float norm = (load_f(x[i]) - m) * s;
     const float dnorm = load_f(w[i]) * load_f(dy[i]);
-    dx[i] = store_t<floatX>(load_f(dx[i]) + (dnorm - dmean - norm * dnmean) * s);
+    dx[i] = store_t<floatX>((add ? load_f(dx[i]) : 0.0f) + (dnorm - dmean - norm * dnmean) * s);
   }
 }
 
@@ -269,7 +274,7 @@ void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp,
 }
 
 // residual = a + b (rounded to floatX); out, mean, rstd = layernorm of the rounded residual. a and b are read
-// once and residual and out written once when the row fits the register cache (C <= 2048, aligned); wider or
+// once and residual and out written once when the row fits the register cache (C <= 1024, aligned); wider or
 // misaligned rows re-read a and b in each of the three passes.
 template <class floatX>
 void residual_layernorm_forward(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* a,
@@ -280,27 +285,26 @@ void residual_layernorm_forward(floatX* residual, floatX* out, float* mean, floa
   launch_layernorm_forward<floatX, true>(residual, out, mean, rstd, a, b, w, bias, N, C, vec, stream);
 }
 
-// scratch: at least 2 * column_chunks(N) * C floats.
+// scratch: at least 2 * column_chunks(N, C) * C floats. accumulate: dinp += (else dinp is written, never read).
 template <class floatX>
 void layernorm_backward(floatX* dinp, float* dw, float* db, const floatX* dout, const floatX* inp, const floatX* w,
-                        const float* mean, const float* rstd, float* scratch, int N, int C, cudaStream_t stream) {
+                        const float* mean, const float* rstd, float* scratch, int N, int C, bool accumulate,
+                        cudaStream_t stream) {
   if (N <= 0) return;
   const int block = 256, rows_per_block = block / 32;
   const bool vec = C % kVec<floatX> == 0 && aligned16(dinp, dout, inp, w);
   LAUNCH(layernorm_backward_input_kernel<floatX>, ceil_div(N, rows_per_block), block, 0, stream, dinp, dout, inp, w,
-         mean, rstd, N, C, vec);
+         mean, rstd, N, C, vec, accumulate);
   CUDA_CHECK_LAUNCH();
-  const int R = column_chunks(N);
+  const int R = column_chunks(N, C);
   float* pdw = scratch;
   float* pdb = scratch + size_t(R) * C;
   dim3 grid(ceil_div(C, kColTile), R), pblock(kColTile, kColRows);
   LAUNCH(layernorm_param_partial_kernel<floatX>, grid, pblock, 0, stream, pdw, pdb, dout, inp, mean, rstd, N, C,
-         column_chunk_rows(N));
+         column_chunk_rows(N, C));
   CUDA_CHECK_LAUNCH();
-  LAUNCH(column_reduce_kernel, ceil_div(C, 256), 256, 0, stream, dw, pdw, R, C);
-  CUDA_CHECK_LAUNCH();
-  LAUNCH(column_reduce_kernel, ceil_div(C, 256), 256, 0, stream, db, pdb, R, C);
-  CUDA_CHECK_LAUNCH();
+  column_reduce(dw, pdw, R, C, stream);
+  column_reduce(db, pdb, R, C, stream);
 }
 
 }  // namespace gpt2::cuda

@@ -1,8 +1,9 @@
 // Linear layers through the library seam gpt2core::seams::matmul (cuBLASLt on the GPU, the CPU
 // implementation in csrc/emu/seams_cpu.cpp under emulation). Row-major, weights (OC, C) as nn.Linear:
 //   forward:  out (N, OC) = inp (N, C) @ w^T + bias           (bias epilogue; bias may be null)
-//   backward: dinp (N, C) += dout @ w;  dw (OC, C) += dout^T @ inp   (accumulate, beta = 1)
-//             dbias (OC) += sum_n dout                         (reduce.cuh: deterministic, no atomics)
+//   backward: dinp (N, C) += dout @ w (accumulate, beta = 1), or dinp = dout @ w (beta = 0: the caller's
+//             accumulate = false, dinp's old contents never read);
+//             dw (OC, C) += dout^T @ inp (always accumulated); dbias (OC) += sum_n dout (reduce.cuh: deterministic)
 // With the GELU epilogues (the MLP; gelu is the tanh form of gelu.cuh, see "GELU epilogues" below):
 //   matmul_gelu_forward:  pre = inp @ w^T + bias; out = gelu(pre)   (one matmul writes both)
 //   gelu_matmul_backward: the backward of out = gelu(pre) @ w^T + bias:
@@ -65,7 +66,7 @@ void matmul_forward(floatX* out,          // (N, OC)
 }
 
 // dw (OC, C) += dout^T @ inp; dbias (OC) += sum_n dout when dbias is given.
-// scratch: column_chunks(N) * OC floats (only when dbias is given).
+// scratch: column_chunks(N, OC) * OC floats (only when dbias is given).
 template <class floatX>
 void matmul_backward_weights(float* dw,            // (OC, C), accumulated into
                              float* dbias,         // (OC) or null, accumulated into
@@ -86,23 +87,23 @@ void matmul_backward_weights(float* dw,            // (OC, C), accumulated into
   if (dbias) column_sum_accumulate(dbias, dout, scratch, N, OC, stream);
 }
 
-// scratch: column_chunks(N) * OC floats (only when dbias is given).
+// scratch: column_chunks(N, OC) * OC floats (only when dbias is given).
 template <class floatX>
-void matmul_backward(floatX* dinp,         // (N, C), accumulated into
+void matmul_backward(floatX* dinp,         // (N, C), accumulated into (accumulate) or written
                      float* dw,            // (OC, C), accumulated into
                      float* dbias,         // (OC) or null, accumulated into
                      const floatX* dout,   // (N, OC)
                      const floatX* inp,    // (N, C)
                      const floatX* w,      // (OC, C)
-                     float* scratch, int N, int C, int OC, bool tf32, cudaStream_t stream) {
+                     float* scratch, int N, int C, int OC, bool accumulate, bool tf32, cudaStream_t stream) {
   if (N <= 0 || C <= 0 || OC <= 0) return;
   constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
-  gpt2core::seams::MatmulParams p;  // dinp (N, C) += dout (N, OC) @ w (OC, C)
+  gpt2core::seams::MatmulParams p;  // dinp (N, C) (+)= dout (N, OC) @ w (OC, C)
   p.d = dinp; p.ldd = C; p.d_type = X;
   p.a = dout; p.lda = OC; p.a_type = X;
   p.b = w; p.ldb = C; p.b_type = X;
   p.m = N; p.n = C; p.k = OC;
-  p.accumulate = true;
+  p.accumulate = accumulate;
   p.tf32 = tf32;
   p.stream = stream;
   MATMUL_CHECK(gpt2core::seams::matmul(p), "backward dinp");
@@ -145,7 +146,7 @@ template <class floatX>
 }
 
 // The backward of out (N, OC) = gelu(pre) @ w^T + bias, with act = gelu(pre) (N, C) the matmul's input.
-// scratch: column_chunks(N) * OC floats (only when dbias is given).
+// scratch: column_chunks(N, OC) * OC floats (only when dbias is given).
 template <class floatX>
 [[nodiscard]] bool gelu_matmul_backward(floatX* dpre,         // (N, C), written
                           float* dw,            // (OC, C), accumulated into

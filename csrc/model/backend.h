@@ -1,7 +1,7 @@
 // The seam between the model (layer loop, buffer layout, optimizer policy) and a device.
 // A backend supplies memory and the ops; the model never touches device memory itself.
-// Every op follows csrc/cpu/ops.h's contract (backward ops accumulate into their outputs; the one exception,
-// gelu_matmul_backward's dpre, says so).
+// Every op follows csrc/cpu/ops.h's contract (backward ops accumulate into their outputs; the exceptions:
+// gelu_matmul_backward's dpre, and the input gradients of ops called with InputGrad::Write).
 //
 // Two storage types (model/dtypes.h): T, what the ops read and write (parameters as the ops see them,
 // activations, activation gradients), and M = Master<T>, what must keep full precision (master weights,
@@ -18,6 +18,14 @@
 #include "model/optimizer.h"
 
 namespace gpt2 {
+
+// How a backward op delivers the gradient of its input (matmul_backward's and layernorm_backward's dinp,
+// attention_backward's dqkv):
+//   Add:   dinp += ...  (the ops' contract, csrc/cpu/ops.h)
+//   Write: dinp =  ...  (the old contents are never read, NaN included): what the first writer of a gradient
+//          buffer does, so that no zero fill precedes it and no read of the zeros follows (llm.c's beta = 0).
+// Parameter gradients (dw, db) always accumulate: they sum over the micro-steps of an optimizer step.
+enum class InputGrad { Add, Write };
 
 template <typename T>
 class Backend {
@@ -58,7 +66,7 @@ class Backend {
   virtual void encoder_backward(M* dwte, M* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C) = 0;
   virtual void layernorm_forward(T* out, M* mean, M* rstd, const T* inp, const T* w, const T* b, int N, int C) = 0;
   virtual void layernorm_backward(T* dinp, M* dw, M* db, const T* dout, const T* inp, const T* w,
-                                  const M* mean, const M* rstd, int N, int C) = 0;
+                                  const M* mean, const M* rstd, int N, int C, InputGrad mode) = 0;
   // residual = a + b, then out = layernorm(residual): one op so a backend can fuse the two passes.
   virtual void residual_layernorm_forward(T* residual, T* out, M* mean, M* rstd, const T* a, const T* b,
                                           const T* w, const T* bias, int N, int C) {
@@ -67,7 +75,7 @@ class Backend {
   }
   virtual void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) = 0;
   virtual void matmul_backward(T* dinp, M* dw, M* dbias, const T* dout, const T* inp, const T* w,
-                               int N, int C, int OC) = 0;
+                               int N, int C, int OC, InputGrad mode) = 0;
   // The MLP's up-projection and its activation: pre (N, OC) = inp @ w^T + bias, out = gelu(pre) (the tanh form,
   // as gelu_forward). One op so a backend can apply GELU in the matmul's epilogue (CUDA: cuBLASLt's GELU_AUX_BIAS,
   // writing pre as the epilogue's aux output); pre is what backward needs.
@@ -84,8 +92,7 @@ class Backend {
   virtual void gelu_matmul_backward(T* dpre, M* dw, M* dbias, const T* dout, const T* pre, const T* act, const T* w,
                                     T* scratch, int N, int C, int OC) {
     const size_t n = size_t(N) * C;
-    zero(scratch, n);
-    matmul_backward(scratch, dw, dbias, dout, act, w, N, C, OC);
+    matmul_backward(scratch, dw, dbias, dout, act, w, N, C, OC, InputGrad::Write);
     zero(dpre, n);
     gelu_backward(dpre, pre, scratch, n);
   }
@@ -95,7 +102,7 @@ class Backend {
   virtual void attention_forward(T* out, M* att, const T* qkv, int B, int Tn, int C, int NH) = 0;
   // out is the forward's output (flash backward needs rowsum(dout * out)).
   virtual void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const M* att, int B, int Tn,
-                                  int C, int NH) = 0;
+                                  int C, int NH, InputGrad mode) = 0;
   virtual void gelu_forward(T* out, const T* inp, size_t N) = 0;
   virtual void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N) = 0;
   virtual void residual_forward(T* out, const T* a, const T* b, size_t N) = 0;
@@ -109,6 +116,14 @@ class Backend {
   virtual void crossentropy_backward(T* logits, const M* lse, const int32_t* targets, const int32_t* n_valid,
                                      float grad_scale, int N, int V, int Vp) = 0;
   virtual void loss_accumulate(M* acc, const M* losses, const int32_t* n_valid, int N, float scale) = 0;
+  // crossentropy_forward then crossentropy_backward (targets not null), one op so that a backend can make it one
+  // pass over the logits (CUDA: the count of valid targets first, by a small kernel, so that the fused pass knows
+  // dloss before it writes dlogits).
+  virtual void crossentropy_forward_backward(M* losses, M* lse, T* logits, const int32_t* targets, int32_t* n_valid,
+                                             float grad_scale, int N, int V, int Vp) {
+    crossentropy_forward(losses, lse, logits, targets, n_valid, N, V, Vp);
+    crossentropy_backward(logits, lse, targets, n_valid, grad_scale, N, V, Vp);
+  }
   // CUDA graphs: the ops enqueued between capture_begin() and capture_end() are recorded, not run, and
   // graph_launch() replays them with the pointers and scalar arguments they had when recorded. Only a backend
   // with a device queue can (can_capture()); ops that would synchronise with the host fail while capturing.

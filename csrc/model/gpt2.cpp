@@ -274,11 +274,12 @@ void GPT2Model<T>::backward_ops(bool report) {
   const int N = B * Tn;
   const size_t NC = size_t(N) * C;
   T* dlogits = a_.logits;
-  be.zero(a_.dln, NC);
-  be.matmul_backward(a_.dln, grad(kWte), nullptr, dlogits, a_.lnf, param(kWte), N, C, Vp);
-  be.zero(a_.dres, NC);
+  // Activation gradients: the first op to produce one writes it (InputGrad::Write: no zero fill, no read of
+  // zeros); only the residual stream's gradient a_.dres is summed (+=) by the two layernorms of each layer.
+  constexpr InputGrad kWrite = InputGrad::Write, kAdd = InputGrad::Add;
+  be.matmul_backward(a_.dln, grad(kWte), nullptr, dlogits, a_.lnf, param(kWte), N, C, Vp, kWrite);
   be.layernorm_backward(a_.dres, grad(kLnfw), grad(kLnfb), a_.dln, a_.residual3 + (L - 1) * NC, param(kLnfw),
-                        a_.lnf_mean, a_.lnf_rstd, N, C);
+                        a_.lnf_mean, a_.lnf_rstd, N, C, kWrite);
   if (report) grad_hook_(tensor_grad_ranges(kLnfw, kLnfb));
   // a_.dres now holds d(loss)/d(output of the last layer); walk the layers backwards.
   for (int l = L - 1; l >= 0; l--) {
@@ -294,19 +295,16 @@ void GPT2Model<T>::backward_ops(bool report) {
     // dfch = (dres @ fcprojw) * gelu'(fch) (written; a_.dfch_gelu is the op's scratch), fcprojw/fcprojb grads +=
     be.gelu_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, a_.fch + l * NC * 4, fch_gelu, p.fcprojw,
                             a_.dfch_gelu, N, 4 * C, C);
-    be.zero(a_.dln, NC);
-    be.matmul_backward(a_.dln, g.fcw, g.fcb, a_.dfch, a_.ln2 + l * NC, p.fcw, N, C, 4 * C);
+    be.matmul_backward(a_.dln, g.fcw, g.fcb, a_.dfch, a_.ln2 + l * NC, p.fcw, N, C, 4 * C, kWrite);
     be.layernorm_backward(a_.dres, g.ln2w, g.ln2b, a_.dln, a_.residual2 + l * NC, p.ln2w, a_.ln2_mean + l * N,
-                          a_.ln2_rstd + l * N, N, C);
+                          a_.ln2_rstd + l * N, N, C, kAdd);
     // residual2 = x + attproj(attention(qkv(ln1(x))))
-    be.zero(a_.datty, NC);
-    be.matmul_backward(a_.datty, g.attprojw, g.attprojb, a_.dres, a_.atty + l * NC, p.attprojw, N, C, C);
-    be.zero(a_.dqkv, NC * 3);
+    be.matmul_backward(a_.datty, g.attprojw, g.attprojb, a_.dres, a_.atty + l * NC, p.attprojw, N, C, C, kWrite);
     be.attention_backward(a_.dqkv, a_.datty, a_.qkv + l * NC * 3, a_.atty + l * NC, a_.att + l * att_size_, B, Tn,
-                          C, NH);
-    be.zero(a_.dln, NC);
-    be.matmul_backward(a_.dln, g.qkvw, g.qkvb, a_.dqkv, a_.ln1 + l * NC, p.qkvw, N, C, 3 * C);
-    be.layernorm_backward(a_.dres, g.ln1w, g.ln1b, a_.dln, x, p.ln1w, a_.ln1_mean + l * N, a_.ln1_rstd + l * N, N, C);
+                          C, NH, kWrite);
+    be.matmul_backward(a_.dln, g.qkvw, g.qkvb, a_.dqkv, a_.ln1 + l * NC, p.qkvw, N, C, 3 * C, kWrite);
+    be.layernorm_backward(a_.dres, g.ln1w, g.ln1b, a_.dln, x, p.ln1w, a_.ln1_mean + l * N, a_.ln1_rstd + l * N, N, C,
+                          kAdd);
     if (report) grad_hook_(layer_grad_ranges(l));  // ln1w .. fcprojb of layer l
   }
   be.encoder_backward(grad(kWte), grad(kWpe), a_.dres, inputs_, B, Tn, C);
@@ -377,9 +375,8 @@ void GPT2Model<T>::forward_backward_ops(float grad_scale) {
   Backend<T>& be = *backend_;
   const int N = B_ * T_, V = config_.vocab_size, Vp = config_.padded_vocab_size;
   forward_ops(B_, T_);
-  be.crossentropy_forward(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_, N, V, Vp);
+  be.crossentropy_forward_backward(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_, grad_scale, N, V, Vp);
   be.loss_accumulate(loss_acc_, a_.losses, n_valid_dev_, N, grad_scale);
-  be.crossentropy_backward(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, N, V, Vp);
   backward_ops(false);
 }
 

@@ -94,6 +94,15 @@ class Graph:
         t = self.tensors[uid]
         return t, self.pack[uid], t["data_type"] or self.io
 
+    def offsets(self, name, base):
+        """The element offsets from `base` of every element of the 4-d tensor `name` (its dims and strides at
+        its pack address)."""
+        t, addr, dtype = self.tensor(name)
+        start, rem = divmod(addr - base, SIZES[dtype])
+        assert rem == 0, name
+        return start + sum(np.arange(d).reshape([-1 if i == k else 1 for k in range(4)]) * s
+                           for i, (d, s) in enumerate(zip(t["dim"], t["stride"])))
+
     def read(self, name):
         """The 4-d tensor `name` through its dims and strides at its pack address, as float64."""
         t, addr, dtype = self.tensor(name)
@@ -169,6 +178,11 @@ def test_cudnn_attention_graph_describes_the_seams_attention(emu, describe, B, T
     g = Graph(*describe(B, T, NH, HS, scale, True, addr["qkv"], addr["out"], addr["stats"], addr["dout"],
                         addr["dqkv"]))
     want = backward(g)
+    # The backend lets cuDNN write its backward straight into dqkv (no zero fill, no scratch copy): the dQ, dK, dV
+    # views must cover every element of the (B, T, 3, NH, HS) buffer exactly once.
+    covered = np.sort(np.concatenate([g.offsets(n, addr["dqkv"]).ravel() for n in ("dQ", "dK", "dV")]))
+    np.testing.assert_array_equal(covered, np.arange(dqkv.size))
+    dqkv[:] = 0x7FC0  # bf16 NaN: the seam overwrites, it must not read or keep the old contents
     assert emu.seam_attention(dqkv=addr["dqkv"], **seam) == 0
     for name in ("dQ", "dK", "dV"):  # bf16 outputs: 2^-8 of the tensor's largest value
         got = g.read(name)

@@ -24,10 +24,10 @@ template void residual_layernorm_forward<X>(X*, X*, float*, float*, const X*, co
 template void residual_layernorm_forward<float>(float*, float*, float*, float*, const float*, const float*,
                                                 const float*, const float*, int, int, cudaStream_t);
 template void layernorm_backward<X>(X*, float*, float*, const X*, const X*, const X*, const float*, const float*,
-                                    float*, int, int, cudaStream_t);
+                                    float*, int, int, bool, cudaStream_t);
 template void matmul_forward<X>(X*, const X*, const X*, const X*, int, int, int, bool, cudaStream_t);
 template void matmul_backward<X>(X*, float*, float*, const X*, const X*, const X*, float*, int, int, int, bool,
-                                 cudaStream_t);
+                                 bool, cudaStream_t);
 template void matmul_backward_weights<X>(float*, float*, const X*, const X*, float*, int, int, int, bool,
                                          cudaStream_t);
 template bool matmul_gelu_forward<X>(X*, X*, const X*, const X*, const X*, int, int, int, bool, cudaStream_t);
@@ -39,6 +39,8 @@ template void gelu_backward<X>(X*, const X*, const X*, size_t, cudaStream_t);
 template void residual_forward<X>(X*, const X*, const X*, size_t, cudaStream_t);
 template void crossentropy_forward<X>(float*, float*, const X*, const int*, int*, int, int, int, cudaStream_t);
 template void crossentropy_backward<X>(X*, const float*, const int*, const int*, float, int, int, int, cudaStream_t);
+template void crossentropy_forward_backward<X>(float*, float*, X*, const int*, int*, float, int, int, int,
+                                               cudaStream_t);
 template void adamw_update<X>(X*, float*, const float*, float*, float*, const AdamWSpan*, int, const AdamWParams&,
                               cudaStream_t);
 template void cast_params<X>(X*, const float*, size_t, uint32_t, size_t, cudaStream_t);

@@ -64,6 +64,22 @@ out, mean, rstd = cpu.layernorm_forward(x, w, b)
 record("layernorm_forward", cuda.layernorm_forward(x, w, b), (out, mean, rstd))
 record("layernorm_backward", *both("layernorm_backward", f32(N, C), f32(C), f32(C), f32(N, C), x, w, mean, rstd))
 
+
+def nan(*shape):
+    return np.full(shape, np.nan, np.float32)
+
+
+def record_write(name, method, poisoned, zeroed, *rest):
+    """InputGrad::Write: each backend, its input gradient poisoned with NaN, against the CPU backend accumulating
+    into zeros (the += contract, checked above): the old contents must be neither read nor kept."""
+    want = getattr(cpu, method)(zeroed, *rest)
+    for backend in (cuda, cpu):
+        record(name + " write", getattr(backend, method)(poisoned, *rest, write=True), want)
+
+
+record_write("layernorm_backward", "layernorm_backward", nan(N, C), np.zeros((N, C), np.float32), f32(C), f32(C),
+             f32(N, C), x, w, mean, rstd)
+
 # matmul (through the seam) with and without bias; OC odd
 for OC in (3 * C, 101):
     xin, wt, bias = f32(N, C), f32(OC, C, scale=0.1), f32(OC)
@@ -71,6 +87,8 @@ for OC in (3 * C, 101):
     record("matmul_forward", *both("matmul_forward", xin, wt, None))
     record("matmul_backward", *both("matmul_backward", f32(N, C), f32(OC, C), f32(OC), f32(N, OC), xin, wt))
     record("matmul_backward", *both("matmul_backward", f32(N, C), f32(OC, C), None, f32(N, OC), xin, wt))
+    record_write("matmul_backward", "matmul_backward", nan(N, C), np.zeros((N, C), np.float32), f32(OC, C), f32(OC),
+                 f32(N, OC), xin, wt)
 
 # matmul with the GELU epilogues (the MLP): up-projection C -> OC with GELU, then the backward of
 # gelu(pre) @ w^T + b (OC -> C). OC = 4C as in the model; OC = 101 is no multiple of 8, which cuBLASLt's GELU
@@ -103,6 +121,14 @@ for mode in ("naive", "cudnn"):
         args = (f32(B, Ta, 3 * Ca), f32(B, Ta, Ca), f32(B, Ta, 3 * Ca), NH)
         record(f"{mode} attention(hs={Ca // NH})", ops.attention(*args), cpu.attention(*args))
 
+# attention_backward with InputGrad::Write, every path (dqkv poisoned with NaN; the reference accumulates into 0)
+for mode in ("auto", "naive", "cudnn"):
+    ops = E.Ops("cuda", attention=mode)
+    qkv, dout = f32(B, T, 3 * 192), f32(B, T, 192)
+    want = cpu.attention(qkv, dout, np.zeros((B, T, 3 * 192), np.float32), 3)
+    for backend in (ops, cpu):
+        record(f"{mode} attention write", backend.attention(qkv, dout, nan(B, T, 3 * 192), 3, write=True), want)
+
 # the bf16 flash path's tensor-core forward (attention_tc.cuh), run here so the launch trace sees every kernel;
 # its numerics are checked against float64 in tests/csrc/cuda/test_cuda_emu_bf16_attention.py
 E.OpsBF16("cuda").attention(f32(B, 9, 3 * 192), f32(B, 9, 192), f32(B, 9, 3 * 192), 3)
@@ -131,6 +157,10 @@ assert n1 == n0 == N - 3, (n1, n0)
 assert abs(a1 - a0) <= 1e-6 * abs(a0) and abs(a0 - (1.5 + 0.25 * l0.sum() / n0)) <= 1e-6 * a0, (a1, a0)
 record("crossentropy_counted", (l1, s1, d1), (l0, s0c, d0))
 record("crossentropy_counted", d1, cuda.crossentropy_backward_inplace(logits, s0, targets, 0.25 / n0, V))
+# the training step's fused pass (count first, then loss, lse and dlogits in one kernel) against the CPU's two ops
+(l1, s1, n1, a1, d1) = cuda.crossentropy_counted(logits, targets, V, 0.25, 1.5, fused=True)
+assert n1 == n0 and abs(a1 - a0) <= 1e-6 * abs(a0), (n1, n0, a1, a0)
+record("crossentropy_fused", (l1, s1, d1), (l0, s0c, d0))
 
 
 # classifier rows of other widths: Vp a multiple of 8 with V not (16-byte vectors, a ragged tail up to V, padded
@@ -147,6 +177,10 @@ def classifier_cases(ops, prefix):
         args = (lg, s0, tg, 1.0 / 3, Vc)
         record(prefix + "crossentropy_backward_inplace", ops.crossentropy_backward_inplace(*args),
                cpu.crossentropy_backward_inplace(*args))
+        (l1, s1, n1, a1, d1), (l0, s0, n0, a0, d0) = (o.crossentropy_counted(lg, tg, Vc, 0.5, 0.0, fused=True)
+                                                      for o in (ops, cpu))
+        assert n1 == n0 == Nc - 1, (n1, n0)
+        record(prefix + "crossentropy_fused", (l1, s1, d1, np.float32(a1)), (l0, s0, d0, np.float32(a0)))
 
 
 classifier_cases(cuda, "")

@@ -68,6 +68,7 @@ struct Ops {
     if constexpr (std::is_same_v<T, float>) return x;
     else return gpt2::float_to_bf16(x);
   }
+  static gpt2::InputGrad mode(bool write) { return write ? gpt2::InputGrad::Write : gpt2::InputGrad::Add; }
   static float wide(T x) {
     if constexpr (std::is_same_v<T, float>) return x;
     else return gpt2::bf16_to_float(x);
@@ -193,17 +194,20 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              o.clear();
              return r;
            })
-      .def("layernorm_backward",
-           [](O& o, F dinp, F dw, F db, F dout, F inp, F w, F mean, F rstd) {
+      .def("layernorm_backward",  // write: InputGrad::Write (dinp's initial values must be ignored)
+           [](O& o, F dinp, F dw, F db, F dout, F inp, F w, F mean, F rstd, bool write) {
              const int N = inp.shape(0), C = inp.shape(1);
              T* a = o.ut(dinp);
              float* b = o.um(dw);
              float* c = o.um(db);
-             o.be->layernorm_backward(a, b, c, o.ut(dout), o.ut(inp), o.ut(w), o.um(mean), o.um(rstd), N, C);
+             o.be->layernorm_backward(a, b, c, o.ut(dout), o.ut(inp), o.ut(w), o.um(mean), o.um(rstd), N, C,
+                                      O::mode(write));
              auto r = py::make_tuple(O::dt(a, {N, C}), O::dm(b, {C}), O::dm(c, {C}));
              o.clear();
              return r;
-           })
+           },
+           py::arg("dinp"), py::arg("dw"), py::arg("db"), py::arg("dout"), py::arg("inp"), py::arg("w"),
+           py::arg("mean"), py::arg("rstd"), py::arg("write") = false)
       .def("matmul_forward",
            [](O& o, F inp, F w, py::object bias) {
              const int N = inp.shape(0), C = inp.shape(1), OC = w.shape(0);
@@ -214,18 +218,20 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              o.clear();
              return r;
            })
-      .def("matmul_backward",
-           [](O& o, F dinp, F dw, py::object dbias, F dout, F inp, F w) {
+      .def("matmul_backward",  // write: InputGrad::Write (dinp's initial values must be ignored)
+           [](O& o, F dinp, F dw, py::object dbias, F dout, F inp, F w, bool write) {
              const int N = inp.shape(0), C = inp.shape(1), OC = w.shape(0);
              T* a = o.ut(dinp);
              float* b = o.um(dw);
              float* c = dbias.is_none() ? nullptr : o.um(dbias.cast<F>());
-             o.be->matmul_backward(a, b, c, o.ut(dout), o.ut(inp), o.ut(w), N, C, OC);
+             o.be->matmul_backward(a, b, c, o.ut(dout), o.ut(inp), o.ut(w), N, C, OC, O::mode(write));
              py::object cb = c ? py::object(O::dm(c, {OC})) : py::object(py::none());
              auto r = py::make_tuple(O::dt(a, {N, C}), O::dm(b, {OC, C}), cb);
              o.clear();
              return r;
-           })
+           },
+           py::arg("dinp"), py::arg("dw"), py::arg("dbias"), py::arg("dout"), py::arg("inp"), py::arg("w"),
+           py::arg("write") = false)
       .def("matmul_gelu_forward",  // returns (pre, gelu(pre))
            [](O& o, F inp, F w, py::object bias) {
              const int N = inp.shape(0), C = inp.shape(1), OC = w.shape(0);
@@ -251,8 +257,8 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              o.clear();
              return r;
            })
-      .def("attention",
-           [](O& o, F qkv, F dout, F dqkv, int NH) {
+      .def("attention",  // write: backward with InputGrad::Write (dqkv's initial values must be ignored)
+           [](O& o, F qkv, F dout, F dqkv, int NH, bool write) {
              // forward, then backward with the forward's att buffer; returns (out, dqkv)
              const int B = qkv.shape(0), T_ = qkv.shape(1), C = qkv.shape(2) / 3;
              T* out = o.zt(size_t(B) * T_ * C);
@@ -260,11 +266,12 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              T* q = o.ut(qkv);
              o.be->attention_forward(out, att, q, B, T_, C, NH);
              T* d = o.ut(dqkv);
-             o.be->attention_backward(d, o.ut(dout), q, out, att, B, T_, C, NH);
+             o.be->attention_backward(d, o.ut(dout), q, out, att, B, T_, C, NH, O::mode(write));
              auto r = py::make_tuple(O::dt(out, {B, T_, C}), O::dt(d, {B, T_, 3 * C}));
              o.clear();
              return r;
-           })
+           },
+           py::arg("qkv"), py::arg("dout"), py::arg("dqkv"), py::arg("NH"), py::arg("write") = false)
       .def("gelu_forward",
            [](O& o, F inp) {
              T* out = o.zt(inp.size());
@@ -315,7 +322,8 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              return r;
            })
       .def("crossentropy_counted",  // the device-resident loss of forward_backward: counted forward, loss, backward
-           [](O& o, F logits, I targets, int V, float grad_scale, float acc0) {
+           // (fused: crossentropy_forward_backward, then the loss, as the model's training step)
+           [](O& o, F logits, I targets, int V, float grad_scale, float acc0, bool fused) {
              const int N = logits.shape(0), Vp = logits.shape(1);
              float* losses = o.zm(N);
              float* lse = o.zm(N);
@@ -324,14 +332,21 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              *nv = -12345;
              T* lg = o.ut(logits);
              const int32_t* t = o.ui(targets);
-             o.be->crossentropy_forward(losses, lse, lg, t, nv, N, V, Vp);
-             o.be->loss_accumulate(acc, losses, nv, N, grad_scale);
-             o.be->crossentropy_backward(lg, lse, t, nv, grad_scale, N, V, Vp);
+             if (fused) {
+               o.be->crossentropy_forward_backward(losses, lse, lg, t, nv, grad_scale, N, V, Vp);
+               o.be->loss_accumulate(acc, losses, nv, N, grad_scale);
+             } else {
+               o.be->crossentropy_forward(losses, lse, lg, t, nv, N, V, Vp);
+               o.be->loss_accumulate(acc, losses, nv, N, grad_scale);
+               o.be->crossentropy_backward(lg, lse, t, nv, grad_scale, N, V, Vp);
+             }
              o.be->synchronize();
              auto r = py::make_tuple(O::dm(losses, {N}), O::dm(lse, {N}), long(*nv), double(*acc), O::dt(lg, {N, Vp}));
              o.clear();
              return r;
-           })
+           },
+           py::arg("logits"), py::arg("targets"), py::arg("V"), py::arg("grad_scale"), py::arg("acc0"),
+           py::arg("fused") = false)
       .def("sum_squares",
            [](O& o, F p) {
              o.be->grad_sum_squares(o.um(p), p.size());
