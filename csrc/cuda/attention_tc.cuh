@@ -260,10 +260,10 @@ attention_tc_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
 // dK, dV of one 64-key tile, and its dS^T tiles: grid (ceil(T / 64), NH, B), block kTcThreads, dynamic shared
 // memory tc_bwd_smem_bytes<HS>(). K and V stay in shared memory; Q and dO (with their rows' lse and D) come in
 // slabs of kTcSlab rows, taken NQ queries at a time (S^T and dP^T of 16 x NQ per warp: 64 would not fit the
-// register budget). vec: attn::packs_fit(hs, dout, qkv).
-template <int HS, class floatX>
+// register budget). vec: attn::packs_fit(hs, dout, qkv). kAccumulate: dK, dV added into dqkv, else stored.
+template <int HS, bool kAccumulate, class floatX>
 __global__ void __launch_bounds__(kTcThreads, kTcBwdMinBlocks<HS>)
-attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), accumulated into
+attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), accumulated into or written
                                   floatX* __restrict__ dS,         // (B, NH, tc_ds_tiles(T), 64 keys, 64 queries)
                                   const floatX* __restrict__ dout, // (B, T, C)
                                   const floatX* __restrict__ qkv,  // (B, T, 3C)
@@ -337,16 +337,16 @@ attention_tc_backward_dkdv_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C)
   }
   floatX* dkbase = dqkv + size_t(blockIdx.z) * T * 3 * C + C + size_t(blockIdx.y) * hs;
   const float kmul[2] = {scale, scale}, vmul[2] = {1.0f, 1.0f};
-  tc_store_rows<true, HS>(dkbase, 3 * C, dk, kmul, k0 + warp * 16, T, hs, lane);
-  tc_store_rows<true, HS>(dkbase + C, 3 * C, dv, vmul, k0 + warp * 16, T, hs, lane);
+  tc_store_rows<kAccumulate, HS>(dkbase, 3 * C, dk, kmul, k0 + warp * 16, T, hs, lane);
+  tc_store_rows<kAccumulate, HS>(dkbase + C, 3 * C, dv, vmul, k0 + warp * 16, T, hs, lane);
 }
 
 // dQ of one 64-query tile from the dS^T tiles of the dkdv kernel: grid (ceil(T / 64), NH, B), block kTcThreads,
 // dynamic shared memory tc_dq_smem_bytes<HS>(); the tiles run last (most keys) first. Warp w sums its 16 query rows
-// over the key tiles 0 .. i in order. vec: attn::packs_fit(hs, qkv).
-template <int HS, class floatX>
+// over the key tiles 0 .. i in order. vec: attn::packs_fit(hs, qkv). kAccumulate: dQ added into dqkv, else stored.
+template <int HS, bool kAccumulate, class floatX>
 __global__ void __launch_bounds__(kTcThreads)
-attention_tc_backward_dq_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), accumulated into
+attention_tc_backward_dq_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), accumulated into or written
                                 const floatX* __restrict__ dS,   // (B, NH, tc_ds_tiles(T), 64 keys, 64 queries)
                                 const floatX* __restrict__ qkv,  // (B, T, 3C)
                                 int T, int NH, int hs, float scale, bool vec) {
@@ -377,7 +377,7 @@ attention_tc_backward_dq_kernel(floatX* __restrict__ dqkv,       // (B, T, 3C), 
     }
   }
   const float qmul[2] = {scale, scale};
-  tc_store_rows<true, HS>(dqkv + size_t(blockIdx.z) * T * 3 * C + size_t(blockIdx.y) * hs, 3 * C, dq, qmul,
+  tc_store_rows<kAccumulate, HS>(dqkv + size_t(blockIdx.z) * T * 3 * C + size_t(blockIdx.y) * hs, 3 * C, dq, qmul,
                           q0 + warp * 16, T, hs, lane);
 }
 
@@ -432,10 +432,11 @@ inline size_t attention_tc_scratch_floats(int B, int T, int NH) {
 }
 
 // out, lse: what attention_tc_forward produced for this qkv. scratch: attention_tc_scratch_floats(B, T, NH) floats,
-// 16-byte aligned.
+// 16-byte aligned. accumulate: dqkv += the gradient; else dqkv = the gradient (every element is written: no clear).
 template <class floatX>
 inline void attention_tc_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out,
-                                  const float* lse, float* scratch, int B, int T, int C, int NH, cudaStream_t stream) {
+                                  const float* lse, float* scratch, int B, int T, int C, int NH, bool accumulate,
+                                  cudaStream_t stream) {
   if (B <= 0 || T <= 0) return;
   const int hs = C / NH;
   const float scale = 1.0f / sqrtf(float(hs));
@@ -443,17 +444,22 @@ inline void attention_tc_backward(floatX* dqkv, const floatX* dout, const floatX
   floatX* dS = reinterpret_cast<floatX*>(scratch + (size_t(B) * NH * T + 3) / 4 * 4);
   attention_backward_dot(D, dout, out, B, T, C, NH, stream);
   const dim3 grid(ceil_div(T, kTcRows), NH, B);
-  dispatch_head_size(hs, [&](auto HSc) {
+  auto launch = [&](auto HSc, auto AccC) {
     constexpr int HS = decltype(HSc)::value;
-    tc_allow_smem(attention_tc_backward_dkdv_kernel<HS, floatX>, tc_bwd_smem_bytes<HS>());
-    tc_allow_smem(attention_tc_backward_dq_kernel<HS, floatX>, tc_dq_smem_bytes<HS>());
-    LAUNCH((attention_tc_backward_dkdv_kernel<HS, floatX>), grid, kTcThreads, tc_bwd_smem_bytes<HS>(), stream, dqkv,
-           dS, dout, qkv, lse, D, T, NH, hs, scale, attn::packs_fit<floatX>(hs, dout, qkv));
+    constexpr bool kAcc = decltype(AccC)::value;
+    tc_allow_smem(attention_tc_backward_dkdv_kernel<HS, kAcc, floatX>, tc_bwd_smem_bytes<HS>());
+    tc_allow_smem(attention_tc_backward_dq_kernel<HS, kAcc, floatX>, tc_dq_smem_bytes<HS>());
+    LAUNCH((attention_tc_backward_dkdv_kernel<HS, kAcc, floatX>), grid, kTcThreads, tc_bwd_smem_bytes<HS>(), stream,
+           dqkv, dS, dout, qkv, lse, D, T, NH, hs, scale, attn::packs_fit<floatX>(hs, dout, qkv));
     CUDA_CHECK_LAUNCH();
-    LAUNCH((attention_tc_backward_dq_kernel<HS, floatX>), grid, kTcThreads, tc_dq_smem_bytes<HS>(), stream, dqkv, dS,
-           qkv, T, NH, hs, scale, attn::packs_fit<floatX>(hs, qkv));
+    LAUNCH((attention_tc_backward_dq_kernel<HS, kAcc, floatX>), grid, kTcThreads, tc_dq_smem_bytes<HS>(), stream,
+           dqkv, dS, qkv, T, NH, hs, scale, attn::packs_fit<floatX>(hs, qkv));
+    CUDA_CHECK_LAUNCH();
+  };
+  dispatch_head_size(hs, [&](auto HSc) {
+    if (accumulate) launch(HSc, std::true_type());
+    else launch(HSc, std::false_type());
   });
-  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace gpt2::cuda

@@ -268,10 +268,15 @@ class CudaBackend final : public Backend<T> {
                              return;
     }
   }
-  // The attention seam (cuDNN) writes dQ, dK, dV straight into dqkv, through strided views of it
-  // (seams_cudnn.cu); our kernels accumulate, so for them InputGrad::Write clears dqkv first.
+  // The attention seam (cuDNN) and the tensor-core kernels write dQ, dK, dV straight into dqkv (seams_cudnn.cu:
+  // through strided views of it); the other kernels accumulate, so for them InputGrad::Write clears dqkv first.
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* att, int B, int Tn, int C,
                           int NH, InputGrad mode) override {
+    if constexpr (sizeof(K) == 2)
+      if (attention_ == Attention::Flash && cuda::attention_tc_fits(C / NH))
+        return cuda::attention_tc_backward(k(dqkv), k(dout), k(qkv), k(out), att,
+                                           scratch(cuda::attention_tc_scratch_floats(B, Tn, NH)), B, Tn, C, NH,
+                                           mode == InputGrad::Add, stream_);
     if (mode == InputGrad::Write && attention_ != Attention::Cudnn) zero(dqkv, size_t(B) * Tn * 3 * C);
     switch (attention_) {
       case Attention::Naive: {
@@ -279,12 +284,7 @@ class CudaBackend final : public Backend<T> {
         cuda::attention_naive_backward(k(dqkv), k(dout), k(qkv), att, ds, B, Tn, C, NH, stream_);
         return;
       }
-      case Attention::Flash: {
-        if constexpr (sizeof(K) == 2)
-          if (cuda::attention_tc_fits(C / NH))
-            return cuda::attention_tc_backward(k(dqkv), k(dout), k(qkv), k(out), att,
-                                               scratch(cuda::attention_tc_scratch_floats(B, Tn, NH)), B, Tn, C, NH,
-                                               stream_);
+      case Attention::Flash: {  // fp32, or where the tensor-core tiles do not fit: CUDA cores
         float* D = scratch(size_t(B) * NH * Tn);
         cuda::attention_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
         return;

@@ -7,8 +7,10 @@ the key tiles in a fixed order, from the dS tiles the dkdv kernel stored).
 
 Shapes: B=2; T=37 and T=70 (not multiples of the 64-row tile; T=70: two tiles, so dS tiles off the diagonal),
 T=128 (exactly two tiles) and T=130 (three) with hs=64, hs=128 (C=256), hs=16 and hs=10 (zero-padded to 64; hs=10: scalar loads), and
-misaligned buffers (the scalar fallback of the 16-byte loads). Every output buffer and the backward's scratch (D
-and the dS tiles) is poisoned (NaN bits) before the kernels run.
+misaligned buffers (the scalar fallback of the 16-byte loads); the backward accumulating into dqkv (dqkv_in +
+gradient) and, in the "write" cases, storing the gradient (InputGrad::Write: dqkv starts poisoned, so every element
+must be written). Every output buffer and the backward's scratch (D and the dS tiles) is poisoned (NaN bits) before
+the kernels run.
 
 Tolerance, per element, with u the storage type's unit roundoff (bf16 2^-8, fp16 2^-11: 8 and 11 significant
 bits, round to nearest even, relative error <= u; see test_cuda_emu_bf16_attention.py for the terms):
@@ -35,15 +37,17 @@ HERE = Path(__file__).resolve()
 UNIT = {"f16": 2.0**-11, "bf16": 2.0**-8}
 ABS = 1e-5
 B = 2
-CASES = [  # (name, C, NH, T, misalign)
-    ("hs=64 T=37", 192, 3, 37, False),
-    ("hs=64 T=70", 128, 2, 70, False),
-    ("hs=64 T=128", 64, 1, 128, False),
-    ("hs=64 T=130", 64, 1, 130, False),
-    ("hs=128 T=33", 256, 2, 33, False),
-    ("hs=16 T=37", 64, 4, 37, False),
-    ("hs=10 T=9", 20, 2, 9, False),
-    ("misaligned hs=64 T=70", 128, 2, 70, True),
+CASES = [  # (name, C, NH, T, misalign, accumulate)
+    ("hs=64 T=37", 192, 3, 37, False, True),
+    ("hs=64 T=70", 128, 2, 70, False, True),
+    ("hs=64 T=128", 64, 1, 128, False, True),
+    ("hs=64 T=130", 64, 1, 130, False, True),
+    ("hs=128 T=33", 256, 2, 33, False, True),
+    ("hs=16 T=37", 64, 4, 37, False, True),
+    ("hs=10 T=9", 20, 2, 9, False, True),
+    ("misaligned hs=64 T=70", 128, 2, 70, True, True),
+    ("write hs=64 T=70", 128, 2, 70, False, False),
+    ("write hs=128 T=33", 256, 2, 33, False, False),
 ]
 
 
@@ -89,11 +93,11 @@ def run_cases(module_dir, dtype):
 
     rng = np.random.default_rng(14)
     errors, digest = {}, hashlib.sha256()
-    for name, C, NH, T, misalign in CASES:
+    for name, C, NH, T, misalign, accumulate in CASES:
         qkv_b, qkv = to_bits(rng.standard_normal((B, T, 3 * C)), dtype)
         dout_b, dout = to_bits(rng.standard_normal((B, T, C)), dtype)
-        dqkv_b, dqkv = to_bits(rng.standard_normal((B, T, 3 * C)), dtype)
-        out_b, lse, dq_b = E.attention_tc(dtype == "f16", qkv_b, dout_b, dqkv_b, NH, misalign)
+        dqkv_b, dqkv = to_bits(rng.standard_normal((B, T, 3 * C)) if accumulate else np.zeros((B, T, 3 * C)), dtype)
+        out_b, lse, dq_b = E.attention_tc(dtype == "f16", qkv_b, dout_b, dqkv_b, NH, misalign, accumulate)
         out, dq = from_bits(out_b, dtype), from_bits(dq_b, dtype)
         ref_out, ref_dq, pv_abs, grad_abs = reference(qkv, dout, dqkv, NH, True, out)
         ref_lse = lse_reference(qkv, NH)

@@ -11,7 +11,7 @@ template <class floatX>
 void instantiate_attention_tc(floatX* out, float* lse, float* scratch, floatX* dqkv, const floatX* dout,
                               const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
   attention_tc_forward(out, lse, qkv, B, T, C, NH, stream);
-  attention_tc_backward(dqkv, dout, qkv, out, lse, scratch, B, T, C, NH, stream);
+  attention_tc_backward(dqkv, dout, qkv, out, lse, scratch, B, T, C, NH, true, stream);  // both: a run-time switch
 }
 template void instantiate_attention_tc(__half*, float*, float*, __half*, const __half*, const __half*, int, int, int,
                                        int, cudaStream_t);
