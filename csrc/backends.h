@@ -40,15 +40,17 @@ std::unique_ptr<Backend<T>> make_backend(const std::string& device, const Backen
       throw std::invalid_argument(std::string("the CPU backend computes in fp32 with materialised attention: tf32=") +
                                   (options.tf32 ? "True" : "False") + ", attention='" +
                                   attention_name(options.attention) + "' need device='cuda'");
-    if constexpr (std::is_same_v<T, bf16>)
-      throw std::invalid_argument("bf16 mixed precision needs device='cuda'; the CPU backend computes in fp32");
+    if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
+      throw std::invalid_argument(std::string(std::is_same_v<T, bf16> ? "bf16" : "fp16") +
+                                  " mixed precision needs device='cuda'; the CPU backend computes in fp32");
     else
       return cpu::make_backend<T>();  // the instruction-set variant this CPU runs best (cpu/backend_cpu.h)
   }
   if (is_cuda_device(device) && cuda_plugin()) {
     if constexpr (std::is_same_v<T, float>) return cuda_plugin()->make_f32(device, options);
     else if constexpr (std::is_same_v<T, bf16>) return cuda_plugin()->make_bf16(device, options);
-    else throw std::invalid_argument("device '" + device + "' supports float32 and bf16 models only");
+    else if constexpr (std::is_same_v<T, f16>) return cuda_plugin()->make_f16(device, options);
+    else throw std::invalid_argument("device '" + device + "' supports float32, bf16 and fp16 models only");
   }
   throw std::invalid_argument("device '" + device + "' is not available in this build of gpt2core._C (compiled backends: " +
                               compiled_backends() + ")");

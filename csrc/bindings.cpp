@@ -188,9 +188,10 @@ void bind_model(py::module_& m, const char* cls_name) {
              return d;
            },
            py::arg("B"), py::arg("T"),
-           "Bytes of parameters (with the fp32 master copy in bf16), gradients, AdamW state and activations for (B, T).")
+           "Bytes of parameters (with the fp32 master copy in bf16 / fp16), gradients, AdamW state and activations for (B, T).")
       .def_property_readonly("dtype", [](M&) -> std::string {
-                               if constexpr (gpt2::kHasMasterCopy<T>) return "bfloat16";
+                               if constexpr (std::is_same_v<T, gpt2::bf16>) return "bfloat16";
+                               else if constexpr (std::is_same_v<T, gpt2::f16>) return "float16";
                                else return std::is_same_v<T, float> ? "float32" : "float64";
                              },
                              "Storage type of the activations and of the parameters the ops read.")
@@ -453,6 +454,7 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
   bind_model<float>(m, "Model");
   bind_model<double>(m, "ModelF64");
   bind_model<gpt2::bf16>(m, "ModelBF16");  // CUDA only: bf16 weights copy and activations, fp32 master state
+  bind_model<gpt2::f16>(m, "ModelF16");    // CUDA only: the same in fp16 (sm_70 / sm_75 GPUs)
   m.def("cuda_capability", [](int index) { return cuda_status().empty() ? gpt2::cuda_capability(index) : -1; },
         py::arg("index") = 0,
         "Compute capability of CUDA device `index` as major*10+minor (80 = A100, 90 = H100); -1 without one.");

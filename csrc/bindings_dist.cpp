@@ -23,12 +23,13 @@ using gpt2::GradAllreducer;
 
 namespace {
 
-// f(model) for a model whose gradients and optimizer state are float32: Model (fp32) or ModelBF16.
+// f(model) for a model whose gradients and optimizer state are float32: Model (fp32), ModelBF16 or ModelF16.
 template <class F>
 auto with_float_master(py::handle model, F&& f) {
   if (py::isinstance<gpt2::GPT2Model<float>>(model)) return f(model.cast<gpt2::GPT2Model<float>&>());
   if (py::isinstance<gpt2::GPT2Model<gpt2::bf16>>(model)) return f(model.cast<gpt2::GPT2Model<gpt2::bf16>&>());
-  throw py::type_error("expected a float32 or bf16 gpt2core._C model (Model or ModelBF16)");
+  if (py::isinstance<gpt2::GPT2Model<gpt2::f16>>(model)) return f(model.cast<gpt2::GPT2Model<gpt2::f16>&>());
+  throw py::type_error("expected a float32, bf16 or fp16 gpt2core._C model (Model, ModelBF16 or ModelF16)");
 }
 
 // Where and how long the ranks meet; shared by the Gloo and NCCL groups.
@@ -135,7 +136,9 @@ void bind_dist(py::module_& m) {
                return new GradAllreducer(comm, model.cast<gpt2::GPT2Model<float>&>());
              if (py::isinstance<gpt2::GPT2Model<gpt2::bf16>>(model))
                return new GradAllreducer(comm, model.cast<gpt2::GPT2Model<gpt2::bf16>&>());
-             throw py::type_error("GradAllreducer needs a Model or ModelBF16 (float32 gradients)");
+             if (py::isinstance<gpt2::GPT2Model<gpt2::f16>>(model))
+               return new GradAllreducer(comm, model.cast<gpt2::GPT2Model<gpt2::f16>&>());
+             throw py::type_error("GradAllreducer needs a Model, ModelBF16 or ModelF16 (float32 gradients)");
            }),
            py::arg("comm"), py::arg("model"), py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
       .def("backward", [](GradAllreducer& g, float grad_scale) {

@@ -21,7 +21,7 @@ FLOPs per token are 6*N + 6*L*C*T (forward + backward, N = parameters less wpe).
 measured: the best of 3 products of two 2048 x 2048 fp32 matrices through the core's GEMM (the BLAS and
 thread split the model's matmuls use), once per CPU model, thread count and BLAS, then read from
 $XDG_CACHE_HOME/gpt2core/cpu_peak.json (~/.cache/gpt2core/...); --measure-peak measures again,
---peak-gflops overrides it. GPU peaks are the dense bf16 / tf32 tensor-core figures.
+--peak-gflops overrides it. GPU peaks are the dense bf16 / fp16 / tf32 tensor-core figures.
 """
 from __future__ import annotations
 
@@ -102,8 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--measure-peak", action="store_true",
                     help="CPU: measure the sgemm peak again instead of reading the cached figure")
     ap.add_argument("--breakdown", action="store_true", help="also time forward / backward / optimizer")
-    ap.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default=None,
-                    help="fp32, tf32 or bf16 mixed precision (CUDA); default bf16 on sm_80+, else fp32")
+    ap.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default=None,
+                    help="fp32, tf32, bf16 or fp16 mixed precision (CUDA); default bf16 on sm_80+, fp16 on sm_70 / "
+                         "sm_75, else fp32")
     ap.add_argument("--attention", choices=["auto", "flash", "cudnn", "naive"], default=None, help="CUDA attention kernel")
     ap.add_argument("--no-fused", action="store_true",
                     help="CUDA: separate residual + layernorm and matmul + GELU kernels (the unfused rung)")
@@ -200,7 +201,7 @@ def peak_line(args, device, gflops, precision, threads, what=""):
         return f"CPU fp32 peak {peak:.1f} GFLOP/s ({how}){what} | utilisation {100 * gflops / peak:.1f}%"
     if peak:
         return f"GPU {name} | MFU {100 * gflops / peak:.1f}% of {peak / 1e3:.1f} TFLOP/s ({how}){what}"
-    return ("GPU peak table (dense TFLOP/s bf16/tf32/fp32): " +
+    return ("GPU peak table (dense TFLOP/s bf16 or fp16/tf32/fp32): " +
             ", ".join(f"{k} {v[0]:.0f}/{v[1]:.0f}/{v[2]:.0f}" for k, v in GPU_PEAK_TFLOPS.items()))
 
 
@@ -266,9 +267,10 @@ def modelled_vs_measured(args, cfg, measured_s):
         return
     target = gm.Config(B=args.batch_size, T=args.seq_len, C=cfg.n_embd, NH=cfg.n_head, L=cfg.n_layer,
                        V=cfg.vocab_size, Vp=cfg.padded_vocab_size, maxT=cfg.max_seq_len)
-    att = "cudnn" if args.attention in (None, "auto", "cudnn") else "flash"
-    counts = gm.launch_counts(att, gm.ROOT / "build" / "model", target, reuse=True)
-    rows = gm.model(counts, target, gm.GPUS[key], gm.read_ptxas(gm.ROOT / "build" / "model" / "ptxas.txt"), 2)
+    gpu = gm.GPUS[key]  # a GPU without bf16 runs fp16, and cuDNN's fused attention needs sm_80+
+    att = "cudnn" if args.attention in (None, "auto", "cudnn") and gpu.bf16 else "flash"
+    counts = gm.launch_counts(att, gm.ROOT / "build" / "model", target, reuse=True, precision=gpu.precision)
+    rows = gm.model(counts, target, gpu, gm.read_ptxas(gm.ROOT / "build" / "model" / "ptxas.txt"), 2)
     step = sum(r.seconds for r in rows)  # one micro-step and the optimizer step, as timed_steps runs them
     print(f"step: measured {measured_s * 1e3:.2f} ms | MODELLED {step * 1e3:.2f} ms ({gm.GPUS[key].name}, "
           f"{att} attention) | measured / modelled {measured_s / step:.2f}")
@@ -280,6 +282,7 @@ LADDER = [
     ("baseline", "fp32, materialised attention, unfused, vocab 50257",
      dict(precision="fp32", attention="naive", fused=False, padded=False, graphs=False)),
     ("tf32", "TF32 tensor-core matmuls", dict(precision="tf32")),
+    ("fp16", "fp16 mixed precision", dict(precision="fp16")),
     ("bf16", "bf16 mixed precision", dict(precision="bf16")),
     ("fused", "residual+layernorm and GELU-in-matmul fusion", dict(fused=True)),
     ("flash", "flash attention (auto: cuDNN if it checks out, else ours)", dict(attention="auto")),
@@ -287,6 +290,9 @@ LADDER = [
     ("cuda graphs", "micro-step and optimizer step replayed from CUDA graphs", dict(graphs=True)),
 ]
 CPU_RUNGS = {"baseline", "vocab 50304"}  # the CPU backend is fp32 with materialised attention, unfused
+# the compute capability a precision needs (model.pick_precision refuses it below): a GPU without it skips that
+# rung, and the rungs after it keep the last precision it has (fp16 on sm_70 / sm_75)
+MIN_CAPABILITY = {"fp32": 0, "fp16": 70, "tf32": 80, "bf16": 80}
 
 
 def ladder(args):
@@ -303,8 +309,13 @@ def ladder(args):
     print(f"gpt2core {build_info()['version']} | {args.device} | preset {args.preset} | B={B} T={T} | "
           f"{flops / 1e9:.3f} GFLOP/token | speed ladder, each rung adds one optimisation")
     print(f"{'rung':<12} | {'ms/step':>9} | {'tokens/s':>10} | {'TFLOP/s':>8} | {'MFU':>6} | {'speed-up':>8} | adds")
+    capability = 0 if cpu else _C.cuda_capability(int(args.device.partition(":")[2] or 0))
     s, rows, base = {}, [], None
     for rung, what, change in LADDER:
+        if not cpu and capability < MIN_CAPABILITY[change.get("precision", "fp32")]:
+            print(f"{rung:<12} | {'-':>9} | {'-':>10} | {'-':>8} | {'-':>6} | {'-':>8} | {what} (needs sm_"
+                  f"{MIN_CAPABILITY[change['precision']]}+)")
+            continue
         s.update(change)
         if cpu and rung not in CPU_RUNGS:
             print(f"{rung:<12} | {'-':>9} | {'-':>10} | {'-':>8} | {'-':>6} | {'-':>8} | {what} (CUDA only)")
@@ -328,7 +339,7 @@ def ladder(args):
         print(f"{rung:<12} | {dt * 1e3:>9.1f} | {tps:>10,.0f} | {gflops / 1e3:>8.3f} | {mfu:>6} | "
               f"{tps / base:>7.2f}x | {what}")
         rows.append({"rung": rung, "ms_per_step": dt * 1e3, "tok_per_s": tps, "gflops": gflops})
-    print("MFU is against the dense peak of each rung's precision (fp32, tf32, bf16); the speed-up against the "
+    print("MFU is against the dense peak of each rung's precision (fp32, tf32, fp16, bf16); the speed-up against the "
           "baseline's tokens/s")
     return {"ladder": rows}
 

@@ -2,7 +2,8 @@
 """A roofline model of one GPT-2 training step of the CUDA backend on named GPUs. MODELLED, NOT MEASURED.
 
 Where the launches come from: the CUDA backend compiled against the CUDA-on-CPU emulator (tests/csrc/cuda/cuda_emu, the
-test-only module gpt2core_cuda_emu) runs one bf16 training step of a SMALL model with GPT2CORE_EMU_LAUNCH_LOG
+test-only module gpt2core_cuda_emu) runs one bf16 training step (fp16 for GPUs without bf16: T4, V100) of a SMALL
+model with GPT2CORE_EMU_LAUNCH_LOG
 set: one JSON line per kernel launch (name, grid, block, integer arguments), cuBLASLt / cuDNN seam call (GEMM
 m, n, k, epilogue; attention B, T, NH, HS) and memset. Emulating d12 at B=64, T=1024 would take hours on a CPU,
 so the step is emulated twice, with 1 and 2 layers, and scaled analytically:
@@ -23,6 +24,7 @@ to be checked, not trusted.
 
     python scripts/gpu_model.py                          # emulate, then H100 and A100 at d12 B=64 T=1024
     python scripts/gpu_model.py --gpu H100 L4 --attention cudnn flash --top 20
+    python scripts/gpu_model.py --gpu T4 V100 --attention flash       # fp16 (no bf16 below sm_80)
     python scripts/gpu_model.py --log step.jsonl --small-config ...   # an existing log (see --help)
 """
 from __future__ import annotations
@@ -48,7 +50,7 @@ EMU_BUILD = ROOT / "build" / "emu-py"
 class GPU:
     name: str
     sm: int                 # compute capability (ptxas report of this arch, or the nearest compiled)
-    tensor_tflops: float    # dense bf16 (fp16 on sm_75) tensor-core peak with fp32 accumulate
+    tensor_tflops: float    # dense bf16 (fp16 on sm_70 / sm_75) tensor-core peak with fp32 accumulate
     fp32_tflops: float      # CUDA-core fp32 FMA peak (2 FLOPs per FMA)
     hbm_gbs: float          # DRAM bandwidth
     sms: int
@@ -56,7 +58,11 @@ class GPU:
     smem_per_sm: int = 228 * 1024  # bytes usable by blocks (1 KiB per block reserved on sm_80+)
     threads_per_sm: int = 2048
     blocks_per_sm: int = 32
-    bf16: bool = True
+    bf16: bool = True       # False: fp16 tensor cores only, the model runs in fp16 (gpt2core.model.pick_precision)
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.bf16 else "fp16"
 
 
 # Published datasheet figures (dense, no sparsity; boost clocks).
@@ -66,6 +72,7 @@ GPUS = {
     "L4": GPU("L4", 89, 121.0, 30.3, 300.0, 58, smem_per_sm=100 * 1024, threads_per_sm=1536, blocks_per_sm=24),
     "T4": GPU("T4", 75, 65.0, 8.1, 320.0, 40, smem_per_sm=64 * 1024, threads_per_sm=1024, blocks_per_sm=16,
               bf16=False),
+    "V100": GPU("V100 SXM2 32GB", 70, 125.0, 15.7, 900.0, 80, smem_per_sm=96 * 1024, bf16=False),
     "RTX4090": GPU("RTX 4090", 89, 165.2, 82.6, 1008.0, 128, smem_per_sm=100 * 1024, threads_per_sm=1536,
                    blocks_per_sm=24),
 }
@@ -383,13 +390,13 @@ class Row:
 
 def gemm_cost(f: dict, cfg: Config, gpu: GPU, A: dict) -> tuple[float, float, float]:
     m, n, k, batch = (evaluate(f[x], cfg) for x in ("m", "n", "k", "batch"))
-    sz = lambda t: 2 if t == "bf16" else 4  # noqa: E731
+    sz = lambda t: 2 if t in ("bf16", "f16") else 4  # noqa: E731
     flops = 2.0 * m * n * k * batch
     nbytes = batch * (m * k * sz(f["a"]) + k * n * sz(f["b"]) + m * n * sz(f["d"]) * (1 + f["accumulate"]))
     nbytes += batch * m * n * sz(f["d"]) * (f["epilogue"] in (1, 2))  # pre-GELU written / read
     tiles = batch * ceil_div(m, 128) * ceil_div(n, 128)
     eff = A["gemm_eff"] if tiles >= 4 * gpu.sms else A["gemm_eff_small"]
-    peak = gpu.tensor_tflops if f["a"] == "bf16" else gpu.tensor_tflops / 2  # fp32 inputs: TF32 at half rate
+    peak = gpu.tensor_tflops if f["a"] in ("bf16", "f16") else gpu.tensor_tflops / 2  # fp32: TF32 at half rate
     return flops, nbytes, max(flops / (peak * 1e12 * eff), nbytes / (gpu.hbm_gbs * 1e9 * A["mem_eff"]))
 
 
@@ -466,13 +473,15 @@ def step_flops(cfg: Config) -> float:
 
 
 # ------------------------------------------------------------------------------------------- emulation
-def emulate(small: Config, layers: int, attention: str, log: Path) -> None:
-    """Runs one bf16 training step of `small` with `layers` layers on the emulated CUDA backend, logging it."""
+def emulate(small: Config, layers: int, attention: str, log: Path, precision: str = "bf16") -> None:
+    """Runs one bf16 (or fp16) training step of `small` with `layers` layers on the emulated CUDA backend, logging
+    it."""
+    cls = {"bf16": "ModelBF16", "fp16": "ModelF16"}[precision]
     code = f"""
 import sys, numpy as np
 sys.path.insert(0, {str(EMU_BUILD)!r})
 import gpt2core_cuda_emu as E
-m = E.ModelBF16(max_seq_len={small.maxT}, vocab_size={small.V}, padded_vocab_size={small.Vp}, n_layer={layers},
+m = E.{cls}(max_seq_len={small.maxT}, vocab_size={small.V}, padded_vocab_size={small.Vp}, n_layer={layers},
                 n_head={small.NH}, n_embd={small.C}, device="cuda", attention={attention!r})
 rng = np.random.default_rng(0)
 for v in m.params().values():
@@ -494,14 +503,14 @@ m.optimizer_step(lr=1e-4, step=1)
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
 
 
-def launch_counts(attention: str, logdir: Path, target: Config, reuse: bool = False) -> Counter:
+def launch_counts(attention: str, logdir: Path, target: Config, reuse: bool = False, precision: str = "bf16") -> Counter:
     logs = []
     for layers in (1, 2):
         table = symbol_table(replace(SMALL, L=layers))
-        log = logdir / f"step_{attention}_L{layers}.jsonl"
+        log = logdir / f"step_{attention}_L{layers}{'' if precision == 'bf16' else '_' + precision}.jsonl"
         if not (reuse and log.exists()):
             log.unlink(missing_ok=True)
-            emulate(SMALL, layers, attention, log)
+            emulate(SMALL, layers, attention, log, precision)
         logs.append(read_log(log, table))
         check_grids(logs[-1][1], replace(SMALL, L=layers), 2)
     return scale_counts(logs[0][0], logs[1][0], target.L)
@@ -517,7 +526,8 @@ def report(counts: Counter, cfg: Config, gpu: GPU, ptxas: dict, title: str, top:
     tokens = A["grad_accum"] * cfg.B * cfg.T
     tps = tokens / step
     mfu = A["grad_accum"] * step_flops(cfg) / step / (gpu.tensor_tflops * 1e12)
-    print(f"\n== MODELLED (not measured): {gpu.name}, {title}: d{cfg.L} C={cfg.C} B={cfg.B} T={cfg.T} bf16 ==")
+    print(f"\n== MODELLED (not measured): {gpu.name}, {title}: d{cfg.L} C={cfg.C} B={cfg.B} T={cfg.T} "
+          f"{gpu.precision} ==")
     print(f"{'kernel / library call':58s} {'n':>5s} {'ms':>8s} {'%':>5s} {'GFLOP':>9s} {'GB':>7s} {'occ':>5s} bound")
     for r in rows[:top]:
         occ = f"{r.occ:.2f}" if r.occ is not None else "  -"
@@ -535,7 +545,8 @@ def print_assumptions(A: dict) -> None:
     print("Assumptions (all figures below are MODELLED from these, not measured on a GPU):")
     for k, v in A.items():
         print(f"  {k} = {v}")
-    print("  launches: emulated bf16 step of " + f"{SMALL} with 1 and 2 layers, sizes re-evaluated at the target, "
+    print("  launches: emulated bf16 (fp16 for GPUs without bf16) step of " + f"{SMALL} with 1 and 2 layers, sizes "
+          "re-evaluated at the target, "
           "counts affine in n_layer, grids from the launchers' rules (checked at the emulated config)")
     print("  GPUs (dense tensor / fp32 TFLOP/s, HBM GB/s, SMs): " +
           "; ".join(f"{g.name} {g.tensor_tflops:g}/{g.fp32_tflops:g}, {g.hbm_gbs:g}, {g.sms}" for g in GPUS.values()))
@@ -572,14 +583,18 @@ def main(argv: list[str] | None = None) -> int:
     print_assumptions(ASSUMPTIONS)
     results = []
     for att in args.attention:
-        counts = launch_counts(att, args.logdir, target, args.reuse)
-        for g in args.gpu:
-            gpu = GPUS[g]
-            if not gpu.bf16:
-                print(f"\n== {gpu.name}: no bf16 on sm_{gpu.sm} (the bf16 model needs sm_80+): skipped ==")
+        for precision in ("bf16", "fp16"):
+            gpus = [GPUS[g] for g in args.gpu if GPUS[g].precision == precision]
+            if gpus and att == "cudnn" and precision == "fp16":  # cuDNN's fused SDPA needs sm_80+
+                for gpu in gpus:
+                    print(f"\n== {gpu.name}: no cuDNN fused attention on sm_{gpu.sm} (needs sm_80+): skipped ==")
                 continue
-            title = "cuDNN attention" if att == "cudnn" else "gpt2core flash attention"
-            results.append(report(counts, target, gpu, ptxas, title, args.top))
+            if not gpus:
+                continue
+            counts = launch_counts(att, args.logdir, target, args.reuse, precision)
+            for gpu in gpus:
+                title = "cuDNN attention" if att == "cudnn" else "gpt2core flash attention"
+                results.append(report(counts, target, gpu, ptxas, title, args.top))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

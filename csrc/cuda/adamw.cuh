@@ -9,7 +9,8 @@
 //   floatX = float: master is null and param is w itself (updated in place);
 //   floatX = bf16:  w = master (fp32, updated in place), then param[i] = stochastic_round_bf16(w[i], seed,
 //                   offset + i) (common.cuh): unbiased rounding, a pure function of (value, seed, global index),
-//                   seed 0 = round to nearest even.
+//                   seed 0 = round to nearest even;
+//   floatX = fp16:  the same with param[i] = w[i] rounded to nearest even (round_param; the seed is unused).
 // cast_params writes param from master with exactly that rounding (same kernel, without the update), so a
 // ZeRO-1 rank that refreshes its bf16 copy from all-gathered master weights with the step's seed writes the
 // bits the full update would have.
@@ -57,10 +58,10 @@ __device__ inline void adamw_one(float& w, float grad, float& m, float& v, const
 template <class floatX, bool kStep>
 __device__ inline void adamw_element(floatX* param, float* master, const float* grad, float* m, float* v, size_t k,
                                      const AdamWParams& p) {
-  float w = kIsBF16<floatX> ? master[k] : load_f(param[k]);
+  float w = kIs16Bit<floatX> ? master[k] : load_f(param[k]);
   if constexpr (kStep) adamw_one(w, grad[k], m[k], v[k], p);
   param[k] = round_param<floatX>(w, p.seed, p.offset + k);
-  if constexpr (kIsBF16<floatX> && kStep) master[k] = w;
+  if constexpr (kIs16Bit<floatX> && kStep) master[k] = w;
 }
 
 // One launch for many tensors: segment s of the table is the range [begin[s], end[s]) of the arrays param, master,
@@ -112,7 +113,7 @@ __global__ void adamw_kernel(floatX* __restrict__ param,       // (N) flat
       continue;
     }
     F4 w, g, mm, vv;
-    if constexpr (kIsBF16<floatX>) {
+    if constexpr (kIs16Bit<floatX>) {
       w = F4::load(master + i4);
     } else {
       const P4 pw = P4::load(param + i4);
@@ -127,7 +128,7 @@ __global__ void adamw_kernel(floatX* __restrict__ param,       // (N) flat
       for (int k = 0; k < 4; k++) adamw_one(w.x[k], g.x[k], mm.x[k], vv.x[k], p);
       mm.store(m + i4);
       vv.store(v + i4);
-      if constexpr (kIsBF16<floatX>) w.store(master + i4);
+      if constexpr (kIs16Bit<floatX>) w.store(master + i4);
     }
     P4 out;
 #pragma unroll
@@ -174,8 +175,8 @@ void launch_adamw(floatX* param, float* master, const float* grad, float* m, flo
 template <class floatX>
 void adamw_update(floatX* param, float* master, const float* grad, float* m, float* v, const AdamWSpan* spans,
                   int count, const AdamWParams& p, cudaStream_t stream) {
-  if (kIsBF16<floatX> == (master == nullptr))
-    throw std::invalid_argument(kIsBF16<floatX> ? "adamw_update: bf16 parameters need fp32 master weights"
+  if (kIs16Bit<floatX> == (master == nullptr))
+    throw std::invalid_argument(kIs16Bit<floatX> ? "adamw_update: bf16 / fp16 parameters need fp32 master weights"
                                                 : "adamw_update: fp32 parameters are their own master (pass null)");
   if (!p.step) throw std::invalid_argument("adamw_update: the step's values (p.step) are needed");
   launch_adamw<floatX, true>(param, master, grad, m, v, spans, count, p, stream);
@@ -186,7 +187,7 @@ void adamw_update(floatX* param, float* master, const float* grad, float* m, flo
 template <class floatX>
 void cast_params(floatX* param, const float* master, size_t n, uint32_t seed, size_t offset, cudaStream_t stream) {
   if (n == 0) return;
-  if constexpr (!kIsBF16<floatX>) {  // fp32: the parameters are the master weights
+  if constexpr (!kIs16Bit<floatX>) {  // fp32: the parameters are the master weights
     (void)seed;
     (void)offset;
     if (param != master)

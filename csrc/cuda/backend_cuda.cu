@@ -1,4 +1,4 @@
-// The CUDA backend: gpt2::Backend<float> and Backend<bf16> over the kernels of csrc/cuda/*.cuh and the library seams.
+// The CUDA backend: gpt2::Backend<float>, Backend<bf16> and Backend<f16> over the kernels of csrc/cuda/*.cuh and the library seams.
 // The same source compiles with nvcc (into gpt2core._C) and with g++ against csrc/emu (the test-only
 // emulated module), where "device memory" is host memory and kernels run on fibers.
 //
@@ -61,7 +61,8 @@ int parse_device_index(const std::string& device) {
   throw std::invalid_argument("device must be 'cuda' or 'cuda:<index>', got '" + device + "'");
 }
 
-// The kernels' element type for a model type: float, or NVIDIA's __nv_bfloat16 for gpt2::bf16 (same 16 bits).
+// The kernels' element type for a model type: float, or NVIDIA's __nv_bfloat16 for gpt2::bf16 and __half for
+// gpt2::f16 (the same 16 bits).
 template <class T>
 struct KernelTypeOf {
   using type = float;
@@ -70,9 +71,13 @@ template <>
 struct KernelTypeOf<::gpt2::bf16> {
   using type = __nv_bfloat16;
 };
+template <>
+struct KernelTypeOf<::gpt2::f16> {
+  using type = __half;
+};
 
-// T: the model's storage type (float, or bf16 for mixed precision); master weights, gradients, AdamW state and
-// statistics are float either way.
+// T: the model's storage type (float, or bf16 / f16 for mixed precision); master weights, gradients, AdamW state
+// and statistics are float either way.
 template <class T>
 class CudaBackend final : public Backend<T> {
   using K = typename KernelTypeOf<T>::type;
@@ -82,7 +87,7 @@ class CudaBackend final : public Backend<T> {
 
  public:
   CudaBackend(int device, const BackendOptions& options)
-      : tf32_(options.tf32 && !kIsBF16<K>), fused_(options.fused) {
+      : tf32_(options.tf32 && !kIs16Bit<K>), fused_(options.fused) {
     const std::string why = device_status(device);
     if (!why.empty()) throw std::runtime_error(why);
     CUDA_CHECK(cudaSetDevice(device));
@@ -94,17 +99,25 @@ class CudaBackend final : public Backend<T> {
                                " lacks concurrent managed memory access (as on Windows and WSL, or GPUs before Pascal): "
                                "gpt2core's CUDA backend keeps parameters and gradients in managed memory that numpy "
                                "views read while kernels may run, which such a platform forbids; use Linux");
+    // 16-bit models need the GPU's tensor cores for their type: bf16 from sm_80 (cuBLASLt has no bf16 GEMMs
+    // before, and the bf16 attention kernels' mma instructions trap there), fp16 from sm_70
+    if (const int cc = device_capability(device); kIs16Bit<K> && cc >= 0 && cc < (kIsBF16<K> ? 80 : 70))
+      throw std::runtime_error(std::string(kIsBF16<K> ? "bf16 mixed precision needs an sm_80+ GPU"
+                                                      : "fp16 mixed precision needs an sm_70+ GPU (fp16 tensor cores)") +
+                               "; cuda:" + std::to_string(device) + " is sm_" + std::to_string(cc) +
+                               (kIsBF16<K> && cc >= 70 ? ": use fp16" : ": use fp32"));
     device_ = device;
     CUDA_CHECK(cudaStreamCreate(&stream_));  // not the legacy default stream, which cannot be captured
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&norm_work_), kNormBlocks * sizeof(double)));
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&step_dev_), sizeof(StepArgs)));
-    // auto: cuDNN's fused attention for bf16 models on a GPU when it is compiled in and agrees with our flash
-    // kernel on a small problem (checked here, once); our flash kernel otherwise. An explicit 'cudnn' must pass
-    // the same check or the backend refuses to start.
+    // auto: cuDNN's fused attention for bf16 and fp16 models on an sm_80+ GPU (cuDNN's SDPA needs one) when it
+    // is compiled in and agrees with our flash kernel on a small problem (checked here, once); our flash kernel
+    // otherwise. An explicit 'cudnn' must pass the same check or the backend refuses to start.
     using A = BackendOptions::Attention;
     attention_ = options.attention == A::Naive ? Attention::Naive
                  : options.attention == A::Cudnn ? Attention::Cudnn : Attention::Flash;
-    if (attention_ == Attention::Cudnn || (options.attention == A::Auto && kIsBF16<K> && !GPT2CORE_EMU)) {
+    if (attention_ == Attention::Cudnn ||
+        (options.attention == A::Auto && kIs16Bit<K> && !GPT2CORE_EMU && device_capability(device) >= 80)) {
       const std::string why = check_cudnn_attention();
       if (why.empty()) {
         attention_ = Attention::Cudnn;
@@ -258,7 +271,7 @@ class CudaBackend final : public Backend<T> {
     switch (attention_) {
       case Attention::Naive: cuda::attention_naive_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_); return;
       case Attention::Flash:  // 16-bit: tensor cores (attention_tc.cuh) where its tiles fit; fp32: CUDA cores
-        if constexpr (sizeof(K) == 2)
+        if constexpr (kIs16Bit<K>)
           if (cuda::attention_tc_fits(C / NH))
             return cuda::attention_tc_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
         cuda::attention_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
@@ -272,7 +285,7 @@ class CudaBackend final : public Backend<T> {
   // through strided views of it); the other kernels accumulate, so for them InputGrad::Write clears dqkv first.
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* att, int B, int Tn, int C,
                           int NH, InputGrad mode) override {
-    if constexpr (sizeof(K) == 2)
+    if constexpr (kIs16Bit<K>)
       if (attention_ == Attention::Flash && cuda::attention_tc_fits(C / NH))
         return cuda::attention_tc_backward(k(dqkv), k(dout), k(qkv), k(out), att,
                                            scratch(cuda::attention_tc_scratch_floats(B, Tn, NH)), B, Tn, C, NH,
@@ -404,7 +417,7 @@ class CudaBackend final : public Backend<T> {
 
  private:
   enum class Attention { Flash, Naive, Cudnn };
-  static constexpr seams::DType kDType = kIsBF16<K> ? seams::DType::BF16 : seams::DType::F32;
+  static constexpr seams::DType kDType = seam_dtype<K>();
 
   seams::AttentionForwardParams sdpa_forward(T* out, float* stats, const T* qkv, int B, int Tn, int C, int NH) const {
     seams::AttentionForwardParams p;
@@ -463,8 +476,9 @@ class CudaBackend final : public Backend<T> {
       } else {
         sync();
         // bf16 outputs carry 2^-8 relative rounding and cuDNN rounds P to bf16 for P V: 3e-2 of the largest
-        // value (1e-4 for fp32) is far inside that and far from a wrong layout or scale (errors of order 1).
-        const double tol = kIsBF16<K> ? 3e-2 : 1e-4;
+        // value (1e-4 for fp32) is far inside that and far from a wrong layout or scale (errors of order 1);
+        // fp16 (2^-11) the same multiple of its unit roundoff, 4e-3.
+        const double tol = kIsBF16<K> ? 3e-2 : kIsF16<K> ? 4e-3 : 1e-4;
         const double eo = max_rel_diff(o1, o2, nout), eg = max_rel_diff(g1, g2, nqkv);
         const double es = max_rel_diff(st1, st2, nst);
         if (!(eo <= tol && eg <= tol && es <= tol)) {
@@ -664,6 +678,10 @@ std::unique_ptr<Backend<float>> make_backend(const std::string& device, const Ba
 
 std::unique_ptr<Backend<::gpt2::bf16>> make_backend_bf16(const std::string& device, const BackendOptions& options) {
   return std::make_unique<CudaBackend<::gpt2::bf16>>(parse_device_index(device), options);
+}
+
+std::unique_ptr<Backend<::gpt2::f16>> make_backend_f16(const std::string& device, const BackendOptions& options) {
+  return std::make_unique<CudaBackend<::gpt2::f16>>(parse_device_index(device), options);
 }
 
 }  // namespace gpt2::cuda

@@ -25,5 +25,8 @@ std::unique_ptr<Backend<float>> make_backend(const std::string& device, const Ba
 // The bf16 mixed-precision backend: bf16 parameters copy and activations, fp32 master weights, gradients,
 // AdamW state and statistics (options.tf32 has no effect: its matmuls take bf16 inputs).
 std::unique_ptr<Backend<::gpt2::bf16>> make_backend_bf16(const std::string& device, const BackendOptions& options);
+// The fp16 mixed-precision backend: the same contract with IEEE half precision (for sm_70 / sm_75 GPUs, which
+// have fp16 tensor cores and no bf16); its weight copy is rounded to nearest even, not stochastically.
+std::unique_ptr<Backend<::gpt2::f16>> make_backend_f16(const std::string& device, const BackendOptions& options);
 
 }  // namespace gpt2::cuda

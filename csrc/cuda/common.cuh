@@ -1,13 +1,16 @@
 // Shared helpers of the CUDA backend: error macros that throw, ceil_div, warp and block reductions, and the
 // storage-type helpers of the bf16 contract (stated here):
-//   the storage type (T in the contract, the template parameter floatX in the kernel files) is float or
-//   __nv_bfloat16; compute is fp32 in registers:
-//     load_f(x) = float(x);  store_t<T>(v) = v rounded to T (round to nearest even for bf16)
+//   the storage type (T in the contract, the template parameter floatX in the kernel files) is float,
+//   __nv_bfloat16 or __half (fp16); compute is fp32 in registers:
+//     load_f(x) = float(x);  store_t<T>(v) = v rounded to T (round to nearest even for bf16 and fp16; fp16
+//     overflows to +-Inf above 65504, which the loss scaler's finiteness check catches)
 //   Pack<T, K>: K values of T moved as one aligned access; Vec<T> = Pack<T, 16 / sizeof(T)>, the 16-byte
-//   vector of the memory-bound kernels (4 floats or 8 bf16).
+//   vector of the memory-bound kernels (4 floats or 8 bf16 / fp16).
 //   stochastic_round_bf16(x, seed, idx): fp32 bit pattern + a 16-bit hash of (seed, idx), truncated to bf16
 //   (rounds away from zero with probability equal to the dropped fraction of an ulp, so E[result] = x);
-//   seed 0 = round to nearest even.
+//   seed 0 = round to nearest even. The fp16 weight copy is rounded to nearest even (round_param): the fp32
+//   master keeps every update, and fp16's 11-bit significand makes the copy's rounding error 8x smaller than
+//   bf16's, where stochastic rounding keeps the copy unbiased.
 // Included by every kernel file; compiles with nvcc and, through cuda/portable.h, with g++ against
 // the CUDA-on-CPU emulator (csrc/emu).
 #pragma once
@@ -64,12 +67,20 @@ inline bool aligned16(const P*... p) {
 // ----------------------------------------------------------------------------------------- storage types
 using bf16 = __nv_bfloat16;
 
+using f16 = __half;
+
 template <class T>
 constexpr bool kIsBF16 = std::is_same<T, bf16>::value;
+template <class T>
+constexpr bool kIsF16 = std::is_same<T, f16>::value;
+// a 16-bit storage type: the parameters the ops read are a rounded copy of fp32 master weights
+template <class T>
+constexpr bool kIs16Bit = kIsBF16<T> || kIsF16<T>;
 
 // T -> float (exact) and float -> T (round to nearest even).
 __host__ __device__ inline float load_f(float x) { return x; }
 __host__ __device__ inline float load_f(bf16 x) { return __bfloat162float(x); }
+__host__ __device__ inline float load_f(f16 x) { return __half2float(x); }
 template <class T>
 __host__ __device__ inline T store_t(float v);
 template <>
@@ -79,6 +90,10 @@ __host__ __device__ inline float store_t<float>(float v) {
 template <>
 __host__ __device__ inline bf16 store_t<bf16>(float v) {
   return __float2bfloat16_rn(v);
+}
+template <>
+__host__ __device__ inline f16 store_t<f16>(float v) {
+  return __float2half_rn(v);
 }
 
 // K values of T as one aligned access (K * sizeof(T) bytes: 8 or 16). Loaded and stored whole through
@@ -134,6 +149,10 @@ __host__ __device__ inline float round_param<float>(float x, uint32_t, uint64_t)
 template <>
 __host__ __device__ inline bf16 round_param<bf16>(float x, uint32_t seed, uint64_t idx) {
   return stochastic_round_bf16(x, seed, idx);
+}
+template <>
+__host__ __device__ inline f16 round_param<f16>(float x, uint32_t, uint64_t) {
+  return __float2half_rn(x);  // round to nearest even, whatever the seed (see the contract above)
 }
 
 template <class T>

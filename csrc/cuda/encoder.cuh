@@ -1,4 +1,4 @@
-// Token + position embedding, storage type floatX (float or bf16; sums in fp32, one rounding to floatX):
+// Token + position embedding, storage type floatX (float, bf16 or fp16; sums in fp32, one rounding to floatX):
 //   forward:  out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
 //   backward: dwpe[t,:] += sum_b dout[b,t,:];  dwte[v,:] += sum over positions (b,t) with inp[b,t] == v of dout[b,t,:]
 //             (dwte, dwpe fp32 for either floatX)

@@ -1,6 +1,6 @@
 // GELU, tanh approximation (GPT-2):  gelu(x) = 0.5 x (1 + tanh(s (x + 0.044715 x^3))), s = sqrt(2/pi)
 //   backward: dinp += gelu'(x) * dout   (accumulates)
-// Storage type floatX (float or bf16): values are widened to fp32, computed, and rounded once to floatX
+// Storage type floatX (float, bf16 or fp16): values are widened to fp32, computed, and rounded once to floatX
 // (for the backward: the sum dinp + gelu'(x) * dout is rounded once).
 #pragma once
 #include "cuda/common.cuh"

@@ -1,4 +1,4 @@
-// LayerNorm over the last dimension (C), eps 1e-5, as csrc/cpu/ops.h, storage type floatX (float or bf16):
+// LayerNorm over the last dimension (C), eps 1e-5, as csrc/cpu/ops.h, storage type floatX (float, bf16 or fp16):
 //   forward:  mean = sum x / C, var = sum (x - mean)^2 / C, rstd = 1 / sqrt(var + eps),
 //             out = (x - mean) * rstd * w + b; mean and rstd (fp32) saved per row.
 //   residual_layernorm_forward (fused): residual = a + b rounded to floatX, then the forward above on the

@@ -9,7 +9,7 @@
 //   gelu_matmul_backward: the backward of out = gelu(pre) @ w^T + bias:
 //             dpre (N, C) = (dout @ w) * gelu'(pre)   (WRITTEN, not accumulated: cuBLASLt's DGELU cannot add
 //             into D); dw and dbias accumulate as in matmul_backward
-// Storage type floatX (float or bf16) for inp, w, bias, out, dout and dinp (dinp += is accumulated in fp32
+// Storage type floatX (float, bf16 or fp16) for inp, w, bias, out, dout and dinp (dinp += is accumulated in fp32
 // and rounded once to floatX); dw and dbias are fp32 for either floatX. Products accumulate in fp32 (seams.h).
 // tf32: fp32 inputs may go through TF32 tensor cores (the seam's MatmulParams::tf32; the caller's option, per call).
 #pragma once
@@ -36,7 +36,8 @@ inline void check_matmul(cudaError_t e, const char* what, const char* file, int 
 // The seam's element type of a storage type.
 template <class floatX>
 constexpr gpt2core::seams::DType seam_dtype() {
-  return kIsBF16<floatX> ? gpt2core::seams::DType::BF16 : gpt2core::seams::DType::F32;
+  return kIsBF16<floatX> ? gpt2core::seams::DType::BF16
+         : kIsF16<floatX> ? gpt2core::seams::DType::F16 : gpt2core::seams::DType::F32;
 }
 
 // The seam's parameters of out (N, OC) = inp (N, C) @ w^T + bias, all in floatX.

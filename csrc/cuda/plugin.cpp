@@ -17,6 +17,7 @@ const CudaPlugin* plugin() {
       device_name,
       make_backend,
       make_backend_bf16,
+      make_backend_f16,
 #if GPT2CORE_DIST_NCCL
       dist::make_nccl_comm,
 #else

@@ -10,7 +10,7 @@
 // chunks aims at about kColBlocks blocks in pass 1 (a d12 bias of C = 768..3072 columns, N = 65536 rows: ~1000
 // blocks, 7+ per SM of an H100) with at least kColMinRows rows per chunk.
 // Used for bias gradients (dbias[o] += sum_n dout[n, o]); layernorm.cuh reuses the chunking and pass 2.
-// The input has the storage type floatX (float or bf16); partial sums and out are fp32.
+// The input has the storage type floatX (float, bf16 or fp16); partial sums and out are fp32.
 #pragma once
 #include "cuda/common.cuh"
 

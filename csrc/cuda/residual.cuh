@@ -1,4 +1,4 @@
-// Residual add: out = a + b (elementwise over N values), storage type floatX (float or bf16): the sum is
+// Residual add: out = a + b (elementwise over N values), storage type floatX (float, bf16 or fp16): the sum is
 // computed in fp32 and rounded once to floatX. out may be a or b (in-place accumulation: each value is read
 // before the same thread writes it). (layernorm.cuh has the fused residual + layernorm.)
 #pragma once

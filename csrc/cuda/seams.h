@@ -14,7 +14,7 @@
 //   - inputs are read in their dtype and widened to fp32; products are accumulated in fp32 (order
 //     unspecified, so results agree to fp32 rounding, not bit for bit);
 //   - epilogues (alpha, bias, GELU, GELU backward, accumulation into D) are applied to the fp32 value;
-//   - every stored output is rounded once to its dtype (round to nearest even for bf16).
+//   - every stored output is rounded once to its dtype (round to nearest even for bf16 and fp16).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -24,7 +24,7 @@
 
 namespace gpt2core::seams {
 
-enum class DType : int { F32 = 0, BF16 = 1 };
+enum class DType : int { F32 = 0, BF16 = 1, F16 = 2 };  // F16: IEEE half precision (__half)
 
 inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
 

@@ -4,7 +4,7 @@
 // D^T (n, m) = op(B)^T @ op(A)^T: cuBLASLt's "A" is our B and its "B" is our A, with the transposes swapped
 // accordingly; the bias (n) is then a per-row vector of D^T, which is what cuBLASLt's bias epilogue takes.
 // Compute: fp32 (CUBLAS_COMPUTE_32F), or TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) for fp32 inputs
-// when the call's params say tf32; bf16 inputs accumulate in fp32. Epilogues: bias, GELU (+ bias, + saving the
+// when the call's params say tf32; bf16 and fp16 inputs accumulate in fp32 (scale type fp32 throughout). Epilogues: bias, GELU (+ bias, + saving the
 // pre-activation as aux, in D's type: the aux type is left at its default), GELU backward (dGELU from aux); no
 // GELU epilogue with accumulation (seams.h). A fused epilogue cuBLASLt refuses at run time (no algorithm, or
 // NOT_SUPPORTED / INVALID_VALUE) returns cudaErrorNotSupported having written nothing, so the caller can run
@@ -76,7 +76,9 @@ State& state() {
 }
 thread_local std::string t_last_error;
 
-cudaDataType_t cuda_type(DType t) { return t == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::F32 ? CUDA_R_32F : t == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
 
 template <class V>
 void set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V& v) {

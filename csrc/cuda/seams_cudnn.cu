@@ -9,9 +9,10 @@
 //             at element offsets 0, NH*HS, 2*NH*HS of the buffer;
 //   out, dout (B, T, NH, HS):                          strides (NH*HS*T, HS, NH*HS, 1);
 //   stats     (B, NH, T, 1) fp32:                      strides (NH*T, T, 1, 1).
-// bf16 in and out, fp32 intermediates and compute. cuDNN's SDPA has no fp32 I/O: F32 is NotSupported.
+// bf16 or fp16 in and out (the params' dtype), fp32 intermediates and compute. cuDNN's SDPA has no fp32 I/O: F32
+// is NotSupported.
 //
-// One cudnnHandle per device, set to each call's stream; one graph per (device, B, T, NH, HS, scale, direction),
+// One cudnnHandle per device, set to each call's stream; one graph per (device, B, T, NH, HS, scale, direction, dtype),
 // built once from cuDNN's heuristics (mode A) and cached; one workspace per (device, stream), i.e. per backend,
 // grown to the largest graph's need (two models on two streams never share one; release_attention_stream frees
 // a stream's). A mutex covers all of it (a handle's stream is shared state). Errors inside are exceptions (CUDNN_CHECK: file, line, the library's message); the seam
@@ -119,9 +120,10 @@ struct GraphKey {
   int device, B, T, NH, HS;
   uint32_t scale_bits;
   bool backward;
+  DType dtype;  // BF16 or F16 (check_args refuses the rest)
   bool operator<(const GraphKey& o) const {
-    return std::tie(device, B, T, NH, HS, scale_bits, backward) <
-           std::tie(o.device, o.B, o.T, o.NH, o.HS, o.scale_bits, o.backward);
+    return std::tie(device, B, T, NH, HS, scale_bits, backward, dtype) <
+           std::tie(o.device, o.B, o.T, o.NH, o.HS, o.scale_bits, o.backward, o.dtype);
   }
 };
 
@@ -162,9 +164,9 @@ fe::graph::Tensor_attributes& stats_layout(fe::graph::Tensor_attributes& t, cons
   return t.set_uid(kStats).set_dim({k.B, k.NH, k.T, 1}).set_stride({NH * T, T, 1, 1}).set_data_type(fe::DataType_t::FLOAT);
 }
 
-std::shared_ptr<fe::graph::Graph> new_graph() {
+std::shared_ptr<fe::graph::Graph> new_graph(const GraphKey& k) {
   auto g = std::make_shared<fe::graph::Graph>();
-  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+  g->set_io_data_type(k.dtype == DType::F16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   return g;
@@ -176,7 +178,7 @@ auto qkv_inputs(fe::graph::Graph& g, const GraphKey& k) {
 }
 
 std::shared_ptr<fe::graph::Graph> forward_graph(const GraphKey& k, float scale) {
-  auto g = new_graph();
+  auto g = new_graph(k);
   auto [Q, K, V] = qkv_inputs(*g, k);
   auto opts = fe::graph::SDPA_attributes()
                   .set_name("gpt2core_attention_forward")
@@ -192,7 +194,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const GraphKey& k, float scale) 
 }
 
 std::shared_ptr<fe::graph::Graph> backward_graph(const GraphKey& k, float scale) {
-  auto g = new_graph();
+  auto g = new_graph(k);
   auto [Q, K, V] = qkv_inputs(*g, k);
   auto O = g->tensor(view("O", kO, k, 1));
   auto dO = g->tensor(view("dO", kdO, k, 1));
@@ -250,10 +252,10 @@ Prepared prepare(State& S, const GraphKey& key, float scale, cudaStream_t stream
   return {handle, it->second, ws.p};
 }
 
-GraphKey key_of(int B, int T, int NH, int HS, float scale, bool backward) {
+GraphKey key_of(int B, int T, int NH, int HS, float scale, bool backward, DType dtype) {
   int device = 0;
   CUDA_CHECK_THROW(cudaGetDevice(&device));
-  GraphKey k{device, B, T, NH, HS, 0u, backward};
+  GraphKey k{device, B, T, NH, HS, 0u, backward, dtype};
   static_assert(sizeof(float) == sizeof(uint32_t), "float is 32-bit");
   std::memcpy(&k.scale_bits, &scale, sizeof(scale));
   return k;
@@ -263,8 +265,9 @@ void* mut(const void* p) { return const_cast<void*>(p); }
 
 }  // namespace
 
-std::shared_ptr<fe::graph::Graph> attention_graph(int B, int T, int NH, int HS, float scale, bool backward) {
-  const GraphKey k{-1, B, T, NH, HS, 0u, backward};  // the shape is all the graph depends on besides scale
+std::shared_ptr<fe::graph::Graph> attention_graph(int B, int T, int NH, int HS, float scale, bool backward,
+                                                              DType dtype) {
+  const GraphKey k{-1, B, T, NH, HS, 0u, backward, dtype};  // shape and dtype: all the graph depends on besides scale
   return backward ? backward_graph(k, scale) : forward_graph(k, scale);
 }
 
@@ -273,7 +276,7 @@ std::unordered_map<int64_t, void*> attention_pack(const AttentionForwardParams& 
   const auto* qkv = static_cast<const char*>(p.qkv);
   return {
       {kQ, mut(qkv)},
-      {kK, mut(qkv + C * 2)},  // bf16: 2 bytes per element
+      {kK, mut(qkv + C * 2)},  // bf16 / fp16: 2 bytes per element
       {kV, mut(qkv + 2 * C * 2)},
       {kO, p.out},
       {kStats, p.stats},
@@ -299,7 +302,7 @@ void execute(const Params& p) {
   constexpr bool backward = std::is_same_v<Params, AttentionBackwardParams>;
   State& S = state();
   std::lock_guard<std::mutex> lock(S.mu);
-  const Prepared c = prepare(S, key_of(p.B, p.T, p.NH, p.HS, p.scale, backward), p.scale, p.stream);
+  const Prepared c = prepare(S, key_of(p.B, p.T, p.NH, p.HS, p.scale, backward, p.dtype), p.scale, p.stream);
   auto pack = attention_pack(p);
   CUDNN_CHECK(c.graph.graph->execute(c.handle, pack, c.workspace));
 }
@@ -321,13 +324,13 @@ cudaError_t check_args(int B, int T, int NH, int HS, DType dtype, bool any_null,
     t_last_error = "attention: null pointer argument";
     return cudaErrorInvalidValue;
   }
-  if (dtype != DType::BF16) {
-    t_last_error = "attention: cuDNN's fused SDPA needs bf16 inputs (fp16/bf16 only); fp32 attention is not supported "
+  if (dtype != DType::BF16 && dtype != DType::F16) {
+    t_last_error = "attention: cuDNN's fused SDPA needs bf16 or fp16 inputs; fp32 attention is not supported "
                    "by the cuDNN seam";
     return cudaErrorNotSupported;
   }
   if (misaligned) {
-    t_last_error = "attention: bf16 tensors (and the K / V views, NH*HS a multiple of 8) must be 16-byte aligned";
+    t_last_error = "attention: bf16 / fp16 tensors (and the K / V views, NH*HS a multiple of 8) must be 16-byte aligned";
     return cudaErrorInvalidValue;
   }
   return cudaSuccess;

@@ -13,9 +13,10 @@
 
 namespace gpt2core::seams {
 
-// The forward (or backward) SDPA graph for qkv (B, T, 3, NH, HS) with this scale, as the seam builds it.
+// The forward (or backward) SDPA graph for qkv (B, T, 3, NH, HS) with this scale and dtype (BF16 or F16), as the
+// seam builds it.
 std::shared_ptr<cudnn_frontend::graph::Graph> attention_graph(int B, int T, int NH, int HS, float scale,
-                                                              bool backward);
+                                                              bool backward, DType dtype);
 // The variant packs (tensor uid -> address) the seam executes those graphs with.
 std::unordered_map<int64_t, void*> attention_pack(const AttentionForwardParams& p);
 std::unordered_map<int64_t, void*> attention_pack(const AttentionBackwardParams& p);

@@ -397,7 +397,11 @@ cudaError_t cudaDriverGetVersion(int* v) {
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* p, int device) {
   if (device != 0) return fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties: the emulator has one device (0)");
   memset(p, 0, sizeof *p);
-  snprintf(p->name, sizeof p->name, "gpt2core emulated device (sm_90, CPU)");
+  // sm_90 (an H100), or the capability GPT2CORE_EMU_COMPUTE_CAPABILITY names ("75": a T4), for tests of what the
+  // backend refuses or picks on older GPUs
+  const char* cc = std::getenv("GPT2CORE_EMU_COMPUTE_CAPABILITY");
+  const int cap = cc ? std::atoi(cc) : 90;
+  snprintf(p->name, sizeof p->name, "gpt2core emulated device (sm_%d, CPU)", cap);
   p->totalGlobalMem = kTotalMem;
   p->sharedMemPerBlock = 48 * 1024;
   p->regsPerBlock = 65536;
@@ -411,8 +415,8 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* p, int device) {
   p->maxGridSize[1] = 65535;
   p->maxGridSize[2] = 65535;
   p->totalConstMem = 65536;
-  p->major = 9;
-  p->minor = 0;
+  p->major = cap / 10;
+  p->minor = cap % 10;
   p->textureAlignment = 512;
   p->multiProcessorCount = 132;
   p->concurrentKernels = 1;

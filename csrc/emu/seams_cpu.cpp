@@ -12,6 +12,7 @@
 #include "cuda/seams.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -26,10 +27,12 @@ namespace {
 
 inline float load(const void* p, DType t, size_t i) {
   if (t == DType::F32) return static_cast<const float*>(p)[i];
+  if (t == DType::F16) return __half2float(static_cast<const __half*>(p)[i]);
   return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
 }
 inline void store(void* p, DType t, size_t i, float v) {
   if (t == DType::F32) static_cast<float*>(p)[i] = v;
+  else if (t == DType::F16) static_cast<__half*>(p)[i] = __float2half_rn(v);
   else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
 }
 
@@ -206,7 +209,7 @@ cudaError_t copy_collective(const char* what, Comm* comm, void* out, const void*
 }
 
 // The launch log's record of a seam call (GPT2CORE_EMU_LAUNCH_LOG): what a cost model needs.
-const char* dtype_name(DType t) { return t == DType::F32 ? "f32" : "bf16"; }
+const char* dtype_name(DType t) { return t == DType::F32 ? "f32" : t == DType::F16 ? "f16" : "bf16"; }
 void log_matmul(const MatmulParams& p) {
   char buf[320];
   snprintf(buf, sizeof buf,

@@ -16,7 +16,7 @@ typedef struct CUstream_st* cudaStream_t;
 
 namespace gpt2 {
 
-constexpr int kCudaPluginAbi = 1;  // bump whenever CudaPlugin, or a type it passes, changes
+constexpr int kCudaPluginAbi = 2;  // bump whenever CudaPlugin, or a type it passes, changes
 
 struct CudaPlugin {
   int abi;
@@ -25,6 +25,7 @@ struct CudaPlugin {
   std::string (*device_name)(int device);
   std::unique_ptr<Backend<float>> (*make_f32)(const std::string& device, const BackendOptions& options);
   std::unique_ptr<Backend<bf16>> (*make_bf16)(const std::string& device, const BackendOptions& options);
+  std::unique_ptr<Backend<f16>> (*make_f16)(const std::string& device, const BackendOptions& options);
   // the NCCL communicator (comm/comm_nccl.h); nullptr in a build without NCCL
   std::unique_ptr<dist::Comm> (*make_nccl_comm)(const dist::RendezvousOptions& opts, int device, cudaStream_t stream);
 };

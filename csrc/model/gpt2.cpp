@@ -197,10 +197,10 @@ template <typename T>
 void GPT2Model<T>::logits_to_host(M* dst) const {
   if (!B_) throw std::runtime_error("logits: no forward pass has run yet");
   const size_t n = size_t(B_) * T_ * config_.padded_vocab_size;
-  if constexpr (kHasMasterCopy<T>) {  // bf16 logits, widened on the host
+  if constexpr (kHasMasterCopy<T>) {  // bf16 / fp16 logits, widened on the host
     std::vector<T> tmp(n);
     backend_->to_host(tmp.data(), a_.logits, n);
-    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_float(tmp[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = widen(tmp[i]);
   } else {
     backend_->to_host(dst, a_.logits, n);
   }
@@ -496,5 +496,6 @@ std::vector<AdamWSegment> GPT2Model<T>::adamw_segments(size_t lo, size_t hi, flo
 template class GPT2Model<float>;
 template class GPT2Model<double>;
 template class GPT2Model<bf16>;
+template class GPT2Model<f16>;
 
 }  // namespace gpt2

@@ -195,5 +195,6 @@ class GPT2Model {
 extern template class GPT2Model<float>;
 extern template class GPT2Model<double>;
 extern template class GPT2Model<bf16>;
+extern template class GPT2Model<f16>;
 
 }  // namespace gpt2

@@ -88,8 +88,9 @@ class TrainConfig:
     padded_vocab_size: int | None = _opt(None, "override the padded vocab (50257 disables padding)", "model")
     device: str = _opt("cpu", "cpu or cuda", "model")
     precision: str | None = _opt(None, "fp32; tf32 (CUDA: TF32 tensor-core matmuls); bf16 (CUDA: bf16 activations "
-                                       "and weights copy, fp32 master weights and optimizer state). Default: bf16 "
-                                       "on sm_80+ GPUs, else fp32", "model", choices=["fp32", "tf32", "bf16"])
+                                       "and weights copy, fp32 master weights and optimizer state); fp16 (CUDA: "
+                                       "the same in half precision, sm_70+). Default: bf16 on sm_80+ GPUs, fp16 on "
+                                       "sm_70 / sm_75, else fp32", "model", choices=["fp32", "tf32", "bf16", "fp16"])
     attention: str | None = _opt(None, "CUDA attention: auto (default: cuDNN's fused attention for bf16 when it "
                                        "passes a self-check at start, else flash), flash (gpt2core's kernel), cudnn, "
                                        "or the materialised 'naive' rung", "model",

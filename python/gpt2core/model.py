@@ -44,12 +44,19 @@ def _check_device(device: str) -> str:
 
 def pick_precision(precision: str | None, capability: int, dtype: str = "float32") -> str:
     """The precision a CUDA model of this dtype runs in on a GPU of compute capability `capability`
-    (major*10+minor). None picks bf16 where bf16 tensor cores exist (sm_80+: A100, A10, L4, H100), else fp32
-    (T4, sm_75). bf16 and tf32 asked for on an older GPU are refused: it has neither."""
+    (major*10+minor). None picks bf16 where bf16 tensor cores exist (sm_80+: A100, A10, L4, H100), fp16 where
+    only fp16 tensor cores do (sm_70 / sm_75: V100, T4, RTX 20xx), else fp32 (P100 and older). bf16 and tf32
+    asked for below sm_80 are refused, as is fp16 below sm_70: the GPU lacks them."""
     if precision is None:
-        return "bf16" if capability >= 80 and dtype == "float32" else "fp32"
+        if dtype != "float32":
+            return "fp32"
+        return "bf16" if capability >= 80 else "fp16" if capability >= 70 else "fp32"
     if precision in ("bf16", "tf32") and capability < 80:
+        fallback = "'fp16'" if capability >= 70 else "'fp32'"
         raise DeviceError(f"precision={precision!r} needs an sm_80+ GPU (A100, A10, L4, H100); this one is "
+                          f"sm_{capability}: use precision={fallback} (or None, which picks it)")
+    if precision == "fp16" and capability < 70:
+        raise DeviceError(f"precision='fp16' needs fp16 tensor cores (sm_70+: V100, T4, RTX 20xx); this one is "
                           f"sm_{capability}: use precision='fp32' (or None, which picks it)")
     return precision
 
@@ -82,8 +89,10 @@ class GPT2:
                  dtype: str = "float32", init: bool = True, precision: str | None = None,
                  attention: str | None = None, fused: bool = True):
         """precision: "fp32"; "tf32" (CUDA: TF32 tensor-core matmuls); "bf16" (CUDA: bf16 weights copy and
-        activations, fp32 master weights, gradients, AdamW state, softmax and loss). None picks bf16 on a
-        GPU with bf16 tensor cores (sm_80+) and fp32 elsewhere (T4, sm_75, refuses bf16 and tf32). attention (CUDA): "auto" (default: cuDNN's
+        activations, fp32 master weights, gradients, AdamW state, softmax and loss); "fp16" (CUDA: the same in
+        IEEE half precision, for sm_70 / sm_75 GPUs; train with a loss scale so small gradients survive). None
+        picks bf16 on a GPU with bf16 tensor cores (sm_80+), fp16 on sm_70 / sm_75 (V100, T4, which refuse bf16
+        and tf32), fp32 below. attention (CUDA): "auto" (default: cuDNN's
         fused attention for bf16 when it checks out, else "flash"), "flash" (never materialises T x T), "cudnn"
         or "naive" (the materialised rung of the speed ladder); the CPU backend always materialises attention.
         fused (CUDA): residual + layernorm in one kernel and GELU in the matmul epilogues (False: the separate
@@ -95,23 +104,25 @@ class GPT2:
             raise TypeError(f"config must be a GPT2Config or a preset name, got {type(config).__name__} {config!r}"
                             + ("; GPT2Config(**config) makes one from a dict" if isinstance(config, dict) else ""))
         self.config = config
-        if precision not in (None, "fp32", "tf32", "bf16"):
-            raise ValueError(f"precision must be 'fp32', 'tf32' or 'bf16', got {precision!r}")
+        if precision not in (None, "fp32", "tf32", "bf16", "fp16"):
+            raise ValueError(f"precision must be 'fp32', 'tf32', 'bf16' or 'fp16', got {precision!r}")
         if attention not in (None, "auto", "flash", "cudnn", "naive"):
             raise ValueError(f"attention must be 'auto', 'flash', 'cudnn' or 'naive', got {attention!r}")
         if device == "cpu" and (precision not in (None, "fp32") or attention in ("flash", "cudnn")):
             raise ValueError(f"precision={precision!r}, attention={attention!r}: the CPU backend computes in "
-                             "fp32 with materialised attention; TF32, bf16, flash and cuDNN attention need device='cuda'")
+                             "fp32 with materialised attention; TF32, bf16, fp16, flash and cuDNN attention need "
+                             "device='cuda'")
         self.device = _check_device(device)
         if dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64' (float64 is for tests), got {dtype!r}")
         if self.device != "cpu":
             precision = pick_precision(precision, _C.cuda_capability(int(self.device.partition(":")[2] or 0)), dtype)
         precision = precision or "fp32"
-        if precision == "bf16" and dtype != "float32":
-            raise ValueError("precision='bf16' keeps float32 master weights: use dtype='float32'")
+        if precision in ("bf16", "fp16") and dtype != "float32":
+            raise ValueError(f"precision={precision!r} keeps float32 master weights: use dtype='float32'")
         self.precision = precision
-        cls = {"float64": _C.ModelF64, "float32": _C.ModelBF16 if precision == "bf16" else _C.Model}[dtype]
+        cls = {"float64": _C.ModelF64,
+               "float32": {"bf16": _C.ModelBF16, "fp16": _C.ModelF16}.get(precision, _C.Model)}[dtype]
         c = config
         self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size, padded_vocab_size=c.padded_vocab_size,
                       n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, device=self.device,
@@ -147,7 +158,7 @@ class GPT2:
         self.step_count = 0
 
     def params_changed(self) -> None:
-        """Call after writing into self.params in place. In bf16 the ops read a bf16 copy of these (fp32
+        """Call after writing into self.params in place. In bf16 / fp16 the ops read a 16-bit copy of these (fp32
         master) weights, rebuilt from them before the next forward; in fp32 this does nothing."""
         self._m.params_changed()
 
@@ -310,7 +321,7 @@ class GPT2:
     def grad_allreducer(self, comm):
         """A _C.dist.GradAllreducer over comm for this model: its backward(scale) is this model's backward,
         with each group of final gradients averaged over the ranks while the rest of backward runs
-        (float32 and bf16 models)."""
+        (float32, bf16 and fp16 models)."""
         return _C.dist.GradAllreducer(comm, self._m)
 
     # ------------------------------------------------------------------ sampling

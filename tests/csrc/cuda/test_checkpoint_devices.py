@@ -24,7 +24,7 @@ def emulated_cuda_gpt2(emu_module, config, precision="fp32"):
     model.config = config
     model.device = "cuda"
     model.precision = precision
-    model._m = {"fp32": emu_module.Model, "bf16": emu_module.ModelBF16}[precision](max_seq_len=config.block_size, vocab_size=config.vocab_size,
+    model._m = {"fp32": emu_module.Model, "bf16": emu_module.ModelBF16, "fp16": emu_module.ModelF16}[precision](max_seq_len=config.block_size, vocab_size=config.vocab_size,
                                 padded_vocab_size=config.padded_vocab_size, n_layer=config.n_layer,
                                 n_head=config.n_head, n_embd=config.n_embd, device="cuda")
     model.params = model._m.params()
@@ -82,15 +82,22 @@ def test_checkpoint_moves_between_backends(emu, tmp_path, first):  # noqa: F811
     assert np.all(b.params["wte"][CFG.vocab_size:] == 0)  # padded rows stay zero on both backends
 
 
-def test_bf16_checkpoint_resumes_bit_exactly(emu, tmp_path):  # noqa: F811
-    """bf16 mixed precision: the checkpoint holds the fp32 master weights and moments; restoring them and the
-    step rebuilds the bf16 weight copy with the same stochastic rounding (seeded by the step), so 3 steps +
-    save + load into a fresh model + 3 steps gives exactly the losses and weights of 6 uninterrupted steps."""
+# loss tolerance of the 16-bit run's checkpoint continued in fp32 on the CPU: the two runs' activations differ by
+# one rounding per op, ~1e-3 relative on the loss here in bf16 (2^-8); fp16's 2^-11 is 8x finer
+CPU_RTOL = {"bf16": 2e-3, "fp16": 2.5e-4}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_16bit_checkpoint_resumes_bit_exactly(emu, tmp_path, precision):  # noqa: F811
+    """bf16 / fp16 mixed precision: the checkpoint holds the fp32 master weights and moments; restoring them and
+    the step rebuilds the 16-bit weight copy with the same rounding (bf16: stochastic, seeded by the step; fp16:
+    to nearest even), so 3 steps + save + load into a fresh model + 3 steps gives exactly the losses and weights
+    of 6 uninterrupted steps."""
     data = batches(6, seed=1)
     ref = GPT2(CFG, seed=4)
 
     def fresh():
-        m = emulated_cuda_gpt2(emu, CFG, "bf16")
+        m = emulated_cuda_gpt2(emu, CFG, precision)
         for k, p in m.params.items():
             p[...] = ref.params[k]
         m.params_changed()
@@ -101,14 +108,13 @@ def test_bf16_checkpoint_resumes_bit_exactly(emu, tmp_path):  # noqa: F811
     b = fresh()
     part = train(b, data[:3])
     ck = save_checkpoint(tmp_path / "ck", 3, b)
-    c = emulated_cuda_gpt2(emu, CFG, "bf16")
+    c = emulated_cuda_gpt2(emu, CFG, precision)
     load_checkpoint(ck).restore(c)
     assert c.step_count == 3 and c._m.param_round_seed == 3
     part = np.concatenate([part, train(c, data[3:])])
     assert np.array_equal(part, full)
     assert np.array_equal(flat(c), flat(a))
-    # and the bf16 run's checkpoint continues in fp32 on the CPU (bf16 tolerance: the two runs' activations
-    # differ by bf16 rounding, ~1e-3 relative on the loss here)
+    # and the 16-bit run's checkpoint continues in fp32 on the CPU
     d = GPT2(CFG, seed=0)
     load_checkpoint(ck).restore(d)
-    np.testing.assert_allclose(train(d, data[3:]), full[3:], rtol=2e-3)
+    np.testing.assert_allclose(train(d, data[3:]), full[3:], rtol=CPU_RTOL[precision])

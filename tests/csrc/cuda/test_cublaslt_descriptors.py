@@ -3,7 +3,8 @@
 Under the emulator the seam's CPU implementation (csrc/emu/seams_cpu.cpp) replaces cuBLASLt, so the code that turns
 a matmul into cuBLASLt descriptors never runs in CI. cuBLASLt's descriptor calls need neither a handle nor a driver
 (only cublasLtCreate, the heuristic and cublasLtMatmul do), so here the real describe_matmul, linked against
-NVIDIA's libcublasLt, builds the call for every precision (fp32, TF32, bf16, bf16 inputs into an fp32 D), every
+NVIDIA's libcublasLt, builds the call for every precision (fp32, TF32, bf16, fp16, and bf16 / fp16 inputs into an
+fp32 D: the weight-gradient path), every
 epilogue (bias, GELU with and without bias and aux, GELU backward), both transposes, accumulation and batching,
 with pointers of every alignment; tests/csrc/cuda/cublaslt/describe.cpp reads every attribute back through cuBLASLt's
 Get*Attribute calls. `interpret` below evaluates what was read back -- and nothing else -- with cuBLASLt's
@@ -13,8 +14,7 @@ documented column-major semantics (cublasLt.h):
     GELU applies gelu (tanh form, see csrc/cuda/matmul.cuh) and the AUX variants store its input in the aux matrix
     (ld AUX_LD, batch stride AUX_BATCH_STRIDE, D's type when AUX_DATA_TYPE is unset); DGELU multiplies by gelu' of
     the aux matrix; TF32 compute rounds A and B to 10 mantissa bits.
-and that must equal the seam's CPU implementation run on the same buffers. fp16 is not covered: the seam has no
-fp16 type yet (seams::DType is F32 / BF16).
+and that must equal the seam's CPU implementation run on the same buffers.
 
 Needs g++, cublasLt.h and libcublasLt (skipped without them) and the emulated module (for the CPU seam).
 """
@@ -30,14 +30,14 @@ import pytest
 from test_cuda_emu import emu  # noqa: F401  (fixture)
 from test_emu import ROOT, _cuda_include
 
-CUDA_R_32F, CUDA_R_16BF = 0, 14                 # library_types.h
+CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14     # library_types.h
 COMPUTE_32F, COMPUTE_32F_FAST_TF32 = 68, 77      # cublas_api.h
 OP_N, OP_T = 0, 1
 ORDER_COL = 0
 # cublasLtEpilogue_t values -> what they do (cublasLt.h)
 EPILOGUES = {1: set(), 4: {"bias"}, 32: {"gelu"}, 36: {"bias", "gelu"}, 160: {"gelu", "aux"},
              164: {"bias", "gelu", "aux"}, 192: {"dgelu"}}
-F32, BF16 = 0, 1                                 # seams::DType
+F32, BF16, F16 = 0, 1, 2                        # seams::DType
 NONE, GELU, GELU_BACKWARD = 0, 1, 2              # seams::Epilogue
 SOURCES = [ROOT / "csrc" / "cuda" / "seams_cublaslt.cu", ROOT / "tests" / "csrc" / "cuda" / "cublaslt" / "describe.cpp"]
 HEADERS = [ROOT / "csrc" / "cuda" / h for h in ("seams_cublaslt_call.h", "seams_cublaslt.h", "seams_check.h")] + [
@@ -115,11 +115,12 @@ def tf32(x):
 def read(ptr, type_, rows, cols, ld, batch_stride, batch):
     """Column-major (rows, cols) matrix number `batch` at address ptr, as float64."""
     size = 4 if type_ == CUDA_R_32F else 2
-    assert type_ in (CUDA_R_32F, CUDA_R_16BF), type_
     n = (rows - 1) + (cols - 1) * ld + 1
     raw = np.ctypeslib.as_array(((ctypes.c_float if size == 4 else ctypes.c_uint16) * n).from_address(
         ptr + batch * batch_stride * size))
-    vals = raw.astype(np.float64) if size == 4 else (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    widen = {CUDA_R_32F: lambda r: r, CUDA_R_16F: lambda r: r.view(np.float16),
+             CUDA_R_16BF: lambda r: (r.astype(np.uint32) << 16).view(np.float32)}[type_]
+    vals = widen(raw).astype(np.float64)
     return vals[np.arange(rows)[:, None] + np.arange(cols)[None, :] * ld]
 
 
@@ -179,14 +180,16 @@ def buffer(rng, n, dtype, offset, keep):
     base = (-raw.ctypes.data) % 256  # 256-aligned start, then the offset under test
     view = raw[base + offset: base + offset + n * size]
     vals = rng.uniform(-1, 1, n).astype(np.float32)
-    view[:] = (vals if dtype == F32 else bf16_bits(vals)).view(np.uint8)
+    view[:] = {F32: vals, BF16: bf16_bits(vals), F16: vals.astype(np.float16)}[dtype].view(np.uint8)
     keep.append(raw)
     return view.ctypes.data
 
 
 def cases():
-    # (a_type, b_type, d_type, tf32): fp32, TF32, bf16, and the weight-gradient path (bf16 inputs into an fp32 D)
-    precisions = [(F32, F32, F32, 0), (F32, F32, F32, 1), (BF16, BF16, BF16, 0), (BF16, BF16, F32, 0)]
+    # (a_type, b_type, d_type, tf32): fp32, TF32, bf16, fp16, and the weight-gradient paths (bf16 / fp16 inputs into
+    # an fp32 D)
+    precisions = [(F32, F32, F32, 0), (F32, F32, F32, 1), (BF16, BF16, BF16, 0), (BF16, BF16, F32, 0),
+                  (F16, F16, F16, 0), (F16, F16, F32, 0)]
     # (epilogue, bias, pre_gelu, accumulate): every combination the seam accepts
     epilogues = [(NONE, 0, 0, 0), (NONE, 1, 0, 0), (NONE, 0, 0, 1), (NONE, 1, 0, 1), (GELU, 0, 0, 0), (GELU, 1, 0, 0),
                  (GELU, 0, 1, 0), (GELU, 1, 1, 0), (GELU_BACKWARD, 0, 1, 0)]
@@ -222,7 +225,7 @@ def test_cublaslt_descriptors_describe_the_seams_matmul(emu, describe):  # noqa:
         assert (ds.A, ds.B, ds.C, ds.D) == (p.b, p.a, p.d, p.d), what
         assert ds.aux_type == -1, what  # left at its default (D's type): explicit types are for narrow precisions
         assert ds.max_workspace == 32 << 20, what
-        es = {F32: 4, BF16: 2}
+        es = {F32: 4, BF16: 2, F16: 2}
 
         def align(ptr, ld, t, stride):  # what the pointer, ld and batch stride guarantee, at most 256
             bits = ptr | (ld * es[t]) | (stride * es[t] if batch > 1 else 0) | 256
@@ -239,7 +242,7 @@ def test_cublaslt_descriptors_describe_the_seams_matmul(emu, describe):  # noqa:
                                k=k, alpha=p.alpha, accumulate=bool(acc), epilogue=epi, batch=batch,
                                stride_a=p.stride_a, stride_b=p.stride_b, stride_d=p.stride_d) == 0, what
         # fp32 sums of <= 23 products: ~1e-6 of the magnitude; TF32 inputs (2^-11 relative each) against the seam's
-        # fp32 ones: 1e-3; a bf16 D: one rounding (2^-8 relative), possibly to the other neighbour
+        # fp32 ones: 1e-3; a bf16 / fp16 D: one rounding (2^-8 / 2^-11 relative), possibly to the other neighbour
         rel = 1e-3 if want_compute == COMPUTE_32F_FAST_TF32 else 4e-6
         for bi, (v, aux, mag) in enumerate(expected):
             for got_ptr, want in ((ds.D, v), (ds.aux, aux)):
@@ -247,9 +250,9 @@ def test_cublaslt_descriptors_describe_the_seams_matmul(emu, describe):  # noqa:
                     continue
                 got = read(got_ptr, ds.d.type, ds.d.rows, ds.d.cols, ds.d.ld if got_ptr == ds.D else ds.aux_ld,
                            ds.d.batch_stride if got_ptr == ds.D else ds.aux_batch_stride, bi)
-                tol = rel * (mag + 1e-30) * 1.2 + (2.0 ** -8 * np.abs(want) if d_t == BF16 else 0)
+                tol = rel * (mag + 1e-30) * 1.2 + {F32: 0.0, BF16: 2.0 ** -8, F16: 2.0 ** -11}[d_t] * np.abs(want)
                 bad = np.abs(got - want) > tol
                 assert not bad.any(), f"{what} batch {bi} {'D' if got_ptr == ds.D else 'aux'}: " \
                                       f"{np.argwhere(bad)[:3].tolist()} {got[bad][:3]} vs {want[bad][:3]}"
         checked += 1
-    assert checked == 4 * 9 * 2 * 2 * 2
+    assert checked == 6 * 9 * 2 * 2 * 2

@@ -98,30 +98,37 @@ def bf16_tolerances():
     return dict(loss=2e-3, logits=1e-2, grads=2e-2)
 
 
-@pytest.mark.skipif("cuda" in _C.build_info()["backends"] and _C.cuda_capability(0) < 80,
-                    reason="bf16 tensor cores need sm_80+")
-def test_bf16_matches_float64_and_learns():
-    tol = bf16_tolerances()
+# (model class, the compute capability its tensor cores need, tolerances, loss scale): fp16's as in
+# tests/csrc/cuda/test_cuda_emu_f16_model.py (bf16's scaled by 2^-11 / 2^-8), with a constant loss scale
+HALF_MODELS = [("ModelBF16", 80, bf16_tolerances(), 1.0),
+               ("ModelF16", 70, dict(loss=2.5e-4, logits=1.25e-3, grads=2.5e-3), 1024.0)]
+
+
+@pytest.mark.parametrize("cls,need,tol,scale", HALF_MODELS, ids=["bf16", "fp16"])
+def test_16bit_matches_float64_and_learns(cls, need, tol, scale):
+    if "cuda" in _C.build_info()["backends"] and _C.cuda_capability(0) < need:
+        pytest.skip(f"{cls} needs sm_{need}+ tensor cores")
     idx, tgt = batch()
-    ref, m = _C.ModelF64(**CFG, device="cpu"), _C.ModelBF16(**CFG, device="cuda")
+    ref, m = _C.ModelF64(**CFG, device="cpu"), getattr(_C, cls)(**CFG, device="cuda")
     for x in (ref, m):
         init_params(x)
     m.params_changed()
     lr_, lm = ref.forward(idx, tgt), m.forward(idx, tgt)
     assert abs(lm - lr_) <= tol["loss"] * abs(lr_)
     assert normwise(m.logits(), ref.logits()) <= tol["logits"]
-    for x in (ref, m):
+    for x, s in ((ref, 1.0), (m, scale)):
         x.zero_grad()
         x.forward(idx, tgt)
-        x.backward()
-    errs = {k: normwise(m.grads()[k], ref.grads()[k]) for k in ref.grads()}
+        x.backward(grad_scale=s)
+    errs = {k: normwise(m.grads()[k] / scale, ref.grads()[k]) for k in ref.grads()}
     assert max(errs.values()) <= tol["grads"], errs
     losses = []
     for step in range(1, 6):
         m.zero_grad()
         losses.append(m.forward(idx, tgt))
-        m.backward()
-        m.adamw_update(lr=1e-3, step=step, grad_scale=min(1.0, 1.0 / (m.grad_norm() + 1e-6)))
+        m.backward(grad_scale=scale)
+        norm = m.grad_norm() / scale
+        m.adamw_update(lr=1e-3, step=step, grad_scale=min(1.0, 1.0 / (norm + 1e-6)) / scale)
     assert np.all(np.diff(losses) < 0) and losses[-1] < losses[0] - 0.1, losses
 
 

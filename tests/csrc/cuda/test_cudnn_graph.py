@@ -34,7 +34,8 @@ from test_emu import ROOT, _cuda_include
 SOURCES = [ROOT / "csrc" / "cuda" / "seams_cudnn.cu", ROOT / "tests" / "csrc" / "cuda" / "cudnn" / "describe.cpp"]
 HEADERS = [ROOT / "csrc" / "cuda" / h for h in ("seams_cudnn_graph.h", "seams_cudnn.h", "seams_check.h")] + [
     ROOT / "csrc" / "cuda" / "seams.h"]
-SIZES = {"BFLOAT16": 2, "FLOAT": 4}
+SIZES = {"BFLOAT16": 2, "HALF": 2, "FLOAT": 4}
+SEAM_DTYPE = {"BFLOAT16": 1, "HALF": 2}  # gpt2core::seams::DType
 
 
 def _frontend_include():
@@ -68,10 +69,11 @@ def describe():
         assert r.returncode == 0, r.stderr[-4000:]
     so = ctypes.CDLL(str(out))
 
-    def run(B, T, NH, HS, scale, backward, qkv, out_, stats, dout=0, dqkv=0):
+    def run(B, T, NH, HS, scale, backward, dtype, qkv, out_, stats, dout=0, dqkv=0):
         text, err = ctypes.create_string_buffer(1 << 16), ctypes.create_string_buffer(1024)
         uids, addrs, n = (ctypes.c_int64 * 16)(), (ctypes.c_uint64 * 16)(), ctypes.c_int()
-        rc = so.gpt2_describe_attention(B, T, NH, HS, ctypes.c_float(scale), int(backward), ctypes.c_uint64(qkv),
+        rc = so.gpt2_describe_attention(B, T, NH, HS, ctypes.c_float(scale), int(backward), SEAM_DTYPE[dtype],
+                                        ctypes.c_uint64(qkv),
                                         ctypes.c_uint64(out_), ctypes.c_uint64(stats), ctypes.c_uint64(dout),
                                         ctypes.c_uint64(dqkv), text, len(text), uids, addrs, 16, ctypes.byref(n),
                                         err, len(err))
@@ -109,7 +111,8 @@ class Graph:
         dims, strides, size = t["dim"], t["stride"], SIZES[dtype]
         extent = sum((d - 1) * s for d, s in zip(dims, strides)) + 1
         raw = np.ctypeslib.as_array(((ctypes.c_uint16 if size == 2 else ctypes.c_float) * extent).from_address(addr))
-        vals = (raw.astype(np.uint32) << 16).view(np.float32) if size == 2 else raw
+        vals = {"BFLOAT16": lambda r: (r.astype(np.uint32) << 16).view(np.float32),
+                "HALF": lambda r: r.view(np.float16), "FLOAT": lambda r: r}[dtype](raw)
         idx = sum(np.arange(d).reshape([-1 if i == k else 1 for k in range(4)]) * s
                   for i, (d, s) in enumerate(zip(dims, strides)))
         return vals[idx].astype(np.float64)
@@ -150,32 +153,40 @@ def backward(g):
             "dV": np.einsum("bhij,bhid->bhjd", p, do)}
 
 
-def bf16_array(rng, n):
-    return bf16_bits(rng.uniform(-1, 1, n).astype(np.float32))
+def bits16(rng, n, dtype):
+    """n random values in [-1, 1) as the 16-bit patterns of `dtype` (BFLOAT16 or HALF)."""
+    x = rng.uniform(-1, 1, n).astype(np.float32)
+    return bf16_bits(x) if dtype == "BFLOAT16" else x.astype(np.float16).view(np.uint16)
 
 
+# rounding of one stored 16-bit output: 2^-8 relative for bf16 (8-bit significand), 2^-11 for fp16 (11 bits)
+UNIT = {"BFLOAT16": 2.0 ** -8, "HALF": 2.0 ** -11}
+
+
+@pytest.mark.parametrize("dtype", ["BFLOAT16", "HALF"])
 @pytest.mark.parametrize("B,T,NH,HS,scale", [(1, 5, 1, 8, None), (2, 7, 3, 16, 0.3), (2, 33, 2, 64, None)])
-def test_cudnn_attention_graph_describes_the_seams_attention(emu, describe, B, T, NH, HS, scale):  # noqa: F811
+def test_cudnn_attention_graph_describes_the_seams_attention(emu, describe, B, T, NH, HS, scale, dtype):  # noqa: F811
     scale = scale or 1 / np.sqrt(HS)
     rng = np.random.default_rng(T)
     C = NH * HS
-    qkv, dout = bf16_array(rng, B * T * 3 * C), bf16_array(rng, B * T * C)
+    qkv, dout = bits16(rng, B * T * 3 * C, dtype), bits16(rng, B * T * C, dtype)
     out, dqkv = np.zeros(B * T * C, np.uint16), np.zeros(B * T * 3 * C, np.uint16)
     stats = np.zeros(B * NH * T, np.float32)
     addr = {n: a.ctypes.data for n, a in dict(qkv=qkv, out=out, stats=stats, dout=dout, dqkv=dqkv).items()}
     seam = dict(qkv=addr["qkv"], out=addr["out"], stats=addr["stats"], dout=addr["dout"], B=B, T=T, NH=NH, HS=HS,
-                scale=float(scale))
+                scale=float(scale), dtype=SEAM_DTYPE[dtype])
 
-    g = Graph(*describe(B, T, NH, HS, scale, False, addr["qkv"], addr["out"], addr["stats"]))
-    assert g.io == "BFLOAT16" and g.j["context"]["compute_data_type"] == "FLOAT"
+    g = Graph(*describe(B, T, NH, HS, scale, False, dtype, addr["qkv"], addr["out"], addr["stats"]))
+    assert g.io == dtype and g.j["context"]["compute_data_type"] == "FLOAT"
     assert g.scale() == np.float32(scale)
     want = forward(g)
     assert emu.seam_attention(dqkv=0, **seam) == 0
-    # O: one bf16 rounding (2^-8 relative) of values below 1; Stats: fp32 sums over T keys (seam) vs float64
-    np.testing.assert_allclose(g.read("O"), want["O"], rtol=2 ** -8, atol=2 ** -9)
+    # O: one rounding (UNIT relative) of values below 1; Stats: fp32 sums over T keys (seam) vs float64
+    u = UNIT[dtype]
+    np.testing.assert_allclose(g.read("O"), want["O"], rtol=u, atol=u / 2)
     np.testing.assert_allclose(g.read("Stats"), want["Stats"], rtol=1e-5, atol=1e-5)
 
-    g = Graph(*describe(B, T, NH, HS, scale, True, addr["qkv"], addr["out"], addr["stats"], addr["dout"],
+    g = Graph(*describe(B, T, NH, HS, scale, True, dtype, addr["qkv"], addr["out"], addr["stats"], addr["dout"],
                         addr["dqkv"]))
     want = backward(g)
     # The backend lets cuDNN write its backward straight into dqkv (no zero fill, no scratch copy): the dQ, dK, dV
@@ -184,6 +195,6 @@ def test_cudnn_attention_graph_describes_the_seams_attention(emu, describe, B, T
     np.testing.assert_array_equal(covered, np.arange(dqkv.size))
     dqkv[:] = 0x7FC0  # bf16 NaN: the seam overwrites, it must not read or keep the old contents
     assert emu.seam_attention(dqkv=addr["dqkv"], **seam) == 0
-    for name in ("dQ", "dK", "dV"):  # bf16 outputs: 2^-8 of the tensor's largest value
+    for name in ("dQ", "dK", "dV"):  # 16-bit outputs: UNIT of the tensor's largest value
         got = g.read(name)
-        assert np.max(np.abs(got - want[name])) <= 2 ** -8 * np.max(np.abs(want[name])), name
+        assert np.max(np.abs(got - want[name])) <= u * np.max(np.abs(want[name])), name

@@ -3,9 +3,9 @@
 // into backend allocations; outputs (and accumulated-into buffers, given with their initial values) come
 // back as new float32 arrays. Under the emulation "device" memory is host memory, so copies are plain loops.
 //
-// Ops is Backend<float>. OpsBF16 is Backend<bf16> (CUDA only): arguments the op stores in the model's type T
-// (activations, the weights the ops read) are rounded to bf16 (to nearest even) on the way in and widened on
-// the way out; the ones it keeps in fp32 (gradients of parameters, statistics, master weights, AdamW moments)
+// Ops is Backend<float>. OpsBF16 is Backend<bf16> and OpsF16 Backend<f16> (CUDA only): arguments the op stores in
+// the model's type T (activations, the weights the ops read) are rounded to bf16 / fp16 (to nearest even) on the
+// way in and widened on the way out; the ones it keeps in fp32 (gradients of parameters, statistics, master weights, AdamW moments)
 // stay float32. Which is which follows csrc/model/backend.h.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -40,7 +40,7 @@ namespace {
 
 template <class T>
 struct Ops {
-  static_assert(std::is_same_v<gpt2::Master<T>, float>, "test ops cover float and bf16 models");
+  static_assert(std::is_same_v<gpt2::Master<T>, float>, "test ops cover float, bf16 and fp16 models");
   std::unique_ptr<gpt2::Backend<T>> be;
   std::vector<T*> tbufs;
   std::vector<float*> mbufs;
@@ -66,12 +66,13 @@ struct Ops {
   }
   static T cvt(float x) {
     if constexpr (std::is_same_v<T, float>) return x;
-    else return gpt2::float_to_bf16(x);
+    else if constexpr (std::is_same_v<T, gpt2::bf16>) return gpt2::float_to_bf16(x);
+    else return gpt2::float_to_f16(x);
   }
   static gpt2::InputGrad mode(bool write) { return write ? gpt2::InputGrad::Write : gpt2::InputGrad::Add; }
   static float wide(T x) {
     if constexpr (std::is_same_v<T, float>) return x;
-    else return gpt2::bf16_to_float(x);
+    else return gpt2::widen(x);
   }
   T* zt(size_t n) {  // zero-filled T buffer
     T* p = be->alloc(n + shift);
@@ -409,26 +410,26 @@ void bind_cuda_emu_ops(py::module_& m) {
      py::arg("a_type"), py::arg("b_type"), py::arg("lda"), py::arg("ldb"), py::arg("ldd"), py::arg("trans_a"),
      py::arg("trans_b"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("alpha"), py::arg("accumulate"),
      py::arg("epilogue"), py::arg("batch"), py::arg("stride_a"), py::arg("stride_b"), py::arg("stride_d"));
-  // The attention seam's CPU implementation in bf16 on raw addresses (tests/csrc/cuda/test_cudnn_graph.py): forward when
-  // dqkv is 0 (writes out, stats), backward otherwise (writes dqkv).
+  // The attention seam's CPU implementation in a 16-bit dtype (1 = BF16, 2 = F16) on raw addresses
+  // (tests/csrc/cuda/test_cudnn_graph.py): forward when dqkv is 0 (writes out, stats), backward otherwise (writes dqkv).
   m.def("seam_attention", [](uint64_t qkv, uint64_t out, uint64_t stats, uint64_t dout, uint64_t dqkv, int B, int T,
-                             int NH, int HS, float scale) {
+                             int NH, int HS, float scale, int dtype) {
     namespace s = gpt2core::seams;
     if (!dqkv) {
       s::AttentionForwardParams p;
       p.out = reinterpret_cast<void*>(out), p.stats = reinterpret_cast<float*>(stats);
-      p.qkv = reinterpret_cast<const void*>(qkv), p.dtype = s::DType::BF16;
+      p.qkv = reinterpret_cast<const void*>(qkv), p.dtype = s::DType(dtype);
       p.B = B, p.T = T, p.NH = NH, p.HS = HS, p.scale = scale;
       return int(s::attention_forward(p));
     }
     s::AttentionBackwardParams p;
     p.dqkv = reinterpret_cast<void*>(dqkv), p.dout = reinterpret_cast<const void*>(dout);
     p.qkv = reinterpret_cast<const void*>(qkv), p.out = reinterpret_cast<const void*>(out);
-    p.stats = reinterpret_cast<const float*>(stats), p.dtype = s::DType::BF16;
+    p.stats = reinterpret_cast<const float*>(stats), p.dtype = s::DType(dtype);
     p.B = B, p.T = T, p.NH = NH, p.HS = HS, p.scale = scale;
     return int(s::attention_backward(p));
   }, py::kw_only(), py::arg("qkv"), py::arg("out"), py::arg("stats"), py::arg("dout"), py::arg("dqkv"), py::arg("B"),
-     py::arg("T"), py::arg("NH"), py::arg("HS"), py::arg("scale"));
+     py::arg("T"), py::arg("NH"), py::arg("HS"), py::arg("scale"), py::arg("dtype") = 1);
   // csrc/cuda/attention_tc.cuh's forward + backward called directly (attention_tc_ops.cu), fp16 (f16=True) or bf16:
   // qkv (B, T, 3C), dout (B, T, C), dqkv (B, T, 3C) as uint16 bit patterns -> (out, lse, dqkv + gradient); with
   // accumulate=False the backward writes the gradient (InputGrad::Write) into a poisoned dqkv.
@@ -452,4 +453,18 @@ void bind_cuda_emu_ops(py::module_& m) {
   bind_ops<gpt2::bf16>(m, "OpsBF16",
                        "Backend<bf16> ops of the emulated CUDA backend on numpy arrays: T-typed arguments rounded "
                        "to bf16 (tests only).");
+  bind_ops<gpt2::f16>(m, "OpsF16",
+                      "Backend<f16> ops of the emulated CUDA backend on numpy arrays: T-typed arguments rounded "
+                      "to fp16 (tests only).");
+  // gpt2::float_to_f16 / f16_to_float (csrc/model/dtypes.h) elementwise, for the exhaustive conversion test
+  m.def("f16_bits", [](F x) {
+    py::array_t<uint16_t> out(x.size());
+    for (py::ssize_t i = 0; i < x.size(); i++) out.mutable_data()[i] = gpt2::float_to_f16(x.data()[i]).bits;
+    return out;
+  });
+  m.def("f16_values", [](py::array_t<uint16_t, py::array::c_style | py::array::forcecast> h) {
+    F out(h.size());
+    for (py::ssize_t i = 0; i < h.size(); i++) out.mutable_data()[i] = gpt2::f16_to_float(gpt2::f16{h.data()[i]});
+    return out;
+  });
 }
