@@ -24,13 +24,15 @@ lse is checked at fp32: |got - ref| <= 1e-5 (1 + |ref|).
 """
 import hashlib
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from test_cuda_emu import emu  # noqa: F401  (the fixture that builds and imports gpt2core_cuda_emu)
+from test_cuda_emu import BUILD, emu  # noqa: F401  (emu: the fixture that builds and imports gpt2core_cuda_emu)
 from test_cuda_emu_bf16_attention import check_under_schedules, reference, round_bf16
 
 HERE = Path(__file__).resolve()
@@ -123,6 +125,35 @@ def test_attention_tc_matches_float64_reference(emu, dtype):  # noqa: F811
     if not hasattr(emu, "attention_tc"):
         pytest.skip("gpt2core_cuda_emu has no attention_tc binding")
     check_under_schedules(HERE, dtype, CASES, ("low", "high", "ahead:7"), f"{dtype} tensor-core attention")
+
+
+# One fp16 attention forward + backward through the backend (OpsF16, attention='flash'), hs = C / NH with C = 64 NH.
+_KERNELS_RUN = """
+import sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+import gpt2core_cuda_emu as E
+hs, NH, T = int(sys.argv[2]), 2, 9
+r = np.random.default_rng(0)
+E.OpsF16("cuda", attention="flash").attention(r.standard_normal((1, T, 3 * hs * NH)), r.standard_normal((1, T, hs * NH)),
+                                              r.standard_normal((1, T, 3 * hs * NH)), NH)
+"""
+
+
+@pytest.mark.parametrize(("cc", "hs", "tensor_cores"), [("90", 128, True), ("75", 64, True), ("75", 128, False),
+                                                       ("70", 64, False)])
+def test_fp16_flash_runs_the_kernels_the_gpu_has(emu, tmp_path, cc, hs, tensor_cores):  # noqa: F811
+    """attention_tc_fits, on the emulated device's capability (GPT2CORE_EMU_COMPUTE_CAPABILITY): the tensor-core
+    kernels from sm_75 (ldmatrix, fp16 m16n8k8), where sm_7x runs hs = 64 only (hs = 128's dkdv kernel would spill
+    there); the CUDA-core kernels otherwise. Read from the emulator's launch log."""
+    log = tmp_path / "launches.jsonl"
+    env = dict(os.environ, GPT2CORE_EMU_COMPUTE_CAPABILITY=cc, GPT2CORE_EMU_LAUNCH_LOG=str(log))
+    r = subprocess.run([sys.executable, "-c", _KERNELS_RUN, str(BUILD), str(hs)], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    names = {json.loads(line).get("kernel", "").split("<")[0] for line in log.read_text().splitlines()}
+    tc = {"attention_tc_forward_kernel", "attention_tc_backward_dkdv_kernel", "attention_tc_backward_dq_kernel"}
+    cuda_cores = {"attention_forward_kernel", "attention_backward_dkdv_kernel", "attention_backward_dq_kernel"}
+    assert (tc <= names, cuda_cores & names) == ((True, set()) if tensor_cores else (False, cuda_cores)), names
 
 
 if __name__ == "__main__":
