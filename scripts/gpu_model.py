@@ -82,6 +82,8 @@ GPUS = {
 ASSUMPTIONS = {
     "gemm_eff": 0.70,           # cuBLASLt bf16 GEMMs of GPT-2 sizes (k, n >= 768) reach ~70% of tensor peak
     "gemm_eff_small": 0.40,     # GEMMs with fewer than 4 waves of 128x128 tiles
+    "bgrad_extra": 0.05,        # a GEMM with the bias-gradient epilogue (BGRADB: sums of op(A) over k) takes this
+                                # fraction longer (unmeasured; the sums come from tiles already loaded)
     "cudnn_fwd_eff": 0.55,      # cuDNN fused SDPA, causal, hs=64, of tensor peak
     "cudnn_bwd_eff": 0.40,
     "mma_fwd_eff": 0.45,        # our mma.sync flash kernel, sm_80/sm_89 (FlashAttention-2 reaches ~50-70% on A100)
@@ -224,14 +226,15 @@ KERNELS = {
     "encoder_backward_wte_kernel": (["BT", "C"], lambda a, c, es: dict(
         flops=a["BT"] * a["C"], bytes=a["BT"] * a["C"] * (es + 8), blocks=min(a["BT"], 2048) * ceil_div(a["C"], 64))),
     "layernorm_forward_kernel": (["N", "C"], _ln_fwd),
-    "layernorm_backward_input_kernel": (["N", "C"], lambda a, c, es: dict(
-        flops=12 * a["N"] * a["C"], bytes=4 * a["N"] * a["C"] * es + 8 * a["N"], blocks=ceil_div(a["N"], 8))),
-    "layernorm_param_partial_kernel": (["N", "C", None], lambda a, c, es: dict(
-        flops=4 * a["N"] * a["C"], bytes=2 * a["N"] * a["C"] * es + 8 * column_chunks(a["N"], a["C"]) * a["C"],
-        blocks=ceil_div(a["C"], 32) * column_chunks(a["N"], a["C"]))),
+    # dinp and pass 1 of dw, db in one kernel: dout and inp read once from DRAM (the column pass meets L1 / L2),
+    # dinp read and written (accumulating: the log does not record the flag), an (R, C) row of partial sums per
+    # block for each of dw, db
+    "layernorm_backward_kernel": (["N", "C", None], lambda a, c, es: dict(
+        flops=16 * a["N"] * a["C"], bytes=4 * a["N"] * a["C"] * es + 8 * a["N"] +
+        8 * column_chunks(a["N"], a["C"]) * a["C"], blocks=column_chunks(a["N"], a["C"]))),
     "column_partial_sum_kernel": (["N", "C", None], _col_partial),
-    "column_reduce_kernel": (["R", "C"], lambda a, c, es: dict(
-        flops=a["R"] * a["C"], bytes=4 * column_chunks(c.B * c.T, a["C"]) * a["C"] + 8 * a["C"],  # R at the target
+    "column_reduce_kernel": (["R", "C"], lambda a, c, es: dict(  # R at the target; R = 1: a GEMM epilogue's sums
+        flops=a["R"] * a["C"], bytes=4 * (1 if a["R"] == 1 else column_chunks(c.B * c.T, a["C"])) * a["C"] + 8 * a["C"],
         blocks=ceil_div(a["C"], 32))),
     "gelu_forward_kernel": (["N"], lambda a, c, es: dict(
         flops=15 * a["N"], bytes=2 * a["N"] * es, blocks=ceil_div(a["N"] // (16 // es), 256))),
@@ -394,10 +397,12 @@ def gemm_cost(f: dict, cfg: Config, gpu: GPU, A: dict) -> tuple[float, float, fl
     flops = 2.0 * m * n * k * batch
     nbytes = batch * (m * k * sz(f["a"]) + k * n * sz(f["b"]) + m * n * sz(f["d"]) * (1 + f["accumulate"]))
     nbytes += batch * m * n * sz(f["d"]) * (f["epilogue"] in (1, 2))  # pre-GELU written / read
+    nbytes += m * sz(f["d"]) * f.get("bias_grad", 0)  # BGRADB: the row sums of op(A), from tiles already loaded
     tiles = batch * ceil_div(m, 128) * ceil_div(n, 128)
     eff = A["gemm_eff"] if tiles >= 4 * gpu.sms else A["gemm_eff_small"]
     peak = gpu.tensor_tflops if f["a"] in ("bf16", "f16") else gpu.tensor_tflops / 2  # fp32: TF32 at half rate
-    return flops, nbytes, max(flops / (peak * 1e12 * eff), nbytes / (gpu.hbm_gbs * 1e9 * A["mem_eff"]))
+    t = max(flops / (peak * 1e12 * eff), nbytes / (gpu.hbm_gbs * 1e9 * A["mem_eff"]))
+    return flops, nbytes, t * (1 + A["bgrad_extra"] * f.get("bias_grad", 0))
 
 
 def model(counts: Counter, cfg: Config, gpu: GPU, ptxas: dict, es: int, A: dict = ASSUMPTIONS) -> list[Row]:
@@ -412,7 +417,7 @@ def model(counts: Counter, cfg: Config, gpu: GPU, ptxas: dict, es: int, A: dict 
             flops, nbytes, t = gemm_cost(f, cfg, gpu, A)
             label = f"cuBLASLt gemm {f['m']}x{f['n']}x{f['k']}" + (f" x{f['batch']}" if f["batch"] != 1 else "") + \
                 ("" if not f["epilogue"] else " +gelu" if f["epilogue"] == 1 else " +dgelu") + \
-                (" +=" if f["accumulate"] else "")
+                (" +bgrad" if f.get("bias_grad") else "") + (" +=" if f["accumulate"] else "")
             bound = "tensor" if flops / (gpu.tensor_tflops * 1e12) > nbytes / (gpu.hbm_gbs * 1e9) else "memory"
         elif key[0] == "seam":
             f = dict(key[2])
@@ -544,7 +549,7 @@ def report(counts: Counter, cfg: Config, gpu: GPU, ptxas: dict, title: str, top:
 def print_assumptions(A: dict) -> None:
     print("Assumptions (all figures below are MODELLED from these, not measured on a GPU):")
     for k, v in A.items():
-        print(f"  {k} = {v}")
+        print(f"  {k} = {v}" + (f"   (WHAT-IF via --assume; default {ASSUMPTIONS[k]})" if v != ASSUMPTIONS[k] else ""))
     print("  launches: emulated bf16 (fp16 for GPUs without bf16) step of " + f"{SMALL} with 1 and 2 layers, sizes "
           "re-evaluated at the target, "
           "counts affine in n_layer, grids from the launchers' rules (checked at the emulated config)")
@@ -566,7 +571,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse", action="store_true", help="reuse launch logs already in --logdir")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--assume", nargs="+", default=[], metavar="NAME=VALUE",
+                    help="replace assumptions, e.g. gemm_eff_small=0.55 (what-if lines: label them as such)")
     args = ap.parse_args(argv)
+    A = dict(ASSUMPTIONS)
+    for kv in args.assume:
+        name, _, value = kv.partition("=")
+        if name not in A or not value:
+            ap.error(f"--assume {kv}: expected NAME=VALUE with NAME one of {', '.join(A)}")
+        A[name] = float(value) if isinstance(A[name], float) else int(value)
     target = Config(B=args.B, T=args.T, C=TARGET.C, NH=TARGET.NH, L=args.layers, V=TARGET.V, Vp=TARGET.Vp,
                     maxT=max(TARGET.maxT, args.T))
     args.logdir.mkdir(parents=True, exist_ok=True)
@@ -580,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
             if r.returncode == 2:
                 print("nvcc not found: registers assumed", ASSUMPTIONS["regs_unknown"], file=sys.stderr)
     ptxas = read_ptxas(ptx)
-    print_assumptions(ASSUMPTIONS)
+    print_assumptions(A)
     results = []
     for att in args.attention:
         for precision in ("bf16", "fp16"):
@@ -594,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
             counts = launch_counts(att, args.logdir, target, args.reuse, precision)
             for gpu in gpus:
                 title = "cuDNN attention" if att == "cudnn" else "gpt2core flash attention"
-                results.append(report(counts, target, gpu, ptxas, title, args.top))
+                results.append(report(counts, target, gpu, ptxas, title, args.top, A))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

@@ -9,7 +9,7 @@
 //             dw += sum_rows norm * dout, db += sum_rows dout                         (accumulates, fp32)
 // All arithmetic in fp32 registers; floatX values are rounded once when stored.
 // One warp per row for the row-wise parts; parameter gradients reduced deterministically in two passes
-// (reduce.cuh), no float atomics.
+// (reduce.cuh), no float atomics; the backward's one kernel computes dinp and pass 1 of dw, db together.
 #pragma once
 #include "cuda/common.cuh"
 #include "cuda/reduce.cuh"
@@ -158,23 +158,16 @@ __global__ void layernorm_forward_kernel(floatX* __restrict__ residual,    // (N
   }
 }
 
+// dinp of one row, by one warp (lane = its lane): two passes over the row (the second hits L1), mean(dnorm) and
+// mean(dnorm * norm) summed per lane in order, then across the warp.
 template <class floatX>
-__global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp,        // (N, C), += (add) or written
-                                                const floatX* __restrict__ dout,  // (N, C)
-                                                const floatX* __restrict__ inp,   // (N, C)
-                                                const floatX* __restrict__ w,     // (C)
-                                                const float* __restrict__ mean,   // (N)
-                                                const float* __restrict__ rstd,   // (N)
-                                                int N, int C, bool vec, bool add) {
+__device__ void layernorm_backward_row(floatX* __restrict__ dx,         // (C), += (add) or written
+                                       const floatX* __restrict__ dy,   // (C)
+                                       const floatX* __restrict__ x,    // (C)
+                                       const floatX* __restrict__ w,    // (C)
+                                       float m, float s, int C, bool vec, bool add, int lane) {
   using V = Vec<floatX>;
   constexpr int K = kVec<floatX>;
-  const int lane = threadIdx.x % 32;
-  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= N) return;
-  const floatX* dy = dout + size_t(row) * C;
-  const floatX* x = inp + size_t(row) * C;
-  floatX* dx = dinp + size_t(row) * C;
-  const float m = mean[row], s = rstd[row];
   const int CV = vec ? C / K : 0;
   float dmean = 0.0f, dnmean = 0.0f;
   for (int i = lane; i < CV; i += 32) {
@@ -211,39 +204,46 @@ __global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp,      
   }
 }
 
-// Pass 1 of the parameter gradients: partial_dw[r, c] = sum over rows of chunk r of norm * dout,
-// partial_db[r, c] = sum of dout (see reduce.cuh for the layout).
+// One block per chunk of rows (reduce.cuh's chunking: block r covers rows [r * rows_per_chunk, ...)), its warps
+// taking the chunk's rows a group of (warps) rows at a time:
+//   - each warp writes dinp of its row of the group (layernorm_backward_row);
+//   - then each thread adds the group's rows, in order, to its columns' sums of norm * dout and of dout, kept in
+//     dynamic shared memory (2 C floats: thread t owns columns t, t + blockDim.x, ..., so no thread reads another's
+//     and no barrier is needed); this second read of the group's rows hits L1 / L2, so HBM sees dout and inp once;
+//   - finally the sums are the chunk's partial_dw / partial_db row (pass 2: column_reduce).
 template <class floatX>
-__global__ void layernorm_param_partial_kernel(float* __restrict__ partial_dw,   // (R, C)
-                                               float* __restrict__ partial_db,   // (R, C)
-                                               const floatX* __restrict__ dout,  // (N, C)
-                                               const floatX* __restrict__ inp,   // (N, C)
-                                               const float* __restrict__ mean,   // (N)
-                                               const float* __restrict__ rstd,   // (N)
-                                               int N, int C, int rows_per_chunk) {
-  __shared__ float shw[kColRows][kColTile + 1];
-  __shared__ float shb[kColRows][kColTile + 1];
-  const int c = blockIdx.x * kColTile + threadIdx.x;
-  const int r0 = blockIdx.y * rows_per_chunk;
-  const int r1 = min(N, r0 + rows_per_chunk);
-  float sw = 0.0f, sb = 0.0f;
-  if (c < C)
-    for (int n = r0 + threadIdx.y; n < r1; n += kColRows) {
-      const float dy = load_f(dout[size_t(n) * C + c]);
-      sw += (load_f(inp[size_t(n) * C + c]) - mean[n]) * rstd[n] * dy;
-      sb += dy;
+__global__ void layernorm_backward_kernel(floatX* __restrict__ dinp,        // (N, C), += (add) or written
+                                          float* __restrict__ partial_dw,   // (R, C)
+                                          float* __restrict__ partial_db,   // (R, C)
+                                          const floatX* __restrict__ dout,  // (N, C)
+                                          const floatX* __restrict__ inp,   // (N, C)
+                                          const floatX* __restrict__ w,     // (C)
+                                          const float* __restrict__ mean,   // (N)
+                                          const float* __restrict__ rstd,   // (N)
+                                          int N, int C, int rows_per_chunk, bool vec, bool add) {
+  DYNAMIC_SMEM(float, sums);  // (2, C): sums of norm * dout, then of dout
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r0 = blockIdx.x * rows_per_chunk, r1 = min(N, r0 + rows_per_chunk);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) sums[c] = sums[C + c] = 0.0f;
+  for (int g = r0; g < r1; g += warps) {
+    const int row = g + warp;
+    if (row < r1)
+      layernorm_backward_row(dinp + size_t(row) * C, dout + size_t(row) * C, inp + size_t(row) * C, w, mean[row],
+                             rstd[row], C, vec, add, lane);
+    const int g1 = min(r1, g + warps);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      float sw = sums[c], sb = sums[C + c];
+      for (int n = g; n < g1; n++) {
+        const float dy = load_f(dout[size_t(n) * C + c]);
+        sw += (load_f(inp[size_t(n) * C + c]) - mean[n]) * rstd[n] * dy;
+        sb += dy;
+      }
+      sums[c] = sw, sums[C + c] = sb;
     }
-  shw[threadIdx.y][threadIdx.x] = sw;
-  shb[threadIdx.y][threadIdx.x] = sb;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float tw = 0.0f, tb = 0.0f;
-    for (int y = 0; y < kColRows; y++) {
-      tw += shw[y][threadIdx.x];
-      tb += shb[y][threadIdx.x];
-    }
-    partial_dw[size_t(blockIdx.y) * C + c] = tw;
-    partial_db[size_t(blockIdx.y) * C + c] = tb;
+  }
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    partial_dw[size_t(blockIdx.x) * C + c] = sums[c];
+    partial_db[size_t(blockIdx.x) * C + c] = sums[C + c];
   }
 }
 
@@ -286,22 +286,23 @@ void residual_layernorm_forward(floatX* residual, floatX* out, float* mean, floa
 }
 
 // scratch: at least 2 * column_chunks(N, C) * C floats. accumulate: dinp += (else dinp is written, never read).
+// One kernel reads dout and inp (layernorm_backward_kernel), then column_reduce adds the chunks' sums into dw, db.
 template <class floatX>
 void layernorm_backward(floatX* dinp, float* dw, float* db, const floatX* dout, const floatX* inp, const floatX* w,
                         const float* mean, const float* rstd, float* scratch, int N, int C, bool accumulate,
                         cudaStream_t stream) {
   if (N <= 0) return;
-  const int block = 256, rows_per_block = block / 32;
+  const int block = 512;  // 16 rows in flight per block: ~40 warps per SM at d12's ~340 chunks on an H100
   const bool vec = C % kVec<floatX> == 0 && aligned16(dinp, dout, inp, w);
-  LAUNCH(layernorm_backward_input_kernel<floatX>, ceil_div(N, rows_per_block), block, 0, stream, dinp, dout, inp, w,
-         mean, rstd, N, C, vec, accumulate);
-  CUDA_CHECK_LAUNCH();
   const int R = column_chunks(N, C);
   float* pdw = scratch;
   float* pdb = scratch + size_t(R) * C;
-  dim3 grid(ceil_div(C, kColTile), R), pblock(kColTile, kColRows);
-  LAUNCH(layernorm_param_partial_kernel<floatX>, grid, pblock, 0, stream, pdw, pdb, dout, inp, mean, rstd, N, C,
-         column_chunk_rows(N, C));
+  const size_t smem = 2 * size_t(C) * sizeof(float);
+  if (smem > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel<floatX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(smem)));
+  LAUNCH(layernorm_backward_kernel<floatX>, R, block, smem, stream, dinp, pdw, pdb, dout, inp, w, mean, rstd, N, C,
+         column_chunk_rows(N, C), vec, accumulate);
   CUDA_CHECK_LAUNCH();
   column_reduce(dw, pdw, R, C, stream);
   column_reduce(db, pdb, R, C, stream);

@@ -3,7 +3,7 @@
 //   forward:  out (N, OC) = inp (N, C) @ w^T + bias           (bias epilogue; bias may be null)
 //   backward: dinp (N, C) += dout @ w (accumulate, beta = 1), or dinp = dout @ w (beta = 0: the caller's
 //             accumulate = false, dinp's old contents never read);
-//             dw (OC, C) += dout^T @ inp (always accumulated); dbias (OC) += sum_n dout (reduce.cuh: deterministic)
+//             dw (OC, C) += dout^T @ inp (always accumulated); dbias (OC) += sum_n dout (the dW GEMM's bias-gradient epilogue, or reduce.cuh)
 // With the GELU epilogues (the MLP; gelu is the tanh form of gelu.cuh, see "GELU epilogues" below):
 //   matmul_gelu_forward:  pre = inp @ w^T + bias; out = gelu(pre)   (one matmul writes both)
 //   gelu_matmul_backward: the backward of out = gelu(pre) @ w^T + bias:
@@ -67,7 +67,11 @@ void matmul_forward(floatX* out,          // (N, OC)
 }
 
 // dw (OC, C) += dout^T @ inp; dbias (OC) += sum_n dout when dbias is given.
-// scratch: column_chunks(N, OC) * OC floats (only when dbias is given).
+// dbias: the GEMM's bias-gradient epilogue (BGRADB, seams.h's bias_grad) writes sum_n dout into scratch, which
+// one column_reduce pass adds into dbias (the epilogue overwrites; dbias accumulates over micro-steps). Where
+// cuBLASLt refuses the epilogue (or scratch is not 16-byte aligned), the GEMM runs plain and
+// column_sum_accumulate reads dout again.
+// scratch: column_chunks(N, OC) * OC floats (only when dbias is given; the epilogue uses the first OC).
 template <class floatX>
 void matmul_backward_weights(float* dw,            // (OC, C), accumulated into
                              float* dbias,         // (OC) or null, accumulated into
@@ -82,10 +86,18 @@ void matmul_backward_weights(float* dw,            // (OC, C), accumulated into
   q.b = inp; q.ldb = C; q.b_type = X;
   q.m = OC; q.n = C; q.k = N;
   q.accumulate = true;
+  bool fused = dbias && aligned16(scratch);
+  q.bias_grad = fused ? scratch : nullptr;
   q.tf32 = tf32;
   q.stream = stream;
-  MATMUL_CHECK(gpt2core::seams::matmul(q), "backward dweight");
-  if (dbias) column_sum_accumulate(dbias, dout, scratch, N, OC, stream);
+  cudaError_t e = gpt2core::seams::matmul(q);
+  if (fused && e == cudaErrorNotSupported) {  // refused, nothing written: the plain GEMM, then the column sums
+    q.bias_grad = nullptr, fused = false;
+    e = gpt2core::seams::matmul(q);
+  }
+  MATMUL_CHECK(e, "backward dweight");
+  if (fused) column_reduce(dbias, scratch, 1, OC, stream);  // dbias += the epilogue's sums
+  else if (dbias) column_sum_accumulate(dbias, dout, scratch, N, OC, stream);
 }
 
 // scratch: column_chunks(N, OC) * OC floats (only when dbias is given).

@@ -43,6 +43,9 @@ enum class Epilogue : int {
 // epilogues to alpha AB + beta C (gelu(AB + C + bias), not D + gelu(AB + bias)), and DGELU cannot accumulate,
 // so GELU epilogues with accumulate are cudaErrorNotSupported. batch > 1 repeats the product with the strides.
 // bias: (n) in d_type, broadcast over rows. pre_gelu: (m, n) in d_type with leading dimension ldd.
+// bias_grad: (m) in d_type, WRITTEN (never accumulated) with the row sums of op(A): bias_grad[i] = sum_k op(A)[i, k]
+// (a weight gradient dW = dout^T @ inp, op(A) = dout^T, gets dbias = column sums of dout); cuBLASLt's BGRADB
+// epilogue. Only with Epilogue::None, no bias and batch 1 (cudaErrorInvalidValue otherwise); D may accumulate.
 // The cuBLASLt implementation maps this row-major product onto column-major D^T = op(B)^T op(A)^T.
 struct MatmulParams {
   void* d = nullptr;
@@ -62,6 +65,7 @@ struct MatmulParams {
   Epilogue epilogue = Epilogue::None;
   const void* bias = nullptr;
   void* pre_gelu = nullptr;
+  void* bias_grad = nullptr;
   int batch = 1;
   long long stride_a = 0, stride_b = 0, stride_d = 0;  // elements between batch entries
   // all-fp32 products may use TF32 tensor cores (inputs rounded to a 10-bit mantissa; cuBLASLt's
@@ -72,7 +76,7 @@ struct MatmulParams {
 cudaError_t matmul(const MatmulParams& p);
 
 // The argument checks every matmul implementation shares (shapes, pointers, leading dimensions, GELU
-// backward needs pre_gelu, no GELU epilogue with accumulate). The empty product (m == 0 or n == 0) is valid.
+// backward needs pre_gelu, bias_grad alone, no GELU epilogue with accumulate). The empty product (m == 0 or n == 0) is valid.
 inline cudaError_t validate_matmul(const MatmulParams& p) {
   if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 1) return cudaErrorInvalidValue;
   if (p.m == 0 || p.n == 0) return cudaSuccess;
@@ -80,6 +84,7 @@ inline cudaError_t validate_matmul(const MatmulParams& p) {
   if (!p.d || p.ldd < p.n || (p.k > 0 && (!p.a || !p.b || p.lda < a_cols || p.ldb < b_cols)))
     return cudaErrorInvalidValue;
   if (p.epilogue == Epilogue::GeluBackward && !p.pre_gelu) return cudaErrorInvalidValue;
+  if (p.bias_grad && (p.epilogue != Epilogue::None || p.bias || p.batch > 1)) return cudaErrorInvalidValue;
   if (p.epilogue != Epilogue::None && p.accumulate) return cudaErrorNotSupported;
   return cudaSuccess;
 }

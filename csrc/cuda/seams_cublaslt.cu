@@ -4,13 +4,17 @@
 // D^T (n, m) = op(B)^T @ op(A)^T: cuBLASLt's "A" is our B and its "B" is our A, with the transposes swapped
 // accordingly; the bias (n) is then a per-row vector of D^T, which is what cuBLASLt's bias epilogue takes.
 // Compute: fp32 (CUBLAS_COMPUTE_32F), or TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) for fp32 inputs
-// when the call's params say tf32; bf16 and fp16 inputs accumulate in fp32 (scale type fp32 throughout). Epilogues: bias, GELU (+ bias, + saving the
-// pre-activation as aux, in D's type: the aux type is left at its default), GELU backward (dGELU from aux); no
-// GELU epilogue with accumulation (seams.h). A fused epilogue cuBLASLt refuses at run time (no algorithm, or
-// NOT_SUPPORTED / INVALID_VALUE) returns cudaErrorNotSupported having written nothing, so the caller can run
-// the unfused ops instead. Algorithms come from cuBLASLt's heuristic once per shape, types, epilogue and the
-// alignment of every pointer (cached), with the preference stating the actual alignments (cuBLASLt otherwise
-// assumes 256 bytes and may pick a kernel that faults on a less aligned matrix). One handle per device and a
+// when the call's params say tf32; bf16 and fp16 inputs accumulate in fp32 (scale type fp32 throughout). Epilogues:
+// bias, GELU (+ bias, + saving the pre-activation as aux, in D's type: the aux type is left at its default), GELU
+// backward (dGELU from aux), bias gradient (BGRADB: cuBLASLt's B is our A, so the sums over k of op(A)'s rows,
+// written to bias_grad in D's type); no GELU epilogue with accumulation (seams.h). A fused epilogue cuBLASLt
+// refuses at run time (no algorithm, or NOT_SUPPORTED / INVALID_VALUE) returns cudaErrorNotSupported having
+// written nothing, so the caller can run the unfused ops instead. Algorithm: once per shape, types, epilogue and the alignment of every pointer, the
+// heuristic's best kCandidates are timed with CUDA events and the fastest is cached (matmul_algo_choice.h); while
+// the stream captures a CUDA graph nothing is timed and the heuristic's first runs (uncached: the model's first,
+// uncaptured step has chosen before capture). The preference states the actual alignments (cuBLASLt otherwise
+// assumes 256 bytes and may pick a kernel that faults on a less aligned matrix). The choice is per process: two
+// processes may time different winners, whose fp32 sums may round differently. One handle per device and a
 // 32 MiB workspace per (device, stream), i.e. per backend: two models on two streams or devices never share
 // one; release_matmul_stream frees a stream's before the stream goes.
 //
@@ -20,11 +24,14 @@
 
 #include <array>
 #include <map>
+#include <optional>
 #include <utility>
+#include <vector>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 
+#include "cuda/matmul_algo_choice.h"
 #include "cuda/seams.h"
 #include "cuda/seams_check.h"
 #include "cuda/seams_cublaslt.h"
@@ -59,6 +66,8 @@ uint32_t alignment_bytes(const void* p, long long ld_bytes, long long batch_stri
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
+constexpr int kCandidates = 8;  // algorithms asked of the heuristic and timed
+constexpr int kTimedRuns = 3;   // timed runs per candidate, after one warm-up run
 
 // Algorithm cache key: device, shapes, leading dimensions, transposes, types, epilogue, accumulate, batch, strides,
 // compute type and the alignments of A, B, D, bias and aux (the heuristic's answer depends on all of them).
@@ -68,7 +77,7 @@ struct State {
   std::mutex mu;
   std::map<int, cublasLtHandle_t> handles;                   // per device
   std::map<std::pair<int, void*>, void*> workspaces;         // per (device, stream): one per backend
-  std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
+  AlgoChoice<AlgoKey, cublasLtMatmulAlgo_t> algos;
 };
 State& state() {
   static State* s = new State();  // never destroyed: no CUDA calls at exit
@@ -101,6 +110,7 @@ cublasLtEpilogue_t epilogue_of(const MatmulParams& p) {
     case Epilogue::GeluBackward: return CUBLASLT_EPILOGUE_DGELU;
     case Epilogue::None: break;
   }
+  if (p.bias_grad) return CUBLASLT_EPILOGUE_BGRADB;  // cuBLASLt's B is our A: sums over k per column of D^T
   return p.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
@@ -119,7 +129,7 @@ Alignments alignments_of(const MatmulParams& p) {
   return {alignment_bytes(p.a, p.lda * ea, batched ? p.stride_a * ea : 0),
           alignment_bytes(p.b, p.ldb * eb, batched ? p.stride_b * eb : 0),
           alignment_bytes(p.d, p.ldd * ed, batched ? p.stride_d * ed : 0),
-          p.bias ? alignment_bytes(p.bias, 0, 0) : 0u,
+          p.bias ? alignment_bytes(p.bias, 0, 0) : p.bias_grad ? alignment_bytes(p.bias_grad, 0, 0) : 0u,
           p.pre_gelu ? alignment_bytes(p.pre_gelu, p.ldd * ed, batched ? p.stride_d * ed : 0) : 0u};
 }
 
@@ -133,6 +143,10 @@ void describe_matmul(const MatmulParams& p, size_t workspace_bytes, CublasLtCall
   set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue_of(p));
   if (p.bias && p.epilogue != Epilogue::GeluBackward) {
     set(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
+    set(call.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(p.d_type));
+  }
+  if (p.bias_grad) {  // the bias gradient's output: cuBLASLt's bias pointer, in D's type (cublasLt.h)
+    set(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias_grad);
     set(call.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(p.d_type));
   }
   if (p.pre_gelu) {  // aux: (m, n) like D, ld and batch stride of D; its type defaults to D's (cublasLt.h)
@@ -170,6 +184,58 @@ void describe_matmul(const MatmulParams& p, size_t workspace_bytes, CublasLtCall
 
 namespace {
 
+// Whether candidates may be timed on stream: not while it (or, in global mode, another stream) captures a graph.
+bool can_time(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream, &status) == cudaSuccess && status == cudaStreamCaptureStatusNone;
+}
+
+// A device buffer freed when the matmul's timing is done.
+struct Scratch {
+  void* ptr = nullptr;
+  ~Scratch() { free_quietly(ptr); }
+};
+
+// Milliseconds per run of call with algo (the mean of kTimedRuns after a warm-up run), or -1 if cuBLASLt or CUDA
+// failed. A beta = 1 call reads C = the real D and writes a scratch D of the same layout (allocated on first
+// use), so timing leaves D as it was; a beta = 0 call writes D in place, and either writes its aux or bias
+// gradient output in place: outputs only, which the real run then overwrites.
+float time_algo(cublasLtHandle_t handle, const CublasLtCall& call, const MatmulParams& p,
+                const cublasLtMatmulAlgo_t& algo, void* workspace, Scratch& scratch) {
+  void* D = call.D;
+  if (call.beta != 0.0f) {
+    if (!scratch.ptr) {
+      const size_t bytes = (size_t(p.batch - 1) * size_t(p.stride_d) + size_t(p.m - 1) * size_t(p.ldd) + size_t(p.n)) *
+                           dtype_size(p.d_type);
+      if (cudaMalloc(&scratch.ptr, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();  // out of memory is not sticky: clear it and use the heuristic's first
+        scratch.ptr = nullptr;
+        return -1.0f;
+      }
+    }
+    D = scratch.ptr;
+  }
+  auto run = [&] {
+    return cublasLtMatmul(handle, call.op, &call.alpha, call.A, call.a, call.B, call.b, &call.beta, call.C, call.c, D,
+                          call.d, &algo, workspace, kWorkspaceBytes, p.stream) == CUBLAS_STATUS_SUCCESS;
+  };
+  cudaEvent_t start = nullptr, stop = nullptr;
+  float ms = -1.0f;
+  if (cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess && run() &&
+      cudaEventRecord(start, p.stream) == cudaSuccess) {
+    bool ok = true;
+    for (int r = 0; r < kTimedRuns && ok; r++) ok = run();
+    if (ok && cudaEventRecord(stop, p.stream) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess &&
+        cudaEventElapsedTime(&ms, start, stop) == cudaSuccess)
+      ms /= kTimedRuns;
+    else
+      ms = -1.0f;
+  }
+  if (start) cudaEventDestroy(start);
+  if (stop) cudaEventDestroy(stop);
+  return ms;
+}
+
 // Runs p; false when cuBLASLt refuses its fused epilogue (nothing was written; t_last_error says why).
 bool matmul_impl(const MatmulParams& p) {
   State& S = state();
@@ -183,10 +249,10 @@ bool matmul_impl(const MatmulParams& p) {
 
   CublasLtCall call;
   describe_matmul(p, kWorkspaceBytes, call);
-  const bool fused = p.epilogue != Epilogue::None;
+  const bool fused = p.epilogue != Epilogue::None || p.bias_grad;
   auto refused = [&](const char* what, cublasStatus_t st) {
-    t_last_error = std::string("cuBLASLt refused the fused GELU epilogue (") + what + ": " +
-                   cublasLtGetStatusName(st) + ")";
+    t_last_error = std::string("cuBLASLt refused the fused ") + (p.bias_grad ? "bias gradient" : "GELU") +
+                   " epilogue (" + what + ": " + cublasLtGetStatusName(st) + ")";
     return false;
   };
   const Alignments al = alignments_of(p);
@@ -194,22 +260,30 @@ bool matmul_impl(const MatmulParams& p) {
                        int(p.b_type), int(p.d_type), int(epilogue_of(p)), p.bias != nullptr, p.accumulate,
                        p.batch, p.stride_a, p.stride_b, p.stride_d, int(compute_of(p)),
                        al.a, al.b, al.d, al.bias, al.aux};
-  auto it = S.algos.find(key);
-  if (it == S.algos.end()) {
-    cublasLtMatmulHeuristicResult_t res{};
+  cublasStatus_t heuristic = CUBLAS_STATUS_SUCCESS;
+  auto candidates = [&] {
+    std::array<cublasLtMatmulHeuristicResult_t, kCandidates> res{};
     int found = 0;
-    const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(handle, call.op, call.a, call.b, call.c, call.d, call.pref, 1, &res, &found);
-    if (fused && (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)))
-      return refused("no algorithm", st);
-    CUBLAS_CHECK(st);
-    if (found == 0)
-      throw std::runtime_error("cuBLASLt has no algorithm for this matmul (m=" + std::to_string(p.m) + " n=" +
-                               std::to_string(p.n) + " k=" + std::to_string(p.k) + ")");
-    it = S.algos.emplace(key, res.algo).first;
+    heuristic = cublasLtMatmulAlgoGetHeuristic(handle, call.op, call.a, call.b, call.c, call.d, call.pref, kCandidates,
+                                               res.data(), &found);
+    std::vector<cublasLtMatmulAlgo_t> algos;
+    for (int i = 0; heuristic == CUBLAS_STATUS_SUCCESS && i < found; i++)
+      if (res[size_t(i)].state == CUBLAS_STATUS_SUCCESS) algos.push_back(res[size_t(i)].algo);
+    return algos;
+  };
+  Scratch scratch;
+  auto time = [&](const cublasLtMatmulAlgo_t& algo) { return time_algo(handle, call, p, algo, workspace, scratch); };
+  const std::optional<cublasLtMatmulAlgo_t> algo = S.algos.choose(key, can_time(p.stream), candidates, time);
+  if (!algo) {
+    if (fused && (heuristic == CUBLAS_STATUS_NOT_SUPPORTED || heuristic == CUBLAS_STATUS_INVALID_VALUE ||
+                  heuristic == CUBLAS_STATUS_SUCCESS))
+      return refused("no algorithm", heuristic);
+    CUBLAS_CHECK(heuristic);
+    throw std::runtime_error("cuBLASLt has no algorithm for this matmul (m=" + std::to_string(p.m) + " n=" +
+                             std::to_string(p.n) + " k=" + std::to_string(p.k) + ")");
   }
   const cublasStatus_t st = cublasLtMatmul(handle, call.op, &call.alpha, call.A, call.a, call.B, call.b, &call.beta,
-                                           call.C, call.c, call.D, call.d, &it->second, workspace, kWorkspaceBytes,
+                                           call.C, call.c, call.D, call.d, &*algo, workspace, kWorkspaceBytes,
                                            p.stream);
   if (fused && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE))
     return refused("cublasLtMatmul", st);

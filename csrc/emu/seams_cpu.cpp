@@ -79,6 +79,12 @@ cudaError_t run_matmul(const MatmulParams& p) {
     for (int j = 0; j < n; ++j)
       for (int kk = 0; kk < k; ++kk)
         bt[size_t(j) * k + kk] = p.trans_b ? load(b, p.b_type, size_t(j) * p.ldb + kk) : load(b, p.b_type, size_t(kk) * p.ldb + j);
+    if (p.bias_grad)  // batch 1 (validate_matmul): the row sums of op(A), written
+      for (int i = 0; i < m; ++i) {
+        float s = 0.0f;
+        for (int kk = 0; kk < k; ++kk) s += af[size_t(i) * k + kk];
+        store(p.bias_grad, p.d_type, i, s);
+      }
     parallel_rows(m, double(m) * n * k, [&](int lo, int hi) {
       for (int i = lo; i < hi; ++i) {
         const float* ar = &af[size_t(i) * k];
@@ -214,9 +220,9 @@ void log_matmul(const MatmulParams& p) {
   char buf[320];
   snprintf(buf, sizeof buf,
            "{\"seam\": \"matmul\", \"m\": %d, \"n\": %d, \"k\": %d, \"batch\": %d, \"a\": \"%s\", "
-           "\"b\": \"%s\", \"d\": \"%s\", \"accumulate\": %d, \"epilogue\": %d, \"bias\": %d}",
+           "\"b\": \"%s\", \"d\": \"%s\", \"accumulate\": %d, \"epilogue\": %d, \"bias\": %d, \"bias_grad\": %d}",
            p.m, p.n, p.k, p.batch, dtype_name(p.a_type), dtype_name(p.b_type), dtype_name(p.d_type), p.accumulate,
-           int(p.epilogue), p.bias != nullptr);
+           int(p.epilogue), p.bias != nullptr, p.bias_grad != nullptr);
   gpt2emu::log_launch(buf);
 }
 void log_attention(const char* what, DType t, int B, int T, int NH, int HS) {
@@ -230,9 +236,10 @@ void log_attention(const char* what, DType t, int B, int T, int NH, int HS) {
 
 cudaError_t matmul(const MatmulParams& p) {
   if (const cudaError_t e = validate_matmul(p); e != cudaSuccess) return e;
-  // A test knob: refuse the GELU epilogues as cuBLASLt may at run time (no kernel for the combination), having
-  // written nothing, so callers' fallback to the separate kernels runs in CI.
+  // Test knobs: refuse the GELU epilogues, or the bias-gradient one, as cuBLASLt may at run time (no kernel for the
+  // combination), having written nothing, so callers' fallback to the separate kernels runs in CI.
   if (p.epilogue != Epilogue::None && std::getenv("GPT2CORE_EMU_REFUSE_GELU_EPILOGUE")) return cudaErrorNotSupported;
+  if (p.bias_grad && std::getenv("GPT2CORE_EMU_REFUSE_BIAS_GRAD_EPILOGUE")) return cudaErrorNotSupported;
   return gpt2emu::enqueue(p.stream, "matmul", [p] {
     log_matmul(p);
     return run_matmul(p);

@@ -72,6 +72,16 @@ def test_roofline_arithmetic_by_hand(tmp_path):
     assert math.isclose(rows["memset 4*P"].seconds, 4 * P / (1000e9 * 0.85) + 2e-6)
 
 
+def test_bias_gradient_epilogue_costs_its_output_and_the_assumed_extra():
+    """A weight-gradient GEMM with BGRADB: m more fp32 values written and bgrad_extra more time than without."""
+    f = dict(m=768, n=3072, k=65536, batch=1, a="bf16", b="bf16", d="f32", accumulate=1, epilogue=0, bias=0)
+    plain = gm.gemm_cost(f, TARGET, GPU, A)
+    fused = gm.gemm_cost(dict(f, bias_grad=1), TARGET, GPU, A)
+    assert fused[0] == plain[0] and fused[1] == plain[1] + 768 * 4
+    t = max(plain[0] / (100e12 * 0.70), fused[1] / (1000e9 * 0.85))
+    assert math.isclose(fused[2], t * (1 + A["bgrad_extra"])) and A["bgrad_extra"] > 0
+
+
 def test_occupancy_rules():
     h100 = gm.GPUS["H100"]
     assert gm.occupancy(h100, 128, 255, 0) == (0.125, 2)            # 255 regs -> 256 x 32 per warp, 2 blocks

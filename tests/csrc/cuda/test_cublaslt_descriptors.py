@@ -4,8 +4,8 @@ Under the emulator the seam's CPU implementation (csrc/emu/seams_cpu.cpp) replac
 a matmul into cuBLASLt descriptors never runs in CI. cuBLASLt's descriptor calls need neither a handle nor a driver
 (only cublasLtCreate, the heuristic and cublasLtMatmul do), so here the real describe_matmul, linked against
 NVIDIA's libcublasLt, builds the call for every precision (fp32, TF32, bf16, fp16, and bf16 / fp16 inputs into an
-fp32 D: the weight-gradient path), every
-epilogue (bias, GELU with and without bias and aux, GELU backward), both transposes, accumulation and batching,
+fp32 D: the weight-gradient path), every epilogue (bias, GELU with and without bias and aux, GELU backward, bias
+gradient), both transposes, accumulation and batching,
 with pointers of every alignment; tests/csrc/cuda/cublaslt/describe.cpp reads every attribute back through cuBLASLt's
 Get*Attribute calls. `interpret` below evaluates what was read back -- and nothing else -- with cuBLASLt's
 documented column-major semantics (cublasLt.h):
@@ -13,7 +13,8 @@ documented column-major semantics (cublasLt.h):
     batch stride) in column order at its pointer; BIAS adds the bias vector (length D rows) to every column;
     GELU applies gelu (tanh form, see csrc/cuda/matmul.cuh) and the AUX variants store its input in the aux matrix
     (ld AUX_LD, batch stride AUX_BATCH_STRIDE, D's type when AUX_DATA_TYPE is unset); DGELU multiplies by gelu' of
-    the aux matrix; TF32 compute rounds A and B to 10 mantissa bits.
+    the aux matrix; BGRADB stores, at the bias pointer in BIAS_DATA_TYPE, the sums over k of op(B) per column of D
+    (overwriting); TF32 compute rounds A and B to 10 mantissa bits.
 and that must equal the seam's CPU implementation run on the same buffers.
 
 Needs g++, cublasLt.h and libcublasLt (skipped without them) and the emulated module (for the CPU seam).
@@ -36,7 +37,7 @@ OP_N, OP_T = 0, 1
 ORDER_COL = 0
 # cublasLtEpilogue_t values -> what they do (cublasLt.h)
 EPILOGUES = {1: set(), 4: {"bias"}, 32: {"gelu"}, 36: {"bias", "gelu"}, 160: {"gelu", "aux"},
-             164: {"bias", "gelu", "aux"}, 192: {"dgelu"}}
+             164: {"bias", "gelu", "aux"}, 192: {"dgelu"}, 512: {"bgradb"}}
 F32, BF16, F16 = 0, 1, 2                        # seams::DType
 NONE, GELU, GELU_BACKWARD = 0, 1, 2              # seams::Epilogue
 SOURCES = [ROOT / "csrc" / "cuda" / "seams_cublaslt.cu", ROOT / "tests" / "csrc" / "cuda" / "cublaslt" / "describe.cpp"]
@@ -48,7 +49,8 @@ class SeamParams(ctypes.Structure):
     _fields_ = [(f, ctypes.c_uint64) for f in ("d", "a", "b", "bias", "pre_gelu")] + [
         (f, ctypes.c_int32) for f in ("d_type", "a_type", "b_type", "lda", "ldb", "ldd", "trans_a", "trans_b", "m",
                                       "n", "k", "accumulate", "epilogue", "batch", "tf32")] + [
-        ("alpha", ctypes.c_float)] + [(f, ctypes.c_int64) for f in ("stride_a", "stride_b", "stride_d")]
+        ("alpha", ctypes.c_float)] + [(f, ctypes.c_int64) for f in ("stride_a", "stride_b", "stride_d")] + [
+        ("bias_grad", ctypes.c_uint64)]
 
 
 class Layout(ctypes.Structure):
@@ -138,7 +140,8 @@ def gelu_grad(x):
 
 
 def interpret(ds):
-    """What the described cublasLtMatmul computes, per batch: (D, aux or None, magnitude for tolerances)."""
+    """What the described cublasLtMatmul computes, per batch: (D, aux or None, magnitude for tolerances, bias
+    gradient or None)."""
     assert all(lay.order == ORDER_COL for lay in (ds.a, ds.b, ds.c, ds.d))
     assert ds.scale_type == CUDA_R_32F  # alpha, beta and the epilogue in fp32
     epi = EPILOGUES[ds.epilogue]
@@ -160,6 +163,7 @@ def interpret(ds):
             assert ds.bias_type == ds.d.type
             bias = read(ds.bias, ds.bias_type, ds.d.rows, 1, ds.d.rows, 0, 0)
             v, mag = v + bias, mag + np.abs(bias)
+        bgrad = opb.sum(0) if "bgradb" in epi else None  # per column of D, over k
         aux_type = ds.d.type if ds.aux_type == -1 else ds.aux_type
         aux = None
         if "gelu" in epi:
@@ -168,7 +172,7 @@ def interpret(ds):
             v = gelu(v)
         if "dgelu" in epi:
             v = v * gelu_grad(read(ds.aux, aux_type, ds.d.rows, ds.d.cols, ds.aux_ld, ds.aux_batch_stride, bi))
-        out.append((v, aux, mag))
+        out.append((v, aux, mag, bgrad))
     return out
 
 
@@ -190,16 +194,18 @@ def cases():
     # an fp32 D)
     precisions = [(F32, F32, F32, 0), (F32, F32, F32, 1), (BF16, BF16, BF16, 0), (BF16, BF16, F32, 0),
                   (F16, F16, F16, 0), (F16, F16, F32, 0)]
-    # (epilogue, bias, pre_gelu, accumulate): every combination the seam accepts
-    epilogues = [(NONE, 0, 0, 0), (NONE, 1, 0, 0), (NONE, 0, 0, 1), (NONE, 1, 0, 1), (GELU, 0, 0, 0), (GELU, 1, 0, 0),
-                 (GELU, 0, 1, 0), (GELU, 1, 1, 0), (GELU_BACKWARD, 0, 1, 0)]
+    # (epilogue, bias, pre_gelu, accumulate, bias_grad): every combination the seam accepts (bias_grad: batch 1)
+    epilogues = [(NONE, 0, 0, 0, 0), (NONE, 1, 0, 0, 0), (NONE, 0, 0, 1, 0), (NONE, 1, 0, 1, 0), (GELU, 0, 0, 0, 0),
+                 (GELU, 1, 0, 0, 0), (GELU, 0, 1, 0, 0), (GELU, 1, 1, 0, 0), (GELU_BACKWARD, 0, 1, 0, 0),
+                 (NONE, 0, 0, 0, 1), (NONE, 0, 0, 1, 1)]
     for i, (prec, epi, ta, tb, batch) in enumerate(itertools.product(precisions, epilogues, (0, 1), (0, 1), (1, 3))):
-        yield i, prec, epi, ta, tb, batch
+        if not (epi[4] and batch > 1):
+            yield i, prec, epi, ta, tb, batch
 
 
 def test_cublaslt_descriptors_describe_the_seams_matmul(emu, describe):  # noqa: F811
     checked = 0
-    for i, (a_t, b_t, d_t, use_tf32), (epi, has_bias, has_aux, acc), ta, tb, batch in cases():
+    for i, (a_t, b_t, d_t, use_tf32), (epi, has_bias, has_aux, acc, has_bgrad), ta, tb, batch in cases():
         rng = np.random.default_rng(i)
         m, n, k = rng.integers(3, 24, 3)
         lda = (m if ta else k) + int(rng.integers(0, 3))
@@ -208,19 +214,21 @@ def test_cublaslt_descriptors_describe_the_seams_matmul(emu, describe):  # noqa:
         sa, sb, sd = (k if ta else m) * lda + 5, (n if tb else k) * ldb + 3, m * ldd + 7
         keep = []
         # byte offsets from a 256-aligned address: every alignment from the element size to 256
-        off = [int(rng.choice([0, 4, 8, 16, 64] if t == F32 else [0, 2, 4, 8, 16, 64])) for t in (a_t, b_t, d_t, d_t, d_t)]
+        off = [int(rng.choice([0, 4, 8, 16, 64] if t == F32 else [0, 2, 4, 8, 16, 64]))
+               for t in (a_t, b_t, d_t, d_t, d_t, d_t)]
         p = SeamParams(a=buffer(rng, batch * sa, a_t, off[0], keep), b=buffer(rng, batch * sb, b_t, off[1], keep),
                        d=buffer(rng, batch * sd, d_t, off[2], keep),
                        bias=buffer(rng, n, d_t, off[3], keep) if has_bias else 0,
                        pre_gelu=buffer(rng, batch * sd, d_t, off[4], keep) if has_aux else 0,
+                       bias_grad=buffer(rng, m, d_t, off[5], keep) if has_bgrad else 0,
                        d_type=d_t, a_type=a_t, b_type=b_t, lda=lda, ldb=ldb, ldd=ldd, trans_a=ta, trans_b=tb, m=m,
                        n=n, k=k, accumulate=acc, epilogue=epi, batch=batch, tf32=use_tf32,
                        alpha=float(rng.choice([1.0, 0.5, -1.25])),
                        stride_a=sa if batch > 1 else 0, stride_b=sb if batch > 1 else 0,
                        stride_d=sd if batch > 1 else 0)
         ds = describe(p)
-        what = f"case {i}: {(a_t, b_t, d_t, use_tf32)} epilogue {(epi, has_bias, has_aux, acc)} ta={ta} tb={tb} " \
-               f"batch={batch}"
+        what = f"case {i}: {(a_t, b_t, d_t, use_tf32)} epilogue {(epi, has_bias, has_aux, acc, has_bgrad)} " \
+               f"ta={ta} tb={tb} batch={batch}"
         # what cublasLtMatmul would receive, beyond the math: cuBLASLt's A is our B and its B our A (D^T = B^T A^T)
         assert (ds.A, ds.B, ds.C, ds.D) == (p.b, p.a, p.d, p.d), what
         assert ds.aux_type == -1, what  # left at its default (D's type): explicit types are for narrow precisions
@@ -235,16 +243,24 @@ def test_cublaslt_descriptors_describe_the_seams_matmul(emu, describe):  # noqa:
             align(p.d, ldd, d_t, sd)), what
         want_compute = COMPUTE_32F_FAST_TF32 if use_tf32 and a_t == b_t == d_t == F32 else COMPUTE_32F
         assert ds.compute_type == want_compute, what
+        if has_bgrad:  # the gradient's output is cuBLASLt's bias pointer, in D's type
+            assert (ds.epilogue, ds.bias, ds.bias_type) == (512, p.bias_grad, ds.d.type), what
 
         expected = interpret(ds)  # before the seam writes D (and aux)
         assert emu.seam_matmul(d=p.d, a=p.a, b=p.b, bias=p.bias, pre_gelu=p.pre_gelu, d_type=d_t, a_type=a_t,
                                b_type=b_t, lda=lda, ldb=ldb, ldd=ldd, trans_a=bool(ta), trans_b=bool(tb), m=m, n=n,
                                k=k, alpha=p.alpha, accumulate=bool(acc), epilogue=epi, batch=batch,
-                               stride_a=p.stride_a, stride_b=p.stride_b, stride_d=p.stride_d) == 0, what
+                               stride_a=p.stride_a, stride_b=p.stride_b, stride_d=p.stride_d,
+                               bias_grad=p.bias_grad) == 0, what
         # fp32 sums of <= 23 products: ~1e-6 of the magnitude; TF32 inputs (2^-11 relative each) against the seam's
         # fp32 ones: 1e-3; a bf16 / fp16 D: one rounding (2^-8 / 2^-11 relative), possibly to the other neighbour
         rel = 1e-3 if want_compute == COMPUTE_32F_FAST_TF32 else 4e-6
-        for bi, (v, aux, mag) in enumerate(expected):
+        for bi, (v, aux, mag, bgrad) in enumerate(expected):
+            if bgrad is not None:  # sums of k products (fp32, or TF32-rounded inputs); a 16-bit output: one rounding
+                got = read(ds.bias, ds.bias_type, ds.d.cols, 1, ds.d.cols, 0, 0)[:, 0]
+                bmag = np.abs(matrix(ds.b, ds.B, bi)).sum(0 if ds.transb == OP_N else 1)
+                tol = rel * bmag * 1.2 + {F32: 0.0, BF16: 2.0 ** -8, F16: 2.0 ** -11}[d_t] * np.abs(bgrad)
+                assert np.all(np.abs(got - bgrad) <= tol), f"{what}: bias gradient {got} vs {bgrad}"
             for got_ptr, want in ((ds.D, v), (ds.aux, aux)):
                 if want is None:
                     continue
@@ -255,4 +271,4 @@ def test_cublaslt_descriptors_describe_the_seams_matmul(emu, describe):  # noqa:
                 assert not bad.any(), f"{what} batch {bi} {'D' if got_ptr == ds.D else 'aux'}: " \
                                       f"{np.argwhere(bad)[:3].tolist()} {got[bad][:3]} vs {want[bad][:3]}"
         checked += 1
-    assert checked == 6 * 9 * 2 * 2 * 2
+    assert checked == 6 * 9 * 2 * 2 * 2 + 6 * 2 * 2 * 2

@@ -165,7 +165,12 @@ def test_residual_layernorm_forward(bf16ops, mis, N, C):
 
 
 @pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-def test_matmul(bf16ops, mis):
+@pytest.mark.parametrize("refuse", [False, True], ids=["bgrad_epilogue", "bgrad_refused"])
+def test_matmul(bf16ops, mis, refuse, monkeypatch):
+    """dbias from the dW GEMM's bias-gradient epilogue (which overwrites: the backend adds it into dbias), or, where
+    the seam refuses that epilogue (the emulator's test knob, as cuBLASLt may), from the column-sum kernels."""
+    if refuse:
+        monkeypatch.setenv("GPT2CORE_EMU_REFUSE_BIAS_GRAD_EPILOGUE", "1")
     ops, rng = bf16ops[mis], np.random.default_rng(4)
     for OC in (3 * C, 101):
         x, w, bias = rnd(rng, N, C), rnd(rng, OC, C, scale=0.1), rnd(rng, OC)
@@ -186,6 +191,10 @@ def test_matmul(bf16ops, mis):
                 assert db is None
             else:
                 check_f32(db, db0 + gd.sum(0), np.abs(db0) + np.abs(gd).sum(0))
+                # a second micro-step accumulates into the first's dbias (and dw)
+                _, dw2, db2 = ops.matmul_backward(dinp0, dw, db, dout, x, w)
+                check_f32(db2, db0 + 2 * gd.sum(0), np.abs(db0) + 2 * np.abs(gd).sum(0))
+                check_f32(dw2, dw0 + 2 * (gd.T @ xd), np.abs(dw0) + 2 * (np.abs(gd).T @ np.abs(xd)))
 
 
 @pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])

@@ -16,12 +16,13 @@ using namespace gpt2core::seams;
 
 extern "C" {
 
-// seams::MatmulParams with C types (pointers as addresses); tf32: the compute mode switch.
+// seams::MatmulParams with C types (pointers as addresses); tf32: the compute mode switch; bias_grad last.
 struct SeamParams {
   uint64_t d, a, b, bias, pre_gelu;
   int32_t d_type, a_type, b_type, lda, ldb, ldd, trans_a, trans_b, m, n, k, accumulate, epilogue, batch, tf32;
   float alpha;
   int64_t stride_a, stride_b, stride_d;
+  uint64_t bias_grad;
 };
 
 struct Layout {
@@ -92,6 +93,7 @@ extern "C" int gpt2_describe_matmul(const SeamParams* s, Described* out, char* e
     p.m = s->m, p.n = s->n, p.k = s->k, p.alpha = s->alpha, p.accumulate = s->accumulate;
     p.epilogue = Epilogue(s->epilogue), p.batch = s->batch;
     p.stride_a = s->stride_a, p.stride_b = s->stride_b, p.stride_d = s->stride_d;
+    p.bias_grad = reinterpret_cast<void*>(s->bias_grad);
     if (validate_matmul(p) != cudaSuccess) throw std::runtime_error("validate_matmul refused the params");
 
     CublasLtCall call;

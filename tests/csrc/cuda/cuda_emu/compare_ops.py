@@ -90,6 +90,15 @@ for OC in (3 * C, 101):
     record_write("matmul_backward", "matmul_backward", nan(N, C), np.zeros((N, C), np.float32), f32(OC, C), f32(OC),
                  f32(N, OC), xin, wt)
 
+# dbias from the column-sum kernels where the seam refuses the weight-gradient GEMM's bias-gradient epilogue, as
+# cuBLASLt may (the emulator's test knob): the plain GEMM, then reduce.cuh
+os.environ["GPT2CORE_EMU_REFUSE_BIAS_GRAD_EPILOGUE"] = "1"
+for OC in (3 * C, 101):
+    xin, wt = f32(N, C), f32(OC, C, scale=0.1)
+    record("matmul_backward bgrad refused", *both("matmul_backward", f32(N, C), f32(OC, C), f32(OC), f32(N, OC), xin,
+                                                  wt))
+del os.environ["GPT2CORE_EMU_REFUSE_BIAS_GRAD_EPILOGUE"]
+
 # matmul with the GELU epilogues (the MLP): up-projection C -> OC with GELU, then the backward of
 # gelu(pre) @ w^T + b (OC -> C). OC = 4C as in the model; OC = 101 is no multiple of 8, which cuBLASLt's GELU
 # matrix needs, so the CUDA backend falls back to the separate matmul and GELU kernels there. The unfused rung

@@ -396,7 +396,7 @@ void bind_cuda_emu_ops(py::module_& m) {
   m.def("seam_matmul", [](uint64_t d, uint64_t a, uint64_t b, uint64_t bias, uint64_t pre_gelu, int d_type, int a_type,
                           int b_type, int lda, int ldb, int ldd, bool trans_a, bool trans_b, int m, int n, int k,
                           float alpha, bool accumulate, int epilogue, int batch, long long stride_a,
-                          long long stride_b, long long stride_d) {
+                          long long stride_b, long long stride_d, uint64_t bias_grad) {
     namespace s = gpt2core::seams;
     s::MatmulParams p;
     p.d = reinterpret_cast<void*>(d), p.a = reinterpret_cast<const void*>(a), p.b = reinterpret_cast<const void*>(b);
@@ -405,11 +405,13 @@ void bind_cuda_emu_ops(py::module_& m) {
     p.lda = lda, p.ldb = ldb, p.ldd = ldd, p.trans_a = trans_a, p.trans_b = trans_b, p.m = m, p.n = n, p.k = k;
     p.alpha = alpha, p.accumulate = accumulate, p.epilogue = s::Epilogue(epilogue), p.batch = batch;
     p.stride_a = stride_a, p.stride_b = stride_b, p.stride_d = stride_d;
+    p.bias_grad = reinterpret_cast<void*>(bias_grad);
     return int(s::matmul(p));
   }, py::kw_only(), py::arg("d"), py::arg("a"), py::arg("b"), py::arg("bias"), py::arg("pre_gelu"), py::arg("d_type"),
      py::arg("a_type"), py::arg("b_type"), py::arg("lda"), py::arg("ldb"), py::arg("ldd"), py::arg("trans_a"),
      py::arg("trans_b"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("alpha"), py::arg("accumulate"),
-     py::arg("epilogue"), py::arg("batch"), py::arg("stride_a"), py::arg("stride_b"), py::arg("stride_d"));
+     py::arg("epilogue"), py::arg("batch"), py::arg("stride_a"), py::arg("stride_b"), py::arg("stride_d"),
+     py::arg("bias_grad") = 0);
   // The attention seam's CPU implementation in a 16-bit dtype (1 = BF16, 2 = F16) on raw addresses
   // (tests/csrc/cuda/test_cudnn_graph.py): forward when dqkv is 0 (writes out, stats), backward otherwise (writes dqkv).
   m.def("seam_attention", [](uint64_t qkv, uint64_t out, uint64_t stats, uint64_t dout, uint64_t dqkv, int B, int T,
