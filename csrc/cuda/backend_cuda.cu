@@ -270,19 +270,26 @@ class CudaBackend final : public Backend<T> {
   void attention_forward(T* out, float* att, const T* qkv, int B, int Tn, int C, int NH) override {
     switch (attention_) {
       case Attention::Naive: cuda::attention_naive_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_); return;
-      case Attention::Flash:  // bf16: tensor cores (attention_tc.cuh); fp32 and fp16: CUDA cores
-        if constexpr (kIsBF16<K>) cuda::attention_tc_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
-        else cuda::attention_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
+      case Attention::Flash:  // 16-bit: tensor cores (attention_tc.cuh) where its tiles fit; fp32: CUDA cores
+        if constexpr (kIs16Bit<K>)
+          if (cuda::attention_tc_fits(C / NH))
+            return cuda::attention_tc_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
+        cuda::attention_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
         return;
       case Attention::Cudnn: check_attention_seam(seams::attention_forward(sdpa_forward(out, att, qkv, B, Tn, C, NH)),
                                                   "forward");
                              return;
     }
   }
-  // The attention seam (cuDNN) writes dQ, dK, dV straight into dqkv, through strided views of it
-  // (seams_cudnn.cu); our kernels accumulate, so for them InputGrad::Write clears dqkv first.
+  // The attention seam (cuDNN) and the tensor-core kernels write dQ, dK, dV straight into dqkv (seams_cudnn.cu:
+  // through strided views of it); the other kernels accumulate, so for them InputGrad::Write clears dqkv first.
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* att, int B, int Tn, int C,
                           int NH, InputGrad mode) override {
+    if constexpr (kIs16Bit<K>)
+      if (attention_ == Attention::Flash && cuda::attention_tc_fits(C / NH))
+        return cuda::attention_tc_backward(k(dqkv), k(dout), k(qkv), k(out), att,
+                                           scratch(cuda::attention_tc_scratch_floats(B, Tn, NH)), B, Tn, C, NH,
+                                           mode == InputGrad::Add, stream_);
     if (mode == InputGrad::Write && attention_ != Attention::Cudnn) zero(dqkv, size_t(B) * Tn * 3 * C);
     switch (attention_) {
       case Attention::Naive: {
@@ -290,11 +297,9 @@ class CudaBackend final : public Backend<T> {
         cuda::attention_naive_backward(k(dqkv), k(dout), k(qkv), att, ds, B, Tn, C, NH, stream_);
         return;
       }
-      case Attention::Flash: {
+      case Attention::Flash: {  // fp32, or where the tensor-core tiles do not fit: CUDA cores
         float* D = scratch(size_t(B) * NH * Tn);
-        if constexpr (kIsBF16<K>)
-          cuda::attention_tc_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
-        else cuda::attention_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
+        cuda::attention_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
         return;
       }
       case Attention::Cudnn: {
