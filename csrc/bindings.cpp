@@ -126,11 +126,13 @@ ModelConfig make_config(int max_seq_len, int vocab_size, int padded_vocab_size, 
   return c;
 }
 
-// The backend's options from the constructor's arguments (GPT2(precision=..., attention=..., fused=...)).
-gpt2::BackendOptions backend_options(bool tf32, const std::string& attention, bool fused) {
+// The backend's options from the constructor's arguments (GPT2(precision=..., attention=..., fused=...,
+// matmul_tuning=...)).
+gpt2::BackendOptions backend_options(bool tf32, const std::string& attention, bool fused, bool matmul_tuning) {
   gpt2::BackendOptions o;
   o.tf32 = tf32;
   o.fused = fused;
+  o.matmul_tuning = matmul_tuning;
   if (!gpt2::parse_attention(attention, &o.attention))
     arg_error("attention must be 'auto', 'flash', 'cudnn' or 'naive', got '" + attention + "'");
   return o;
@@ -163,16 +165,18 @@ void bind_model(py::module_& m, const char* cls_name) {
   py::class_<M>(m, cls_name, "GPT-2 in the C++ core: parameters, gradients, forward/backward, AdamW.",
                 py::module_local())
       .def(py::init([](int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd,
-                       const std::string& device, bool tf32, const std::string& attention, bool fused) {
+                       const std::string& device, bool tf32, const std::string& attention, bool fused,
+                       bool matmul_tuning) {
              auto config = make_config(max_seq_len, vocab_size, padded_vocab_size, n_layer, n_head, n_embd);
              if (gpt2::is_cuda_device(device)) load_cuda_backend();
-             return new M(config, gpt2::make_backend<T>(device, backend_options(tf32, attention, fused)));
+             return new M(config, gpt2::make_backend<T>(device, backend_options(tf32, attention, fused, matmul_tuning)));
            }),
            py::arg("max_seq_len"), py::arg("vocab_size"), py::arg("padded_vocab_size"), py::arg("n_layer"),
            py::arg("n_head"), py::arg("n_embd"), py::arg("device") = "cpu", py::arg("tf32") = false,
-           py::arg("attention") = "auto", py::arg("fused") = true,
+           py::arg("attention") = "auto", py::arg("fused") = true, py::arg("matmul_tuning") = false,
            "tf32: fp32 matmuls on TF32 tensor cores (CUDA); attention: 'auto', 'flash', 'cudnn' or 'naive' (CUDA; "
-           "the CPU materialises attention); fused: fused kernels (CUDA). See csrc/model/backend_options.h.")
+           "the CPU materialises attention); fused: fused kernels (CUDA); matmul_tuning: time cuBLASLt's candidate "
+           "algorithms once per shape (CUDA). See csrc/model/backend_options.h.")
       .def_property_readonly("num_parameters", &M::num_parameters)
       .def_property("recompute_gelu", &M::recompute_gelu, &M::set_recompute_gelu,
                     "Recompute GELU outputs in backward instead of keeping one per layer (saves memory).")

@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--attention", choices=["auto", "flash", "cudnn", "naive"], default=None, help="CUDA attention kernel")
     ap.add_argument("--no-fused", action="store_true",
                     help="CUDA: separate residual + layernorm and matmul + GELU kernels (the unfused rung)")
+    ap.add_argument("--matmul-tuning", action="store_true",
+                    help="CUDA: time cuBLASLt's candidate algorithms once per shape (the ladder's last rung)")
     ap.add_argument("--recompute-gelu", action="store_true")
     ap.add_argument("--model", metavar="GPU", default=None,
                     help="print the roofline model (scripts/gpu_model.py, MODELLED figures) of this GPU (H100, A100, "
@@ -221,7 +223,7 @@ def single(args):
     threads = _C.get_num_threads()
     cfg = bench_config(args)
     model = GPT2(cfg, device=args.device, seed=0, precision=args.precision, attention=args.attention,
-                 fused=not args.no_fused)
+                 fused=not args.no_fused, matmul_tuning=args.matmul_tuning)
     model.recompute_gelu = args.recompute_gelu
     model.cuda_graphs = args.cuda_graphs
     B, T = args.batch_size, args.seq_len
@@ -280,7 +282,7 @@ def modelled_vs_measured(args, cfg, measured_s):
 # (rung, what it changes, the model settings it changes)
 LADDER = [
     ("baseline", "fp32, materialised attention, unfused, vocab 50257",
-     dict(precision="fp32", attention="naive", fused=False, padded=False, graphs=False)),
+     dict(precision="fp32", attention="naive", fused=False, padded=False, graphs=False, matmul_tuning=False)),
     ("tf32", "TF32 tensor-core matmuls", dict(precision="tf32")),
     ("fp16", "fp16 mixed precision", dict(precision="fp16")),
     ("bf16", "bf16 mixed precision", dict(precision="bf16")),
@@ -288,6 +290,7 @@ LADDER = [
     ("flash", "flash attention (auto: cuDNN if it checks out, else ours)", dict(attention="auto")),
     ("vocab 50304", "vocab padded to a multiple of 128", dict(padded=True)),
     ("cuda graphs", "micro-step and optimizer step replayed from CUDA graphs", dict(graphs=True)),
+    ("tuned gemms", "cuBLASLt's candidate algorithms timed once per shape", dict(matmul_tuning=True)),
 ]
 CPU_RUNGS = {"baseline", "vocab 50304"}  # the CPU backend is fp32 with materialised attention, unfused
 # the compute capability a precision needs (model.pick_precision refuses it below): a GPU without it skips that
@@ -322,7 +325,7 @@ def ladder(args):
             continue
         cfg = base_cfg.replace(padded_vocab_size=base_cfg.padded_vocab_size if s["padded"] else base_cfg.vocab_size)
         model = GPT2(cfg, device=args.device, seed=0, precision=None if cpu else s["precision"],
-                     attention=None if cpu else s["attention"], fused=s["fused"])
+                     attention=None if cpu else s["attention"], fused=s["fused"], matmul_tuning=s["matmul_tuning"])
         model.recompute_gelu = args.recompute_gelu
         model.cuda_graphs = s["graphs"]
         times, _, _ = timed_steps(model, None, np.random.default_rng(0), cfg.vocab_size, B, T, 1, args.warmup,
@@ -364,7 +367,7 @@ def worker(args):
         raise SystemExit(f"bench: --total-batch-tokens {total} is not a multiple of B*T*processes = {B * T * W}")
     accum = total // (B * T * W)
     model = GPT2(cfg, device=device, seed=0, precision=args.precision, attention=args.attention,
-                 fused=not args.no_fused)
+                 fused=not args.no_fused, matmul_tuning=args.matmul_tuning)
     model.recompute_gelu = args.recompute_gelu
     model.cuda_graphs = args.cuda_graphs
     ddp = None

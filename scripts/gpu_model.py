@@ -204,16 +204,17 @@ def _attn_tc_fwd(a, cfg, es):  # attention_tc.cuh: 64-query tiles, 4 warps; Q K^
                 bytes=B * T * NH * hs * es * 4 + 4 * B * NH * T, blocks=ceil_div(T, 64) * NH * B)
 
 
-def _attn_tc_dkdv(a, cfg, es):  # attention_tc.cuh: 64-key tiles; S^T, dP^T, dV, dK: 4 products on tensor cores
-    T, NH, hs, B = a["T"], a["NH"], a["hs"], cfg.B
+def _attn_tc_dkdv(a, cfg, es):  # attention_tc.cuh: 64-key tiles; S^T, dP^T, dV, dK: 4 products on tensor cores;
+    T, NH, hs, B = a["T"], a["NH"], a["hs"], cfg.B  # + the dS^T tiles written (es bytes per tiled causal pair)
     return dict(tc_flops=8 * B * NH * hs * causal_pairs(T, 64), flops=8 * B * NH * causal_pairs(T, 64),
-                bytes=B * T * NH * hs * es * 8 + 8 * B * NH * T, blocks=ceil_div(T, 64) * NH * B)
+                bytes=B * T * NH * hs * es * 8 + 8 * B * NH * T + B * NH * causal_pairs(T, 64) * es,
+                blocks=ceil_div(T, 64) * NH * B)
 
 
-def _attn_tc_dq(a, cfg, es):  # attention_tc.cuh: 64-query tiles; S, dP recomputed, dQ: 3 products on tensor cores
-    T, NH, hs, B = a["T"], a["NH"], a["hs"], cfg.B
-    return dict(tc_flops=6 * B * NH * hs * causal_pairs(T, 64), flops=6 * B * NH * causal_pairs(T, 64),
-                bytes=B * T * NH * hs * es * 6 + 8 * B * NH * T, blocks=ceil_div(T, 64) * NH * B)
+def _attn_tc_dq(a, cfg, es):  # attention_tc.cuh: 64-query tiles; dQ = dS K: 1 product, dS^T tiles read back, K read,
+    T, NH, hs, B = a["T"], a["NH"], a["hs"], cfg.B  # dq added into dqkv
+    return dict(tc_flops=2 * B * NH * hs * causal_pairs(T, 64), flops=B * T * NH * hs,
+                bytes=B * NH * causal_pairs(T, 64) * es + B * T * NH * hs * es * 3, blocks=ceil_div(T, 64) * NH * B)
 
 
 KERNELS = {

@@ -88,7 +88,7 @@ class CudaBackend final : public Backend<T> {
 
  public:
   CudaBackend(int device, const BackendOptions& options)
-      : tf32_(options.tf32 && !kIs16Bit<K>), fused_(options.fused) {
+      : matmul_mode_{options.tf32 && !kIs16Bit<K>, options.matmul_tuning}, fused_(options.fused) {
     const std::string why = device_status(device);
     if (!why.empty()) throw std::runtime_error(why);
     CUDA_CHECK(cudaSetDevice(device));
@@ -233,12 +233,12 @@ class CudaBackend final : public Backend<T> {
     cuda::residual_layernorm_forward(k(residual), k(out), mean, rstd, k(a), k(b), k(w), k(bias), N, C, stream_);
   }
   void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) override {
-    cuda::matmul_forward(k(out), k(inp), k(w), k(bias), N, C, OC, tf32_, stream_);
+    cuda::matmul_forward(k(out), k(inp), k(w), k(bias), N, C, OC, matmul_mode_, stream_);
   }
   void matmul_backward(T* dinp, float* dw, float* dbias, const T* dout, const T* inp, const T* w, int N, int C,
                        int OC, InputGrad mode) override {
     float* s = dbias ? scratch(size_t(column_chunks(N, OC)) * OC) : nullptr;
-    cuda::matmul_backward(k(dinp), dw, dbias, k(dout), k(inp), k(w), s, N, C, OC, mode == InputGrad::Add, tf32_,
+    cuda::matmul_backward(k(dinp), dw, dbias, k(dout), k(inp), k(w), s, N, C, OC, mode == InputGrad::Add, matmul_mode_,
                           stream_);
   }
   // fused (default): GELU in the matmul's epilogue (cuBLASLt GELU_AUX_BIAS forward, DGELU backward; tanh GELU,
@@ -248,7 +248,7 @@ class CudaBackend final : public Backend<T> {
   // backend, with one message: the first (uncaptured) run of a step finds out, so a graph never holds the attempt.
   void matmul_gelu_forward(T* pre, T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) override {
     if (fused_ && !gelu_refused_[0] && cuda::gelu_epilogue_ok(OC, pre, out)) {
-      if (cuda::matmul_gelu_forward(k(pre), k(out), k(inp), k(w), k(bias), N, C, OC, tf32_, stream_)) return;
+      if (cuda::matmul_gelu_forward(k(pre), k(out), k(inp), k(w), k(bias), N, C, OC, matmul_mode_, stream_)) return;
       refuse_gelu_epilogue(0);
     }
     Backend<T>::matmul_gelu_forward(pre, out, inp, w, bias, N, C, OC);
@@ -257,7 +257,7 @@ class CudaBackend final : public Backend<T> {
                             T* scratch_t, int N, int C, int OC) override {
     if (fused_ && !gelu_refused_[1] && cuda::gelu_epilogue_ok(C, dpre, pre)) {
       float* s = dbias ? scratch(size_t(column_chunks(N, OC)) * OC) : nullptr;
-      if (cuda::gelu_matmul_backward(k(dpre), dw, dbias, k(dout), k(pre), k(act), k(w), s, N, C, OC, tf32_,
+      if (cuda::gelu_matmul_backward(k(dpre), dw, dbias, k(dout), k(pre), k(act), k(w), s, N, C, OC, matmul_mode_,
                                      stream_))
         return;
       refuse_gelu_epilogue(1);
@@ -272,19 +272,26 @@ class CudaBackend final : public Backend<T> {
   void attention_forward(T* out, float* att, const T* qkv, int B, int Tn, int C, int NH) override {
     switch (attention_) {
       case Attention::Naive: cuda::attention_naive_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_); return;
-      case Attention::Flash:  // bf16: tensor cores (attention_tc.cuh); fp32 and fp16: CUDA cores
-        if constexpr (kIsBF16<K>) cuda::attention_tc_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
-        else cuda::attention_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
+      case Attention::Flash:  // 16-bit: tensor cores (attention_tc.cuh) where its tiles fit; fp32: CUDA cores
+        if constexpr (kIs16Bit<K>)
+          if (cuda::attention_tc_fits(C / NH))
+            return cuda::attention_tc_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
+        cuda::attention_forward(k(out), att, k(qkv), B, Tn, C, NH, stream_);
         return;
       case Attention::Cudnn: check_attention_seam(seams::attention_forward(sdpa_forward(out, att, qkv, B, Tn, C, NH)),
                                                   "forward");
                              return;
     }
   }
-  // The attention seam (cuDNN) writes dQ, dK, dV straight into dqkv, through strided views of it
-  // (seams_cudnn.cu); our kernels accumulate, so for them InputGrad::Write clears dqkv first.
+  // The attention seam (cuDNN) and the tensor-core kernels write dQ, dK, dV straight into dqkv (seams_cudnn.cu:
+  // through strided views of it); the other kernels accumulate, so for them InputGrad::Write clears dqkv first.
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* att, int B, int Tn, int C,
                           int NH, InputGrad mode) override {
+    if constexpr (kIs16Bit<K>)
+      if (attention_ == Attention::Flash && cuda::attention_tc_fits(C / NH))
+        return cuda::attention_tc_backward(k(dqkv), k(dout), k(qkv), k(out), att,
+                                           scratch(cuda::attention_tc_scratch_floats(B, Tn, NH)), B, Tn, C, NH,
+                                           mode == InputGrad::Add, stream_);
     if (mode == InputGrad::Write && attention_ != Attention::Cudnn) zero(dqkv, size_t(B) * Tn * 3 * C);
     switch (attention_) {
       case Attention::Naive: {
@@ -292,11 +299,9 @@ class CudaBackend final : public Backend<T> {
         cuda::attention_naive_backward(k(dqkv), k(dout), k(qkv), att, ds, B, Tn, C, NH, stream_);
         return;
       }
-      case Attention::Flash: {
+      case Attention::Flash: {  // fp32, or where the tensor-core tiles do not fit: CUDA cores
         float* D = scratch(size_t(B) * NH * Tn);
-        if constexpr (kIsBF16<K>)
-          cuda::attention_tc_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
-        else cuda::attention_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
+        cuda::attention_backward(k(dqkv), k(dout), k(qkv), k(out), att, D, B, Tn, C, NH, stream_);
         return;
       }
       case Attention::Cudnn: {
@@ -608,7 +613,7 @@ class CudaBackend final : public Backend<T> {
   };
 
   int device_ = 0;
-  const bool tf32_;               // BackendOptions::tf32, for fp32 models: every matmul's seam params carry it
+  const cuda::MatmulMode matmul_mode_;  // BackendOptions::tf32 (fp32 models) and ::matmul_tuning, for every matmul
   const bool fused_;              // BackendOptions::fused; false: unfused residual + layernorm, matmul + GELU
   bool gelu_refused_[2] = {false, false};  // the library refused the fused GELU forward / backward epilogue
   Attention attention_ = Attention::Flash;  // from BackendOptions::attention (auto resolved in the constructor)

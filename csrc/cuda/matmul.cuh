@@ -11,7 +11,7 @@
 //             into D); dw and dbias accumulate as in matmul_backward
 // Storage type floatX (float, bf16 or fp16) for inp, w, bias, out, dout and dinp (dinp += is accumulated in fp32
 // and rounded once to floatX); dw and dbias are fp32 for either floatX. Products accumulate in fp32 (seams.h).
-// tf32: fp32 inputs may go through TF32 tensor cores (the seam's MatmulParams::tf32; the caller's option, per call).
+// mode: the caller's options (BackendOptions), carried into every call's seam params (MatmulMode below).
 #pragma once
 #include "cuda/common.cuh"
 #include "cuda/reduce.cuh"
@@ -21,6 +21,12 @@
 #endif
 
 namespace gpt2::cuda {
+
+// How the seam computes a matmul: the caller's options, carried into every call's MatmulParams.
+struct MatmulMode {
+  bool tf32 = false;  // fp32 inputs on TF32 tensor cores
+  bool tune = false;  // time the library's candidate algorithms once per shape and keep the fastest
+};
 
 inline void check_matmul(cudaError_t e, const char* what, const char* file, int line) {
   if (e == cudaSuccess) return;
@@ -43,7 +49,7 @@ constexpr gpt2core::seams::DType seam_dtype() {
 // The seam's parameters of out (N, OC) = inp (N, C) @ w^T + bias, all in floatX.
 template <class floatX>
 gpt2core::seams::MatmulParams linear_params(floatX* out, const floatX* inp, const floatX* w, const floatX* bias, int N,
-                                            int C, int OC, bool tf32, cudaStream_t stream) {
+                                            int C, int OC, MatmulMode mode, cudaStream_t stream) {
   constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
   gpt2core::seams::MatmulParams p;
   p.d = out; p.ldd = OC; p.d_type = X;
@@ -51,7 +57,8 @@ gpt2core::seams::MatmulParams linear_params(floatX* out, const floatX* inp, cons
   p.b = w; p.ldb = C; p.trans_b = true; p.b_type = X;
   p.m = N; p.n = OC; p.k = C;
   p.bias = bias;
-  p.tf32 = tf32;
+  p.tf32 = mode.tf32;
+  p.tune = mode.tune;
   p.stream = stream;
   return p;
 }
@@ -61,9 +68,9 @@ void matmul_forward(floatX* out,          // (N, OC)
                     const floatX* inp,    // (N, C)
                     const floatX* w,      // (OC, C)
                     const floatX* bias,   // (OC) or null
-                    int N, int C, int OC, bool tf32, cudaStream_t stream) {
+                    int N, int C, int OC, MatmulMode mode, cudaStream_t stream) {
   if (N <= 0 || OC <= 0) return;
-  MATMUL_CHECK(gpt2core::seams::matmul(linear_params(out, inp, w, bias, N, C, OC, tf32, stream)), "forward");
+  MATMUL_CHECK(gpt2core::seams::matmul(linear_params(out, inp, w, bias, N, C, OC, mode, stream)), "forward");
 }
 
 // dw (OC, C) += dout^T @ inp; dbias (OC) += sum_n dout when dbias is given.
@@ -77,7 +84,7 @@ void matmul_backward_weights(float* dw,            // (OC, C), accumulated into
                              float* dbias,         // (OC) or null, accumulated into
                              const floatX* dout,   // (N, OC)
                              const floatX* inp,    // (N, C)
-                             float* scratch, int N, int C, int OC, bool tf32, cudaStream_t stream) {
+                             float* scratch, int N, int C, int OC, MatmulMode mode, cudaStream_t stream) {
   if (N <= 0 || C <= 0 || OC <= 0) return;
   constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
   gpt2core::seams::MatmulParams q;  // dw (OC, C) += dout^T (OC, N) @ inp (N, C)
@@ -88,7 +95,8 @@ void matmul_backward_weights(float* dw,            // (OC, C), accumulated into
   q.accumulate = true;
   bool fused = dbias && aligned16(scratch);
   q.bias_grad = fused ? scratch : nullptr;
-  q.tf32 = tf32;
+  q.tf32 = mode.tf32;
+  q.tune = mode.tune;
   q.stream = stream;
   cudaError_t e = gpt2core::seams::matmul(q);
   if (fused && e == cudaErrorNotSupported) {  // refused, nothing written: the plain GEMM, then the column sums
@@ -108,7 +116,7 @@ void matmul_backward(floatX* dinp,         // (N, C), accumulated into (accumula
                      const floatX* dout,   // (N, OC)
                      const floatX* inp,    // (N, C)
                      const floatX* w,      // (OC, C)
-                     float* scratch, int N, int C, int OC, bool accumulate, bool tf32, cudaStream_t stream) {
+                     float* scratch, int N, int C, int OC, bool accumulate, MatmulMode mode, cudaStream_t stream) {
   if (N <= 0 || C <= 0 || OC <= 0) return;
   constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
   gpt2core::seams::MatmulParams p;  // dinp (N, C) (+)= dout (N, OC) @ w (OC, C)
@@ -117,10 +125,11 @@ void matmul_backward(floatX* dinp,         // (N, C), accumulated into (accumula
   p.b = w; p.ldb = C; p.b_type = X;
   p.m = N; p.n = C; p.k = OC;
   p.accumulate = accumulate;
-  p.tf32 = tf32;
+  p.tf32 = mode.tf32;
+  p.tune = mode.tune;
   p.stream = stream;
   MATMUL_CHECK(gpt2core::seams::matmul(p), "backward dinp");
-  matmul_backward_weights(dw, dbias, dout, inp, scratch, N, C, OC, tf32, stream);
+  matmul_backward_weights(dw, dbias, dout, inp, scratch, N, C, OC, mode, stream);
 }
 
 // ------------------------------------------------------------------------------------------ GELU epilogues
@@ -147,9 +156,9 @@ template <class floatX>
                          const floatX* inp,   // (N, C)
                          const floatX* w,     // (OC, C)
                          const floatX* bias,  // (OC) or null
-                         int N, int C, int OC, bool tf32, cudaStream_t stream) {
+                         int N, int C, int OC, MatmulMode mode, cudaStream_t stream) {
   if (N <= 0 || OC <= 0) return true;
-  gpt2core::seams::MatmulParams p = linear_params(out, inp, w, bias, N, C, OC, tf32, stream);
+  gpt2core::seams::MatmulParams p = linear_params(out, inp, w, bias, N, C, OC, mode, stream);
   p.epilogue = gpt2core::seams::Epilogue::Gelu;
   p.pre_gelu = pre;
   const cudaError_t e = gpt2core::seams::matmul(p);
@@ -168,7 +177,7 @@ template <class floatX>
                           const floatX* pre,    // (N, C)
                           const floatX* act,    // (N, C): gelu(pre)
                           const floatX* w,      // (OC, C)
-                          float* scratch, int N, int C, int OC, bool tf32, cudaStream_t stream) {
+                          float* scratch, int N, int C, int OC, MatmulMode mode, cudaStream_t stream) {
   if (N <= 0 || C <= 0) return true;
   constexpr gpt2core::seams::DType X = seam_dtype<floatX>();
   gpt2core::seams::MatmulParams p;  // dpre (N, C) = (dout (N, OC) @ w (OC, C)) * gelu'(pre)
@@ -178,12 +187,13 @@ template <class floatX>
   p.m = N; p.n = C; p.k = OC;
   p.epilogue = gpt2core::seams::Epilogue::GeluBackward;
   p.pre_gelu = const_cast<floatX*>(pre);  // read only by the GELU backward epilogue
-  p.tf32 = tf32;
+  p.tf32 = mode.tf32;
+  p.tune = mode.tune;
   p.stream = stream;
   const cudaError_t e = gpt2core::seams::matmul(p);
   if (e == cudaErrorNotSupported) return false;
   MATMUL_CHECK(e, "backward dinp + GELU backward");
-  matmul_backward_weights(dw, dbias, dout, act, scratch, N, C, OC, tf32, stream);
+  matmul_backward_weights(dw, dbias, dout, act, scratch, N, C, OC, mode, stream);
   return true;
 }
 

@@ -2,7 +2,8 @@
 // policy is tested on the CPU with made-up timings (tests/csrc/cuda/test_matmul_algo_choice.py); the cuBLASLt
 // seam (seams_cublaslt.cu) supplies the candidates (its heuristic, best first) and the timer (CUDA events).
 //
-// Policy: a problem's first call gets the candidates; when timing is possible (a GPU, the stream not capturing a
+// Policy: a problem's first call gets the candidates. Not tuning (the caller's choice, MatmulParams::tune): the
+// first (the heuristic's preference), cached, nothing timed. Tuning: when timing is possible (a GPU, the stream not capturing a
 // CUDA graph) each candidate is timed and the fastest is cached for the problem, ties going to the earlier
 // (the heuristic's preference); a candidate whose timing failed (time < 0 or NaN) is never chosen. When timing is
 // not possible the first candidate is used and nothing is cached, so a later call that can time still chooses
@@ -32,13 +33,14 @@ class AlgoChoice {
  public:
   // The algorithm for key. candidates() -> std::vector<Algo> (best first; empty: none exists) is called only when
   // key has no cached choice; time(const Algo&) -> float milliseconds (< 0: that candidate failed) only when
-  // can_time and there are two or more candidates. nullopt when there is no candidate.
+  // tune and can_time and there are two or more candidates. nullopt when there is no candidate. Keys of tuned and
+  // untuned calls must differ (the caller puts tune in the key).
   template <class Candidates, class Time>
-  std::optional<Algo> choose(const Key& key, bool can_time, Candidates candidates, Time time) {
+  std::optional<Algo> choose(const Key& key, bool tune, bool can_time, Candidates candidates, Time time) {
     if (auto it = chosen_.find(key); it != chosen_.end()) return it->second;
     const std::vector<Algo> c = candidates();
     if (c.empty()) return std::nullopt;
-    if (c.size() == 1) return chosen_.emplace(key, c[0]).first->second;
+    if (c.size() == 1 || !tune) return chosen_.emplace(key, c[0]).first->second;
     if (!can_time) return c[0];
     std::vector<float> times;
     times.reserve(c.size());

@@ -71,6 +71,9 @@ struct MatmulParams {
   // all-fp32 products may use TF32 tensor cores (inputs rounded to a 10-bit mantissa; cuBLASLt's
   // CUBLAS_COMPUTE_32F_FAST_TF32); the CPU implementation computes in fp32 either way
   bool tf32 = false;
+  // time the library's candidate algorithms once per problem and keep the fastest (else its heuristic's first);
+  // the CPU implementation has one algorithm and ignores it
+  bool tune = false;
   cudaStream_t stream = nullptr;
 };
 cudaError_t matmul(const MatmulParams& p);

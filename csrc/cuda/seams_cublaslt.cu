@@ -9,8 +9,9 @@
 // backward (dGELU from aux), bias gradient (BGRADB: cuBLASLt's B is our A, so the sums over k of op(A)'s rows,
 // written to bias_grad in D's type); no GELU epilogue with accumulation (seams.h). A fused epilogue cuBLASLt
 // refuses at run time (no algorithm, or NOT_SUPPORTED / INVALID_VALUE) returns cudaErrorNotSupported having
-// written nothing, so the caller can run the unfused ops instead. Algorithm: once per shape, types, epilogue and the alignment of every pointer, the
-// heuristic's best kCandidates are timed with CUDA events and the fastest is cached (matmul_algo_choice.h); while
+// written nothing, so the caller can run the unfused ops instead. Algorithm: once per shape, types, epilogue and the
+// alignment of every pointer, the heuristic's first (p.tune false, the default: as llm.c), or (p.tune) the
+// heuristic's best kCandidates timed with CUDA events and the fastest is cached (matmul_algo_choice.h); while
 // the stream captures a CUDA graph nothing is timed and the heuristic's first runs (uncached: the model's first,
 // uncaptured step has chosen before capture). The preference states the actual alignments (cuBLASLt otherwise
 // assumes 256 bytes and may pick a kernel that faults on a less aligned matrix). The choice is per process: two
@@ -71,7 +72,7 @@ constexpr int kTimedRuns = 3;   // timed runs per candidate, after one warm-up r
 
 // Algorithm cache key: device, shapes, leading dimensions, transposes, types, epilogue, accumulate, batch, strides,
 // compute type and the alignments of A, B, D, bias and aux (the heuristic's answer depends on all of them).
-using AlgoKey = std::array<long long, 25>;
+using AlgoKey = std::array<long long, 26>;
 
 struct State {
   std::mutex mu;
@@ -259,7 +260,7 @@ bool matmul_impl(const MatmulParams& p) {
   const AlgoKey key = {device, p.m, p.n, p.k, p.lda, p.ldb, p.ldd, p.trans_a, p.trans_b, int(p.a_type),
                        int(p.b_type), int(p.d_type), int(epilogue_of(p)), p.bias != nullptr, p.accumulate,
                        p.batch, p.stride_a, p.stride_b, p.stride_d, int(compute_of(p)),
-                       al.a, al.b, al.d, al.bias, al.aux};
+                       al.a, al.b, al.d, al.bias, al.aux, p.tune};
   cublasStatus_t heuristic = CUBLAS_STATUS_SUCCESS;
   auto candidates = [&] {
     std::array<cublasLtMatmulHeuristicResult_t, kCandidates> res{};
@@ -273,7 +274,7 @@ bool matmul_impl(const MatmulParams& p) {
   };
   Scratch scratch;
   auto time = [&](const cublasLtMatmulAlgo_t& algo) { return time_algo(handle, call, p, algo, workspace, scratch); };
-  const std::optional<cublasLtMatmulAlgo_t> algo = S.algos.choose(key, can_time(p.stream), candidates, time);
+  const std::optional<cublasLtMatmulAlgo_t> algo = S.algos.choose(key, p.tune, can_time(p.stream), candidates, time);
   if (!algo) {
     if (fused && (heuristic == CUBLAS_STATUS_NOT_SUPPORTED || heuristic == CUBLAS_STATUS_INVALID_VALUE ||
                   heuristic == CUBLAS_STATUS_SUCCESS))

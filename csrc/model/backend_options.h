@@ -1,5 +1,5 @@
 // How a backend computes, chosen by the user and passed down as an argument: GPT2(precision=..., attention=...,
-// fused=...) -> the binding -> make_backend (backends.h) -> the backend, which hands the per-call part to the ops
+// fused=..., matmul_tuning=...) -> the binding -> make_backend (backends.h) -> the backend, which hands the per-call part to the ops
 // and the library seams (TF32: a field of each matmul's seam params). Never the process environment, so two
 // models in one process can differ.
 #pragma once
@@ -19,6 +19,11 @@ struct BackendOptions {
   // CUDA: residual + layernorm in one kernel and GELU in the matmul epilogues; false runs the separate kernels
   // (the unfused rung of the speed ladder). The CPU backend has nothing to fuse and ignores it.
   bool fused = true;
+  // CUDA: time cuBLASLt's candidate algorithms (up to 8 from its heuristic) once per matmul shape and keep the
+  // fastest, as cudnn.benchmark does in PyTorch; false takes the heuristic's first, as llm.c does. The timed choice
+  // is per process: a resumed run may pick other algorithms than the run it continues and round differently,
+  // so bit-exact resume on a GPU needs false. The CPU backend has no library algorithms to choose and ignores it.
+  bool matmul_tuning = false;
 };
 
 inline const char* attention_name(BackendOptions::Attention a) {

@@ -95,6 +95,10 @@ class TrainConfig:
                                        "passes a self-check at start, else flash), flash (gpt2core's kernel), cudnn, "
                                        "or the materialised 'naive' rung", "model",
                                  choices=["auto", "flash", "cudnn", "naive"])
+    matmul_tuning: bool = _opt(False, "CUDA: time cuBLASLt's candidate algorithms once per matmul shape and keep "
+                                      "the fastest (a resumed run may then round differently from an "
+                                      "uninterrupted one; off: cuBLASLt's heuristic's first, bit-exact resume)",
+                               "model")
     loss_scaling: str = _opt("auto", "dynamic loss scaling (PyTorch GradScaler's rule, on the device): auto (on for "
                                      "fp16 only), on, off. An overflow skips the step and halves the scale",
                              "model", choices=["auto", "on", "off"])

@@ -87,18 +87,21 @@ class GPT2:
 
     def __init__(self, config: GPT2Config | str = "d12", device: str = "cpu", seed: int = 0,
                  dtype: str = "float32", init: bool = True, precision: str | None = None,
-                 attention: str | None = None, fused: bool = True, loss_scaling: bool | None = None,
-                 loss_scale_init: float = 2.0**16, loss_scale_interval: int = 2000):
+                 attention: str | None = None, fused: bool = True, matmul_tuning: bool = False,
+                 loss_scaling: bool | None = None, loss_scale_init: float = 2.0**16, loss_scale_interval: int = 2000):
         """precision: "fp32"; "tf32" (CUDA: TF32 tensor-core matmuls); "bf16" (CUDA: bf16 weights copy and
         activations, fp32 master weights, gradients, AdamW state, softmax and loss); "fp16" (CUDA: the same in
-        IEEE half precision, for sm_70 / sm_75 GPUs; train with a loss scale so small gradients survive). None
+        IEEE half precision, for sm_70 / sm_75 GPUs; trained with dynamic loss scaling by default, below). None
         picks bf16 on a GPU with bf16 tensor cores (sm_80+), fp16 on sm_70 / sm_75 (V100, T4, which refuse bf16
         and tf32), fp32 below. attention (CUDA): "auto" (default: cuDNN's
         fused attention for bf16 when it checks out, else "flash"), "flash" (never materialises T x T), "cudnn"
         or "naive" (the materialised rung of the speed ladder); the CPU backend always materialises attention.
         fused (CUDA): residual + layernorm in one kernel and GELU in the matmul epilogues (False: the separate
-        kernels, the unfused rung of the speed ladder; the CPU backend has nothing to fuse). All of these are
-        this model's own: two models in one process may differ.
+        kernels, the unfused rung of the speed ladder; the CPU backend has nothing to fuse). matmul_tuning (CUDA):
+        time cuBLASLt's candidate algorithms once per matmul shape and keep the fastest (as PyTorch's
+        cudnn.benchmark); the choice is per process, so a resumed run may round differently from the run it
+        continues: the default, False, takes cuBLASLt's heuristic's first and keeps resume bit-exact. All of these
+        are this model's own: two models in one process may differ.
 
         loss_scaling: dynamic loss scaling as PyTorch's GradScaler does it, on the device (see step()): True,
         False, or None (default: on for precision="fp16" only, whose gradients would underflow without it; it
@@ -133,7 +136,8 @@ class GPT2:
         c = config
         self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size, padded_vocab_size=c.padded_vocab_size,
                       n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, device=self.device,
-                      tf32=precision == "tf32", attention=attention or "auto", fused=bool(fused))
+                      tf32=precision == "tf32", attention=attention or "auto", fused=bool(fused),
+                      matmul_tuning=bool(matmul_tuning))
         if loss_scaling not in (None, True, False):
             raise ValueError(f"loss_scaling must be True, False or None (on for fp16 only), got {loss_scaling!r}")
         check_loss_scale_args(loss_scale_init, loss_scale_interval)

@@ -97,10 +97,13 @@ def test_ptxas_report_is_read_per_variant(tmp_path):
         "0/0 bytes spill stores/loads, 0 bytes smem\n"
         "x.cu sm_90 kernel void gpt2::cuda::attention_tc_forward_kernel<128, __nv_bfloat16>(int): 170 registers, "
         "0/0 bytes spill stores/loads, 0 bytes smem\n"
+        "x.cu sm_90 kernel void gpt2::cuda::attention_tc_forward_kernel<64, __half>(int): 120 registers, "
+        "0/0 bytes spill stores/loads, 0 bytes smem\n"
         "x.cu sm_80 kernel void gpt2::cuda::column_partial_sum_kernel<float>(int): 20 registers, 0/0 bytes spill "
         "stores/loads, 1056 bytes smem\n")
     p = gm.read_ptxas(rep)
     assert gm.kernel_resources(p, 90, "attention_tc_forward_kernel", "bf16", 64, A) == (128, 0)
+    assert gm.kernel_resources(p, 90, "attention_tc_forward_kernel", "f16", 64, A) == (120, 0)  # __half: fp16
     assert gm.kernel_resources(p, 90, "attention_tc_forward_kernel", "bf16", 100, A) == (170, 0)
     assert gm.kernel_resources(p, 80, "column_partial_sum_kernel", "f32", None, A) == (20, 1056)
     assert gm.kernel_resources(p, 80, "column_partial_sum_kernel", "bf16", None, A) == (A["regs_unknown"], 0)

@@ -144,22 +144,28 @@ def test_round_bf16_helper():
     np.testing.assert_array_equal(round_bf16(x), want)  # ties to even, overflow to inf, NaN kept
 
 
+def check_under_schedules(script, arg, cases, schedules, what):
+    """Runs `script BUILD arg` (script mode: prints {"errors": {case: {output: ratio}}, "digest": ...}) once per
+    emulator schedule; every ratio must be <= 1 and the digests of all schedules equal (bit-reproducible)."""
+    digests = {}
+    for sched in schedules:
+        env = dict(os.environ, GPT2CORE_EMU_SCHED=sched)
+        r = subprocess.run([sys.executable, str(script), str(BUILD), arg], env=env, capture_output=True, text=True,
+                           timeout=900)
+        assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        assert {name for name, *_ in cases} == set(res["errors"])
+        bad = {k: v for k, v in res["errors"].items() if not max(v.values()) <= 1.0}
+        assert not bad, f"{what} outside the tolerance under {sched}: {bad}"
+        digests[sched] = res["digest"]
+    assert len(set(digests.values())) == 1, f"{what} differs between schedules: {digests}"
+
+
 @pytest.mark.parametrize("variant", ["flash", "naive", "cudnn"])  # cudnn: the seam's CPU implementation here
 def test_bf16_attention_matches_float64_reference(emu, variant):  # noqa: F811
     if not hasattr(emu, "OpsBF16"):
         pytest.skip("gpt2core_cuda_emu has no OpsBF16 yet (bf16 test bindings)")
-    digests = {}
-    for sched in ("fwd", "rev", "random:7"):
-        env = dict(os.environ, GPT2CORE_EMU_SCHED=sched)
-        r = subprocess.run([sys.executable, str(HERE), str(BUILD), variant], env=env, capture_output=True, text=True,
-                           timeout=600)
-        assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-        res = json.loads(r.stdout.strip().splitlines()[-1])
-        assert {name for name, *_ in CASES} == set(res["errors"])
-        bad = {k: v for k, v in res["errors"].items() if not max(v.values()) <= 1.0}
-        assert not bad, f"bf16 {variant} attention outside the tolerance under {sched}: {bad}"
-        digests[sched] = res["digest"]
-    assert len(set(digests.values())) == 1, f"bf16 {variant} attention differs between schedules: {digests}"
+    check_under_schedules(HERE, variant, CASES, ("fwd", "rev", "random:7"), f"bf16 {variant} attention")
 
 
 if __name__ == "__main__":

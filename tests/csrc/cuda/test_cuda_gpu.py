@@ -85,6 +85,27 @@ def test_training_lowers_loss_like_cpu_and_is_deterministic():
     assert np.array_equal(lg, lg2) and np.array_equal(pg, pg2), "two identical CUDA runs differ"
 
 
+def test_tuned_matmuls_match_the_heuristic_and_repeat_bitwise():
+    """matmul_tuning=True (cuBLASLt's candidates timed once per shape, the fastest kept): the same step as the
+    heuristic's first within fp32 summation order, and bit-identical run to run within one process (the choice is
+    cached, and timing rewrites nothing: a += GEMM is timed on scratch)."""
+    idx, tgt = batch(2)
+    runs = []
+    for tuning in (False, True, True):
+        m = _C.Model(**CFG, device="cuda", matmul_tuning=tuning)
+        init_params(m, seed=5)
+        for step in range(1, 4):
+            m.zero_grad()
+            m.forward(idx, tgt)
+            m.backward()
+            m.adamw_update(lr=1e-3, step=step, grad_scale=1.0)
+        m.zero_grad()
+        runs.append((m.forward(idx, tgt), m.flat_params().copy()))
+    (l0, p0), (l1, p1), (l2, p2) = runs
+    assert abs(l1 - l0) <= 1e-4 * abs(l0) and normwise(p1, p0) <= 1e-4
+    assert l1 == l2 and np.array_equal(p1, p2)
+
+
 def test_out_of_memory_is_a_clear_error():
     big = dict(CFG, max_seq_len=1024, n_layer=48, n_embd=192 * 64 // 3 * 3)  # ~1e12 bytes of parameters
     with pytest.raises(RuntimeError, match="out of memory"):

@@ -1,10 +1,11 @@
 // mma.cu: the warp-level matrix instructions of csrc/cuda/mma.cuh (emulated under g++: csrc/emu/mma_emu.h) against
 // scalar references, for every fragment layout the attention kernels use:
 //   - mma m16n8k16 (bf16 and fp16) and m16n8k8 (fp16) with fragments built lane by lane from the PTX ISA's tables
-//     (written out here independently of the emulator), D = C + A B against a double-precision product;
+//     (written out here independently of the emulator), D = C + A B against a double-precision product; and
+//     mma_m16n8k16_by_k8, sm_75's fp16 m16n8k16 made of two m16n8k8, from the same k16 fragments;
 //   - ldmatrix .x4 and .x4.trans: which element every lane receives, from rows at a padded stride;
 //   - ldmatrix feeding mma as the flash kernel does: A rows (non-trans), B from row-major K x N (trans, as V) and
-//     from N x K rows (non-trans, as K for Q K^T).
+//     from N x K rows (non-trans, as K for Q K^T), in bf16 and fp16, and in fp16 through mma_m16n8k16_by_k8.
 // Inputs are random 16-bit values (never zeros); C starts random, so the accumulation is checked too.
 #include "emu_test.h"
 
@@ -33,15 +34,17 @@ __device__ inline uint32_t col_pair(const T* B, int k, int n, int ldb) {  // B[k
   return uint32_t(lo) | (uint32_t(hi) << 16);
 }
 
-// D (16x8) = C + A (16x16) B (16x8), row-major in global memory, fragments from the documented layouts.
-template <class T>
+// D (16x8) = C + A (16x16) B (16x8), row-major in global memory, fragments from the documented layouts. kByK8: through
+// mma_m16n8k16_by_k8 (fp16 only).
+template <class T, bool kByK8>
 __global__ void mma_k16_kernel(float* D, const T* A, const T* B, const float* C) {
   const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
   const uint32_t a[4] = {pair(A + g * 16 + 2 * t), pair(A + (g + 8) * 16 + 2 * t), pair(A + g * 16 + 2 * t + 8),
                          pair(A + (g + 8) * 16 + 2 * t + 8)};
   const uint32_t b[2] = {col_pair(B, 2 * t, g, 8), col_pair(B, 2 * t + 8, g, 8)};
   float d[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t], C[(g + 8) * 8 + 2 * t + 1]};
-  gpt2::cuda::mma_m16n8k16<T>(d, a, b);
+  if constexpr (kByK8) gpt2::cuda::mma_m16n8k16_by_k8(d, a, b);
+  else gpt2::cuda::mma_m16n8k16<T>(d, a, b);
   D[g * 8 + 2 * t] = d[0];
   D[g * 8 + 2 * t + 1] = d[1];
   D[(g + 8) * 8 + 2 * t] = d[2];
@@ -77,12 +80,12 @@ __global__ void ldmatrix_kernel(uint32_t* out, const uint16_t* M) {
 // D (16x16) = A (16x16) B (16x16) through ldmatrix as attention_tc.cuh loads its operands: A by rows; B either
 // from B itself (row-major K x N, like V: .trans) or from Bt = B^T (N x K rows, like K in Q K^T: no trans).
 // Shared rows padded to 24 elements (48 bytes: 16-byte aligned, as the kernel's padded tiles).
-template <bool kFromTranspose>
-__global__ void ldmatrix_mma_kernel(float* D, const __nv_bfloat16* A, const __nv_bfloat16* B) {
+template <class T, bool kFromTranspose, bool kByK8>
+__global__ void ldmatrix_mma_kernel(float* D, const T* A, const T* B) {
   constexpr int S = 24;
-  DYNAMIC_SMEM(__nv_bfloat16, tiles);  // As then Bs, 16 x S each
-  __nv_bfloat16* As = tiles;
-  __nv_bfloat16* Bs = tiles + 16 * S;
+  DYNAMIC_SMEM(T, tiles);  // As then Bs, 16 x S each
+  T* As = tiles;
+  T* Bs = tiles + 16 * S;
   const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
   for (int i = lane; i < 256; i += 32) {
     As[(i / 16) * S + i % 16] = A[i];
@@ -98,7 +101,8 @@ __global__ void ldmatrix_mma_kernel(float* D, const __nv_bfloat16* A, const __nv
   for (int nt = 0; nt < 2; nt++) {
     const uint32_t b[2] = {r[2 * nt], r[2 * nt + 1]};
     float d[4] = {0.f, 0.f, 0.f, 0.f};
-    gpt2::cuda::mma_m16n8k16<__nv_bfloat16>(d, a, b);
+    if constexpr (kByK8) gpt2::cuda::mma_m16n8k16_by_k8(d, a, b);
+    else gpt2::cuda::mma_m16n8k16<T>(d, a, b);
     D[g * 16 + nt * 8 + 2 * t] = d[0];
     D[g * 16 + nt * 8 + 2 * t + 1] = d[1];
     D[(g + 8) * 16 + nt * 8 + 2 * t] = d[2];
@@ -127,13 +131,13 @@ static void check_product(const char* what, const std::vector<float>& got, const
   printf("ok %s\n", what);
 }
 
-template <class T>
+template <class T, bool kByK8 = false>
 static void test_k16(const char* what, std::mt19937& rng) {
   const auto A = random16<T>(256, rng), B = random16<T>(128, rng);
   std::vector<float> C(128);
   for (auto& c : C) c = float(rng() % 2001) / 100.f - 10.f;
   float* dD = device_alloc<float>(128);
-  LAUNCH(mma_k16_kernel<T>, 1, 32, 0, 0, dD, to_device(A), to_device(B), to_device(C));
+  LAUNCH((mma_k16_kernel<T, kByK8>), 1, 32, 0, 0, dD, to_device(A), to_device(B), to_device(C));
   TEST_CUDA(cudaDeviceSynchronize());
   std::vector<double> ref(128), mag(128);
   for (int r = 0; r < 16; r++)
@@ -191,11 +195,12 @@ static void test_ldmatrix() {
   printf("ok ldmatrix_x4 and ldmatrix_x4_trans\n");
 }
 
-template <bool kFromTranspose>
+template <class T, bool kFromTranspose, bool kByK8 = false>
 static void test_ldmatrix_mma(const char* what, std::mt19937& rng) {
-  const auto A = random16<__nv_bfloat16>(256, rng), B = random16<__nv_bfloat16>(256, rng);
+  const auto A = random16<T>(256, rng), B = random16<T>(256, rng);
   float* dD = device_alloc<float>(256);
-  LAUNCH(ldmatrix_mma_kernel<kFromTranspose>, 1, 32, 2 * 16 * 24 * sizeof(__nv_bfloat16), 0, dD, to_device(A), to_device(B));
+  LAUNCH((ldmatrix_mma_kernel<T, kFromTranspose, kByK8>), 1, 32, 2 * 16 * 24 * sizeof(T), 0, dD, to_device(A),
+         to_device(B));
   TEST_CUDA(cudaDeviceSynchronize());
   std::vector<double> ref(256, 0.0), mag(256, 0.0);
   for (int r = 0; r < 16; r++)
@@ -212,9 +217,14 @@ int main() {
   std::mt19937 rng(18);
   test_k16<__nv_bfloat16>("mma_m16n8k16 bf16", rng);
   test_k16<__half>("mma_m16n8k16 f16", rng);
+  test_k16<__half, true>("mma_m16n8k16_by_k8 f16 (sm_75)", rng);
   test_k8(rng);
   test_ldmatrix();
-  test_ldmatrix_mma<false>("ldmatrix.trans (B rows, as V) -> mma", rng);
-  test_ldmatrix_mma<true>("ldmatrix (B^T rows, as K) -> mma", rng);
+  test_ldmatrix_mma<__nv_bfloat16, false>("ldmatrix.trans (B rows, as V) -> mma bf16", rng);
+  test_ldmatrix_mma<__nv_bfloat16, true>("ldmatrix (B^T rows, as K) -> mma bf16", rng);
+  test_ldmatrix_mma<__half, false>("ldmatrix.trans (B rows, as V) -> mma f16", rng);
+  test_ldmatrix_mma<__half, true>("ldmatrix (B^T rows, as K) -> mma f16", rng);
+  test_ldmatrix_mma<__half, false, true>("ldmatrix.trans (B rows, as V) -> mma_m16n8k16_by_k8", rng);
+  test_ldmatrix_mma<__half, true, true>("ldmatrix (B^T rows, as K) -> mma_m16n8k16_by_k8", rng);
   return 0;
 }

@@ -45,45 +45,55 @@ int main() {
   AlgoChoice<int, std::string> ch;
 
   // can time: the fastest, each candidate timed once, then cached (no more questions, no more timing)
-  CHECK(ch.choose(1, true, candidates, time) == std::string("heur1"));
+  CHECK(ch.choose(1, true, true, candidates, time) == std::string("heur1"));
   CHECK(asked == 1 && timed == 3);
   table = {0.1f, 9.0f, 9.0f};  // a later, different timing does not change a cached choice
-  CHECK(ch.choose(1, true, candidates, time) == std::string("heur1"));
+  CHECK(ch.choose(1, true, true, candidates, time) == std::string("heur1"));
   CHECK(asked == 1 && timed == 3 && ch.size() == 1);
 
   // cannot time (a graph capturing): the heuristic's first, not cached; a later call that can time chooses
   asked = timed = 0;
-  CHECK(ch.choose(2, false, candidates, time) == std::string("heur0"));
+  CHECK(ch.choose(2, true, false, candidates, time) == std::string("heur0"));
   CHECK(asked == 1 && timed == 0 && ch.size() == 1);
   table = {3.0f, 2.0f, 1.0f};
-  CHECK(ch.choose(2, true, candidates, time) == std::string("heur2"));
+  CHECK(ch.choose(2, true, true, candidates, time) == std::string("heur2"));
   CHECK(asked == 2 && timed == 3 && ch.size() == 2);
-  CHECK(ch.choose(2, false, candidates, time) == std::string("heur2"));  // cached: capture replays the winner
+  CHECK(ch.choose(2, true, false, candidates, time) == std::string("heur2"));  // cached: capture replays the winner
   CHECK(asked == 2 && timed == 3);
 
   // a failed timing is never chosen; all failed: the first, not cached
   asked = timed = 0;
   table = {-1.0f, nan, 4.0f};
-  CHECK(ch.choose(3, true, candidates, time) == std::string("heur2"));
+  CHECK(ch.choose(3, true, true, candidates, time) == std::string("heur2"));
   table = {-1.0f, nan, -1.0f};
-  CHECK(ch.choose(4, true, candidates, time) == std::string("heur0"));
+  CHECK(ch.choose(4, true, true, candidates, time) == std::string("heur0"));
   CHECK(ch.size() == 3);
   table = {5.0f, 1.0f, 5.0f};
-  CHECK(ch.choose(4, true, candidates, time) == std::string("heur1"));
+  CHECK(ch.choose(4, true, true, candidates, time) == std::string("heur1"));
 
   // one candidate: no timing, cached even when timing is impossible; none: nullopt, nothing cached
   asked = timed = 0;
   cands = {"only"};
-  CHECK(ch.choose(5, false, candidates, time) == std::string("only"));
+  CHECK(ch.choose(5, true, false, candidates, time) == std::string("only"));
   CHECK(timed == 0 && ch.size() == 5);
   cands = {};
-  CHECK(!ch.choose(6, true, candidates, time).has_value());
+  CHECK(!ch.choose(6, true, true, candidates, time).has_value());
   CHECK(ch.size() == 5 && timed == 0);
 
   // ties go to the heuristic's earlier candidate
   cands = {"a", "b", "c"};
   table = {1.0f, 1.0f, 1.0f};
-  CHECK(ch.choose(7, true, candidates, time) == std::string("a"));
+  CHECK(ch.choose(7, true, true, candidates, time) == std::string("a"));
+
+  // not tuning (the default): the heuristic's first, never timed, cached even when timing is possible
+  asked = timed = 0;
+  cands = {"h0", "h1", "h2"};
+  table = {9.0f, 0.1f, 5.0f};
+  CHECK(ch.choose(8, false, true, candidates, time) == std::string("h0"));
+  CHECK(ch.choose(8, false, true, candidates, time) == std::string("h0"));
+  CHECK(asked == 1 && timed == 0 && ch.size() == 7);
+  CHECK(ch.choose(9, false, false, candidates, time) == std::string("h0"));  // capturing: the same first
+  CHECK(asked == 2 && timed == 0 && ch.size() == 8);
 
   std::printf("checks %d failed %d\n", checks, failed);
   return failed ? 1 : 0;

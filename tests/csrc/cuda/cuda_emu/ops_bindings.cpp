@@ -27,6 +27,10 @@ void set_schedule(const char* spec);
 unsigned long long launch_count();
 bool memory_checker_enabled();
 }  // namespace gpt2emu
+namespace gpt2emu_test {  // attention_tc_ops.cu
+void attention_tc_16(bool f16, uint16_t* out, float* lse, uint16_t* dqkv, const uint16_t* qkv, const uint16_t* dout,
+                     int B, int T, int C, int NH, bool misalign, bool accumulate);
+}  // namespace gpt2emu_test
 
 namespace py = pybind11;
 using F = py::array_t<float, py::array::c_style | py::array::forcecast>;
@@ -452,6 +456,25 @@ void bind_cuda_emu_ops(py::module_& m) {
     return int(s::attention_backward(p));
   }, py::kw_only(), py::arg("qkv"), py::arg("out"), py::arg("stats"), py::arg("dout"), py::arg("dqkv"), py::arg("B"),
      py::arg("T"), py::arg("NH"), py::arg("HS"), py::arg("scale"), py::arg("dtype") = 1);
+  // csrc/cuda/attention_tc.cuh's forward + backward called directly (attention_tc_ops.cu), fp16 (f16=True) or bf16:
+  // qkv (B, T, 3C), dout (B, T, C), dqkv (B, T, 3C) as uint16 bit patterns -> (out, lse, dqkv + gradient); with
+  // accumulate=False the backward writes the gradient (InputGrad::Write) into a poisoned dqkv.
+  using U16 = py::array_t<uint16_t, py::array::c_style | py::array::forcecast>;
+  m.def("attention_tc", [](bool f16, U16 qkv, U16 dout, U16 dqkv, int NH, bool misalign, bool accumulate) {
+    if (qkv.ndim() != 3 || qkv.shape(2) % 3 || dout.ndim() != 3 || dqkv.ndim() != 3)
+      throw py::value_error("attention_tc: qkv and dqkv (B, T, 3C), dout (B, T, C)");
+    const int B = int(qkv.shape(0)), T = int(qkv.shape(1)), C = int(qkv.shape(2) / 3);
+    if (dout.shape(0) != B || dout.shape(1) != T || dout.shape(2) != C || dqkv.shape(0) != B ||
+        dqkv.shape(1) != T || dqkv.shape(2) != 3 * C || NH <= 0 || C % NH)
+      throw py::value_error("attention_tc: shapes disagree (or C is not a multiple of NH)");
+    U16 out({B, T, C}), grad(std::vector<py::ssize_t>{B, T, 3 * C});
+    py::array_t<float> lse({B, NH, T});
+    std::memcpy(grad.mutable_data(), dqkv.data(), size_t(dqkv.size()) * 2);
+    gpt2emu_test::attention_tc_16(f16, out.mutable_data(), lse.mutable_data(), grad.mutable_data(), qkv.data(),
+                                  dout.data(), B, T, C, NH, misalign, accumulate);
+    return py::make_tuple(out, lse, grad);
+  }, py::arg("f16"), py::arg("qkv"), py::arg("dout"), py::arg("dqkv"), py::arg("NH"), py::arg("misalign") = false,
+        py::arg("accumulate") = true);
   bind_ops<float>(m, "Ops", "Backend<float> ops of one backend on numpy arrays (tests only).");
   bind_ops<gpt2::bf16>(m, "OpsBF16",
                        "Backend<bf16> ops of the emulated CUDA backend on numpy arrays: T-typed arguments rounded "
