@@ -25,14 +25,14 @@ template void residual_layernorm_forward<float>(float*, float*, float*, float*, 
                                                 const float*, const float*, int, int, cudaStream_t);
 template void layernorm_backward<X>(X*, float*, float*, const X*, const X*, const X*, const float*, const float*,
                                     float*, int, int, bool, cudaStream_t);
-template void matmul_forward<X>(X*, const X*, const X*, const X*, int, int, int, bool, cudaStream_t);
+template void matmul_forward<X>(X*, const X*, const X*, const X*, int, int, int, MatmulMode, cudaStream_t);
 template void matmul_backward<X>(X*, float*, float*, const X*, const X*, const X*, float*, int, int, int, bool,
-                                 bool, cudaStream_t);
-template void matmul_backward_weights<X>(float*, float*, const X*, const X*, float*, int, int, int, bool,
+                                 MatmulMode, cudaStream_t);
+template void matmul_backward_weights<X>(float*, float*, const X*, const X*, float*, int, int, int, MatmulMode,
                                          cudaStream_t);
-template bool matmul_gelu_forward<X>(X*, X*, const X*, const X*, const X*, int, int, int, bool, cudaStream_t);
+template bool matmul_gelu_forward<X>(X*, X*, const X*, const X*, const X*, int, int, int, MatmulMode, cudaStream_t);
 template bool gelu_matmul_backward<X>(X*, float*, float*, const X*, const X*, const X*, const X*, float*, int, int,
-                                      int, bool, cudaStream_t);
+                                      int, MatmulMode, cudaStream_t);
 template void column_sum_accumulate<X>(float*, const X*, float*, int, int, cudaStream_t);
 template void gelu_forward<X>(X*, const X*, size_t, cudaStream_t);
 template void gelu_backward<X>(X*, const X*, const X*, size_t, cudaStream_t);
