@@ -1,8 +1,10 @@
-"""bf16 storage (the contract at the top of csrc/cuda/common.cuh) of the CUDA kernels, emulated: every op of the test class
+"""bf16 storage (the contract at the top of csrc/cuda/common.cuh) of the CUDA kernels, emulated: the ops of the test class
 gpt2core_cuda_emu.OpsBF16 against a float64 numpy reference computed over the bf16-ROUNDED inputs, on odd shapes
 (N = 3 * 37 rows, C = 192, vocab 97 padded to 128 with ignored targets, ragged element counts), with 16-byte
-aligned buffers (vectorised paths: 8 bf16 per access) and misaligned ones (scalar fallbacks); stochastic rounding
-of the AdamW parameter write and cast_params; and the fused residual + layernorm in fp32 (Ops).
+aligned buffers (vectorised paths: 8 bf16 per access) and misaligned ones (scalar fallbacks): here crossentropy
+and the stochastic rounding of cast_params, and BF16, the bf16 helpers with which test_cuda_emu_16bit.py tests the
+ops both 16-bit types share (encoder, layernorm, residual, matmul, GELU, AdamW: its stochastic parameter write is
+check_param_copy); and the fused ops in fp32 (Ops). The shapes, references and fp32 check here serve fp16 too.
 
 OpsBF16 takes and returns float32 numpy arrays: inputs the contract types T are rounded to bf16 (nearest even) on
 upload, float-typed ones (master weights, gradients of parameters, m, v, mean, rstd, lse) stay fp32.
@@ -13,6 +15,8 @@ fp32 arithmetic before that rounding adds at most ~1e-5 relative to the magnitud
 for the n <= 192 products of a row; products of two bf16 are exact in fp32) -- FP32 below. fp32 outputs
 (statistics, parameter gradients) only carry the FP32 part.
 """
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -90,169 +94,37 @@ def gelu_grad_ref(x):
     return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * s * (1.0 + 3.0 * 0.044715 * x * x)
 
 
-# --------------------------------------------------------------------------------------------- ops
-@pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-def test_encoder(bf16ops, mis):
-    ops, rng = bf16ops[mis], np.random.default_rng(1)
-    inp = rng.integers(0, V, (B, T)).astype(np.int32)
-    inp[1, :5] = inp[0, 3]  # repeated tokens
-    wte, wpe = rnd(rng, Vp, C), rnd(rng, maxT, C)
-    out = ops.encoder_forward(inp, wte, wpe)
-    # the sum of two bf16 values is exact in fp32, so the output is exactly the rounded true sum
-    ref = wte[inp].astype(np.float64) + wpe[:T][None].astype(np.float64)
-    assert np.array_equal(out, round_bf16(ref.astype(np.float32)))
-    dwte0, dwpe0, dout = f32(rng, Vp, C), f32(rng, maxT, C), rnd(rng, B, T, C)
-    dwte, dwpe = ops.encoder_backward(dwte0, dwpe0, dout, inp)
-    rw, aw = dwte0.astype(np.float64), np.abs(dwte0).astype(np.float64)
-    np.add.at(rw, inp.ravel(), dout.reshape(N, C).astype(np.float64))
-    np.add.at(aw, inp.ravel(), np.abs(dout.reshape(N, C)).astype(np.float64))
-    check_f32(dwte, rw, aw)  # fp32 gradients: fp32 sums of exact bf16 values
-    rp = dwpe0.astype(np.float64)
-    rp[:T] += dout.astype(np.float64).sum(0)
-    check_f32(dwpe, rp, np.abs(dwpe0) + np.pad(np.abs(dout).sum(0), ((0, maxT - T), (0, 0))))
+def check_layernorm_forward(check16, ops, x, w, b):
+    """layernorm_forward of a 16-bit ops object against ln_ref; check16: the type's check of 16-bit outputs.
+    Returns the reference (mean, rstd)."""
+    out, mean, rstd = ops.layernorm_forward(x, w, b)
+    ref, m, r = ln_ref(x, w, b)
+    # out: one rounding of O(1) values; the fp32 statistics carry FP32 relative error into every output
+    check16(out, ref, np.abs(w) * np.abs((x - m[:, None]) * r[:, None]) + np.abs(b))
+    check_f32(mean, m, np.abs(x).mean(-1))
+    check_f32(rstd, r, r)
+    return m, r
+
+
+def check_param_copy(ops, p, master, seed, offset):
+    """The bf16 weight copy an AdamW step writes: the master rounded stochastically (seed 0: to nearest even), to
+    one of its two bf16 neighbours, with cast_params' bits for the same (seed, offset + i)."""
+    assert is_bf16(p)
+    if seed == 0:
+        assert np.array_equal(p, round_bf16(master))
+    lo, hi = bf16_neighbours(master)
+    assert np.all((p == lo) | (p == hi))
+    assert np.array_equal(bf16_bits(p), bf16_bits(ops.cast_params(master, seed, offset)))
+
+
+# bf16 for the ops test_cuda_emu_16bit.py tests over both 16-bit types (tiny = 0: bf16 has fp32's exponent range)
+BF16 = SimpleNamespace(cls="OpsBF16", U=RNE, tiny=0.0, round=round_bf16, rnd=rnd, is16=is_bf16, check=check_bf16,
+                       check_param_copy=check_param_copy)
 
 
 # rows: 3 * 37 x 192 (vector path, row cached in registers), 7 x 100 (C not a multiple of 8: scalar path),
 # 5 x 2056 (vector path, row too wide for the register cache: re-read per pass)
 SHAPES_LN = [(N, C), (7, 100), (5, 2056)]
-
-
-@pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("N,C", SHAPES_LN)
-def test_layernorm(bf16ops, mis, N, C):
-    ops, rng = bf16ops[mis], np.random.default_rng(2)
-    x, w, b = rnd(rng, N, C, scale=2.0, offset=0.5), rnd(rng, C, offset=1.0), rnd(rng, C)
-    out, mean, rstd = ops.layernorm_forward(x, w, b)
-    ref, m, r = ln_ref(x, w, b)
-    # out: normalised values are O(1); the fp32 statistics carry FP32 relative error into every output
-    check_bf16(out, ref, np.abs(w) * np.abs((x - m[:, None]) * r[:, None]) + np.abs(b))
-    check_f32(mean, m, np.abs(x).mean(-1))
-    check_f32(rstd, r, r)
-    # backward, from the reference statistics (fp32 inputs of the op)
-    dinp0, dw0, db0, dout = rnd(rng, N, C), f32(rng, C), f32(rng, C), rnd(rng, N, C)
-    dinp, dw, db = ops.layernorm_backward(dinp0, dw0, db0, dout, x, w, m.astype(np.float32), r.astype(np.float32))
-    xd, gd = x.astype(np.float64), dout.astype(np.float64)
-    norm = (xd - m[:, None]) * r[:, None]
-    dnorm = w * gd
-    term = (dnorm - dnorm.mean(-1, keepdims=True) - norm * (dnorm * norm).mean(-1, keepdims=True)) * r[:, None]
-    mag = (np.abs(dnorm) + np.abs(dnorm).mean(-1, keepdims=True)
-           + np.abs(norm) * np.abs(dnorm * norm).mean(-1, keepdims=True)) * r[:, None]
-    check_bf16(dinp, dinp0 + term, mag + np.abs(dinp0))  # one rounding of dinp + term (accumulated in T)
-    check_f32(dw, dw0 + (norm * gd).sum(0), np.abs(dw0) + np.abs(norm * gd).sum(0))
-    check_f32(db, db0 + gd.sum(0), np.abs(db0) + np.abs(gd).sum(0))
-
-
-@pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("N,C", SHAPES_LN)
-def test_residual_layernorm_forward(bf16ops, mis, N, C):
-    ops, rng = bf16ops[mis], np.random.default_rng(3)
-    a, b = rnd(rng, N, C, scale=2.0, offset=0.5), rnd(rng, N, C)
-    w, bias = rnd(rng, C, offset=1.0), rnd(rng, C)
-    res, out, mean, rstd = ops.residual_layernorm_forward(a, b, w, bias)
-    # residual: sum of two bf16 exact in fp32, one rounding
-    assert np.array_equal(res, round_bf16((a.astype(np.float64) + b).astype(np.float32)))
-    assert np.array_equal(res, ops.residual_forward(a.ravel(), b.ravel()).reshape(N, C))
-    # layernorm of the ROUNDED residual
-    ref, m, r = ln_ref(res, w, bias)
-    check_bf16(out, ref, np.abs(w) * np.abs((res - m[:, None]) * r[:, None]) + np.abs(bias))
-    check_f32(mean, m, np.abs(res).mean(-1))
-    check_f32(rstd, r, r)
-    # and the unfused ops on the same residual: within one bf16 rounding (here the same arithmetic)
-    out2, mean2, rstd2 = ops.layernorm_forward(res, w, bias)
-    assert np.max(np.abs(bf16_bits(out).astype(np.int32) - bf16_bits(out2).astype(np.int32))) <= 1
-    check_f32(mean, mean2.astype(np.float64), np.abs(res).mean(-1))
-    check_f32(rstd, rstd2.astype(np.float64), r)
-
-
-@pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("refuse", [False, True], ids=["bgrad_epilogue", "bgrad_refused"])
-def test_matmul(bf16ops, mis, refuse, monkeypatch):
-    """dbias from the dW GEMM's bias-gradient epilogue (which overwrites: the backend adds it into dbias), or, where
-    the seam refuses that epilogue (the emulator's test knob, as cuBLASLt may), from the column-sum kernels."""
-    if refuse:
-        monkeypatch.setenv("GPT2CORE_EMU_REFUSE_BIAS_GRAD_EPILOGUE", "1")
-    ops, rng = bf16ops[mis], np.random.default_rng(4)
-    for OC in (3 * C, 101):
-        x, w, bias = rnd(rng, N, C), rnd(rng, OC, C, scale=0.1), rnd(rng, OC)
-        xd, wd = x.astype(np.float64), w.astype(np.float64)
-        mag = np.abs(xd) @ np.abs(wd).T
-        for bb in (bias, None):
-            out = ops.matmul_forward(x, w, bb)
-            ref = xd @ wd.T + (0.0 if bb is None else bb)
-            check_bf16(out, ref, mag + (0.0 if bb is None else np.abs(bb)))
-        dinp0, dw0, db0, dout = rnd(rng, N, C), f32(rng, OC, C), f32(rng, OC), rnd(rng, N, OC)
-        gd = dout.astype(np.float64)
-        for dbias0 in (db0, None):
-            dinp, dw, db = ops.matmul_backward(dinp0, dw0, dbias0, dout, x, w)
-            check_bf16(dinp, dinp0 + gd @ wd, np.abs(dinp0) + np.abs(gd) @ np.abs(wd))  # += in T
-            # dw: fp32 accumulation over N = 111 rows (111 * 2^-24 < FP32)
-            check_f32(dw, dw0 + gd.T @ xd, np.abs(dw0) + np.abs(gd).T @ np.abs(xd))
-            if dbias0 is None:
-                assert db is None
-            else:
-                check_f32(db, db0 + gd.sum(0), np.abs(db0) + np.abs(gd).sum(0))
-                # a second micro-step accumulates into the first's dbias (and dw)
-                _, dw2, db2 = ops.matmul_backward(dinp0, dw, db, dout, x, w)
-                check_f32(db2, db0 + 2 * gd.sum(0), np.abs(db0) + 2 * np.abs(gd).sum(0))
-                check_f32(dw2, dw0 + 2 * (gd.T @ xd), np.abs(dw0) + 2 * (np.abs(gd).T @ np.abs(xd)))
-
-
-@pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("n", [N * C, N * C + 5, 13], ids=["NC", "ragged", "tiny"])
-def test_gelu_and_residual(bf16ops, mis, n):
-    ops, rng = bf16ops[mis], np.random.default_rng(5)
-    x = rnd(rng, n, scale=2.0)
-    xd = x.astype(np.float64)
-    out = ops.gelu_forward(x)
-    # RNE of gelu; the fp32 tanh form adds ~1e-7 relative to |x| (cancellation in 1 + tanh for x < 0)
-    check_bf16(out, gelu_ref(xd), np.abs(xd))
-    dinp0, dout = rnd(rng, n), rnd(rng, n)
-    dinp = ops.gelu_backward(dinp0, x, dout)
-    g = gelu_grad_ref(xd) * dout
-    check_bf16(dinp, dinp0 + g, np.abs(dinp0) + np.abs(g) + np.abs(dout))
-    a, b = rnd(rng, n), rnd(rng, n)
-    # exact: the fp32 sum of two bf16 values of these magnitudes is exact, then one rounding
-    assert np.array_equal(ops.residual_forward(a, b), round_bf16((a.astype(np.float64) + b).astype(np.float32)))
-
-
-@pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("fused", ["1", "0"])
-def test_gelu_epilogues(emu, mis, fused):  # noqa: F811
-    """matmul_gelu_forward and gelu_matmul_backward (the MLP; GELU in cuBLASLt's epilogues when fused, else the
-    separate matmul and GELU kernels; misaligned buffers take the separate kernels too)."""
-    ops, rng = emu.OpsBF16("cuda", misalign=mis, fused=fused == "1"), np.random.default_rng(10)
-    OC = 4 * C
-    x, w, bias = rnd(rng, N, C), rnd(rng, OC, C, scale=0.1), rnd(rng, OC)
-    xd, wd = x.astype(np.float64), w.astype(np.float64)
-    mag = np.abs(xd) @ np.abs(wd).T + np.abs(bias)
-    pre, out = ops.matmul_gelu_forward(x, w, bias)
-    pre_ref = xd @ wd.T + bias
-    check_bf16(pre, pre_ref, mag)
-    # gelu of the fp32 pre-activation (fused) or of its bf16 rounding (unfused): |gelu'| < 1.2 carries pre's error
-    assert is_bf16(out)
-    ref = gelu_ref(pre_ref)
-    bound = RNE * np.abs(ref) + 1.2 * (RNE * np.abs(pre_ref) + FP32 * mag) + FP32 * np.abs(pre_ref) + 1e-30
-    assert np.max(np.abs(out - ref) / bound) <= 1.0
-    # backward of gelu(pre) @ w2^T + b2 (4C -> C); dpre starts random and is overwritten
-    p, w2 = rnd(rng, N, OC, scale=2.0), rnd(rng, C, OC, scale=0.1)
-    act = ops.gelu_forward(p.ravel()).reshape(N, OC)
-    dpre0, dw0, db0, dout = rnd(rng, N, OC), f32(rng, C, OC), f32(rng, C), rnd(rng, N, C)
-    gd, w2d, pd = dout.astype(np.float64), w2.astype(np.float64), p.astype(np.float64)
-    dpre, dw, db = ops.gelu_matmul_backward(dpre0, dw0, db0, dout, p, act, w2)
-    acc = gd @ w2d
-    g = gelu_grad_ref(pd)
-    # fused: one rounding of acc * gelu'; unfused: acc rounded first, then the product rounded. gelu' in fp32 is
-    # off by ~1e-7 absolute (0 instead of 1e-10 where tanh saturates, cancellation near its zero): FP32 * |acc|
-    assert is_bf16(dpre)
-    ref = acc * g
-    bound = (RNE * np.abs(ref) + np.abs(g) * (RNE * np.abs(acc) + FP32 * (np.abs(gd) @ np.abs(w2d)))
-             + FP32 * np.abs(acc) + 1e-30)
-    assert np.max(np.abs(dpre - ref) / bound) <= 1.0
-    ad = act.astype(np.float64)
-    check_f32(dw, dw0 + gd.T @ ad, np.abs(dw0) + np.abs(gd).T @ np.abs(ad))
-    check_f32(db, db0 + gd.sum(0), np.abs(db0) + np.abs(gd).sum(0))
-    dpre2, dw2, db2 = ops.gelu_matmul_backward(dpre0, dw0, None, dout, p, act, w2)
-    assert db2 is None and np.array_equal(dpre2, dpre) and np.array_equal(dw2, dw)
 
 
 # (rows, V, Vp): the model's shape; Vp a multiple of 8 with V not (8-bf16 vectors, a ragged tail up to V, padded
@@ -302,28 +174,6 @@ def adamw_ref(w, g, m, v, lr, beta1, beta2, eps, decay, grad_scale, bc1, bc2):
     m = beta1 * m + (1 - beta1) * g
     v = beta2 * v + (1 - beta2) * g * g
     return w - lr * ((m / bc1) / (np.sqrt(v / bc2) + eps) + decay * w), m, v
-
-
-@pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("n", [N * C + 3, 7], ids=["ragged", "tiny"])
-def test_adamw_master_weights(bf16ops, mis, n):
-    ops, rng = bf16ops[mis], np.random.default_rng(7)
-    master0, grad = f32(rng, n, scale=0.05), f32(rng, n)
-    m0, v0 = f32(rng, n, scale=0.1), np.abs(f32(rng, n, scale=0.1))  # a later step: smooth in the gradient
-    wr, mr, vr = adamw_ref(master0, grad, m0, v0, **ADAM)
-    for seed, offset in ((0, 0), (1234, 0), (99, 1 << 33)):
-        p, master, m, v = ops.adamw(master0, grad, m0, v0, **ADAM, seed=seed, offset=offset)
-        # fp32 master/m/v: a few fp32 roundings of each O(1) quantity of the update
-        check_f32(m, mr, np.abs(mr) + np.abs(grad))
-        check_f32(v, vr, vr + grad.astype(np.float64) ** 2)
-        check_f32(master, wr, np.abs(wr) + ADAM["lr"] * 10)
-        assert is_bf16(p)
-        if seed == 0:
-            assert np.array_equal(p, round_bf16(master))  # seed 0: round to nearest even
-        lo, hi = bf16_neighbours(master)
-        assert np.all((p == lo) | (p == hi))
-        # the parameter write is cast_params' rounding: same (seed, offset + i) -> same bits
-        assert np.array_equal(bf16_bits(p), bf16_bits(ops.cast_params(master, seed, offset)))
 
 
 def test_stochastic_rounding(bf16ops):

@@ -1,6 +1,7 @@
 """fp16 storage (IEEE binary16, the contract at the top of csrc/cuda/common.cuh) of the CUDA kernels, emulated: the
-conversions, then every op of gpt2core_cuda_emu.OpsF16 (Backend<f16>) against a float64 numpy reference computed
-over the fp16-ROUNDED inputs, on the odd shapes of test_cuda_emu_bf16.py (whose references this file imports),
+conversions, then the ops of gpt2core_cuda_emu.OpsF16 (Backend<f16>) against a float64 numpy reference computed
+over the fp16-ROUNDED inputs (here crossentropy and attention; F16 gives test_cuda_emu_16bit.py what it needs to
+test the ops both 16-bit types share), on the odd shapes of test_cuda_emu_bf16.py (whose references this file imports),
 aligned (vector paths: 8 fp16 per 16-byte access) and misaligned (scalar fallbacks), and fp16's narrow range:
 values whose squares or products overflow 65504 must stay in fp32 (layernorm statistics, softmax, attention
 scores) and outputs above it become Inf.
@@ -18,13 +19,15 @@ Tolerances, derived from fp16's unit roundoff U = 2^-11 (11 significant bits):
 A kernel that rounded to bf16 (2^-8), truncated instead of rounding (2^-10), or kept a statistic in fp16 would
 exceed these bounds by factors of 2 to 8 on most elements.
 """
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 # emu: the session fixture that builds and imports gpt2core_cuda_emu
 from test_cuda_emu import emu  # noqa: F401
-from test_cuda_emu_bf16 import (ADAM, FP32, SHAPES_LN, B, C, N, T, V, Vp, adamw_ref, check_f32, f32, gelu_grad_ref,
-                                gelu_ref, ln_ref, maxT)
+from test_cuda_emu_bf16 import FP32, B, N, V, Vp, check_f32, check_layernorm_forward
+from test_cuda_emu_bf16_attention import CASES
 from test_cuda_emu_bf16_attention import reference as attention_reference
 
 U = 2.0 ** -11     # unit roundoff of fp16 (round to nearest even, normal range)
@@ -62,6 +65,18 @@ def check_f16(got, ref, terms, extra=0.0):
     bound = U * np.abs(ref) + FP32 * terms + extra + TINY
     worst = np.max(np.abs(got - ref) / bound)
     assert worst <= 1.0, f"error {worst:.3f} x the bound"
+
+
+def check_param_copy(ops, p, master, seed, offset):
+    """The fp16 weight copy an AdamW step writes: the master rounded to nearest even whatever the seed (fp16 does
+    not round stochastically: see csrc/cuda/common.cuh), as cast_params writes it."""
+    assert np.array_equal(p, r16(master))
+    assert np.array_equal(p, ops.cast_params(master, seed, offset))
+
+
+# fp16 for the ops test_cuda_emu_16bit.py tests over both 16-bit types
+F16 = SimpleNamespace(cls="OpsF16", U=U, tiny=TINY, round=r16, rnd=rnd, is16=is_f16, check=check_f16,
+                      check_param_copy=check_param_copy)
 
 
 # --------------------------------------------------------------------------------------------- conversions
@@ -118,119 +133,13 @@ def test_float_to_f16_rounds_to_nearest_even(emu, f16ops):  # noqa: F811
         assert np.all(np.isnan(got[nan]))
 
 
-# --------------------------------------------------------------------------------------------- ops
-@pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-def test_encoder(f16ops, mis):
-    ops, rng = f16ops[mis], np.random.default_rng(1)
-    inp = rng.integers(0, V, (B, T)).astype(np.int32)
-    inp[1, :5] = inp[0, 3]  # repeated tokens
-    wte, wpe = rnd(rng, Vp, C), rnd(rng, maxT, C)
-    # two fp16 values of similar size add exactly in fp32: the output is the true sum rounded once
-    exact = wte[inp].astype(np.float64) + wpe[:T][None]
-    assert np.array_equal(ops.encoder_forward(inp, wte, wpe), r16(exact))
-    dwte0, dwpe0, dout = f32(rng, Vp, C), f32(rng, maxT, C), rnd(rng, B, T, C)
-    dwte, dwpe = ops.encoder_backward(dwte0, dwpe0, dout, inp)
-    flat = dout.reshape(N, C).astype(np.float64)
-    rw, aw = dwte0.astype(np.float64), np.abs(dwte0).astype(np.float64)
-    np.add.at(rw, inp.ravel(), flat)
-    np.add.at(aw, inp.ravel(), np.abs(flat))
-    check_f32(dwte, rw, aw)
-    pad = ((0, maxT - T), (0, 0))
-    check_f32(dwpe, dwpe0 + np.pad(dout.astype(np.float64).sum(0), pad), np.abs(dwpe0) + np.pad(np.abs(dout).sum(0), pad))
-
-
-def check_layernorm_forward(ops, x, w, b):
-    out, mean, rstd = ops.layernorm_forward(x, w, b)
-    ref, m, r = ln_ref(x, w, b)
-    # out: one rounding of O(1) values; the fp32 statistics carry FP32 relative error into every output
-    check_f16(out, ref, np.abs(w) * np.abs((x - m[:, None]) * r[:, None]) + np.abs(b))
-    check_f32(mean, m, np.abs(x).mean(-1))
-    check_f32(rstd, r, r)
-    return m, r
-
-
-@pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("N,C", SHAPES_LN)
-def test_layernorm(f16ops, mis, N, C):
-    ops, rng = f16ops[mis], np.random.default_rng(2)
-    x, w, b = rnd(rng, N, C, scale=2.0, offset=0.5), rnd(rng, C, offset=1.0), rnd(rng, C)
-    m, r = check_layernorm_forward(ops, x, w, b)
-    dinp0, dw0, db0, dout = rnd(rng, N, C), f32(rng, C), f32(rng, C), rnd(rng, N, C)
-    dinp, dw, db = ops.layernorm_backward(dinp0, dw0, db0, dout, x, w, m.astype(np.float32), r.astype(np.float32))
-    gd = dout.astype(np.float64)
-    norm = (x - m[:, None]) * r[:, None]
-    dnorm = w * gd
-    term = (dnorm - dnorm.mean(-1, keepdims=True) - norm * (dnorm * norm).mean(-1, keepdims=True)) * r[:, None]
-    mag = (np.abs(dnorm) + np.abs(dnorm).mean(-1, keepdims=True)
-           + np.abs(norm) * np.abs(dnorm * norm).mean(-1, keepdims=True)) * r[:, None]
-    check_f16(dinp, dinp0 + term, mag + np.abs(dinp0))  # dinp += term, rounded once
-    check_f32(dw, dw0 + (norm * gd).sum(0), np.abs(dw0) + np.abs(norm * gd).sum(0))
-    check_f32(db, db0 + gd.sum(0), np.abs(db0) + np.abs(gd).sum(0))
-    # InputGrad::Write: dinp = term, its NaN contents neither read nor kept
-    dinp_w = ops.layernorm_backward(np.full_like(dinp0, np.nan), dw0, db0, dout, x, w, m.astype(np.float32),
-                                    r.astype(np.float32), write=True)[0]
-    check_f16(dinp_w, term, mag)
-
-
 def test_layernorm_of_values_whose_squares_overflow_fp16(f16ops):
     """Inputs near 3e4 (fp16-representable) with spread 2e3: the sum of squares (~1e9 per row) and the variance
     (~4e6) are far beyond 65504, so they must be fp32 (they are: mean/rstd are fp32 and computed in registers)."""
     rng = np.random.default_rng(12)
     x = rnd(rng, 7, 100, scale=2e3, offset=3e4)
     assert np.max(np.abs(x)) < F16_MAX and np.min((x.astype(np.float64) ** 2).sum(-1)) > 1e9
-    check_layernorm_forward(f16ops[False], x, rnd(rng, 100, offset=1.0), rnd(rng, 100))
-
-
-@pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("N,C", SHAPES_LN)
-def test_residual_layernorm_forward(f16ops, mis, N, C):
-    ops, rng = f16ops[mis], np.random.default_rng(3)
-    a, b = rnd(rng, N, C, scale=2.0, offset=0.5), rnd(rng, N, C)
-    w, bias = rnd(rng, C, offset=1.0), rnd(rng, C)
-    res, out, mean, rstd = ops.residual_layernorm_forward(a, b, w, bias)
-    assert np.array_equal(res, r16(a.astype(np.float64) + b))  # exact fp32 sum, one rounding
-    assert np.array_equal(res, ops.residual_forward(a.ravel(), b.ravel()).reshape(N, C))
-    out2, mean2, rstd2 = ops.layernorm_forward(res, w, bias)  # the layernorm of the ROUNDED residual, as unfused
-    assert np.array_equal(out, out2) and np.array_equal(mean, mean2) and np.array_equal(rstd, rstd2)
-    check_layernorm_forward(ops, res, w, bias)
-
-
-@pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-def test_matmul(f16ops, mis):
-    ops, rng = f16ops[mis], np.random.default_rng(4)
-    for OC in (3 * C, 101):
-        x, w, bias = rnd(rng, N, C), rnd(rng, OC, C, scale=0.1), rnd(rng, OC)
-        xd, wd = x.astype(np.float64), w.astype(np.float64)
-        mag = np.abs(xd) @ np.abs(wd).T  # K = C = 192 exact products summed in fp32
-        for bb in (bias, None):
-            ref = xd @ wd.T + (0.0 if bb is None else bb)
-            check_f16(ops.matmul_forward(x, w, bb), ref, mag + (0.0 if bb is None else np.abs(bb)))
-        dinp0, dw0, db0, dout = rnd(rng, N, C), f32(rng, OC, C), f32(rng, OC), rnd(rng, N, OC)
-        gd = dout.astype(np.float64)
-        for dbias0 in (db0, None):
-            dinp, dw, db = ops.matmul_backward(dinp0, dw0, dbias0, dout, x, w)
-            check_f16(dinp, dinp0 + gd @ wd, np.abs(dinp0) + np.abs(gd) @ np.abs(wd))  # += rounded once
-            dinp_w = ops.matmul_backward(np.full_like(dinp0, np.nan), dw0, dbias0, dout, x, w, write=True)[0]
-            check_f16(dinp_w, gd @ wd, np.abs(gd) @ np.abs(wd))  # InputGrad::Write: NaN neither read nor kept
-            check_f32(dw, dw0 + gd.T @ xd, np.abs(dw0) + np.abs(gd).T @ np.abs(xd))  # K = N = 111 rows
-            assert (db is None) == (dbias0 is None)
-            if db is not None:
-                check_f32(db, db0 + gd.sum(0), np.abs(db0) + np.abs(gd).sum(0))
-
-
-@pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("n", [N * C, N * C + 5, 13], ids=["NC", "ragged", "tiny"])
-def test_gelu_and_residual(f16ops, mis, n):
-    ops, rng = f16ops[mis], np.random.default_rng(5)
-    x = rnd(rng, n, scale=2.0)
-    xd = x.astype(np.float64)
-    # gelu in fp32 (tanh form): ~1e-7 relative to |x| (cancellation in 1 + tanh for x < 0), then one rounding
-    check_f16(ops.gelu_forward(x), gelu_ref(xd), np.abs(xd))
-    dinp0, dout = rnd(rng, n), rnd(rng, n)
-    g = gelu_grad_ref(xd) * dout
-    check_f16(ops.gelu_backward(dinp0, x, dout), dinp0 + g, np.abs(dinp0) + np.abs(g) + np.abs(dout))
-    a, b = rnd(rng, n), rnd(rng, n)
-    assert np.array_equal(ops.residual_forward(a, b), r16(a.astype(np.float64) + b))
+    check_layernorm_forward(check_f16, f16ops[False], x, rnd(rng, 100, offset=1.0), rnd(rng, 100))
 
 
 def test_outputs_beyond_fp16_range_become_inf(f16ops):
@@ -239,42 +148,6 @@ def test_outputs_beyond_fp16_range_become_inf(f16ops):
     a = np.array([40000.0, -40000.0, 32752.0, 30000.0], np.float32)
     got = f16ops[False].residual_forward(a, a)
     assert got[0] == np.inf and got[1] == -np.inf and got[2] == F16_MAX and got[3] == 60000.0
-
-
-@pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
-def test_gelu_epilogues(emu, mis, fused):  # noqa: F811
-    """matmul_gelu_forward / gelu_matmul_backward: GELU in the fp16 matmul's cuBLASLt epilogues (fused) or the
-    separate kernels (unfused, and misaligned buffers)."""
-    ops, rng = emu.OpsF16("cuda", misalign=mis, fused=fused), np.random.default_rng(10)
-    OC = 4 * C
-    x, w, bias = rnd(rng, N, C), rnd(rng, OC, C, scale=0.1), rnd(rng, OC)
-    xd, wd = x.astype(np.float64), w.astype(np.float64)
-    mag = np.abs(xd) @ np.abs(wd).T + np.abs(bias)
-    pre, out = ops.matmul_gelu_forward(x, w, bias)
-    pre_ref = xd @ wd.T + bias
-    check_f16(pre, pre_ref, mag)
-    # gelu of the fp32 pre-activation (fused) or of its fp16 rounding (unfused): |gelu'| < 1.2 carries pre's
-    # error into out, which is then rounded once more
-    ref = gelu_ref(pre_ref)
-    assert is_f16(out)
-    bound = U * np.abs(ref) + 1.2 * (U * np.abs(pre_ref) + FP32 * mag + TINY) + FP32 * np.abs(pre_ref) + TINY
-    assert np.max(np.abs(out - ref) / bound) <= 1.0
-    p, w2 = rnd(rng, N, OC, scale=2.0), rnd(rng, C, OC, scale=0.1)
-    act = ops.gelu_forward(p.ravel()).reshape(N, OC)
-    dpre0, dw0, db0, dout = rnd(rng, N, OC), f32(rng, C, OC), f32(rng, C), rnd(rng, N, C)
-    gd, w2d = dout.astype(np.float64), w2.astype(np.float64)
-    dpre, dw, db = ops.gelu_matmul_backward(dpre0, dw0, db0, dout, p, act, w2)
-    acc, g = gd @ w2d, gelu_grad_ref(p.astype(np.float64))
-    # fused: acc * gelu' rounded once; unfused: acc rounded first (U |acc| |gelu'|), then the product
-    assert is_f16(dpre)
-    ref = acc * g
-    bound = (U * np.abs(ref) + np.abs(g) * (U * np.abs(acc) + FP32 * (np.abs(gd) @ np.abs(w2d)) + TINY)
-             + FP32 * np.abs(acc) + TINY)
-    assert np.max(np.abs(dpre - ref) / bound) <= 1.0
-    ad = act.astype(np.float64)
-    check_f32(dw, dw0 + gd.T @ ad, np.abs(dw0) + np.abs(gd).T @ np.abs(ad))
-    check_f32(db, db0 + gd.sum(0), np.abs(db0) + np.abs(gd).sum(0))
 
 
 def softmax_xent_ref(logits, targets, V):
@@ -332,33 +205,10 @@ def test_crossentropy(f16ops, mis, Nc, V, Vp, scale):
         assert np.all(d_f[:, V:] == 0.0) and np.all(d_f[~valid] == 0.0)
 
 
-# --------------------------------------------------------------------------------------------- AdamW, rounding
-@pytest.mark.parametrize("mis", [False, True], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("n", [N * C + 3, 7], ids=["ragged", "tiny"])
-def test_adamw_master_weights(f16ops, mis, n):
-    """fp32 master weights and moments as in fp32 AdamW; the fp16 copy is the master rounded to nearest even,
-    whatever the seed (fp16 does not round stochastically: see csrc/cuda/common.cuh)."""
-    ops, rng = f16ops[mis], np.random.default_rng(7)
-    master0, grad = f32(rng, n, scale=0.05), f32(rng, n)
-    m0, v0 = f32(rng, n, scale=0.1), np.abs(f32(rng, n, scale=0.1))
-    wr, mr, vr = adamw_ref(master0, grad, m0, v0, **ADAM)
-    for seed, offset in ((0, 0), (1234, 0), (99, 1 << 33)):
-        p, master, m, v = ops.adamw(master0, grad, m0, v0, **ADAM, seed=seed, offset=offset)
-        check_f32(m, mr, np.abs(mr) + np.abs(grad))
-        check_f32(v, vr, vr + grad.astype(np.float64) ** 2)
-        check_f32(master, wr, np.abs(wr) + ADAM["lr"] * 10)
-        assert np.array_equal(p, r16(master))
-        assert np.array_equal(p, ops.cast_params(master, seed, offset))
-
-
 # --------------------------------------------------------------------------------------------- attention
-ATT_CASES = [  # (name, C, NH, T, misalign)
-    ("hs=64", 192, 3, 37, False),
-    ("hs=16 T=70", 192, 12, 70, False),
-    ("hs=10", 20, 2, 9, False),
-    ("hs=128", 256, 2, 33, False),
-    ("misaligned hs=64", 192, 3, 37, True),
-]
+_CASE = {case[0]: case for case in CASES}  # test_cuda_emu_bf16_attention's (name, C, NH, T, misalign)
+ATT_CASES = [_CASE["hs=64"], ("hs=16 T=70", 192, 12, 70, False), _CASE["hs=10"], _CASE["hs=128"],
+             _CASE["misaligned hs=64"]]
 ATT_ABS = 1e-5      # fp32 arithmetic, relative to the tensor's largest value (test_cuda_emu_bf16_attention.ABS)
 ATT_ABS_SEAM = 5e-5  # the seam's CPU backward sums in another order (test_cuda_emu_bf16_attention.ABS_SEAM)
 
