@@ -122,56 +122,59 @@ static std::vector<T> random16(size_t n, std::mt19937& rng) {
   return v;
 }
 
+// An fp32 accumulator C for a product: values in [-10, 10] in steps of 0.01.
+static std::vector<float> random_accumulator(size_t n, std::mt19937& rng) {
+  std::vector<float> C(n);
+  for (auto& c : C) c = float(rng() % 2001) / 100.f - 10.f;
+  return C;
+}
+
+// The float64 reference of D (16, N) = A (16, K) @ B (K, N) + C (16, N), all row-major, and the magnitude
+// |C| + sum_k |a b| that bounds its fp32 rounding.
+struct Product {
+  std::vector<double> ref, mag;
+};
+template <class T>
+static Product reference_product(const std::vector<T>& A, const std::vector<T>& B, const std::vector<float>& C, int N,
+                                 int K) {
+  Product p{std::vector<double>(C.begin(), C.end()), std::vector<double>(C.size())};
+  for (int r = 0; r < 16; r++)
+    for (int c = 0; c < N; c++) {
+      p.mag[r * N + c] = std::fabs(C[r * N + c]);
+      for (int k = 0; k < K; k++) {
+        const double ab = double(float(A[r * K + k])) * double(float(B[k * N + c]));
+        p.ref[r * N + c] += ab;
+        p.mag[r * N + c] += std::fabs(ab);
+      }
+    }
+  return p;
+}
+
 // |got - ref| <= 2^-22 (|C| + sum |a b|): fp32 accumulation of exact products (k <= 16 additions).
-static void check_product(const char* what, const std::vector<float>& got, const std::vector<double>& ref,
-                          const std::vector<double>& mag) {
+static void check_product(const char* what, const std::vector<float>& got, const Product& want) {
   for (size_t i = 0; i < got.size(); i++)
-    TEST_TRUE(std::fabs(got[i] - ref[i]) <= std::ldexp(mag[i], -22), "%s element %zu: got %.9g want %.9g", what, i,
-              got[i], ref[i]);
+    TEST_TRUE(std::fabs(got[i] - want.ref[i]) <= std::ldexp(want.mag[i], -22), "%s element %zu: got %.9g want %.9g",
+              what, i, got[i], want.ref[i]);
   printf("ok %s\n", what);
 }
 
 template <class T, bool kByK8 = false>
 static void test_k16(const char* what, std::mt19937& rng) {
   const auto A = random16<T>(256, rng), B = random16<T>(128, rng);
-  std::vector<float> C(128);
-  for (auto& c : C) c = float(rng() % 2001) / 100.f - 10.f;
+  const std::vector<float> C = random_accumulator(128, rng);
   float* dD = device_alloc<float>(128);
   LAUNCH((mma_k16_kernel<T, kByK8>), 1, 32, 0, 0, dD, to_device(A), to_device(B), to_device(C));
   TEST_CUDA(cudaDeviceSynchronize());
-  std::vector<double> ref(128), mag(128);
-  for (int r = 0; r < 16; r++)
-    for (int c = 0; c < 8; c++) {
-      ref[r * 8 + c] = C[r * 8 + c];
-      mag[r * 8 + c] = std::fabs(C[r * 8 + c]);
-      for (int k = 0; k < 16; k++) {
-        const double p = double(float(A[r * 16 + k])) * double(float(B[k * 8 + c]));
-        ref[r * 8 + c] += p;
-        mag[r * 8 + c] += std::fabs(p);
-      }
-    }
-  check_product(what, to_host(dD, 128), ref, mag);
+  check_product(what, to_host(dD, 128), reference_product(A, B, C, 8, 16));
 }
 
 static void test_k8(std::mt19937& rng) {
   const auto A = random16<__half>(128, rng), B = random16<__half>(64, rng);
-  std::vector<float> C(128);
-  for (auto& c : C) c = float(rng() % 2001) / 100.f - 10.f;
+  const std::vector<float> C = random_accumulator(128, rng);
   float* dD = device_alloc<float>(128);
   LAUNCH(mma_k8_kernel, 1, 32, 0, 0, dD, to_device(A), to_device(B), to_device(C));
   TEST_CUDA(cudaDeviceSynchronize());
-  std::vector<double> ref(128), mag(128);
-  for (int r = 0; r < 16; r++)
-    for (int c = 0; c < 8; c++) {
-      ref[r * 8 + c] = C[r * 8 + c];
-      mag[r * 8 + c] = std::fabs(C[r * 8 + c]);
-      for (int k = 0; k < 8; k++) {
-        const double p = double(float(A[r * 8 + k])) * double(float(B[k * 8 + c]));
-        ref[r * 8 + c] += p;
-        mag[r * 8 + c] += std::fabs(p);
-      }
-    }
-  check_product("mma_m16n8k8_f16", to_host(dD, 128), ref, mag);
+  check_product("mma_m16n8k8_f16", to_host(dD, 128), reference_product(A, B, C, 8, 8));
 }
 
 static void test_ldmatrix() {
@@ -202,15 +205,7 @@ static void test_ldmatrix_mma(const char* what, std::mt19937& rng) {
   LAUNCH((ldmatrix_mma_kernel<T, kFromTranspose, kByK8>), 1, 32, 2 * 16 * 24 * sizeof(T), 0, dD, to_device(A),
          to_device(B));
   TEST_CUDA(cudaDeviceSynchronize());
-  std::vector<double> ref(256, 0.0), mag(256, 0.0);
-  for (int r = 0; r < 16; r++)
-    for (int c = 0; c < 16; c++)
-      for (int k = 0; k < 16; k++) {
-        const double p = double(float(A[r * 16 + k])) * double(float(B[k * 16 + c]));
-        ref[r * 16 + c] += p;
-        mag[r * 16 + c] += std::fabs(p);
-      }
-  check_product(what, to_host(dD, 256), ref, mag);
+  check_product(what, to_host(dD, 256), reference_product(A, B, std::vector<float>(256, 0.f), 16, 16));
 }
 
 int main() {
