@@ -146,6 +146,19 @@ def normwise(a, b):
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
+def grad_errors(ref, m, idx, tgt, scale=1.0):
+    """A zeroed forward and backward of each model (m's loss gradient scaled by `scale`); normwise error of every
+    gradient of m, divided by `scale`, against ref's."""
+    ref.zero_grad()
+    ref.forward(idx, tgt)
+    ref.backward()
+    m.zero_grad()
+    m.forward(idx, tgt)
+    m.backward(grad_scale=scale)
+    gr, gm = ref.grads(), m.grads()
+    return {k: normwise(gm[k] / scale, gr[k]) for k in gr}
+
+
 def train_step(m, idx, tgt, step, clip=1.0, lr=1e-3):
     m.zero_grad()
     loss = m.forward(idx, tgt)
@@ -186,13 +199,9 @@ def test_training_step_matches_cpu(emu):
     assert abs(loss_g - loss_c) <= 1e-5 * abs(loss_c)
     assert normwise(gpu.logits(), cpu.logits()) <= 1e-5
     assert normwise(gpu.token_losses(), cpu.token_losses()) <= 1e-5
-    for m in (cpu, gpu):
-        m.zero_grad()
-        m.forward(idx, tgt)
-        m.backward()
-    gc, gg = cpu.grads(), gpu.grads()
-    errs = {k: normwise(gg[k], gc[k]) for k in gc}
+    errs = grad_errors(cpu, gpu, idx, tgt)
     assert max(errs.values()) <= 1e-5, errs
+    gc = cpu.grads()
     nc, ng = cpu.grad_norm(), gpu.grad_norm()
     assert abs(ng - nc) <= 1e-5 * nc
     scale = 0.5 / nc  # clip to half the norm: exercises grad_scale

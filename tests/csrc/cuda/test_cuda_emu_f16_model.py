@@ -17,7 +17,7 @@ by orders of magnitude.
 import numpy as np
 import pytest
 
-from test_cuda_emu import CFG, batch, emu, init_params, normwise  # noqa: F401  (emu: fixture)
+from test_cuda_emu import CFG, batch, emu, grad_errors, init_params, normwise  # noqa: F401  (emu: fixture)
 
 LOGITS, GRADS, LOSS = 1.25e-3, 2.5e-3, 2.5e-4
 SCALE = 1024.0  # the constant loss scale of these tests
@@ -53,16 +53,9 @@ def test_f16_forward_backward_match_float64(emu):  # noqa: F811
     loss_r, loss_m = ref.forward(idx, tgt), m.forward(idx, tgt)
     assert abs(loss_m - loss_r) <= LOSS * abs(loss_r), (loss_m, loss_r)
     assert normwise(m.logits(), ref.logits()) <= LOGITS
-    ref.zero_grad()
-    ref.forward(idx, tgt)
-    ref.backward()
-    m.zero_grad()
-    m.forward(idx, tgt)
-    m.backward(grad_scale=SCALE)
-    gr, gm = ref.grads(), m.grads()
-    errs = {k: normwise(gm[k] / SCALE, gr[k]) for k in gr}
+    errs = grad_errors(ref, m, idx, tgt, SCALE)
     assert max(errs.values()) <= GRADS, errs
-    assert not np.any(gm["wte"][CFG["vocab_size"]:])  # padded vocab rows: exactly zero gradient
+    assert not np.any(m.grads()["wte"][CFG["vocab_size"]:])  # padded vocab rows: exactly zero gradient
     assert abs(m.grad_norm() / SCALE - ref.grad_norm()) <= GRADS * ref.grad_norm()
 
 
