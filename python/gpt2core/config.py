@@ -185,6 +185,11 @@ class TrainConfig:
             raise ValueError("--val-steps must be >= 1 when --val-every is set")
         if self.loss_scaling not in ("auto", "on", "off"):
             raise ValueError(f"--loss-scaling must be auto, on or off, got {self.loss_scaling!r}")
+        if self.device == "cpu" and self.precision not in (None, "fp32"):
+            raise ValueError(f"--precision {self.precision} needs --device cuda (the CPU backend computes in fp32)")
+        if self.device == "cpu" and self.attention in ("flash", "cudnn"):
+            raise ValueError(f"--attention {self.attention} needs --device cuda (the CPU backend materialises "
+                             "attention)")
 
     @property
     def loss_scaling_on(self) -> bool | None:

@@ -160,6 +160,8 @@ def test_two_runs_on_one_folder(data, tmp_path):
     ("--seed", "-1", "--seed must be an integer >= 0, got -1"),
     ("--dist-timeout", "inf", "--dist-timeout must be a finite number of seconds > 0, got inf"),
     ("--outlier-z", "-1", "--outlier-z must be a finite number > 0, got -1.0"),
+    ("--precision", "fp16", "--precision fp16 needs --device cuda (the CPU backend computes in fp32)"),
+    ("--attention", "flash", "--attention flash needs --device cuda (the CPU backend materialises attention)"),
 ])
 def test_cli_numbers_are_validated_with_one_line_errors(capsys, flag, value, needle):
     with pytest.raises(SystemExit) as e:
