@@ -119,6 +119,16 @@ class Runner:
         assert got[2] == want[2] == int((t >= 0).sum()), (got[2], want[2])
         return normwise((got[0], got[1], np.array([got[3]]), got[4]), (want[0], want[1], np.array([want[3]]), want[4]))
 
+    def loss_count(self, N):
+        """The one-block row loops of the classifier (count of valid targets, then the loss mean) at N rows."""
+        t = self.targets(N, 50257)
+        losses = np.abs(self.f32(N)) + 1.0
+        count, acc = self.E.loss_count_accumulate(t, losses, 0.25, 1.5)
+        want_count = int((t >= 0).sum())
+        if count != want_count:
+            return float("inf")
+        return normwise(np.array([acc]), np.array([1.5 + 0.25 * losses.astype(np.float64).sum() / want_count]))
+
     def encoder_backward(self, B, T, C, U):
         Vp = ((U + 63) // 64) * 64
         inp = self.rng.integers(0, U, (B, T)).astype(np.int32)
