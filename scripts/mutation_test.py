@@ -8,8 +8,10 @@ mutants) and runs tests/csrc/cuda/cuda_emu/compare_ops.py (every op against the 
 schedule, and tests/csrc/cuda/cuda_emu/threshold_ops.py (the pseudo-schedule "thresholds": the shapes of the threshold
 table, tests/csrc/cuda/cuda_emu/thresholds.py, on both sides of every code-path change, against float64 / the CPU
 backend). A mutation of a file of csrc/model (file "../model/<name>": the clip rule and loss scaler the kernels
-share with the CPU backend) is compiled into both backends (the scratch copy of csrc/model comes first on the
-include path), so only the checks against written-out semantics can kill it. A mutant is
+share with the CPU backend) is applied to the file in place (csrc/model is included from everywhere, by paths a
+scratch copy cannot shadow) and restored after its run, even on an error or Ctrl-C (check `git status` after a
+killed run); it is compiled into both backends, so only the checks against written-out semantics can kill it.
+A mutant is
   killed by report   a launch failed with an emulator report (race, bounds, uninitialised shared memory,
                      barrier or warp rule); "line" when the report names the mutated line (file:line),
   killed by mismatch an op differs from the CPU backend (normwise error > 1e-5, or not finite),
@@ -42,7 +44,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA = ROOT / "csrc" / "cuda"
-MODEL = ROOT / "csrc" / "model"
 EMU_TESTS = ROOT / "tests" / "csrc" / "cuda" / "cuda_emu"
 # what an emulator report says (csrc/emu: racecheck.cpp and the scheduler's rule checks)
 REPORT = re.compile(r"shared-memory race|device-memory race|out-of-bounds|uninitialised shared memory|"
@@ -304,16 +305,11 @@ def run_schedules(m, line, build_dir, schedules, timeout, stop_early, checker=Tr
     return runs, kinds[0] if kinds else "survived"
 
 
-def sync_sources(scratch):
-    """The scratch copies of csrc/cuda (scratch) and csrc/model (next to it), unmutated."""
-    sync_tree(CUDA, scratch)
-    sync_tree(MODEL, scratch.parent / "model")
-
-
 def evaluate(m, build_dir, scratch, schedules, timeout, stop_early, baseline):
     """Applies m in scratch, builds, runs the schedules; returns a result dict."""
-    sync_sources(scratch)
-    path = scratch / m.file
+    sync_tree(CUDA, scratch)
+    in_place = m.file.startswith("../")  # csrc/model: mutated in place, restored below
+    path = (CUDA if in_place else scratch) / m.file
     text = path.read_text()
     if text.count(m.old) != 1:
         raise SystemExit(f"mutation {m.name}: snippet found {text.count(m.old)} times in csrc/cuda/{m.file}")
@@ -324,6 +320,14 @@ def evaluate(m, build_dir, scratch, schedules, timeout, stop_early, baseline):
         result.update(verdict="unreachable", detail=m.unreachable)
         return result
     path.write_text(text.replace(m.old, m.new))
+    try:
+        return run_mutant(m, line, result, build_dir, scratch, schedules, timeout, stop_early, baseline)
+    finally:
+        if in_place:
+            path.write_text(text)
+
+
+def run_mutant(m, line, result, build_dir, scratch, schedules, timeout, stop_early, baseline):
     ok, log = build(build_dir, scratch)
     if not ok:
         result.update(verdict="build error", detail=log.strip().splitlines()[-1] if log.strip() else "")
@@ -385,7 +389,7 @@ def main(argv=None):
             print(f"{r['name']:34s} {r['where']:24s} {r['verdict']:15s} by {killers:24s}{base} {r['detail'][:300]}",
                   flush=True)
     finally:
-        sync_sources(scratch)  # leave the scratch copies unmutated
+        sync_tree(CUDA, scratch)  # leave the scratch copy unmutated
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     threshold_report(results)
