@@ -172,7 +172,7 @@ def cases(slow=False):
     """(case name, threshold, case) of the table: the small shapes, or (slow) the real d12 ones."""
     for th in thresholds.TABLE:
         for i, c in enumerate(th.slow if slow else th.cases):
-            yield f"{th.name}[{'d12' if slow else i}{'' if not slow or len(th.slow) == 1 else i}]", th, c
+            yield f"{th.name}[{'d12-' if slow else ''}{i}]", th, c
 
 
 def main(argv):

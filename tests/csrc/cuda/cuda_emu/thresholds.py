@@ -106,7 +106,7 @@ TABLE = [
       "column_sum", lambda c: column_chunks(c["N"], c["C"]), REDUCE_ROWS,
       [dict(N=COL_MIN_ROWS * REDUCE_ROWS, C=5), dict(N=COL_MIN_ROWS * REDUCE_ROWS + 1, C=5),
        dict(N=COL_MIN_ROWS * (REDUCE_ROWS + 1), C=5)],
-      slow=[dict(N=D12_N, C=D12_C), dict(N=D12_N, C=4 * D12_C, bf16=True)]),
+      slow=[dict(N=D12_N, C=D12_C)]),
     T("reduce", "reduce.chunks_grid_cap", "column_chunks: min(ceil(N / kColMinRows), ceil(kColBlocks / ceil(C / 256)))",
       "column_sum", lambda c: cdiv(c["N"], COL_MIN_ROWS) - cdiv(COL_BLOCKS, cdiv(c["C"], COL_TILE * 8)), 0,
       [dict(N=COL_MIN_ROWS * cdiv(COL_BLOCKS, 33), C=COL_TILE * 8 * 32 + 1),
