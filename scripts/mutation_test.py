@@ -236,6 +236,45 @@ MUTATIONS = [
              "the sm_75 m16n8k16 split pairs each half of A with the wrong half of B",
              unreachable="only called below sm_80 (__CUDA_ARCH__ < 800 branch of mma_m16n8k16), which the emulator "
                          "never compiles; tests/csrc/emu/mma.cu checks the k8 layout itself"),
+    Mutation("mma_k8_operands_swapped", "mma.cuh",
+             ': "r"(a[0]), "r"(a[1]), "r"(b));',
+             ': "r"(a[1]), "r"(a[0]), "r"(b));',
+             "the fp16 m16n8k8 mma's A fragment registers swapped",
+             unreachable="inline PTX (GPU only: test_cuda_gpu.py); the emulator's m16n8k8 is checked in "
+                         "tests/csrc/emu/mma.cu"),
+    Mutation("sm70_tc_gate_open", "attention_tc.cuh",
+             "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750\n  return false;",
+             "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750\n  return true;",
+             "below sm_75 the tensor-core kernels compile their bodies (ldmatrix traps there)",
+             unreachable="__CUDA_ARCH__ < 750 branch: compiled only for sm_70 by nvcc, never by the emulator"),
+    Mutation("launch_grid_block_swapped", "portable.h",
+             "  kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)",
+             "  kernel<<<(block), (grid), (smem), (stream)>>>(__VA_ARGS__)",
+             "LAUNCH under nvcc passes the block as the grid",
+             unreachable="the nvcc definition of LAUNCH (the emulator defines its own, checked by every emulator "
+                         "test); a GPU run (test_cuda_gpu.py) would fail every kernel"),
+    Mutation("host_device_host_only", "../model/host_device.h",
+             "#define GPT2CORE_HOST_DEVICE __host__ __device__",
+             "#define GPT2CORE_HOST_DEVICE __host__",
+             "the clip rule and loss scaler compile for the host only",
+             unreachable="nvcc-only macro: CI's nvcc build of the CUDA backend fails (a kernel calls a host "
+                         "function), no emulator test is needed or able to see it"),
+    Mutation("matmul_error_detail_dropped", "matmul.cuh",
+             "  detail = gpt2core::seams::last_matmul_error();",
+             "",
+             "a failed cuBLASLt call's message loses the library's detail",
+             unreachable="library error text (GPU only); test_cublaslt_descriptors.py checks the seam's messages"),
+    Mutation("matmul_workspace_not_released", "backend_cuda.cu",
+             "    seams::release_matmul_stream(stream_);\n",
+             "",
+             "the backend's cuBLASLt workspace outlives its stream",
+             unreachable="library workspace (GPU only): a leak that test_cuda_gpu.py's repeated model creation "
+                         "would show in device memory"),
+    Mutation("attention_error_detail_dropped", "backend_cuda.cu",
+             "    detail = seams::last_attention_error();\n",
+             "",
+             "a failed cuDNN call's message loses the library's detail",
+             unreachable="library error text (GPU only); test_cudnn_graph.py checks the seam's messages"),
 ]
 
 
