@@ -308,16 +308,17 @@ def build(build_dir, scratch):
     return r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
-def run_ops(build_dir, sched, timeout, checker=True):
+def run_ops(build_dir, sched, timeout, checker=True, first=None):
     """One run of the op comparison (compare_ops.py) under schedule sched, or (sched "thresholds") of the threshold
-    shapes (threshold_ops.py, schedule fwd)."""
+    shapes (threshold_ops.py, schedule fwd; the mutant's threshold first, stopping at the first failing shape)."""
     script = "threshold_ops.py" if sched == "thresholds" else "compare_ops.py"
+    extra = ["--fail-fast"] + (["--first", first] if first else []) if sched == "thresholds" else []
     env = dict(os.environ, GPT2CORE_EMU_SCHED="fwd" if sched == "thresholds" else sched)
     if not checker:
         env["GPT2CORE_EMU_RACECHECK"] = "0"
     env.pop("GPT2CORE_EMU_TRACE", None)
     try:
-        r = subprocess.run([sys.executable, str(EMU_TESTS / script), str(build_dir)],
+        r = subprocess.run([sys.executable, str(EMU_TESTS / script), str(build_dir)] + extra,
                            env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return "error", "timed out"
@@ -334,7 +335,7 @@ def run_schedules(m, line, build_dir, schedules, timeout, stop_early, checker=Tr
     """{schedule: [kind, detail]} for the built mutant, and the verdict (the first killing kind, or survived)."""
     runs = {}
     for sched in schedules:
-        kind, detail = run_ops(build_dir, sched, timeout, checker)
+        kind, detail = run_ops(build_dir, sched, timeout, checker, m.threshold or None)
         if kind == "report" and re.search(re.escape(f"{Path(m.file).name}:{line}") + r"\b", detail):
             kind = "report (line)"
         runs[sched] = [kind, detail]
