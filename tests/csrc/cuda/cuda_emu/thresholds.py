@@ -34,6 +34,19 @@ def const_int(file, pattern):
     return int(found[0])
 
 
+def launcher_int(file, function, pattern):
+    """The integer `pattern` (one group) finds in the body of host function `function` of csrc/cuda/<file>."""
+    text = (CUDA / file).read_text()
+    m = re.search(r"\nvoid " + function + r"\(.*?\n}\n", text, re.S)
+    if not m:
+        raise LookupError(f"csrc/cuda/{file}: launcher {function} not found (the threshold table is stale)")
+    found = re.findall(pattern, m.group(0))
+    if len(found) != 1:
+        raise LookupError(f"csrc/cuda/{file}: {pattern!r} found {len(found)} times in {function} (the threshold "
+                          "table is stale)")
+    return int(found[0])
+
+
 def kconst(file, name):
     """`constexpr int <name> = <int>;` of csrc/cuda/<file>."""
     return const_int(file, r"constexpr int " + name + r"\s*=\s*(\d+)\s*;")
@@ -49,14 +62,14 @@ COL_TILE, COL_ROWS = kconst("reduce.cuh", "kColTile"), kconst("reduce.cuh", "kCo
 COL_BLOCKS, COL_MIN_ROWS = kconst("reduce.cuh", "kColBlocks"), kconst("reduce.cuh", "kColMinRows")
 REDUCE_ROWS = kconst("reduce.cuh", "kReduceRows")
 LN_CACHE = kconst("layernorm.cuh", "kLnCacheFloats")
-LN_FWD_BLOCK = const_int("layernorm.cuh", r"const int block = (\d+), rows_per_block = block / 32;")
-LN_BWD_BLOCK = const_int("layernorm.cuh", r"const int block = (\d+);\s*//[^\n]*\n[^\n]*\n\s*const int R = column_chunks")
+LN_FWD_BLOCK = launcher_int("layernorm.cuh", "launch_layernorm_forward", r"const int block = (\d+)")
+LN_BWD_BLOCK = launcher_int("layernorm.cuh", "layernorm_backward", r"const int block = (\d+)")
 CE_BLOCK, CE_FUSED_BLOCK = kconst("classifier.cuh", "kClassifierBlock"), kconst("classifier.cuh", "kClassifierFusedBlock")
 CE_COUNT_BLOCK = const_int("classifier.cuh", r"LAUNCH\(crossentropy_count_kernel, 1, (\d+),")
 CE_ACC_BLOCK = const_int("classifier.cuh", r"LAUNCH\(loss_accumulate_kernel, 1, (\d+),")
 ENC_WTE_GRID = const_int("encoder.cuh", r"dim3 grid\(std::min\(BT, (\d+)\)")
 ENC_WTE_CBLOCK = const_int("encoder.cuh", r"const int cblock = (\d+);")
-ENC_BLOCK = const_int("encoder.cuh", r"const size_t n = size_t\(B\) \* T \* C;\n\s*if \(n == 0\) return;\n\s*const int block = (\d+);")
+ENC_BLOCK = launcher_int("encoder.cuh", "encoder_forward", r"const int block = (\d+)")
 ELT_BLOCK = const_int("gelu.cuh", r"LAUNCH\(gelu_forward_kernel<floatX>, ceil_div\(vec \? \(N \+ K - 1\) / K : N, (\d+)\)")
 ADAMW_GRID = const_int("adamw.cuh", r"std::min\(ceil_div\(most, 256\), (\d+)\)")
 ADAMW_BLOCK = const_int("adamw.cuh", r"LAUNCH\(\(adamw_kernel<floatX, kStep>\), grid, (\d+),")
