@@ -23,9 +23,14 @@ show it.
     python scripts/mutation_test.py                        # every mutation, schedules thresholds,fwd,low,high,ahead:1
     python scripts/mutation_test.py --only-threshold --schedules thresholds,fwd --stop-early   # the threshold mutants
     python scripts/mutation_test.py --thresholds           # per kernel family: the thresholds its tests cross
+    python scripts/mutation_test.py --together --only A B  # threshold mutants of disjoint kernels in one build
     python scripts/mutation_test.py --only block_sum_first_barrier gelu_tail_guard
     GPT2CORE_EMU_RACECHECK=0 python scripts/mutation_test.py --schedules fwd,rev,random:7   # checker off
 
+--together (threshold mutants only, for a loaded machine where each build takes minutes): the chosen mutations are
+applied at once, built once, and every threshold shape runs; a mutant is killed when a shape of its own threshold
+fails. Sound when the mutants change kernels that no shape of another mutant's threshold runs (choose them so:
+e.g. one per kernel family); a combined build that fails to compile or crashes gives no verdicts.
 Prints one line per mutant and the score; --json writes the table. Mutants in code the emulator never compiles
 (nvcc-only: inline PTX, architecture gates, library calls; tests/csrc/cuda/test_one_code_path.py lists them) are in
 the list with the reason no emulator test can reach them: they are checked to apply, never run. A full run takes ~20 s per mutant to
@@ -380,6 +385,43 @@ def run_mutant(m, line, result, build_dir, scratch, schedules, timeout, stop_ear
     return result
 
 
+def evaluate_together(ms, build_dir, scratch, timeout):
+    """Applies every mutation of ms (threshold mutants of csrc/cuda) at once, builds, runs every threshold shape;
+    returns one result per mutant: killed (mismatch) when a shape of its threshold fails."""
+    sync_tree(CUDA, scratch)
+    texts = {}
+    lines = {}
+    for m in ms:
+        if not m.threshold or m.file.startswith("../"):
+            raise SystemExit(f"--together takes threshold mutants of csrc/cuda only, not {m.name}")
+        path = scratch / m.file
+        text = texts.get(path, path.read_text())
+        if text.count(m.old) != 1:
+            raise SystemExit(f"mutation {m.name}: snippet found {text.count(m.old)} times in csrc/cuda/{m.file}")
+        lines[m.name] = mutated_line(text, m)
+        texts[path] = text.replace(m.old, m.new)
+    for path, text in texts.items():
+        path.write_text(text)
+    ok, log = build(build_dir, scratch)
+    base = [{"name": m.name, "where": f"{m.file}:{lines[m.name]}", "why": m.why, "threshold": m.threshold,
+             "together": [x.name for x in ms]} for m in ms]
+    if not ok:
+        return [dict(r, verdict="build error", detail=log.strip().splitlines()[-1]) for r in base]
+    env = dict(os.environ, GPT2CORE_EMU_SCHED="fwd")
+    r = subprocess.run([sys.executable, str(EMU_TESTS / "threshold_ops.py"), str(build_dir)], env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        tail = (r.stdout + r.stderr).strip().splitlines()[-1:]
+        return [dict(x, verdict="error", detail=f"combined run failed, no verdicts: {tail}") for x in base]
+    errors = json.loads(r.stdout.strip().splitlines()[-1])
+    out = []
+    for x in base:
+        bad = sorted(k for k, v in errors.items() if k.startswith(x["threshold"] + "[") and not v <= 1e-5)
+        out.append(dict(x, verdict="mismatch" if bad else "survived", runs={"thresholds": ["mismatch" if bad else
+                   "pass", ""]}, detail=f"{len(bad)} shapes of {x['threshold']} differ: {bad}" if bad else ""))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", nargs="+", metavar="NAME", help="mutations to run (default: all)")
@@ -396,6 +438,8 @@ def main(argv=None):
     ap.add_argument("--baseline", action="store_true",
                     help="also score each mutant as the emulator did before its memory checker: checker off "
                          "(GPT2CORE_EMU_RACECHECK=0), lock-step schedules " + ",".join(BASELINE_SCHEDULES))
+    ap.add_argument("--together", action="store_true",
+                    help="apply the chosen threshold mutants at once (one build); each is judged by its own threshold's shapes")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
     args = ap.parse_args(argv)
@@ -415,6 +459,16 @@ def main(argv=None):
     scratch = build_dir / "src" / "cuda"
     schedules = args.schedules.split(",")
     results = []
+    if args.together:
+        try:
+            t0 = time.time()
+            results = evaluate_together([m for m in chosen if not m.unreachable], build_dir, scratch, args.timeout)
+        finally:
+            sync_tree(CUDA, scratch)
+        for r in results:
+            r["deterministic"], r["seconds"] = True, round(time.time() - t0, 1)
+            print(f"{r['name']:34s} {r['where']:24s} {r['verdict']:15s} (together) {r['detail'][:300]}", flush=True)
+        chosen = []
     try:
         for m in chosen:
             t0 = time.time()
