@@ -94,10 +94,19 @@ class Runner:
                                self.cpu.residual_layernorm_forward(x, a2, w, b)))
 
     def layernorm_backward(self, N, C):
+        """Against float64 (the CPU backend's sequential fp32 sums over N rows are themselves off by ~1e-5 at
+        d12's N = 65,536): the inputs, mean and rstd as given, the formula of layernorm.cuh's header."""
         x, w = self.f32(N, C, scale=2.0) + 0.5, self.f32(C)
         _, mean, rstd = self.cpu.layernorm_forward(x, w, self.f32(C))
-        args = (self.f32(N, C), self.f32(C), self.f32(C), self.f32(N, C) + 0.25, x, w, mean, rstd)
-        return normwise(self.cuda.layernorm_backward(*args), self.cpu.layernorm_backward(*args))
+        dinp0, dw0, db0, dout = self.f32(N, C), self.f32(C), self.f32(C), self.f32(N, C) + 0.25
+        got = self.cuda.layernorm_backward(dinp0, dw0, db0, dout, x, w, mean, rstd)
+        f = np.float64
+        norm = (x.astype(f) - mean.astype(f)[:, None]) * rstd.astype(f)[:, None]
+        dnorm = w.astype(f) * dout
+        dinp = dinp0 + (dnorm - dnorm.mean(1, keepdims=True) - norm * (dnorm * norm).mean(1, keepdims=True)) * \
+            rstd.astype(f)[:, None]
+        want = (dinp, dw0 + (norm * dout).sum(0), db0 + dout.astype(f).sum(0))
+        return normwise(got, want)
 
     def targets(self, N, V, tail=False):
         t = self.rng.integers(0, V, N).astype(np.int32)
