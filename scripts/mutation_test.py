@@ -28,8 +28,8 @@ show it.
     GPT2CORE_EMU_RACECHECK=0 python scripts/mutation_test.py --schedules fwd,rev,random:7   # checker off
 
 --together (threshold mutants only, for a loaded machine where each build takes minutes): the chosen mutations are
-applied at once, built once, and every threshold shape runs; a mutant is killed when a shape of its own threshold
-fails. Sound when the mutants change kernels that no shape of another mutant's threshold runs (choose them so:
+applied at once, built once, and every threshold shape runs (a shape that raises counts as failed); a mutant is
+killed when a shape of its own threshold fails. Sound when the mutants change kernels that no shape of another mutant's threshold runs (choose them so:
 e.g. one per kernel family); a combined build that fails to compile or crashes gives no verdicts.
 Prints one line per mutant and the score; --json writes the table. Mutants in code the emulator never compiles
 (nvcc-only: inline PTX, architecture gates, library calls; tests/csrc/cuda/test_one_code_path.py lists them) are in
@@ -408,7 +408,7 @@ def evaluate_together(ms, build_dir, scratch, timeout):
     if not ok:
         return [dict(r, verdict="build error", detail=log.strip().splitlines()[-1]) for r in base]
     env = dict(os.environ, GPT2CORE_EMU_SCHED="fwd")
-    r = subprocess.run([sys.executable, str(EMU_TESTS / "threshold_ops.py"), str(build_dir)], env=env,
+    r = subprocess.run([sys.executable, str(EMU_TESTS / "threshold_ops.py"), str(build_dir), "--keep-going"], env=env,
                        capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
         tail = (r.stdout + r.stderr).strip().splitlines()[-1:]
