@@ -46,6 +46,13 @@ void bind_kv(Cls& cls) {
            },
            py::arg("slots"), py::arg("max_len"),
            "A KV cache for `slots` sequences of up to max_len tokens (kept when the one allocated is as large).")
+      .def_property("weights16", &M::weights16,
+                    [](M& self, int kind) {
+                      if (kind < 0 || kind > 2) throw py::value_error("weights16: 0 (fp32), 1 (bf16) or 2 (fp16)");
+                      self.set_weights16(kind);
+                    },
+                    "Decode reads 16-bit weights: 0 off, 1 bf16, 2 fp16 (rounds the model's matrices; inference-only "
+                    "models on backends that have it).")
       .def_property_readonly("kv_slots", &M::kv_slots)
       .def_property_readonly("kv_max_len", &M::kv_max_len)
       .def("kv_pos", [](M& self, int slot) {
