@@ -262,3 +262,25 @@ def test_16bit_weights_decode_equals_full_forward_on_the_rounded_weights(kind, C
         assert rel(got, full_last_logits(m2, seq)) < TOL["float32"]
     with pytest.raises(ValueError, match="inference-only"):
         m.inference_weights = kind
+
+
+def test_generate_cli_prompts_file_stdin_stop_and_stats(tmp_path, capsys, monkeypatch):
+    import io
+    from gpt2core import generate as gen_cli
+    path = GPT2("tiny", seed=3).save(tmp_path / "m.bin")
+    f = tmp_path / "prompts.txt"
+    f.write_text("Hello\n\nThe cat\\nsat\n")
+    texts = gen_cli.main(["--model", str(path), "--prompts-file", str(f), "--max-new-tokens", "4", "--seed", "1"])
+    assert len(texts) == 2 and texts[0].startswith("Hello") and texts[1].startswith("The cat\nsat")
+    out, err = capsys.readouterr()
+    assert out.count("-" * 40) == 2 and "tokens/s" in err
+    # the same prompts from stdin give the same texts (one batch, seeded); one prompt streams the same text
+    monkeypatch.setattr("sys.stdin", io.StringIO(f.read_text()))
+    assert gen_cli.main(["--model", str(path), "--prompts-file", "-", "--max-new-tokens", "4", "--seed", "1",
+                         "--no-stats"]) == texts
+    capsys.readouterr()
+    one = gen_cli.main(["Hello", "--model", str(path), "--max-new-tokens", "4", "--seed", "1", "--no-stats"])
+    out, err = capsys.readouterr()
+    assert out.startswith(one[0]) and err == ""
+    with pytest.raises(SystemExit):
+        gen_cli.main(["Hello", "--model", str(path), "--prompts-file", str(f)])
