@@ -334,6 +334,7 @@ class Stats:
     sequences: int = 0
     largest_batch: int = 0
     cancelled: int = 0
+    tokens: int = 0           # ids the engine made, all batches
     running: int = 0
     batch_sizes: list = field(default_factory=list)  # the last 100 batches' sizes (sequences)
 
@@ -343,8 +344,10 @@ class Scheduler:
     docstring), runs it, and sends each sequence's text as events: ("text", i, str), ("done", i, finish_reason,
     completion_tokens), ("error", message)."""
 
-    def __init__(self, engine: Engine, max_batch: int = 8, batch_window_ms: float = 10.0):
+    def __init__(self, engine: Engine, max_batch: int = 8, batch_window_ms: float = 10.0,
+                 threads: int | None = None):
         self.engine = engine
+        self.threads = threads
         self.max_batch = max_batch
         self.window = batch_window_ms / 1000.0
         self.stats = Stats()
@@ -394,6 +397,9 @@ class Scheduler:
         return batch
 
     def _run(self) -> None:
+        if self.threads:  # OpenMP's thread count is per calling thread: set it in the one that runs the model
+            from . import _C
+            _C.set_num_threads(self.threads)
         while not self._closing:
             batch = self._gather()
             if not batch:
@@ -436,6 +442,7 @@ class Scheduler:
 
         try:
             for step in gen:
+                st.tokens += int((np.asarray(step) >= 0).sum())
                 for b, t in enumerate(step):
                     j, i, _ = seqs[b]
                     if finished[b]:
@@ -473,8 +480,9 @@ class Scheduler:
 
 # ------------------------------------------------------------------------------------------------ the app
 def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_window_ms: float = 10.0,
-               on_ready=None):
-    """The Starlette app over `model` (a GPT2). on_ready(): called once the worker thread is running."""
+               threads: int | None = None, on_ready=None):
+    """The Starlette app over `model` (a GPT2). threads: OpenMP threads of the model thread (None: OpenMP's
+    default). on_ready(): called once the worker thread is running."""
     try:
         from starlette.applications import Starlette
         from starlette.concurrency import run_in_threadpool
@@ -488,7 +496,7 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
         raise ValueError(f"the model's vocab_size is {model.config.vocab_size}, but the server speaks GPT-2's "
                          f"tokenizer ({tokenizer.VOCAB_SIZE} tokens): serve a model trained on GPT-2 tokens")
     engine = Engine(model)
-    sched = Scheduler(engine, max_batch=max_batch, batch_window_ms=batch_window_ms)
+    sched = Scheduler(engine, max_batch=max_batch, batch_window_ms=batch_window_ms, threads=threads)
     tokenizer.get_encoding()  # build the BPE tables now, not in the first request
 
     def error(e: APIError) -> JSONResponse:
@@ -502,7 +510,7 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
         return JSONResponse({"status": "ok", "model": model_name, "block_size": engine.block_size,
                              "max_batch": max_batch, "waiting": sched.waiting(), "running": s.running,
                              "batches": s.batches, "sequences": s.sequences, "largest_batch": s.largest_batch,
-                             "cancelled": s.cancelled, "recent_batch_sizes": s.batch_sizes[-10:]})
+                             "cancelled": s.cancelled, "tokens": s.tokens, "recent_batch_sizes": s.batch_sizes[-10:]})
 
     async def completions(request):
         raw = await request.body()
@@ -620,9 +628,9 @@ def _window(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of milliseconds in [0, 10000], got {text!r}") from None
-    if not (math.isfinite(v) and 0 <= v <= 10000):
-        raise argparse.ArgumentTypeError(f"must be a number of milliseconds in [0, 10000], got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a number of milliseconds in [0, 60000], got {text!r}") from None
+    if not (math.isfinite(v) and 0 <= v <= 60000):
+        raise argparse.ArgumentTypeError(f"must be a number of milliseconds in [0, 60000], got {text!r}")
     return v
 
 
@@ -636,6 +644,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "only; 0.0.0.0: every interface)")
     ap.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000; 0: a free one, printed)")
     ap.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    ap.add_argument("--threads", type=_positive_int, default=None,
+                    help="OpenMP threads of the CPU backend (default: all cores)")
     ap.add_argument("--max-batch", type=_positive_int, default=8,
                     help="most sequences generated together in one batch (default 8)")
     ap.add_argument("--batch-window-ms", type=_window, default=10.0,
@@ -683,7 +693,7 @@ def main(argv=None) -> int:
               flush=True)
 
     app = create_app(model, os.path.basename(os.path.normpath(str(args.model))), max_batch=args.max_batch,
-                     batch_window_ms=args.batch_window_ms, on_ready=ready)
+                     batch_window_ms=args.batch_window_ms, threads=args.threads, on_ready=ready)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
     server.run(sockets=[sock])
     return 0
