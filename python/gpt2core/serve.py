@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import codecs
-import inspect
 import json
 import math
 import numbers
@@ -268,50 +267,18 @@ class TextStream:
 # ------------------------------------------------------------------------------------------------ the engine
 class Engine:
     """What the scheduler needs from a model: `stream(prompts, max_new, temperature, top_p, seed)` yields, per
-    step, the (B,) ids made (-1 for a sequence that has stopped), each argument one value per sequence."""
+    step, the (B,) ids made (-1 for a sequence that has stopped), each argument one value per sequence: the KV-cache
+    inference path of GPT2.generate(stream=True), sampling from the whole vocabulary (top_k=0) as OpenAI's API
+    does. One seed per sequence: a sequence's ids depend on its seed alone, not on the batch it runs in."""
 
     def __init__(self, model):
         self.model = model
         self.block_size = model.config.block_size
         self.vocab_size = model.config.vocab_size
-        self._native = "stream" in inspect.signature(model.generate).parameters
 
     def stream(self, prompts, max_new, temperature, top_p, seed):
-        if self._native:
-            return self.model.generate([np.asarray(p, np.int32) for p in prompts], max_new, top_k=0,
-                                       temperature=temperature, top_p=top_p, seed=seed, stream=True)
-        return self._fallback(prompts, max_new, temperature, top_p, seed)
-
-    def _fallback(self, prompts, max_new, temperature, top_p, seed):
-        """Token at a time over the full forward, sampling on the host, one generator per sequence."""
-        V = self.vocab_size
-        B = len(prompts)
-        ctx = [list(p) for p in prompts]
-        rngs = [np.random.default_rng(s) for s in seed]
-        made = [0] * B
-        done = [m == 0 for m in max_new]
-        while not all(done):
-            step = np.full(B, -1, dtype=np.int32)
-            for b in range(B):
-                if done[b]:
-                    continue
-                _, lg = self.model.forward(np.asarray(ctx[b][-self.block_size:], np.int32)[None],
-                                           return_logits=True)
-                z = lg[0, -1, :V].astype(np.float64)
-                if temperature[b] == 0:
-                    t = int(np.argmax(z))
-                else:
-                    pr = np.exp((z - z.max()) / temperature[b])
-                    pr /= pr.sum()
-                    order = np.argsort(-pr, kind="stable")
-                    c = np.cumsum(pr[order])
-                    keep = order[:int(np.searchsorted(c, top_p[b] * c[-1])) + 1]
-                    t = int(rngs[b].choice(keep, p=pr[keep] / pr[keep].sum()))
-                ctx[b].append(t)
-                made[b] += 1
-                step[b] = t
-                done[b] = made[b] >= max_new[b] or t == tokenizer.EOT
-            yield step
+        return self.model.generate([np.asarray(p, np.int32) for p in prompts], list(max_new), top_k=0,
+                                   temperature=list(temperature), top_p=list(top_p), seed=list(seed), stream=True)
 
 
 # ------------------------------------------------------------------------------------------------ the scheduler
@@ -681,8 +648,7 @@ def main(argv=None) -> int:
 
     sock = _listen(args.host, args.port)  # before loading: a taken port fails in a second, not after the model
     try:
-        kw = {"training": False} if "training" in inspect.signature(load_model).parameters else {}
-        model = load_model(args.model, device=args.device, **kw)
+        model = load_model(args.model, training=False, device=args.device)
     except (CheckpointError, FileNotFoundError, ValueError, DeviceError) as e:
         raise SystemExit(f"gpt2core-serve: --model {args.model}: {e}") from None
     host, port = sock.getsockname()[:2]
