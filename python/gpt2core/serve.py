@@ -496,16 +496,22 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
             return StreamingResponse(sse(job, head, n, usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         texts, reasons, made = [""] * n, [None] * n, [0] * n
+
+        async def watch():  # the body has been read: the next ASGI message is the client going away
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            job.cancelled = True
+
+        watcher = asyncio.ensure_future(watch())
         try:
             left = n
             while left:
-                try:
-                    ev = await asyncio.wait_for(job.events.get(), timeout=0.5)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        job.cancelled = True
-                        return JSONResponse({}, status_code=499)
-                    continue
+                get = asyncio.ensure_future(job.events.get())
+                await asyncio.wait({get, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    return JSONResponse({}, status_code=499)  # nobody reads it (nginx's "client closed request")
+                ev = get.result()
                 if ev[0] == "text":
                     texts[ev[1]] += ev[2]
                 elif ev[0] == "done":
@@ -514,6 +520,7 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
                 else:
                     return error(APIError(500, ev[1], None, None, "server_error"))
         finally:
+            watcher.cancel()
             if any(r is None for r in reasons):
                 job.cancelled = True
         choices = [{"text": texts[i], "index": i, "logprobs": None, "finish_reason": reasons[i]} for i in range(n)]

@@ -266,6 +266,26 @@ def test_client_that_leaves_mid_stream_stops_its_sequence(server):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
 
 
+def test_client_that_leaves_before_a_json_answer_stops_its_sequence(server):
+    """The same without streaming: the client sends its request and closes the connection."""
+    import socket
+    before = server.health()
+    host, port = server.url.split("//")[1].rsplit(":", 1)
+    body = json.dumps(dict(prompt="Another long story", max_tokens=1000)).encode()
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 60
+        while server.health()["running"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+    deadline = time.monotonic() + 60
+    while (h := server.health())["running"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert h["cancelled"] == before["cancelled"] + 1
+    assert h["tokens"] - before["tokens"] < 1000, "the sequence ran to max_tokens after its client left"
+    assert server.post(prompt="Still there?", max_tokens=3).status_code == 200
+
+
 # ---------------------------------------------------------------------------------------------------- bad requests
 BAD = [
     # (body sent as is, expected status, expected param, a word the message must contain)
