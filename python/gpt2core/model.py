@@ -12,6 +12,7 @@ import numpy as np
 
 from . import _C, llmc, pretrained
 from .config import GPT2Config, TrainConfig, get_preset
+from .errors import Error
 
 # the tensors that are residual projections: init scaled by 1/sqrt(2 * n_layer) (GPT-2 paper, sec. 2.3)
 _RESIDUAL_PROJ = ("attprojw", "fcprojw")
@@ -19,7 +20,7 @@ _MATRICES = ("wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw")
 _LN_WEIGHTS = ("ln1w", "ln2w", "lnfw")
 
 
-class DeviceError(RuntimeError):
+class DeviceError(Error, RuntimeError):
     """The requested device is not usable (no CUDA backend compiled, or no GPU present)."""
 
 

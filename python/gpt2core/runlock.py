@@ -18,10 +18,12 @@ import time
 import warnings
 from pathlib import Path
 
+from .errors import Error
+
 LOCK_FILE = "gpt2core.lock"
 
 
-class RunLockedError(RuntimeError):
+class RunLockedError(Error, RuntimeError):
     """The output folder is locked by another running gpt2core run (named in the message)."""
 
 

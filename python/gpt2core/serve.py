@@ -38,7 +38,6 @@ block_size.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import codecs
 import json
@@ -57,7 +56,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import tokenizer
+from . import cli, tokenizer
+from .errors import ArgError, Error
 
 PAGE = Path(__file__).resolve().parent / "assets" / "serve.html"
 MAX_BODY = 1 << 20        # bytes of a request body
@@ -578,51 +578,21 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
 
 
 # ------------------------------------------------------------------------------------------------ the command
-def _port(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a TCP port in [0, 65535] (0: a free one), got {text!r}") from None
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a TCP port in [0, 65535] (0: a free one), got {text!r}")
-    return v
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return v
-
-
-def _window(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of milliseconds in [0, 60000], got {text!r}") from None
-    if not (math.isfinite(v) and 0 <= v <= 60000):
-        raise argparse.ArgumentTypeError(f"must be a number of milliseconds in [0, 60000], got {text!r}")
-    return v
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="gpt2core-serve", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser():
+    ap = cli.ArgumentParser(prog="gpt2core-serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True,
                     help="an llm.c model file (e.g. out/model.bin), a training checkpoint directory, a Hugging "
                          "Face GPT-2 directory, or a Hub name such as gpt2")
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine "
                                                         "only; 0.0.0.0: every interface)")
-    ap.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000; 0: a free one, printed)")
-    ap.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
-    ap.add_argument("--threads", type=_positive_int, default=None,
+    ap.add_argument("--port", type=cli.port_or_auto, default=8000,
+                    help="TCP port (default 8000; 0 or auto: a free one, printed)")
+    ap.add_argument("--device", type=cli.device, default="cpu", help="cpu (default), cuda or cuda:N")
+    ap.add_argument("--threads", type=cli.positive_int, default=None,
                     help="OpenMP threads of the CPU backend (default: all cores)")
-    ap.add_argument("--max-batch", type=_positive_int, default=8,
+    ap.add_argument("--max-batch", type=cli.positive_int, default=8,
                     help="most sequences generated together in one batch (default 8)")
-    ap.add_argument("--batch-window-ms", type=_window, default=10.0,
+    ap.add_argument("--batch-window-ms", type=cli.Float(0, 60000), default=10.0,
                     help="how long an idle server waits after a request for others to batch with it (default 10)")
     return ap
 
@@ -631,7 +601,7 @@ def _listen(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
-        raise SystemExit(f"gpt2core-serve: --host {host!r}: {e.strerror}") from None
+        raise ArgError(f"--host {host!r}: {e.strerror}") from None
     family, _, _, _, addr = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -639,25 +609,26 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.bind(addr)
     except OSError as e:
         sock.close()
-        raise SystemExit(f"gpt2core-serve: cannot listen on {host}:{port}: {e.strerror}") from None
+        raise Error(f"--host {host} --port {port}: cannot listen there: {e.strerror}") from None
     sock.listen(128)
     return sock
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.threads is not None:
+        cli.threads(args.threads, "--threads")
     try:
+        import starlette  # noqa: F401
         import uvicorn
     except ImportError:
-        raise SystemExit("gpt2core-serve: needs Starlette and uvicorn: pip install 'gpt2core[serve]'") from None
-    from .llmc import CheckpointError
-    from .model import DeviceError, load_model
+        raise Error("needs Starlette and uvicorn: pip install 'gpt2core[serve]'") from None
+    from .model import load_model
 
-    sock = _listen(args.host, args.port)  # before loading: a taken port fails in a second, not after the model
-    try:
-        model = load_model(args.model, training=False, device=args.device)
-    except (CheckpointError, FileNotFoundError, ValueError, DeviceError) as e:
-        raise SystemExit(f"gpt2core-serve: --model {args.model}: {e}") from None
+    cli.check_device_available(args.device)
+    # bind before loading: a taken port fails in a second, not after the model has loaded
+    sock = _listen(args.host, 0 if args.port == "auto" else args.port)
+    model = load_model(args.model, training=False, device=args.device)
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
@@ -672,9 +643,9 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli(argv=None) -> int:
-    return main(argv)
+# the console script `gpt2core-serve` (behind gpt2core.cli's error boundary: exit 1 / 2 with one line)
+console = cli.entry("gpt2core-serve", main)
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(console())

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _C, distributed, progress, tokenizer
-from .checkpoint import (CheckpointError, NonFiniteError, checkpoint_dir, latest_checkpoint, list_checkpoints,
+from . import _C, cli, distributed, progress, tokenizer
+from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints,
                          load_checkpoint, prune_checkpoints, remove_stale_temporaries, save_checkpoint)
-from .config import TrainConfig
+from .config import _CHECKS, TrainConfig
 from .data import hellaswag, shakespeare
 from .data.loader import DataLoader
-from .errors import FileFormatError, WriteError
+from .errors import Preempted
 from .evaluate import score_hellaswag
 from .model import GPT2
 from .outliers import WINDOW, OutlierDetector
@@ -45,13 +45,15 @@ from .schedule import lr_at
 def build_parser() -> argparse.ArgumentParser:
     """One flag per TrainConfig field, in the field's group: --name-with-dashes (or the field's own flags), its
     type and default; bools are switches."""
-    ap = argparse.ArgumentParser(prog="gpt2core-train", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.ArgumentParser(prog="gpt2core-train", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     groups: dict[str, argparse._ArgumentGroup] = {}
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         kw = dict(f.metadata)
         help, group = kw.pop("help"), kw.pop("group")
+        check = cli.field_check(f, _CHECKS)
+        kw.pop("check", None)
         flags = kw.pop("flags", ["--" + f.name.replace("_", "-")])
         g = groups.get(group) or groups.setdefault(group, ap.add_argument_group(group))
         if hints[f.name] is bool:
@@ -60,20 +62,24 @@ def build_parser() -> argparse.ArgumentParser:
         kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
         if f.default is not None:
             help += " (default: %(default)r)" if kind is str else " (default: %(default)s)"
-        g.add_argument(*flags, dest=f.name, type=kind, default=f.default, help=help, **kw)
+        # the checker parses the text; TrainConfig checks the range, naming the flag
+        g.add_argument(*flags, dest=f.name, type=check.parser() if check else kind, default=f.default, help=help,
+                       **kw)
     return ap
 
 
 def parse_args(argv=None) -> TrainConfig:
     """The TrainConfig of a command line; a value out of range is a one-line error naming the flag (exit 2)."""
     ap = build_parser()
+    args = vars(ap.parse_args(argv))
+    args.pop("debug", None)  # cli.entry's switch
     try:
-        return TrainConfig(**vars(ap.parse_args(argv)))
+        return TrainConfig(**args)
     except ValueError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")
 
 
-class TrainingStopped(Exception):
+class TrainingStopped(Preempted):
     """The run stopped early on SIGTERM/SIGINT, after writing a checkpoint (the message says which)."""
 
 
@@ -449,16 +455,15 @@ def main(argv=None) -> dict:
     except TrainingStopped as e:
         print(f"gpt2core-train: {e} (exit code {EXIT_PREEMPTED})", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_PREEMPTED) from None
-    except (FileFormatError, WriteError, NonFiniteError, RunLockedError, FloatingPointError) as e:
-        raise SystemExit(f"gpt2core-train: {e}") from e
+    except BaseException as e:
+        cli.reraise_as_exit("gpt2core-train", e)
+        raise
 
 
-def cli(argv=None) -> int:
-    """The console script `gpt2core-train`: exit status 0 after a successful run (main() returns the last
-    step's metrics to Python callers; a console script would hand them to sys.exit as an error)."""
-    main(argv)
-    return 0
+# the console script `gpt2core-train`: exit status 0 after a successful run (main() returns the last step's metrics
+# to Python callers), 1/2/75 with one line otherwise (gpt2core.cli.entry)
+console = cli.entry("gpt2core-train", main)
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(console())

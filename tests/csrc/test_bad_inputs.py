@@ -293,7 +293,7 @@ def test_generate_cli_rejects_negative_top_k(capsys):
     with pytest.raises(SystemExit) as e:
         generate.main(["--model", "unused.bin", "--top-k", "-1"])
     assert e.value.code == 2      # argparse's usage error, before any model is read
-    assert "--top-k: must be >= 0" in capsys.readouterr().err
+    assert "argument --top-k: must be an integer >= 0, got '-1'" in capsys.readouterr().err
 
 
 def test_constructor_errors_name_the_argument():
