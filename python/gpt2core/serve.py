@@ -289,7 +289,6 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
     cancelled: bool = False   # set by the HTTP side when the client has gone
-    batch_size: int = 0       # sequences in the batch it ran in
 
     def emit(self, *event) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -372,6 +371,7 @@ class Scheduler:
             if not batch:
                 continue
             live = [j for j in batch if not j.cancelled]
+            self.stats.cancelled += sum(len(j.req.prompts) for j in batch if j.cancelled)  # left while waiting
             if live:
                 try:
                     self._run_batch(live)
@@ -382,8 +382,6 @@ class Scheduler:
     def _run_batch(self, jobs: list[Job]) -> None:
         seqs = [(j, i, p) for j in jobs for i, p in enumerate(j.req.prompts)]
         B = len(seqs)
-        for j in jobs:
-            j.batch_size = B
         st = self.stats
         st.batches += 1
         st.sequences += B
@@ -629,6 +627,9 @@ def main(argv=None) -> int:
     # bind before loading: a taken port fails in a second, not after the model has loaded
     sock = _listen(args.host, 0 if args.port == "auto" else args.port)
     model = load_model(args.model, training=False, device=args.device)
+    if model.config.vocab_size != tokenizer.VOCAB_SIZE:
+        raise ArgError(f"--model {args.model}: its vocab_size is {model.config.vocab_size}, but the server speaks "
+                       f"GPT-2's tokenizer ({tokenizer.VOCAB_SIZE} tokens): serve a model trained on GPT-2 tokens")
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 

@@ -366,6 +366,9 @@ def test_unreadable_model_and_taken_port_are_one_line_failures(tmp_path, server)
     bad.write_bytes(b"\0" * 100)
     p = run_cli("--model", bad, "--port", "0")
     assert p.returncode == 1 and "bad.bin" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    other_vocab = GPT2(CONFIG.replace(vocab_size=1000, padded_vocab_size=1024), seed=0).save(tmp_path / "v1000.bin")
+    p = run_cli("--model", other_vocab, "--port", "0")
+    assert p.returncode == 2 and "v1000.bin" in p.stderr and "vocab_size is 1000" in p.stderr, p.stderr
     port = server.url.rsplit(":", 1)[1]
     p = run_cli("--model", bad, "--port", port)
     assert p.returncode == 1 and f"--port {port}" in p.stderr and "Traceback" not in p.stderr, p.stderr
