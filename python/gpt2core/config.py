@@ -179,6 +179,9 @@ class TrainConfig:
     resume: str | None = _opt(None, "continue from a checkpoint directory, or 'auto': the newest complete "
                                     "checkpoint in <output-dir>/checkpoints (a fresh start if there is none)",
                               "checkpoints", metavar="DIR|auto")
+    overwrite: bool = _opt(False, "start over in an --output-dir that holds another run: delete its model.bin, "
+                                  "metrics.jsonl and checkpoints first (without it such a folder is refused)",
+                           "checkpoints")
 
     # the settings that change the trajectory: a resumed run that changes them no longer matches an uninterrupted one
     TRAJECTORY = ("preset", "block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens",
@@ -189,6 +192,8 @@ class TrainConfig:
         """Every argument in its range: ArgError (a ValueError) naming the flag (gpt2core-train prints it as a
         one-line error and exits 2)."""
         cli.check_fields(self, checks=_CHECKS)
+        if self.overwrite and self.resume:
+            raise ArgError(f"--overwrite starts over and --resume {self.resume} continues: give one of them")
         if self.val_every and not self.val_steps:
             raise ArgError("--val-steps must be >= 1 when --val-every is set")
         if self.loss_scaling not in ("auto", "on", "off"):

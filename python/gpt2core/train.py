@@ -33,11 +33,14 @@ from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, lis
 from .config import _CHECKS, TrainConfig
 from .data import hellaswag, shakespeare
 from .data.loader import DataLoader
-from .errors import Preempted
 from .evaluate import score_hellaswag
 from .model import GPT2
 from .outliers import WINDOW, OutlierDetector
 from .preemption import EXIT_PREEMPTED, GracefulStop
+from . import runfolder
+from .data.shards import ShardError
+from .errors import Error, Preempted, WriteError
+from .runfolder import RunFolderError
 from .runlock import RunLock, RunLockedError
 from .schedule import lr_at
 
@@ -83,6 +86,11 @@ class TrainingStopped(Preempted):
     """The run stopped early on SIGTERM/SIGINT, after writing a checkpoint (the message says which)."""
 
 
+class RunFailed(Error):
+    """The run stopped on a failure it cannot go on from (metrics not writable: disk full or file-size limit; a
+    shard that shrank under it), after a checkpoint where that was possible (the message says which)."""
+
+
 class Trainer:
     """The training loop of a TrainConfig. self.model is the GPT2, or in a multi-process run a
     distributed.DataParallel over it, which has the same methods: the loop is one path either way."""
@@ -98,6 +106,7 @@ class Trainer:
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.lock = self._lock()
+        self.write_failure: WriteError | None = None  # the first failed metrics append (rank 0)
         if cfg.warmup > cfg.steps:
             self.log(f"warning: --warmup {cfg.warmup} is longer than the run (--steps {cfg.steps}): the learning "
                      f"rate never reaches --lr {cfg.lr:g}")
@@ -110,6 +119,7 @@ class Trainer:
     def _setup(self, cfg: TrainConfig) -> None:
         self.metrics_path = self.out / "metrics.jsonl"
         self.ckpt_root = self.out / "checkpoints"
+        self.run_record = self._claim()
         data_dir = cfg.data_dir or self._shakespeare()
         B, T, W, rank = cfg.batch_size, cfg.seq_len, self.dist.world_size, self.dist.rank
         V = self.config.vocab_size  # every shard's ids are checked against it when first opened
@@ -130,6 +140,10 @@ class Trainer:
         self.flops_per_token = self.config.flops_per_token(T)
         self.start_step = 0
         ck = self.resume(model, cfg.resume) if cfg.resume else None
+        if self.dist.is_master and self.run_record.get("adopt"):  # a folder without run.json: it is this run's now
+            run_id = (ck.state.get("run_id") if ck is not None else None) or runfolder.new_run_id()
+            self.run_record = runfolder.write_manifest(self.out, run_id, cfg.to_dict(), self.config.to_dict(),
+                                                       resumed_from=str(ck.path) if ck is not None else None)
         self._rewind_metrics(ck)
         self.model = model
         if self.comm is not None:  # after resume: ZeRO-1 reads its shard of the checkpoint's AdamW state
@@ -152,6 +166,20 @@ class Trainer:
             self.log(lock.describe_previous())
         return lock
 
+    def _claim(self) -> dict:
+        """Rank 0 takes the output folder for this run (runfolder.claim: a folder holding another run is refused
+        unless --resume or --overwrite); a refusal reaches every rank."""
+        record, error = {}, None
+        if self.dist.is_master:
+            try:
+                record = runfolder.claim(self.out, self.cfg.to_dict(), self.config.to_dict(), self.cfg.resume,
+                                         self.cfg.overwrite, log=self.log)
+            except RunFolderError as e:
+                error = e
+        if self.over_ranks("sum", error is not None)[0]:
+            raise error or RunFolderError(f"{self.out} holds another run (see rank 0's message)")
+        return record
+
     def close(self) -> None:
         """Release the output folder (also released by the kernel if the process dies)."""
         if self.lock is not None:
@@ -169,7 +197,8 @@ class Trainer:
         from step 0: the records of steps a stopped or killed run took after it would otherwise appear twice."""
         if self.dist.is_master:
             tmp = self.metrics_path.with_name(self.metrics_path.name + ".resume.tmp")
-            tmp.write_bytes(ck.metrics_path.read_bytes() if ck is not None and ck.metrics_path else b"")
+            old = ck.metrics_path.read_bytes() if ck is not None and ck.metrics_path else b""
+            tmp.write_bytes(runfolder.whole_lines(old))  # never a torn last line to append to
             os.replace(tmp, self.metrics_path)
 
     def _batch_plan(self) -> tuple[int, int]:
@@ -233,6 +262,11 @@ class Trainer:
                     raise CheckpointError(f"{d}: no complete checkpoint in this directory")
             else:
                 ck = load_checkpoint(d)
+        run_id = self.run_record.get("run_id")
+        if run_id and ck.state.get("run_id") not in (None, run_id):
+            raise RunFolderError(f"{ck.path} belongs to run {ck.state['run_id']}, but {self.out} holds run {run_id} "
+                                 f"({runfolder.RUN_FILE}): resume that run's own checkpoints, or start over with "
+                                 "--overwrite, or in another --output-dir")
         if ck.config != self.config:
             raise CheckpointError(f"{ck.path}: checkpoint model {ck.config} does not match this run's {self.config} "
                                   "(use the same --preset, --block-size and --padded-vocab-size)")
@@ -266,6 +300,7 @@ class Trainer:
         state = {
             "train_loader": self.train_loader.state_dict(),
             "args": cfg.to_dict(),
+            "run_id": self.run_record.get("run_id"),
             "lr_next": self.lr(step),
             "outliers": {k: d.state_dict() for k, d in self.outliers.items()},
             "grad_accum": self.grad_accum,
@@ -287,9 +322,25 @@ class Trainer:
             print(msg, flush=True)
 
     def write_metrics(self, rec: dict) -> None:
-        if self.dist.is_master:
-            with open(self.metrics_path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+        """Append one record to metrics.jsonl, whole or not at all. A failed append (disk full, file-size limit)
+        is kept in self.write_failure: the loop then stops after a checkpoint (run())."""
+        if self.dist.is_master and self.write_failure is None:
+            try:
+                runfolder.append_line(self.metrics_path, json.dumps(rec))
+            except WriteError as e:
+                self.write_failure = e
+
+    def _fail(self, error, steps_done: int) -> RunFailed:
+        """The RunFailed for `error` after `steps_done` steps, with a checkpoint of them first when one is due
+        (steps were taken since the start) and possible (the disk may be full)."""
+        where = "no checkpoint (no step was taken since the start)"
+        if steps_done > self.start_step:
+            try:
+                path = self.save_checkpoint(steps_done)
+                where = f"checkpoint {path or self.ckpt_root} written; fix that, then continue with --resume auto"
+            except (WriteError, OSError) as e:
+                where = f"no checkpoint could be written either ({cli.describe_oserror(e)})"
+        return RunFailed(f"{error}; the run stopped after step {steps_done} of {self.cfg.steps}: {where}")
 
     def over_ranks(self, op: str, *values: float) -> list[float]:
         """The values reduced over the ranks (op "sum" or "avg", one float32 allreduce); in one process, the
@@ -392,9 +443,13 @@ class Trainer:
             self.write_metrics({"step": step, "hellaswag_acc": hs["acc"], "hellaswag_acc_norm": hs["acc_norm"]})
             last["hellaswag_acc"], last["hellaswag_acc_norm"] = hs["acc"], hs["acc_norm"]
 
-    def _stop_now(self, stop: GracefulStop) -> bool:
-        """Whether any rank got SIGTERM/SIGINT: all ranks stop after the same step (one allreduce per step)."""
-        return self.over_ranks("sum", stop.requested)[0] > 0 if self.comm is not None else stop.requested
+    def _stop_now(self, stop: GracefulStop) -> tuple[bool, bool]:
+        """(whether any rank got SIGTERM/SIGINT, whether any rank failed to write its metrics): all ranks stop after
+        the same step (one allreduce per step)."""
+        if self.comm is None:
+            return stop.requested, self.write_failure is not None
+        signalled, failed = self.over_ranks("sum", stop.requested, self.write_failure is not None)
+        return signalled > 0, failed > 0
 
     def run(self) -> dict:
         cfg, m = self.cfg, self.model
@@ -418,7 +473,14 @@ class Trainer:
                 self.evaluate(step, last)
                 if cfg.sample_every and step > 0 and step % cfg.sample_every == 0:
                     self.log(f"step {step:5d} | sample: {self.sample()!r}")
-                rec = self.train_step(step)
+                pos = self.train_loader.state_dict() if self.comm is None else None
+                try:
+                    rec = self.train_step(step)
+                except ShardError as e:  # a shard that shrank or changed under the run
+                    if self.comm is not None:  # the other ranks wait in a collective: the launcher stops them
+                        raise
+                    self.train_loader.load_state_dict(pos)  # the checkpoint resumes at this step's first batch
+                    raise self._fail(e, step) from e
                 norm = "overflow, skipped" if rec["grad_norm"] is None else f"{rec['grad_norm']:.3f}"
                 scale = f"scale {rec['loss_scale']:g} skips {rec['skipped_steps']} | " if "loss_scale" in rec else ""
                 self.log(f"step {step + 1:5d}/{cfg.steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
@@ -429,7 +491,9 @@ class Trainer:
                     rec["comm_ms"] = m.last_comm_ms
                 self.write_metrics(rec)
                 last.update(rec)
-                stopping = self._stop_now(stop)
+                stopping, failing = self._stop_now(stop)
+                if failing:
+                    raise self._fail(self.write_failure or "rank 0 could not write metrics.jsonl", step + 1)
                 due = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
                 if due or stopping or (cfg.checkpoint_every and step + 1 == cfg.steps):
                     path = self.save_checkpoint(step + 1)
@@ -438,6 +502,9 @@ class Trainer:
                                           f"{step + 1} of {cfg.steps}; checkpoint {path or self.ckpt_root} written. "
                                           f"Continue with the same command and --resume auto")
         self.evaluate(cfg.steps, last)
+        if self.write_failure is not None:
+            raise RunFailed(f"{self.write_failure}; the run finished all {cfg.steps} steps but its last records are "
+                            "missing from metrics.jsonl; model.bin was not written")
         if self.dist.is_master:
             path = m.save(self.out / "model.bin")
             self.log(f"saved {path}")

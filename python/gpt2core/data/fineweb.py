@@ -51,6 +51,7 @@ import numpy as np
 from .._io import atomic_write
 from .. import cli
 from ..errors import Error
+from ..runlock import RunLock
 from .shards import check_name, parse_shard_filename, read_header, shard_filename, write_shard
 
 EOT = 50256
@@ -304,6 +305,14 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
         raise ValueError(f"shard_size must be in [1, {MAX_SHARD}], got {shard_size}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    # one preparation per folder at a time: a second one is refused, naming the first (gpt2core.lock)
+    with RunLock(out_dir, what="preparation"):
+        return _write_shards(docs, out_dir, name, shard_size, settings, overwrite, progress, chunk_chars, log,
+                             num_procs)
+
+
+def _write_shards(docs, out_dir: Path, name: str, shard_size: int, settings, overwrite, progress, chunk_chars, log,
+                  num_procs) -> dict:
     settings = dict(settings or {}, name=name, shard_size=shard_size)
     manifest_path = out_dir / f"{name}_manifest.json"
     if overwrite:
@@ -380,6 +389,8 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
     finally:
         bar.close()
     seconds = time.perf_counter() - t0
+    if not shards:
+        raise InputError(f"the input holds no text ({n_docs:,} documents, 0 tokens): no shards written to {out_dir}")
     manifest["complete"] = True
     manifest["stats"] = {"docs": n_docs}
     _write_json_atomic(manifest_path, manifest)
