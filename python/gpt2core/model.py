@@ -62,8 +62,11 @@ def _check_device(device: str) -> str:
         why = _C.cuda_status()  # "" when the CUDA backend can run here (driver and a GPU found)
         if why:
             raise DeviceError(f"device={device!r}: {why}. Use device='cpu' on this machine.")
+        cli.device.check(device, "device")  # 'cuda' or 'cuda:N'
+        if not cli.cuda_index_exists(int(device.partition(":")[2] or 0)):
+            raise DeviceError(f"device={device!r}: no such GPU on this machine")
         return device
-    raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    raise ArgError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 
 def pick_precision(precision: str | None, capability: int, dtype: str = "float32") -> str:
