@@ -433,11 +433,12 @@ class ArgumentParser(argparse.ArgumentParser):
     are the same kind."""
 
     def __init__(self, *args, **kw):
-        epilog = kw.pop("epilog", None)
-        kw["epilog"] = (epilog + "\n\n" if epilog else "") + EXIT_CODES_HELP
         super().__init__(*args, **kw)
         self.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                           help="print the Python traceback of a failure (for bug reports)")
+
+    def format_help(self) -> str:  # the exit codes as a table, whatever the formatter does to the epilog
+        return super().format_help().rstrip("\n") + "\n\n" + EXIT_CODES_HELP + "\n"
 
 
 # ---------------------------------------------------------------------------------------------------- errors
