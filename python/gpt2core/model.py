@@ -436,11 +436,13 @@ class GPT2:
         for _ in range(max_new_tokens):
             ctx = x[:, -self.config.block_size:]
             _, logits = self.forward(ctx, return_logits=True)
-            last = logits[:, -1, :V].astype(np.float64) / temperature
+            last = logits[:, -1, :V].astype(np.float64)
             k = min(top_k, V) if top_k else V
             top = np.argpartition(-last, k - 1, axis=1)[:, :k]
             vals = np.take_along_axis(last, top, axis=1)
-            probs = np.exp(vals - vals.max(axis=1, keepdims=True))
+            # the max subtracted before dividing: a tiny temperature sends the others to -inf (probability 0), never
+            # inf - inf = NaN
+            probs = np.exp((vals - vals.max(axis=1, keepdims=True)) / temperature)
             probs /= probs.sum(axis=1, keepdims=True)
             nxt = np.array([top[b, rng.choice(k, p=probs[b])] for b in range(x.shape[0])], dtype=np.int32)
             x = np.concatenate([x, nxt[:, None]], axis=1)

@@ -130,6 +130,16 @@ class Trainer:
             if cfg.no_overlap_comm:
                 self.log("warning: --no-overlap-comm does nothing in a run of one process (no gradients to average)")
 
+    def _check_weights_fit(self) -> None:
+        """Weights, gradients and AdamW moments (16 bytes per parameter) within this machine's RAM (CPU), checked
+        before they are allocated."""
+        if self.device != "cpu":
+            return
+        need, have = 16 * self.config.num_parameters(), _physical_memory()
+        if have and need > have:
+            raise ArgError(f"--preset {self.cfg.preset} needs {_mem(need)} for its weights, gradients and AdamW state, "
+                           f"more than this machine's {_mem(have)}: choose a smaller --preset")
+
     def _check_plan(self, model) -> None:
         """What the loaders and the machine can serve: --val-steps within the validation data, and a micro-batch
         whose memory fits in this machine's RAM (CPU)."""
@@ -142,10 +152,9 @@ class Trainer:
             need = model.memory_report(cfg.batch_size, cfg.seq_len)["total"]
             have = _physical_memory()
             if have and need > have:
-                raise ArgError(f"-B {cfg.batch_size} -T {cfg.seq_len} needs {need / 2**30:,.1f} GiB of memory for "
-                               f"preset {cfg.preset} (weights, gradients, optimizer, activations), more than this "
-                               f"machine's {have / 2**30:,.1f} GiB: lower -B (and raise --total-batch-tokens "
-                               "for the same tokens per step)")
+                raise ArgError(f"-B {cfg.batch_size} -T {cfg.seq_len} needs {_mem(need)} of memory for preset "
+                               f"{cfg.preset} (weights, gradients, optimizer, activations), more than this machine's "
+                               f"{_mem(have)}: lower -B (and raise --total-batch-tokens for the same tokens per step)")
 
     def _setup(self, cfg: TrainConfig) -> None:
         self.metrics_path = self.out / "metrics.jsonl"
@@ -161,6 +170,7 @@ class Trainer:
         self.progress = self.dist.is_master and not cfg.no_progress
         self.hellaswag = (hellaswag.load(cfg.hellaswag_path, cfg.hellaswag_limit, progress=self.progress)
                           if cfg.hellaswag_every else None)
+        self._check_weights_fit()
         model = GPT2(self.config, device=self.device, seed=cfg.seed, precision=cfg.precision, attention=cfg.attention,
                      matmul_tuning=cfg.matmul_tuning, loss_scaling=cfg.loss_scaling_on,
                      loss_scale_init=cfg.loss_scale_init, loss_scale_interval=cfg.loss_scale_interval)
@@ -538,6 +548,10 @@ class Trainer:
             self.log(f"saved {path}")
             self.log(f"sample: {self.sample()!r}")
         return last
+
+
+def _mem(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
 
 
 def _physical_memory() -> int | None:
