@@ -129,6 +129,8 @@ class Trainer:
                                "torchrun, srun, mpirun), or leave --zero out")
             if cfg.no_overlap_comm:
                 self.log("warning: --no-overlap-comm does nothing in a run of one process (no gradients to average)")
+            if cfg.dist_timeout != TrainConfig.dist_timeout:
+                self.log("warning: --dist-timeout does nothing in a run of one process (no collectives to wait for)")
 
     def _check_weights_fit(self) -> None:
         """Weights, gradients and AdamW moments (16 bytes per parameter) within this machine's RAM (CPU), checked
