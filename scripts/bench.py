@@ -522,9 +522,23 @@ def data_parallel(args, argv):
     return {"runs": runs, "efficiency": eff}
 
 
+def check_switches(ap, args) -> None:
+    """Switches that would do nothing here are usage errors (exit 2), not silently ignored."""
+    if args.device == "cpu":
+        for flag in ("matmul_tuning", "cuda_graphs"):
+            if getattr(args, flag):
+                ap.error(f"--{flag.replace('_', '-')} needs --device cuda (it does nothing on the CPU)")
+    if args.nproc == 1 and not args.scaling and "WORLD_SIZE" not in os.environ and not args.result_json:
+        for flag, on in (("--zero 1", args.zero), ("--no-overlap-comm", args.no_overlap_comm)):
+            if on:
+                ap.error(f"{flag} needs a data-parallel run (--nproc N > 1 or --scaling)")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    check_switches(ap, args)
     if args.model:
         cfg = bench_config(args)
         return gpu_model_module().main(["--gpu", args.model, "-B", str(args.batch_size), "-T", str(args.seq_len),

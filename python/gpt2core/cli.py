@@ -411,10 +411,20 @@ def check_device_available(spec: str, name: str = "--device") -> str:
     if why:
         raise DeviceUnavailable(f"{name} {spec}: {why}; use --device cpu")
     index = int(spec.partition(":")[2] or 0)
-    count = _C.cuda_device_count() if hasattr(_C, "cuda_device_count") else None
-    if count is not None and index >= count:
-        raise DeviceUnavailable(f"{name} {spec}: this machine has {count} GPU(s) (cuda:0..cuda:{count - 1})")
+    if not cuda_index_exists(index):
+        n = sum(1 for i in range(index) if cuda_index_exists(i))
+        raise DeviceUnavailable(f"{name} {spec}: no such GPU; this machine has {n}"
+                                + (f" (cuda:0..cuda:{n - 1})" if n else ""))
     return spec
+
+
+def cuda_index_exists(index: int) -> bool:
+    """Whether CUDA device `index` exists (its compute capability can be read)."""
+    from . import _C
+    try:
+        return _C.cuda_capability(int(index)) > 0
+    except Exception:  # the CUDA plugin's error for an invalid device ordinal  # noqa: BLE001
+        return False
 
 
 # ---------------------------------------------------------------------------------------------------- parsers
@@ -423,11 +433,12 @@ class ArgumentParser(argparse.ArgumentParser):
     are the same kind."""
 
     def __init__(self, *args, **kw):
-        epilog = kw.pop("epilog", None)
-        kw["epilog"] = (epilog + "\n\n" if epilog else "") + EXIT_CODES_HELP
         super().__init__(*args, **kw)
         self.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                           help="print the Python traceback of a failure (for bug reports)")
+
+    def format_help(self) -> str:  # the exit codes as a table, whatever the formatter does to the epilog
+        return super().format_help().rstrip("\n") + "\n\n" + EXIT_CODES_HELP + "\n"
 
 
 # ---------------------------------------------------------------------------------------------------- errors

@@ -203,6 +203,9 @@ class TrainConfig:
         if self.device == "cpu" and self.attention in ("flash", "cudnn"):
             raise ArgError(f"--attention {self.attention} needs --device cuda (the CPU backend materialises "
                            "attention)")
+        for flag in ("matmul_tuning", "cuda_graphs"):  # switches that would do nothing on the CPU
+            if self.device == "cpu" and getattr(self, flag):
+                raise ArgError(f"--{flag.replace('_', '-')} needs --device cuda (it does nothing on the CPU)")
         try:
             self.model_config()
         except ArgError as e:  # --padded-vocab-size below the vocab, --block-size beyond the core's range

@@ -117,6 +117,9 @@ def score_hellaswag(model, data=None, items_per_batch: int = 4, rank: int = 0, w
     With world_size > 1 this rank scores items i % world_size == rank; add up `n`, `correct` and
     `correct_norm` over ranks (all-reduce) and divide to get the accuracies of the whole set.
     Returns {n, correct, correct_norm, acc, acc_norm}."""
+    cli.positive_int.check(items_per_batch, "items_per_batch")
+    if limit is not None:
+        cli.positive_int.check(limit, "limit")  # limit=0 would score nothing and report acc nan
     if not isinstance(data, _hs.Rendered):
         data = _hs.load(data, limit)
         limit = None

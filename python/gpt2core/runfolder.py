@@ -169,9 +169,12 @@ def append_line(path, line: str) -> None:
     try:
         before = os.fstat(fd).st_size
         try:
-            n = os.write(fd, data)
-            if n != len(data):
-                raise OSError(28, os.strerror(28), os.fspath(path))  # a short write: the disk filled up
+            done = 0
+            while done < len(data):  # one write(2), unless it is short (a limit reached mid-line): the rest then
+                n = os.write(fd, data[done:])  # fails with the reason (ENOSPC, EFBIG)
+                if n <= 0:
+                    raise OSError(28, os.strerror(28))
+                done += n
         except OSError as e:
             try:
                 os.ftruncate(fd, before)

@@ -39,7 +39,7 @@ from .outliers import WINDOW, OutlierDetector
 from .preemption import EXIT_PREEMPTED, GracefulStop
 from . import runfolder
 from .data.shards import ShardError
-from .errors import Error, Preempted, WriteError
+from .errors import ArgError, Error, Preempted, WriteError
 from .runfolder import RunFolderError
 from .runlock import RunLock, RunLockedError
 from .schedule import lr_at
@@ -99,8 +99,10 @@ class Trainer:
         self.cfg = cfg
         # join the process group first: a missing rank fails fast and by name
         self.dist, self.comm, self.device = distributed.setup(cfg.device, timeout=cfg.dist_timeout)
+        cli.check_device_available(self.device)  # --device cuda:7 on a 1-GPU machine: one line, before any work
+        self._check_process_flags()
         if cfg.threads:
-            _C.set_num_threads(cfg.threads)
+            _C.set_num_threads(cli.threads(cfg.threads, "--threads"))
         self.config = cfg.model_config()
         self.grad_accum, self.total = self._batch_plan()
         self.out = Path(cfg.output_dir)
@@ -116,6 +118,46 @@ class Trainer:
             self.close()
             raise
 
+    def _check_process_flags(self) -> None:
+        """Data-parallel switches in a run of one process would do nothing: --zero 1 is refused, the others warned
+        about."""
+        cfg = self.cfg
+        if self.comm is None:
+            if cfg.zero:
+                raise ArgError("--zero 1 shards the AdamW state over the processes of a data-parallel run, and this "
+                               "run is one process: start several (python -m gpt2core.launch --nproc-per-node N, "
+                               "torchrun, srun, mpirun), or leave --zero out")
+            if cfg.no_overlap_comm:
+                self.log("warning: --no-overlap-comm does nothing in a run of one process (no gradients to average)")
+            if cfg.dist_timeout != TrainConfig.dist_timeout:
+                self.log("warning: --dist-timeout does nothing in a run of one process (no collectives to wait for)")
+
+    def _check_weights_fit(self) -> None:
+        """Weights, gradients and AdamW moments (16 bytes per parameter) within this machine's RAM (CPU), checked
+        before they are allocated."""
+        if self.device != "cpu":
+            return
+        need, have = 16 * self.config.num_parameters(), _physical_memory()
+        if have and need > have:
+            raise ArgError(f"--preset {self.cfg.preset} needs {_mem(need)} for its weights, gradients and AdamW state, "
+                           f"more than this machine's {_mem(have)}: choose a smaller --preset")
+
+    def _check_plan(self, model) -> None:
+        """What the loaders and the machine can serve: --val-steps within the validation data, and a micro-batch
+        whose memory fits in this machine's RAM (CPU)."""
+        cfg = self.cfg
+        if cfg.val_every and cfg.val_steps > self.val_loader.batches_per_epoch:
+            raise ArgError(f"--val-steps {cfg.val_steps} is more than the {self.val_loader.batches_per_epoch} "
+                           f"batches the validation data hold at -B {cfg.batch_size} -T {cfg.seq_len}: "
+                           f"validation would repeat batches; use --val-steps <= {self.val_loader.batches_per_epoch}")
+        if self.device == "cpu":
+            need = model.memory_report(cfg.batch_size, cfg.seq_len)["total"]
+            have = _physical_memory()
+            if have and need > have:
+                raise ArgError(f"-B {cfg.batch_size} -T {cfg.seq_len} needs {_mem(need)} of memory for preset "
+                               f"{cfg.preset} (weights, gradients, optimizer, activations), more than this machine's "
+                               f"{_mem(have)}: lower -B (and raise --total-batch-tokens for the same tokens per step)")
+
     def _setup(self, cfg: TrainConfig) -> None:
         self.metrics_path = self.out / "metrics.jsonl"
         self.ckpt_root = self.out / "checkpoints"
@@ -130,13 +172,13 @@ class Trainer:
         self.progress = self.dist.is_master and not cfg.no_progress
         self.hellaswag = (hellaswag.load(cfg.hellaswag_path, cfg.hellaswag_limit, progress=self.progress)
                           if cfg.hellaswag_every else None)
-        if cfg.cuda_graphs and self.device == "cpu":
-            raise SystemExit("gpt2core-train: --cuda-graphs needs --device cuda")
+        self._check_weights_fit()
         model = GPT2(self.config, device=self.device, seed=cfg.seed, precision=cfg.precision, attention=cfg.attention,
                      matmul_tuning=cfg.matmul_tuning, loss_scaling=cfg.loss_scaling_on,
                      loss_scale_init=cfg.loss_scale_init, loss_scale_interval=cfg.loss_scale_interval)
         model.recompute_gelu = cfg.recompute_gelu
         model.cuda_graphs = cfg.cuda_graphs
+        self._check_plan(model)
         self.flops_per_token = self.config.flops_per_token(T)
         self.start_step = 0
         ck = self.resume(model, cfg.resume) if cfg.resume else None
@@ -205,16 +247,14 @@ class Trainer:
         """(micro-steps per optimizer step, tokens per optimizer step), checked against the model."""
         cfg, W = self.cfg, self.dist.world_size
         B, T = cfg.batch_size, cfg.seq_len
-        if B <= 0 or T <= 0:
-            raise SystemExit(f"gpt2core-train: -B and -T must be positive (got B={B}, T={T})")
         if T > self.config.block_size:
-            raise SystemExit(f"gpt2core-train: -T {T} exceeds the block size {self.config.block_size} of preset "
-                             f"{cfg.preset} (raise it with --block-size)")
+            raise ArgError(f"-T {T} exceeds the block size {self.config.block_size} of preset {cfg.preset} (raise it "
+                           "with --block-size)")
         tokens_per_micro = B * T * W
         total = cfg.total_batch_tokens or tokens_per_micro
         if total % tokens_per_micro:
-            raise SystemExit(f"gpt2core-train: --total-batch-tokens {total} is not a multiple of B*T*world_size = "
-                             f"{B}*{T}*{W} = {tokens_per_micro}")
+            raise ArgError(f"--total-batch-tokens {total} is not a multiple of B*T*world_size = {B}*{T}*{W} = "
+                           f"{tokens_per_micro}")
         return total // tokens_per_micro, total
 
     def _shakespeare(self) -> Path:
@@ -510,6 +550,17 @@ class Trainer:
             self.log(f"saved {path}")
             self.log(f"sample: {self.sample()!r}")
         return last
+
+
+def _mem(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def main(argv=None) -> dict:

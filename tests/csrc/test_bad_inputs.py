@@ -284,7 +284,7 @@ def test_wrapper_generate_rejects_bad_arguments(wrapped):
         model.generate(PB.idx[:1, :3], 2, temperature=0.0)
     with pytest.raises(TypeError, match=r"\bidx\b"):
         model.generate(np.ones((1, 3)), 2)
-    with pytest.raises(ValueError, match=r"top_k must be >= 0.*-1"):
+    with pytest.raises(ValueError, match=r"top_k must be an integer >= 0.*-1"):
         model.generate(PB.idx[:1, :3], 2, top_k=-1)
 
 

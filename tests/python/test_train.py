@@ -57,10 +57,11 @@ def test_seq_len_above_block_size_is_rejected(shakespeare_dir, tmp_path):
         train.main(["--preset", "tiny", "--data-dir", str(d), "-T", "65", "--output-dir", str(tmp_path)])
 
 
-def test_cuda_graphs_need_a_gpu_device(shakespeare_dir, tmp_path):
+def test_cuda_graphs_need_a_gpu_device(shakespeare_dir, tmp_path, capsys):
     d, _ = shakespeare_dir
-    with pytest.raises(SystemExit, match="--cuda-graphs needs --device cuda"):
+    with pytest.raises(SystemExit) as e:  # a usage error, before anything runs
         train.main(["--preset", "tiny", "--data-dir", str(d), "-T", "32", "--cuda-graphs", "--output-dir", str(tmp_path)])
+    assert e.value.code == 2 and "--cuda-graphs needs --device cuda" in capsys.readouterr().err
 
 
 def test_block_size_trains_a_longer_context_than_the_preset(shakespeare_dir, tmp_path):

@@ -108,7 +108,7 @@ class DataLoader:
                 f"{self.world_size}*{self.B}*{self.T} + 1)")
         if not usable:
             detail = ", ".join(f"{p} has {n}" for p, n in skipped[:3]) + (" ..." if len(skipped) > 3 else "")
-            raise ValueError(f"{split} shards are too small: {detail} tokens, but a shard needs at least "
+            raise ShardError(f"{split} shards are too small: {detail} tokens, but a shard needs at least "
                              f"{need}; use a smaller B or T, or larger shards")
         for p, n in skipped:
             warnings.warn(f"skipping shard {p}: {n} tokens, fewer than {need}", stacklevel=2)
