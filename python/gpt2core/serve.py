@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
+import logging
 import math
 import numbers
 import os
@@ -60,6 +61,7 @@ from . import cli, tokenizer
 from .errors import ArgError, Error
 
 PAGE = Path(__file__).resolve().parent / "assets" / "serve.html"
+log = logging.getLogger("gpt2core.serve")
 MAX_BODY = 1 << 20        # bytes of a request body
 MAX_STOP = 4              # stop strings per request (OpenAI's limit)
 SEED_MAX = 2**63 - 1
@@ -376,6 +378,7 @@ class Scheduler:
                 try:
                     self._run_batch(live)
                 except Exception as e:  # a bug or a backend failure: answer these requests, keep serving
+                    log.exception("gpt2core-serve: a batch of %d requests failed", len(live))
                     for j in live:
                         j.emit("error", f"generation failed: {type(e).__name__}: {e}")
 
