@@ -10,7 +10,6 @@ passes, 1 otherwise.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess

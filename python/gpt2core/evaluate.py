@@ -14,7 +14,6 @@ random guessing gives 0.25.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time

@@ -25,7 +25,6 @@ matplotlib is an optional dependency: ``pip install gpt2core[plot]``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys

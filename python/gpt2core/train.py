@@ -27,19 +27,18 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _C, cli, distributed, progress, tokenizer
+from . import _C, cli, distributed, progress, runfolder, tokenizer
 from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints,
                          load_checkpoint, prune_checkpoints, remove_stale_temporaries, save_checkpoint)
 from .config import _CHECKS, TrainConfig
 from .data import hellaswag, shakespeare
 from .data.loader import DataLoader
+from .data.shards import ShardError
+from .errors import ArgError, Error, Preempted, WriteError
 from .evaluate import score_hellaswag
 from .model import GPT2
 from .outliers import WINDOW, OutlierDetector
 from .preemption import EXIT_PREEMPTED, GracefulStop
-from . import runfolder
-from .data.shards import ShardError
-from .errors import ArgError, Error, Preempted, WriteError
 from .runfolder import RunFolderError
 from .runlock import RunLock, RunLockedError
 from .schedule import lr_at

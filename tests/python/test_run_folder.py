@@ -8,7 +8,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,6 @@ import pytest
 
 from gpt2core import plot, runfolder, train
 from gpt2core.data.shards import write_shard
-from gpt2core.errors import WriteError
 from gpt2core.runlock import RunLock
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"

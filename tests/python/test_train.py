@@ -82,8 +82,8 @@ def test_every_training_default_is_in_train_config():
     from gpt2core.config import TrainConfig
     from gpt2core.distributed import DataParallel
     assert train.parse_args([]) == TrainConfig()
-    assert train.parse_args(["-B", "3", "--lr", "2e-3", "--no-shuffle", "--matmul-tuning"]) == TrainConfig(
-        batch_size=3, lr=2e-3, no_shuffle=True, matmul_tuning=True)
+    assert train.parse_args(["-B", "3", "--lr", "2e-3", "--no-shuffle", "--device", "cuda", "--matmul-tuning"]) == \
+        TrainConfig(batch_size=3, lr=2e-3, no_shuffle=True, device="cuda", matmul_tuning=True)
     for step in (GPT2.step, DataParallel.step):  # the optimizer's defaults are the trainer's
         for name, p in inspect.signature(step).parameters.items():
             if name in ("weight_decay", "beta1", "beta2", "eps", "grad_clip"):
