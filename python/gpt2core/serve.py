@@ -279,8 +279,11 @@ class Engine:
         self.vocab_size = model.config.vocab_size
 
     def stream(self, prompts, max_new, temperature, top_p, seed):
-        return self.model.generate([np.asarray(p, np.int32) for p in prompts], list(max_new), top_k=0,
-                                   temperature=list(temperature), top_p=list(top_p), seed=list(seed), stream=True)
+        # OpenAI's temperature 0 is greedy decoding: top_k=1 (GPT2.generate's greedy), else the whole vocabulary
+        return self.model.generate([np.asarray(p, np.int32) for p in prompts], list(max_new),
+                                   top_k=[1 if t == 0 else 0 for t in temperature],
+                                   temperature=[t if t > 0 else 1.0 for t in temperature], top_p=list(top_p),
+                                   seed=list(seed), stream=True)
 
 
 # ------------------------------------------------------------------------------------------------ the scheduler
