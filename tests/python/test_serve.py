@@ -5,10 +5,8 @@ the page at / driven in Debian's headless chromium (selenium + chromium-driver).
 The reference for the text: greedy decoding (temperature 0) recomputed here from the model's full forward, so the
 server's batching, streaming and text assembly are checked against the model itself."""
 import json
-import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 
