@@ -32,6 +32,8 @@ def build_info() -> dict:
     build with the CUDA backend, the NVIDIA libraries it loaded ("cuda_libraries", name -> path) or why it could
     not ("cuda_error")."""
     info = dict(_C.build_info(), cuda_version=_build_config.CUDA_VERSION)
+    if not info["cuda"]:
+        info["cuda_skipped"] = getattr(_build_config, "CUDA_SKIPPED", "")  # why the build has no CUDA backend
     if info["cuda"]:
         info.update(cudnn_version=getattr(_build_config, "CUDNN_VERSION", ""),
                     nccl_version=getattr(_build_config, "NCCL_VERSION", ""))
