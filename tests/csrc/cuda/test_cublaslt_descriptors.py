@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from test_cuda_emu import emu  # noqa: F401  (fixture)
-from test_emu import ROOT, _cuda_include
+from test_emu import ROOT, _seam_cuda_include as _cuda_include
 
 CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14     # library_types.h
 COMPUTE_32F, COMPUTE_32F_FAST_TF32 = 68, 77      # cublas_api.h
@@ -83,7 +83,7 @@ def _cublaslt():
 @pytest.fixture(scope="module")
 def describe():
     inc, lib = _cublaslt()
-    # one build per toolkit (CUDA_HOME may name a CUDA 12 tree: .ci/cuda_pypi.sh runs these tests against both majors)
+    # one build per toolkit (GPT2CORE_SEAM_CUDA_HOME may name a CUDA 12 tree: .ci/cuda_pypi.sh runs these tests against both majors)
     out = ROOT / "build" / f"cublaslt-{hashlib.sha1(str(inc).encode()).hexdigest()[:10]}" / "libdescribe.so"
     out.parent.mkdir(parents=True, exist_ok=True)
     if not out.exists() or any(p.stat().st_mtime > out.stat().st_mtime for p in SOURCES + HEADERS):
@@ -277,7 +277,7 @@ def test_cublaslt_descriptors_describe_the_seams_matmul(emu, describe):  # noqa:
 
 
 def test_the_describer_runs_the_toolkits_own_cublaslt(describe):
-    """The library these checks ran against is the toolkit's (CUDA_HOME may name the CUDA 12 tree assembled from
+    """The library these checks ran against is the toolkit's (GPT2CORE_SEAM_CUDA_HOME may name the CUDA 12 tree assembled from
     NVIDIA's cu12 wheels, .ci/cuda_pypi.sh): cuBLASLt's own version and CUDA runtime match that toolkit's cuda.h."""
     import re
     inc, _ = _cublaslt()
