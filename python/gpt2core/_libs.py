@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field
 
 from . import _build_config
+from .errors import Error
 
 # name in _build_config.CUDA_LIBRARIES -> (soname, what it is, {CUDA major: the PyPI package that ships it})
 _KNOWN = {
@@ -40,12 +41,12 @@ _SYSTEM_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/l
                 "/usr/local/cuda/targets/sbsa-linux/lib")
 
 
-class MissingLibrary(ImportError):
+class MissingLibrary(Error, ImportError):
     """A library the CUDA module links was found nowhere (or no candidate loaded): the message lists what was tried
     and the pip command that provides it."""
 
 
-class LibraryMismatch(ImportError):
+class LibraryMismatch(Error, ImportError):
     """A library loaded, but it is not the version this build needs (another CUDA major, an older cuDNN/NCCL):
     the message names the file, the version found, the version needed and the command that fixes it."""
 
