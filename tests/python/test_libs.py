@@ -282,3 +282,19 @@ def test_import_and_cpu_training_load_no_cuda_library_and_cuda_says_why(tmp_path
         if hidden and _libs.candidates(_build_config.CUDA_LIBRARIES[0])[0][1] != "pip":
             assert "found neither in NVIDIA's PyPI wheels nor on this system" in p.stdout, p.stdout
             assert f": {_libs.install_hint()} (or pip install " in p.stdout, p.stdout
+
+
+def test_train_with_device_cuda_says_the_drivers_problem_in_one_line_exit_2(tmp_path):
+    """gpt2core-train --device cuda on a machine without a usable driver: one line, exit 2, the words the model and
+    the doctor use (here: a stub driver too old for this build, or none)."""
+    from gpt2core import _C
+    if "cuda" not in _C.build_info()["backends"] or _libs.driver():
+        pytest.skip("needs a CUDA build on a machine without an NVIDIA driver")
+    stub = fake_so(tmp_path / "drv" / "libcuda.so.1", DRIVER.format(v=(_libs.cuda_major() - 1) * 1000 + 40))
+    for env, want in (({}, "no NVIDIA driver (libcuda.so.1 not found)"),
+                      ({"LD_LIBRARY_PATH": str(stub.parent)}, "this build of gpt2core needs a driver for CUDA >= ")):
+        p = subprocess.run([sys.executable, "-m", "gpt2core.train", "--device", "cuda", "--steps", "1"],
+                           capture_output=True, text=True, env=dict(os.environ, **env), cwd=tmp_path, timeout=120)
+        assert p.returncode == 2, p.stderr
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and want in lines[0] and "Traceback" not in p.stderr, p.stderr
