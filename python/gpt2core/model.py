@@ -10,7 +10,7 @@ import numbers
 
 import numpy as np
 
-from . import _C, llmc, pretrained
+from . import _build_config, _C, llmc, pretrained
 from .config import GPT2Config, TrainConfig, get_preset
 from . import cli
 from .errors import ArgError, Error
@@ -57,9 +57,14 @@ def _check_device(device: str) -> str:
         if "cuda" not in info["backends"]:
             raise DeviceError(
                 f"device={device!r}: this build of gpt2core has no CUDA backend (compiled backends: "
-                f"{', '.join(info['backends'])}). Use device='cpu', or reinstall on a machine with the CUDA "
-                "toolkit (GPT2CORE_CUDA=ON pip install gpt2core).")
-        why = _C.cuda_status()  # "" when the CUDA backend can run here (driver and a GPU found)
+                f"{', '.join(info['backends'])}"
+                + (f"; {_build_config.CUDA_SKIPPED}" if getattr(_build_config, "CUDA_SKIPPED", "") else "")
+                + "). Use device='cpu', or build from source on a machine with a CUDA compiler: "
+                "GPT2CORE_CUDA=ON pip install --no-build-isolation . (README: On a GPU box).")
+        from . import _libs
+        # the driver first: without this, a missing or too old driver surfaces as cudart's "CUDA driver version
+        # is insufficient for CUDA runtime version", which names neither the cause nor the fix
+        why = _libs.driver_problem() or _C.cuda_status()  # "" when the CUDA backend can run here
         if why:
             raise DeviceError(f"device={device!r}: {why}. Use device='cpu' on this machine.")
         cli.device.check(device, "device")  # 'cuda' or 'cuda:N'
