@@ -27,6 +27,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from . import tokenizer
+from .errors import ArgError
 
 EOT = tokenizer.EOT
 _MASK64 = (1 << 64) - 1
@@ -110,20 +111,20 @@ def _per_seq(value, B: int, name: str) -> list:
     if isinstance(value, (list, tuple, np.ndarray)) and not isinstance(value, str):
         vals = list(value)
         if len(vals) != B:
-            raise ValueError(f"{name}: {len(vals)} values for {B} prompts (give one value, or one per prompt)")
+            raise ArgError(f"{name}: {len(vals)} values for {B} prompts (give one value, or one per prompt)")
         return vals
     return [value] * B
 
 
 def _check_real(v, name: str, lo: float, hi: float, text: str) -> float:
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (lo <= float(v) <= hi):
-        raise ValueError(f"{name} must be a number in {text}, got {v!r}")
+        raise ArgError(f"{name} must be a number in {text}, got {v!r}")
     return float(v)
 
 
 def _check_int(v, name: str, lo: int, text: str) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or int(v) < lo:
-        raise ValueError(f"{name} must be {text}, got {v!r}")
+        raise ArgError(f"{name} must be {text}, got {v!r}")
     return int(v)
 
 
@@ -139,7 +140,7 @@ def as_prompts(idx, vocab_size: int) -> tuple[list[np.ndarray], bool]:
         if arr.ndim == 1:
             arr = arr[None, :]
         if arr.ndim != 2:
-            raise ValueError(f"idx must have shape (B, T) or be a list of id lists, got shape {arr.shape}")
+            raise ArgError(f"idx must have shape (B, T) or be a list of id lists, got shape {arr.shape}")
         rows = list(arr)
     elif isinstance(idx, (list, tuple)):
         rows = [np.asarray(r) for r in idx]
@@ -147,15 +148,15 @@ def as_prompts(idx, vocab_size: int) -> tuple[list[np.ndarray], bool]:
     else:
         raise TypeError(f"idx must be an int array (B, T) or a list of token-id lists, got {type(idx).__name__}")
     if not rows:
-        raise ValueError("idx: no prompts")
+        raise ArgError("idx: no prompts")
     out = []
     for b, r in enumerate(rows):
         if r.ndim != 1 or r.dtype.kind not in "iu":
-            raise ValueError(f"idx[{b}] must be a 1-D list of integer token ids")
+            raise ArgError(f"idx[{b}] must be a 1-D list of integer token ids")
         if r.size == 0:
-            raise ValueError(f"idx[{b}] is empty: every prompt needs at least one token (e.g. <|endoftext|>, {EOT})")
+            raise ArgError(f"idx[{b}] is empty: every prompt needs at least one token (e.g. <|endoftext|>, {EOT})")
         if int(r.min()) < 0 or int(r.max()) >= vocab_size:
-            raise ValueError(f"idx[{b}] has ids outside [0, {vocab_size})")
+            raise ArgError(f"idx[{b}] has ids outside [0, {vocab_size})")
         out.append(np.ascontiguousarray(r, dtype=np.int32))
     return out, rect
 
@@ -166,7 +167,7 @@ def check_stop(stop) -> list[str]:
     if isinstance(stop, str):
         stop = [stop]
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
-        raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        raise ArgError(f"stop must be a non-empty string or a list of them, got {stop!r}")
     return list(stop)
 
 
@@ -205,10 +206,10 @@ def _prepare(model, idx, max_new_tokens, top_k, temperature, seed, top_p, stop):
                                                           "1: greedy)")
         t = _check_real(t, "temperature", 0.0, float("inf"), "(0, inf) (for greedy decoding use top_k=1)")
         if t == 0:
-            raise ValueError("temperature must be > 0 (for greedy decoding use top_k=1), got 0")
+            raise ArgError("temperature must be > 0 (for greedy decoding use top_k=1), got 0")
         tp = 1.0 if tp is None else _check_real(tp, "top_p", 0.0, 1.0, "(0, 1] (None: off)")
         if tp == 0:
-            raise ValueError("top_p must be a number in (0, 1] (None: off), got 0")
+            raise ArgError("top_p must be a number in (0, 1] (None: off), got 0")
         s = _check_int(s, "seed", 0, ">= 0 (an integer)")
         # a scalar seed: sequence b draws from stream b; one seed per sequence: stream 0 (a request's own seed
         # gives the same ids whatever batch it runs in)
