@@ -123,12 +123,27 @@ class TrainConfig:
     lr: float = _opt(1e-3, "max learning rate (the whole schedule scales with it)", "optimization")
     min_lr_frac: float = _opt(0.1, "min LR as a fraction of --lr (cosine)", "optimization")
     warmup: int = _opt(10, "linear warmup steps", "optimization")
-    schedule: str = _opt("cosine", "LR after warmup", "optimization", choices=["cosine", "constant"])
+    schedule: str = _opt("cosine", "LR after warmup: cosine to the floor, constant, or wsd (warmup-stable-decay: "
+                                   "constant, then a linear cool-down to the floor over the last --cooldown-frac "
+                                   "of the steps)", "optimization", choices=["cosine", "constant", "wsd"])
+    cooldown_frac: float = _opt(0.4, "wsd: the fraction of the steps the LR cools down over (modded-nanogpt: 0.4)",
+                                "optimization")
     weight_decay: float = _opt(0.1, "AdamW weight decay (2-D weights only)", "optimization")
     grad_clip: float = _opt(1.0, "global grad-norm clip (0 disables)", "optimization")
     beta1: float = _opt(0.9, "AdamW beta1", "optimization")
     beta2: float = _opt(0.95, "AdamW beta2", "optimization")
     eps: float = _opt(1e-8, "AdamW epsilon", "optimization")
+    optimizer: str = _opt("adamw", "adamw: AdamW for every tensor; muon: Muon (momentum orthogonalised by "
+                                   "Newton-Schulz) for the hidden matrices (attention q, k, v, projection, MLP), "
+                                   "AdamW (--lr, --weight-decay) for embeddings, head, gains and biases",
+                          "optimization", choices=["adamw", "muon"])
+    muon_lr: float = _opt(0.02, "Muon's max learning rate (the --schedule scales it as it scales --lr)",
+                          "optimization")
+    muon_momentum: float = _opt(0.95, "Muon's momentum (Nesterov)", "optimization")
+    muon_momentum_warmup: int = _opt(300, "steps over which Muon's momentum rises linearly from 0.85 to "
+                                          "--muon-momentum (modded-nanogpt's warm-up; 0: none)", "optimization")
+    muon_weight_decay: float = _opt(0.0, "Muon's decoupled weight decay (lr * wd per step)", "optimization")
+    muon_ns_steps: int = _opt(5, "Newton-Schulz iterations per Muon step", "optimization")
     outlier_z: float = _opt(5.0, "a step whose loss or grad norm is more than this many standard deviations above "
                                  "the previous 128 steps' is an outlier: warned about and logged in metrics.jsonl",
                             "optimization")
@@ -171,7 +186,9 @@ class TrainConfig:
     # the settings that change the trajectory: a resumed run that changes them no longer matches an uninterrupted one
     TRAJECTORY = ("preset", "block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens",
                   "no_shuffle", "steps", "lr", "min_lr_frac", "warmup", "schedule", "weight_decay", "grad_clip",
-                  "beta1", "beta2", "eps", "seed", "loss_scaling", "loss_scale_init", "loss_scale_interval")
+                  "beta1", "beta2", "eps", "seed", "loss_scaling", "loss_scale_init", "loss_scale_interval",
+                  "cooldown_frac", "optimizer", "muon_lr", "muon_momentum", "muon_momentum_warmup",
+                  "muon_weight_decay", "muon_ns_steps")
 
     def __post_init__(self):
         """Every number in its range: ValueError naming the flag (gpt2core-train prints it as a one-line error)."""
@@ -183,6 +200,10 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be {what}, got {v!r}")
         if self.val_every and not self.val_steps:
             raise ValueError("--val-steps must be >= 1 when --val-every is set")
+        if self.optimizer not in ("adamw", "muon"):
+            raise ValueError(f"--optimizer must be adamw or muon, got {self.optimizer!r}")
+        if self.schedule not in ("cosine", "constant", "wsd"):
+            raise ValueError(f"--schedule must be cosine, constant or wsd, got {self.schedule!r}")
         if self.loss_scaling not in ("auto", "on", "off"):
             raise ValueError(f"--loss-scaling must be auto, on or off, got {self.loss_scaling!r}")
         if self.device == "cpu" and self.precision not in (None, "fp32"):
@@ -207,6 +228,15 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def optimizer_kw(self) -> dict:
+        """The keywords of GPT2.step / DataParallel.step besides lr (and muon_lr, muon_momentum, which follow the
+        schedules: Trainer.train_step)."""
+        kw = dict(weight_decay=self.weight_decay, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+                  grad_clip=self.grad_clip)
+        if self.optimizer == "muon":
+            kw.update(optimizer="muon", muon_weight_decay=self.muon_weight_decay, muon_ns_steps=self.muon_ns_steps)
+        return kw
 
 
 def _is(v, kind) -> bool:
@@ -234,10 +264,13 @@ _RANGES = {
     "dist_timeout": (0, _INF, "a finite number of seconds > 0"),
     "loss_scale_init": (0, 3.0e38, "a finite number > 0 that fits in float32 (e.g. 65536)"),
     "loss_scale_interval": (1, 2**31 - 1, "an integer >= 1"),
+    "cooldown_frac": (0, 1, "a fraction in [0, 1]"), "muon_lr": (0, _INF, "a finite number >= 0"),
+    "muon_momentum": (0, 1 - 1e-12, "a number in [0, 1)"), "muon_momentum_warmup": (0, _INF, "an integer >= 0"),
+    "muon_weight_decay": (0, _INF, "a finite number >= 0"), "muon_ns_steps": (0, 100, "an integer in [0, 100]"),
     "checkpoint_every": (0, _INF, "an integer >= 0 (0: never)"), "keep_last": (0, _INF, "an integer >= 0 (0: all)"),
 }
 _INTS = {"block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens", "steps", "warmup",
          "val_every", "val_steps", "hellaswag_every", "hellaswag_limit", "sample_every", "sample_tokens", "seed",
-         "threads", "checkpoint_every", "keep_last", "loss_scale_interval"}
+         "threads", "checkpoint_every", "keep_last", "loss_scale_interval", "muon_momentum_warmup", "muon_ns_steps"}
 _OPTIONAL = {"block_size", "padded_vocab_size", "total_batch_tokens", "hellaswag_limit", "threads"}
 _POSITIVE = {"lr", "eps", "outlier_z", "dist_timeout", "loss_scale_init"}

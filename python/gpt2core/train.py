@@ -39,7 +39,7 @@ from .model import GPT2
 from .outliers import WINDOW, OutlierDetector
 from .preemption import EXIT_PREEMPTED, GracefulStop
 from .runlock import RunLock, RunLockedError
-from .schedule import lr_at
+from .schedule import lr_at, muon_momentum_at
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -296,7 +296,17 @@ class Trainer:
 
     def lr(self, step: int) -> float:
         cfg = self.cfg
-        return lr_at(step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_frac * cfg.lr, cfg.schedule)
+        return lr_at(step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_frac * cfg.lr, cfg.schedule, cfg.cooldown_frac)
+
+    def optimizer_kw(self, step: int, lr: float) -> dict:
+        """step()'s keywords besides lr: AdamW's settings, and with --optimizer muon Muon's, its LR following
+        the same schedule (lr / --lr of --muon-lr) and its momentum warm-up."""
+        cfg = self.cfg
+        kw = cfg.optimizer_kw()
+        if cfg.optimizer == "muon":
+            kw["muon_lr"] = cfg.muon_lr * (lr / cfg.lr)
+            kw["muon_momentum"] = muon_momentum_at(step, cfg.muon_momentum, cfg.muon_momentum_warmup)
+        return kw
 
     def val_loss(self) -> float:
         """Mean loss of --val-steps fixed validation batches (each rank reads its own rows; averaged over ranks)."""
@@ -340,7 +350,7 @@ class Trainer:
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {step}; weights were not updated (try a lower --lr)")
         z = {"loss_z": self.outliers["loss"].update(loss)}
-        kw = dict(weight_decay=cfg.weight_decay, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, grad_clip=cfg.grad_clip)
+        kw = self.optimizer_kw(step, lr)
 
         def score_norm(norm):  # with loss scaling a non-finite norm is an overflow (a skipped step), no outlier
             if math.isfinite(norm) or not m.loss_scaling:
