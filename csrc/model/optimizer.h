@@ -140,8 +140,8 @@ GPT2CORE_HOST_DEVICE inline bool update_factor(const StepArgs& a, float scale, f
 // The shape factor max(1, rows/cols)^0.5 is the reference code's (KellerJordan/Muon muon_update; modded-nanogpt
 // uses the same): a tall matrix's orthogonalised update has RMS ~ 1/sqrt(rows), the factor restores it for
 // fan-out matrices (fcw, 4C x C), while wide and square ones keep it.
-constexpr float kMuonA = 3.4445f, kMuonB = -4.7750f, kMuonC = 2.0315f;  // the quintic's published coefficients
-constexpr float kMuonNormEps = 1e-7f;
+constexpr double kMuonA = 3.4445, kMuonB = -4.7750, kMuonC = 2.0315;  // the quintic's published coefficients
+constexpr double kMuonNormEps = 1e-7;
 constexpr float kMuonBeta = 0.95f;
 constexpr int kMuonNsSteps = 5;
 
