@@ -68,6 +68,32 @@ def get_preset(name: str) -> GPT2Config:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
 
 
+# Training recipes (--recipe): the values a recipe sets; any flag given explicitly overrides them. "gpt2" is the
+# 2019 recipe as gpt2core trains it by default (the TrainConfig defaults, AdamW + cosine), unchanged. "modern" is
+# the modded-nanogpt / nanochat line (README "Modern recipe"): the architecture of issue 26 (rotary positions,
+# RMSNorm, QK-norm, ReLU^2, no biases, untied head, zero-initialised projections, logit soft-cap: GPT2Config
+# fields, see MODERN_ARCH) trained with Muon for the hidden matrices and AdamW for the rest, warmup-stable-decay.
+MODERN_ARCH = {"position": "rope", "norm": "rmsnorm", "qk_norm": True, "activation": "relu2", "bias": False,
+               "tie_embeddings": False, "zero_init_proj": True, "logit_softcap": 15.0}
+RECIPES: dict[str, dict] = {
+    "gpt2": {},
+    "modern": {"arch": "modern", "optimizer": "muon", "muon_lr": 0.02, "muon_momentum": 0.95,
+               "muon_momentum_warmup": 300, "muon_weight_decay": 0.0, "lr": 6e-3, "beta1": 0.8, "beta2": 0.95,
+               "weight_decay": 0.0, "schedule": "wsd", "cooldown_frac": 0.4, "warmup": 0, "min_lr_frac": 0.0},
+}
+
+
+def recipe_help() -> str:
+    """Every value of every recipe, for --help."""
+    def show(name):
+        vals = RECIPES[name]
+        if not vals:
+            return f"{name}: the defaults shown below (AdamW, cosine, GPT-2's architecture)"
+        arch = ", ".join(f"{k}={v}" for k, v in MODERN_ARCH.items())
+        return f"{name}: " + ", ".join(f"{k}={v}" for k, v in vals.items() if k != "arch") + f"; architecture {arch}"
+    return "; ".join(show(n) for n in RECIPES)
+
+
 def _opt(default, help: str, group: str, **argparse_kw):
     """A TrainConfig field: its default, and what the command line needs (train.build_parser)."""
     return field(default=default, metadata={"help": help, "group": group, **argparse_kw})
@@ -81,6 +107,10 @@ class TrainConfig:
     LR experiments are one flag: --lr scales the whole schedule (warmup peak, cosine, and the floor, which is
     --min-lr-frac of it), so "3x the max LR" is `--lr 1.8e-3` against a 6e-4 recipe."""
     # model
+    recipe: str = _opt("gpt2", "training recipe: sets the values listed here unless given as flags. "
+                       + recipe_help(), "model", choices=sorted(RECIPES))
+    arch: str = _opt("gpt2", "architecture: gpt2 (learned positions, LayerNorm, GELU, biases, tied head) or modern "
+                             "(the GPT2Config fields of --recipe modern's list)", "model", choices=["gpt2", "modern"])
     preset: str = _opt("s4", "model shape", "model", choices=sorted(PRESETS))
     block_size: int | None = _opt(None, "context length the model is built for (the wpe rows); above the preset's "
                                         "trains a longer context, e.g. 2048 as GPT-3 did (default: the preset's)",
@@ -184,7 +214,7 @@ class TrainConfig:
                               "checkpoints", metavar="DIR|auto")
 
     # the settings that change the trajectory: a resumed run that changes them no longer matches an uninterrupted one
-    TRAJECTORY = ("preset", "block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens",
+    TRAJECTORY = ("recipe", "arch", "preset", "block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens",
                   "no_shuffle", "steps", "lr", "min_lr_frac", "warmup", "schedule", "weight_decay", "grad_clip",
                   "beta1", "beta2", "eps", "seed", "loss_scaling", "loss_scale_init", "loss_scale_interval",
                   "cooldown_frac", "optimizer", "muon_lr", "muon_momentum", "muon_momentum_warmup",
@@ -200,8 +230,17 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be {what}, got {v!r}")
         if self.val_every and not self.val_steps:
             raise ValueError("--val-steps must be >= 1 when --val-every is set")
+        if self.recipe not in RECIPES:
+            raise ValueError(f"--recipe must be one of {', '.join(RECIPES)}, got {self.recipe!r}")
+        if self.arch not in ("gpt2", "modern"):
+            raise ValueError(f"--arch must be gpt2 or modern, got {self.arch!r}")
+        if self.arch == "modern" and self.preset in PRESETS:
+            modern_config(get_preset(self.preset))  # a build without the modern architecture says so here
         if self.optimizer not in ("adamw", "muon"):
             raise ValueError(f"--optimizer must be adamw or muon, got {self.optimizer!r}")
+        if self.optimizer == "muon" and self.device != "cpu":
+            raise ValueError("--optimizer muon runs on --device cpu in this build: the CUDA backend's Muon kernels "
+                             "are not written yet")
         if self.schedule not in ("cosine", "constant", "wsd"):
             raise ValueError(f"--schedule must be cosine, constant or wsd, got {self.schedule!r}")
         if self.loss_scaling not in ("auto", "on", "off"):
@@ -220,6 +259,8 @@ class TrainConfig:
     def model_config(self) -> GPT2Config:
         """The preset, with --block-size and --padded-vocab-size applied."""
         c = get_preset(self.preset)
+        if self.arch == "modern":
+            c = modern_config(c)
         if self.block_size:
             c = c.replace(block_size=self.block_size)
         if self.padded_vocab_size:
@@ -229,6 +270,13 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_recipe(cls, recipe: str = "gpt2", **explicit) -> "TrainConfig":
+        """The recipe's values, overridden by the explicit ones."""
+        if recipe not in RECIPES:
+            raise ValueError(f"--recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+        return cls(**{**RECIPES[recipe], **explicit, "recipe": recipe})
+
     def optimizer_kw(self) -> dict:
         """The keywords of GPT2.step / DataParallel.step besides lr (and muon_lr, muon_momentum, which follow the
         schedules: Trainer.train_step)."""
@@ -237,6 +285,18 @@ class TrainConfig:
         if self.optimizer == "muon":
             kw.update(optimizer="muon", muon_weight_decay=self.muon_weight_decay, muon_ns_steps=self.muon_ns_steps)
         return kw
+
+
+def modern_config(c: GPT2Config) -> GPT2Config:
+    """c with the modern architecture's fields (MODERN_ARCH; the model layer of issue 26)."""
+    if hasattr(GPT2Config, "modern") and callable(getattr(GPT2Config, "modern")):
+        return c.modern()
+    have = {f for f in GPT2Config.__dataclass_fields__}
+    missing = [k for k in MODERN_ARCH if k not in have]
+    if missing:
+        raise ValueError("--arch modern / --recipe modern needs the modern architecture's GPT2Config fields ("
+                         + ", ".join(missing) + "), which this build of gpt2core does not have")
+    return c.replace(**MODERN_ARCH)
 
 
 def _is(v, kind) -> bool:

@@ -30,7 +30,7 @@ import numpy as np
 from . import _C, distributed, progress, tokenizer
 from .checkpoint import (CheckpointError, NonFiniteError, checkpoint_dir, latest_checkpoint, list_checkpoints,
                          load_checkpoint, prune_checkpoints, remove_stale_temporaries, save_checkpoint)
-from .config import TrainConfig
+from .config import RECIPES, TrainConfig
 from .data import hellaswag, shakespeare
 from .data.loader import DataLoader
 from .errors import FileFormatError, WriteError
@@ -67,8 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> TrainConfig:
     """The TrainConfig of a command line; a value out of range is a one-line error naming the flag (exit 2)."""
     ap = build_parser()
+    values = vars(ap.parse_args(argv))
+    # --recipe sets its values unless a flag gave them: the flags given are those a parser without defaults sees
+    bare = build_parser()
+    for a in bare._actions:
+        a.default = argparse.SUPPRESS
+    explicit = vars(bare.parse_args(argv))
     try:
-        return TrainConfig(**vars(ap.parse_args(argv)))
+        recipe = values.pop("recipe")
+        sets = RECIPES.get(recipe, {})
+        return TrainConfig.from_recipe(recipe, **{k: v for k, v in values.items() if k in explicit or k not in sets})
     except ValueError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")
 
@@ -414,7 +422,8 @@ class Trainer:
             self.log(m.describe())
         # what gpt2core.plot needs to put runs on a tokens axis and to know a 124M run
         self.write_metrics({"run": {"preset": cfg.preset, "params": m.num_parameters, "tokens_per_step": self.total,
-                                    "start_step": self.start_step, "steps": cfg.steps}})
+                                    "start_step": self.start_step, "steps": cfg.steps, "recipe": cfg.recipe,
+                                    "config": cfg.to_dict(), "model": self.config.to_dict()}})
         last = {}
         t_run = time.perf_counter()
         with GracefulStop() as stop:
