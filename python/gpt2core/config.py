@@ -238,9 +238,6 @@ class TrainConfig:
             modern_config(get_preset(self.preset))  # a build without the modern architecture says so here
         if self.optimizer not in ("adamw", "muon"):
             raise ValueError(f"--optimizer must be adamw or muon, got {self.optimizer!r}")
-        if self.optimizer == "muon" and self.device != "cpu":
-            raise ValueError("--optimizer muon runs on --device cpu in this build: the CUDA backend's Muon kernels "
-                             "are not written yet")
         if self.schedule not in ("cosine", "constant", "wsd"):
             raise ValueError(f"--schedule must be cosine, constant or wsd, got {self.schedule!r}")
         if self.loss_scaling not in ("auto", "on", "off"):

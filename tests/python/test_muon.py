@@ -398,5 +398,3 @@ def test_recipe_sets_its_values_and_explicit_flags_override(capsys):
         if k != "arch":
             assert f"{k}={v}" in helptext.replace("\n", " ").replace("  ", " ") or f"{k}={v}" in config.recipe_help()
     assert "muon-lr" in helptext and "wsd" in helptext
-    with pytest.raises(SystemExit):
-        train.parse_args([*base, "--optimizer", "muon", "--device", "cuda"])
