@@ -76,7 +76,10 @@ def rows(with_arch: bool) -> list[tuple[str, list[str]]]:
             "--weight-decay", str(modern["weight_decay"])]
     wsd = ["--schedule", "wsd", "--cooldown-frac", str(modern["cooldown_frac"]), "--min-lr-frac",
            str(modern["min_lr_frac"])]
-    out = [("gpt2", ["--recipe", "gpt2"])]
+    out = [("gpt2", ["--recipe", "gpt2"]),
+           # a control: AdamW alone at the modern recipe's AdamW settings (its higher LR is not the optimizer)
+           ("gpt2, AdamW at modern's lr", ["--recipe", "gpt2", "--lr", str(modern["lr"]), "--beta1",
+                                            str(modern["beta1"]), "--weight-decay", str(modern["weight_decay"])])]
     arch = ["--arch", "modern"] if with_arch else []
     if with_arch:
         out.append(("+ modern architecture", ["--recipe", "gpt2", *arch]))
@@ -138,7 +141,12 @@ def main(argv=None) -> int:
     for label, flags in rows(with_arch):
         if a.only and label not in a.only:
             continue
-        run = a.out / label.replace("+ ", "plus_").replace(" ", "_").replace("(", "").replace(")", "").replace("=", "")
+        run = a.out / "".join(c if c.isalnum() else "_" for c in label.replace("+ ", "plus_"))
+        done = (run / "train.log").exists() and val_curve(run)
+        if done and done[-1][0] == a.steps * a.batch_size * a.seq_len:  # this row ran already: reuse it
+            results.append({"label": label, "flags": flags, "run": str(run), "curve": done, "final_val": done[-1][1],
+                            "tokens": done[-1][0], "seconds": float("nan")})
+            continue
         cmd = [sys.executable, "-m", "gpt2core.train", "--preset", a.preset, "--steps", str(a.steps),
                "-B", str(a.batch_size), "-T", str(a.seq_len), "--val-every", str(a.val_every), "--val-steps",
                str(a.val_steps), "--warmup", str(a.warmup), "--data-dir", str(data), "--output-dir", str(run),
