@@ -139,6 +139,7 @@ def test_parameter_groups_by_name():
 
 def test_bad_muon_arguments_name_themselves():
     m = GPT2(CFG, seed=0)
+    m.flat_grads()[:] = 0.5
     for kw, name in [({"muon_lr": float("nan")}, "muon_lr"), ({"muon_momentum": 1.0}, "muon_momentum"),
                      ({"muon_weight_decay": -1.0}, "muon_weight_decay"), ({"muon_ns_steps": 2.5}, "muon_ns_steps")]:
         with pytest.raises(ValueError, match=name):
