@@ -167,17 +167,26 @@ def main(argv=None) -> int:
         return 0
     base = results[0]
     target = base["final_val"]
+    control = next((r for r in results if "AdamW at" in r["label"]), None)
     lines = [f"Same data (linux-doc-6.12, {a.preset}, B={a.batch_size}, T={a.seq_len}, {a.steps} steps = "
-             f"{base['tokens']:,} tokens per run); target: the GPT-2 recipe's final val loss {target:.4f}.", "",
-             "| recipe | final val loss | tokens to reach GPT-2's final val loss | fewer tokens than GPT-2 | wall s |",
-             "|---|---|---|---|---|"]
+             f"{base['tokens']:,} tokens per run); targets: the GPT-2 recipe's final val loss {target:.4f}"
+             + (f", and the AdamW control's {control['final_val']:.4f}" if control else "") + ".", "",
+             "| recipe | final val loss | tokens to GPT-2's final val loss (fewer) |"
+             + (" tokens to the AdamW control's final val loss (fewer) |" if control else "") + " wall s |",
+             "|---|---|---|" + ("---|" if control else "") + "---|"]
+
+    def reach(r, ref):
+        t = tokens_to_reach(r["curve"], ref["final_val"])
+        return t, (f"{t:,.0f} ({ref['tokens'] / t:.2f}x)" if t else "not reached")
+
     for r in results:
-        t = tokens_to_reach(r["curve"], target)
-        r["tokens_to_target"] = t
-        r["ratio"] = base["tokens"] / t if t else None
-        reach = f"{t:,.0f}" if t else "not reached"
-        ratio = f"{r['ratio']:.2f}x" if t else "-"
-        lines.append(f"| {r['label']} | {r['final_val']:.4f} | {reach} | {ratio} | {r['seconds']:.0f} |")
+        r["tokens_to_target"], cell = reach(r, base)
+        r["ratio"] = base["tokens"] / r["tokens_to_target"] if r["tokens_to_target"] else None
+        if control:
+            r["tokens_to_control"], cell2 = reach(r, control)
+            cell += f" | {cell2}"
+        wall = "-" if r["seconds"] != r["seconds"] else f"{r['seconds']:.0f}"
+        lines.append(f"| {r['label']} | {r['final_val']:.4f} | {cell} | {wall} |")
     (a.out / "recipe_bench.md").write_text("\n".join(lines) + "\n")
     (a.out / "recipe_bench.json").write_text(json.dumps(results, indent=1))
     print("\n".join(lines))
