@@ -176,6 +176,62 @@ class CpuBackend final : public Backend<T> {
       }
     }
   }
+  void muon_momentum(T* grad, T* mom, size_t base, const std::vector<AdamWSegment>& segments,
+                     bool nesterov) override {
+    float factor = 1.0f;
+    if (!update_factor(step_.args, step_.scaler.scale, &factor)) return;
+    const T beta = T(step_.args.muon_beta);
+    for (const AdamWSegment& seg : segments) {
+#pragma omp parallel for
+      for (size_t k = seg.begin; k < seg.end; k++) {
+        const size_t i = k - base;
+        const T g = grad[i] * T(factor);
+        const T mi = mom[i] + (T(1) - beta) * (g - mom[i]);
+        mom[i] = mi;
+        grad[i] = nesterov ? g + beta * (mi - g) : mi;
+      }
+    }
+  }
+  // Newton-Schulz in T (fp32; fp64 for the double model), the GEMMs through BLAS: wide/square X (rows <= cols):
+  // A = X X^T, X = a X + B X; tall: A = X^T X, X = a X + X B (B = b A + c A A is symmetric, so this is the
+  // transpose of the wide form on X^T).
+  void muon_orthogonalize(T* x, T* scratch, int rows, int cols, int steps) override {
+    float factor = 1.0f;
+    if (!update_factor(step_.args, step_.scaler.scale, &factor)) return;
+    const size_t n = size_t(rows) * cols;
+    const int k = rows < cols ? rows : cols;
+    const bool tall = rows > cols;
+    T* A = scratch;
+    T* Bm = scratch + size_t(k) * k;
+    T* Y = Bm + size_t(k) * k;
+    double ss = 0;
+#pragma omp parallel for simd reduction(+ : ss)
+    for (size_t i = 0; i < n; i++) ss += double(x[i]) * double(x[i]);
+    const T inv = T(1) / (T(std::sqrt(ss)) + T(kMuonNormEps));
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) x[i] *= inv;
+    for (int s = 0; s < steps; s++) {
+      if (tall) gemm(true, false, k, k, rows, T(1), x, cols, x, cols, T(0), A, k);
+      else gemm(false, true, k, k, cols, T(1), x, cols, x, cols, T(0), A, k);
+#pragma omp parallel for
+      for (size_t i = 0; i < size_t(k) * k; i++) Bm[i] = T(kMuonB) * A[i];
+      gemm(false, false, k, k, k, T(kMuonC), A, k, A, k, T(1), Bm, k);
+#pragma omp parallel for
+      for (size_t i = 0; i < n; i++) Y[i] = T(kMuonA) * x[i];
+      if (tall) gemm(false, false, rows, cols, cols, T(1), x, cols, Bm, cols, T(1), Y, cols);
+      else gemm(false, false, rows, cols, rows, T(1), Bm, rows, x, cols, T(1), Y, cols);
+      std::memcpy(x, Y, n * sizeof(T));
+    }
+  }
+  void muon_apply(T* param, T* /*master: none, M == T*/, const T* x, size_t n, size_t /*base*/, float decay,
+                  float scale) override {
+    float factor = 1.0f;
+    if (!update_factor(step_.args, step_.scaler.scale, &factor)) return;
+    const T lr = T(step_.args.muon_lr);
+    const T keep = T(1) - lr * T(decay), step = lr * T(scale);
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) param[i] = param[i] * keep - step * x[i];
+  }
   void set_loss_scaler(const LossScaler& scaler) override { step_.scaler = scaler; }
   void loss_scale_update() override { gpt2::loss_scale_update(step_.scaler, step_.args.sumsq); }
   StepResult step_result() override { return {step_.args.sumsq, step_.scaler}; }

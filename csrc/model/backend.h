@@ -189,6 +189,32 @@ class Backend {
   virtual void grad_sum_squares(const M* grad, size_t n) = 0;
   virtual void adamw(T* param, M* master, const M* grad, M* m, M* v, size_t base,
                      const std::vector<AdamWSegment>& segments, float beta1, float beta2, float eps) = 0;
+  // Muon (model/optimizer.h), in three ops that read the step's values (StepArgs: muon_lr, muon_beta, and the
+  // factor update_factor(args, scaler.scale) the gradients are multiplied by), each writing nothing at all when
+  // the sum of squares is not finite:
+  //   muon_momentum: over segments of flat [base, ...) (as adamw's), with g = grad * factor:
+  //                  mom = lerp(mom, g, 1 - beta); grad = (nesterov ? lerp(g, mom, beta) : mom), the update
+  //                  written over the gradient (grad and mom hold flat indices [base, ...), as adamw's)
+  //   muon_orthogonalize: x (rows, cols) := the Newton-Schulz quintic, `steps` iterations, of x / (||x||_F + eps),
+  //                  in place; scratch holds muon_scratch_size(rows, cols) values
+  //   muon_apply:    param = param * (1 - muon_lr * decay) - muon_lr * scale * x, n values (param, master as adamw's:
+  //                  master null when M == T, else master updated and param rounded from it with the step's seed;
+  //                  base: the flat index of param[0], the bf16 rounding index)
+  virtual void muon_momentum(M* /*grad*/, M* /*mom*/, size_t /*base*/, const std::vector<AdamWSegment>& /*segments*/,
+                             bool /*nesterov*/) {
+    throw std::logic_error(std::string("backend ") + name() + " has no Muon");
+  }
+  virtual size_t muon_scratch_size(int rows, int cols) const {
+    const size_t n = size_t(rows < cols ? rows : cols);
+    return 2 * n * n + size_t(rows) * cols;
+  }
+  virtual void muon_orthogonalize(M* /*x*/, M* /*scratch*/, int /*rows*/, int /*cols*/, int /*steps*/) {
+    throw std::logic_error(std::string("backend ") + name() + " has no Muon");
+  }
+  virtual void muon_apply(T* /*param*/, M* /*master*/, const M* /*x*/, size_t /*n*/, size_t /*base*/, float /*decay*/,
+                          float /*scale*/) {
+    throw std::logic_error(std::string("backend ") + name() + " has no Muon");
+  }
   virtual void set_loss_scaler(const LossScaler& scaler) = 0;
   virtual void loss_scale_update() = 0;
   virtual StepResult step_result() = 0;

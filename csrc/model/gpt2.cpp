@@ -20,6 +20,7 @@ GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> b
   params_ = backend_->alloc(num_params_);
   if constexpr (kHasMasterCopy<T>) master_ = backend_->alloc_master(num_params_);
   if (training_) grads_ = backend_->alloc_master(num_params_);
+  muon_mats_ = muon_matrices(config_);
   n_valid_dev_ = backend_->alloc_i32(1);
   loss_acc_ = backend_->alloc_master(1);
 }
@@ -36,6 +37,7 @@ GPT2Model<T>::~GPT2Model() {
   if (grads_) backend_->free_master(grads_);
   if (m_) backend_->free_master(m_);
   if (v_) backend_->free_master(v_);
+  if (muon_scratch_) backend_->free_master(muon_scratch_);
   if (acts_mem_) backend_->free(acts_mem_);
   if (stats_mem_) backend_->free_master(stats_mem_);
   if (inputs_) backend_->free_i32(inputs_);
@@ -531,15 +533,101 @@ void GPT2Model<T>::adamw_over(size_t lo, size_t hi, M* m, M* v, float beta1, flo
 
 // The part of each tensor inside flat [lo, hi), with its weight decay (2-D tensors only).
 template <typename T>
-std::vector<AdamWSegment> GPT2Model<T>::adamw_segments(size_t lo, size_t hi, float weight_decay) const {
+std::vector<AdamWSegment> GPT2Model<T>::adamw_segments(size_t lo, size_t hi, float weight_decay,
+                                                       int with_muon) const {
   std::vector<AdamWSegment> segments;
   for (int i = 0; i < kNumParamTensors; i++) {
+    if (with_muon >= 0 && int(param_uses_muon(i)) != with_muon) continue;
     const size_t a = std::max(lo, offsets_[i]), b = std::min(hi, offsets_[i] + sizes_[i]);
     if (a < b) segments.push_back({a, b, param_decays(i) ? weight_decay : 0.0f});
   }
   return segments;
 }
 
+// ------------------------------------------------------------------------------------------------------ Muon
+template <typename T>
+void GPT2Model<T>::muon_matrix_ops(const MuonStep& muon) {
+  const int hi = muon.mat_hi < 0 ? int(muon_mats_.size()) : muon.mat_hi;
+  if (muon.mat_lo < 0 || muon.mat_lo > hi || hi > int(muon_mats_.size()))
+    throw std::invalid_argument("muon: matrix range out of bounds");
+  Backend<T>& be = *backend_;
+  size_t need = 0;
+  for (const MuonMatrix& x : muon_mats_) need = std::max(need, be.muon_scratch_size(x.rows, x.cols));
+  if (need > muon_scratch_n_) {
+    if (muon_scratch_) be.free_master(muon_scratch_);
+    muon_scratch_ = be.alloc_master(need);
+    muon_scratch_n_ = need;
+  }
+  for (int j = muon.mat_lo; j < hi; j++) {
+    const MuonMatrix& x = muon_mats_[j];
+    M* u = grads_ + x.offset;
+    be.muon_orthogonalize(u, muon_scratch_, x.rows, x.cols, muon.args.ns_steps);
+    be.muon_apply(params_ + x.offset, master_ ? master_ + x.offset : nullptr, u, size_t(x.rows) * x.cols, x.offset,
+                  muon.args.weight_decay, muon_scale(x.rows, x.cols));
+  }
+}
+
+template <typename T>
+double GPT2Model<T>::muon_optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
+                                         double grad_clip, const MuonStep& muon) {
+  require_training("muon_optimizer_step");
+  if (step < 1) throw std::invalid_argument("muon_optimizer_step: step counts from 1");
+  ensure_optimizer_state();
+  Backend<T>& be = *backend_;
+  StepArgs args = step_args(lr, beta1, beta2, step, 1.0f, grad_clip, 0);
+  args.muon_lr = muon.lr;
+  args.muon_beta = muon.beta;
+  be.set_step_args(args);  // outside the graph: read at replay
+  const std::vector<AdamWSegment> adam = adamw_segments(0, num_params_, weight_decay, 0);
+  const std::vector<AdamWSegment> mom = adamw_segments(0, num_params_, 0.0f, 1);
+  const bool scaling = loss_scaling_;
+  muon_matrix_ops(MuonStep{muon.lr, muon.beta, muon.args, 0, 0});  // sizes the scratch outside any capture
+  run_graphed(optimizer_graph_,
+              {beta1, beta2, eps, weight_decay, double(scaling), 1.0, muon.args.weight_decay,
+               double(muon.args.ns_steps), double(muon.args.nesterov), double(muon.mat_lo), double(muon.mat_hi)},
+              [&] {
+                be.grad_sum_squares(grads_, num_params_);
+                be.adamw(params_, master_, grads_, m_, v_, 0, adam, beta1, beta2, eps);
+                be.muon_momentum(grads_, m_, 0, mom, muon.args.nesterov);
+                muon_matrix_ops(muon);
+                if (scaling) be.loss_scale_update();
+              });
+  const float carried = scaler_.scale;
+  const double sumsq = read_step_result();
+  const double norm = std::sqrt(sumsq / (double(carried) * double(carried)));
+  if (std::isfinite(norm)) {
+    round_seed_ = uint32_t(step);
+    params_stale_ = false;
+  }
+  return norm;
+}
+
+template <typename T>
+void GPT2Model<T>::muon_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
+                                     float weight_decay, int step, double grad_clip, double sumsq,
+                                     const MuonStep& muon) {
+  require_training("muon_update_range");
+  if (step < 1) throw std::invalid_argument("muon_update_range: step counts from 1");
+  if (lo > hi || hi > num_params_) throw std::invalid_argument("muon_update_range: bad range");
+  StepArgs args = step_args(lr, beta1, beta2, step, 1.0f, grad_clip, sumsq);
+  args.muon_lr = muon.lr;
+  args.muon_beta = muon.beta;
+  backend_->set_step_args(args);
+  backend_->adamw(params_ + lo, master_ ? master_ + lo : nullptr, grads_ + lo, m, v, lo,
+                  adamw_segments(lo, hi, weight_decay, 0), beta1, beta2, eps);
+  backend_->muon_momentum(grads_ + lo, m, lo, adamw_segments(lo, hi, 0.0f, 1), muon.args.nesterov);
+  backend_->synchronize();  // the host all-gathers the updates next
+}
+
+template <typename T>
+void GPT2Model<T>::muon_update_matrices(int step, double sumsq, const MuonStep& muon) {
+  // the step's values are muon_update_range's (set_step_args), read again by these ops
+  require_training("muon_update_matrices");
+  muon_matrix_ops(muon);
+  if (loss_scaling_) backend_->loss_scale_update();  // from the sumsq every rank was given: the same decision
+  read_step_result();
+  if (std::isfinite(sumsq)) round_seed_ = uint32_t(step);
+}
 }  // namespace gpt2
 
 #include "model/gpt2_infer.h"  // the KV-cache inference members

@@ -143,6 +143,31 @@ class GPT2Model {
   // takes the same skip decision.
   void adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
                           float weight_decay, int step, float grad_scale, double grad_clip, double sumsq);
+  // Muon (model/optimizer.h) for the Muon tensors (param_uses_muon), AdamW for the rest, each with its own lr and
+  // weight decay. The momentum lives where AdamW's first moment would (adam_m()'s slots of the Muon tensors; their
+  // adam_v() slots stay unused), so checkpoints and ZeRO-1 shards carry it as they carry the moments. The Muon ops
+  // write the update over the gradients (grads() afterwards hold the orthogonalised update of the Muon tensors).
+  // MuonStep: this step's Muon values and the matrices (indices [mat_lo, mat_hi) of muon_matrices()) orthogonalised
+  // and applied here; mat_hi < 0 means all. Data parallel: every rank updates the momentum it holds, orthogonalises
+  // its share of the matrices, and the results are all-gathered by the caller.
+  struct MuonStep {
+    float lr = 0.02f, beta = kMuonBeta;
+    MuonArgs args;
+    int mat_lo = 0, mat_hi = -1;
+  };
+  const std::vector<MuonMatrix>& muon_matrix_list() const { return muon_mats_; }
+  // optimizer_step with Muon: the global norm and clip as optimizer_step; AdamW (lr, weight_decay) on the AdamW
+  // tensors; Muon's momentum on every Muon tensor; orthogonalisation and update of the step's matrices.
+  double muon_optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
+                             double grad_clip, const MuonStep& muon);
+  // ZeRO-1 with Muon, in two calls around the caller's all-gather of the gradient buffer:
+  //   muon_update_range: over flat [lo, hi) (m, v: that range's state, as adamw_update_range), AdamW on the AdamW
+  //     tensors' parts and Muon's momentum on the Muon tensors' parts (the update written over grads()[lo, hi));
+  //   muon_update_matrices: after every rank's update was all-gathered into grads(), orthogonalise and apply the
+  //     step's matrices, then step the loss scaler. Nothing is written when sumsq is not finite.
+  void muon_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, int step, double grad_clip, double sumsq, const MuonStep& muon);
+  void muon_update_matrices(int step, double sumsq, const MuonStep& muon);
   bool training() const { return training_; }
 
   // ---- KV-cache inference (model/gpt2_infer.h): the same per-layer ops as forward, over a cache of K and V per
@@ -200,7 +225,12 @@ class GPT2Model {
   Slots activation_slots(int B, int Tn);
   void ensure_optimizer_state();
   void refresh_params();
-  std::vector<AdamWSegment> adamw_segments(size_t lo, size_t hi, float weight_decay) const;
+  // with_muon: which tensors' parts to list (-1: every tensor; 0: the AdamW ones under Muon; 1: the Muon ones)
+  std::vector<AdamWSegment> adamw_segments(size_t lo, size_t hi, float weight_decay, int with_muon = -1) const;
+  void muon_matrix_ops(const MuonStep& muon);  // orthogonalise + apply the step's matrices
+  std::vector<MuonMatrix> muon_mats_;
+  M* muon_scratch_ = nullptr;
+  size_t muon_scratch_n_ = 0;
   StepArgs step_args(float lr, float beta1, float beta2, int step, float grad_scale, double clip,
                      double sumsq) const;
   void adamw_over(size_t lo, size_t hi, M* m, M* v, float beta1, float beta2, float eps, float weight_decay,

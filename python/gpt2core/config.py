@@ -75,6 +75,32 @@ def get_preset(name: str) -> GPT2Config:
         raise ArgError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
 
 
+# Training recipes (--recipe): the values a recipe sets; any flag given explicitly overrides them. "gpt2" is the
+# 2019 recipe as gpt2core trains it by default (the TrainConfig defaults, AdamW + cosine), unchanged. "modern" is
+# the modded-nanogpt / nanochat line (README "Modern recipe"): the architecture of issue 26 (rotary positions,
+# RMSNorm, QK-norm, ReLU^2, no biases, untied head, zero-initialised projections, logit soft-cap: GPT2Config
+# fields, see MODERN_ARCH) trained with Muon for the hidden matrices and AdamW for the rest, warmup-stable-decay.
+MODERN_ARCH = {"position": "rope", "norm": "rmsnorm", "qk_norm": True, "activation": "relu2", "bias": False,
+               "tie_embeddings": False, "zero_init_proj": True, "logit_softcap": 15.0}
+RECIPES: dict[str, dict] = {
+    "gpt2": {},
+    "modern": {"arch": "modern", "optimizer": "muon", "muon_lr": 0.02, "muon_momentum": 0.95,
+               "muon_momentum_warmup": 300, "muon_weight_decay": 0.0, "lr": 6e-3, "beta1": 0.8, "beta2": 0.95,
+               "weight_decay": 0.0, "schedule": "wsd", "cooldown_frac": 0.4, "warmup": 0, "min_lr_frac": 0.0},
+}
+
+
+def recipe_help() -> str:
+    """Every value of every recipe, for --help."""
+    def show(name):
+        vals = RECIPES[name]
+        if not vals:
+            return f"{name}: the defaults shown below (AdamW, cosine, GPT-2's architecture)"
+        arch = ", ".join(f"{k}={v}" for k, v in MODERN_ARCH.items())
+        return f"{name}: " + ", ".join(f"{k}={v}" for k, v in vals.items() if k != "arch") + f"; architecture {arch}"
+    return "; ".join(show(n) for n in RECIPES)
+
+
 def _opt(default, help: str, group: str, check: cli.Check | None = None, **argparse_kw):
     """A TrainConfig field: its default, what the command line needs (train.build_parser), and its checker (a
     gpt2core.cli.Check: the flag's type and TrainConfig's validation; a field without one may have an entry in
@@ -93,6 +119,10 @@ class TrainConfig:
     LR experiments are one flag: --lr scales the whole schedule (warmup peak, cosine, and the floor, which is
     --min-lr-frac of it), so "3x the max LR" is `--lr 1.8e-3` against a 6e-4 recipe."""
     # model
+    recipe: str = _opt("gpt2", "training recipe: sets the values listed here unless given as flags. "
+                       + recipe_help(), "model", choices=sorted(RECIPES))
+    arch: str = _opt("gpt2", "architecture: gpt2 (learned positions, LayerNorm, GELU, biases, tied head) or modern "
+                             "(the GPT2Config fields of --recipe modern's list)", "model", choices=["gpt2", "modern"])
     preset: str = _opt("s4", "model shape", "model", choices=sorted(PRESETS))
     block_size: int | None = _opt(None, "context length the model is built for (the wpe rows); above the preset's "
                                         "trains a longer context, e.g. 2048 as GPT-3 did (default: the preset's)",
@@ -135,12 +165,27 @@ class TrainConfig:
     lr: float = _opt(1e-3, "max learning rate (the whole schedule scales with it)", "optimization")
     min_lr_frac: float = _opt(0.1, "min LR as a fraction of --lr (cosine)", "optimization")
     warmup: int = _opt(10, "linear warmup steps", "optimization")
-    schedule: str = _opt("cosine", "LR after warmup", "optimization", choices=["cosine", "constant"])
+    schedule: str = _opt("cosine", "LR after warmup: cosine to the floor, constant, or wsd (warmup-stable-decay: "
+                                   "constant, then a linear cool-down to the floor over the last --cooldown-frac "
+                                   "of the steps)", "optimization", choices=["cosine", "constant", "wsd"])
+    cooldown_frac: float = _opt(0.4, "wsd: the fraction of the steps the LR cools down over (modded-nanogpt: 0.4)",
+                                "optimization")
     weight_decay: float = _opt(0.1, "AdamW weight decay (2-D weights only)", "optimization")
     grad_clip: float = _opt(1.0, "global grad-norm clip (0 disables)", "optimization")
     beta1: float = _opt(0.9, "AdamW beta1", "optimization")
     beta2: float = _opt(0.95, "AdamW beta2", "optimization")
     eps: float = _opt(1e-8, "AdamW epsilon", "optimization")
+    optimizer: str = _opt("adamw", "adamw: AdamW for every tensor; muon: Muon (momentum orthogonalised by "
+                                   "Newton-Schulz) for the hidden matrices (attention q, k, v, projection, MLP), "
+                                   "AdamW (--lr, --weight-decay) for embeddings, head, gains and biases",
+                          "optimization", choices=["adamw", "muon"])
+    muon_lr: float = _opt(0.02, "Muon's max learning rate (the --schedule scales it as it scales --lr)",
+                          "optimization")
+    muon_momentum: float = _opt(0.95, "Muon's momentum (Nesterov)", "optimization")
+    muon_momentum_warmup: int = _opt(300, "steps over which Muon's momentum rises linearly from 0.85 to "
+                                          "--muon-momentum (modded-nanogpt's warm-up; 0: none)", "optimization")
+    muon_weight_decay: float = _opt(0.0, "Muon's decoupled weight decay (lr * wd per step)", "optimization")
+    muon_ns_steps: int = _opt(5, "Newton-Schulz iterations per Muon step", "optimization")
     outlier_z: float = _opt(5.0, "a step whose loss or grad norm is more than this many standard deviations above "
                                  "the previous 128 steps' is an outlier: warned about and logged in metrics.jsonl",
                             "optimization")
@@ -184,9 +229,11 @@ class TrainConfig:
                            "checkpoints")
 
     # the settings that change the trajectory: a resumed run that changes them no longer matches an uninterrupted one
-    TRAJECTORY = ("preset", "block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens",
+    TRAJECTORY = ("recipe", "arch", "preset", "block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens",
                   "no_shuffle", "steps", "lr", "min_lr_frac", "warmup", "schedule", "weight_decay", "grad_clip",
-                  "beta1", "beta2", "eps", "seed", "loss_scaling", "loss_scale_init", "loss_scale_interval")
+                  "beta1", "beta2", "eps", "seed", "loss_scaling", "loss_scale_init", "loss_scale_interval",
+                  "cooldown_frac", "optimizer", "muon_lr", "muon_momentum", "muon_momentum_warmup",
+                  "muon_weight_decay", "muon_ns_steps")
 
     def __post_init__(self):
         """Every argument in its range: ArgError (a ValueError) naming the flag (gpt2core-train prints it as a
@@ -196,6 +243,16 @@ class TrainConfig:
             raise ArgError(f"--overwrite starts over and --resume {self.resume} continues: give one of them")
         if self.val_every and not self.val_steps:
             raise ArgError("--val-steps must be >= 1 when --val-every is set")
+        if self.recipe not in RECIPES:
+            raise ArgError(f"--recipe must be one of {', '.join(RECIPES)}, got {self.recipe!r}")
+        if self.arch not in ("gpt2", "modern"):
+            raise ArgError(f"--arch must be gpt2 or modern, got {self.arch!r}")
+        if self.arch == "modern" and self.preset in PRESETS:
+            modern_config(get_preset(self.preset))  # a build without the modern architecture says so here
+        if self.optimizer not in ("adamw", "muon"):
+            raise ArgError(f"--optimizer must be adamw or muon, got {self.optimizer!r}")
+        if self.schedule not in ("cosine", "constant", "wsd"):
+            raise ArgError(f"--schedule must be cosine, constant or wsd, got {self.schedule!r}")
         if self.loss_scaling not in ("auto", "on", "off"):
             raise ArgError(f"--loss-scaling must be auto, on or off, got {self.loss_scaling!r}")
         if self.device == "cpu" and self.precision not in (None, "fp32"):
@@ -221,6 +278,8 @@ class TrainConfig:
     def model_config(self) -> GPT2Config:
         """The preset, with --block-size and --padded-vocab-size applied."""
         c = get_preset(self.preset)
+        if self.arch == "modern":
+            c = modern_config(c)
         if self.block_size:
             c = c.replace(block_size=self.block_size)
         if self.padded_vocab_size:
@@ -229,6 +288,32 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_recipe(cls, recipe: str = "gpt2", **explicit) -> "TrainConfig":
+        """The recipe's values, overridden by the explicit ones."""
+        if recipe not in RECIPES:
+            raise ArgError(f"--recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+        return cls(**{**RECIPES[recipe], **explicit, "recipe": recipe})
+
+    def optimizer_kw(self) -> dict:
+        """The keywords of GPT2.step / DataParallel.step besides lr (and muon_lr, muon_momentum, which follow the
+        schedules: Trainer.train_step)."""
+        kw = dict(weight_decay=self.weight_decay, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+                  grad_clip=self.grad_clip)
+        if self.optimizer == "muon":
+            kw.update(optimizer="muon", muon_weight_decay=self.muon_weight_decay, muon_ns_steps=self.muon_ns_steps)
+        return kw
+
+
+def modern_config(c: GPT2Config) -> GPT2Config:
+    """c (its shape kept) with the modern architecture's fields (MODERN_ARCH; the model layer of issue 26)."""
+    have = {f for f in GPT2Config.__dataclass_fields__}
+    missing = [k for k in MODERN_ARCH if k not in have]
+    if missing:
+        raise ArgError("--arch modern / --recipe modern needs the modern architecture's GPT2Config fields ("
+                         + ", ".join(missing) + "), which this build of gpt2core does not have")
+    return c.replace(**MODERN_ARCH)
 
 
 _I, _F = cli.Int, cli.Float
@@ -256,4 +341,10 @@ _CHECKS = {
     "checkpoint_every": _I(0, what="an integer >= 0 (0: never)"), "keep_last": _I(0, what="an integer >= 0 (0: all)"),
     "data_dir": cli.Optional(cli.existing_dir), "output_dir": cli.output_dir,
     "hellaswag_path": cli.Optional(cli.existing_file),
+    "recipe": cli.Choice(*RECIPES), "arch": cli.Choice("gpt2", "modern"), "optimizer": cli.Choice("adamw", "muon"),
+    "schedule": cli.Choice("cosine", "constant", "wsd"), "cooldown_frac": _F(0, 1, what="a fraction in [0, 1]"),
+    "muon_lr": _F(0, float32=True, what="a finite number >= 0"),
+    "muon_momentum": _F(0, 1, hi_open=True, float32=True, what="a number in [0, 1)"),
+    "muon_momentum_warmup": _I(0), "muon_weight_decay": _F(0, float32=True, what="a finite number >= 0"),
+    "muon_ns_steps": _I(0, 100),
 }

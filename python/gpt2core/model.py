@@ -364,9 +364,20 @@ class GPT2:
 
     def step(self, lr: float, weight_decay: float = TrainConfig.weight_decay, beta1: float = TrainConfig.beta1,
              beta2: float = TrainConfig.beta2, eps: float = TrainConfig.eps,
-             grad_clip: float = TrainConfig.grad_clip) -> float:
+             grad_clip: float = TrainConfig.grad_clip, optimizer: str = "adamw",
+             muon_lr: float = TrainConfig.muon_lr, muon_momentum: float = TrainConfig.muon_momentum,
+             muon_weight_decay: float = TrainConfig.muon_weight_decay,
+             muon_ns_steps: int = TrainConfig.muon_ns_steps, *, muon_matrices: tuple[int, int] | None = None) -> float:
         """Clip the global gradient norm to grad_clip (0 disables), take one AdamW step, return the
-        pre-clip norm. A non-finite norm raises FloatingPointError and leaves the weights untouched;
+        pre-clip norm.
+
+        optimizer="muon": Muon (csrc/model/optimizer.h) for the hidden matrices (muon_params(): attention q, k, v
+        and projection, the MLP's two matrices) with its own muon_lr, muon_momentum (this step's, after any
+        warm-up: schedule.muon_momentum_at) and muon_weight_decay, muon_ns_steps Newton-Schulz iterations; AdamW
+        (lr, weight_decay, betas, eps) for the rest. The momentum lives in opt_state()'s first moment (m) of those
+        tensors, so checkpoints carry it. Afterwards the Muon tensors' gradients hold their orthogonalised update.
+        muon_matrices=(lo, hi): only matrices [lo, hi) of muon_matrix_list() are orthogonalised and applied (data
+        parallel: this rank's share; the caller all-gathers the rest). A non-finite norm raises FloatingPointError and leaves the weights untouched;
         so does a hyperparameter out of range (ValueError naming it, see check_step_args).
 
         With loss scaling, the norm is of the unscaled gradients, and a non-finite one is an overflow: the step
@@ -382,14 +393,36 @@ class GPT2:
         # norm, clip scale, update and the loss scaler's step all in the backend (one graph with cuda_graphs): no
         # wait for the GPU until the norm is read back at the end
         clip = grad_clip if grad_clip and grad_clip > 0 else 0.0
-        norm = self._m.optimizer_step(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
-                                      step=self.step_count + 1, grad_clip=clip)
+        if optimizer == "muon":
+            check_muon_args(muon_lr, muon_momentum, muon_weight_decay, muon_ns_steps)
+            lo, hi = muon_matrices or (0, -1)
+            norm = self._m.muon_optimizer_step(
+                lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, step=self.step_count + 1,
+                grad_clip=clip, muon_lr=muon_lr, muon_momentum=muon_momentum, muon_weight_decay=muon_weight_decay,
+                ns_steps=muon_ns_steps, mat_lo=lo, mat_hi=hi)
+        elif optimizer == "adamw":
+            norm = self._m.optimizer_step(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+                                          step=self.step_count + 1, grad_clip=clip)
+        else:
+            raise ValueError(f"optimizer must be 'adamw' or 'muon', got {optimizer!r}")
         if not math.isfinite(norm):  # the backend wrote nothing
             if self.loss_scaling:
                 return norm
             raise FloatingPointError(f"gradient norm is {norm} at step {self.step_count + 1}; weights not updated")
         self.step_count += 1  # only once the update was accepted
         return norm
+
+    # ------------------------------------------------------------------ Muon's parameter groups
+    def muon_matrix_list(self) -> list[tuple[int, int, int, str, int]]:
+        """The matrices Muon orthogonalises, in flat-offset order: (offset, rows, cols, tensor, layer); each layer's
+        qkvw slice is three of them (q, k, v)."""
+        return list(self._m.muon_matrices)
+
+    @staticmethod
+    def muon_params() -> tuple[str, ...]:
+        """The tensors Muon updates (with optimizer="muon", the core's policy: csrc/model/config.h
+        param_uses_muon); every other tensor is AdamW's."""
+        return tuple(_C.muon_param_names())
 
     # ------------------------------------------------------------------ flat buffers (data parallel, ZeRO-1)
     def flat_params(self) -> np.ndarray:
@@ -498,6 +531,19 @@ _STEP_CHECKS = {
 
 def _grad_scale(v) -> float:
     return cli.Float(what="a finite number").check(v, "grad_scale")
+
+
+def check_muon_args(muon_lr, muon_momentum, muon_weight_decay, muon_ns_steps) -> None:
+    """ValueError naming the argument unless Muon's settings are in range: muon_lr >= 0, 0 <= muon_momentum < 1,
+    muon_weight_decay >= 0 (finite), muon_ns_steps an integer in [0, 100]."""
+    ranges = {"muon_lr": (muon_lr, 0.0, math.inf, "[0, inf)"), "muon_momentum": (muon_momentum, 0.0, 1.0, "[0, 1)"),
+              "muon_weight_decay": (muon_weight_decay, 0.0, math.inf, "[0, inf)")}
+    for name, (v, lo, hi, text) in ranges.items():
+        if not (isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and lo <= v < hi):
+            raise ValueError(f"{name} must be a finite number in {text}, got {v!r}")
+    if isinstance(muon_ns_steps, bool) or not isinstance(muon_ns_steps, numbers.Integral) or \
+            not 0 <= muon_ns_steps <= 100:
+        raise ValueError(f"muon_ns_steps must be an integer in [0, 100], got {muon_ns_steps!r}")
 
 
 def check_loss_scale_args(init, interval) -> None:

@@ -30,7 +30,7 @@ import numpy as np
 from . import _C, cli, distributed, progress, runfolder, tokenizer
 from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints,
                          load_checkpoint, prune_checkpoints, remove_stale_temporaries, save_checkpoint)
-from .config import _CHECKS, TrainConfig
+from .config import _CHECKS, RECIPES, TrainConfig
 from .data import hellaswag, shakespeare
 from .data.loader import DataLoader
 from .data.shards import ShardError
@@ -41,7 +41,7 @@ from .outliers import WINDOW, OutlierDetector
 from .preemption import EXIT_PREEMPTED, GracefulStop
 from .runfolder import RunFolderError
 from .runlock import RunLock, RunLockedError
-from .schedule import lr_at
+from .schedule import lr_at, muon_momentum_at
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,10 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> TrainConfig:
     """The TrainConfig of a command line; a value out of range is a one-line error naming the flag (exit 2)."""
     ap = build_parser()
-    args = vars(ap.parse_args(argv))
-    args.pop("debug", None)  # cli.entry's switch
+    values = vars(ap.parse_args(argv))
+    values.pop("debug", None)  # cli.entry's switch
+    # --recipe sets its values unless a flag gave them: the flags given are those a parser without defaults sees
+    bare = build_parser()
+    for a in bare._actions:
+        a.default = argparse.SUPPRESS
+    explicit = vars(bare.parse_args(argv))
     try:
-        return TrainConfig(**args)
+        recipe = values.pop("recipe")
+        sets = RECIPES.get(recipe, {})
+        return TrainConfig.from_recipe(recipe, **{k: v for k, v in values.items() if k in explicit or k not in sets})
     except ValueError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")
 
@@ -392,7 +399,17 @@ class Trainer:
 
     def lr(self, step: int) -> float:
         cfg = self.cfg
-        return lr_at(step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_frac * cfg.lr, cfg.schedule)
+        return lr_at(step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_frac * cfg.lr, cfg.schedule, cfg.cooldown_frac)
+
+    def optimizer_kw(self, step: int, lr: float) -> dict:
+        """step()'s keywords besides lr: AdamW's settings, and with --optimizer muon Muon's, its LR following
+        the same schedule (lr / --lr of --muon-lr) and its momentum warm-up."""
+        cfg = self.cfg
+        kw = cfg.optimizer_kw()
+        if cfg.optimizer == "muon":
+            kw["muon_lr"] = cfg.muon_lr * (lr / cfg.lr)
+            kw["muon_momentum"] = muon_momentum_at(step, cfg.muon_momentum, cfg.muon_momentum_warmup)
+        return kw
 
     def val_loss(self) -> float:
         """Mean loss of --val-steps fixed validation batches (each rank reads its own rows; averaged over ranks)."""
@@ -436,7 +453,7 @@ class Trainer:
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {step}; weights were not updated (try a lower --lr)")
         z = {"loss_z": self.outliers["loss"].update(loss)}
-        kw = dict(weight_decay=cfg.weight_decay, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, grad_clip=cfg.grad_clip)
+        kw = self.optimizer_kw(step, lr)
 
         def score_norm(norm):  # with loss scaling a non-finite norm is an overflow (a skipped step), no outlier
             if math.isfinite(norm) or not m.loss_scaling:
@@ -504,7 +521,8 @@ class Trainer:
             self.log(m.describe())
         # what gpt2core.plot needs to put runs on a tokens axis and to know a 124M run
         self.write_metrics({"run": {"preset": cfg.preset, "params": m.num_parameters, "tokens_per_step": self.total,
-                                    "start_step": self.start_step, "steps": cfg.steps}})
+                                    "start_step": self.start_step, "steps": cfg.steps, "recipe": cfg.recipe,
+                                    "config": cfg.to_dict(), "model": self.config.to_dict()}})
         last = {}
         t_run = time.perf_counter()
         with GracefulStop() as stop:
