@@ -14,6 +14,7 @@
 #include "backends.h"
 #include "cpu/blas.h"
 #include "model/gpt2.h"
+#include "bindings_infer.h"
 
 // The module's name: _C for the package; the test-only emulated-CUDA module (tests/csrc/cuda/cuda_emu) builds this
 // same file under another name, without the distributed bindings, plus its own extra bindings.
@@ -162,18 +163,21 @@ void bind_model(py::module_& m, const char* cls_name) {
   using M = GPT2Model<T>;
   using F = gpt2::Master<T>;  // the dtype Python sees: master weights, gradients, AdamW state, logits, losses
   // module_local: the test-only emulated module binds the same C++ type in the same interpreter
-  py::class_<M>(m, cls_name, "GPT-2 in the C++ core: parameters, gradients, forward/backward, AdamW.",
-                py::module_local())
+  auto cls = py::class_<M>(m, cls_name, "GPT-2 in the C++ core: parameters, gradients, forward/backward, AdamW.",
+                py::module_local());
+  gpt2_bind::bind_kv<M>(cls);
+  cls
       .def(py::init([](int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd,
                        const std::string& device, bool tf32, const std::string& attention, bool fused,
-                       bool matmul_tuning) {
+                       bool matmul_tuning, bool training) {
              auto config = make_config(max_seq_len, vocab_size, padded_vocab_size, n_layer, n_head, n_embd);
              if (gpt2::is_cuda_device(device)) load_cuda_backend();
-             return new M(config, gpt2::make_backend<T>(device, backend_options(tf32, attention, fused, matmul_tuning)));
+             return new M(config, gpt2::make_backend<T>(device, backend_options(tf32, attention, fused, matmul_tuning)),
+                          training);
            }),
            py::arg("max_seq_len"), py::arg("vocab_size"), py::arg("padded_vocab_size"), py::arg("n_layer"),
            py::arg("n_head"), py::arg("n_embd"), py::arg("device") = "cpu", py::arg("tf32") = false,
-           py::arg("attention") = "auto", py::arg("fused") = true, py::arg("matmul_tuning") = false,
+           py::arg("attention") = "auto", py::arg("fused") = true, py::arg("matmul_tuning") = false, py::arg("training") = true,
            "tf32: fp32 matmuls on TF32 tensor cores (CUDA); attention: 'auto', 'flash', 'cudnn' or 'naive' (CUDA; "
            "the CPU materialises attention); fused: fused kernels (CUDA); matmul_tuning: time cuBLASLt's candidate "
            "algorithms once per shape (CUDA). See csrc/model/backend_options.h.")
@@ -186,6 +190,10 @@ void bind_model(py::module_& m, const char* cls_name) {
              py::dict d;
              const size_t n = self.num_parameters();
              d["params"] = n * sizeof(T) + (gpt2::kHasMasterCopy<T> ? n * sizeof(F) : 0);  // + fp32 master
+             if (!self.training()) {  // inference-only: no gradients, moments or backward activations
+               d["grads"] = 0, d["optimizer"] = 0, d["activations"] = self.kv_bytes();
+               return d;
+             }
              d["grads"] = n * sizeof(F);
              d["optimizer"] = 2 * n * sizeof(F);
              d["activations"] = self.activation_bytes_for(B, Tn);
@@ -214,7 +222,10 @@ void bind_model(py::module_& m, const char* cls_name) {
            },
            "Parameters by name as numpy views (no copy; writes go into the model). In bf16 these are the fp32 master "
            "weights: after writing through views kept from an earlier call, call params_changed().")
-      .def("grads", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.grads(), self); })
+      .def("grads", [](py::object self) {
+             auto& s = self.cast<M&>();
+             return s.training() ? named_views(s, s.grads(), self) : py::dict();  // inference-only: none
+           })
       .def("adam_m", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.adam_m(), self); })
       .def("adam_v", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.adam_v(), self); })
       .def("flat_params",
@@ -223,7 +234,11 @@ void bind_model(py::module_& m, const char* cls_name) {
              s.params_changed();
              return view(s.params(), {py::ssize_t(s.num_parameters())}, self);
            })
-      .def("flat_grads", [](py::object self) { auto& s = self.cast<M&>(); return view(s.grads(), {py::ssize_t(s.num_parameters())}, self); })
+      .def("flat_grads", [](py::object self) {
+             auto& s = self.cast<M&>();
+             if (!s.training()) throw py::value_error("flat_grads: an inference-only model (training=False) has no gradients");
+             return view(s.grads(), {py::ssize_t(s.num_parameters())}, self);
+           })
       .def("forward",
            [](M& self, py::object idx, py::object targets) {
              const auto& c = self.config();
@@ -396,6 +411,87 @@ void bind_model(py::module_& m, const char* cls_name) {
            "are multiplied by grad_scale and clipped as optimizer_step does (the clip rule of "
            "csrc/model/optimizer.h) to grad_clip (0: no clipping) by the global norm sqrt(sum_squares): pass the sum "
            "of squares of ALL gradients (every rank's shard). Nothing is written when that norm is not finite.");
+  // ------------------------------------------------------------------------------------------------ Muon
+  auto muon_step = [](float lr, float beta, float weight_decay, int ns_steps, bool nesterov, int mat_lo, int mat_hi) {
+    if (!(lr >= 0) || !std::isfinite(lr)) throw py::value_error("muon_lr must be finite and >= 0");
+    if (!(beta >= 0 && beta < 1)) throw py::value_error("muon_momentum must be in [0, 1)");
+    if (!(weight_decay >= 0) || !std::isfinite(weight_decay))
+      throw py::value_error("muon_weight_decay must be finite and >= 0");
+    if (ns_steps < 0 || ns_steps > 100) throw py::value_error("muon_ns_steps must be in [0, 100]");
+    typename M::MuonStep s;
+    s.lr = lr, s.beta = beta, s.args.weight_decay = weight_decay, s.args.ns_steps = ns_steps;
+    s.args.nesterov = nesterov, s.mat_lo = mat_lo, s.mat_hi = mat_hi;
+    return s;
+  };
+  cls.def_property_readonly("muon_matrices",
+                            [](M& self) {
+                              py::list out;
+                              for (const gpt2::MuonMatrix& x : self.muon_matrix_list())
+                                out.append(py::make_tuple(x.offset, x.rows, x.cols,
+                                                          gpt2::param_names()[x.tensor], x.layer));
+                              return out;
+                            },
+                            "The matrices Muon orthogonalises, in flat-offset order: (offset, rows, cols, tensor, "
+                            "layer); qkvw's layer slice is three (q, k, v).")
+      .def("muon_optimizer_step",
+           [muon_step](M& self, float lr, float beta1, float beta2, float eps, float weight_decay, int step,
+                       double grad_clip, float muon_lr, float muon_momentum, float muon_weight_decay, int ns_steps,
+                       bool nesterov, int mat_lo, int mat_hi) {
+             if (!(lr >= 0)) throw py::value_error("lr must be >= 0");
+             if (!(grad_clip >= 0) || !std::isfinite(grad_clip))
+               throw py::value_error("grad_clip must be finite and >= 0");
+             if (step < 1) throw py::value_error("step counts from 1");
+             const auto s = muon_step(muon_lr, muon_momentum, muon_weight_decay, ns_steps, nesterov, mat_lo, mat_hi);
+             py::gil_scoped_release nogil;
+             return self.muon_optimizer_step(lr, beta1, beta2, eps, weight_decay, step, grad_clip, s);
+           },
+           py::arg("lr"), py::arg("beta1") = gpt2::kAdamBeta1, py::arg("beta2") = gpt2::kAdamBeta2,
+           py::arg("eps") = gpt2::kAdamEps, py::arg("weight_decay") = gpt2::kWeightDecay, py::arg("step"),
+           py::arg("grad_clip") = 1.0, py::arg("muon_lr") = 0.02f, py::arg("muon_momentum") = gpt2::kMuonBeta,
+           py::arg("muon_weight_decay") = 0.0f, py::arg("ns_steps") = gpt2::kMuonNsSteps, py::arg("nesterov") = true,
+           py::arg("mat_lo") = 0, py::arg("mat_hi") = -1,
+           "optimizer_step with Muon (csrc/model/optimizer.h) on the hidden matrices and AdamW on the rest; "
+           "matrices [mat_lo, mat_hi) of muon_matrices are orthogonalised and applied (mat_hi -1: all), the "
+           "momentum of every Muon tensor is updated. Returns the pre-clip norm.")
+      .def("muon_update_range",
+           [muon_step](M& self, size_t lo, size_t hi, py::array m, py::array v, float lr, float beta1, float beta2,
+                       float eps, float weight_decay, int step, double grad_clip, double sum_squares, float muon_lr,
+                       float muon_momentum, float muon_weight_decay, int ns_steps, bool nesterov) {
+             if (lo > hi || hi > self.num_parameters())
+               throw py::value_error("need 0 <= lo <= hi <= num_parameters");
+             for (auto* a : {&m, &v}) {
+               if (!py::array_t<F>::check_(*a) || a->ndim() != 1 || size_t(a->shape(0)) != hi - lo ||
+                   !(a->flags() & py::array::c_style) || !a->writeable())
+                 throw py::value_error(std::string(a == &m ? "m" : "v") +
+                                       " must be a writable contiguous 1-D array of hi - lo values of the model's dtype");
+             }
+             if (!(lr >= 0)) throw py::value_error("lr must be >= 0");
+             if (!(grad_clip >= 0) || !std::isfinite(grad_clip)) throw py::value_error("grad_clip must be finite and >= 0");
+             if (step < 1) throw py::value_error("step counts from 1");
+             const auto s = muon_step(muon_lr, muon_momentum, muon_weight_decay, ns_steps, nesterov, 0, 0);
+             F* mp = static_cast<F*>(m.mutable_data());
+             F* vp = static_cast<F*>(v.mutable_data());
+             py::gil_scoped_release nogil;
+             self.muon_update_range(lo, hi, mp, vp, lr, beta1, beta2, eps, weight_decay, step, grad_clip, sum_squares, s);
+           },
+           py::arg("lo"), py::arg("hi"), py::arg("m"), py::arg("v"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
+           py::arg("eps"), py::arg("weight_decay"), py::arg("step"), py::arg("grad_clip"), py::arg("sum_squares"),
+           py::arg("muon_lr"), py::arg("muon_momentum"), py::arg("muon_weight_decay"), py::arg("ns_steps"),
+           py::arg("nesterov"),
+           "ZeRO-1 with Muon, part 1: AdamW on the AdamW tensors' part of flat [lo, hi) and Muon's momentum on the "
+           "Muon tensors' part (m: its slots), the update written over the gradients there; all-gather the "
+           "gradient buffer, then muon_update_matrices.")
+      .def("muon_update_matrices",
+           [muon_step](M& self, int step, double sum_squares, float muon_weight_decay, int ns_steps, int mat_lo,
+                       int mat_hi) {
+             const auto s = muon_step(0.0f, 0.0f, muon_weight_decay, ns_steps, true, mat_lo, mat_hi);
+             py::gil_scoped_release nogil;
+             self.muon_update_matrices(step, sum_squares, s);
+           },
+           py::arg("step"), py::arg("sum_squares"), py::arg("muon_weight_decay"), py::arg("ns_steps"),
+           py::arg("mat_lo"), py::arg("mat_hi"),
+           "ZeRO-1 with Muon, part 2: orthogonalise and apply matrices [mat_lo, mat_hi) from the all-gathered "
+           "updates (the step's lr and momentum as muon_update_range set them), then step the loss scaler.");
 }
 
 }  // namespace
@@ -476,6 +572,12 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
   }, py::arg("a"), py::arg("b"),
      "a @ b for float32 matrices through the CPU backend's GEMM (BLAS, C split over the OpenMP threads), as the "
      "model's matmuls run: scripts/bench.py times it for the CPU's fp32 peak.");
+  m.def("muon_param_names", []() {
+    std::vector<std::string> v;
+    for (int i = 0; i < gpt2::kNumParamTensors; i++)
+      if (gpt2::param_uses_muon(i)) v.push_back(gpt2::param_names()[i]);
+    return v;
+  }, "The tensors Muon updates under optimizer='muon' (the rest: AdamW), in layout order.");
   m.def("param_names", []() { std::vector<std::string> v(gpt2::param_names().begin(), gpt2::param_names().end()); return v; });
   bind_model<float>(m, "Model");
   bind_model<double>(m, "ModelF64");

@@ -16,6 +16,11 @@
 #include "cpu/blas.h"
 #include "model/backend.h"
 #include "model/optimizer.h"
+#include "model/sampling.h"
+
+#if defined(GPT2CORE_CPU_AVX2)
+#include <immintrin.h>  // the intrinsics carry their own target attributes; used below the pragma only
+#endif
 
 #if defined(GPT2CORE_CPU_TARGET)
 #define GPT2CORE_PRAGMA_(x) _Pragma(#x)
@@ -24,6 +29,7 @@ GPT2CORE_TARGET_PRAGMA(GPT2CORE_CPU_TARGET)
 #endif
 
 #include "cpu/ops.h"
+#include "cpu/ops_infer.h"
 
 namespace gpt2::cpu::GPT2CORE_CPU_ISA {
 
@@ -68,7 +74,10 @@ class CpuBackend final : public Backend<T> {
     ops::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
   void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) override {
-    ops::matmul_forward(out, inp, w, bias, N, C, OC);
+    if (N <= ops::kGemvMaxRows)  // decode: the weights' read is the cost; a GEMV streams them once
+      ops::gemv_forward(out, inp, w, bias, N, C, OC);
+    else
+      ops::matmul_forward(out, inp, w, bias, N, C, OC);
   }
   void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N, int C, int OC,
                        InputGrad mode) override {
@@ -101,6 +110,43 @@ class CpuBackend final : public Backend<T> {
     for (int i = 0; i < N; i++) s += double(losses[i]);
     *acc += T(double(scale) * (s / double(*n_valid)));
   }
+  bool has_kv() const override { return true; }
+  void encoder_forward_at(T* out, const int32_t* inp, const T* wte, const T* wpe, const int32_t* pos, int B, int Tn,
+                          int C) override {
+    ops::encoder_forward_at(out, inp, wte, wpe, pos, B, Tn, C);
+  }
+  void attention_kv_forward(T* out, T* kcache, T* vcache, const T* qkv, const int32_t* slot, const int32_t* pos,
+                            int B, int Tq, int C, int NH, int maxT) override {
+    ops::attention_kv_forward(out, kcache, vcache, qkv, slot, pos, B, Tq, C, NH, maxT);
+  }
+  void gather_rows(T* out, const T* inp, const int32_t* rows, int n, int C) override {
+    ops::gather_rows(out, inp, rows, n, C);
+  }
+  bool has_w16() const override { return true; }
+  uint16_t* alloc_u16(size_t n) override { return static_cast<uint16_t*>(zeroed(n * sizeof(uint16_t))); }
+  void free_u16(uint16_t* p) override { std::free(p); }
+  void round_w16(uint16_t* dst, T* src, size_t n, bool bf16) override {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+      const float f = float(src[i]);
+      dst[i] = bf16 ? float_to_bf16(f).bits : float_to_f16(f).bits;
+      src[i] = T(bf16 ? bf16_to_float(gpt2::bf16{dst[i]}) : f16_to_float(gpt2::f16{dst[i]}));
+    }
+  }
+  void matmul_forward_w16(T* out, const T* inp, const uint16_t* w, const T* bias, int N, int C, int OC,
+                          bool bf16) override {
+    ops::gemv_forward_w16(out, inp, w, bias, N, C, OC, bf16);
+  }
+  void sample_tokens(int32_t* ids, const T* logits, const SampleRow* rows, int n, int V, int Vp) override {
+#pragma omp parallel
+    {
+      std::vector<int32_t> idx;
+      std::vector<double> p;
+#pragma omp for schedule(dynamic, 1)
+      for (int i = 0; i < n; i++)
+        ids[i] = sample_row(logits + size_t(i) * Vp, V, rows[i], [](T x) { return double(x); }, idx, p);
+    }
+  }
   void set_step_args(const StepArgs& args) override { step_.args = args; }
   void grad_sum_squares(const T* grad, size_t n) override {
     // simd reduction: lets the compiler keep several double accumulators per thread (a plain loop is a
@@ -129,6 +175,62 @@ class CpuBackend final : public Backend<T> {
         param[i] -= T(lr) * (mhat / (std::sqrt(vhat) + T(eps)) + T(decay) * param[i]);
       }
     }
+  }
+  void muon_momentum(T* grad, T* mom, size_t base, const std::vector<AdamWSegment>& segments,
+                     bool nesterov) override {
+    float factor = 1.0f;
+    if (!update_factor(step_.args, step_.scaler.scale, &factor)) return;
+    const T beta = T(step_.args.muon_beta);
+    for (const AdamWSegment& seg : segments) {
+#pragma omp parallel for
+      for (size_t k = seg.begin; k < seg.end; k++) {
+        const size_t i = k - base;
+        const T g = grad[i] * T(factor);
+        const T mi = mom[i] + (T(1) - beta) * (g - mom[i]);
+        mom[i] = mi;
+        grad[i] = nesterov ? g + beta * (mi - g) : mi;
+      }
+    }
+  }
+  // Newton-Schulz in T (fp32; fp64 for the double model), the GEMMs through BLAS: wide/square X (rows <= cols):
+  // A = X X^T, X = a X + B X; tall: A = X^T X, X = a X + X B (B = b A + c A A is symmetric, so this is the
+  // transpose of the wide form on X^T).
+  void muon_orthogonalize(T* x, T* scratch, int rows, int cols, int steps) override {
+    float factor = 1.0f;
+    if (!update_factor(step_.args, step_.scaler.scale, &factor)) return;
+    const size_t n = size_t(rows) * cols;
+    const int k = rows < cols ? rows : cols;
+    const bool tall = rows > cols;
+    T* A = scratch;
+    T* Bm = scratch + size_t(k) * k;
+    T* Y = Bm + size_t(k) * k;
+    double ss = 0;
+#pragma omp parallel for simd reduction(+ : ss)
+    for (size_t i = 0; i < n; i++) ss += double(x[i]) * double(x[i]);
+    const T inv = T(1) / (T(std::sqrt(ss)) + T(kMuonNormEps));
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) x[i] *= inv;
+    for (int s = 0; s < steps; s++) {
+      if (tall) gemm(true, false, k, k, rows, T(1), x, cols, x, cols, T(0), A, k);
+      else gemm(false, true, k, k, cols, T(1), x, cols, x, cols, T(0), A, k);
+#pragma omp parallel for
+      for (size_t i = 0; i < size_t(k) * k; i++) Bm[i] = T(kMuonB) * A[i];
+      gemm(false, false, k, k, k, T(kMuonC), A, k, A, k, T(1), Bm, k);
+#pragma omp parallel for
+      for (size_t i = 0; i < n; i++) Y[i] = T(kMuonA) * x[i];
+      if (tall) gemm(false, false, rows, cols, cols, T(1), x, cols, Bm, cols, T(1), Y, cols);
+      else gemm(false, false, rows, cols, rows, T(1), Bm, rows, x, cols, T(1), Y, cols);
+      std::memcpy(x, Y, n * sizeof(T));
+    }
+  }
+  void muon_apply(T* param, T* /*master: none, M == T*/, const T* x, size_t n, size_t /*base*/, float decay,
+                  float scale) override {
+    float factor = 1.0f;
+    if (!update_factor(step_.args, step_.scaler.scale, &factor)) return;
+    const T lr = T(step_.args.muon_lr);
+    const T keep = T(1) - lr * T(decay), step = lr * T(scale);
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) param[i] = param[i] * keep - step * x[i];
   }
   void set_loss_scaler(const LossScaler& scaler) override { step_.scaler = scaler; }
   void loss_scale_update() override { gpt2::loss_scale_update(step_.scaler, step_.args.sumsq); }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cuda/adamw.cuh"
+#include "cuda/muon.cuh"
 #include "cuda/attention.cuh"
 #include "cuda/attention_naive.cuh"
 #include "cuda/attention_tc.cuh"
@@ -400,6 +401,24 @@ class CudaBackend final : public Backend<T> {
     for (size_t i = 0; i < spans.size(); i += kAdamWMaxSegments)
       cuda::adamw_update(k(param), master, grad, m, v, spans.data() + i,
                          int(std::min<size_t>(kAdamWMaxSegments, spans.size() - i)), p, stream_);
+  }
+  // Muon (model/optimizer.h, cuda/muon.cuh): the step's values from step_dev_; Newton-Schulz in bf16 through
+  // the matmul seam
+  void muon_momentum(float* grad, float* mom, size_t base, const std::vector<AdamWSegment>& segments,
+                     bool nesterov) override {
+    std::vector<AdamWSpan> spans;
+    for (const AdamWSegment& s : segments) spans.push_back({s.begin - base, s.end - base, 0.0f});
+    for (size_t i = 0; i < spans.size(); i += kAdamWMaxSegments)
+      cuda::muon_momentum(grad, mom, spans.data() + i, int(std::min<size_t>(kAdamWMaxSegments, spans.size() - i)),
+                          nesterov, step_dev_, stream_);
+  }
+  size_t muon_scratch_size(int rows, int cols) const override { return cuda::muon_ns_scratch_floats(rows, cols); }
+  void muon_orthogonalize(float* x, float* scratch, int rows, int cols, int steps) override {
+    cuda::muon_newton_schulz(x, scratch, rows, cols, steps, norm_work_, step_dev_, stream_);
+  }
+  void muon_apply(T* param, float* master, const float* x, size_t n, size_t base, float decay,
+                  float scale) override {
+    cuda::muon_apply(k(param), master, x, n, base, decay, scale, step_dev_, stream_);
   }
   // sumsq and the scaler behind it (StepArgs ends with sumsq, StepState puts the scaler next): one copy
   StepResult step_result() override {

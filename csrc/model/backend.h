@@ -16,6 +16,7 @@
 
 #include "model/dtypes.h"
 #include "model/optimizer.h"
+#include "model/sampling.h"
 
 namespace gpt2 {
 
@@ -126,6 +127,44 @@ class Backend {
     crossentropy_forward(losses, lse, logits, targets, n_valid, N, V, Vp);
     crossentropy_backward(logits, lse, targets, n_valid, grad_scale, N, V, Vp);
   }
+  // ---- KV-cache inference (model/inference.cpp). A backend without these ops runs generation through the
+  // full forward (Python's ForwardEngine); has_kv() says which. Positions and slots are int32 in backend memory.
+  virtual bool has_kv() const { return false; }
+  // out[b,t,:] = wte[inp[b,t],:] + wpe[pos[b] + t,:]: the encoder with each sequence starting at its own position.
+  virtual void encoder_forward_at(T* /*out*/, const int32_t* /*inp*/, const T* /*wte*/, const T* /*wpe*/,
+                                  const int32_t* /*pos*/, int /*B*/, int /*Tn*/, int /*C*/) {
+    no_kv();
+  }
+  // Causal attention of Tq new tokens per sequence against a KV cache. kcache, vcache: (S, maxT, C) for S slots.
+  // First the keys and values of qkv (B, Tq, 3C) (laid out [q | k | v]) are written into slot slot[b] at
+  // positions pos[b] + t; then out[b,t,:] (B, Tq, C) is the attention of query (b, t) over that slot's positions
+  // 0 .. pos[b] + t (softmax of q.k / sqrt(hs) per head, as attention_forward). Positions past maxT are a
+  // caller's error (the model never makes them).
+  virtual void attention_kv_forward(T* /*out*/, T* /*kcache*/, T* /*vcache*/, const T* /*qkv*/,
+                                    const int32_t* /*slot*/, const int32_t* /*pos*/, int /*B*/, int /*Tq*/,
+                                    int /*C*/, int /*NH*/, int /*maxT*/) {
+    no_kv();
+  }
+  // out[i,:] = inp[rows[i],:] for i < n (rows in backend memory): the last position of each prompt, for the head.
+  virtual void gather_rows(T* /*out*/, const T* /*inp*/, const int32_t* /*rows*/, int /*n*/, int /*C*/) { no_kv(); }
+  // One token id per row of logits (n, Vp) (the first V columns), drawn as model/sampling.h defines, written to
+  // ids (HOST memory: only the ids leave the device). rows: n sampling settings, host memory.
+  virtual void sample_tokens(int32_t* /*ids*/, const T* /*logits*/, const SampleRow* /*rows*/, int /*n*/,
+                             int /*V*/, int /*Vp*/) {
+    no_kv();
+  }
+  // 16-bit weights for inference (has_w16): a copy of fp32 weights as bf16 or fp16 bits that matmul_forward_w16
+  // reads, widened to fp32 in registers (decode reads half the bytes). round_w16 writes dst[i] = src[i] rounded to
+  // nearest even (bf16 or fp16 bits) and src[i] = that value widened back, so that the fp32 copy (what GEMMs of
+  // many rows read) holds the same weights. matmul_forward_w16 is matmul_forward with w as those bits.
+  virtual bool has_w16() const { return false; }
+  virtual uint16_t* alloc_u16(size_t /*n*/) { no_kv(); }
+  virtual void free_u16(uint16_t* /*p*/) {}
+  virtual void round_w16(uint16_t* /*dst*/, T* /*src*/, size_t /*n*/, bool /*bf16*/) { no_kv(); }
+  virtual void matmul_forward_w16(T* /*out*/, const T* /*inp*/, const uint16_t* /*w*/, const T* /*bias*/, int /*N*/,
+                                  int /*C*/, int /*OC*/, bool /*bf16*/) {
+    no_kv();
+  }
   // CUDA graphs: the ops enqueued between capture_begin() and capture_end() are recorded, not run, and
   // graph_launch() replays them with the pointers and scalar arguments they had when recorded. Only a backend
   // with a device queue can (can_capture()); ops that would synchronise with the host fail while capturing.
@@ -150,6 +189,32 @@ class Backend {
   virtual void grad_sum_squares(const M* grad, size_t n) = 0;
   virtual void adamw(T* param, M* master, const M* grad, M* m, M* v, size_t base,
                      const std::vector<AdamWSegment>& segments, float beta1, float beta2, float eps) = 0;
+  // Muon (model/optimizer.h), in three ops that read the step's values (StepArgs: muon_lr, muon_beta, and the
+  // factor update_factor(args, scaler.scale) the gradients are multiplied by), each writing nothing at all when
+  // the sum of squares is not finite:
+  //   muon_momentum: over segments of flat [base, ...) (as adamw's), with g = grad * factor:
+  //                  mom = lerp(mom, g, 1 - beta); grad = (nesterov ? lerp(g, mom, beta) : mom), the update
+  //                  written over the gradient (grad and mom hold flat indices [base, ...), as adamw's)
+  //   muon_orthogonalize: x (rows, cols) := the Newton-Schulz quintic, `steps` iterations, of x / (||x||_F + eps),
+  //                  in place; scratch holds muon_scratch_size(rows, cols) values
+  //   muon_apply:    param = param * (1 - muon_lr * decay) - muon_lr * scale * x, n values (param, master as adamw's:
+  //                  master null when M == T, else master updated and param rounded from it with the step's seed;
+  //                  base: the flat index of param[0], the bf16 rounding index)
+  virtual void muon_momentum(M* /*grad*/, M* /*mom*/, size_t /*base*/, const std::vector<AdamWSegment>& /*segments*/,
+                             bool /*nesterov*/) {
+    throw std::logic_error(std::string("backend ") + name() + " has no Muon");
+  }
+  virtual size_t muon_scratch_size(int rows, int cols) const {
+    const size_t n = size_t(rows < cols ? rows : cols);
+    return 2 * n * n + size_t(rows) * cols;
+  }
+  virtual void muon_orthogonalize(M* /*x*/, M* /*scratch*/, int /*rows*/, int /*cols*/, int /*steps*/) {
+    throw std::logic_error(std::string("backend ") + name() + " has no Muon");
+  }
+  virtual void muon_apply(T* /*param*/, M* /*master*/, const M* /*x*/, size_t /*n*/, size_t /*base*/, float /*decay*/,
+                          float /*scale*/) {
+    throw std::logic_error(std::string("backend ") + name() + " has no Muon");
+  }
   virtual void set_loss_scaler(const LossScaler& scaler) = 0;
   virtual void loss_scale_update() = 0;
   virtual StepResult step_result() = 0;
@@ -157,6 +222,11 @@ class Backend {
   // only, or to nearest even when seed == 0. Only backends whose models keep a master copy implement it.
   virtual void cast_params(T* /*param*/, const M* /*master*/, size_t /*n*/, uint32_t /*seed*/, size_t /*offset*/) {
     throw std::logic_error(std::string("backend ") + name() + " has no separate master weights to cast");
+  }
+
+ private:
+  [[noreturn]] void no_kv() const {
+    throw std::logic_error(std::string("backend ") + name() + " has no KV-cache inference ops");
   }
 };
 

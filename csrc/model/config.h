@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace gpt2 {
 
@@ -74,6 +75,46 @@ inline bool param_decays(int i) {
     case kWte: case kWpe: case kQkvw: case kAttprojw: case kFcw: case kFcprojw: return true;
     default: return false;
   }
+}
+
+// Which tensors Muon updates (when the optimizer is Muon; model/optimizer.h): the 2-D hidden matrices of every
+// layer (attention q, k, v and output projection, the MLP's two matrices). Everything else (embeddings, which are
+// also the tied head, gains and biases) stays with AdamW.
+inline bool param_uses_muon(int i) {
+  switch (i) {
+    case kQkvw: case kAttprojw: case kFcw: case kFcprojw: return true;
+    default: return false;
+  }
+}
+
+// One matrix Muon orthogonalises: rows x cols values at flat offset `offset` of the parameter buffer, row-major
+// (out, in). qkvw's layer slice is three matrices (q, k and v, C x C each: orthogonalised separately, as the
+// reference recipes do).
+struct MuonMatrix {
+  size_t offset;
+  int rows, cols;
+  int tensor, layer;  // ParamTensor, and the layer (q/k/v: the same layer three times)
+};
+
+// Every Muon matrix in flat-offset order (qkvw's q, k, v of layer 0, 1, ..., then attprojw's, fcw's, fcprojw's).
+inline std::vector<MuonMatrix> muon_matrices(const ModelConfig& c) {
+  const auto sizes = param_sizes(c);
+  const auto shapes = param_shapes(c);
+  std::vector<MuonMatrix> out;
+  size_t offset = 0;
+  const int C = c.n_embd;
+  for (int i = 0; i < kNumParamTensors; i++) {
+    if (param_uses_muon(i)) {
+      const int rows = int(shapes[i][1]), cols = int(shapes[i][2]);
+      const int parts = i == kQkvw ? 3 : 1;  // q, k, v
+      const int prow = rows / parts;
+      for (int l = 0; l < c.n_layer; l++)
+        for (int p = 0; p < parts; p++)
+          out.push_back({offset + (size_t(l) * rows + size_t(p) * prow) * cols, i == kQkvw ? C : prow, cols, i, l});
+    }
+    offset += sizes[i];
+  }
+  return out;
 }
 
 }  // namespace gpt2

@@ -9,8 +9,8 @@
 namespace gpt2 {
 
 template <typename T>
-GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> backend)
-    : config_(config), backend_(std::move(backend)) {
+GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> backend, bool training)
+    : config_(config), backend_(std::move(backend)), training_(training) {
   config_.validate();
   sizes_ = param_sizes(config_);
   for (int i = 0; i < kNumParamTensors; i++) {
@@ -19,7 +19,8 @@ GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> b
   }
   params_ = backend_->alloc(num_params_);
   if constexpr (kHasMasterCopy<T>) master_ = backend_->alloc_master(num_params_);
-  grads_ = backend_->alloc_master(num_params_);
+  if (training_) grads_ = backend_->alloc_master(num_params_);
+  muon_mats_ = muon_matrices(config_);
   n_valid_dev_ = backend_->alloc_i32(1);
   loss_acc_ = backend_->alloc_master(1);
 }
@@ -28,13 +29,15 @@ template <typename T>
 GPT2Model<T>::~GPT2Model() {
   drop_graph(step_graph_);
   drop_graph(optimizer_graph_);
+  kv_release();
   backend_->free_i32(n_valid_dev_);
   backend_->free_master(loss_acc_);
   backend_->free(params_);
   if (master_) backend_->free_master(master_);
-  backend_->free_master(grads_);
+  if (grads_) backend_->free_master(grads_);
   if (m_) backend_->free_master(m_);
   if (v_) backend_->free_master(v_);
+  if (muon_scratch_) backend_->free_master(muon_scratch_);
   if (acts_mem_) backend_->free(acts_mem_);
   if (stats_mem_) backend_->free_master(stats_mem_);
   if (inputs_) backend_->free_i32(inputs_);
@@ -42,7 +45,15 @@ GPT2Model<T>::~GPT2Model() {
 }
 
 template <typename T>
+void GPT2Model<T>::require_training(const char* what) const {
+  if (!training_)
+    throw std::logic_error(std::string(what) + ": this is an inference-only model (training=False): it has no "
+                           "gradients or optimizer state; load it with training=True to train");
+}
+
+template <typename T>
 void GPT2Model<T>::ensure_optimizer_state() {
+  require_training("optimizer state");
   if (!m_) m_ = backend_->alloc_master(num_params_);
   if (!v_) v_ = backend_->alloc_master(num_params_);
 }
@@ -127,6 +138,10 @@ template <typename T>
 double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, int Tn) {
   if (B <= 0 || Tn <= 0 || Tn > config_.max_seq_len)
     throw std::invalid_argument("forward: need B > 0 and 0 < T <= max_seq_len");
+  // inference-only: the KV-cache prefill with every position's logits (no per-layer activations kept); a backend
+  // without the KV ops runs the forward below (its activations, no gradients)
+  if (!training_ && backend_->has_kv()) return kv_forward(inp, targets, B, Tn);
+  kv_forward_ = false;
   ensure_activations(B, Tn);
   Backend<T>& be = *backend_;
   const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
@@ -196,6 +211,7 @@ void GPT2Model<T>::forward_ops(int B, int Tn) {
 template <typename T>
 void GPT2Model<T>::logits_to_host(M* dst) const {
   if (!B_) throw std::runtime_error("logits: no forward pass has run yet");
+  if (kv_forward_) return kv_logits_to_host(dst);
   const size_t n = size_t(B_) * T_ * config_.padded_vocab_size;
   if constexpr (kHasMasterCopy<T>) {  // bf16 / fp16 logits, widened on the host
     std::vector<T> tmp(n);
@@ -209,11 +225,14 @@ void GPT2Model<T>::logits_to_host(M* dst) const {
 template <typename T>
 void GPT2Model<T>::losses_to_host(M* dst) const {
   if (!B_) throw std::runtime_error("token_losses: no forward pass has run yet");
-  backend_->to_host_master(dst, a_.losses, size_t(B_) * T_);
+  backend_->to_host_master(dst, kv_forward_ ? kv_.losses : a_.losses, size_t(B_) * T_);
 }
 
 template <typename T>
-void GPT2Model<T>::zero_grad() { backend_->zero_master(grads_, num_params_); }
+void GPT2Model<T>::zero_grad() {
+  require_training("zero_grad");
+  backend_->zero_master(grads_, num_params_);
+}
 
 template <typename T>
 template <typename P>
@@ -243,6 +262,7 @@ GradRanges GPT2Model<T>::tensor_grad_ranges(ParamTensor first, ParamTensor last)
 
 template <typename T>
 void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
+  require_training("backward");
   if (!have_targets_)
     throw std::runtime_error("backward: call forward(idx, targets) first (each forward allows one backward)");
   have_targets_ = false;  // the logits buffer becomes dlogits below
@@ -316,6 +336,8 @@ void GPT2Model<T>::forward_backward(const int32_t* inp, const int32_t* targets, 
   if (B <= 0 || Tn <= 0 || Tn > config_.max_seq_len)
     throw std::invalid_argument("forward_backward: need B > 0 and 0 < T <= max_seq_len");
   if (!targets) throw std::invalid_argument("forward_backward: needs targets");
+  require_training("forward_backward");
+  kv_forward_ = false;
   ensure_activations(B, Tn);  // a new layout drops the graph
   Backend<T>& be = *backend_;
   // outside any graph: the host-side work of the step (the batch's upload, a rebuilt bf16 weight copy)
@@ -424,6 +446,7 @@ void GPT2Model<T>::set_loss_scaling(bool on, const LossScaler& state) {
 
 template <typename T>
 double GPT2Model<T>::grad_sum_squares(size_t lo, size_t hi) {
+  require_training("grad_sum_squares");
   backend_->grad_sum_squares(grads_ + lo, hi - lo);
   return read_step_result();
 }
@@ -487,6 +510,7 @@ void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr
                                       float eps, float weight_decay, int step, float grad_scale, double grad_clip,
                                       double sumsq) {
   if (step < 1) throw std::invalid_argument("adamw_update_range: step counts from 1");
+  require_training("adamw_update_range");
   if (lo > hi || hi > num_params_) throw std::invalid_argument("adamw_update_range: bad range");
   adamw_over(lo, hi, m, v, beta1, beta2, eps, weight_decay,
              step_args(lr, beta1, beta2, step, grad_scale, grad_clip, sumsq));
@@ -509,14 +533,106 @@ void GPT2Model<T>::adamw_over(size_t lo, size_t hi, M* m, M* v, float beta1, flo
 
 // The part of each tensor inside flat [lo, hi), with its weight decay (2-D tensors only).
 template <typename T>
-std::vector<AdamWSegment> GPT2Model<T>::adamw_segments(size_t lo, size_t hi, float weight_decay) const {
+std::vector<AdamWSegment> GPT2Model<T>::adamw_segments(size_t lo, size_t hi, float weight_decay,
+                                                       int with_muon) const {
   std::vector<AdamWSegment> segments;
   for (int i = 0; i < kNumParamTensors; i++) {
+    if (with_muon >= 0 && int(param_uses_muon(i)) != with_muon) continue;
     const size_t a = std::max(lo, offsets_[i]), b = std::min(hi, offsets_[i] + sizes_[i]);
     if (a < b) segments.push_back({a, b, param_decays(i) ? weight_decay : 0.0f});
   }
   return segments;
 }
+
+// ------------------------------------------------------------------------------------------------------ Muon
+template <typename T>
+void GPT2Model<T>::muon_matrix_ops(const MuonStep& muon) {
+  const int hi = muon.mat_hi < 0 ? int(muon_mats_.size()) : muon.mat_hi;
+  if (muon.mat_lo < 0 || muon.mat_lo > hi || hi > int(muon_mats_.size()))
+    throw std::invalid_argument("muon: matrix range out of bounds");
+  Backend<T>& be = *backend_;
+  size_t need = 0;
+  for (const MuonMatrix& x : muon_mats_) need = std::max(need, be.muon_scratch_size(x.rows, x.cols));
+  if (need > muon_scratch_n_) {
+    if (muon_scratch_) be.free_master(muon_scratch_);
+    muon_scratch_ = be.alloc_master(need);
+    muon_scratch_n_ = need;
+  }
+  for (int j = muon.mat_lo; j < hi; j++) {
+    const MuonMatrix& x = muon_mats_[j];
+    M* u = grads_ + x.offset;
+    be.muon_orthogonalize(u, muon_scratch_, x.rows, x.cols, muon.args.ns_steps);
+    be.muon_apply(params_ + x.offset, master_ ? master_ + x.offset : nullptr, u, size_t(x.rows) * x.cols, x.offset,
+                  muon.args.weight_decay, muon_scale(x.rows, x.cols));
+  }
+}
+
+template <typename T>
+double GPT2Model<T>::muon_optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
+                                         double grad_clip, const MuonStep& muon) {
+  require_training("muon_optimizer_step");
+  if (step < 1) throw std::invalid_argument("muon_optimizer_step: step counts from 1");
+  ensure_optimizer_state();
+  Backend<T>& be = *backend_;
+  StepArgs args = step_args(lr, beta1, beta2, step, 1.0f, grad_clip, 0);
+  args.muon_lr = muon.lr;
+  args.muon_beta = muon.beta;
+  be.set_step_args(args);  // outside the graph: read at replay
+  const std::vector<AdamWSegment> adam = adamw_segments(0, num_params_, weight_decay, 0);
+  const std::vector<AdamWSegment> mom = adamw_segments(0, num_params_, 0.0f, 1);
+  const bool scaling = loss_scaling_;
+  muon_matrix_ops(MuonStep{muon.lr, muon.beta, muon.args, 0, 0});  // sizes the scratch outside any capture
+  run_graphed(optimizer_graph_,
+              {beta1, beta2, eps, weight_decay, double(scaling), 1.0, muon.args.weight_decay,
+               double(muon.args.ns_steps), double(muon.args.nesterov), double(muon.mat_lo), double(muon.mat_hi)},
+              [&] {
+                be.grad_sum_squares(grads_, num_params_);
+                be.adamw(params_, master_, grads_, m_, v_, 0, adam, beta1, beta2, eps);
+                be.muon_momentum(grads_, m_, 0, mom, muon.args.nesterov);
+                muon_matrix_ops(muon);
+                if (scaling) be.loss_scale_update();
+              });
+  const float carried = scaler_.scale;
+  const double sumsq = read_step_result();
+  const double norm = std::sqrt(sumsq / (double(carried) * double(carried)));
+  if (std::isfinite(norm)) {
+    round_seed_ = uint32_t(step);
+    params_stale_ = false;
+  }
+  return norm;
+}
+
+template <typename T>
+void GPT2Model<T>::muon_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
+                                     float weight_decay, int step, double grad_clip, double sumsq,
+                                     const MuonStep& muon) {
+  require_training("muon_update_range");
+  if (step < 1) throw std::invalid_argument("muon_update_range: step counts from 1");
+  if (lo > hi || hi > num_params_) throw std::invalid_argument("muon_update_range: bad range");
+  StepArgs args = step_args(lr, beta1, beta2, step, 1.0f, grad_clip, sumsq);
+  args.muon_lr = muon.lr;
+  args.muon_beta = muon.beta;
+  backend_->set_step_args(args);
+  backend_->adamw(params_ + lo, master_ ? master_ + lo : nullptr, grads_ + lo, m, v, lo,
+                  adamw_segments(lo, hi, weight_decay, 0), beta1, beta2, eps);
+  backend_->muon_momentum(grads_ + lo, m, lo, adamw_segments(lo, hi, 0.0f, 1), muon.args.nesterov);
+  backend_->synchronize();  // the host all-gathers the updates next
+}
+
+template <typename T>
+void GPT2Model<T>::muon_update_matrices(int step, double sumsq, const MuonStep& muon) {
+  // the step's values are muon_update_range's (set_step_args), read again by these ops
+  require_training("muon_update_matrices");
+  muon_matrix_ops(muon);
+  if (loss_scaling_) backend_->loss_scale_update();  // from the sumsq every rank was given: the same decision
+  read_step_result();
+  if (std::isfinite(sumsq)) round_seed_ = uint32_t(step);
+}
+}  // namespace gpt2
+
+#include "model/gpt2_infer.h"  // the KV-cache inference members
+
+namespace gpt2 {
 
 template class GPT2Model<float>;
 template class GPT2Model<double>;

@@ -41,7 +41,9 @@ template <typename T>
 class GPT2Model {
  public:
   using M = Master<T>;
-  GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> backend);
+  // training = false: an inference-only model (no gradients, AdamW moments or backward activations; forward runs
+  // through the KV-cache path, see kv_prefill; backward and the optimizer throw).
+  GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> backend, bool training = true);
   ~GPT2Model();
   GPT2Model(const GPT2Model&) = delete;
   GPT2Model& operator=(const GPT2Model&) = delete;
@@ -62,7 +64,10 @@ class GPT2Model {
   M* adam_v() { ensure_optimizer_state(); return v_; }
   // The master weights were written from outside (init, checkpoint load, a collective): the ops' copy is
   // rebuilt from them before the next forward, rounded with param_round_seed() (no-op when M == T).
-  void params_changed() { params_stale_ = kHasMasterCopy<T>; }
+  void params_changed() {
+    params_stale_ = kHasMasterCopy<T>;
+    w16_stale_ = true;
+  }
   // Seed of the stochastic rounding that produced the ops' copy: the step of the last AdamW update (0: round
   // to nearest). A resumed run sets it to its step so the rebuilt copy has the same bits as a run that never
   // stopped.
@@ -138,6 +143,64 @@ class GPT2Model {
   // takes the same skip decision.
   void adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
                           float weight_decay, int step, float grad_scale, double grad_clip, double sumsq);
+  // Muon (model/optimizer.h) for the Muon tensors (param_uses_muon), AdamW for the rest, each with its own lr and
+  // weight decay. The momentum lives where AdamW's first moment would (adam_m()'s slots of the Muon tensors; their
+  // adam_v() slots stay unused), so checkpoints and ZeRO-1 shards carry it as they carry the moments. The Muon ops
+  // write the update over the gradients (grads() afterwards hold the orthogonalised update of the Muon tensors).
+  // MuonStep: this step's Muon values and the matrices (indices [mat_lo, mat_hi) of muon_matrices()) orthogonalised
+  // and applied here; mat_hi < 0 means all. Data parallel: every rank updates the momentum it holds, orthogonalises
+  // its share of the matrices, and the results are all-gathered by the caller.
+  struct MuonStep {
+    float lr = 0.02f, beta = kMuonBeta;
+    MuonArgs args;
+    int mat_lo = 0, mat_hi = -1;
+  };
+  const std::vector<MuonMatrix>& muon_matrix_list() const { return muon_mats_; }
+  // optimizer_step with Muon: the global norm and clip as optimizer_step; AdamW (lr, weight_decay) on the AdamW
+  // tensors; Muon's momentum on every Muon tensor; orthogonalisation and update of the step's matrices.
+  double muon_optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
+                             double grad_clip, const MuonStep& muon);
+  // ZeRO-1 with Muon, in two calls around the caller's all-gather of the gradient buffer:
+  //   muon_update_range: over flat [lo, hi) (m, v: that range's state, as adamw_update_range), AdamW on the AdamW
+  //     tensors' parts and Muon's momentum on the Muon tensors' parts (the update written over grads()[lo, hi));
+  //   muon_update_matrices: after every rank's update was all-gathered into grads(), orthogonalise and apply the
+  //     step's matrices, then step the loss scaler. Nothing is written when sumsq is not finite.
+  void muon_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, int step, double grad_clip, double sumsq, const MuonStep& muon);
+  void muon_update_matrices(int step, double sumsq, const MuonStep& muon);
+  bool training() const { return training_; }
+
+  // ---- KV-cache inference (model/gpt2_infer.h): the same per-layer ops as forward, over a cache of K and V per
+  // layer (S slots x maxT positions x C, in backend memory) and one layer's activations at a time.
+  // A sequence lives in a slot; its positions are kept here (kv_pos). Batches mix lengths by per-sequence
+  // positions: each row carries its own start position into the encoder and the attention, so no padding
+  // is attended and no mask is needed (prefill pads rows on the right only, into cache positions that a
+  // later decode overwrites before any query reaches them).
+  //
+  // kv_reserve: a cache for `slots` sequences of up to max_len tokens (<= max_seq_len); a larger one replaces it
+  // (positions forgotten), a smaller or equal request keeps it.
+  void kv_reserve(int slots, int max_len);
+  int kv_slots() const { return kv_S_; }
+  int kv_max_len() const { return kv_T_; }
+  int kv_pos(int slot) const { return kv_pos_.at(slot); }
+  size_t kv_bytes() const;  // cache + inference activations now allocated
+  // Prefill: n sequences (tokens (n, Tq), host), row i's first lengths[i] ids real (the rest any ids), into slots
+  // slots[i] from position 0; afterwards kv_pos(slot) = lengths[i]. Logits into the inference logits buffer: of
+  // each row's last real position (n, Vp), or with all_logits of every position (n * Tq, Vp).
+  void kv_prefill(const int32_t* tokens, const int32_t* lengths, const int32_t* slots, int n, int Tq,
+                  bool all_logits = false);
+  // Decode: one token per sequence (n), at position kv_pos(slot) (< kv_max_len), then kv_pos += 1; logits (n, Vp).
+  void kv_decode(const int32_t* tokens, const int32_t* slots, int n);
+  // One id per row of the last prefill/decode's logits (rows: n settings, n = that call's sequences), to the host.
+  void kv_sample(int32_t* ids, const SampleRow* rows, int n);
+  int kv_logit_rows() const { return kv_rows_; }
+  // Decode with 16-bit weights (0: off, fp32; 1: bf16; 2: fp16; backends with has_w16): the matrices (wte, qkvw,
+  // attprojw, fcw, fcprojw) are rounded to that type, in the fp32 parameters too (so prefill's GEMMs and the
+  // decode GEMVs read the same weights), and decode reads the 16-bit copy. Written parameters (params_changed)
+  // are rounded again before the next prefill / decode.
+  void set_weights16(int kind);
+  int weights16() const { return w16_kind_; }
+  void kv_logits_to_host(M* dst) const;  // (kv_logit_rows(), Vp)
   int last_B() const { return B_; }
   int last_T() const { return T_; }
 
@@ -162,7 +225,12 @@ class GPT2Model {
   Slots activation_slots(int B, int Tn);
   void ensure_optimizer_state();
   void refresh_params();
-  std::vector<AdamWSegment> adamw_segments(size_t lo, size_t hi, float weight_decay) const;
+  // with_muon: which tensors' parts to list (-1: every tensor; 0: the AdamW ones under Muon; 1: the Muon ones)
+  std::vector<AdamWSegment> adamw_segments(size_t lo, size_t hi, float weight_decay, int with_muon = -1) const;
+  void muon_matrix_ops(const MuonStep& muon);  // orthogonalise + apply the step's matrices
+  std::vector<MuonMatrix> muon_mats_;
+  M* muon_scratch_ = nullptr;
+  size_t muon_scratch_n_ = 0;
   StepArgs step_args(float lr, float beta1, float beta2, int step, float grad_scale, double clip,
                      double sumsq) const;
   void adamw_over(size_t lo, size_t hi, M* m, M* v, float beta1, float beta2, float eps, float weight_decay,
@@ -180,8 +248,40 @@ class GPT2Model {
   GradRanges layer_grad_ranges(int l) const;
   GradRanges tensor_grad_ranges(ParamTensor first, ParamTensor last) const;
 
+  void require_training(const char* what) const;
+  double kv_forward(const int32_t* inp, const int32_t* targets, int B, int Tn);
+  void kv_ensure_rows(int rows, int logit_rows);
+  void kv_release();
+  // the layers over n * Tq rows whose inputs are in kv_.ids, slots/positions in kv_slot_/kv_posd_; leaves the
+  // final layernorm's output of every row in kv_.ln
+  void kv_layers(int n, int Tq);
+  // out = inp @ param(i)-slice^T + bias for the KV path: the 16-bit copy for few rows when it is on
+  void kv_matmul(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC);
+  void kv_refresh_w16();
+
   ModelConfig config_;
   std::unique_ptr<Backend<T>> backend_;
+  bool training_ = true;
+  // inference state: the cache (L, S, T, C) for K and V, one layer's activations for kv_cap_ rows, logits
+  struct KvBuffers {
+    T *x, *ln, *qkv, *atty, *proj, *res2, *fch, *fch_gelu, *last, *logits;
+    M *mean, *rstd, *losses, *lse;
+  };
+  T* kcache_ = nullptr;
+  T* vcache_ = nullptr;
+  int kv_S_ = 0, kv_T_ = 0;
+  std::vector<int> kv_pos_;
+  T* kv_mem_ = nullptr;
+  M* kv_stats_ = nullptr;
+  size_t kv_mem_n_ = 0, kv_stats_n_ = 0;
+  int kv_cap_ = 0, kv_logit_cap_ = 0;  // rows the activations / logits are sized for
+  int kv_rows_ = 0;                   // logit rows of the last prefill / decode
+  KvBuffers kv_{};
+  int32_t *kv_ids_ = nullptr, *kv_slot_ = nullptr, *kv_posd_ = nullptr, *kv_gather_ = nullptr, *kv_targets_ = nullptr;
+  bool kv_forward_ = false;
+  uint16_t* w16_ = nullptr;  // num_params_ values, the parameters' layout (only the matrices are filled)
+  int w16_kind_ = 0;
+  bool w16_stale_ = true;  // the last forward() ran through the inference path (logits/losses are kv_'s)
   std::array<size_t, kNumParamTensors> sizes_{}, offsets_{};
   size_t num_params_ = 0;
   T* params_ = nullptr;

@@ -83,6 +83,8 @@ struct StepArgs {
   float grad_scale;  // 1 in a training step
   uint32_t seed;     // stochastic rounding of a bf16 copy: the step
   double clip;       // clip the global gradient norm to this (0: no clipping)
+  float muon_lr;     // Muon's learning rate and momentum (beta) this step (MuonArgs; 0 when Muon is off)
+  float muon_beta;
   double sumsq;      // sum of squares of all gradients (as they are in memory: scaled); LAST (see StepState)
 };
 
@@ -106,6 +108,36 @@ GPT2CORE_HOST_DEVICE inline bool update_factor(const StepArgs& a, float scale, f
   if (!clip_factor(a.sumsq / (double(scale) * double(scale)), a.clip, &clip)) return false;
   *factor = (a.grad_scale * clip) / scale;
   return true;
+}
+
+// ---------------------------------------------------------------------------------------------------- Muon
+// Muon (Keller Jordan, "Muon: An optimizer for hidden layers in neural networks", 2024, and its reference code
+// github.com/KellerJordan/Muon, muon.py; modded-nanogpt's records): for the 2-D hidden weight matrices, the
+// momentum of the gradient, orthogonalised by Newton-Schulz, replaces AdamW's update. For each matrix G (rows,
+// cols) of the gradients (already multiplied by update_factor, like AdamW's):
+//   mom = lerp(mom, G, 1 - beta)                     (= beta * mom + (1 - beta) * G)
+//   U   = lerp(G, mom, beta) with Nesterov, else mom
+//   X   = U / (||U||_F + 1e-7); then ns_steps times, with (a, b, c) = (3.4445, -4.7750, 2.0315):
+//         A = X X^T, B = b A + c A A, X = a X + B X      (on X^T when rows > cols, so A is the smaller Gram)
+//   W   = W * (1 - lr * weight_decay) - lr * max(1, rows / cols)^0.5 * X
+// The shape factor max(1, rows/cols)^0.5 is the reference code's (KellerJordan/Muon muon_update; modded-nanogpt
+// uses the same): a tall matrix's orthogonalised update has RMS ~ 1/sqrt(rows), the factor restores it for
+// fan-out matrices (fcw, 4C x C), while wide and square ones keep it.
+constexpr double kMuonA = 3.4445, kMuonB = -4.7750, kMuonC = 2.0315;  // the quintic's published coefficients
+constexpr double kMuonNormEps = 1e-7;
+constexpr float kMuonBeta = 0.95f;
+constexpr int kMuonNsSteps = 5;
+
+// Muon's settings that stay fixed over a run (the ones that change per step, lr and beta, are StepArgs).
+struct MuonArgs {
+  float weight_decay = 0.0f;
+  int ns_steps = kMuonNsSteps;
+  bool nesterov = true;
+};
+
+// The shape factor of a (rows, cols) matrix's update (see above).
+inline float muon_scale(int rows, int cols) {
+  return rows > cols ? float(std::sqrt(double(rows) / double(cols))) : 1.0f;
 }
 
 }  // namespace gpt2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import tokenize
 import zipfile
 import zlib
 from pathlib import Path
@@ -15,9 +16,10 @@ from .errors import write_error
 
 
 # what np.load raises on a malformed .npy / .npz (beyond OSError for an unreadable file): a bad header or zip
-# directory, a truncated or corrupt member, a member that is not an array, an unknown compression
+# directory, a truncated or corrupt member, a member that is not an array, an unknown compression; numpy parses
+# a version-1 header with tokenize, whose TokenError a mangled header raises
 NPZ_ERRORS = (OSError, ValueError, KeyError, TypeError, EOFError, SyntaxError, OverflowError, NotImplementedError,
-              zipfile.BadZipFile, zlib.error)
+              zipfile.BadZipFile, zlib.error, tokenize.TokenError)
 
 
 @contextlib.contextmanager

@@ -1,8 +1,15 @@
 """Model and training configuration, with the GPT-2 presets."""
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, replace
+
+from . import cli
+from .errors import ArgError
+
+# the largest model shapes the core takes (its int32 index arithmetic and a sane memory footprint)
+MAX_BLOCK_SIZE = 1 << 20
+MAX_VOCAB = 1 << 24
+MAX_DIM = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -15,14 +22,14 @@ class GPT2Config:
     n_embd: int = 768
 
     def __post_init__(self):
-        for name in ("block_size", "vocab_size", "padded_vocab_size", "n_layer", "n_head", "n_embd"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"GPT2Config.{name} must be a positive int, got {v!r}")
+        """ArgError (a ValueError) naming the field unless every size is a positive int in the core's range."""
+        for name, hi in (("block_size", MAX_BLOCK_SIZE), ("vocab_size", MAX_VOCAB), ("padded_vocab_size", MAX_VOCAB),
+                         ("n_layer", MAX_DIM), ("n_head", MAX_DIM), ("n_embd", MAX_DIM)):
+            cli.Int(1, hi, f"a positive int <= {hi:,}").check(getattr(self, name), f"GPT2Config.{name}")
         if self.padded_vocab_size < self.vocab_size:
-            raise ValueError(f"padded_vocab_size ({self.padded_vocab_size}) must be >= vocab_size ({self.vocab_size})")
+            raise ArgError(f"padded_vocab_size ({self.padded_vocab_size}) must be >= vocab_size ({self.vocab_size})")
         if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+            raise ArgError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
 
     @property
     def head_size(self) -> int:
@@ -65,12 +72,43 @@ def get_preset(name: str) -> GPT2Config:
     try:
         return PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
+        raise ArgError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
 
 
-def _opt(default, help: str, group: str, **argparse_kw):
-    """A TrainConfig field: its default, and what the command line needs (train.build_parser)."""
-    return field(default=default, metadata={"help": help, "group": group, **argparse_kw})
+# Training recipes (--recipe): the values a recipe sets; any flag given explicitly overrides them. "gpt2" is the
+# 2019 recipe as gpt2core trains it by default (the TrainConfig defaults, AdamW + cosine), unchanged. "modern" is
+# the modded-nanogpt / nanochat line (README "Modern recipe"): the architecture of issue 26 (rotary positions,
+# RMSNorm, QK-norm, ReLU^2, no biases, untied head, zero-initialised projections, logit soft-cap: GPT2Config
+# fields, see MODERN_ARCH) trained with Muon for the hidden matrices and AdamW for the rest, warmup-stable-decay.
+MODERN_ARCH = {"position": "rope", "norm": "rmsnorm", "qk_norm": True, "activation": "relu2", "bias": False,
+               "tie_embeddings": False, "zero_init_proj": True, "logit_softcap": 15.0}
+RECIPES: dict[str, dict] = {
+    "gpt2": {},
+    "modern": {"arch": "modern", "optimizer": "muon", "muon_lr": 0.02, "muon_momentum": 0.95,
+               "muon_momentum_warmup": 300, "muon_weight_decay": 0.0, "lr": 6e-3, "beta1": 0.8, "beta2": 0.95,
+               "weight_decay": 0.0, "schedule": "wsd", "cooldown_frac": 0.4, "warmup": 0, "min_lr_frac": 0.0},
+}
+
+
+def recipe_help() -> str:
+    """Every value of every recipe, for --help."""
+    def show(name):
+        vals = RECIPES[name]
+        if not vals:
+            return f"{name}: the defaults shown below (AdamW, cosine, GPT-2's architecture)"
+        arch = ", ".join(f"{k}={v}" for k, v in MODERN_ARCH.items())
+        return f"{name}: " + ", ".join(f"{k}={v}" for k, v in vals.items() if k != "arch") + f"; architecture {arch}"
+    return "; ".join(show(n) for n in RECIPES)
+
+
+def _opt(default, help: str, group: str, check: cli.Check | None = None, **argparse_kw):
+    """A TrainConfig field: its default, what the command line needs (train.build_parser), and its checker (a
+    gpt2core.cli.Check: the flag's type and TrainConfig's validation; a field without one may have an entry in
+    _CHECKS below)."""
+    meta = {"help": help, "group": group, **argparse_kw}
+    if check is not None:
+        meta["check"] = check
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -81,12 +119,16 @@ class TrainConfig:
     LR experiments are one flag: --lr scales the whole schedule (warmup peak, cosine, and the floor, which is
     --min-lr-frac of it), so "3x the max LR" is `--lr 1.8e-3` against a 6e-4 recipe."""
     # model
+    recipe: str = _opt("gpt2", "training recipe: sets the values listed here unless given as flags. "
+                       + recipe_help(), "model", choices=sorted(RECIPES))
+    arch: str = _opt("gpt2", "architecture: gpt2 (learned positions, LayerNorm, GELU, biases, tied head) or modern "
+                             "(the GPT2Config fields of --recipe modern's list)", "model", choices=["gpt2", "modern"])
     preset: str = _opt("s4", "model shape", "model", choices=sorted(PRESETS))
     block_size: int | None = _opt(None, "context length the model is built for (the wpe rows); above the preset's "
                                         "trains a longer context, e.g. 2048 as GPT-3 did (default: the preset's)",
                                   "model")
     padded_vocab_size: int | None = _opt(None, "override the padded vocab (50257 disables padding)", "model")
-    device: str = _opt("cpu", "cpu or cuda", "model")
+    device: str = _opt("cpu", "cpu, cuda or cuda:N", "model")
     precision: str | None = _opt(None, "fp32; tf32 (CUDA: TF32 tensor-core matmuls); bf16 (CUDA: bf16 activations "
                                        "and weights copy, fp32 master weights and optimizer state); fp16 (CUDA: "
                                        "the same in half precision, sm_70+). Default: bf16 on sm_80+ GPUs, fp16 on "
@@ -123,12 +165,27 @@ class TrainConfig:
     lr: float = _opt(1e-3, "max learning rate (the whole schedule scales with it)", "optimization")
     min_lr_frac: float = _opt(0.1, "min LR as a fraction of --lr (cosine)", "optimization")
     warmup: int = _opt(10, "linear warmup steps", "optimization")
-    schedule: str = _opt("cosine", "LR after warmup", "optimization", choices=["cosine", "constant"])
+    schedule: str = _opt("cosine", "LR after warmup: cosine to the floor, constant, or wsd (warmup-stable-decay: "
+                                   "constant, then a linear cool-down to the floor over the last --cooldown-frac "
+                                   "of the steps)", "optimization", choices=["cosine", "constant", "wsd"])
+    cooldown_frac: float = _opt(0.4, "wsd: the fraction of the steps the LR cools down over (modded-nanogpt: 0.4)",
+                                "optimization")
     weight_decay: float = _opt(0.1, "AdamW weight decay (2-D weights only)", "optimization")
     grad_clip: float = _opt(1.0, "global grad-norm clip (0 disables)", "optimization")
     beta1: float = _opt(0.9, "AdamW beta1", "optimization")
     beta2: float = _opt(0.95, "AdamW beta2", "optimization")
     eps: float = _opt(1e-8, "AdamW epsilon", "optimization")
+    optimizer: str = _opt("adamw", "adamw: AdamW for every tensor; muon: Muon (momentum orthogonalised by "
+                                   "Newton-Schulz) for the hidden matrices (attention q, k, v, projection, MLP), "
+                                   "AdamW (--lr, --weight-decay) for embeddings, head, gains and biases",
+                          "optimization", choices=["adamw", "muon"])
+    muon_lr: float = _opt(0.02, "Muon's max learning rate (the --schedule scales it as it scales --lr)",
+                          "optimization")
+    muon_momentum: float = _opt(0.95, "Muon's momentum (Nesterov)", "optimization")
+    muon_momentum_warmup: int = _opt(300, "steps over which Muon's momentum rises linearly from 0.85 to "
+                                          "--muon-momentum (modded-nanogpt's warm-up; 0: none)", "optimization")
+    muon_weight_decay: float = _opt(0.0, "Muon's decoupled weight decay (lr * wd per step)", "optimization")
+    muon_ns_steps: int = _opt(5, "Newton-Schulz iterations per Muon step", "optimization")
     outlier_z: float = _opt(5.0, "a step whose loss or grad norm is more than this many standard deviations above "
                                  "the previous 128 steps' is an outlier: warned about and logged in metrics.jsonl",
                             "optimization")
@@ -167,29 +224,51 @@ class TrainConfig:
     resume: str | None = _opt(None, "continue from a checkpoint directory, or 'auto': the newest complete "
                                     "checkpoint in <output-dir>/checkpoints (a fresh start if there is none)",
                               "checkpoints", metavar="DIR|auto")
+    overwrite: bool = _opt(False, "start over in an --output-dir that holds another run: delete its model.bin, "
+                                  "metrics.jsonl and checkpoints first (without it such a folder is refused)",
+                           "checkpoints")
 
     # the settings that change the trajectory: a resumed run that changes them no longer matches an uninterrupted one
-    TRAJECTORY = ("preset", "block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens",
+    TRAJECTORY = ("recipe", "arch", "preset", "block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens",
                   "no_shuffle", "steps", "lr", "min_lr_frac", "warmup", "schedule", "weight_decay", "grad_clip",
-                  "beta1", "beta2", "eps", "seed", "loss_scaling", "loss_scale_init", "loss_scale_interval")
+                  "beta1", "beta2", "eps", "seed", "loss_scaling", "loss_scale_init", "loss_scale_interval",
+                  "cooldown_frac", "optimizer", "muon_lr", "muon_momentum", "muon_momentum_warmup",
+                  "muon_weight_decay", "muon_ns_steps")
 
     def __post_init__(self):
-        """Every number in its range: ValueError naming the flag (gpt2core-train prints it as a one-line error)."""
-        for name, (lo, hi, what) in _RANGES.items():
-            v = getattr(self, name)
-            if v is None and name in _OPTIONAL:
-                continue
-            if not _is(v, int if name in _INTS else float) or not lo <= v <= hi or (name in _POSITIVE and v == 0):
-                raise ValueError(f"--{name.replace('_', '-')} must be {what}, got {v!r}")
+        """Every argument in its range: ArgError (a ValueError) naming the flag (gpt2core-train prints it as a
+        one-line error and exits 2)."""
+        cli.check_fields(self, checks=_CHECKS)
+        if self.overwrite and self.resume:
+            raise ArgError(f"--overwrite starts over and --resume {self.resume} continues: give one of them")
         if self.val_every and not self.val_steps:
-            raise ValueError("--val-steps must be >= 1 when --val-every is set")
+            raise ArgError("--val-steps must be >= 1 when --val-every is set")
+        if self.recipe not in RECIPES:
+            raise ArgError(f"--recipe must be one of {', '.join(RECIPES)}, got {self.recipe!r}")
+        if self.arch not in ("gpt2", "modern"):
+            raise ArgError(f"--arch must be gpt2 or modern, got {self.arch!r}")
+        if self.arch == "modern" and self.preset in PRESETS:
+            modern_config(get_preset(self.preset))  # a build without the modern architecture says so here
+        if self.optimizer not in ("adamw", "muon"):
+            raise ArgError(f"--optimizer must be adamw or muon, got {self.optimizer!r}")
+        if self.schedule not in ("cosine", "constant", "wsd"):
+            raise ArgError(f"--schedule must be cosine, constant or wsd, got {self.schedule!r}")
         if self.loss_scaling not in ("auto", "on", "off"):
-            raise ValueError(f"--loss-scaling must be auto, on or off, got {self.loss_scaling!r}")
+            raise ArgError(f"--loss-scaling must be auto, on or off, got {self.loss_scaling!r}")
         if self.device == "cpu" and self.precision not in (None, "fp32"):
-            raise ValueError(f"--precision {self.precision} needs --device cuda (the CPU backend computes in fp32)")
+            raise ArgError(f"--precision {self.precision} needs --device cuda (the CPU backend computes in fp32)")
         if self.device == "cpu" and self.attention in ("flash", "cudnn"):
-            raise ValueError(f"--attention {self.attention} needs --device cuda (the CPU backend materialises "
-                             "attention)")
+            raise ArgError(f"--attention {self.attention} needs --device cuda (the CPU backend materialises "
+                           "attention)")
+        for flag in ("matmul_tuning", "cuda_graphs"):  # switches that would do nothing on the CPU
+            if self.device == "cpu" and getattr(self, flag):
+                raise ArgError(f"--{flag.replace('_', '-')} needs --device cuda (it does nothing on the CPU)")
+        try:
+            self.model_config()
+        except ArgError as e:  # --padded-vocab-size below the vocab, --block-size beyond the core's range
+            flags = [f"--{k.replace('_', '-')} {getattr(self, k)}" for k in ("block_size", "padded_vocab_size")
+                     if getattr(self, k) is not None]
+            raise ArgError(f"{' '.join(flags)} with --preset {self.preset}: {e}") from None
 
     @property
     def loss_scaling_on(self) -> bool | None:
@@ -199,6 +278,8 @@ class TrainConfig:
     def model_config(self) -> GPT2Config:
         """The preset, with --block-size and --padded-vocab-size applied."""
         c = get_preset(self.preset)
+        if self.arch == "modern":
+            c = modern_config(c)
         if self.block_size:
             c = c.replace(block_size=self.block_size)
         if self.padded_vocab_size:
@@ -208,36 +289,62 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_recipe(cls, recipe: str = "gpt2", **explicit) -> "TrainConfig":
+        """The recipe's values, overridden by the explicit ones."""
+        if recipe not in RECIPES:
+            raise ArgError(f"--recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+        return cls(**{**RECIPES[recipe], **explicit, "recipe": recipe})
 
-def _is(v, kind) -> bool:
-    """v is a finite real number (an int when kind is int; never a bool)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    return isinstance(v, int) if kind is int else math.isfinite(v)
+    def optimizer_kw(self) -> dict:
+        """The keywords of GPT2.step / DataParallel.step besides lr (and muon_lr, muon_momentum, which follow the
+        schedules: Trainer.train_step)."""
+        kw = dict(weight_decay=self.weight_decay, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+                  grad_clip=self.grad_clip)
+        if self.optimizer == "muon":
+            kw.update(optimizer="muon", muon_weight_decay=self.muon_weight_decay, muon_ns_steps=self.muon_ns_steps)
+        return kw
 
 
-_INF = math.inf
-# TrainConfig's numbers: (lowest, highest, the message's "must be ...")
-_RANGES = {
-    "block_size": (1, _INF, "a positive integer"), "padded_vocab_size": (1, _INF, "a positive integer"),
-    "batch_size": (1, _INF, "a positive integer"), "seq_len": (1, _INF, "a positive integer"),
-    "total_batch_tokens": (1, _INF, "a positive integer"), "steps": (1, _INF, "a positive integer"),
-    "lr": (0, _INF, "a finite number > 0"), "min_lr_frac": (0, 1, "a fraction in [0, 1]"),
-    "warmup": (0, _INF, "an integer >= 0"), "weight_decay": (0, _INF, "a finite number >= 0"),
-    "grad_clip": (0, _INF, "a finite number >= 0 (0 disables clipping)"),
-    "beta1": (0, 1 - 1e-12, "a number in [0, 1)"), "beta2": (0, 1 - 1e-12, "a number in [0, 1)"),
-    "eps": (0, _INF, "a finite number > 0"), "outlier_z": (0, _INF, "a finite number > 0"),
-    "val_every": (0, _INF, "an integer >= 0 (0: never)"), "val_steps": (0, _INF, "an integer >= 0"),
-    "hellaswag_every": (0, _INF, "an integer >= 0 (0: never)"), "hellaswag_limit": (1, _INF, "a positive integer"),
-    "sample_every": (0, _INF, "an integer >= 0 (0: only at the end)"), "sample_tokens": (0, _INF, "an integer >= 0"),
-    "seed": (0, 2**63 - 1, "an integer >= 0"), "threads": (1, _INF, "a positive integer"),
-    "dist_timeout": (0, _INF, "a finite number of seconds > 0"),
-    "loss_scale_init": (0, 3.0e38, "a finite number > 0 that fits in float32 (e.g. 65536)"),
-    "loss_scale_interval": (1, 2**31 - 1, "an integer >= 1"),
-    "checkpoint_every": (0, _INF, "an integer >= 0 (0: never)"), "keep_last": (0, _INF, "an integer >= 0 (0: all)"),
+def modern_config(c: GPT2Config) -> GPT2Config:
+    """c (its shape kept) with the modern architecture's fields (MODERN_ARCH; the model layer of issue 26)."""
+    have = {f for f in GPT2Config.__dataclass_fields__}
+    missing = [k for k in MODERN_ARCH if k not in have]
+    if missing:
+        raise ArgError("--arch modern / --recipe modern needs the modern architecture's GPT2Config fields ("
+                         + ", ".join(missing) + "), which this build of gpt2core does not have")
+    return c.replace(**MODERN_ARCH)
+
+
+_I, _F = cli.Int, cli.Float
+# TrainConfig's checkers by field (a field may instead name its own: _opt(..., check=...)); the optimizer's
+# hyper-parameters must also be representable in float32, the core's arithmetic
+_CHECKS = {
+    "preset": cli.Choice(*PRESETS), "device": cli.device,
+    "block_size": _I(1, MAX_BLOCK_SIZE), "padded_vocab_size": _I(1, MAX_VOCAB),
+    "batch_size": _I(1, 1 << 24), "seq_len": _I(1, MAX_BLOCK_SIZE), "total_batch_tokens": _I(1, 1 << 40),
+    "steps": _I(1, 1 << 40), "lr": _F(0, lo_open=True, float32=True, what="a finite number > 0"),
+    "min_lr_frac": _F(0, 1, what="a fraction in [0, 1]"), "warmup": _I(0),
+    "weight_decay": _F(0, float32=True, what="a finite number >= 0"),
+    "grad_clip": _F(0, float32=True, what="a finite number >= 0 (0 disables clipping)"),
+    "beta1": _F(0, 1, hi_open=True, float32=True, what="a number in [0, 1)"),
+    "beta2": _F(0, 1, hi_open=True, float32=True, what="a number in [0, 1)"),
+    "eps": _F(0, lo_open=True, float32=True, what="a finite number > 0"),
+    "outlier_z": _F(0, lo_open=True, what="a finite number > 0"),
+    "val_every": _I(0, what="an integer >= 0 (0: never)"), "val_steps": _I(0), "hellaswag_every":
+    _I(0, what="an integer >= 0 (0: never)"), "hellaswag_limit": _I(1),
+    "sample_every": _I(0, what="an integer >= 0 (0: only at the end)"), "sample_tokens": _I(0),
+    "seed": _I(0, 2**63 - 1, "an integer >= 0"), "threads": _I(1, 1 << 16),
+    "dist_timeout": _F(0, 1e9, lo_open=True, what="a finite number of seconds > 0"),
+    "loss_scale_init": _F(0, lo_open=True, float32=True, what="a finite number > 0 that fits in float32 (e.g. 65536)"),
+    "loss_scale_interval": _I(1, 2**31 - 1, "an integer >= 1"),
+    "checkpoint_every": _I(0, what="an integer >= 0 (0: never)"), "keep_last": _I(0, what="an integer >= 0 (0: all)"),
+    "data_dir": cli.Optional(cli.existing_dir), "output_dir": cli.output_dir,
+    "hellaswag_path": cli.Optional(cli.existing_file),
+    "recipe": cli.Choice(*RECIPES), "arch": cli.Choice("gpt2", "modern"), "optimizer": cli.Choice("adamw", "muon"),
+    "schedule": cli.Choice("cosine", "constant", "wsd"), "cooldown_frac": _F(0, 1, what="a fraction in [0, 1]"),
+    "muon_lr": _F(0, float32=True, what="a finite number >= 0"),
+    "muon_momentum": _F(0, 1, hi_open=True, float32=True, what="a number in [0, 1)"),
+    "muon_momentum_warmup": _I(0), "muon_weight_decay": _F(0, float32=True, what="a finite number >= 0"),
+    "muon_ns_steps": _I(0, 100),
 }
-_INTS = {"block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens", "steps", "warmup",
-         "val_every", "val_steps", "hellaswag_every", "hellaswag_limit", "sample_every", "sample_tokens", "seed",
-         "threads", "checkpoint_every", "keep_last", "loss_scale_interval"}
-_OPTIONAL = {"block_size", "padded_vocab_size", "total_batch_tokens", "hellaswag_limit", "threads"}
-_POSITIVE = {"lr", "eps", "outlier_z", "dist_timeout", "loss_scale_init"}

@@ -49,7 +49,7 @@ import numpy as np
 
 from . import _C
 from .config import TrainConfig
-from .model import check_step_args
+from .model import check_muon_args, check_step_args
 
 DEFAULT_PORT = 29500
 DEFAULT_TIMEOUT = 300.0  # seconds a collective may wait for the other ranks
@@ -244,6 +244,7 @@ class DataParallel:
     def _overlapped_backward(self, grad_scale: float) -> None:
         self._in_flight = True  # even if it fails part-way: finish() must then wait for what was started
         self.reducer.backward(float(grad_scale))
+        self.model._has_grads = True  # the reducer ran the model's backward
 
     def forward_backward(self, idx, targets, grad_scale: float = 1.0) -> None:
         """GPT2.forward_backward; the last micro-step of the optimizer step averages the gradients over ranks
@@ -285,10 +286,21 @@ class DataParallel:
     # ------------------------------------------------------------------ the optimizer step
     def step(self, lr: float, weight_decay: float = TrainConfig.weight_decay, beta1: float = TrainConfig.beta1,
              beta2: float = TrainConfig.beta2, eps: float = TrainConfig.eps,
-             grad_clip: float = TrainConfig.grad_clip) -> float:
+             grad_clip: float = TrainConfig.grad_clip, optimizer: str = "adamw",
+             muon_lr: float = TrainConfig.muon_lr, muon_momentum: float = TrainConfig.muon_momentum,
+             muon_weight_decay: float = TrainConfig.muon_weight_decay,
+             muon_ns_steps: int = TrainConfig.muon_ns_steps) -> float:
         """Average the gradients over ranks and take one clipped AdamW step (see the module doc); returns
-        the pre-clip global grad norm, the same on every rank."""
+        the pre-clip global grad norm, the same on every rank. optimizer="muon" as GPT2.step: each rank
+        orthogonalises its share of the matrices (muon_share) and the results are all-gathered, as modded-nanogpt
+        distributes Muon; with ZeRO-1 each rank keeps the momentum of its shard only (its m slots)."""
         check_step_args(lr, weight_decay, beta1, beta2, eps, grad_clip)
+        if optimizer not in ("adamw", "muon"):
+            raise ValueError(f"optimizer must be 'adamw' or 'muon', got {optimizer!r}")
+        if optimizer == "muon":
+            check_muon_args(muon_lr, muon_momentum, muon_weight_decay, muon_ns_steps)
+            return self._muon_step(lr, weight_decay, beta1, beta2, eps, grad_clip, muon_lr, muon_momentum,
+                                   muon_weight_decay, muon_ns_steps)
         m = self.model
         norm = self.grad_norm() if self.zero else None  # ZeRO-1: reduce-scatter + one allreduce of sum(g**2)
         self._finish()
@@ -313,6 +325,86 @@ class DataParallel:
             return norm  # nothing written on any rank: nothing to all-gather
         m.step_count += 1
         t1 = time.perf_counter()
+        self.comm.all_gather(m.flat_params())
+        self.last_comm_ms = comm_ms + (time.perf_counter() - t1) * 1e3
+        return norm
+
+    # ------------------------------------------------------------------ Muon over ranks
+    def muon_share(self, rank: int | None = None) -> tuple[int, int]:
+        """[lo, hi) of the Muon matrices (GPT2.muon_matrix_list) rank orthogonalises: contiguous runs balanced by
+        their number of values (matrix k goes to the rank whose 1/world of the total its first value falls in)."""
+        rank = self.comm.rank if rank is None else rank
+        return _muon_shares(self.model.muon_matrix_list(), self.world)[rank]
+
+    def _gather_muon(self) -> None:
+        """Every rank's orthogonalised and applied matrices to every rank: each packs its share into one chunk of
+        an all_gather buffer (chunks padded to the largest share), then copies the others' into its weights."""
+        mats = self.model.muon_matrix_list()
+        shares = _muon_shares(mats, self.world)
+        sizes = [sum(r * c for _, r, c, _, _ in mats[lo:hi]) for lo, hi in shares]
+        S = max(sizes)
+        if S == 0:
+            return
+        buf = np.zeros(self.world * S, dtype=np.float32)
+        flat = self.model.flat_params()  # marks the ops' copy stale: rebuilt with this step's seed
+        lo, hi = shares[self.comm.rank]
+        at = self.comm.rank * S
+        for off, r, c, _, _ in mats[lo:hi]:
+            buf[at:at + r * c] = flat[off:off + r * c]
+            at += r * c
+        self.comm.all_gather(buf)
+        for rank, (lo, hi) in enumerate(shares):
+            if rank == self.comm.rank:
+                continue
+            at = rank * S
+            for off, r, c, _, _ in mats[lo:hi]:
+                flat[off:off + r * c] = buf[at:at + r * c]
+                at += r * c
+
+    def _muon_step(self, lr, weight_decay, beta1, beta2, eps, grad_clip, muon_lr, muon_momentum, muon_weight_decay,
+                   muon_ns_steps) -> float:
+        m = self.model
+        norm = self.grad_norm() if self.zero else None
+        self._finish()
+        averaged, comm_ms = self._averaged, self._comm_ms
+        self._micro, self._averaged, self._comm_ms, self._norm = 0, False, 0.0, None
+        t0 = time.perf_counter()
+        share = self.muon_share()
+        if not self.zero:
+            if not averaged:
+                self.comm.allreduce(m.flat_grads(), "avg")
+            comm_ms += (time.perf_counter() - t0) * 1e3
+            norm = m.step(lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, eps=eps, grad_clip=grad_clip,
+                          optimizer="muon", muon_lr=muon_lr, muon_momentum=muon_momentum,
+                          muon_weight_decay=muon_weight_decay, muon_ns_steps=muon_ns_steps, muon_matrices=share)
+            if math.isfinite(norm):
+                t1 = time.perf_counter()
+                self._gather_muon()
+                comm_ms += (time.perf_counter() - t1) * 1e3
+            self.last_comm_ms = comm_ms
+            return norm
+        if not math.isfinite(norm) and not m.loss_scaling:
+            raise FloatingPointError(f"gradient norm is {norm} at step {m.step_count + 1}; weights not updated")
+        clip = grad_clip if grad_clip and grad_clip > 0 else 0.0
+        step = m.step_count + 1
+        # AdamW and the momentum on this rank's shard; every rank's update (over its gradients) to every rank;
+        # this rank's matrices orthogonalised and applied; those to every rank; then the flat shards
+        m._m.muon_update_range(self.lo, self.hi, self.m, self.v, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                               weight_decay=weight_decay, step=step, grad_clip=clip, sum_squares=self._sumsq,
+                               muon_lr=muon_lr, muon_momentum=muon_momentum, muon_weight_decay=muon_weight_decay,
+                               ns_steps=muon_ns_steps, nesterov=True)
+        t1 = time.perf_counter()
+        if math.isfinite(norm):
+            self.comm.all_gather(m.flat_grads())
+        comm_ms += (time.perf_counter() - t1) * 1e3
+        m._m.muon_update_matrices(step=step, sum_squares=self._sumsq, muon_weight_decay=muon_weight_decay,
+                                  ns_steps=muon_ns_steps, mat_lo=share[0], mat_hi=share[1])
+        if not math.isfinite(norm):
+            self.last_comm_ms = comm_ms
+            return norm
+        m.step_count += 1
+        t1 = time.perf_counter()
+        self._gather_muon()
         self.comm.all_gather(m.flat_params())
         self.last_comm_ms = comm_ms + (time.perf_counter() - t1) * 1e3
         return norm
@@ -357,6 +449,19 @@ class DataParallel:
         return (f"ZeRO-1 over {self.world} ranks ({self.comm.backend}): this rank updates parameters "
                 f"[{self.lo:,}, {self.hi:,}); AdamW state {r['optimizer_bytes_per_rank'] * mb:.1f} MiB per rank "
                 f"instead of {r['optimizer_bytes_unsharded'] * mb:.1f} MiB (saves {r['saved_bytes'] * mb:.1f} MiB)")
+
+
+def _muon_shares(mats, world: int) -> list[tuple[int, int]]:
+    """Contiguous [lo, hi) runs of the Muon matrices, one per rank, balanced by values: matrix k belongs to the
+    rank r with r * total <= world * (values before k) < (r + 1) * total (ranks may get none when there are
+    fewer matrices than ranks)."""
+    total = sum(r * c for _, r, c, _, _ in mats)
+    owner, before = [], 0
+    for _, r, c, _, _ in mats:
+        owner.append(min(world - 1, world * before // max(total, 1)))
+        before += r * c
+    return [(next((k for k, o in enumerate(owner) if o >= rank), len(mats)),
+             next((k for k, o in enumerate(owner) if o > rank), len(mats))) for rank in range(world)]
 
 
 def _flat(views: dict, model) -> np.ndarray:
