@@ -5,7 +5,13 @@ Each mutation in MUTATIONS replaces one exact snippet of one file. The script co
 scratch folder (<build-dir>/src/cuda), applies one mutation at a time, builds the test module against
 it (tests/csrc/cuda/cuda_emu/CMakeLists.txt with GPT2CORE_EMU_CUDA_DIR; only backend_cuda.cu recompiles between
 mutants) and runs tests/csrc/cuda/cuda_emu/compare_ops.py (every op against the CPU backend) under each emulator
-schedule. A mutant is
+schedule, and tests/csrc/cuda/cuda_emu/threshold_ops.py (the pseudo-schedule "thresholds": the shapes of the threshold
+table, tests/csrc/cuda/cuda_emu/thresholds.py, on both sides of every code-path change, against float64 / the CPU
+backend). A mutation of a file of csrc/model (file "../model/<name>": the clip rule and loss scaler the kernels
+share with the CPU backend) is applied to the file in place (csrc/model is included from everywhere, by paths a
+scratch copy cannot shadow) and restored after its run, even on an error or Ctrl-C (check `git status` after a
+killed run); it is compiled into both backends, so only the checks against written-out semantics can kill it.
+A mutant is
   killed by report   a launch failed with an emulator report (race, bounds, uninitialised shared memory,
                      barrier or warp rule); "line" when the report names the mutated line (file:line),
   killed by mismatch an op differs from the CPU backend (normwise error > 1e-5, or not finite),
@@ -14,11 +20,20 @@ schedule. A mutant is
 Schedules are deterministic (seeded), so a verdict is reproducible; --repeat N reruns each mutant to
 show it.
 
-    python scripts/mutation_test.py                        # every mutation, schedules fwd,low,high,ahead:1
+    python scripts/mutation_test.py                        # every mutation, schedules thresholds,fwd,low,high,ahead:1
+    python scripts/mutation_test.py --only-threshold --schedules thresholds,fwd --stop-early   # the threshold mutants
+    python scripts/mutation_test.py --thresholds           # per kernel family: the thresholds its tests cross
+    python scripts/mutation_test.py --together --only A B  # threshold mutants of disjoint kernels in one build
     python scripts/mutation_test.py --only block_sum_first_barrier gelu_tail_guard
     GPT2CORE_EMU_RACECHECK=0 python scripts/mutation_test.py --schedules fwd,rev,random:7   # checker off
 
-Prints one line per mutant and the score; --json writes the table. A full run takes ~20 s per mutant to
+--together (threshold mutants only, for a loaded machine where each build takes minutes): the chosen mutations are
+applied at once, built once, and every threshold shape runs (a shape that raises counts as failed); a mutant is
+killed when a shape of its own threshold fails. Sound when the mutants change kernels that no shape of another mutant's threshold runs (choose them so:
+e.g. one per kernel family); a combined build that fails to compile or crashes gives no verdicts.
+Prints one line per mutant and the score; --json writes the table. Mutants in code the emulator never compiles
+(nvcc-only: inline PTX, architecture gates, library calls; tests/csrc/cuda/test_one_code_path.py lists them) are in
+the list with the reason no emulator test can reach them: they are checked to apply, never run. A full run takes ~20 s per mutant to
 build plus ~8 s per schedule on one core (the first build of <build-dir> takes a few minutes).
 """
 import argparse
@@ -34,6 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA = ROOT / "csrc" / "cuda"
+EMU_TESTS = ROOT / "tests" / "csrc" / "cuda" / "cuda_emu"
 # what an emulator report says (csrc/emu: racecheck.cpp and the scheduler's rule checks)
 REPORT = re.compile(r"shared-memory race|device-memory race|out-of-bounds|uninitialised shared memory|"
                     r"__syncthreads \(|divergent __syncthreads|_sync \(|__syncwarp \(|deadlock")
@@ -45,10 +61,12 @@ BASELINE_SCHEDULES = ["fwd", "rev", "random:7"]
 @dataclass
 class Mutation:
     name: str
-    file: str   # in csrc/cuda
+    file: str   # in csrc/cuda ("../model/x.h": csrc/model/x.h)
     old: str    # exact snippet, must occur once
     new: str
     why: str
+    threshold: str = ""    # the threshold table entry (thresholds.py) whose far side the mutant breaks
+    unreachable: str = ""  # nvcc-only code: why no emulator test can reach it (never run)
 
 
 MUTATIONS = [
@@ -118,6 +136,150 @@ MUTATIONS = [
              "  if (threadIdx.x == 0) partial[blockIdx.x] = s;",
              "  if (threadIdx.x == 0) partial[blockIdx.x / 2] = s;",
              "two blocks store their partial sum of squares in one slot"),
+    # ---------------------------------------------------------------- threshold mutants (issue 30): each is wrong only on
+    # the far side of a code-path threshold of tests/csrc/cuda/cuda_emu/thresholds.py, which the op shapes of
+    # compare_ops.py (N <= 111 rows, C <= 768, V = 97) mostly never reach
+    Mutation("column_reduce_keep_last", "reduce.cuh",
+             "for (int r = threadIdx.y; r < R; r += kReduceRows) s += partial[size_t(r) * C + c];",
+             "for (int r = threadIdx.y; r < R; r += kReduceRows) s = partial[size_t(r) * C + c];",
+             "pass 2's row-thread keeps only its last chunk (wrong once R > kReduceRows: the reviewer's survivor)",
+             threshold="reduce.chunks_vs_reduce_rows"),
+    Mutation("column_reduce_one_pass", "reduce.cuh",
+             "for (int r = threadIdx.y; r < R; r += kReduceRows) s += partial[size_t(r) * C + c];",
+             "for (int r = threadIdx.y; r < R && r < kReduceRows; r += kReduceRows) s += partial[size_t(r) * C + c];",
+             "pass 2's row-threads take one chunk each (chunks past kReduceRows are dropped)",
+             threshold="reduce.pass2_row_loop"),
+    Mutation("column_partial_one_row_pass", "reduce.cuh",
+             "for (int n = r0 + threadIdx.y; n < r1; n += kColRows) {",
+             "for (int n = r0 + threadIdx.y; n < r1 && n < r0 + kColRows; n += kColRows) {",
+             "pass 1's row-threads take one row each (rows of a chunk past kColRows are dropped)",
+             threshold="reduce.chunk_row_threads"),
+    Mutation("layernorm_bwd_one_column_pass", "layernorm.cuh",
+             "    for (int c = threadIdx.x; c < C; c += blockDim.x) {\n      float sw = sums[c], sb = sums[C + c];",
+             "    for (int c = threadIdx.x; c < C && c < int(blockDim.x); c += blockDim.x) {\n"
+             "      float sw = sums[c], sb = sums[C + c];",
+             "layernorm backward's dw / db sums skip the columns past the block's threads (C > 512)",
+             threshold="layernorm.bwd_columns_per_thread"),
+    Mutation("layernorm_fwd_cache_bound", "layernorm.cuh",
+             "  if (vec && C <= 32 * kCache * K)",
+             "  if (vec && C <= 32 * kCache * K + K)",
+             "the register-cached forward takes a row one vector wider than its cache",
+             threshold="layernorm.fwd_register_cache"),
+    Mutation("layernorm_bwd_no_smem_opt_in", "layernorm.cuh",
+             "  if (smem > 48 * 1024)\n",
+             "  if (smem > 64 * 1024)\n",
+             "layernorm backward launches with over 48 KiB of dynamic shared memory without the opt-in (C > 6144)",
+             threshold="layernorm.bwd_smem_opt_in"),
+    Mutation("classifier_lse_one_vector_pass", "classifier.cuh",
+             "  for (int i = threadIdx.x; i < VV; i += blockDim.x) online_add(tm, ts, P::load(row + K * i));",
+             "  for (int i = threadIdx.x; i < VV && i < int(blockDim.x); i += blockDim.x) "
+             "online_add(tm, ts, P::load(row + K * i));",
+             "the logsumexp drops the vectors past one per thread (V > 4 x 512 fp32)",
+             threshold="classifier.fwd_vectors_per_thread"),
+    Mutation("classifier_dlogits_one_vector_pass", "classifier.cuh",
+             "  for (int i = threadIdx.x; i < VV; i += blockDim.x) {\n    P v = P::load(row + K * i);",
+             "  for (int i = threadIdx.x; i < VV && i < int(blockDim.x); i += blockDim.x) {\n    P v = P::load(row + K * i);",
+             "dlogits leaves the vectors past one per thread unwritten (V > 4 x 512 fp32)",
+             threshold="classifier.fwd_vectors_per_thread"),
+    Mutation("classifier_count_one_pass", "classifier.cuh",
+             "  for (int i = threadIdx.x; i < N; i += blockDim.x) c += targets[i] >= 0;",
+             "  for (int i = threadIdx.x; i < N && i < int(blockDim.x); i += blockDim.x) c += targets[i] >= 0;",
+             "the valid-target count stops after one target per thread (N > 1024 rows: every real batch)",
+             threshold="classifier.count_rows"),
+    Mutation("loss_accumulate_one_pass", "classifier.cuh",
+             "  for (int i = threadIdx.x; i < N; i += blockDim.x) s += double(losses[i]);",
+             "  for (int i = threadIdx.x; i < N && i < int(blockDim.x); i += blockDim.x) s += double(losses[i]);",
+             "the loss sum stops after one row per thread (N > 1024 rows)",
+             threshold="classifier.count_rows"),
+    Mutation("encoder_wte_one_bucket_pass", "encoder.cuh",
+             "  for (int u = blockIdx.x; u < U; u += gridDim.x) {",
+             "  for (int u = blockIdx.x; u < U && u < int(gridDim.x); u += gridDim.x) {",
+             "the wte gradient skips the token buckets past one per block (more than 2048 distinct tokens)",
+             threshold="encoder.wte_bucket_stride"),
+    Mutation("adamw_one_grid_pass", "adamw.cuh",
+             "i < units; i += size_t(gridDim.x) * blockDim.x) {",
+             "i < units && i < size_t(gridDim.x) * blockDim.x; i += size_t(gridDim.x) * blockDim.x) {",
+             "AdamW leaves the values past one grid of units unupdated (segments over 2M values: d12's wte)",
+             threshold="adamw.grid_stride"),
+    Mutation("sum_squares_one_grid_pass", "global_norm.cuh",
+             "i < n; i += size_t(gridDim.x) * blockDim.x) {",
+             "i < n && i < size_t(gridDim.x) * blockDim.x; i += size_t(gridDim.x) * blockDim.x) {",
+             "the gradient norm drops the values past one grid (n > 65536: every real model)",
+             threshold="global_norm.grid_stride"),
+    # ---------------------------------------------------------------- the shared optimizer policy (one code path)
+    Mutation("loss_scaler_nan_is_clean", "../model/optimizer.h",
+             "  const bool finite = std::isfinite(sumsq);",
+             "  const bool finite = !std::isinf(sumsq);",
+             "the loss scaler's overflow check counts a NaN sum of squares as clean (the reviewer's device-branch "
+             "survivor, now in the one code path)"),
+    Mutation("clip_nan_norm_applies", "../model/optimizer.h",
+             "  if (!std::isfinite(norm)) return false;",
+             "  if (std::isinf(norm)) return false;",
+             "a NaN gradient norm passes the clip rule: AdamW writes NaN updates"),
+    # ---------------------------------------------------------------- nvcc-only code (never compiled by the emulator)
+    Mutation("mma_bf16_operands_swapped", "mma.cuh",
+             ': "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));\n  } else {',
+             ': "r"(a[0]), "r"(a[2]), "r"(a[1]), "r"(a[3]), "r"(b[0]), "r"(b[1]));\n  } else {',
+             "the bf16 mma's A fragment registers out of order",
+             unreachable="inline PTX: the emulator implements mma.sync itself (mma_emu.h, checked against a float64 "
+                         "product in tests/csrc/emu/mma.cu); only a GPU run (test_cuda_gpu.py) reaches the asm"),
+    Mutation("ldmatrix_trans_dropped", "mma.cuh",
+             "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+             "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+             "ldmatrix_x4_trans loads untransposed",
+             unreachable="inline PTX (GPU only: test_cuda_gpu.py); the emulator's ldmatrix .trans is checked in "
+                         "tests/csrc/emu/mma.cu"),
+    Mutation("sm75_head_size_gate", "attention_tc.cuh",
+             "  return HS <= 64;",
+             "  return HS <= 128;",
+             "sm_75 compiles the tensor-core kernels for head sizes it cannot run",
+             unreachable="__CUDA_ARCH__ < 800 branch: the emulator is sm_90 and never compiles it (an sm_75 GPU "
+                         "would run test_cuda_gpu.py)"),
+    Mutation("k8_split_halves_swapped", "mma.cuh",
+             "  mma_m16n8k8_f16(d, lo, b[0]);\n  mma_m16n8k8_f16(d, hi, b[1]);",
+             "  mma_m16n8k8_f16(d, lo, b[1]);\n  mma_m16n8k8_f16(d, hi, b[0]);",
+             "the sm_75 m16n8k16 split pairs each half of A with the wrong half of B",
+             unreachable="only called below sm_80 (__CUDA_ARCH__ < 800 branch of mma_m16n8k16), which the emulator "
+                         "never compiles; tests/csrc/emu/mma.cu checks the k8 layout itself"),
+    Mutation("mma_k8_operands_swapped", "mma.cuh",
+             ': "r"(a[0]), "r"(a[1]), "r"(b));',
+             ': "r"(a[1]), "r"(a[0]), "r"(b));',
+             "the fp16 m16n8k8 mma's A fragment registers swapped",
+             unreachable="inline PTX (GPU only: test_cuda_gpu.py); the emulator's m16n8k8 is checked in "
+                         "tests/csrc/emu/mma.cu"),
+    Mutation("sm70_tc_gate_open", "attention_tc.cuh",
+             "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750\n  return false;",
+             "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750\n  return true;",
+             "below sm_75 the tensor-core kernels compile their bodies (ldmatrix traps there)",
+             unreachable="__CUDA_ARCH__ < 750 branch: compiled only for sm_70 by nvcc, never by the emulator"),
+    Mutation("launch_grid_block_swapped", "portable.h",
+             "  kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)",
+             "  kernel<<<(block), (grid), (smem), (stream)>>>(__VA_ARGS__)",
+             "LAUNCH under nvcc passes the block as the grid",
+             unreachable="the nvcc definition of LAUNCH (the emulator defines its own, checked by every emulator "
+                         "test); a GPU run (test_cuda_gpu.py) would fail every kernel"),
+    Mutation("host_device_host_only", "../model/host_device.h",
+             "#define GPT2CORE_HOST_DEVICE __host__ __device__",
+             "#define GPT2CORE_HOST_DEVICE __host__",
+             "the clip rule and loss scaler compile for the host only",
+             unreachable="nvcc-only macro: CI's nvcc build of the CUDA backend fails (a kernel calls a host "
+                         "function), no emulator test is needed or able to see it"),
+    Mutation("matmul_error_detail_dropped", "matmul.cuh",
+             "  detail = gpt2core::seams::last_matmul_error();",
+             "",
+             "a failed cuBLASLt call's message loses the library's detail",
+             unreachable="library error text (GPU only); test_cublaslt_descriptors.py checks the seam's messages"),
+    Mutation("matmul_workspace_not_released", "backend_cuda.cu",
+             "    seams::release_matmul_stream(stream_);\n",
+             "",
+             "the backend's cuBLASLt workspace outlives its stream",
+             unreachable="library workspace (GPU only): a leak that test_cuda_gpu.py's repeated model creation "
+                         "would show in device memory"),
+    Mutation("attention_error_detail_dropped", "backend_cuda.cu",
+             "    detail = seams::last_attention_error();\n",
+             "",
+             "a failed cuDNN call's message loses the library's detail",
+             unreachable="library error text (GPU only); test_cudnn_graph.py checks the seam's messages"),
 ]
 
 
@@ -151,13 +313,17 @@ def build(build_dir, scratch):
     return r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
-def run_ops(build_dir, sched, timeout, checker=True):
-    env = dict(os.environ, GPT2CORE_EMU_SCHED=sched)
+def run_ops(build_dir, sched, timeout, checker=True, first=None):
+    """One run of the op comparison (compare_ops.py) under schedule sched, or (sched "thresholds") of the threshold
+    shapes (threshold_ops.py, schedule fwd; the mutant's threshold first, stopping at the first failing shape)."""
+    script = "threshold_ops.py" if sched == "thresholds" else "compare_ops.py"
+    extra = ["--fail-fast"] + (["--first", first] if first else []) if sched == "thresholds" else []
+    env = dict(os.environ, GPT2CORE_EMU_SCHED="fwd" if sched == "thresholds" else sched)
     if not checker:
         env["GPT2CORE_EMU_RACECHECK"] = "0"
     env.pop("GPT2CORE_EMU_TRACE", None)
     try:
-        r = subprocess.run([sys.executable, str(ROOT / "tests" / "csrc" / "cuda" / "cuda_emu" / "compare_ops.py"), str(build_dir)],
+        r = subprocess.run([sys.executable, str(EMU_TESTS / script), str(build_dir)] + extra,
                            env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return "error", "timed out"
@@ -174,8 +340,8 @@ def run_schedules(m, line, build_dir, schedules, timeout, stop_early, checker=Tr
     """{schedule: [kind, detail]} for the built mutant, and the verdict (the first killing kind, or survived)."""
     runs = {}
     for sched in schedules:
-        kind, detail = run_ops(build_dir, sched, timeout, checker)
-        if kind == "report" and re.search(re.escape(f"{m.file}:{line}") + r"\b", detail):
+        kind, detail = run_ops(build_dir, sched, timeout, checker, m.threshold or None)
+        if kind == "report" and re.search(re.escape(f"{Path(m.file).name}:{line}") + r"\b", detail):
             kind = "report (line)"
         runs[sched] = [kind, detail]
         if stop_early and kind != "pass":
@@ -187,14 +353,27 @@ def run_schedules(m, line, build_dir, schedules, timeout, stop_early, checker=Tr
 def evaluate(m, build_dir, scratch, schedules, timeout, stop_early, baseline):
     """Applies m in scratch, builds, runs the schedules; returns a result dict."""
     sync_tree(CUDA, scratch)
-    path = scratch / m.file
+    in_place = m.file.startswith("../")  # csrc/model: mutated in place, restored below
+    path = (CUDA if in_place else scratch) / m.file
     text = path.read_text()
     if text.count(m.old) != 1:
         raise SystemExit(f"mutation {m.name}: snippet found {text.count(m.old)} times in csrc/cuda/{m.file}")
     line = mutated_line(text, m)
+    result = {"name": m.name, "where": f"{m.file.replace('../', '')}:{line}", "why": m.why, "runs": {},
+              "threshold": m.threshold}
+    if m.unreachable:
+        result.update(verdict="unreachable", detail=m.unreachable)
+        return result
     path.write_text(text.replace(m.old, m.new))
+    try:
+        return run_mutant(m, line, result, build_dir, scratch, schedules, timeout, stop_early, baseline)
+    finally:
+        if in_place:
+            path.write_text(text)
+
+
+def run_mutant(m, line, result, build_dir, scratch, schedules, timeout, stop_early, baseline):
     ok, log = build(build_dir, scratch)
-    result = {"name": m.name, "where": f"{m.file}:{line}", "why": m.why, "runs": {}}
     if not ok:
         result.update(verdict="build error", detail=log.strip().splitlines()[-1] if log.strip() else "")
         return result
@@ -206,10 +385,52 @@ def evaluate(m, build_dir, scratch, schedules, timeout, stop_early, baseline):
     return result
 
 
+def evaluate_together(ms, build_dir, scratch, timeout):
+    """Applies every mutation of ms (threshold mutants of csrc/cuda) at once, builds, runs every threshold shape;
+    returns one result per mutant: killed (mismatch) when a shape of its threshold fails."""
+    sync_tree(CUDA, scratch)
+    texts = {}
+    lines = {}
+    for m in ms:
+        if not m.threshold or m.file.startswith("../"):
+            raise SystemExit(f"--together takes threshold mutants of csrc/cuda only, not {m.name}")
+        path = scratch / m.file
+        text = texts.get(path, path.read_text())
+        if text.count(m.old) != 1:
+            raise SystemExit(f"mutation {m.name}: snippet found {text.count(m.old)} times in csrc/cuda/{m.file}")
+        lines[m.name] = mutated_line(text, m)
+        texts[path] = text.replace(m.old, m.new)
+    for path, text in texts.items():
+        path.write_text(text)
+    ok, log = build(build_dir, scratch)
+    base = [{"name": m.name, "where": f"{m.file}:{lines[m.name]}", "why": m.why, "threshold": m.threshold,
+             "together": [x.name for x in ms]} for m in ms]
+    if not ok:
+        return [dict(r, verdict="build error", detail=log.strip().splitlines()[-1]) for r in base]
+    env = dict(os.environ, GPT2CORE_EMU_SCHED="fwd")
+    r = subprocess.run([sys.executable, str(EMU_TESTS / "threshold_ops.py"), str(build_dir), "--keep-going"], env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        tail = (r.stdout + r.stderr).strip().splitlines()[-1:]
+        return [dict(x, verdict="error", detail=f"combined run failed, no verdicts: {tail}") for x in base]
+    errors = json.loads(r.stdout.strip().splitlines()[-1])
+    out = []
+    for x in base:
+        bad = sorted(k for k, v in errors.items() if k.startswith(x["threshold"] + "[") and not v <= 1e-5)
+        out.append(dict(x, verdict="mismatch" if bad else "survived", runs={"thresholds": ["mismatch" if bad else
+                   "pass", ""]}, detail=f"{len(bad)} shapes of {x['threshold']} differ: {bad}" if bad else ""))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", nargs="+", metavar="NAME", help="mutations to run (default: all)")
-    ap.add_argument("--schedules", default="fwd,low,high,ahead:1", help="comma-separated emulator schedules")
+    ap.add_argument("--schedules", default="thresholds,fwd,low,high,ahead:1",
+                    help="comma-separated emulator schedules (thresholds: the threshold table's shapes)")
+    ap.add_argument("--only-threshold", action="store_true",
+                    help="only the threshold mutants and those of the shared optimizer policy (csrc/model)")
+    ap.add_argument("--thresholds", action="store_true",
+                    help="print, per kernel family, the thresholds its tests cross, and exit")
     ap.add_argument("--build-dir", default=str(ROOT / "build" / "emu-mut"), help="build folder (reused)")
     ap.add_argument("--stop-early", action="store_true", help="stop a mutant at its first killing schedule")
     ap.add_argument("--repeat", type=int, default=1, help="run each mutant this many times (verdicts must agree)")
@@ -217,14 +438,20 @@ def main(argv=None):
     ap.add_argument("--baseline", action="store_true",
                     help="also score each mutant as the emulator did before its memory checker: checker off "
                          "(GPT2CORE_EMU_RACECHECK=0), lock-step schedules " + ",".join(BASELINE_SCHEDULES))
+    ap.add_argument("--together", action="store_true",
+                    help="apply the chosen threshold mutants at once (one build); each is judged by its own threshold's shapes")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
     args = ap.parse_args(argv)
     if args.list:
         for m in MUTATIONS:
-            print(f"{m.name:28s} {m.file:22s} {m.why}")
+            print(f"{m.name:34s} {m.file:22s} {m.why}" + (f" [unreachable: {m.unreachable}]" if m.unreachable else ""))
         return 0
-    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
+    if args.thresholds:
+        threshold_report()
+        return 0
+    chosen = [m for m in MUTATIONS if (not args.only or m.name in args.only)
+              and (not args.only_threshold or m.threshold or m.file.startswith("../"))]
     unknown = set(args.only or []) - {m.name for m in MUTATIONS}
     if unknown:
         ap.error(f"unknown mutations: {sorted(unknown)}")
@@ -232,6 +459,16 @@ def main(argv=None):
     scratch = build_dir / "src" / "cuda"
     schedules = args.schedules.split(",")
     results = []
+    if args.together:
+        try:
+            t0 = time.time()
+            results = evaluate_together([m for m in chosen if not m.unreachable], build_dir, scratch, args.timeout)
+        finally:
+            sync_tree(CUDA, scratch)
+        for r in results:
+            r["deterministic"], r["seconds"] = True, round(time.time() - t0, 1)
+            print(f"{r['name']:34s} {r['where']:24s} {r['verdict']:15s} (together) {r['detail'][:300]}", flush=True)
+        chosen = []
     try:
         for m in chosen:
             t0 = time.time()
@@ -243,17 +480,50 @@ def main(argv=None):
             results.append(r)
             killers = ",".join(s for s, (k, _) in r["runs"].items() if k != "pass") or "-"
             base = f" (before: {r['baseline']})" if args.baseline else ""
-            print(f"{r['name']:28s} {r['where']:24s} {r['verdict']:15s} by {killers:24s}{base} {r['detail'][:300]}",
+            print(f"{r['name']:34s} {r['where']:24s} {r['verdict']:15s} by {killers:24s}{base} {r['detail'][:300]}",
                   flush=True)
     finally:
         sync_tree(CUDA, scratch)  # leave the scratch copy unmutated
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+    threshold_report(results)
+    unreachable = [r for r in results if r["verdict"] == "unreachable"]
+    for r in unreachable:
+        print(f"unreachable by any emulator test: {r['name']} ({r['where']}): {r['detail']}")
+    results = [r for r in results if r["verdict"] != "unreachable"]
     killed = score("score", [r["verdict"] for r in results])
     if args.baseline:
         score("before (checker off, lock-step schedules)", [r["baseline"] for r in results])
     print(f"{sum(not r['deterministic'] for r in results)} verdicts changed between repeats")
     return 0 if killed == len(results) else 1
+
+
+def threshold_report(results=None):
+    """Per kernel family: its thresholds (tests/csrc/cuda/cuda_emu/thresholds.py), whether the tests' shapes cross
+    each (one on each side), the real d12 shapes, and the verdicts of the mutants aimed at each."""
+    sys.path.insert(0, str(EMU_TESTS))
+    import thresholds
+    verdicts = {}
+    for r in results or []:
+        if r.get("threshold"):
+            verdicts.setdefault(r["threshold"], []).append(f"{r['name']}: {r['verdict']}")
+    families = {}
+    for th in thresholds.TABLE:
+        families.setdefault(th.family, []).append(th)
+    print(f"threshold table: {len(thresholds.TABLE)} thresholds, "
+          f"{sum(len(t.cases) for t in thresholds.TABLE)} shapes, {sum(len(t.slow) for t in thresholds.TABLE)} d12 shapes")
+    for fam, ths in families.items():
+        crossed = [t for t in ths if all(t.sides())]
+        print(f"  {fam}: {len(crossed)}/{len(ths)} thresholds crossed by its tests")
+        for t in ths:
+            below, above = t.sides()
+            q = sorted({t.quantity(c) for c in t.cases})
+            mark = "crossed" if below and above else "NOT crossed"
+            d12 = " + d12 shape" if t.slow else ""
+            mut = f"; mutants: {', '.join(verdicts[t.name])}" if t.name in verdicts else ""
+            print(f"    {t.name:40s} {mark:11s} at {t.at} (tested at {q}){d12}{mut}")
+    for what, why in thresholds.UNREACHABLE.items():
+        print(f"  not reachable by an emulator test: {what}: {why}")
 
 
 def score(title, verdicts):

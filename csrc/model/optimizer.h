@@ -6,11 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define GPT2CORE_HOST_DEVICE __host__ __device__
-#else
-#define GPT2CORE_HOST_DEVICE
-#endif
+#include "model/host_device.h"
 
 namespace gpt2 {
 
@@ -24,13 +20,8 @@ constexpr float kWeightDecay = 0.1f;  // on 2-D tensors only (param_decays, mode
 // gradients and the threshold clip (0: no clipping): clip / (norm + 1e-6) when norm = sqrt(sumsq) > clip > 0,
 // else 1; in double, rounded once to float. False when the norm is not finite: the step must write nothing.
 GPT2CORE_HOST_DEVICE inline bool clip_factor(double sumsq, double clip, float* factor) {
-#if defined(__CUDACC__)
-  const double norm = ::sqrt(sumsq);
-  if (!::isfinite(norm)) return false;
-#else
   const double norm = std::sqrt(sumsq);
   if (!std::isfinite(norm)) return false;
-#endif
   *factor = clip > 0 && norm > clip ? float(clip / (norm + 1e-6)) : 1.0f;
   return true;
 }
@@ -57,22 +48,14 @@ constexpr int kLossScaleInterval = 2000;    // GradScaler's growth_interval
 
 // One step of the scaler after an update whose gradients had sum of squares sumsq (of the scaled gradients).
 GPT2CORE_HOST_DEVICE inline void loss_scale_update(LossScaler& s, double sumsq) {
-#if defined(__CUDACC__)
-  const bool finite = ::isfinite(sumsq);
-#else
   const bool finite = std::isfinite(sumsq);
-#endif
   if (!finite) {
     s.scale *= s.backoff;
     s.clean = 0;
     s.skipped++;
   } else if (++s.clean >= s.interval) {
     const float grown = s.scale * s.growth;
-#if defined(__CUDACC__)
-    if (::isfinite(grown)) s.scale = grown;
-#else
     if (std::isfinite(grown)) s.scale = grown;
-#endif
     s.clean = 0;
   }
 }

@@ -49,3 +49,24 @@ def test_sample_mutants_are_killed_by_a_report_naming_the_line(tmp_path):
     results = {r["name"]: r for r in json.loads(out.read_text())}
     for name in sample:
         assert results[name]["verdict"] == "report (line)", results[name]
+
+
+def test_threshold_mutants_name_a_threshold_and_nvcc_only_ones_say_why():
+    """Each threshold mutant points at an entry of the threshold table (tests/csrc/cuda/cuda_emu/thresholds.py); the
+    mutants of code the emulator never compiles carry the reason no emulator test reaches them, and sit in lines
+    tests/csrc/cuda/test_one_code_path.py lists as nvcc-only (or in functions only those lines call)."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests" / "csrc" / "cuda" / "cuda_emu"))
+    import thresholds
+    names = {t.name for t in thresholds.TABLE}
+    mod = _script()
+    threshold_mutants = [m for m in mod.MUTATIONS if m.threshold]
+    assert len(threshold_mutants) >= 10
+    for m in threshold_mutants:
+        assert m.threshold in names, m.name
+    listed = (ROOT / "tests" / "csrc" / "cuda" / "nvcc_only_lines.txt").read_text()
+    unreachable = [m for m in mod.MUTATIONS if m.unreachable]
+    assert unreachable and all(len(m.unreachable) > 20 for m in unreachable)
+    for m in unreachable:
+        first = m.old.strip().splitlines()[0].strip()
+        assert first in listed or "only called below sm_80" in m.unreachable, m.name

@@ -237,12 +237,21 @@ for args in ((2.0**16, 3, 0, 5, 1.5), (2.0**16, 3, 2, 5, 1.5), (2.0**127, 1, 0, 
     got, want = both("loss_scale_update", *args)
     assert got[1:] == want[1:] and (got[0] == want[0] or np.isnan(want[0])), (args, got, want)
     record("loss_scale_update", np.array(got[1:], dtype=np.float64), np.array(want[1:], dtype=np.float64))
-assert cpu.loss_scale_update(2.0**16, 3, 2, 5, np.inf)[1:] == (2.0**15, 0, 6)
-assert cpu.loss_scale_update(2.0**16, 3, 2, 5, 1.0)[1:] == (2.0**17, 0, 5)
-g_nan = gw.copy()
-g_nan[17] = np.nan
-got = cuda.clipped_adamw(pw, g_nan, m0, v0, 1e-3, 0.1, 0.05, 3, 1.0)
-assert np.isnan(got[0]) and np.array_equal(got[1], pw) and np.array_equal(got[2], m0) and np.array_equal(got[3], v0)
+# ... and both against GradScaler's rule written out (one code path: a wrong overflow check in model/optimizer.h,
+# e.g. !isinf so that a NaN sum of squares counts as clean, would pass the comparison above): (scale, clean, skipped)
+for backend in (cpu, cuda):
+    for sumsq in (np.inf, -np.inf, np.nan):
+        assert backend.loss_scale_update(2.0**16, 3, 2, 5, sumsq)[1:] == (2.0**15, 0, 6), (backend, sumsq)
+    assert backend.loss_scale_update(2.0**16, 3, 2, 5, 1.0)[1:] == (2.0**17, 0, 5)
+    assert backend.loss_scale_update(2.0**16, 3, 1, 5, 1e300)[1:] == (2.0**16, 2, 5)
+    assert backend.loss_scale_update(2.0**127, 1, 0, 0, 2.0)[1:] == (2.0**127, 0, 0)  # growth would overflow fp32
+for backend in (cuda, cpu):  # the clip rule's finiteness check: a NaN or Inf norm writes nothing, clip or not
+    for bad, clip in ((np.nan, 1.0), (np.nan, 0.0), (np.inf, 1.0), (np.inf, 0.0)):
+        g_bad = gw.copy()
+        g_bad[17] = bad
+        got = backend.clipped_adamw(pw, g_bad, m0, v0, 1e-3, 0.1, 0.05, 3, clip)
+        assert not np.isfinite(got[0]) and all(np.array_equal(a, b) for a, b in zip(got[1:], (pw, m0, v0))), \
+            (backend, bad, clip)
 
 # the memory-bound kernels' one-float-per-thread paths: buffers that are not 16-byte aligned
 cuda_unaligned = E.Ops("cuda", misalign=True)

@@ -30,6 +30,9 @@ bool memory_checker_enabled();
 namespace gpt2emu_test {  // attention_tc_ops.cu
 void attention_tc_16(bool f16, uint16_t* out, float* lse, uint16_t* dqkv, const uint16_t* qkv, const uint16_t* dout,
                      int B, int T, int C, int NH, bool misalign, bool accumulate);
+int column_sum(bool bf16, float* out, const void* inp, int N, int C, bool misalign);  // kernel_ops.cu
+void column_reduce(float* out, const float* partial, int R, int C);
+int loss_count_accumulate(float* acc, const int32_t* targets, const float* losses, int N, float scale);
 }  // namespace gpt2emu_test
 
 namespace py = pybind11;
@@ -475,6 +478,37 @@ void bind_cuda_emu_ops(py::module_& m) {
     return py::make_tuple(out, lse, grad);
   }, py::arg("f16"), py::arg("qkv"), py::arg("dout"), py::arg("dqkv"), py::arg("NH"), py::arg("misalign") = false,
         py::arg("accumulate") = true);
+  // csrc/cuda/reduce.cuh called directly (kernel_ops.cu): out (C) + the column sums of inp (N, C) (fp32, or bf16
+  // bits as uint16), returned with the chunk count R; and pass 2 alone, out (C) + sum_r partial (R, C).
+  m.def("column_sum", [](F out0, py::array inp, bool misalign) {
+    if (inp.ndim() != 2 || out0.ndim() != 1 || out0.shape(0) != inp.shape(1))
+      throw py::value_error("column_sum: inp (N, C) float32 or uint16 (bf16 bits), out (C)");
+    const bool bf16 = inp.dtype().is(py::dtype::of<uint16_t>());
+    if (!bf16 && !inp.dtype().is(py::dtype::of<float>()))
+      throw py::value_error("column_sum: inp must be float32 or uint16 (bf16 bits)");
+    auto c = py::array::ensure(inp, py::array::c_style);
+    F out(out0.size());
+    std::memcpy(out.mutable_data(), out0.data(), size_t(out0.size()) * sizeof(float));
+    const int R = gpt2emu_test::column_sum(bf16, out.mutable_data(), c.data(), int(inp.shape(0)), int(inp.shape(1)),
+                                           misalign);
+    return py::make_tuple(out, R);
+  }, py::arg("out"), py::arg("inp"), py::arg("misalign") = false);
+  m.def("column_reduce", [](F out0, F partial) {
+    if (partial.ndim() != 2 || out0.ndim() != 1 || out0.shape(0) != partial.shape(1))
+      throw py::value_error("column_reduce: partial (R, C), out (C)");
+    F out(out0.size());
+    std::memcpy(out.mutable_data(), out0.data(), size_t(out0.size()) * sizeof(float));
+    gpt2emu_test::column_reduce(out.mutable_data(), partial.data(), int(partial.shape(0)), int(partial.shape(1)));
+    return out;
+  }, py::arg("out"), py::arg("partial"));
+  // classifier.cuh's one-block row loops alone (kernel_ops.cu): (count of targets >= 0, acc0 + scale * sum / count)
+  m.def("loss_count_accumulate", [](I targets, F losses, float scale, float acc0) {
+    if (targets.ndim() != 1 || losses.ndim() != 1 || targets.size() != losses.size())
+      throw py::value_error("loss_count_accumulate: targets (N) int32 and losses (N) float32");
+    float acc = acc0;
+    const int c = gpt2emu_test::loss_count_accumulate(&acc, targets.data(), losses.data(), int(targets.size()), scale);
+    return py::make_tuple(c, acc);
+  }, py::arg("targets"), py::arg("losses"), py::arg("scale"), py::arg("acc0"));
   bind_ops<float>(m, "Ops", "Backend<float> ops of one backend on numpy arrays (tests only).");
   bind_ops<gpt2::bf16>(m, "OpsBF16",
                        "Backend<bf16> ops of the emulated CUDA backend on numpy arrays: T-typed arguments rounded "
