@@ -26,6 +26,11 @@ GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> b
 
 template <typename T>
 GPT2Model<T>::~GPT2Model() {
+  try {
+    backend_->make_current();
+  } catch (const std::exception& e) {  // destructors only log
+    std::fprintf(stderr, "gpt2core: ~GPT2Model: %s\n", e.what());
+  }
   drop_graph(step_graph_);
   drop_graph(optimizer_graph_);
   backend_->free_i32(n_valid_dev_);
@@ -43,12 +48,14 @@ GPT2Model<T>::~GPT2Model() {
 
 template <typename T>
 void GPT2Model<T>::ensure_optimizer_state() {
+  backend_->make_current();
   if (!m_) m_ = backend_->alloc_master(num_params_);
   if (!v_) v_ = backend_->alloc_master(num_params_);
 }
 
 template <typename T>
 void GPT2Model<T>::refresh_params() {
+  backend_->make_current();
   if constexpr (kHasMasterCopy<T>) {
     if (params_stale_) backend_->cast_params(params_, master_, num_params_, round_seed_, 0);
   }
@@ -86,6 +93,7 @@ size_t GPT2Model<T>::activation_bytes_for(int B, int Tn) {
 
 template <typename T>
 void GPT2Model<T>::set_recompute_gelu(bool on) {
+  backend_->make_current();
   if (on == recompute_gelu_) return;
   recompute_gelu_ = on;
   release_activations();  // laid out again at the next forward
@@ -125,6 +133,7 @@ void GPT2Model<T>::ensure_activations(int B, int Tn) {
 
 template <typename T>
 double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, int Tn) {
+  backend_->make_current();
   if (B <= 0 || Tn <= 0 || Tn > config_.max_seq_len)
     throw std::invalid_argument("forward: need B > 0 and 0 < T <= max_seq_len");
   ensure_activations(B, Tn);
@@ -195,6 +204,7 @@ void GPT2Model<T>::forward_ops(int B, int Tn) {
 
 template <typename T>
 void GPT2Model<T>::logits_to_host(M* dst) const {
+  backend_->make_current();
   if (!B_) throw std::runtime_error("logits: no forward pass has run yet");
   const size_t n = size_t(B_) * T_ * config_.padded_vocab_size;
   if constexpr (kHasMasterCopy<T>) {  // bf16 / fp16 logits, widened on the host
@@ -208,12 +218,16 @@ void GPT2Model<T>::logits_to_host(M* dst) const {
 
 template <typename T>
 void GPT2Model<T>::losses_to_host(M* dst) const {
+  backend_->make_current();
   if (!B_) throw std::runtime_error("token_losses: no forward pass has run yet");
   backend_->to_host_master(dst, a_.losses, size_t(B_) * T_);
 }
 
 template <typename T>
-void GPT2Model<T>::zero_grad() { backend_->zero_master(grads_, num_params_); }
+void GPT2Model<T>::zero_grad() {
+  backend_->make_current();
+  backend_->zero_master(grads_, num_params_);
+}
 
 template <typename T>
 template <typename P>
@@ -243,6 +257,7 @@ GradRanges GPT2Model<T>::tensor_grad_ranges(ParamTensor first, ParamTensor last)
 
 template <typename T>
 void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
+  backend_->make_current();
   if (!have_targets_)
     throw std::runtime_error("backward: call forward(idx, targets) first (each forward allows one backward)");
   have_targets_ = false;  // the logits buffer becomes dlogits below
@@ -313,6 +328,7 @@ void GPT2Model<T>::backward_ops(bool report) {
 
 template <typename T>
 void GPT2Model<T>::forward_backward(const int32_t* inp, const int32_t* targets, int B, int Tn, float grad_scale) {
+  backend_->make_current();
   if (B <= 0 || Tn <= 0 || Tn > config_.max_seq_len)
     throw std::invalid_argument("forward_backward: need B > 0 and 0 < T <= max_seq_len");
   if (!targets) throw std::invalid_argument("forward_backward: needs targets");
@@ -382,6 +398,7 @@ void GPT2Model<T>::forward_backward_ops(float grad_scale) {
 
 template <typename T>
 double GPT2Model<T>::take_loss() {
+  backend_->make_current();
   M acc;
   backend_->to_host_master(&acc, loss_acc_, 1);
   backend_->zero_master(loss_acc_, 1);
@@ -390,6 +407,7 @@ double GPT2Model<T>::take_loss() {
 
 template <typename T>
 void GPT2Model<T>::set_graphs(bool on) {
+  backend_->make_current();
   graphs_ = on;
   if (!on) {
     drop_graph(step_graph_);
@@ -412,6 +430,7 @@ double GPT2Model<T>::read_step_result() {
 
 template <typename T>
 void GPT2Model<T>::set_loss_scaling(bool on, const LossScaler& state) {
+  backend_->make_current();
   if (on && !(state.scale > 0 && std::isfinite(state.scale) && state.interval >= 1 && state.growth >= 1 &&
               std::isfinite(state.growth) && state.backoff > 0 && state.backoff < 1 && state.clean >= 0 &&
               state.skipped >= 0))
@@ -424,6 +443,7 @@ void GPT2Model<T>::set_loss_scaling(bool on, const LossScaler& state) {
 
 template <typename T>
 double GPT2Model<T>::grad_sum_squares(size_t lo, size_t hi) {
+  backend_->make_current();
   backend_->grad_sum_squares(grads_ + lo, hi - lo);
   return read_step_result();
 }
@@ -434,6 +454,7 @@ double GPT2Model<T>::grad_norm() { return std::sqrt(unscaled(grad_sum_squares(0,
 template <typename T>
 void GPT2Model<T>::adamw_update(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                                 float grad_scale) {
+  backend_->make_current();
   if (step < 1) throw std::invalid_argument("adamw_update: step counts from 1");
   ensure_optimizer_state();
   adamw_over(0, num_params_, m_, v_, beta1, beta2, eps, weight_decay,
@@ -461,6 +482,7 @@ StepArgs GPT2Model<T>::step_args(float lr, float beta1, float beta2, int step, f
 template <typename T>
 double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                                     double grad_clip) {
+  backend_->make_current();
   if (step < 1) throw std::invalid_argument("optimizer_step: step counts from 1");
   ensure_optimizer_state();
   Backend<T>& be = *backend_;
@@ -486,6 +508,7 @@ template <typename T>
 void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2,
                                       float eps, float weight_decay, int step, float grad_scale, double grad_clip,
                                       double sumsq) {
+  backend_->make_current();
   if (step < 1) throw std::invalid_argument("adamw_update_range: step counts from 1");
   if (lo > hi || hi > num_params_) throw std::invalid_argument("adamw_update_range: bad range");
   adamw_over(lo, hi, m, v, beta1, beta2, eps, weight_decay,
