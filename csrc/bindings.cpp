@@ -14,6 +14,7 @@
 #include "backends.h"
 #include "cpu/blas.h"
 #include "model/gpt2.h"
+#include "bindings_infer.h"
 
 // The module's name: _C for the package; the test-only emulated-CUDA module (tests/csrc/cuda/cuda_emu) builds this
 // same file under another name, without the distributed bindings, plus its own extra bindings.
@@ -160,19 +161,23 @@ void bind_model(py::module_& m, const char* cls_name) {
   using M = GPT2Model<T>;
   using F = gpt2::Master<T>;  // the dtype Python sees: master weights, gradients, AdamW state, logits, losses
   // module_local: the test-only emulated module binds the same C++ type in the same interpreter
-  py::class_<M>(m, cls_name, "GPT-2 in the C++ core: parameters, gradients, forward/backward, AdamW.",
-                py::module_local())
+  auto cls = py::class_<M>(m, cls_name, "GPT-2 in the C++ core: parameters, gradients, forward/backward, AdamW.",
+                py::module_local());
+  gpt2_bind::bind_kv<M>(cls);
+  cls
       .def(py::init([](int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd,
                        const std::string& device, bool tf32, const std::string& attention, bool fused,
-                       bool matmul_tuning, bool deterministic) {
+                       bool matmul_tuning, bool training, bool deterministic) {
              auto config = make_config(max_seq_len, vocab_size, padded_vocab_size, n_layer, n_head, n_embd);
              if (gpt2::is_cuda_device(device)) load_cuda_backend();
-             return new M(config, gpt2::make_backend<T>(
-                                      device, backend_options(tf32, attention, fused, matmul_tuning, deterministic)));
+             return new M(config,
+                          gpt2::make_backend<T>(
+                              device, backend_options(tf32, attention, fused, matmul_tuning, deterministic)),
+                          training);
            }),
            py::arg("max_seq_len"), py::arg("vocab_size"), py::arg("padded_vocab_size"), py::arg("n_layer"),
            py::arg("n_head"), py::arg("n_embd"), py::arg("device") = "cpu", py::arg("tf32") = false,
-           py::arg("attention") = "auto", py::arg("fused") = true, py::arg("matmul_tuning") = false,
+           py::arg("attention") = "auto", py::arg("fused") = true, py::arg("matmul_tuning") = false, py::arg("training") = true,
            py::arg("deterministic") = true,
            "tf32: fp32 matmuls on TF32 tensor cores (CUDA); attention: 'auto', 'flash', 'cudnn' or 'naive' (CUDA; "
            "the CPU materialises attention); fused: fused kernels (CUDA); matmul_tuning: time cuBLASLt's candidate "
@@ -187,6 +192,10 @@ void bind_model(py::module_& m, const char* cls_name) {
              py::dict d;
              const size_t n = self.num_parameters();
              d["params"] = n * sizeof(T) + (gpt2::kHasMasterCopy<T> ? n * sizeof(F) : 0);  // + fp32 master
+             if (!self.training()) {  // inference-only: no gradients, moments or backward activations
+               d["grads"] = 0, d["optimizer"] = 0, d["activations"] = self.kv_bytes();
+               return d;
+             }
              d["grads"] = n * sizeof(F);
              d["optimizer"] = 2 * n * sizeof(F);
              d["activations"] = self.activation_bytes_for(B, Tn);
@@ -215,7 +224,10 @@ void bind_model(py::module_& m, const char* cls_name) {
            },
            "Parameters by name as numpy views (no copy; writes go into the model). In bf16 these are the fp32 master "
            "weights: after writing through views kept from an earlier call, call params_changed().")
-      .def("grads", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.grads(), self); })
+      .def("grads", [](py::object self) {
+             auto& s = self.cast<M&>();
+             return s.training() ? named_views(s, s.grads(), self) : py::dict();  // inference-only: none
+           })
       .def("adam_m", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.adam_m(), self); })
       .def("adam_v", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.adam_v(), self); })
       .def("flat_params",
@@ -224,7 +236,11 @@ void bind_model(py::module_& m, const char* cls_name) {
              s.params_changed();
              return view(s.params(), {py::ssize_t(s.num_parameters())}, self);
            })
-      .def("flat_grads", [](py::object self) { auto& s = self.cast<M&>(); return view(s.grads(), {py::ssize_t(s.num_parameters())}, self); })
+      .def("flat_grads", [](py::object self) {
+             auto& s = self.cast<M&>();
+             if (!s.training()) throw py::value_error("flat_grads: an inference-only model (training=False) has no gradients");
+             return view(s.grads(), {py::ssize_t(s.num_parameters())}, self);
+           })
       .def("forward",
            [](M& self, py::object idx, py::object targets) {
              const auto& c = self.config();

@@ -9,8 +9,8 @@
 namespace gpt2 {
 
 template <typename T>
-GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> backend)
-    : config_(config), backend_(std::move(backend)) {
+GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> backend, bool training)
+    : config_(config), backend_(std::move(backend)), training_(training) {
   config_.validate();
   sizes_ = param_sizes(config_);
   for (int i = 0; i < kNumParamTensors; i++) {
@@ -19,7 +19,7 @@ GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> b
   }
   params_ = backend_->alloc(num_params_);
   if constexpr (kHasMasterCopy<T>) master_ = backend_->alloc_master(num_params_);
-  grads_ = backend_->alloc_master(num_params_);
+  if (training_) grads_ = backend_->alloc_master(num_params_);
   n_valid_dev_ = backend_->alloc_i32(1);
   loss_acc_ = backend_->alloc_master(1);
 }
@@ -33,11 +33,12 @@ GPT2Model<T>::~GPT2Model() {
   }
   drop_graph(step_graph_);
   drop_graph(optimizer_graph_);
+  kv_release();
   backend_->free_i32(n_valid_dev_);
   backend_->free_master(loss_acc_);
   backend_->free(params_);
   if (master_) backend_->free_master(master_);
-  backend_->free_master(grads_);
+  if (grads_) backend_->free_master(grads_);
   if (m_) backend_->free_master(m_);
   if (v_) backend_->free_master(v_);
   if (acts_mem_) backend_->free(acts_mem_);
@@ -47,8 +48,16 @@ GPT2Model<T>::~GPT2Model() {
 }
 
 template <typename T>
+void GPT2Model<T>::require_training(const char* what) const {
+  if (!training_)
+    throw std::logic_error(std::string(what) + ": this is an inference-only model (training=False): it has no "
+                           "gradients or optimizer state; load it with training=True to train");
+}
+
+template <typename T>
 void GPT2Model<T>::ensure_optimizer_state() {
   backend_->make_current();
+  require_training("optimizer state");
   if (!m_) m_ = backend_->alloc_master(num_params_);
   if (!v_) v_ = backend_->alloc_master(num_params_);
 }
@@ -136,6 +145,8 @@ double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, 
   backend_->make_current();
   if (B <= 0 || Tn <= 0 || Tn > config_.max_seq_len)
     throw std::invalid_argument("forward: need B > 0 and 0 < T <= max_seq_len");
+  if (!training_) return kv_forward(inp, targets, B, Tn);
+  kv_forward_ = false;
   ensure_activations(B, Tn);
   Backend<T>& be = *backend_;
   const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
@@ -206,6 +217,7 @@ template <typename T>
 void GPT2Model<T>::logits_to_host(M* dst) const {
   backend_->make_current();
   if (!B_) throw std::runtime_error("logits: no forward pass has run yet");
+  if (kv_forward_) return kv_logits_to_host(dst);
   const size_t n = size_t(B_) * T_ * config_.padded_vocab_size;
   if constexpr (kHasMasterCopy<T>) {  // bf16 / fp16 logits, widened on the host
     std::vector<T> tmp(n);
@@ -220,12 +232,13 @@ template <typename T>
 void GPT2Model<T>::losses_to_host(M* dst) const {
   backend_->make_current();
   if (!B_) throw std::runtime_error("token_losses: no forward pass has run yet");
-  backend_->to_host_master(dst, a_.losses, size_t(B_) * T_);
+  backend_->to_host_master(dst, kv_forward_ ? kv_.losses : a_.losses, size_t(B_) * T_);
 }
 
 template <typename T>
 void GPT2Model<T>::zero_grad() {
   backend_->make_current();
+  require_training("zero_grad");
   backend_->zero_master(grads_, num_params_);
 }
 
@@ -258,6 +271,7 @@ GradRanges GPT2Model<T>::tensor_grad_ranges(ParamTensor first, ParamTensor last)
 template <typename T>
 void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
   backend_->make_current();
+  require_training("backward");
   if (!have_targets_)
     throw std::runtime_error("backward: call forward(idx, targets) first (each forward allows one backward)");
   have_targets_ = false;  // the logits buffer becomes dlogits below
@@ -332,6 +346,8 @@ void GPT2Model<T>::forward_backward(const int32_t* inp, const int32_t* targets, 
   if (B <= 0 || Tn <= 0 || Tn > config_.max_seq_len)
     throw std::invalid_argument("forward_backward: need B > 0 and 0 < T <= max_seq_len");
   if (!targets) throw std::invalid_argument("forward_backward: needs targets");
+  require_training("forward_backward");
+  kv_forward_ = false;
   ensure_activations(B, Tn);  // a new layout drops the graph
   Backend<T>& be = *backend_;
   // outside any graph: the host-side work of the step (the batch's upload, a rebuilt bf16 weight copy)
@@ -444,6 +460,7 @@ void GPT2Model<T>::set_loss_scaling(bool on, const LossScaler& state) {
 template <typename T>
 double GPT2Model<T>::grad_sum_squares(size_t lo, size_t hi) {
   backend_->make_current();
+  require_training("grad_sum_squares");
   backend_->grad_sum_squares(grads_ + lo, hi - lo);
   return read_step_result();
 }
@@ -510,6 +527,7 @@ void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr
                                       double sumsq) {
   backend_->make_current();
   if (step < 1) throw std::invalid_argument("adamw_update_range: step counts from 1");
+  require_training("adamw_update_range");
   if (lo > hi || hi > num_params_) throw std::invalid_argument("adamw_update_range: bad range");
   adamw_over(lo, hi, m, v, beta1, beta2, eps, weight_decay,
              step_args(lr, beta1, beta2, step, grad_scale, grad_clip, sumsq));
@@ -540,6 +558,12 @@ std::vector<AdamWSegment> GPT2Model<T>::adamw_segments(size_t lo, size_t hi, flo
   }
   return segments;
 }
+
+}  // namespace gpt2
+
+#include "model/gpt2_infer.h"  // the KV-cache inference members
+
+namespace gpt2 {
 
 template class GPT2Model<float>;
 template class GPT2Model<double>;

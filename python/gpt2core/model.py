@@ -10,8 +10,10 @@ import numbers
 
 import numpy as np
 
-from . import _C, llmc, pretrained
+from . import _build_config, _C, llmc, pretrained
 from .config import GPT2Config, TrainConfig, get_preset
+from . import cli
+from .errors import ArgError, Error
 
 # the tensors that are residual projections: init scaled by 1/sqrt(2 * n_layer) (GPT-2 paper, sec. 2.3)
 _RESIDUAL_PROJ = ("attprojw", "fcprojw")
@@ -19,8 +21,30 @@ _MATRICES = ("wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw")
 _LN_WEIGHTS = ("ln1w", "ln2w", "lnfw")
 
 
-class DeviceError(RuntimeError):
+class DeviceError(Error, RuntimeError):
     """The requested device is not usable (no CUDA backend compiled, or no GPU present)."""
+
+
+class NoGradientsError(Error, RuntimeError):
+    """step() with no gradients to apply (no backward since construction or zero_grad)."""
+
+
+class _Views(dict):
+    """params / grads: numpy views into the core's buffers. Writing into a view changes the model
+    (`params["wte"][...] = w`); replacing an entry would only detach the name from the model, so it is refused."""
+
+    def __setitem__(self, name, value):
+        raise TypeError(f"{name!r} is a view of the model's buffer and cannot be replaced: write into it in place "
+                        f"(model.params[{name!r}][...] = value, then model.params_changed())")
+
+    def __delitem__(self, name):
+        raise TypeError(f"{name!r} is a view of the model's buffer and cannot be removed")
+
+    def _refuse(self, *a, **k):
+        raise TypeError("the model's parameter and gradient views cannot be replaced or removed: write into them "
+                        "in place")
+
+    update = setdefault = pop = popitem = clear = _refuse
 
 
 def _check_device(device: str) -> str:
@@ -33,13 +57,21 @@ def _check_device(device: str) -> str:
         if "cuda" not in info["backends"]:
             raise DeviceError(
                 f"device={device!r}: this build of gpt2core has no CUDA backend (compiled backends: "
-                f"{', '.join(info['backends'])}). Use device='cpu', or reinstall on a machine with the CUDA "
-                "toolkit (GPT2CORE_CUDA=ON pip install gpt2core).")
-        why = _C.cuda_status()  # "" when the CUDA backend can run here (driver and a GPU found)
+                f"{', '.join(info['backends'])}"
+                + (f"; {_build_config.CUDA_SKIPPED}" if getattr(_build_config, "CUDA_SKIPPED", "") else "")
+                + "). Use device='cpu', or build from source on a machine with a CUDA compiler: "
+                "GPT2CORE_CUDA=ON pip install --no-build-isolation . (README: On a GPU box).")
+        from . import _libs
+        # the driver first: without this, a missing or too old driver surfaces as cudart's "CUDA driver version
+        # is insufficient for CUDA runtime version", which names neither the cause nor the fix
+        why = _libs.driver_problem() or _C.cuda_status()  # "" when the CUDA backend can run here
         if why:
             raise DeviceError(f"device={device!r}: {why}. Use device='cpu' on this machine.")
+        cli.device.check(device, "device")  # 'cuda' or 'cuda:N'
+        if not cli.cuda_index_exists(int(device.partition(":")[2] or 0)):
+            raise DeviceError(f"device={device!r}: no such GPU on this machine")
         return device
-    raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    raise ArgError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 
 def pick_precision(precision: str | None, capability: int, dtype: str = "float32") -> str:
@@ -88,7 +120,8 @@ class GPT2:
     def __init__(self, config: GPT2Config | str = "d12", device: str = "cpu", seed: int = 0,
                  dtype: str = "float32", init: bool = True, precision: str | None = None,
                  attention: str | None = None, fused: bool = True, matmul_tuning: bool = False,
-                 deterministic: bool = True, loss_scaling: bool | None = None, loss_scale_init: float = 2.0**16, loss_scale_interval: int = 2000):
+                 deterministic: bool = True, loss_scaling: bool | None = None, loss_scale_init: float = 2.0**16,
+                 loss_scale_interval: int = 2000, training: bool = True):
         """precision: "fp32"; "tf32" (CUDA: TF32 tensor-core matmuls); "bf16" (CUDA: bf16 weights copy and
         activations, fp32 master weights, gradients, AdamW state, softmax and loss); "fp16" (CUDA: the same in
         IEEE half precision, for sm_70 / sm_75 GPUs; trained with dynamic loss scaling by default, below). None
@@ -110,7 +143,11 @@ class GPT2:
         False, or None (default: on for precision="fp16" only, whose gradients would underflow without it; it
         works on every backend and precision, so also on the CPU, where it is off unless asked for).
         loss_scale_init (default 2**16) is the first scale; after loss_scale_interval (default 2000) steps in a
-        row without overflow it doubles, and each overflow halves it."""
+        row without overflow it doubles, and each overflow halves it.
+
+        training=False: an inference-only model (what load_model gives by default): no gradients, AdamW moments or
+        backward activations are allocated; forward (through the KV-cache path), generate and evaluation work,
+        backward / step raise."""
         if isinstance(config, str):
             config = get_preset(config)
         elif not isinstance(config, GPT2Config):
@@ -144,7 +181,9 @@ class GPT2:
         self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size, padded_vocab_size=c.padded_vocab_size,
                       n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, device=self.device,
                       tf32=precision == "tf32", attention=attention or "auto", fused=bool(fused),
-                      matmul_tuning=bool(matmul_tuning), deterministic=bool(deterministic))
+                      matmul_tuning=bool(matmul_tuning), training=bool(training),
+                      deterministic=bool(deterministic))
+        self.training = bool(training)
         self.deterministic = bool(deterministic)
         if loss_scaling not in (None, True, False):
             raise ValueError(f"loss_scaling must be True, False or None (on for fp16 only), got {loss_scaling!r}")
@@ -152,8 +191,9 @@ class GPT2:
         if loss_scaling is None:
             loss_scaling = precision == "fp16"
         self._m.set_loss_scaling(bool(loss_scaling), scale=float(loss_scale_init), interval=int(loss_scale_interval))
-        self.params: dict[str, np.ndarray] = self._m.params()
-        self.grads: dict[str, np.ndarray] = self._m.grads()
+        self.params: dict[str, np.ndarray] = _Views(self._m.params())
+        self.grads: dict[str, np.ndarray] = _Views(self._m.grads())
+        self._has_grads = False  # a backward since construction / zero_grad (step() refuses to apply none)
         self.step_count = 0
         if init:
             self.init_weights(seed)
@@ -255,13 +295,15 @@ class GPT2:
 
     # ------------------------------------------------------------------ files (llmc.py, pretrained.py)
     @classmethod
-    def from_pretrained(cls, path, device: str = "cpu", padded_vocab_size: int | None = None) -> "GPT2":
+    def from_pretrained(cls, path, device: str = "cpu", padded_vocab_size: int | None = None,
+                        training: bool = True) -> "GPT2":
         """Load a Hugging Face GPT-2 directory (config.json + model.safetensors or pytorch_model.bin), a
         Hub name such as "gpt2" (needs huggingface_hub and network), an llm.c model file (v3/v5) or a
         gpt2core checkpoint directory (weights only). padded_vocab_size: for HF models (default: vocab
-        rounded up to 128). Problems raise CheckpointError naming the file."""
+        rounded up to 128). Problems raise CheckpointError naming the file. training=False: inference-only (see
+        __init__)."""
         config, flat, source = pretrained.read_weights(path, padded_vocab_size)
-        model = cls(config, device=device, init=False)
+        model = cls(config, device=device, init=False, training=training)
         llmc.fill_params(model, flat, source)
         return model
 
@@ -295,14 +337,16 @@ class GPT2:
 
     def backward(self, grad_scale: float = 1.0) -> None:
         """Accumulate d(grad_scale * loss)/d(params) into self.grads."""
-        self._m.backward(float(grad_scale))
+        self._m.backward(_grad_scale(grad_scale))
+        self._has_grads = True
 
     def forward_backward(self, idx, targets, grad_scale: float = 1.0) -> None:
         """One training micro-step: forward(idx, targets) then backward(grad_scale), without waiting for the
         GPU (no loss is read back). grad_scale * loss is added to a sum that take_loss() returns. With
         cuda_graphs on, the second call for a shape records the step's kernels into a CUDA graph and later
         calls replay it. The gradients are complete once grad_norm(), step() or take_loss() returns."""
-        self._m.forward_backward(as_tokens(idx, "idx"), as_tokens(targets, "targets"), float(grad_scale))
+        self._m.forward_backward(as_tokens(idx, "idx"), as_tokens(targets, "targets"), _grad_scale(grad_scale))
+        self._has_grads = True
 
     def take_loss(self) -> float:
         """The sum of grad_scale * loss over forward_backward calls since the last take_loss (then reset)."""
@@ -322,6 +366,7 @@ class GPT2:
 
     def zero_grad(self) -> None:
         self._m.zero_grad()
+        self._has_grads = False
 
     def grad_norm(self) -> float:
         return self._m.grad_norm()
@@ -340,6 +385,9 @@ class GPT2:
         seed) use it, so a skipped step does not advance them; the learning rate is the caller's, and a loop
         that takes it from its own step (train.py) moves on past a skipped step."""
         check_step_args(lr, weight_decay, beta1, beta2, eps, grad_clip)
+        if not self._has_grads and self._m.grad_norm() == 0.0:
+            raise NoGradientsError("step() before backward(): there are no gradients to apply (weight decay alone "
+                                   "would shrink the weights); call forward(x, y) and backward() first")
         # norm, clip scale, update and the loss scaler's step all in the backend (one graph with cuda_graphs): no
         # wait for the GPU until the norm is read back at the end
         clip = grad_clip if grad_clip and grad_clip > 0 else 0.0
@@ -392,43 +440,56 @@ class GPT2:
         (float32, bf16 and fp16 models)."""
         return _C.dist.GradAllreducer(comm, self._m)
 
-    # ------------------------------------------------------------------ sampling
-    def generate(self, idx, max_new_tokens: int, top_k: int = 50, temperature: float = 1.0,
-                 seed: int = 0) -> np.ndarray:
-        """Top-k sampling; returns (B, T + max_new_tokens) token ids. Seeded, so reproducible."""
-        x = as_tokens(idx, "idx")
-        if temperature <= 0:
-            raise ValueError("temperature must be > 0")
-        if top_k is not None and top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 or None: sample from the whole vocabulary), got {top_k}")
-        rng = np.random.default_rng(seed)
-        V = self.config.vocab_size
-        for _ in range(max_new_tokens):
-            ctx = x[:, -self.config.block_size:]
-            _, logits = self.forward(ctx, return_logits=True)
-            last = logits[:, -1, :V].astype(np.float64) / temperature
-            k = min(top_k, V) if top_k else V
-            top = np.argpartition(-last, k - 1, axis=1)[:, :k]
-            vals = np.take_along_axis(last, top, axis=1)
-            probs = np.exp(vals - vals.max(axis=1, keepdims=True))
-            probs /= probs.sum(axis=1, keepdims=True)
-            nxt = np.array([top[b, rng.choice(k, p=probs[b])] for b in range(x.shape[0])], dtype=np.int32)
-            x = np.concatenate([x, nxt[:, None]], axis=1)
-        return x
+    # ------------------------------------------------------------------ sampling (inference.py)
+    def generate(self, idx, max_new_tokens: int, top_k: int | None = 50, temperature: float = 1.0, seed=0,
+                 top_p: float | None = None, stop=None, stream: bool = False):
+        """Sample continuations of prompts through the KV-cache inference path (gpt2core.inference).
+
+        idx: int ids (T,) or (B, T), or a list of prompts of different lengths (lists of ids). Each sequence
+        stops after max_new_tokens, at <|endoftext|> (50256, when the vocabulary has it), or once its generated
+        text contains one of `stop` (a string or a list; the ids up to the token completing it are kept).
+        Sampling: logits / temperature (0: greedy), the top_k most likely (0 or None: all; 1: greedy), then the
+        smallest set whose probability reaches top_p (None: off). Seeded: the same seed gives the same ids.
+        max_new_tokens, top_k, temperature, top_p and seed may also be one value per prompt.
+
+        Returns (B, T + max_new_tokens) int32 ids for an array idx (a sequence that stopped early is padded with
+        <|endoftext|>), a list of 1-D arrays (prompt + generated) for a list of prompts; with stream=True an
+        iterator that yields, per step, the (B,) ids just made (-1 for a sequence that had already stopped)."""
+        from . import inference
+        return inference.generate(self, idx, max_new_tokens, top_k=top_k, temperature=temperature, seed=seed,
+                                  top_p=top_p, stop=stop, stream=stream)
+
+    def _inference_engine(self, batch: int, max_len: int):
+        """The engine generate runs on: the core's KV cache where the backend has it, else the full forward."""
+        from . import inference
+        if hasattr(self._m, "kv_prefill") and self._m.kv_supported:
+            return inference.KVEngine(self, batch, max_len)
+        return inference.ForwardEngine(self, batch, max_len)
 
 
 def check_step_args(lr, weight_decay, beta1, beta2, eps, grad_clip) -> None:
     """ValueError naming the argument unless every AdamW hyperparameter is a finite real number in its range:
     lr >= 0, weight_decay >= 0, 0 <= beta1, beta2 < 1, eps > 0, grad_clip >= 0 or None (no clipping). One
     NaN or Inf here would turn every weight into NaN in a single step."""
-    ranges = {"lr": (lr, 0.0, math.inf, "[0, inf)"), "weight_decay": (weight_decay, 0.0, math.inf, "[0, inf)"),
-              "beta1": (beta1, 0.0, 1.0, "[0, 1)"), "beta2": (beta2, 0.0, 1.0, "[0, 1)"),
-              "eps": (eps, 0.0, math.inf, "(0, inf)"),
-              "grad_clip": (0.0 if grad_clip is None else grad_clip, 0.0, math.inf, "[0, inf) (0 or None: off)")}
-    for name, (v, lo, hi, text) in ranges.items():
-        ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and lo <= v < hi
-        if not ok or (name == "eps" and v == 0):
-            raise ValueError(f"{name} must be a finite number in {text}, got {v!r}")
+    for name, v in (("lr", lr), ("weight_decay", weight_decay), ("beta1", beta1), ("beta2", beta2), ("eps", eps),
+                    ("grad_clip", 0.0 if grad_clip is None else grad_clip)):
+        _STEP_CHECKS[name].check(v, name)
+
+
+# the core computes the update in float32: each hyper-parameter must survive the rounding (lr=1e39 is inf there,
+# eps=1e-50 is 0, beta2=0.999999999 is 1.0), else one step turns every weight into NaN
+_STEP_CHECKS = {
+    "lr": cli.Float(0, float32=True, what="a finite number in [0, inf) representable in float32"),
+    "weight_decay": cli.Float(0, float32=True, what="a finite number in [0, inf) representable in float32"),
+    "beta1": cli.Float(0, 1, hi_open=True, float32=True, what="a finite number in [0, 1) in float32"),
+    "beta2": cli.Float(0, 1, hi_open=True, float32=True, what="a finite number in [0, 1) in float32"),
+    "eps": cli.Float(0, lo_open=True, float32=True, what="a finite number in (0, inf) representable in float32"),
+    "grad_clip": cli.Float(0, float32=True, what="a finite number in [0, inf) (0 or None: off) in float32"),
+}
+
+
+def _grad_scale(v) -> float:
+    return cli.Float(what="a finite number").check(v, "grad_scale")
 
 
 def check_loss_scale_args(init, interval) -> None:
@@ -441,6 +502,8 @@ def check_loss_scale_args(init, interval) -> None:
                          f"doubles), got {interval!r}")
 
 
-def load_model(path, device: str = "cpu", padded_vocab_size: int | None = None) -> GPT2:
-    """A GPT2 from any model file, checkpoint or Hugging Face source: GPT2.from_pretrained."""
-    return GPT2.from_pretrained(path, device=device, padded_vocab_size=padded_vocab_size)
+def load_model(path, training: bool = False, device: str = "cpu", padded_vocab_size: int | None = None) -> GPT2:
+    """A GPT2 from any model file, checkpoint or Hugging Face source (GPT2.from_pretrained). training=False (the
+    default) gives an inference-only model: no gradients, AdamW moments or backward activations are allocated
+    (forward, generate and evaluation work; backward and step raise); training=True a model that trains on."""
+    return GPT2.from_pretrained(path, device=device, padded_vocab_size=padded_vocab_size, training=training)
