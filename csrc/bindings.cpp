@@ -39,6 +39,8 @@
 #include "cuda/plugin.h"
 #endif
 
+#include "cuda_loader.h"  // load_cuda_backend
+
 namespace py = pybind11;
 #if GPT2CORE_WITH_DIST
 void bind_dist(py::module_& m);  // bindings_dist.cpp
@@ -48,12 +50,6 @@ void GPT2CORE_EXTRA_BINDINGS(py::module_& m);
 #endif
 using gpt2::GPT2Model;
 using gpt2::ModelConfig;
-
-// The CUDA backend on first use: gpt2core._cuda.load() loads NVIDIA's libraries and gpt2core._C_cuda, then
-// hands its entry points to set_cuda_plugin. Python's exception (naming a missing library) propagates.
-void load_cuda_backend() {
-  if (GPT2CORE_CUDA_MODULE && !gpt2::cuda_plugin()) py::module_::import("gpt2core._cuda").attr("load")();
-}
 
 namespace {
 
@@ -128,12 +124,14 @@ ModelConfig make_config(int max_seq_len, int vocab_size, int padded_vocab_size, 
 }
 
 // The backend's options from the constructor's arguments (GPT2(precision=..., attention=..., fused=...,
-// matmul_tuning=...)).
-gpt2::BackendOptions backend_options(bool tf32, const std::string& attention, bool fused, bool matmul_tuning) {
+// matmul_tuning=..., deterministic=...)).
+gpt2::BackendOptions backend_options(bool tf32, const std::string& attention, bool fused, bool matmul_tuning,
+                                     bool deterministic) {
   gpt2::BackendOptions o;
   o.tf32 = tf32;
   o.fused = fused;
   o.matmul_tuning = matmul_tuning;
+  o.deterministic = deterministic;
   if (!gpt2::parse_attention(attention, &o.attention))
     arg_error("attention must be 'auto', 'flash', 'cudnn' or 'naive', got '" + attention + "'");
   return o;
@@ -169,18 +167,22 @@ void bind_model(py::module_& m, const char* cls_name) {
   cls
       .def(py::init([](int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd,
                        const std::string& device, bool tf32, const std::string& attention, bool fused,
-                       bool matmul_tuning, bool training) {
+                       bool matmul_tuning, bool training, bool deterministic) {
              auto config = make_config(max_seq_len, vocab_size, padded_vocab_size, n_layer, n_head, n_embd);
              if (gpt2::is_cuda_device(device)) load_cuda_backend();
-             return new M(config, gpt2::make_backend<T>(device, backend_options(tf32, attention, fused, matmul_tuning)),
+             return new M(config,
+                          gpt2::make_backend<T>(
+                              device, backend_options(tf32, attention, fused, matmul_tuning, deterministic)),
                           training);
            }),
            py::arg("max_seq_len"), py::arg("vocab_size"), py::arg("padded_vocab_size"), py::arg("n_layer"),
            py::arg("n_head"), py::arg("n_embd"), py::arg("device") = "cpu", py::arg("tf32") = false,
            py::arg("attention") = "auto", py::arg("fused") = true, py::arg("matmul_tuning") = false, py::arg("training") = true,
+           py::arg("deterministic") = true,
            "tf32: fp32 matmuls on TF32 tensor cores (CUDA); attention: 'auto', 'flash', 'cudnn' or 'naive' (CUDA; "
            "the CPU materialises attention); fused: fused kernels (CUDA); matmul_tuning: time cuBLASLt's candidate "
-           "algorithms once per shape (CUDA). See csrc/model/backend_options.h.")
+           "algorithms once per shape (CUDA); deterministic: the same bits for the same inputs (CUDA: cuDNN's "
+           "SDPA backward without atomics). See csrc/model/backend_options.h.")
       .def_property_readonly("num_parameters", &M::num_parameters)
       .def_property("recompute_gelu", &M::recompute_gelu, &M::set_recompute_gelu,
                     "Recompute GELU outputs in backward instead of keeping one per layer (saves memory).")
@@ -528,6 +530,12 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
     d["nccl"] = bool(GPT2CORE_HAS_NCCL);
     d["gloo"] = bool(GPT2CORE_HAS_GLOO);  // CPU multi-process training (gpt2core._C.dist)
     d["cpu_isa"] = gpt2::cpu::isa();  // the CPU backend's instruction-set variant in use (best this CPU runs)
+    // run-time facts of this process's CUDA backend (0 until it is loaded): dW shapes whose bias-gradient
+    // epilogue (BGRADB) the matmul library refused, and dW GEMMs that summed dbias with kernels instead
+    long long refused = 0, fallbacks = 0;
+    if (const gpt2::CudaPlugin* p = gpt2::cuda_plugin()) p->bgradb_refusals(&refused, &fallbacks);
+    d["bgradb_refused_shapes"] = refused;
+    d["bgradb_fallbacks"] = fallbacks;
     return d;
   });
   m.def("set_num_threads", [](int n) {

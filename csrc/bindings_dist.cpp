@@ -13,10 +13,10 @@
 #include "model/gpt2.h"
 
 #include "model/cuda_plugin.h"
+#include "cuda_loader.h"  // load_cuda_backend: the NCCL communicator lives in the CUDA module
 
 namespace py = pybind11;
 
-void load_cuda_backend();  // bindings.cpp: the NCCL communicator lives in the CUDA module
 using gpt2::dist::Comm;
 using gpt2::dist::ReduceOp;
 using gpt2::GradAllreducer;
@@ -120,6 +120,12 @@ void bind_dist(py::module_& m) {
              c.broadcast(p, n, root);
            },
            py::arg("buf"), py::arg("root") = 0)
+      .def("use_stream_of", [](Comm& c, py::object model) {
+             with_float_master(model, [&](auto& m) { c.set_stream(m.backend().native_stream()); });
+           },
+           py::arg("model"),
+           "Order the blocking collectives after the work queued on this model's backend stream (NCCL: its "
+           "'inputs ready' event is recorded there instead of on the legacy default stream). DataParallel calls it.")
       .def("barrier", [](Comm& c) {
              py::gil_scoped_release nogil;
              c.barrier();

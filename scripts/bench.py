@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="CUDA: separate residual + layernorm and matmul + GELU kernels (the unfused rung)")
     ap.add_argument("--matmul-tuning", action="store_true",
                     help="CUDA: time cuBLASLt's candidate algorithms once per shape (the ladder's last rung)")
+    ap.add_argument("--no-deterministic", action="store_true",
+                    help="CUDA: let cuDNN's attention backward accumulate with atomics (GPT2(deterministic=False))")
     ap.add_argument("--recompute-gelu", action="store_true")
     ap.add_argument("--model", metavar="GPU", default=None,
                     help="print the roofline model (scripts/gpu_model.py, MODELLED figures) of this GPU (H100, A100, "
@@ -238,7 +240,7 @@ def single(args):
     threads = _C.get_num_threads()
     cfg = bench_config(args)
     model = GPT2(cfg, device=args.device, seed=0, precision=args.precision, attention=args.attention,
-                 fused=not args.no_fused, matmul_tuning=args.matmul_tuning)
+                 fused=not args.no_fused, matmul_tuning=args.matmul_tuning, deterministic=not args.no_deterministic)
     model.recompute_gelu = args.recompute_gelu
     model.cuda_graphs = args.cuda_graphs
     B, T = args.batch_size, args.seq_len
@@ -340,7 +342,8 @@ def ladder(args):
             continue
         cfg = base_cfg.replace(padded_vocab_size=base_cfg.padded_vocab_size if s["padded"] else base_cfg.vocab_size)
         model = GPT2(cfg, device=args.device, seed=0, precision=None if cpu else s["precision"],
-                     attention=None if cpu else s["attention"], fused=s["fused"], matmul_tuning=s["matmul_tuning"])
+                     attention=None if cpu else s["attention"], fused=s["fused"], matmul_tuning=s["matmul_tuning"],
+                     deterministic=not args.no_deterministic)
         model.recompute_gelu = args.recompute_gelu
         model.cuda_graphs = s["graphs"]
         times, _, _ = timed_steps(model, None, np.random.default_rng(0), cfg.vocab_size, B, T, 1, args.warmup,
@@ -382,7 +385,7 @@ def worker(args):
         raise SystemExit(f"bench: --total-batch-tokens {total} is not a multiple of B*T*processes = {B * T * W}")
     accum = total // (B * T * W)
     model = GPT2(cfg, device=device, seed=0, precision=args.precision, attention=args.attention,
-                 fused=not args.no_fused, matmul_tuning=args.matmul_tuning)
+                 fused=not args.no_fused, matmul_tuning=args.matmul_tuning, deterministic=not args.no_deterministic)
     model.recompute_gelu = args.recompute_gelu
     model.cuda_graphs = args.cuda_graphs
     ddp = None

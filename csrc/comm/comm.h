@@ -85,6 +85,10 @@ class Comm {
   // stream that produces buf (cudaStream_t for NCCL, nullptr the legacy default stream; ignored by Gloo).
   // At most one lives per Comm; it must not outlive the Comm.
   virtual std::unique_ptr<BucketAllreduce> bucket_allreduce(float* buf, size_t n, void* stream) = 0;
+  // The compute stream the blocking collectives order themselves after (NCCL: its "inputs ready" event is
+  // recorded there; a cudaStream_t, nullptr the legacy default stream). DataParallel hands it the model's
+  // backend stream; Gloo has no streams and ignores it.
+  virtual void set_stream(void* stream) { (void)stream; }
 
   // Shard boundaries (the same on every backend).
   static size_t shard_size(size_t n, int world) { return (n + size_t(world) - 1) / size_t(world); }

@@ -220,10 +220,12 @@ class NcclComm final : public Comm {
     if (broken_)
       throw DistError(std::string(op) + " on rank " + std::to_string(rank_) +
                       " (NCCL): the process group is broken by an earlier failure");
+    GPT2_CUDA_CHECK(cudaSetDevice(device_));  // the streams and the event are this GPU's, whatever is current
     GPT2_CUDA_CHECK(cudaEventRecord(inputs_ready_, stream_));
     GPT2_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, inputs_ready_, 0));
     GPT2_CUDA_CHECK(cudaEventSynchronize(inputs_ready_));
   }
+  void set_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
 
   // p: the buffer itself, or a device copy of a host buffer (copied on the comm stream), copied back by finish().
   struct Staged {

@@ -78,8 +78,11 @@ struct AdamWTable {
 // values 4i..4i+3 when vec (float4 for the fp32 arrays, Pack<floatX, 4> of 16 or 8 bytes for param; the
 // last unit takes the ragged tail one value at a time), else value i. The rounding index of flat value k is
 // p.offset + k.
+constexpr int kAdamWThreads = 256;
+constexpr int kLossScaleThreads = 32;
+
 template <class floatX, bool kStep>
-__global__ void adamw_kernel(floatX* __restrict__ param,       // (N) flat
+__global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(floatX* __restrict__ param,       // (N) flat
                              float* __restrict__ master,       // (N) flat, null when floatX = float
                              const float* __restrict__ grad,   // (N) flat  (kStep only)
                              float* __restrict__ m,            // (N) flat  (kStep only)
@@ -137,13 +140,13 @@ __global__ void adamw_kernel(floatX* __restrict__ param,       // (N) flat
 }
 
 // One thread: the loss scaler's step after the update, from the sum of squares the update saw.
-__global__ void loss_scale_update_kernel(StepState* state) {
+__global__ void __launch_bounds__(kLossScaleThreads) loss_scale_update_kernel(StepState* state) {
   if (blockIdx.x == 0 && threadIdx.x == 0) loss_scale_update(state->scaler, state->args.sumsq);
 }
 
 // ----------------------------------------------------------------------------------------- launchers
 inline void loss_scale_update(StepState* state, cudaStream_t stream) {
-  LAUNCH(loss_scale_update_kernel, 1, 32, 0, stream, state);
+  LAUNCH(loss_scale_update_kernel, 1, kLossScaleThreads, 0, stream, state);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -172,8 +175,8 @@ void launch_adamw(floatX* param, float* master, const float* grad, float* m, flo
   }
   if (t.count == 0) return;
   // enough blocks to fill a large GPU (x 256 threads); bigger segments loop
-  const dim3 grid(std::min(ceil_div(most, 256), 2048), t.count);
-  LAUNCH((adamw_kernel<floatX, kStep>), grid, 256, 0, stream, param, master, grad, m, v, t, p);
+  const dim3 grid(std::min(ceil_div(most, kAdamWThreads), 2048), t.count);
+  LAUNCH((adamw_kernel<floatX, kStep>), grid, kAdamWThreads, 0, stream, param, master, grad, m, v, t, p);
   CUDA_CHECK_LAUNCH();
 }
 

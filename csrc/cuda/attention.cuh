@@ -26,6 +26,7 @@ namespace gpt2::cuda {
 constexpr int kAttTile = 32;                  // query rows / key rows per tile
 constexpr int kAttGroup = 4;                  // threads per row
 constexpr int kAttThreads = kAttTile * kAttGroup;
+constexpr int kDotThreads = 256;             // attention_backward_dot
 
 __device__ inline float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 __device__ inline void axpy4(float4& y, float a, float4 x) {
@@ -284,7 +285,7 @@ attention_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
 // bytes), where one thread per row touched 32 rows' cache lines per load.
 constexpr int kDotLanes = 8;
 template <class floatX>
-__global__ void attention_backward_dot_kernel(float* __restrict__ Dout,         // (B, NH, T)
+__global__ void __launch_bounds__(kDotThreads) attention_backward_dot_kernel(float* __restrict__ Dout,         // (B, NH, T)
                                               const floatX* __restrict__ dout,  // (B, T, C)
                                               const floatX* __restrict__ out,   // (B, T, C)
                                               int B, int T, int NH, int hs, bool vec) {
@@ -436,7 +437,7 @@ inline void attention_backward_dot(float* D, const floatX* dout, const floatX* o
                                    cudaStream_t stream) {
   const int hs = C / NH;
   const size_t rows = size_t(B) * T * NH;
-  LAUNCH(attention_backward_dot_kernel<floatX>, ceil_div(rows * kDotLanes, 256), 256, 0, stream, D, dout, out, B, T,
+  LAUNCH(attention_backward_dot_kernel<floatX>, ceil_div(rows * kDotLanes, kDotThreads), kDotThreads, 0, stream, D, dout, out, B, T,
          NH, hs, attn::packs_fit<floatX>(hs, dout, out));
   CUDA_CHECK_LAUNCH();
 }

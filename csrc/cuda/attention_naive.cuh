@@ -14,6 +14,8 @@
 
 namespace gpt2::cuda {
 
+constexpr int kNaiveThreads = 256;  // every kernel here: one warp per (b, h, query row), 8 rows per block
+
 // Row index r over (b, h, t) as att's layout; returns false for warps past the end.
 __device__ inline bool naive_row(int B, int NH, int T, int& b, int& h, int& t) {
   const size_t r = size_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -25,7 +27,7 @@ __device__ inline bool naive_row(int B, int NH, int T, int& b, int& h, int& t) {
 }
 
 template <class floatX>
-__global__ void attention_naive_softmax_kernel(float* __restrict__ att,         // (B, NH, T, T)
+__global__ void __launch_bounds__(kNaiveThreads) attention_naive_softmax_kernel(float* __restrict__ att,         // (B, NH, T, T)
                                                const floatX* __restrict__ qkv,  // (B, T, 3C)
                                                int B, int T, int NH, int hs, float scale, bool vec) {
   int b, h, t;
@@ -52,7 +54,7 @@ __global__ void attention_naive_softmax_kernel(float* __restrict__ att,         
 }
 
 template <class floatX>
-__global__ void attention_naive_out_kernel(floatX* __restrict__ out,        // (B, T, C)
+__global__ void __launch_bounds__(kNaiveThreads) attention_naive_out_kernel(floatX* __restrict__ out,        // (B, T, C)
                                            const float* __restrict__ att,   // (B, NH, T, T)
                                            const floatX* __restrict__ qkv,  // (B, T, 3C)
                                            int B, int T, int NH, int hs) {
@@ -69,7 +71,7 @@ __global__ void attention_naive_out_kernel(floatX* __restrict__ out,        // (
 
 // Per query row t: dS[t, :] into ds (B, NH, T, T), then dq_t += scale dS[t, :] K.
 template <class floatX>
-__global__ void attention_naive_dq_kernel(floatX* __restrict__ dqkv,        // (B, T, 3C), accumulated into
+__global__ void __launch_bounds__(kNaiveThreads) attention_naive_dq_kernel(floatX* __restrict__ dqkv,        // (B, T, 3C), accumulated into
                                           float* __restrict__ ds,           // (B, NH, T, T) scratch
                                           const floatX* __restrict__ dout,  // (B, T, C)
                                           const floatX* __restrict__ qkv,   // (B, T, 3C)
@@ -101,7 +103,7 @@ __global__ void attention_naive_dq_kernel(floatX* __restrict__ dqkv,        // (
 
 // Per key row j: dk_j += scale sum_{t >= j} dS[t, j] q_t and dv_j += sum_{t >= j} P[t, j] dout_t.
 template <class floatX>
-__global__ void attention_naive_dkdv_kernel(floatX* __restrict__ dqkv,        // (B, T, 3C), accumulated into
+__global__ void __launch_bounds__(kNaiveThreads) attention_naive_dkdv_kernel(floatX* __restrict__ dqkv,        // (B, T, 3C), accumulated into
                                             const float* __restrict__ ds,     // (B, NH, T, T)
                                             const floatX* __restrict__ dout,  // (B, T, C)
                                             const floatX* __restrict__ qkv,   // (B, T, 3C)
@@ -130,7 +132,7 @@ inline void attention_naive_forward(floatX* out, float* att, const floatX* qkv, 
   if (B <= 0 || T <= 0) return;
   const int hs = C / NH;
   const float scale = 1.0f / sqrtf(float(hs));
-  const int block = 256, rows = ceil_div(size_t(B) * NH * T, block / 32);
+  const int block = kNaiveThreads, rows = ceil_div(size_t(B) * NH * T, block / 32);
   LAUNCH(attention_naive_softmax_kernel<floatX>, rows, block, 0, stream, att, qkv, B, T, NH, hs, scale,
          attn::packs_fit<floatX>(hs, qkv));
   CUDA_CHECK_LAUNCH();
@@ -145,7 +147,7 @@ inline void attention_naive_backward(floatX* dqkv, const floatX* dout, const flo
   if (B <= 0 || T <= 0) return;
   const int hs = C / NH;
   const float scale = 1.0f / sqrtf(float(hs));
-  const int block = 256, rows = ceil_div(size_t(B) * NH * T, block / 32);
+  const int block = kNaiveThreads, rows = ceil_div(size_t(B) * NH * T, block / 32);
   LAUNCH(attention_naive_dq_kernel<floatX>, rows, block, 0, stream, dqkv, ds_scratch, dout, qkv, att, B, T, NH, hs,
          scale, attn::packs_fit<floatX>(hs, dout, qkv));
   CUDA_CHECK_LAUNCH();

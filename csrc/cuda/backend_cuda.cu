@@ -89,7 +89,9 @@ class CudaBackend final : public Backend<T> {
 
  public:
   CudaBackend(int device, const BackendOptions& options)
-      : matmul_mode_{options.tf32 && !kIs16Bit<K>, options.matmul_tuning}, fused_(options.fused) {
+      : matmul_mode_{options.tf32 && !kIs16Bit<K>, options.matmul_tuning, &bgradb_},
+        fused_(options.fused),
+        deterministic_(options.deterministic) {
     const std::string why = device_status(device);
     if (!why.empty()) throw std::runtime_error(why);
     CUDA_CHECK(cudaSetDevice(device));
@@ -119,6 +121,9 @@ class CudaBackend final : public Backend<T> {
     using A = BackendOptions::Attention;
     attention_ = options.attention == A::Naive ? Attention::Naive
                  : options.attention == A::Cudnn ? Attention::Cudnn : Attention::Flash;
+    if (attention_ == Attention::Cudnn && !kIs16Bit<K>)  // the cause is the precision, whatever the build has
+      throw std::runtime_error("attention='cudnn' needs a bf16 or fp16 model: cuDNN's fused SDPA has no fp32 inputs "
+                               "(use precision='bf16' on sm_80+ or 'fp16', or attention='flash')");
     if (attention_ == Attention::Cudnn ||
         (options.attention == A::Auto && kIs16Bit<K> && !GPT2CORE_EMU && device_capability(device) >= 80)) {
       const std::string why = check_cudnn_attention();
@@ -133,6 +138,9 @@ class CudaBackend final : public Backend<T> {
       }
     }
   }
+  // Every model entry point (GPT2Model) calls this first: the ops, the library seams (keyed on the current device)
+  // and the allocations then use this backend's GPU whatever another model or library made current.
+  void make_current() override { CUDA_CHECK(cudaSetDevice(device_)); }
   ~CudaBackend() override {
     // destructors only log
     auto check = [](cudaError_t e, const char* what) {
@@ -457,6 +465,7 @@ class CudaBackend final : public Backend<T> {
     p.dqkv = dqkv; p.dout = dout; p.qkv = qkv; p.out = out; p.stats = stats; p.dtype = kDType;
     p.B = B; p.T = Tn; p.NH = NH; p.HS = C / NH;
     p.scale = 1.0f / sqrtf(float(C / NH));
+    p.deterministic = deterministic_;
     p.stream = stream_;
     return p;
   }
@@ -632,8 +641,10 @@ class CudaBackend final : public Backend<T> {
   };
 
   int device_ = 0;
+  cuda::BgradbMemo bgradb_;  // the dW shapes whose bias-gradient epilogue the library refused (before matmul_mode_)
   const cuda::MatmulMode matmul_mode_;  // BackendOptions::tf32 (fp32 models) and ::matmul_tuning, for every matmul
   const bool fused_;              // BackendOptions::fused; false: unfused residual + layernorm, matmul + GELU
+  const bool deterministic_;      // BackendOptions::deterministic: cuDNN's SDPA backward without atomics
   bool gelu_refused_[2] = {false, false};  // the library refused the fused GELU forward / backward epilogue
   Attention attention_ = Attention::Flash;  // from BackendOptions::attention (auto resolved in the constructor)
   Scratch<T> tscratch_;
@@ -678,8 +689,11 @@ std::string device_status(int device) {
     (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
     return "this build of gpt2core has no CUDA kernels for this GPU (sm_" + std::to_string(major) +
-           std::to_string(minor) + "): " + cudaGetErrorString(k) + "; reinstall with GPT2CORE_CUDA_ARCHS=" +
-           std::to_string(major) + std::to_string(minor);
+           std::to_string(minor) + "): " + cudaGetErrorString(k) +
+           (major * 10 + minor < 75 && CUDART_VERSION >= 13000
+                ? "; CUDA 13 toolkits compile for sm_75 and newer only: reinstall with a CUDA 12 toolkit and "
+                  "GPT2CORE_CUDA_ARCHS=" + std::to_string(major) + std::to_string(minor)
+                : "; reinstall with GPT2CORE_CUDA_ARCHS=" + std::to_string(major) + std::to_string(minor));
   }
 #endif
   return "";
@@ -702,6 +716,11 @@ std::string device_name(int device) {
     return "";
   }
   return prop.name;
+}
+
+void bgradb_refusals(long long* shapes, long long* fallbacks) {
+  *shapes = bgradb_counts().shapes.load();
+  *fallbacks = bgradb_counts().fallbacks.load();
 }
 
 std::unique_ptr<Backend<float>> make_backend(const std::string& device, const BackendOptions& options) {

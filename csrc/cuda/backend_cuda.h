@@ -19,6 +19,10 @@ int device_capability(int device);
 // The device's name as the driver reports it ("NVIDIA H100 80GB HBM3"), "" if none.
 std::string device_name(int device);
 
+// Process-wide counts of the bias-gradient epilogue (BGRADB) the matmul library refused: dW shapes refused (each
+// said once on stderr and not asked again by that backend) and dW GEMMs whose dbias the column-sum kernels made.
+void bgradb_refusals(long long* shapes, long long* fallbacks);
+
 // device: "cuda" or "cuda:<index>". Throws std::runtime_error when no usable device exists (or attention=Cudnn
 // is asked for and cuDNN's attention is not usable).
 std::unique_ptr<Backend<float>> make_backend(const std::string& device, const BackendOptions& options);

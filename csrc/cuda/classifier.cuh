@@ -10,7 +10,7 @@
 //   forward_backward (training, fused): a small kernel counts the valid rows first, then one kernel per row
 //             computes lse and the loss (reading the row once), then turns the row into dlogits (its second read,
 //             by the same threads moments later, meets the cache: one row is 100 KB at Vp = 50304 bf16 and a
-//             1024-thread block per row keeps about 2 rows per SM in flight, 26 MB on an H100, in its 50 MB L2),
+//             1024-thread block per row (768 on sm_86 / sm_89) keeps about 2 rows per SM in flight, 26 MB on an H100, in its 50 MB L2),
 //             as llm.c's fused classifier.
 // One block per row; forward reads the row once (online max/sum), backward reads and writes it once, 16 bytes
 // per access (Vec<floatX>) when every row starts 16-byte aligned, one value per access otherwise;
@@ -21,7 +21,9 @@
 
 namespace gpt2::cuda {
 
-constexpr int kClassifierBlock = 512;
+constexpr int kClassifierBlock = 512;       // crossentropy_forward / _backward: one block per row
+constexpr int kClassifierFusedBlock = 1024; // crossentropy_forward_backward's largest block (see its launcher)
+constexpr int kClassifierOneBlock = 1024;   // the single-block kernels: count and loss_accumulate
 
 // Online softmax: (m, s) holds the running max and the sum of exp(x - m); adding values rescales s once when
 // the max grows.
@@ -65,7 +67,7 @@ __device__ inline float row_logsumexp(const floatX* row, int V, bool vec, float*
 }
 
 template <class floatX>
-__global__ void crossentropy_forward_kernel(float* __restrict__ losses,         // (N)
+__global__ void __launch_bounds__(kClassifierBlock) crossentropy_forward_kernel(float* __restrict__ losses,         // (N)
                                             float* __restrict__ lse,            // (N)
                                             int* __restrict__ valid,            // (1), incremented
                                             const floatX* __restrict__ logits,  // (N, Vp)
@@ -133,7 +135,7 @@ __device__ inline float dloss_of(float grad_scale, const float* loss_scale, int 
 }
 
 template <class floatX>
-__global__ void crossentropy_backward_kernel(floatX* __restrict__ logits,           // (N, Vp), in place
+__global__ void __launch_bounds__(kClassifierBlock) crossentropy_backward_kernel(floatX* __restrict__ logits,           // (N, Vp), in place
                                              const float* __restrict__ lse,         // (N)
                                              const int* __restrict__ targets,       // (N)
                                              const int* __restrict__ count,         // (1) valid rows
@@ -144,7 +146,7 @@ __global__ void crossentropy_backward_kernel(floatX* __restrict__ logits,       
 }
 
 // One block: *count = the number of targets >= 0, a fixed-order integer sum.
-__global__ void crossentropy_count_kernel(int* __restrict__ count, const int* __restrict__ targets, int N) {
+__global__ void __launch_bounds__(kClassifierOneBlock) crossentropy_count_kernel(int* __restrict__ count, const int* __restrict__ targets, int N) {
   __shared__ int scratch[32];
   int c = 0;
   for (int i = threadIdx.x; i < N; i += blockDim.x) c += targets[i] >= 0;
@@ -154,7 +156,7 @@ __global__ void crossentropy_count_kernel(int* __restrict__ count, const int* __
 
 // forward and backward of one row in one block: lse and the loss, then dlogits in place (count already known).
 template <class floatX>
-__global__ void crossentropy_forward_backward_kernel(float* __restrict__ losses,        // (N)
+__global__ void __launch_bounds__(kClassifierFusedBlock) crossentropy_forward_backward_kernel(float* __restrict__ losses,        // (N)
                                                      float* __restrict__ lse,           // (N)
                                                      floatX* __restrict__ logits,       // (N, Vp), in place
                                                      const int* __restrict__ targets,  // (N)
@@ -175,7 +177,7 @@ __global__ void crossentropy_forward_backward_kernel(float* __restrict__ losses,
 }
 
 // One block: *acc += scale * (sum of losses in a fixed order) / *count, in double until the one rounding of *acc.
-__global__ void loss_accumulate_kernel(float* __restrict__ acc, const float* __restrict__ losses,
+__global__ void __launch_bounds__(kClassifierOneBlock) loss_accumulate_kernel(float* __restrict__ acc, const float* __restrict__ losses,
                                        const int* __restrict__ count, int N, float scale) {
   __shared__ double scratch[32];
   double s = 0.0;
@@ -209,25 +211,38 @@ void crossentropy_backward(floatX* logits, const float* lse, const int* targets,
   CUDA_CHECK_LAUNCH();
 }
 
+// The fused kernel's block on the current device: 1024 threads where an SM holds a whole number of such blocks
+// (sm_75: 1024 threads per SM, sm_80 / sm_90: 2048), 768 where it holds 1536 (sm_86 / sm_89: a 1024-thread block
+// would leave a third of the SM idle; llm.c uses 768 there). The row's reductions are fixed-order per block
+// size, so the loss bits depend on the GPU family, as the matmuls' do.
+inline int classifier_fused_block() {
+  int device = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return kClassifierFusedBlock;
+  }
+  return per_sm % kClassifierFusedBlock == 0 ? kClassifierFusedBlock : 768;
+}
+
 // The training pass: *valid_dev = number of valid targets, then losses, lse and dlogits (in place) in one pass;
 // loss_scale as in crossentropy_backward.
-constexpr int kClassifierFusedBlock = 1024;
 template <class floatX>
 void crossentropy_forward_backward(float* losses, float* lse, floatX* logits, const int* targets, int* valid_dev,
                                    const float* loss_scale, float grad_scale, int N, int V, int Vp,
                                    cudaStream_t stream) {
-  LAUNCH(crossentropy_count_kernel, 1, 1024, 0, stream, valid_dev, targets, N);
+  LAUNCH(crossentropy_count_kernel, 1, kClassifierOneBlock, 0, stream, valid_dev, targets, N);
   CUDA_CHECK_LAUNCH();
   if (N <= 0) return;
   const bool vec = Vp % kVec<floatX> == 0 && aligned16(logits);
-  LAUNCH(crossentropy_forward_backward_kernel<floatX>, N, kClassifierFusedBlock, 0, stream, losses, lse, logits,
+  LAUNCH(crossentropy_forward_backward_kernel<floatX>, N, classifier_fused_block(), 0, stream, losses, lse, logits,
          targets, valid_dev, loss_scale, grad_scale, V, Vp, vec);
   CUDA_CHECK_LAUNCH();
 }
 
 inline void loss_accumulate(float* acc, const float* losses, const int* count, int N, float scale,
                             cudaStream_t stream) {
-  LAUNCH(loss_accumulate_kernel, 1, 1024, 0, stream, acc, losses, count, N, scale);
+  LAUNCH(loss_accumulate_kernel, 1, kClassifierOneBlock, 0, stream, acc, losses, count, N, scale);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -15,10 +15,13 @@
 
 namespace gpt2::cuda {
 
+constexpr int kEncoderThreads = 256;    // encoder_forward and the wpe gradient: one element (or Vec) per thread
+constexpr int kEncoderWteThreads = 64;  // the wte gradient: 64 columns of one bucket per block
+
 // ----------------------------------------------------------------------------------------- kernels
 // vec (C % kVec<floatX> == 0, pointers 16-byte aligned): each thread writes kVec<floatX> channels (16 bytes).
 template <class floatX>
-__global__ void encoder_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
+__global__ void __launch_bounds__(kEncoderThreads) encoder_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
                                        const int* __restrict__ inp,     // (B, T)
                                        const floatX* __restrict__ wte,  // (Vp, C)
                                        const floatX* __restrict__ wpe,  // (maxT, C)
@@ -43,7 +46,7 @@ __global__ void encoder_forward_kernel(floatX* __restrict__ out,        // (B, T
 
 // dwpe[t, c] += sum_b dout[b, t, c], b in order (fp32).
 template <class floatX>
-__global__ void encoder_backward_wpe_kernel(float* __restrict__ dwpe,         // (maxT, C)
+__global__ void __launch_bounds__(kEncoderThreads) encoder_backward_wpe_kernel(float* __restrict__ dwpe,         // (maxT, C)
                                             const floatX* __restrict__ dout,  // (B, T, C)
                                             int B, int T, int C) {
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -56,7 +59,7 @@ __global__ void encoder_backward_wpe_kernel(float* __restrict__ dwpe,         //
 // buckets: [U | order (BT): positions sorted by token | token (U) | start (U + 1)], see encoder_buckets. Bucket u
 // covers positions order[start[u] .. start[u+1]) of token token[u]; blocks stride over the buckets.
 template <class floatX>
-__global__ void encoder_backward_wte_kernel(float* __restrict__ dwte,         // (Vp, C)
+__global__ void __launch_bounds__(kEncoderWteThreads) encoder_backward_wte_kernel(float* __restrict__ dwte,         // (Vp, C)
                                             const floatX* __restrict__ dout,  // (B*T, C)
                                             const int* __restrict__ buckets, int BT, int C) {
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
@@ -78,7 +81,7 @@ void encoder_forward(floatX* out, const int* inp, const floatX* wte, const float
                      cudaStream_t stream) {
   const size_t n = size_t(B) * T * C;
   if (n == 0) return;
-  const int block = 256;
+  const int block = kEncoderThreads;
   const bool vec = C % kVec<floatX> == 0 && aligned16(out, wte, wpe);
   LAUNCH(encoder_forward_kernel<floatX>, ceil_div(vec ? n / kVec<floatX> : n, block), block, 0, stream, out, inp, wte,
          wpe, B * T, T, C, vec);
@@ -117,10 +120,10 @@ void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const int* b
                       cudaStream_t stream) {
   const int BT = B * T;
   if (BT == 0 || C == 0) return;
-  const int block = 256;
+  const int block = kEncoderThreads;
   LAUNCH(encoder_backward_wpe_kernel<floatX>, ceil_div(size_t(T) * C, block), block, 0, stream, dwpe, dout, B, T, C);
   CUDA_CHECK_LAUNCH();
-  const int cblock = 64;
+  const int cblock = kEncoderWteThreads;
   dim3 grid(std::min(BT, 2048), ceil_div(C, cblock));  // at most BT buckets; 2048 x C/64 blocks fill any GPU
   LAUNCH(encoder_backward_wte_kernel<floatX>, grid, cblock, 0, stream, dwte, dout, buckets_dev, BT, C);
   CUDA_CHECK_LAUNCH();

@@ -7,6 +7,8 @@
 
 namespace gpt2::cuda {
 
+constexpr int kGeluThreads = 256;
+
 constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2 / pi)
 
 __device__ inline float gelu(float x) { return 0.5f * x * (1.0f + tanhf(kGeluS * (x + 0.044715f * x * x * x))); }
@@ -19,7 +21,7 @@ __device__ inline float gelu_grad(float x) {
 // vec: thread i handles values K*i .. K*i+K-1 (K = kVec<floatX>, 16 bytes) as one Vec (pointers 16-byte
 // aligned), the last thread the tail; otherwise one value per thread.
 template <class floatX>
-__global__ void gelu_forward_kernel(floatX* __restrict__ out,        // (N)
+__global__ void __launch_bounds__(kGeluThreads) gelu_forward_kernel(floatX* __restrict__ out,        // (N)
                                     const floatX* __restrict__ inp,  // (N)
                                     size_t N, bool vec) {
   using V = Vec<floatX>;
@@ -42,7 +44,7 @@ __global__ void gelu_forward_kernel(floatX* __restrict__ out,        // (N)
 }
 
 template <class floatX>
-__global__ void gelu_backward_kernel(floatX* __restrict__ dinp,        // (N), accumulated into
+__global__ void __launch_bounds__(kGeluThreads) gelu_backward_kernel(floatX* __restrict__ dinp,        // (N), accumulated into
                                      const floatX* __restrict__ inp,   // (N)
                                      const floatX* __restrict__ dout,  // (N)
                                      size_t N, bool vec) {
@@ -71,7 +73,8 @@ void gelu_forward(floatX* out, const floatX* inp, size_t N, cudaStream_t stream)
   if (N == 0) return;
   constexpr int K = kVec<floatX>;
   const bool vec = aligned16(out, inp);
-  LAUNCH(gelu_forward_kernel<floatX>, ceil_div(vec ? (N + K - 1) / K : N, 256), 256, 0, stream, out, inp, N, vec);
+  LAUNCH(gelu_forward_kernel<floatX>, ceil_div(vec ? (N + K - 1) / K : N, kGeluThreads), kGeluThreads, 0, stream, out, inp, N,
+         vec);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -80,7 +83,8 @@ void gelu_backward(floatX* dinp, const floatX* inp, const floatX* dout, size_t N
   if (N == 0) return;
   constexpr int K = kVec<floatX>;
   const bool vec = aligned16(dinp, inp, dout);
-  LAUNCH(gelu_backward_kernel<floatX>, ceil_div(vec ? (N + K - 1) / K : N, 256), 256, 0, stream, dinp, inp, dout, N,
+  LAUNCH(gelu_backward_kernel<floatX>, ceil_div(vec ? (N + K - 1) / K : N, kGeluThreads), kGeluThreads, 0, stream, dinp, inp,
+         dout, N,
          vec);
   CUDA_CHECK_LAUNCH();
 }

@@ -8,7 +8,7 @@ namespace gpt2::cuda {
 constexpr int kNormBlocks = 256;
 constexpr int kNormThreads = 256;
 
-__global__ void sum_squares_partial_kernel(double* __restrict__ partial,  // (kNormBlocks)
+__global__ void __launch_bounds__(kNormThreads) sum_squares_partial_kernel(double* __restrict__ partial,  // (kNormBlocks)
                                            const float* __restrict__ p, size_t n) {
   __shared__ double scratch[32];
   double s = 0.0;
@@ -20,7 +20,7 @@ __global__ void sum_squares_partial_kernel(double* __restrict__ partial,  // (kN
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void sum_squares_final_kernel(double* __restrict__ out, const double* __restrict__ partial, int nparts) {
+__global__ void __launch_bounds__(kNormThreads) sum_squares_final_kernel(double* __restrict__ out, const double* __restrict__ partial, int nparts) {
   __shared__ double scratch[32];
   double s = 0.0;
   for (int i = threadIdx.x; i < nparts; i += blockDim.x) s += partial[i];

@@ -43,8 +43,9 @@ constexpr int kLnCacheFloats = 32;
 // do the same arithmetic in the same order, so they give the same bits.
 // kResidual: the row x is first formed as a + b (rounded to floatX) and written to residual; the statistics
 // and out are computed from the rounded values.
+constexpr int kLnForwardThreads = 256;  // one warp per row, 8 rows per block
 template <class floatX, bool kResidual, int kCache>
-__global__ void layernorm_forward_kernel(floatX* __restrict__ residual,    // (N, C) written when kResidual
+__global__ void __launch_bounds__(kLnForwardThreads) layernorm_forward_kernel(floatX* __restrict__ residual,    // (N, C) written when kResidual
                                          floatX* __restrict__ out,         // (N, C)
                                          float* __restrict__ mean,         // (N)
                                          float* __restrict__ rstd,         // (N)
@@ -211,8 +212,20 @@ __device__ void layernorm_backward_row(floatX* __restrict__ dx,         // (C), 
 //     dynamic shared memory (2 C floats: thread t owns columns t, t + blockDim.x, ..., so no thread reads another's
 //     and no barrier is needed); this second read of the group's rows hits L1 / L2, so HBM sees dout and inp once;
 //   - finally the sums are the chunk's partial_dw / partial_db row (pass 2: column_reduce).
+// Launch shape: kLnBackwardThreads threads, at least kLnBackwardMinBlocks blocks per SM (ptxas then keeps it at 48
+// registers on sm_80 / sm_90, no spills). Every column's sums add the chunk's rows in order whatever the block
+// size, so the shape changes speed, never bits.
+// occupancy(layernorm_backward_kernel): >= 40 warps/SM on sm_80 sm_90 with 6144 B dynamic smem (C = 768)
+// (the 512-thread blocks before held 2 per SM, 32 warps, and d12's ~340 chunks took 1.3 waves of 264 slots on an
+// H100; 5 x 256 gives 660 slots, one wave)
+constexpr int kLnBackwardThreads = 256;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr int kLnBackwardMinBlocks = 4;  // sm_75 holds 1024 threads per SM
+#else
+constexpr int kLnBackwardMinBlocks = 5;
+#endif
 template <class floatX>
-__global__ void layernorm_backward_kernel(floatX* __restrict__ dinp,        // (N, C), += (add) or written
+__global__ void __launch_bounds__(kLnBackwardThreads, kLnBackwardMinBlocks) layernorm_backward_kernel(floatX* __restrict__ dinp,        // (N, C), += (add) or written
                                           float* __restrict__ partial_dw,   // (R, C)
                                           float* __restrict__ partial_db,   // (R, C)
                                           const floatX* __restrict__ dout,  // (N, C)
@@ -255,7 +268,7 @@ void launch_layernorm_forward(floatX* residual, floatX* out, float* mean, float*
                               const floatX* b2, const floatX* w, const floatX* bias, int N, int C, bool vec,
                               cudaStream_t stream) {
   constexpr int K = kVec<floatX>, kCache = kLnCacheFloats / K;
-  const int block = 256, rows_per_block = block / 32;
+  const int block = kLnForwardThreads, rows_per_block = block / 32;
   if (vec && C <= 32 * kCache * K)
     LAUNCH((layernorm_forward_kernel<floatX, kResidual, kCache>), ceil_div(N, rows_per_block), block, 0, stream,
            residual, out, mean, rstd, a, b2, w, bias, N, C, vec);
@@ -292,7 +305,7 @@ void layernorm_backward(floatX* dinp, float* dw, float* db, const floatX* dout, 
                         const float* mean, const float* rstd, float* scratch, int N, int C, bool accumulate,
                         cudaStream_t stream) {
   if (N <= 0) return;
-  const int block = 512;  // 16 rows in flight per block: ~40 warps per SM at d12's ~340 chunks on an H100
+  const int block = kLnBackwardThreads;  // 8 rows in flight per block, 5 blocks per SM (see the kernel)
   const bool vec = C % kVec<floatX> == 0 && aligned16(dinp, dout, inp, w);
   const int R = column_chunks(N, C);
   float* pdw = scratch;

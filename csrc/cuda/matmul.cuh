@@ -13,6 +13,11 @@
 // and rounded once to floatX); dw and dbias are fp32 for either floatX. Products accumulate in fp32 (seams.h).
 // mode: the caller's options (BackendOptions), carried into every call's seam params (MatmulMode below).
 #pragma once
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <set>
+
 #include "cuda/common.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/seams.h"
@@ -22,10 +27,26 @@
 
 namespace gpt2::cuda {
 
+// The (m, n, k) shapes of dW GEMMs whose bias-gradient epilogue (BGRADB) the library refused, for one backend:
+// never asked again (each refusal costs a heuristic query, and with tuning up to 8 failing timed calls), said
+// once per shape on stderr, and counted process-wide (bgradb_counts) for build_info() and the doctor.
+struct BgradbMemo {
+  std::set<std::array<int, 3>> refused;
+};
+struct BgradbCounts {
+  std::atomic<long long> shapes{0};     // shapes refused (per backend: two models may each meet the same one)
+  std::atomic<long long> fallbacks{0};  // dW GEMMs whose dbias came from the column-sum kernels instead
+};
+inline BgradbCounts& bgradb_counts() {
+  static BgradbCounts c;
+  return c;
+}
+
 // How the seam computes a matmul: the caller's options, carried into every call's MatmulParams.
 struct MatmulMode {
   bool tf32 = false;  // fp32 inputs on TF32 tensor cores
   bool tune = false;  // time the library's candidate algorithms once per shape and keep the fastest
+  BgradbMemo* bgradb = nullptr;  // the caller's refused BGRADB shapes (null: none remembered)
 };
 
 inline void check_matmul(cudaError_t e, const char* what, const char* file, int line) {
@@ -93,7 +114,8 @@ void matmul_backward_weights(float* dw,            // (OC, C), accumulated into
   q.b = inp; q.ldb = C; q.b_type = X;
   q.m = OC; q.n = C; q.k = N;
   q.accumulate = true;
-  bool fused = dbias && aligned16(scratch);
+  const std::array<int, 3> shape{OC, C, N};
+  bool fused = dbias && aligned16(scratch) && !(mode.bgradb && mode.bgradb->refused.count(shape));
   q.bias_grad = fused ? scratch : nullptr;
   q.tf32 = mode.tf32;
   q.tune = mode.tune;
@@ -101,11 +123,26 @@ void matmul_backward_weights(float* dw,            // (OC, C), accumulated into
   cudaError_t e = gpt2core::seams::matmul(q);
   if (fused && e == cudaErrorNotSupported) {  // refused, nothing written: the plain GEMM, then the column sums
     q.bias_grad = nullptr, fused = false;
+    if (mode.bgradb && mode.bgradb->refused.insert(shape).second) {
+      bgradb_counts().shapes++;
+      std::string detail;
+#if !GPT2CORE_EMU
+      detail = gpt2core::seams::last_matmul_error();
+#endif
+      fprintf(stderr,
+              "gpt2core: the matmul library refused the bias-gradient epilogue (BGRADB) of the dW GEMM m=%d n=%d "
+              "k=%d (%s); this shape sums dbias with the column-sum kernels from now on (counted in build_info())\n",
+              OC, C, N, detail.empty() ? "cudaErrorNotSupported" : detail.c_str());
+    }
     e = gpt2core::seams::matmul(q);
   }
   MATMUL_CHECK(e, "backward dweight");
-  if (fused) column_reduce(dbias, scratch, 1, OC, stream);  // dbias += the epilogue's sums
-  else if (dbias) column_sum_accumulate(dbias, dout, scratch, N, OC, stream);
+  if (fused) {
+    column_reduce(dbias, scratch, 1, OC, stream);  // dbias += the epilogue's sums
+  } else if (dbias) {
+    if (aligned16(scratch)) bgradb_counts().fallbacks++;
+    column_sum_accumulate(dbias, dout, scratch, N, OC, stream);
+  }
 }
 
 // scratch: column_chunks(N, OC) * OC floats (only when dbias is given).

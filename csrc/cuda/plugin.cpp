@@ -23,6 +23,7 @@ const CudaPlugin* plugin() {
 #else
       nullptr,
 #endif
+      bgradb_refusals,
   };
   return &table;
 }

@@ -33,7 +33,7 @@ inline int column_chunk_rows(int N, int C) { return ceil_div(N, column_chunks(N,
 
 // K: columns per lane (kVec<floatX> with 16-byte loads, or 1).
 template <class floatX, int K>
-__global__ void column_partial_sum_kernel(float* __restrict__ partial,     // (R, C)
+__global__ void __launch_bounds__(kColTile * kColRows) column_partial_sum_kernel(float* __restrict__ partial,     // (R, C)
                                           const floatX* __restrict__ inp,  // (N, C)
                                           int N, int C, int rows_per_chunk) {
   __shared__ float sh[kColRows][kColTile * K + 1];
@@ -61,7 +61,7 @@ __global__ void column_partial_sum_kernel(float* __restrict__ partial,     // (R
 }
 
 // block (32, kReduceRows), grid ceil(C / 32)
-__global__ void column_reduce_kernel(float* __restrict__ out,            // (C), accumulated into
+__global__ void __launch_bounds__(32 * kReduceRows) column_reduce_kernel(float* __restrict__ out,            // (C), accumulated into
                                      const float* __restrict__ partial,  // (R, C)
                                      int R, int C) {
   __shared__ float sh[kReduceRows][33];

@@ -6,10 +6,12 @@
 
 namespace gpt2::cuda {
 
+constexpr int kResidualThreads = 256;
+
 // vec: thread i adds values K*i .. K*i+K-1 (K = kVec<floatX>, 16 bytes) as one Vec (pointers 16-byte
 // aligned), the last thread the tail; otherwise one value per thread.
 template <class floatX>
-__global__ void residual_forward_kernel(floatX* out,      // (N), may alias a or b
+__global__ void __launch_bounds__(kResidualThreads) residual_forward_kernel(floatX* out,      // (N), may alias a or b
                                         const floatX* a,  // (N)
                                         const floatX* b,  // (N)
                                         size_t N, bool vec) {
@@ -37,7 +39,8 @@ void residual_forward(floatX* out, const floatX* a, const floatX* b, size_t N, c
   if (N == 0) return;
   constexpr int K = kVec<floatX>;
   const bool vec = aligned16(out, a, b);
-  LAUNCH(residual_forward_kernel<floatX>, ceil_div(vec ? (N + K - 1) / K : N, 256), 256, 0, stream, out, a, b, N,
+  LAUNCH(residual_forward_kernel<floatX>, ceil_div(vec ? (N + K - 1) / K : N, kResidualThreads), kResidualThreads, 0, stream, out,
+         a, b, N,
          vec);
   CUDA_CHECK_LAUNCH();
 }

@@ -96,7 +96,9 @@ inline cudaError_t validate_matmul(const MatmulParams& p) {
 // Causal multi-head self-attention as cuDNN's fused SDPA computes it, in llm.c's layouts:
 //   qkv (B, T, 3, NH, HS) in dtype; out (B, T, NH, HS) in dtype; stats (B, NH, T) fp32 logsumexp of
 //   the scaled scores per query row (saved by forward, read by backward).
-// scale is usually 1 / sqrt(HS). Backward writes dqkv (B, T, 3, NH, HS) (overwrites, no +=).
+// scale is usually 1 / sqrt(HS). Backward writes dqkv (B, T, 3, NH, HS) (overwrites, no +=); deterministic: the
+// same bits for the same inputs (cuDNN: set_deterministic_algorithm(true), no atomic dQ accumulation; the CPU
+// implementation always is).
 struct AttentionForwardParams {
   void* out = nullptr;
   float* stats = nullptr;
@@ -117,6 +119,7 @@ struct AttentionBackwardParams {
   DType dtype = DType::F32;
   int B = 0, T = 0, NH = 0, HS = 0;
   float scale = 0.0f;
+  bool deterministic = true;
   cudaStream_t stream = nullptr;
 };
 cudaError_t attention_backward(const AttentionBackwardParams& p);

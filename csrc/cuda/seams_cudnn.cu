@@ -12,7 +12,8 @@
 // bf16 or fp16 in and out (the params' dtype), fp32 intermediates and compute. cuDNN's SDPA has no fp32 I/O: F32
 // is NotSupported.
 //
-// One cudnnHandle per device, set to each call's stream; one graph per (device, B, T, NH, HS, scale, direction, dtype),
+// One cudnnHandle per device, set to each call's stream; one graph per (device, B, T, NH, HS, scale, direction, dtype,
+// deterministic: the backward's set_deterministic_algorithm, AttentionBackwardParams::deterministic),
 // built once from cuDNN's heuristics (mode A) and cached; one workspace per (device, stream), i.e. per backend,
 // grown to the largest graph's need (two models on two streams never share one; release_attention_stream frees
 // a stream's). A mutex covers all of it (a handle's stream is shared state). Errors inside are exceptions (CUDNN_CHECK: file, line, the library's message); the seam
@@ -121,9 +122,10 @@ struct GraphKey {
   uint32_t scale_bits;
   bool backward;
   DType dtype;  // BF16 or F16 (check_args refuses the rest)
+  bool deterministic;  // backward only (false for every forward graph)
   bool operator<(const GraphKey& o) const {
-    return std::tie(device, B, T, NH, HS, scale_bits, backward, dtype) <
-           std::tie(o.device, o.B, o.T, o.NH, o.HS, o.scale_bits, o.backward, o.dtype);
+    return std::tie(device, B, T, NH, HS, scale_bits, backward, dtype, deterministic) <
+           std::tie(o.device, o.B, o.T, o.NH, o.HS, o.scale_bits, o.backward, o.dtype, o.deterministic);
   }
 };
 
@@ -204,7 +206,10 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const GraphKey& k, float scale)
                   .set_name("gpt2core_attention_backward")
                   .set_attn_scale(scale)
                   .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                  .set_diagonal_band_right_bound(0);
+                  .set_diagonal_band_right_bound(0)
+                  // cudnn-frontend's default is false: dQ may then be accumulated with atomics (Hopper), so two
+                  // identical steps round differently
+                  .set_deterministic_algorithm(k.deterministic);
   auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, opts);
   dQ->set_output(true).set_uid(kdQ).set_dim(bhsd_dim(k)).set_stride(bhsd_stride(k, 3));
   dK->set_output(true).set_uid(kdK).set_dim(bhsd_dim(k)).set_stride(bhsd_stride(k, 3));
@@ -252,10 +257,10 @@ Prepared prepare(State& S, const GraphKey& key, float scale, cudaStream_t stream
   return {handle, it->second, ws.p};
 }
 
-GraphKey key_of(int B, int T, int NH, int HS, float scale, bool backward, DType dtype) {
+GraphKey key_of(int B, int T, int NH, int HS, float scale, bool backward, DType dtype, bool deterministic) {
   int device = 0;
   CUDA_CHECK_THROW(cudaGetDevice(&device));
-  GraphKey k{device, B, T, NH, HS, 0u, backward, dtype};
+  GraphKey k{device, B, T, NH, HS, 0u, backward, dtype, backward && deterministic};
   static_assert(sizeof(float) == sizeof(uint32_t), "float is 32-bit");
   std::memcpy(&k.scale_bits, &scale, sizeof(scale));
   return k;
@@ -266,8 +271,9 @@ void* mut(const void* p) { return const_cast<void*>(p); }
 }  // namespace
 
 std::shared_ptr<fe::graph::Graph> attention_graph(int B, int T, int NH, int HS, float scale, bool backward,
-                                                              DType dtype) {
-  const GraphKey k{-1, B, T, NH, HS, 0u, backward, dtype};  // shape and dtype: all the graph depends on besides scale
+                                                  DType dtype, bool deterministic) {
+  // shape, dtype and determinism: all the graph depends on besides scale
+  const GraphKey k{-1, B, T, NH, HS, 0u, backward, dtype, backward && deterministic};
   return backward ? backward_graph(k, scale) : forward_graph(k, scale);
 }
 
@@ -302,7 +308,10 @@ void execute(const Params& p) {
   constexpr bool backward = std::is_same_v<Params, AttentionBackwardParams>;
   State& S = state();
   std::lock_guard<std::mutex> lock(S.mu);
-  const Prepared c = prepare(S, key_of(p.B, p.T, p.NH, p.HS, p.scale, backward, p.dtype), p.scale, p.stream);
+  bool deterministic = false;
+  if constexpr (backward) deterministic = p.deterministic;
+  const Prepared c =
+      prepare(S, key_of(p.B, p.T, p.NH, p.HS, p.scale, backward, p.dtype, deterministic), p.scale, p.stream);
   auto pack = attention_pack(p);
   CUDNN_CHECK(c.graph.graph->execute(c.handle, pack, c.workspace));
 }
@@ -373,13 +382,17 @@ namespace gpt2core::seams {
 
 void release_attention_stream(void*) {}
 
-cudaError_t attention_forward(const AttentionForwardParams&) {
-  t_last_error = "attention: gpt2core was built without cuDNN frontend (cuDNN SDPA unavailable)";
+cudaError_t attention_forward(const AttentionForwardParams& p) {
+  t_last_error = p.dtype == DType::F32 ? "attention: cuDNN's fused SDPA needs bf16 or fp16 inputs (and this build has "
+                                         "no cuDNN frontend either)"
+                                       : "attention: gpt2core was built without cuDNN frontend (cuDNN SDPA unavailable)";
   return cudaErrorNotSupported;
 }
 
-cudaError_t attention_backward(const AttentionBackwardParams&) {
-  t_last_error = "attention: gpt2core was built without cuDNN frontend (cuDNN SDPA unavailable)";
+cudaError_t attention_backward(const AttentionBackwardParams& p) {
+  t_last_error = p.dtype == DType::F32 ? "attention: cuDNN's fused SDPA needs bf16 or fp16 inputs (and this build has "
+                                         "no cuDNN frontend either)"
+                                       : "attention: gpt2core was built without cuDNN frontend (cuDNN SDPA unavailable)";
   return cudaErrorNotSupported;
 }
 

@@ -14,9 +14,9 @@
 namespace gpt2core::seams {
 
 // The forward (or backward) SDPA graph for qkv (B, T, 3, NH, HS) with this scale and dtype (BF16 or F16), as the
-// seam builds it.
+// seam builds it; deterministic: the backward's set_deterministic_algorithm (ignored for the forward).
 std::shared_ptr<cudnn_frontend::graph::Graph> attention_graph(int B, int T, int NH, int HS, float scale,
-                                                              bool backward, DType dtype);
+                                                              bool backward, DType dtype, bool deterministic);
 // The variant packs (tensor uid -> address) the seam executes those graphs with.
 std::unordered_map<int64_t, void*> attention_pack(const AttentionForwardParams& p);
 std::unordered_map<int64_t, void*> attention_pack(const AttentionBackwardParams& p);

@@ -424,7 +424,8 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* p, int device) {
   p->unifiedAddressing = 1;
   p->memoryBusWidth = 5120;
   p->l2CacheSize = 50 * 1024 * 1024;
-  p->maxThreadsPerMultiProcessor = 2048;
+  // threads per SM by family: 1024 on sm_75, 1536 on sm_86 / sm_89 (and sm_120), 2048 on sm_80 / sm_90
+  p->maxThreadsPerMultiProcessor = cap == 75 ? 1024 : (cap == 86 || cap == 89 || cap >= 120) ? 1536 : 2048;
   p->sharedMemPerMultiprocessor = 228 * 1024;
   p->regsPerMultiprocessor = 65536;
   p->managedMemory = 1;

@@ -239,7 +239,13 @@ cudaError_t matmul(const MatmulParams& p) {
   // Test knobs: refuse the GELU epilogues, or the bias-gradient one, as cuBLASLt may at run time (no kernel for the
   // combination), having written nothing, so callers' fallback to the separate kernels runs in CI.
   if (p.epilogue != Epilogue::None && std::getenv("GPT2CORE_EMU_REFUSE_GELU_EPILOGUE")) return cudaErrorNotSupported;
-  if (p.bias_grad && std::getenv("GPT2CORE_EMU_REFUSE_BIAS_GRAD_EPILOGUE")) return cudaErrorNotSupported;
+  if (p.bias_grad && std::getenv("GPT2CORE_EMU_REFUSE_BIAS_GRAD_EPILOGUE")) {
+    char buf[160];  // logged, so tests can count how often a caller asks again
+    snprintf(buf, sizeof buf, "{\"seam\": \"matmul\", \"refused\": \"bias_grad\", \"m\": %d, \"n\": %d, \"k\": %d}",
+             p.m, p.n, p.k);
+    gpt2emu::log_launch(buf);
+    return cudaErrorNotSupported;
+  }
   return gpt2emu::enqueue(p.stream, "matmul", [p] {
     log_matmul(p);
     return run_matmul(p);

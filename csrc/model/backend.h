@@ -38,6 +38,11 @@ class Backend {
   // (the overlapped gradient all-reduce): a cudaStream_t for the CUDA backend, where nullptr is the legacy
   // default stream. Backends whose ops have finished when they return (the CPU) keep the default, nullptr.
   virtual void* native_stream() { return nullptr; }
+  // Makes this backend's device the calling thread's current one (CUDA: cudaSetDevice), so that kernels, the
+  // library seams (which key their handles, graphs and fit checks on the current device) and allocations land
+  // on it even when another model or library made another GPU current in this thread. The model calls it at
+  // each of its entry points; a backend with one device keeps the default.
+  virtual void make_current() {}
 
   // memory: allocations are zero-filled; host<->device copies
   virtual T* alloc(size_t n) = 0;

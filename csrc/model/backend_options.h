@@ -1,5 +1,5 @@
 // How a backend computes, chosen by the user and passed down as an argument: GPT2(precision=..., attention=...,
-// fused=..., matmul_tuning=...) -> the binding -> make_backend (backends.h) -> the backend, which hands the per-call part to the ops
+// fused=..., matmul_tuning=..., deterministic=...) -> the binding -> make_backend (backends.h) -> the backend, which hands the per-call part to the ops
 // and the library seams (TF32: a field of each matmul's seam params). Never the process environment, so two
 // models in one process can differ.
 #pragma once
@@ -24,6 +24,12 @@ struct BackendOptions {
   // is per process: a resumed run may pick other algorithms than the run it continues and round differently,
   // so bit-exact resume on a GPU needs false. The CPU backend has no library algorithms to choose and ignores it.
   bool matmul_tuning = false;
+  // CUDA: every kernel and library call gives the same bits for the same inputs, so two identical runs (and a
+  // resumed one) agree bit for bit. Today this is cuDNN's SDPA backward, which cudnn-frontend builds
+  // non-deterministic unless asked (its Hopper path may accumulate dQ with atomics): true builds that graph with
+  // set_deterministic_algorithm(true); false lets cuDNN pick the (possibly faster) atomic path. gpt2core's own
+  // kernels and cuBLASLt's heuristic-first matmuls are deterministic either way. The CPU backend ignores it.
+  bool deterministic = true;
 };
 
 inline const char* attention_name(BackendOptions::Attention a) {

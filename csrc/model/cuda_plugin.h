@@ -16,7 +16,7 @@ typedef struct CUstream_st* cudaStream_t;
 
 namespace gpt2 {
 
-constexpr int kCudaPluginAbi = 2;  // bump whenever CudaPlugin, or a type it passes, changes
+constexpr int kCudaPluginAbi = 3;  // bump whenever CudaPlugin, or a type it passes, changes
 
 struct CudaPlugin {
   int abi;
@@ -28,6 +28,8 @@ struct CudaPlugin {
   std::unique_ptr<Backend<f16>> (*make_f16)(const std::string& device, const BackendOptions& options);
   // the NCCL communicator (comm/comm_nccl.h); nullptr in a build without NCCL
   std::unique_ptr<dist::Comm> (*make_nccl_comm)(const dist::RendezvousOptions& opts, int device, cudaStream_t stream);
+  // refused bias-gradient epilogues so far in this process (cuda::bgradb_refusals)
+  void (*bgradb_refusals)(long long* shapes, long long* fallbacks);
 };
 
 // The table in use: nullptr until the CUDA module (or the emulated build) set it.

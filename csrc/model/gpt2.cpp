@@ -27,6 +27,11 @@ GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> b
 
 template <typename T>
 GPT2Model<T>::~GPT2Model() {
+  try {
+    backend_->make_current();
+  } catch (const std::exception& e) {  // destructors only log
+    std::fprintf(stderr, "gpt2core: ~GPT2Model: %s\n", e.what());
+  }
   drop_graph(step_graph_);
   drop_graph(optimizer_graph_);
   kv_release();
@@ -53,6 +58,7 @@ void GPT2Model<T>::require_training(const char* what) const {
 
 template <typename T>
 void GPT2Model<T>::ensure_optimizer_state() {
+  backend_->make_current();
   require_training("optimizer state");
   if (!m_) m_ = backend_->alloc_master(num_params_);
   if (!v_) v_ = backend_->alloc_master(num_params_);
@@ -60,6 +66,7 @@ void GPT2Model<T>::ensure_optimizer_state() {
 
 template <typename T>
 void GPT2Model<T>::refresh_params() {
+  backend_->make_current();
   if constexpr (kHasMasterCopy<T>) {
     if (params_stale_) backend_->cast_params(params_, master_, num_params_, round_seed_, 0);
   }
@@ -97,6 +104,7 @@ size_t GPT2Model<T>::activation_bytes_for(int B, int Tn) {
 
 template <typename T>
 void GPT2Model<T>::set_recompute_gelu(bool on) {
+  backend_->make_current();
   if (on == recompute_gelu_) return;
   recompute_gelu_ = on;
   release_activations();  // laid out again at the next forward
@@ -136,6 +144,7 @@ void GPT2Model<T>::ensure_activations(int B, int Tn) {
 
 template <typename T>
 double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, int Tn) {
+  backend_->make_current();
   if (B <= 0 || Tn <= 0 || Tn > config_.max_seq_len)
     throw std::invalid_argument("forward: need B > 0 and 0 < T <= max_seq_len");
   // inference-only: the KV-cache prefill with every position's logits (no per-layer activations kept); a backend
@@ -210,6 +219,7 @@ void GPT2Model<T>::forward_ops(int B, int Tn) {
 
 template <typename T>
 void GPT2Model<T>::logits_to_host(M* dst) const {
+  backend_->make_current();
   if (!B_) throw std::runtime_error("logits: no forward pass has run yet");
   if (kv_forward_) return kv_logits_to_host(dst);
   const size_t n = size_t(B_) * T_ * config_.padded_vocab_size;
@@ -224,12 +234,14 @@ void GPT2Model<T>::logits_to_host(M* dst) const {
 
 template <typename T>
 void GPT2Model<T>::losses_to_host(M* dst) const {
+  backend_->make_current();
   if (!B_) throw std::runtime_error("token_losses: no forward pass has run yet");
   backend_->to_host_master(dst, kv_forward_ ? kv_.losses : a_.losses, size_t(B_) * T_);
 }
 
 template <typename T>
 void GPT2Model<T>::zero_grad() {
+  backend_->make_current();
   require_training("zero_grad");
   backend_->zero_master(grads_, num_params_);
 }
@@ -262,6 +274,7 @@ GradRanges GPT2Model<T>::tensor_grad_ranges(ParamTensor first, ParamTensor last)
 
 template <typename T>
 void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
+  backend_->make_current();
   require_training("backward");
   if (!have_targets_)
     throw std::runtime_error("backward: call forward(idx, targets) first (each forward allows one backward)");
@@ -333,6 +346,7 @@ void GPT2Model<T>::backward_ops(bool report) {
 
 template <typename T>
 void GPT2Model<T>::forward_backward(const int32_t* inp, const int32_t* targets, int B, int Tn, float grad_scale) {
+  backend_->make_current();
   if (B <= 0 || Tn <= 0 || Tn > config_.max_seq_len)
     throw std::invalid_argument("forward_backward: need B > 0 and 0 < T <= max_seq_len");
   if (!targets) throw std::invalid_argument("forward_backward: needs targets");
@@ -404,6 +418,7 @@ void GPT2Model<T>::forward_backward_ops(float grad_scale) {
 
 template <typename T>
 double GPT2Model<T>::take_loss() {
+  backend_->make_current();
   M acc;
   backend_->to_host_master(&acc, loss_acc_, 1);
   backend_->zero_master(loss_acc_, 1);
@@ -412,6 +427,7 @@ double GPT2Model<T>::take_loss() {
 
 template <typename T>
 void GPT2Model<T>::set_graphs(bool on) {
+  backend_->make_current();
   graphs_ = on;
   if (!on) {
     drop_graph(step_graph_);
@@ -434,6 +450,7 @@ double GPT2Model<T>::read_step_result() {
 
 template <typename T>
 void GPT2Model<T>::set_loss_scaling(bool on, const LossScaler& state) {
+  backend_->make_current();
   if (on && !(state.scale > 0 && std::isfinite(state.scale) && state.interval >= 1 && state.growth >= 1 &&
               std::isfinite(state.growth) && state.backoff > 0 && state.backoff < 1 && state.clean >= 0 &&
               state.skipped >= 0))
@@ -446,6 +463,7 @@ void GPT2Model<T>::set_loss_scaling(bool on, const LossScaler& state) {
 
 template <typename T>
 double GPT2Model<T>::grad_sum_squares(size_t lo, size_t hi) {
+  backend_->make_current();
   require_training("grad_sum_squares");
   backend_->grad_sum_squares(grads_ + lo, hi - lo);
   return read_step_result();
@@ -457,6 +475,7 @@ double GPT2Model<T>::grad_norm() { return std::sqrt(unscaled(grad_sum_squares(0,
 template <typename T>
 void GPT2Model<T>::adamw_update(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                                 float grad_scale) {
+  backend_->make_current();
   if (step < 1) throw std::invalid_argument("adamw_update: step counts from 1");
   ensure_optimizer_state();
   adamw_over(0, num_params_, m_, v_, beta1, beta2, eps, weight_decay,
@@ -484,6 +503,7 @@ StepArgs GPT2Model<T>::step_args(float lr, float beta1, float beta2, int step, f
 template <typename T>
 double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                                     double grad_clip) {
+  backend_->make_current();
   if (step < 1) throw std::invalid_argument("optimizer_step: step counts from 1");
   ensure_optimizer_state();
   Backend<T>& be = *backend_;
@@ -509,6 +529,7 @@ template <typename T>
 void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2,
                                       float eps, float weight_decay, int step, float grad_scale, double grad_clip,
                                       double sumsq) {
+  backend_->make_current();
   if (step < 1) throw std::invalid_argument("adamw_update_range: step counts from 1");
   require_training("adamw_update_range");
   if (lo > hi || hi > num_params_) throw std::invalid_argument("adamw_update_range: bad range");

@@ -141,6 +141,9 @@ class TrainConfig:
                                       "the fastest (a resumed run may then round differently from an "
                                       "uninterrupted one; off: cuBLASLt's heuristic's first, bit-exact resume)",
                                "model")
+    no_deterministic: bool = _opt(False, "CUDA: let cuDNN's attention backward accumulate with atomics (maybe "
+                                         "faster; two identical runs, or a resumed one, then round differently). "
+                                         "Default: deterministic, bit-exact resume", "model")
     loss_scaling: str = _opt("auto", "dynamic loss scaling (PyTorch GradScaler's rule, on the device): auto (on for "
                                      "fp16 only), on, off. An overflow skips the step and halves the scale",
                              "model", choices=["auto", "on", "off"])

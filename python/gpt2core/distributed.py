@@ -193,6 +193,8 @@ class DataParallel:
             overlap = not zero and model.params["wte"].dtype != np.float64
         self.model, self.comm, self.zero, self.grad_accum = model, comm, zero, grad_accum
         self.world = comm.size
+        if hasattr(comm, "use_stream_of") and hasattr(model, "_m"):  # NCCL: collectives wait for the model's stream
+            comm.use_stream_of(model._m)
         self.n = model.num_parameters
         if broadcast:  # the replicas start identical even if their seeds or checkpoints differ
             comm.broadcast(model.flat_params(), root=0)

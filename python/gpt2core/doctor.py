@@ -189,11 +189,24 @@ def main(argv=None) -> int:
     ap = cli.ArgumentParser(prog="gpt2core-doctor", description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=cli.Float(0, 3600), default=20.0,
                     help="length of the GPU speed probe in seconds, 0..3600 (0: skip it; default 20)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="everything a first GPU must answer, in order of value, each step time-bounded, into one "
+                         "report (gpt2core/calibrate.py); without a GPU: the CPU part, then exit 0")
+    ap.add_argument("--report", default="calibrate.json", help="--calibrate: the report file (JSON; a .txt "
+                                                               "summary beside it)")
     args = ap.parse_args(argv)
 
     def out(line: str) -> None:
         print(line, flush=True)
 
+    if args.calibrate:
+        from gpt2core.calibrate import calibrate
+        return calibrate(args.report, out)
+    return run_checks(out, args.seconds)
+
+
+def run_checks(out, seconds: float = 20.0) -> bool | int:
+    """The doctor's checks, printed through `out`; the exit status (0: every check passed)."""
     out(f"python {sys.version.split()[0]} | numpy {np.__version__} | {sys.platform}")
     info = report_build(out)
     cuda_failed = report_libraries(out, info)
@@ -205,10 +218,20 @@ def main(argv=None) -> int:
     if "cuda" not in info["backends"]:
         out("GPU: this build has no CUDA backend (pip install on a machine with the CUDA toolkit, or from a wheel)")
     ok = check_correctness(out, devices) and not cuda_failed
-    for d in devices if args.seconds > 0 else []:
-        speed_probe(out, d, args.seconds)
+    for d in devices if seconds > 0 else []:
+        speed_probe(out, d, seconds)
+    info_now = gpt2core_build_info()
+    if info_now.get("bgradb_refused_shapes"):
+        out(f"note: the matmul library refused the bias-gradient epilogue (BGRADB) for "
+            f"{info_now['bgradb_refused_shapes']} dW shape(s); {info_now['bgradb_fallbacks']} GEMMs summed dbias "
+            "with kernels instead")
     out("all checks passed" if ok else "SOME CHECKS FAILED")
     return 0 if ok else 1
+
+
+def gpt2core_build_info() -> dict:
+    import gpt2core
+    return gpt2core.build_info()
 
 
 console = cli.entry("gpt2core-doctor", main)

@@ -120,8 +120,8 @@ class GPT2:
     def __init__(self, config: GPT2Config | str = "d12", device: str = "cpu", seed: int = 0,
                  dtype: str = "float32", init: bool = True, precision: str | None = None,
                  attention: str | None = None, fused: bool = True, matmul_tuning: bool = False,
-                 loss_scaling: bool | None = None, loss_scale_init: float = 2.0**16, loss_scale_interval: int = 2000,
-                 training: bool = True):
+                 deterministic: bool = True, loss_scaling: bool | None = None, loss_scale_init: float = 2.0**16,
+                 loss_scale_interval: int = 2000, training: bool = True):
         """precision: "fp32"; "tf32" (CUDA: TF32 tensor-core matmuls); "bf16" (CUDA: bf16 weights copy and
         activations, fp32 master weights, gradients, AdamW state, softmax and loss); "fp16" (CUDA: the same in
         IEEE half precision, for sm_70 / sm_75 GPUs; trained with dynamic loss scaling by default, below). None
@@ -133,8 +133,11 @@ class GPT2:
         kernels, the unfused rung of the speed ladder; the CPU backend has nothing to fuse). matmul_tuning (CUDA):
         time cuBLASLt's candidate algorithms once per matmul shape and keep the fastest (as PyTorch's
         cudnn.benchmark); the choice is per process, so a resumed run may round differently from the run it
-        continues: the default, False, takes cuBLASLt's heuristic's first and keeps resume bit-exact. All of these
-        are this model's own: two models in one process may differ.
+        continues: the default, False, takes cuBLASLt's heuristic's first and keeps resume bit-exact.
+        deterministic (CUDA, default True): the same bits for the same inputs, so identical runs and resumed ones
+        agree bit for bit; False lets cuDNN's attention backward accumulate dQ with atomics (its Hopper path), which
+        may be faster but rounds differently from run to run. All of these are this model's own: two models in one
+        process may differ.
 
         loss_scaling: dynamic loss scaling as PyTorch's GradScaler does it, on the device (see step()): True,
         False, or None (default: on for precision="fp16" only, whose gradients would underflow without it; it
@@ -165,6 +168,10 @@ class GPT2:
         if self.device != "cpu":
             precision = pick_precision(precision, _C.cuda_capability(int(self.device.partition(":")[2] or 0)), dtype)
         precision = precision or "fp32"
+        if attention == "cudnn" and precision in ("fp32", "tf32"):
+            raise ValueError(f"attention='cudnn' needs precision='bf16' or 'fp16' (cuDNN's fused attention has no fp32 "
+                             f"inputs); this model is precision={precision!r}: use attention='flash' or a 16-bit "
+                             "precision")
         if precision in ("bf16", "fp16") and dtype != "float32":
             raise ValueError(f"precision={precision!r} keeps float32 master weights: use dtype='float32'")
         self.precision = precision
@@ -174,8 +181,10 @@ class GPT2:
         self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size, padded_vocab_size=c.padded_vocab_size,
                       n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, device=self.device,
                       tf32=precision == "tf32", attention=attention or "auto", fused=bool(fused),
-                      matmul_tuning=bool(matmul_tuning), training=bool(training))
+                      matmul_tuning=bool(matmul_tuning), training=bool(training),
+                      deterministic=bool(deterministic))
         self.training = bool(training)
+        self.deterministic = bool(deterministic)
         if loss_scaling not in (None, True, False):
             raise ValueError(f"loss_scaling must be True, False or None (on for fp16 only), got {loss_scaling!r}")
         check_loss_scale_args(loss_scale_init, loss_scale_interval)

@@ -64,10 +64,11 @@ class Run:
         return round(self.info.get("params", 0) / 1e6) == 124
 
     def curve(self, key: str, tokens: bool = True):
-        """(x, y) arrays of a series (empty when the run has none); x in tokens seen, or in steps."""
+        """(x, y) arrays of a series (empty when the run has none); x in tokens seen, or in steps (also when
+        the run does not know its tokens per step)."""
         steps, y = self.series.get(key, ((), ()))
         x = np.asarray(steps, dtype=np.float64)
-        return (x * self.tokens_per_step if tokens else x), np.asarray(y, dtype=np.float64)
+        return (x * self.tokens_per_step if tokens and self.tokens_per_step else x), np.asarray(y, dtype=np.float64)
 
 
 def _parse_llmc(line: str) -> dict | None:
@@ -184,7 +185,7 @@ def plot_runs(runs, path=None, log_x: bool = False, references: str | bool = "au
         for ax, refs in ((ax_loss, REF_VAL_LOSS), (ax_hs, REF_HELLASWAG)):
             for y, label, ls in refs:
                 ax.axhline(y, color="k", ls=ls, lw=1, label=label)
-    losses = np.concatenate([r.curve(k)[1] for r in runs for k in ("loss", "val_loss")])
+    losses = np.concatenate([r.curve(k, by_tokens)[1] for r in runs for k in ("loss", "val_loss")])
     if not log_x and losses.size > 50:
         # the first steps (from ln(50257) = 10.8) would squash the part worth reading: keep 98% of the
         # points (and the reference) in view; --log-x shows the start instead
@@ -270,6 +271,10 @@ def main(argv=None) -> int:
         return 1
     out = args.output or (Path(args.runs[0]) / "metrics.png" if len(runs) == 1 and Path(args.runs[0]).is_dir()
                           else Path("metrics.png"))
+    for p, r in zip(args.runs, runs):
+        if not r.tokens_per_step:  # written before the run record existed, or by another tool
+            print(f"gpt2core-plot: {p} records no tokens per step (no {{\"run\": ...}} line): plotting against "
+                  "optimizer steps (--tokens-per-step N gives a tokens axis)", file=sys.stderr)
     refs = {"auto": "auto", "on": True, "off": False}[args.references]
     plot_runs(runs, out, log_x=args.log_x, references=refs, title=args.title)
     for r in runs:

@@ -180,7 +180,8 @@ class Trainer:
                           if cfg.hellaswag_every else None)
         self._check_weights_fit()
         model = GPT2(self.config, device=self.device, seed=cfg.seed, precision=cfg.precision, attention=cfg.attention,
-                     matmul_tuning=cfg.matmul_tuning, loss_scaling=cfg.loss_scaling_on,
+                     matmul_tuning=cfg.matmul_tuning, deterministic=not cfg.no_deterministic,
+                     loss_scaling=cfg.loss_scaling_on,
                      loss_scale_init=cfg.loss_scale_init, loss_scale_interval=cfg.loss_scale_interval)
         model.recompute_gelu = cfg.recompute_gelu
         model.cuda_graphs = cfg.cuda_graphs

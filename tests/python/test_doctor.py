@@ -1,8 +1,10 @@
 """The self-check command (gpt2core.doctor): on this machine (CPU only) it reports the build, the libraries it
 loaded with their paths, why there is no GPU, and checks the CPU's training steps against float64; a failing
 check makes it exit 1."""
+import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -41,3 +43,33 @@ def test_doctor_checks_and_times_the_gpu():
                        timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "check cuda (" in p.stdout and "speed cuda: d12" in p.stdout and "tokens/s" in p.stdout
+
+
+def test_calibrate_without_a_gpu_runs_the_cpu_part_says_so_once_and_exits_0(tmp_path):
+    """`--calibrate` here: the doctor step runs (bounded, in a subprocess), every GPU step is skipped, one line says
+    why, and the report file (JSON) and its summary (.txt) are written."""
+    if _C.cuda_status() == "":
+        pytest.skip("a GPU is usable here: the GPU steps would run")
+    rep = tmp_path / "cal.json"
+    p = subprocess.run([sys.executable, "-m", "gpt2core.doctor", "--calibrate", "--report", str(rep)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert sum("no usable GPU" in line for line in p.stdout.splitlines()) == 1
+    j = json.loads(rep.read_text())
+    assert j["gpu"] is False and j["steps"]["doctor"]["status"] == "ok"
+    assert j["steps"]["doctor"]["result"]["ok"] is True
+    assert any("check cpu (fp32)" in line for line in j["steps"]["doctor"]["result"]["lines"])
+    from gpt2core.calibrate import GPU_STEPS, STEPS
+    assert [s[0] for s in STEPS][0] == "doctor" and all(j["steps"][s]["status"] == "skipped" for s in GPU_STEPS)
+    assert "doctor" in rep.with_suffix(".txt").read_text()
+
+
+def test_calibrate_bounds_each_step_in_time(tmp_path):
+    """A step past its limit is killed and reported as a timeout (and the command's status says a step failed)."""
+    from gpt2core import calibrate
+    lines = []
+    t0 = time.perf_counter()
+    status = calibrate.calibrate(tmp_path / "r.json", lines.append, steps=[("doctor", "checks", 1.0)], gpu=False)
+    assert time.perf_counter() - t0 < 30
+    j = json.loads((tmp_path / "r.json").read_text())
+    assert status == 1 and j["steps"]["doctor"]["status"] == "timeout" and j["steps"]["doctor"]["limit_s"] == 1.0

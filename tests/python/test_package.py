@@ -23,6 +23,31 @@ def test_build_info_reports_what_was_compiled():
     assert bool(info["cuda_archs"]) == info["cuda"]
 
 
+def test_extension_modules_export_only_their_module_init():
+    """_C and _C_cuda (where built) are linked with hidden visibility and a version script: their dynamic symbol
+    tables define PyInit_<name> and nothing else (before, 34 gpt2:: symbols were exported by both modules, so one
+    module's could bind to the other's at load time). Read with nm."""
+    import glob
+    import os
+    import shutil
+
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm not found")
+    here = os.path.dirname(gpt2core.__file__)
+    mods = sorted(glob.glob(os.path.join(here, "_C.*.so")) + glob.glob(os.path.join(here, "_C_cuda.*.so")))
+    assert mods, here
+    for path in mods:
+        name = os.path.basename(path).split(".")[0]
+        out = subprocess.run([nm, "-D", "--defined-only", path], capture_output=True, text=True, check=True).stdout
+        # exported: global symbols (upper-case types, or u: unique global); lower case are local to the module
+        defined = {f[-1] for f in (line.split() for line in out.splitlines()) if len(f) >= 2 and
+                   (f[-2].isupper() or f[-2] == "u")}
+        assert defined == {f"PyInit_{name}"}, (path, sorted(defined)[:20])
+    info = gpt2core.build_info()  # the run-time counts of a refused bias-gradient epilogue (0 until CUDA runs)
+    assert info["bgradb_refused_shapes"] >= 0 and info["bgradb_fallbacks"] >= 0
+
+
 def test_cuda_without_gpu_is_a_clear_python_error():
     if "cuda" in gpt2core.build_info()["backends"]:
         pytest.skip("CUDA backend compiled; covered by the CUDA tests")

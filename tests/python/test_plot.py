@@ -130,6 +130,23 @@ def test_cli_writes_png_next_to_one_run_and_summarises(tmp_path, capsys):
     assert f"val loss {want['val_loss'][1][-1]:.4f} (step 59)" in out and "step 60 (31.5M tokens)" in out
 
 
+def test_a_file_without_the_run_record_is_plotted_against_steps_and_says_so(tmp_path, capsys):
+    """metrics.jsonl written before the {"run": ...} record existed (or by another tool): no TypeError, the curves'
+    x values are the optimizer steps themselves, the axis says "step", and stderr says why."""
+    want = write_run(tmp_path / "old")
+    f = tmp_path / "old" / "metrics.jsonl"
+    f.write_text("".join(line + "\n" for line in f.read_text().splitlines()[1:]))  # drop the run record
+    assert plot.main([str(tmp_path / "old")]) == 0
+    cap = capsys.readouterr()
+    assert "records no tokens per step" in cap.err and "against optimizer steps" in cap.err
+    assert "step 60 |" in cap.out and "tokens)" not in cap.out
+    fig = plot.plot_runs([plot.read_run(tmp_path / "old")])
+    ax_loss = fig.axes[0]
+    np.testing.assert_array_equal(lines(ax_loss)["old train"].get_xdata(), want["loss"][0])
+    np.testing.assert_array_equal(lines(ax_loss)["old val"].get_xdata(), want["val_loss"][0])
+    assert ax_loss.get_xlabel() == "step" or fig.axes[2].get_xlabel() == "step"
+
+
 def test_training_run_records_what_the_plot_needs(tmp_path, capsys):
     """gpt2core-train's run record: params and tokens per step; the log line carries elapsed time and ETA."""
     out = tmp_path / "run"

@@ -71,11 +71,11 @@ def describe():
         assert r.returncode == 0, r.stderr[-4000:]
     so = ctypes.CDLL(str(out))
 
-    def run(B, T, NH, HS, scale, backward, dtype, qkv, out_, stats, dout=0, dqkv=0):
+    def run(B, T, NH, HS, scale, backward, dtype, qkv, out_, stats, dout=0, dqkv=0, deterministic=True):
         text, err = ctypes.create_string_buffer(1 << 16), ctypes.create_string_buffer(1024)
         uids, addrs, n = (ctypes.c_int64 * 16)(), (ctypes.c_uint64 * 16)(), ctypes.c_int()
         rc = so.gpt2_describe_attention(B, T, NH, HS, ctypes.c_float(scale), int(backward), SEAM_DTYPE[dtype],
-                                        ctypes.c_uint64(qkv),
+                                        int(deterministic), ctypes.c_uint64(qkv),
                                         ctypes.c_uint64(out_), ctypes.c_uint64(stats), ctypes.c_uint64(dout),
                                         ctypes.c_uint64(dqkv), text, len(text), uids, addrs, 16, ctypes.byref(n),
                                         err, len(err))
@@ -190,6 +190,9 @@ def test_cudnn_attention_graph_describes_the_seams_attention(emu, describe, B, T
 
     g = Graph(*describe(B, T, NH, HS, scale, True, dtype, addr["qkv"], addr["out"], addr["stats"], addr["dout"],
                         addr["dqkv"]))
+    # BackendOptions::deterministic (on by default) reaches the graph: cudnn-frontend's default is the
+    # non-deterministic backward (atomic dQ accumulation on Hopper)
+    assert g.node["is_deterministic_algorithm"] is True
     want = backward(g)
     # The backend lets cuDNN write its backward straight into dqkv (no zero fill, no scratch copy): the dQ, dK, dV
     # views must cover every element of the (B, T, 3, NH, HS) buffer exactly once.
@@ -200,3 +203,15 @@ def test_cudnn_attention_graph_describes_the_seams_attention(emu, describe, B, T
     for name in ("dQ", "dK", "dV"):  # 16-bit outputs: UNIT of the tensor's largest value
         got = g.read(name)
         assert np.max(np.abs(got - want[name])) <= u * np.max(np.abs(want[name])), name
+
+
+def test_cudnn_attention_backward_determinism_is_the_callers_option(describe):
+    """AttentionBackwardParams::deterministic is what the backward graph's set_deterministic_algorithm says, both
+    ways (so GPT2(deterministic=False) really asks cuDNN for its atomic path); the forward has no such choice."""
+    B, T, NH, HS, base = 1, 5, 1, 8, 1 << 20
+    for det in (True, False):
+        g = Graph(*describe(B, T, NH, HS, 0.25, True, "BFLOAT16", base, base + 4096, base + 8192, base + 12288,
+                            base + 16384, deterministic=det))
+        assert g.node["tag"] == "SDPA_BWD" and g.node["is_deterministic_algorithm"] is det
+    g = Graph(*describe(B, T, NH, HS, 0.25, False, "BFLOAT16", base, base + 4096, base + 8192, deterministic=False))
+    assert g.node["tag"] == "SDPA" and "is_deterministic_algorithm" not in g.node

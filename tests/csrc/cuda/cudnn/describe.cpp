@@ -12,13 +12,14 @@
 
 using namespace gpt2core::seams;
 
-// dtype: a gpt2core::seams::DType (1 = BF16, 2 = F16).
-extern "C" int gpt2_describe_attention(int B, int T, int NH, int HS, float scale, int backward, int dtype, uint64_t qkv,
+// dtype: a gpt2core::seams::DType (1 = BF16, 2 = F16); deterministic: AttentionBackwardParams::deterministic.
+extern "C" int gpt2_describe_attention(int B, int T, int NH, int HS, float scale, int backward, int dtype,
+                                       int deterministic, uint64_t qkv,
                                        uint64_t out, uint64_t stats, uint64_t dout, uint64_t dqkv, char* json,
                                        int json_len, int64_t* uids, uint64_t* addrs, int max_pack, int* n_pack,
                                        char* err, int errlen) {
   try {
-    const std::string text = attention_graph(B, T, NH, HS, scale, backward != 0, DType(dtype))->print();
+    const std::string text = attention_graph(B, T, NH, HS, scale, backward != 0, DType(dtype), deterministic != 0)->print();
     if (int(text.size()) >= json_len) throw std::runtime_error("the graph's description does not fit");
     std::snprintf(json, size_t(json_len), "%s", text.c_str());
     std::unordered_map<int64_t, void*> pack;
@@ -28,6 +29,7 @@ extern "C" int gpt2_describe_attention(int B, int T, int NH, int HS, float scale
       p.qkv = reinterpret_cast<const void*>(qkv), p.out = reinterpret_cast<const void*>(out);
       p.stats = reinterpret_cast<const float*>(stats);
       p.dtype = DType(dtype), p.B = B, p.T = T, p.NH = NH, p.HS = HS, p.scale = scale;
+      p.deterministic = deterministic != 0;
       pack = attention_pack(p);
     } else {
       AttentionForwardParams p;
