@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2core import cli
 from gpt2core.perf import GPU_PEAK_TFLOPS, gpu_peak_tflops
 
 
@@ -87,18 +88,19 @@ def cpu_peak_gflops(threads: int, measure: bool = False, n: int = 2048) -> tuple
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.ArgumentParser(prog="scripts/bench.py", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="d12")
-    ap.add_argument("--padded-vocab-size", type=int, default=None,
+    ap.add_argument("--padded-vocab-size", type=cli.positive_int, default=None,
                     help="override the padded vocab (50257: no padding, the 'vocab padded to 50304' rung off)")
-    ap.add_argument("-B", "--batch-size", type=int, default=4, help="micro-batch per process")
-    ap.add_argument("-T", "--seq-len", type=int, default=64)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--steps", type=int, default=5, help="timed steps")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    ap.add_argument("--threads", type=int, default=None,
+    ap.add_argument("-B", "--batch-size", type=cli.positive_int, default=4, help="micro-batch per process")
+    ap.add_argument("-T", "--seq-len", type=cli.positive_int, default=64)
+    ap.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:N")
+    ap.add_argument("--steps", type=cli.positive_int, default=5, help="timed steps")
+    ap.add_argument("--warmup", type=cli.non_negative_int, default=2, help="untimed steps first")
+    ap.add_argument("--threads", type=cli.positive_int, default=None,
                     help="threads per process (default: all cores; with --nproc N, cores / N)")
-    ap.add_argument("--peak-gflops", type=float, default=None, help="override the peak used for utilisation")
+    ap.add_argument("--peak-gflops", type=cli.positive_float, default=None, help="override the peak used for utilisation")
     ap.add_argument("--measure-peak", action="store_true",
                     help="CPU: measure the sgemm peak again instead of reading the cached figure")
     ap.add_argument("--breakdown", action="store_true", help="also time forward / backward / optimizer")
@@ -129,18 +131,18 @@ def build_parser() -> argparse.ArgumentParser:
     c = ap.add_argument_group("portable vs native CPU code")
     c.add_argument("--compare-native", action="store_true",
                    help="time this install against a -march=native build of the CPU core, alternating rounds")
-    c.add_argument("--rounds", type=int, default=3, help="--compare-native: rounds of (portable, native)")
+    c.add_argument("--rounds", type=cli.positive_int, default=3, help="--compare-native: rounds of (portable, native)")
     c.add_argument("--native-module", default=None,
                    help="--compare-native: an already built native _C module instead of building build/native-cpu")
     g = ap.add_argument_group("data parallel (processes started through gpt2core.launch; Gloo on CPU, NCCL on CUDA)")
-    g.add_argument("--nproc", type=int, default=1, help="processes (one per GPU with --device cuda)")
+    g.add_argument("--nproc", type=cli.positive_int, default=1, help="processes (one per GPU with --device cuda)")
     g.add_argument("--scaling", action="store_true",
                    help="also run 1 process with the same per-process settings and print the scaling efficiency")
-    g.add_argument("--total-batch-tokens", type=int, default=None,
+    g.add_argument("--total-batch-tokens", type=cli.positive_int, default=None,
                    help="tokens per optimizer step; gradient accumulation makes up the rest (default B*T*processes)")
     g.add_argument("--zero", type=int, choices=[0, 1], default=0, help="1: ZeRO-1 (sharded AdamW state)")
     g.add_argument("--no-overlap-comm", action="store_true", help="one gradient allreduce after backward")
-    g.add_argument("--dist-timeout", type=float, default=300.0, help="seconds a collective waits for the others")
+    g.add_argument("--dist-timeout", type=cli.seconds, default=300.0, help="seconds a collective waits for the others")
     g.add_argument("--result-json", default=None, help=argparse.SUPPRESS)  # rank 0 writes its figures here
     return ap
 
@@ -509,9 +511,23 @@ def data_parallel(args, argv):
     return {"runs": runs, "efficiency": eff}
 
 
+def check_switches(ap, args) -> None:
+    """Switches that would do nothing here are usage errors (exit 2), not silently ignored."""
+    if args.device == "cpu":
+        for flag in ("matmul_tuning", "cuda_graphs"):
+            if getattr(args, flag):
+                ap.error(f"--{flag.replace('_', '-')} needs --device cuda (it does nothing on the CPU)")
+    if args.nproc == 1 and not args.scaling and "WORLD_SIZE" not in os.environ and not args.result_json:
+        for flag, on in (("--zero 1", args.zero), ("--no-overlap-comm", args.no_overlap_comm)):
+            if on:
+                ap.error(f"{flag} needs a data-parallel run (--nproc N > 1 or --scaling)")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    check_switches(ap, args)
     if args.model:
         cfg = bench_config(args)
         return gpu_model_module().main(["--gpu", args.model, "-B", str(args.batch_size), "-T", str(args.seq_len),
@@ -534,4 +550,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    sys.exit(cli.entry("scripts/bench.py", lambda argv: 0 if main(argv) else 1)())

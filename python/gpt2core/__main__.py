@@ -1,5 +1,5 @@
 import sys
 
-from .train import cli
+from .train import console
 
-sys.exit(cli())
+sys.exit(console())

@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from . import _build_config
+from .errors import Error
 
 # name in _build_config.CUDA_LIBRARIES -> (soname, what it is, PyPI package for CUDA 12, for CUDA 13)
 _KNOWN = {
@@ -29,7 +30,7 @@ _SYSTEM_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/l
                 "/usr/local/cuda/targets/sbsa-linux/lib")
 
 
-class MissingLibrary(ImportError):
+class MissingLibrary(Error, ImportError):
     """A library the CUDA module links was found neither in NVIDIA's PyPI wheels nor on the system."""
 
 

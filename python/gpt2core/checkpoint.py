@@ -41,6 +41,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -658,13 +659,13 @@ def consolidate(path, out=None) -> Path:
 
 
 def main(argv=None) -> None:
-    import argparse
-    ap = argparse.ArgumentParser(prog="python -m gpt2core.checkpoint", description="Training checkpoint tools.")
+    from . import cli
+    ap = cli.ArgumentParser(prog="python -m gpt2core.checkpoint", description="Training checkpoint tools.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("consolidate", help="merge a ZeRO-1 checkpoint's per-rank optimizer shards into the full "
                                            "AdamW state, resumable with any world size")
-    c.add_argument("dir", help="checkpoint directory (step_NNNNNN)")
-    c.add_argument("--out", default=None, help="write the result here instead of replacing DIR")
+    c.add_argument("dir", type=cli.existing_dir, help="checkpoint directory (step_NNNNNN)")
+    c.add_argument("--out", type=cli.output_dir, default=None, help="write the result here instead of replacing DIR")
     args = ap.parse_args(argv)
     try:
         path = consolidate(args.dir, args.out)
@@ -679,4 +680,5 @@ __all__ = ["CheckpointError", "NonFiniteError", "Checkpoint", "save_checkpoint",
 
 
 if __name__ == "__main__":
-    main()
+    from . import cli as _cli
+    sys.exit(_cli.entry("python -m gpt2core.checkpoint", main)())

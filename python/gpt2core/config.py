@@ -4,6 +4,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
+from . import cli
+from .errors import ArgError
+
+# the largest model shapes the core takes (its int32 index arithmetic and a sane memory footprint)
+MAX_BLOCK_SIZE = 1 << 20
+MAX_VOCAB = 1 << 24
+MAX_DIM = 1 << 16
+
 
 # The architecture fields' values, default (GPT-2) first.
 ARCH_CHOICES = {"position": ("learned", "rope"), "norm": ("layernorm", "rmsnorm"), "activation": ("gelu", "relu2")}
@@ -42,30 +50,31 @@ class GPT2Config:
     logit_softcap: float | None = None
 
     def __post_init__(self):
-        for name in ("block_size", "vocab_size", "padded_vocab_size", "n_layer", "n_head", "n_embd"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"GPT2Config.{name} must be a positive int, got {v!r}")
+        """ArgError (a ValueError) naming the field unless every size is a positive int in the core's range and
+        every architecture field one of its values."""
+        for name, hi in (("block_size", MAX_BLOCK_SIZE), ("vocab_size", MAX_VOCAB), ("padded_vocab_size", MAX_VOCAB),
+                         ("n_layer", MAX_DIM), ("n_head", MAX_DIM), ("n_embd", MAX_DIM)):
+            cli.Int(1, hi, f"a positive int <= {hi:,}").check(getattr(self, name), f"GPT2Config.{name}")
         if self.padded_vocab_size < self.vocab_size:
-            raise ValueError(f"padded_vocab_size ({self.padded_vocab_size}) must be >= vocab_size ({self.vocab_size})")
+            raise ArgError(f"padded_vocab_size ({self.padded_vocab_size}) must be >= vocab_size ({self.vocab_size})")
         if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+            raise ArgError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         for name, choices in ARCH_CHOICES.items():
             if getattr(self, name) not in choices:
-                raise ValueError(f"GPT2Config.{name} must be one of {', '.join(map(repr, choices))}, "
+                raise ArgError(f"GPT2Config.{name} must be one of {', '.join(map(repr, choices))}, "
                                  f"got {getattr(self, name)!r}")
         for name in ("qk_norm", "bias", "tie_embeddings", "zero_init_proj"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"GPT2Config.{name} must be True or False, got {getattr(self, name)!r}")
+                raise ArgError(f"GPT2Config.{name} must be True or False, got {getattr(self, name)!r}")
         rb = self.rope_base
         if isinstance(rb, bool) or not isinstance(rb, (int, float)) or not (math.isfinite(rb) and rb > 1):
-            raise ValueError(f"GPT2Config.rope_base must be a finite number > 1, got {rb!r}")
+            raise ArgError(f"GPT2Config.rope_base must be a finite number > 1, got {rb!r}")
         cap = self.logit_softcap
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float))
                                 or not (math.isfinite(cap) and cap > 0)):
-            raise ValueError(f"GPT2Config.logit_softcap must be None (no cap) or a finite number > 0, got {cap!r}")
+            raise ArgError(f"GPT2Config.logit_softcap must be None (no cap) or a finite number > 0, got {cap!r}")
         if self.position == "rope" and self.head_size % 2:
-            raise ValueError(f"position='rope' needs an even head size (n_embd / n_head), got {self.head_size}")
+            raise ArgError(f"position='rope' needs an even head size (n_embd / n_head), got {self.head_size}")
 
     @classmethod
     def modern(cls, n_layer: int = 12, n_embd: int = 768, n_head: int | None = None, **kw) -> "GPT2Config":
@@ -171,16 +180,22 @@ PRESETS: dict[str, GPT2Config] = {
 }
 
 
+
 def get_preset(name: str) -> GPT2Config:
     try:
         return PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
+        raise ArgError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
 
 
-def _opt(default, help: str, group: str, **argparse_kw):
-    """A TrainConfig field: its default, and what the command line needs (train.build_parser)."""
-    return field(default=default, metadata={"help": help, "group": group, **argparse_kw})
+def _opt(default, help: str, group: str, check: cli.Check | None = None, **argparse_kw):
+    """A TrainConfig field: its default, what the command line needs (train.build_parser), and its checker (a
+    gpt2core.cli.Check: the flag's type and TrainConfig's validation; a field without one may have an entry in
+    _CHECKS below)."""
+    meta = {"help": help, "group": group, **argparse_kw}
+    if check is not None:
+        meta["check"] = check
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -196,7 +211,7 @@ class TrainConfig:
                                         "trains a longer context, e.g. 2048 as GPT-3 did (default: the preset's)",
                                   "model")
     padded_vocab_size: int | None = _opt(None, "override the padded vocab (50257 disables padding)", "model")
-    device: str = _opt("cpu", "cpu or cuda", "model")
+    device: str = _opt("cpu", "cpu, cuda or cuda:N", "model")
     precision: str | None = _opt(None, "fp32; tf32 (CUDA: TF32 tensor-core matmuls); bf16 (CUDA: bf16 activations "
                                        "and weights copy, fp32 master weights and optimizer state); fp16 (CUDA: "
                                        "the same in half precision, sm_70+). Default: bf16 on sm_80+ GPUs, fp16 on "
@@ -292,30 +307,41 @@ class TrainConfig:
     resume: str | None = _opt(None, "continue from a checkpoint directory, or 'auto': the newest complete "
                                     "checkpoint in <output-dir>/checkpoints (a fresh start if there is none)",
                               "checkpoints", metavar="DIR|auto")
+    overwrite: bool = _opt(False, "start over in an --output-dir that holds another run: delete its model.bin, "
+                                  "metrics.jsonl and checkpoints first (without it such a folder is refused)",
+                           "checkpoints")
 
     # the settings that change the trajectory: a resumed run that changes them no longer matches an uninterrupted one
     TRAJECTORY = ("preset", "block_size", "padded_vocab_size", "position", "rope_base", "norm", "qk_norm",
-                  "activation", "no_bias", "untied", "zero_init_proj", "logit_softcap", "batch_size", "seq_len", "total_batch_tokens",
+                  "activation", "no_bias", "untied", "zero_init_proj", "logit_softcap", "batch_size", "seq_len",
+                  "total_batch_tokens",
                   "no_shuffle", "steps", "lr", "min_lr_frac", "warmup", "schedule", "weight_decay", "grad_clip",
                   "beta1", "beta2", "eps", "seed", "loss_scaling", "loss_scale_init", "loss_scale_interval")
 
     def __post_init__(self):
-        """Every number in its range: ValueError naming the flag (gpt2core-train prints it as a one-line error)."""
-        for name, (lo, hi, what) in _RANGES.items():
-            v = getattr(self, name)
-            if v is None and name in _OPTIONAL:
-                continue
-            if not _is(v, int if name in _INTS else float) or not lo <= v <= hi or (name in _POSITIVE and v == 0):
-                raise ValueError(f"--{name.replace('_', '-')} must be {what}, got {v!r}")
+        """Every argument in its range: ArgError (a ValueError) naming the flag (gpt2core-train prints it as a
+        one-line error and exits 2)."""
+        cli.check_fields(self, checks=_CHECKS)
+        if self.overwrite and self.resume:
+            raise ArgError(f"--overwrite starts over and --resume {self.resume} continues: give one of them")
         if self.val_every and not self.val_steps:
-            raise ValueError("--val-steps must be >= 1 when --val-every is set")
+            raise ArgError("--val-steps must be >= 1 when --val-every is set")
         if self.loss_scaling not in ("auto", "on", "off"):
-            raise ValueError(f"--loss-scaling must be auto, on or off, got {self.loss_scaling!r}")
+            raise ArgError(f"--loss-scaling must be auto, on or off, got {self.loss_scaling!r}")
         if self.device == "cpu" and self.precision not in (None, "fp32"):
-            raise ValueError(f"--precision {self.precision} needs --device cuda (the CPU backend computes in fp32)")
+            raise ArgError(f"--precision {self.precision} needs --device cuda (the CPU backend computes in fp32)")
         if self.device == "cpu" and self.attention in ("flash", "cudnn"):
-            raise ValueError(f"--attention {self.attention} needs --device cuda (the CPU backend materialises "
-                             "attention)")
+            raise ArgError(f"--attention {self.attention} needs --device cuda (the CPU backend materialises "
+                           "attention)")
+        for flag in ("matmul_tuning", "cuda_graphs"):  # switches that would do nothing on the CPU
+            if self.device == "cpu" and getattr(self, flag):
+                raise ArgError(f"--{flag.replace('_', '-')} needs --device cuda (it does nothing on the CPU)")
+        try:
+            self.model_config()
+        except ArgError as e:  # --padded-vocab-size below the vocab, --block-size beyond the core's range
+            flags = [f"--{k.replace('_', '-')} {getattr(self, k)}" for k in ("block_size", "padded_vocab_size")
+                     if getattr(self, k) is not None]
+            raise ArgError(f"{' '.join(flags)} with --preset {self.preset}: {e}") from None
 
     @property
     def loss_scaling_on(self) -> bool | None:
@@ -323,7 +349,7 @@ class TrainConfig:
         return {"auto": None, "on": True, "off": False}[self.loss_scaling]
 
     def model_config(self) -> GPT2Config:
-        """The preset, with --block-size and --padded-vocab-size applied."""
+        """The preset, with --block-size, --padded-vocab-size and the architecture flags applied."""
         c = get_preset(self.preset)
         if self.block_size:
             c = c.replace(block_size=self.block_size)
@@ -346,37 +372,32 @@ class TrainConfig:
         return asdict(self)
 
 
-def _is(v, kind) -> bool:
-    """v is a finite real number (an int when kind is int; never a bool)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    return isinstance(v, int) if kind is int else math.isfinite(v)
-
-
-_INF = math.inf
-# TrainConfig's numbers: (lowest, highest, the message's "must be ...")
-_RANGES = {
-    "block_size": (1, _INF, "a positive integer"), "padded_vocab_size": (1, _INF, "a positive integer"),
-    "batch_size": (1, _INF, "a positive integer"), "seq_len": (1, _INF, "a positive integer"),
-    "total_batch_tokens": (1, _INF, "a positive integer"), "steps": (1, _INF, "a positive integer"),
-    "lr": (0, _INF, "a finite number > 0"), "min_lr_frac": (0, 1, "a fraction in [0, 1]"),
-    "warmup": (0, _INF, "an integer >= 0"), "weight_decay": (0, _INF, "a finite number >= 0"),
-    "grad_clip": (0, _INF, "a finite number >= 0 (0 disables clipping)"),
-    "beta1": (0, 1 - 1e-12, "a number in [0, 1)"), "beta2": (0, 1 - 1e-12, "a number in [0, 1)"),
-    "eps": (0, _INF, "a finite number > 0"), "outlier_z": (0, _INF, "a finite number > 0"),
-    "val_every": (0, _INF, "an integer >= 0 (0: never)"), "val_steps": (0, _INF, "an integer >= 0"),
-    "hellaswag_every": (0, _INF, "an integer >= 0 (0: never)"), "hellaswag_limit": (1, _INF, "a positive integer"),
-    "sample_every": (0, _INF, "an integer >= 0 (0: only at the end)"), "sample_tokens": (0, _INF, "an integer >= 0"),
-    "seed": (0, 2**63 - 1, "an integer >= 0"), "threads": (1, _INF, "a positive integer"),
-    "dist_timeout": (0, _INF, "a finite number of seconds > 0"),
-    "loss_scale_init": (0, 3.0e38, "a finite number > 0 that fits in float32 (e.g. 65536)"),
-    "loss_scale_interval": (1, 2**31 - 1, "an integer >= 1"),
-    "rope_base": (1 + 1e-9, _INF, "a finite number > 1"), "logit_softcap": (0, _INF, "a finite number >= 0 (0: none)"),
-    "checkpoint_every": (0, _INF, "an integer >= 0 (0: never)"), "keep_last": (0, _INF, "an integer >= 0 (0: all)"),
+_I, _F = cli.Int, cli.Float
+# TrainConfig's checkers by field (a field may instead name its own: _opt(..., check=...)); the optimizer's
+# hyper-parameters must also be representable in float32, the core's arithmetic
+_CHECKS = {
+    "preset": cli.Choice(*PRESETS), "device": cli.device,
+    "block_size": _I(1, MAX_BLOCK_SIZE), "padded_vocab_size": _I(1, MAX_VOCAB),
+    "batch_size": _I(1, 1 << 24), "seq_len": _I(1, MAX_BLOCK_SIZE), "total_batch_tokens": _I(1, 1 << 40),
+    "steps": _I(1, 1 << 40), "lr": _F(0, lo_open=True, float32=True, what="a finite number > 0"),
+    "min_lr_frac": _F(0, 1, what="a fraction in [0, 1]"), "warmup": _I(0),
+    "weight_decay": _F(0, float32=True, what="a finite number >= 0"),
+    "grad_clip": _F(0, float32=True, what="a finite number >= 0 (0 disables clipping)"),
+    "beta1": _F(0, 1, hi_open=True, float32=True, what="a number in [0, 1)"),
+    "beta2": _F(0, 1, hi_open=True, float32=True, what="a number in [0, 1)"),
+    "eps": _F(0, lo_open=True, float32=True, what="a finite number > 0"),
+    "outlier_z": _F(0, lo_open=True, what="a finite number > 0"),
+    "val_every": _I(0, what="an integer >= 0 (0: never)"), "val_steps": _I(0), "hellaswag_every":
+    _I(0, what="an integer >= 0 (0: never)"), "hellaswag_limit": _I(1),
+    "sample_every": _I(0, what="an integer >= 0 (0: only at the end)"), "sample_tokens": _I(0),
+    "seed": _I(0, 2**63 - 1, "an integer >= 0"), "threads": _I(1, 1 << 16),
+    "dist_timeout": _F(0, 1e9, lo_open=True, what="a finite number of seconds > 0"),
+    "loss_scale_init": _F(0, lo_open=True, float32=True, what="a finite number > 0 that fits in float32 (e.g. 65536)"),
+    "loss_scale_interval": _I(1, 2**31 - 1, "an integer >= 1"),
+    "checkpoint_every": _I(0, what="an integer >= 0 (0: never)"), "keep_last": _I(0, what="an integer >= 0 (0: all)"),
+    "data_dir": cli.Optional(cli.existing_dir), "output_dir": cli.output_dir,
+    "hellaswag_path": cli.Optional(cli.existing_file),
+    "position": cli.Choice("learned", "rope"), "norm": cli.Choice("layernorm", "rmsnorm"),
+    "activation": cli.Choice("gelu", "relu2"), "rope_base": _F(1, lo_open=True, float32=True, what="a finite number > 1"),
+    "logit_softcap": _F(0, float32=True, what="a finite number >= 0 (0: none)"),
 }
-_INTS = {"block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens", "steps", "warmup",
-         "val_every", "val_steps", "hellaswag_every", "hellaswag_limit", "sample_every", "sample_tokens", "seed",
-         "threads", "checkpoint_every", "keep_last", "loss_scale_interval"}
-_OPTIONAL = {"block_size", "padded_vocab_size", "total_batch_tokens", "hellaswag_limit", "threads", "rope_base",
-             "logit_softcap"}
-_POSITIVE = {"lr", "eps", "outlier_z", "dist_timeout", "loss_scale_init"}

@@ -244,6 +244,7 @@ class DataParallel:
     def _overlapped_backward(self, grad_scale: float) -> None:
         self._in_flight = True  # even if it fails part-way: finish() must then wait for what was started
         self.reducer.backward(float(grad_scale))
+        self.model._has_grads = True  # the reducer ran the model's backward
 
     def forward_backward(self, idx, targets, grad_scale: float = 1.0) -> None:
         """GPT2.forward_backward; the last micro-step of the optimizer step averages the gradients over ranks

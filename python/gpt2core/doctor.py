@@ -10,7 +10,6 @@ passes, 1 otherwise.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -18,6 +17,8 @@ import sys
 import time
 
 import numpy as np
+
+from . import cli
 
 # loss tolerance of a device against the CPU after a few steps, by precision: fp32 summation order ~1e-5;
 # tf32 matmuls keep 10 mantissa bits (~1e-3); bf16 activations 8 bits (~1e-2); fp16 activations 11 bits, 8x finer
@@ -163,8 +164,9 @@ def speed_probe(out, device: str, seconds: float) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="gpt2core-doctor", description=__doc__.split("\n")[0])
-    ap.add_argument("--seconds", type=float, default=20.0, help="length of the GPU speed probe (0: skip it)")
+    ap = cli.ArgumentParser(prog="gpt2core-doctor", description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=cli.Float(0, 3600), default=20.0,
+                    help="length of the GPU speed probe in seconds, 0..3600 (0: skip it; default 20)")
     args = ap.parse_args(argv)
 
     def out(line: str) -> None:
@@ -183,5 +185,7 @@ def main(argv=None) -> int:
     return 0 if ok else 1
 
 
+console = cli.entry("gpt2core-doctor", main)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

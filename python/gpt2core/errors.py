@@ -14,11 +14,28 @@ import shutil
 from pathlib import Path
 
 
-class FileFormatError(ValueError):
+class Error(Exception):
+    """Every error of gpt2core's own: its message is the whole story (it names the file, flag or cause), so a
+    console script prints it as one line and exits 1 (see gpt2core.cli), with no traceback."""
+
+
+class ArgError(Error, ValueError):
+    """A bad argument (a flag or a function argument): the message names it. Console scripts exit 2 (usage)."""
+
+
+class Preempted(Error):
+    """The run stopped on SIGTERM/SIGINT after writing a checkpoint. Console scripts exit 75 (EX_TEMPFAIL)."""
+
+
+class DeviceUnavailable(Error, RuntimeError):
+    """A well-formed device that this machine or build cannot run (no CUDA backend, no such GPU)."""
+
+
+class FileFormatError(Error, ValueError):
     """A file that cannot be used: the message names the file and what is wrong."""
 
 
-class WriteError(OSError):
+class WriteError(Error, OSError):
     """A write that failed (ENOSPC, EIO, EACCES, EFBIG...): the message names the path, the reason and the
     bytes needed; `errno` is the original one. Whatever was half written has been removed."""
 
@@ -59,4 +76,4 @@ def _size(n: int) -> str:
     return f"{n:,} bytes ({n / 2**20:,.1f} MiB)" if n >= 2**20 else f"{n:,} bytes"
 
 
-__all__ = ["FileFormatError", "WriteError", "write_error"]
+__all__ = ["Error", "ArgError", "Preempted", "DeviceUnavailable", "FileFormatError", "WriteError", "write_error"]

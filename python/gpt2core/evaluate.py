@@ -14,7 +14,6 @@ random guessing gives 0.25.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -22,6 +21,7 @@ import warnings
 
 import numpy as np
 
+from . import cli
 from .data import hellaswag as _hs
 from .model import load_model
 from .progress import bar
@@ -116,6 +116,9 @@ def score_hellaswag(model, data=None, items_per_batch: int = 4, rank: int = 0, w
     With world_size > 1 this rank scores items i % world_size == rank; add up `n`, `correct` and
     `correct_norm` over ranks (all-reduce) and divide to get the accuracies of the whole set.
     Returns {n, correct, correct_norm, acc, acc_norm}."""
+    cli.positive_int.check(items_per_batch, "items_per_batch")
+    if limit is not None:
+        cli.positive_int.check(limit, "limit")  # limit=0 would score nothing and report acc nan
     if not isinstance(data, _hs.Rendered):
         data = _hs.load(data, limit)
         limit = None
@@ -162,28 +165,31 @@ def _cmd_val(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpt2core.evaluate", description=__doc__.split("\n")[0])
+    p = cli.ArgumentParser(prog="gpt2core-eval", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     h = sub.add_parser("hellaswag", help="HellaSwag accuracy of a checkpoint")
     h.add_argument("--checkpoint", "-c", required=True,
                    help="model file (llm.c .bin), training checkpoint directory or Hugging Face model")
-    h.add_argument("--data", help="rendered .npz, rowanz jsonl or 6-line .txt (default: download)")
-    h.add_argument("--limit", type=int, help="only the first N items")
-    h.add_argument("--items-per-batch", type=int, default=4, help="items per forward (4 rows each)")
-    h.add_argument("--device", default="cpu")
+    h.add_argument("--data", type=cli.existing_file,
+                   help="rendered .npz, rowanz jsonl or 6-line .txt (default: download)")
+    h.add_argument("--limit", type=cli.positive_int, help="only the first N items")
+    h.add_argument("--items-per-batch", type=cli.positive_int, default=4, help="items per forward (4 rows each)")
+    h.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:N")
     h.add_argument("--no-progress", action="store_true")
     v = sub.add_parser("val", help="validation loss of a checkpoint on a shard directory")
     v.add_argument("--checkpoint", "-c", required=True)
-    v.add_argument("--data-dir", required=True, help="directory with *_val_*.bin shards")
-    v.add_argument("--batch-size", "-B", type=int, default=8)
-    v.add_argument("--seq-len", "-T", type=int, default=None, help="default: the model's block_size")
-    v.add_argument("--steps", type=int, default=20)
-    v.add_argument("--device", default="cpu")
+    v.add_argument("--data-dir", required=True, type=cli.existing_dir, help="directory with *_val_*.bin shards")
+    v.add_argument("--batch-size", "-B", type=cli.positive_int, default=8)
+    v.add_argument("--seq-len", "-T", type=cli.positive_int, default=None, help="default: the model's block_size")
+    v.add_argument("--steps", type=cli.positive_int, default=20)
+    v.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:N")
     args = p.parse_args(argv)
     return {"hellaswag": _cmd_hellaswag, "val": _cmd_val}[args.cmd](args)
 
 
-__all__ = ["evaluate_loss", "score_hellaswag", "hellaswag_losses", "hellaswag_batches", "main"]
+console = cli.entry("gpt2core-eval", main)
+
+__all__ = ["evaluate_loss", "score_hellaswag", "hellaswag_losses", "hellaswag_batches", "main", "console"]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

@@ -7,36 +7,35 @@ import sys
 
 import numpy as np
 
-from . import tokenizer
-from .llmc import CheckpointError
+from . import cli, tokenizer
 from .model import load_model
 
 
-def non_negative_int(s: str) -> int:
-    k = int(s)
-    if k < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0: sample from the whole vocabulary), got {k}")
-    return k
-
-
-def main(argv=None) -> list[str]:
-    ap = argparse.ArgumentParser(prog="gpt2core-generate", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    ap = cli.ArgumentParser(prog="gpt2core-generate", description=__doc__)
     ap.add_argument("prompt", nargs="?", default="\n", help="text to continue")
     ap.add_argument("--model", required=True,
                     help="an llm.c model file (v3 fp32 or v5 bf16, e.g. out/model.bin), a training checkpoint "
                          "directory, a Hugging Face GPT-2 directory, or a Hub name such as gpt2")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--top-k", type=non_negative_int, default=50,
+    ap.add_argument("--max-new-tokens", type=cli.non_negative_int, default=64, help="tokens to add (default 64)")
+    ap.add_argument("--top-k", type=cli.non_negative_int, default=50,
                     help="sample from the k most likely tokens (default 50; 0: all)")
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--num-samples", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--device", default="cpu")
-    args = ap.parse_args(argv)
+    ap.add_argument("--temperature", type=cli.positive_float, default=1.0, help="softmax temperature > 0 "
+                                                                                 "(default 1)")
+    ap.add_argument("--num-samples", type=cli.positive_int, default=1, help="samples to draw (default 1)")
+    ap.add_argument("--seed", type=cli.seed, default=42, help="sampling seed (default 42)")
+    ap.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    return ap
+
+
+def main(argv=None) -> list[str]:
+    args = build_parser().parse_args(argv)
     try:
+        cli.check_device_available(args.device)
         model = load_model(args.model, device=args.device)
-    except CheckpointError as e:
-        raise SystemExit(f"gpt2core-generate: {e}") from e
+    except BaseException as e:
+        cli.reraise_as_exit("gpt2core-generate", e)
+        raise
     prompt = tokenizer.encode(args.prompt) or [tokenizer.EOT]
     x = np.array([prompt] * args.num_samples)
     out = model.generate(x, args.max_new_tokens, top_k=args.top_k, temperature=args.temperature, seed=args.seed)
@@ -47,12 +46,8 @@ def main(argv=None) -> list[str]:
     return texts
 
 
-def cli(argv=None) -> int:
-    """The console script `gpt2core-generate`: exit status 0 after a successful run (main() returns the
-    texts to Python callers)."""
-    main(argv)
-    return 0
-
+# the console script `gpt2core-generate` (main() returns the texts to Python callers)
+console = cli.entry("gpt2core-generate", main)
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(console())

@@ -21,6 +21,9 @@ import subprocess
 import sys
 import time
 
+from . import cli
+from .errors import ArgError
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free right now on host (the usual bind-to-0 trick; another process could still
@@ -31,15 +34,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m gpt2core.launch", description=__doc__,
+    ap = cli.ArgumentParser(prog="python -m gpt2core.launch", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, help="processes on this node")
-    ap.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
-    ap.add_argument("--node-rank", "--node_rank", type=int, default=0, help="this node's index in 0..nnodes-1")
+    ap.add_argument("--nproc-per-node", "--nproc_per_node", type=cli.Int(1, 4096), default=1,
+                    help="processes on this node")
+    ap.add_argument("--nnodes", type=cli.Int(1, 65536), default=1, help="number of nodes (default 1)")
+    ap.add_argument("--node-rank", "--node_rank", type=cli.non_negative_int, default=0,
+                    help="this node's index in 0..nnodes-1")
     ap.add_argument("--master-addr", "--master_addr", default="127.0.0.1", help="host of rank 0")
-    ap.add_argument("--master-port", "--master_port", default="29500",
+    ap.add_argument("--master-port", "--master_port", type=cli.port_or_auto, default=29500,
                     help="port of the rendezvous at the master ('auto': a free port, single node only)")
-    ap.add_argument("--kill-timeout", type=float, default=10.0,
+    ap.add_argument("--kill-timeout", type=cli.Float(0, 86400), default=10.0,
                     help="seconds between SIGTERM and SIGKILL when stopping the other processes")
     ap.add_argument("-m", "--module", dest="module", action="store_true",
                     help="run the target as a module (python -m TARGET)")
@@ -66,10 +71,10 @@ def _status(code: int) -> str:
 def launch(args) -> int:
     n, nnodes = args.nproc_per_node, args.nnodes
     if n < 1 or nnodes < 1 or not 0 <= args.node_rank < nnodes:
-        raise SystemExit("gpt2core.launch: need --nproc-per-node >= 1, --nnodes >= 1, 0 <= --node-rank < --nnodes")
+        raise ArgError(f"--node-rank {args.node_rank} must be in 0..{nnodes - 1} (--nnodes {nnodes})")
     if str(args.master_port) in ("auto", "0"):
         if nnodes > 1:
-            raise SystemExit("gpt2core.launch: --master-port auto works on one node only; give every node the same port")
+            raise ArgError("--master-port auto works on one node only; give every node the same port")
         port = free_port()
     else:
         port = int(args.master_port)
@@ -134,10 +139,12 @@ def launch(args) -> int:
             signal.signal(s, h)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    sys.exit(launch(args))
+    return launch(args)
 
+
+console = cli.entry("python -m gpt2core.launch", main)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(console())

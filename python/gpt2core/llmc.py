@@ -30,7 +30,7 @@ import numpy as np
 from . import _C
 from ._io import atomic_write
 from .config import GPT2Config
-from .errors import FileFormatError
+from .errors import Error, FileFormatError
 
 MODEL_MAGIC = 20240326
 MODEL_VERSIONS = {3: "float32", 5: "bfloat16", 1003: "float32", 1005: "bfloat16"}
@@ -57,7 +57,7 @@ class CheckpointError(FileFormatError):
     """A model file or checkpoint that cannot be used: the message names the file and what is wrong."""
 
 
-class NonFiniteError(ValueError):
+class NonFiniteError(Error, ValueError):
     """Weights or optimizer moments holding NaN or Inf, which gpt2core never writes to disk."""
 
 

@@ -12,6 +12,8 @@ import numpy as np
 
 from . import _C, llmc, pretrained
 from .config import GPT2Config, TrainConfig, get_preset
+from . import cli
+from .errors import ArgError, Error
 
 # the tensors that are residual projections: init scaled by 1/sqrt(2 * n_layer) (GPT-2 paper, sec. 2.3)
 _RESIDUAL_PROJ = ("attprojw", "fcprojw")
@@ -21,8 +23,30 @@ _ZERO_INIT = ("attprojw", "fcprojw", "lm_head")
 _LN_WEIGHTS = ("ln1w", "ln2w", "lnfw")
 
 
-class DeviceError(RuntimeError):
+class DeviceError(Error, RuntimeError):
     """The requested device is not usable (no CUDA backend compiled, or no GPU present)."""
+
+
+class NoGradientsError(Error, RuntimeError):
+    """step() with no gradients to apply (no backward since construction or zero_grad)."""
+
+
+class _Views(dict):
+    """params / grads: numpy views into the core's buffers. Writing into a view changes the model
+    (`params["wte"][...] = w`); replacing an entry would only detach the name from the model, so it is refused."""
+
+    def __setitem__(self, name, value):
+        raise TypeError(f"{name!r} is a view of the model's buffer and cannot be replaced: write into it in place "
+                        f"(model.params[{name!r}][...] = value, then model.params_changed())")
+
+    def __delitem__(self, name):
+        raise TypeError(f"{name!r} is a view of the model's buffer and cannot be removed")
+
+    def _refuse(self, *a, **k):
+        raise TypeError("the model's parameter and gradient views cannot be replaced or removed: write into them "
+                        "in place")
+
+    update = setdefault = pop = popitem = clear = _refuse
 
 
 def _check_device(device: str) -> str:
@@ -40,8 +64,11 @@ def _check_device(device: str) -> str:
         why = _C.cuda_status()  # "" when the CUDA backend can run here (driver and a GPU found)
         if why:
             raise DeviceError(f"device={device!r}: {why}. Use device='cpu' on this machine.")
+        cli.device.check(device, "device")  # 'cuda' or 'cuda:N'
+        if not cli.cuda_index_exists(int(device.partition(":")[2] or 0)):
+            raise DeviceError(f"device={device!r}: no such GPU on this machine")
         return device
-    raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    raise ArgError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 
 def pick_precision(precision: str | None, capability: int, dtype: str = "float32") -> str:
@@ -150,8 +177,9 @@ class GPT2:
         if loss_scaling is None:
             loss_scaling = precision == "fp16"
         self._m.set_loss_scaling(bool(loss_scaling), scale=float(loss_scale_init), interval=int(loss_scale_interval))
-        self.params: dict[str, np.ndarray] = self._m.params()
-        self.grads: dict[str, np.ndarray] = self._m.grads()
+        self.params: dict[str, np.ndarray] = _Views(self._m.params())
+        self.grads: dict[str, np.ndarray] = _Views(self._m.grads())
+        self._has_grads = False  # a backward since construction / zero_grad (step() refuses to apply none)
         self.step_count = 0
         if init:
             self.init_weights(seed)
@@ -302,14 +330,16 @@ class GPT2:
 
     def backward(self, grad_scale: float = 1.0) -> None:
         """Accumulate d(grad_scale * loss)/d(params) into self.grads."""
-        self._m.backward(float(grad_scale))
+        self._m.backward(_grad_scale(grad_scale))
+        self._has_grads = True
 
     def forward_backward(self, idx, targets, grad_scale: float = 1.0) -> None:
         """One training micro-step: forward(idx, targets) then backward(grad_scale), without waiting for the
         GPU (no loss is read back). grad_scale * loss is added to a sum that take_loss() returns. With
         cuda_graphs on, the second call for a shape records the step's kernels into a CUDA graph and later
         calls replay it. The gradients are complete once grad_norm(), step() or take_loss() returns."""
-        self._m.forward_backward(as_tokens(idx, "idx"), as_tokens(targets, "targets"), float(grad_scale))
+        self._m.forward_backward(as_tokens(idx, "idx"), as_tokens(targets, "targets"), _grad_scale(grad_scale))
+        self._has_grads = True
 
     def take_loss(self) -> float:
         """The sum of grad_scale * loss over forward_backward calls since the last take_loss (then reset)."""
@@ -329,6 +359,7 @@ class GPT2:
 
     def zero_grad(self) -> None:
         self._m.zero_grad()
+        self._has_grads = False
 
     def grad_norm(self) -> float:
         return self._m.grad_norm()
@@ -347,6 +378,9 @@ class GPT2:
         seed) use it, so a skipped step does not advance them; the learning rate is the caller's, and a loop
         that takes it from its own step (train.py) moves on past a skipped step."""
         check_step_args(lr, weight_decay, beta1, beta2, eps, grad_clip)
+        if not self._has_grads and self._m.grad_norm() == 0.0:
+            raise NoGradientsError("step() before backward(): there are no gradients to apply (weight decay alone "
+                                   "would shrink the weights); call forward(x, y) and backward() first")
         # norm, clip scale, update and the loss scaler's step all in the backend (one graph with cuda_graphs): no
         # wait for the GPU until the norm is read back at the end
         clip = grad_clip if grad_clip and grad_clip > 0 else 0.0
@@ -404,20 +438,26 @@ class GPT2:
                  seed: int = 0) -> np.ndarray:
         """Top-k sampling; returns (B, T + max_new_tokens) token ids. Seeded, so reproducible."""
         x = as_tokens(idx, "idx")
-        if temperature <= 0:
-            raise ValueError("temperature must be > 0")
-        if top_k is not None and top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 or None: sample from the whole vocabulary), got {top_k}")
+        max_new_tokens = cli.non_negative_int.check(max_new_tokens, "max_new_tokens")
+        temperature = cli.Float(0, lo_open=True, what="a finite number > 0").check(temperature, "temperature")
+        if top_k is not None:
+            top_k = cli.Int(0, what="an integer >= 0 (0 or None: sample from the whole vocabulary)").check(top_k,
+                                                                                                            "top_k")
+        cli.seed.check(seed, "seed")
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            raise ArgError(f"idx must hold at least one token per row, got shape {x.shape}")
         rng = np.random.default_rng(seed)
         V = self.config.vocab_size
         for _ in range(max_new_tokens):
             ctx = x[:, -self.config.block_size:]
             _, logits = self.forward(ctx, return_logits=True)
-            last = logits[:, -1, :V].astype(np.float64) / temperature
+            last = logits[:, -1, :V].astype(np.float64)
             k = min(top_k, V) if top_k else V
             top = np.argpartition(-last, k - 1, axis=1)[:, :k]
             vals = np.take_along_axis(last, top, axis=1)
-            probs = np.exp(vals - vals.max(axis=1, keepdims=True))
+            # the max subtracted before dividing: a tiny temperature sends the others to -inf (probability 0), never
+            # inf - inf = NaN
+            probs = np.exp((vals - vals.max(axis=1, keepdims=True)) / temperature)
             probs /= probs.sum(axis=1, keepdims=True)
             nxt = np.array([top[b, rng.choice(k, p=probs[b])] for b in range(x.shape[0])], dtype=np.int32)
             x = np.concatenate([x, nxt[:, None]], axis=1)
@@ -428,14 +468,25 @@ def check_step_args(lr, weight_decay, beta1, beta2, eps, grad_clip) -> None:
     """ValueError naming the argument unless every AdamW hyperparameter is a finite real number in its range:
     lr >= 0, weight_decay >= 0, 0 <= beta1, beta2 < 1, eps > 0, grad_clip >= 0 or None (no clipping). One
     NaN or Inf here would turn every weight into NaN in a single step."""
-    ranges = {"lr": (lr, 0.0, math.inf, "[0, inf)"), "weight_decay": (weight_decay, 0.0, math.inf, "[0, inf)"),
-              "beta1": (beta1, 0.0, 1.0, "[0, 1)"), "beta2": (beta2, 0.0, 1.0, "[0, 1)"),
-              "eps": (eps, 0.0, math.inf, "(0, inf)"),
-              "grad_clip": (0.0 if grad_clip is None else grad_clip, 0.0, math.inf, "[0, inf) (0 or None: off)")}
-    for name, (v, lo, hi, text) in ranges.items():
-        ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and lo <= v < hi
-        if not ok or (name == "eps" and v == 0):
-            raise ValueError(f"{name} must be a finite number in {text}, got {v!r}")
+    for name, v in (("lr", lr), ("weight_decay", weight_decay), ("beta1", beta1), ("beta2", beta2), ("eps", eps),
+                    ("grad_clip", 0.0 if grad_clip is None else grad_clip)):
+        _STEP_CHECKS[name].check(v, name)
+
+
+# the core computes the update in float32: each hyper-parameter must survive the rounding (lr=1e39 is inf there,
+# eps=1e-50 is 0, beta2=0.999999999 is 1.0), else one step turns every weight into NaN
+_STEP_CHECKS = {
+    "lr": cli.Float(0, float32=True, what="a finite number in [0, inf) representable in float32"),
+    "weight_decay": cli.Float(0, float32=True, what="a finite number in [0, inf) representable in float32"),
+    "beta1": cli.Float(0, 1, hi_open=True, float32=True, what="a finite number in [0, 1) in float32"),
+    "beta2": cli.Float(0, 1, hi_open=True, float32=True, what="a finite number in [0, 1) in float32"),
+    "eps": cli.Float(0, lo_open=True, float32=True, what="a finite number in (0, inf) representable in float32"),
+    "grad_clip": cli.Float(0, float32=True, what="a finite number in [0, inf) (0 or None: off) in float32"),
+}
+
+
+def _grad_scale(v) -> float:
+    return cli.Float(what="a finite number").check(v, "grad_scale")
 
 
 def check_loss_scale_args(init, interval) -> None:

@@ -25,7 +25,6 @@ matplotlib is an optional dependency: ``pip install gpt2core[plot]``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -33,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from . import cli
 
 # (value, label, line style) of each panel's reference lines
 REF_VAL_LOSS = [(3.2924, "GPT-2 124M (val, llm.c)", "--")]
@@ -245,16 +246,16 @@ def plot_ladder(rows, path=None, title: str | None = None):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="gpt2core-plot", description=__doc__.split("\n\n")[0],
+    ap = cli.ArgumentParser(prog="gpt2core-plot", description=__doc__.split("\n\n")[0],
                                  epilog="Reference lines: GPT-2 124M val 3.2924, HellaSwag 0.2955; GPT-3 124M "
                                         "HellaSwag 0.337 (shown for 124M runs unless --references says otherwise)")
     ap.add_argument("runs", nargs="+", metavar="RUN", help="run directory (metrics.jsonl inside), metrics file "
                                                            "or llm.c main.log")
-    ap.add_argument("-o", "--output", help="PNG to write (default: RUN/metrics.png for one run directory, "
+    ap.add_argument("-o", "--output", type=cli.output_file, help="PNG to write (default: RUN/metrics.png for one run directory, "
                                            "else metrics.png here)")
     ap.add_argument("--log-x", action="store_true", help="logarithmic tokens axis")
     ap.add_argument("--labels", nargs="+", help="legend names, one per RUN (default: the directory names)")
-    ap.add_argument("--tokens-per-step", type=int, help="for files that do not record it (llm.c logs: 524288)")
+    ap.add_argument("--tokens-per-step", type=cli.positive_int, help="for files that do not record it (llm.c logs: 524288)")
     ap.add_argument("--references", choices=["auto", "on", "off"], default="auto",
                     help="GPT-2/GPT-3 124M reference lines: auto draws them when a run is a 124M model")
     ap.add_argument("--title")
@@ -291,5 +292,7 @@ def summary(run: Run) -> str:
     return " | ".join(parts)
 
 
+console = cli.entry("gpt2core-plot", main)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

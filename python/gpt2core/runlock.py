@@ -18,10 +18,12 @@ import time
 import warnings
 from pathlib import Path
 
+from .errors import Error
+
 LOCK_FILE = "gpt2core.lock"
 
 
-class RunLockedError(RuntimeError):
+class RunLockedError(Error, RuntimeError):
     """The output folder is locked by another running gpt2core run (named in the message)."""
 
 
@@ -46,8 +48,9 @@ class RunLock:
 
     `previous` is the record of a dead run whose lock was taken over (None if the lock was clean)."""
 
-    def __init__(self, folder):
+    def __init__(self, folder, what: str = "run"):
         self.folder = Path(folder)
+        self.what = what  # the job, for the messages: "run", "preparation"
         self.path = self.folder / LOCK_FILE
         self.previous: dict | None = None
         self._fd: int | None = None
@@ -65,8 +68,8 @@ class RunLock:
                 info = self._read(fd)
                 os.close(fd)
                 raise RunLockedError(
-                    f"{self.folder} is in use by another gpt2core run ({_holder(info)}); wait for it to finish, "
-                    f"stop it, or choose another output folder") from None
+                    f"{self.folder} is in use by another gpt2core {self.what} ({_holder(info)}); wait for it to "
+                    f"finish, stop it, or choose another output folder") from None
         self.previous = self._read(fd) or None
         me = {"pid": os.getpid(), "host": socket.gethostname(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": " ".join(sys.argv)}

@@ -27,17 +27,19 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _C, distributed, progress, tokenizer
-from .checkpoint import (CheckpointError, NonFiniteError, checkpoint_dir, latest_checkpoint, list_checkpoints,
+from . import _C, cli, distributed, progress, runfolder, tokenizer
+from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints,
                          load_checkpoint, prune_checkpoints, remove_stale_temporaries, save_checkpoint)
-from .config import TrainConfig
+from .config import _CHECKS, TrainConfig
 from .data import hellaswag, shakespeare
 from .data.loader import DataLoader
-from .errors import FileFormatError, WriteError
+from .data.shards import ShardError
+from .errors import ArgError, Error, Preempted, WriteError
 from .evaluate import score_hellaswag
 from .model import GPT2
 from .outliers import WINDOW, OutlierDetector
 from .preemption import EXIT_PREEMPTED, GracefulStop
+from .runfolder import RunFolderError
 from .runlock import RunLock, RunLockedError
 from .schedule import lr_at
 
@@ -45,13 +47,15 @@ from .schedule import lr_at
 def build_parser() -> argparse.ArgumentParser:
     """One flag per TrainConfig field, in the field's group: --name-with-dashes (or the field's own flags), its
     type and default; bools are switches."""
-    ap = argparse.ArgumentParser(prog="gpt2core-train", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.ArgumentParser(prog="gpt2core-train", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     groups: dict[str, argparse._ArgumentGroup] = {}
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         kw = dict(f.metadata)
         help, group = kw.pop("help"), kw.pop("group")
+        check = cli.field_check(f, _CHECKS)
+        kw.pop("check", None)
         flags = kw.pop("flags", ["--" + f.name.replace("_", "-")])
         g = groups.get(group) or groups.setdefault(group, ap.add_argument_group(group))
         if hints[f.name] is bool:
@@ -60,21 +64,30 @@ def build_parser() -> argparse.ArgumentParser:
         kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
         if f.default is not None:
             help += " (default: %(default)r)" if kind is str else " (default: %(default)s)"
-        g.add_argument(*flags, dest=f.name, type=kind, default=f.default, help=help, **kw)
+        # the checker parses the text; TrainConfig checks the range, naming the flag
+        g.add_argument(*flags, dest=f.name, type=check.parser() if check else kind, default=f.default, help=help,
+                       **kw)
     return ap
 
 
 def parse_args(argv=None) -> TrainConfig:
     """The TrainConfig of a command line; a value out of range is a one-line error naming the flag (exit 2)."""
     ap = build_parser()
+    args = vars(ap.parse_args(argv))
+    args.pop("debug", None)  # cli.entry's switch
     try:
-        return TrainConfig(**vars(ap.parse_args(argv)))
+        return TrainConfig(**args)
     except ValueError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")
 
 
-class TrainingStopped(Exception):
+class TrainingStopped(Preempted):
     """The run stopped early on SIGTERM/SIGINT, after writing a checkpoint (the message says which)."""
+
+
+class RunFailed(Error):
+    """The run stopped on a failure it cannot go on from (metrics not writable: disk full or file-size limit; a
+    shard that shrank under it), after a checkpoint where that was possible (the message says which)."""
 
 
 class Trainer:
@@ -85,13 +98,16 @@ class Trainer:
         self.cfg = cfg
         # join the process group first: a missing rank fails fast and by name
         self.dist, self.comm, self.device = distributed.setup(cfg.device, timeout=cfg.dist_timeout)
+        cli.check_device_available(self.device)  # --device cuda:7 on a 1-GPU machine: one line, before any work
+        self._check_process_flags()
         if cfg.threads:
-            _C.set_num_threads(cfg.threads)
+            _C.set_num_threads(cli.threads(cfg.threads, "--threads"))
         self.config = cfg.model_config()
         self.grad_accum, self.total = self._batch_plan()
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.lock = self._lock()
+        self.write_failure: WriteError | None = None  # the first failed metrics append (rank 0)
         if cfg.warmup > cfg.steps:
             self.log(f"warning: --warmup {cfg.warmup} is longer than the run (--steps {cfg.steps}): the learning "
                      f"rate never reaches --lr {cfg.lr:g}")
@@ -101,9 +117,50 @@ class Trainer:
             self.close()
             raise
 
+    def _check_process_flags(self) -> None:
+        """Data-parallel switches in a run of one process would do nothing: --zero 1 is refused, the others warned
+        about."""
+        cfg = self.cfg
+        if self.comm is None:
+            if cfg.zero:
+                raise ArgError("--zero 1 shards the AdamW state over the processes of a data-parallel run, and this "
+                               "run is one process: start several (python -m gpt2core.launch --nproc-per-node N, "
+                               "torchrun, srun, mpirun), or leave --zero out")
+            if cfg.no_overlap_comm:
+                self.log("warning: --no-overlap-comm does nothing in a run of one process (no gradients to average)")
+            if cfg.dist_timeout != TrainConfig.dist_timeout:
+                self.log("warning: --dist-timeout does nothing in a run of one process (no collectives to wait for)")
+
+    def _check_weights_fit(self) -> None:
+        """Weights, gradients and AdamW moments (16 bytes per parameter) within this machine's RAM (CPU), checked
+        before they are allocated."""
+        if self.device != "cpu":
+            return
+        need, have = 16 * self.config.num_parameters(), _physical_memory()
+        if have and need > have:
+            raise ArgError(f"--preset {self.cfg.preset} needs {_mem(need)} for its weights, gradients and AdamW state, "
+                           f"more than this machine's {_mem(have)}: choose a smaller --preset")
+
+    def _check_plan(self, model) -> None:
+        """What the loaders and the machine can serve: --val-steps within the validation data, and a micro-batch
+        whose memory fits in this machine's RAM (CPU)."""
+        cfg = self.cfg
+        if cfg.val_every and cfg.val_steps > self.val_loader.batches_per_epoch:
+            raise ArgError(f"--val-steps {cfg.val_steps} is more than the {self.val_loader.batches_per_epoch} "
+                           f"batches the validation data hold at -B {cfg.batch_size} -T {cfg.seq_len}: "
+                           f"validation would repeat batches; use --val-steps <= {self.val_loader.batches_per_epoch}")
+        if self.device == "cpu":
+            need = model.memory_report(cfg.batch_size, cfg.seq_len)["total"]
+            have = _physical_memory()
+            if have and need > have:
+                raise ArgError(f"-B {cfg.batch_size} -T {cfg.seq_len} needs {_mem(need)} of memory for preset "
+                               f"{cfg.preset} (weights, gradients, optimizer, activations), more than this machine's "
+                               f"{_mem(have)}: lower -B (and raise --total-batch-tokens for the same tokens per step)")
+
     def _setup(self, cfg: TrainConfig) -> None:
         self.metrics_path = self.out / "metrics.jsonl"
         self.ckpt_root = self.out / "checkpoints"
+        self.run_record = self._claim()
         data_dir = cfg.data_dir or self._shakespeare()
         B, T, W, rank = cfg.batch_size, cfg.seq_len, self.dist.world_size, self.dist.rank
         V = self.config.vocab_size  # every shard's ids are checked against it when first opened
@@ -114,16 +171,20 @@ class Trainer:
         self.progress = self.dist.is_master and not cfg.no_progress
         self.hellaswag = (hellaswag.load(cfg.hellaswag_path, cfg.hellaswag_limit, progress=self.progress)
                           if cfg.hellaswag_every else None)
-        if cfg.cuda_graphs and self.device == "cpu":
-            raise SystemExit("gpt2core-train: --cuda-graphs needs --device cuda")
+        self._check_weights_fit()
         model = GPT2(self.config, device=self.device, seed=cfg.seed, precision=cfg.precision, attention=cfg.attention,
                      matmul_tuning=cfg.matmul_tuning, loss_scaling=cfg.loss_scaling_on,
                      loss_scale_init=cfg.loss_scale_init, loss_scale_interval=cfg.loss_scale_interval)
         model.recompute_gelu = cfg.recompute_gelu
         model.cuda_graphs = cfg.cuda_graphs
+        self._check_plan(model)
         self.flops_per_token = self.config.flops_per_token(T)
         self.start_step = 0
         ck = self.resume(model, cfg.resume) if cfg.resume else None
+        if self.dist.is_master and self.run_record.get("adopt"):  # a folder without run.json: it is this run's now
+            run_id = (ck.state.get("run_id") if ck is not None else None) or runfolder.new_run_id()
+            self.run_record = runfolder.write_manifest(self.out, run_id, cfg.to_dict(), self.config.to_dict(),
+                                                       resumed_from=str(ck.path) if ck is not None else None)
         self._rewind_metrics(ck)
         self.model = model
         if self.comm is not None:  # after resume: ZeRO-1 reads its shard of the checkpoint's AdamW state
@@ -146,6 +207,20 @@ class Trainer:
             self.log(lock.describe_previous())
         return lock
 
+    def _claim(self) -> dict:
+        """Rank 0 takes the output folder for this run (runfolder.claim: a folder holding another run is refused
+        unless --resume or --overwrite); a refusal reaches every rank."""
+        record, error = {}, None
+        if self.dist.is_master:
+            try:
+                record = runfolder.claim(self.out, self.cfg.to_dict(), self.config.to_dict(), self.cfg.resume,
+                                         self.cfg.overwrite, log=self.log)
+            except RunFolderError as e:
+                error = e
+        if self.over_ranks("sum", error is not None)[0]:
+            raise error or RunFolderError(f"{self.out} holds another run (see rank 0's message)")
+        return record
+
     def close(self) -> None:
         """Release the output folder (also released by the kernel if the process dies)."""
         if self.lock is not None:
@@ -163,23 +238,22 @@ class Trainer:
         from step 0: the records of steps a stopped or killed run took after it would otherwise appear twice."""
         if self.dist.is_master:
             tmp = self.metrics_path.with_name(self.metrics_path.name + ".resume.tmp")
-            tmp.write_bytes(ck.metrics_path.read_bytes() if ck is not None and ck.metrics_path else b"")
+            old = ck.metrics_path.read_bytes() if ck is not None and ck.metrics_path else b""
+            tmp.write_bytes(runfolder.whole_lines(old))  # never a torn last line to append to
             os.replace(tmp, self.metrics_path)
 
     def _batch_plan(self) -> tuple[int, int]:
         """(micro-steps per optimizer step, tokens per optimizer step), checked against the model."""
         cfg, W = self.cfg, self.dist.world_size
         B, T = cfg.batch_size, cfg.seq_len
-        if B <= 0 or T <= 0:
-            raise SystemExit(f"gpt2core-train: -B and -T must be positive (got B={B}, T={T})")
         if T > self.config.block_size:
-            raise SystemExit(f"gpt2core-train: -T {T} exceeds the block size {self.config.block_size} of preset "
-                             f"{cfg.preset} (raise it with --block-size)")
+            raise ArgError(f"-T {T} exceeds the block size {self.config.block_size} of preset {cfg.preset} (raise it "
+                           "with --block-size)")
         tokens_per_micro = B * T * W
         total = cfg.total_batch_tokens or tokens_per_micro
         if total % tokens_per_micro:
-            raise SystemExit(f"gpt2core-train: --total-batch-tokens {total} is not a multiple of B*T*world_size = "
-                             f"{B}*{T}*{W} = {tokens_per_micro}")
+            raise ArgError(f"--total-batch-tokens {total} is not a multiple of B*T*world_size = {B}*{T}*{W} = "
+                           f"{tokens_per_micro}")
         return total // tokens_per_micro, total
 
     def _shakespeare(self) -> Path:
@@ -227,6 +301,11 @@ class Trainer:
                     raise CheckpointError(f"{d}: no complete checkpoint in this directory")
             else:
                 ck = load_checkpoint(d)
+        run_id = self.run_record.get("run_id")
+        if run_id and ck.state.get("run_id") not in (None, run_id):
+            raise RunFolderError(f"{ck.path} belongs to run {ck.state['run_id']}, but {self.out} holds run {run_id} "
+                                 f"({runfolder.RUN_FILE}): resume that run's own checkpoints, or start over with "
+                                 "--overwrite, or in another --output-dir")
         if ck.config != self.config:
             raise CheckpointError(f"{ck.path}: checkpoint model {ck.config} does not match this run's {self.config} "
                                   "(use the same --preset, --block-size and --padded-vocab-size)")
@@ -260,6 +339,7 @@ class Trainer:
         state = {
             "train_loader": self.train_loader.state_dict(),
             "args": cfg.to_dict(),
+            "run_id": self.run_record.get("run_id"),
             "lr_next": self.lr(step),
             "outliers": {k: d.state_dict() for k, d in self.outliers.items()},
             "grad_accum": self.grad_accum,
@@ -281,9 +361,25 @@ class Trainer:
             print(msg, flush=True)
 
     def write_metrics(self, rec: dict) -> None:
-        if self.dist.is_master:
-            with open(self.metrics_path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+        """Append one record to metrics.jsonl, whole or not at all. A failed append (disk full, file-size limit)
+        is kept in self.write_failure: the loop then stops after a checkpoint (run())."""
+        if self.dist.is_master and self.write_failure is None:
+            try:
+                runfolder.append_line(self.metrics_path, json.dumps(rec))
+            except WriteError as e:
+                self.write_failure = e
+
+    def _fail(self, error, steps_done: int) -> RunFailed:
+        """The RunFailed for `error` after `steps_done` steps, with a checkpoint of them first when one is due
+        (steps were taken since the start) and possible (the disk may be full)."""
+        where = "no checkpoint (no step was taken since the start)"
+        if steps_done > self.start_step:
+            try:
+                path = self.save_checkpoint(steps_done)
+                where = f"checkpoint {path or self.ckpt_root} written; fix that, then continue with --resume auto"
+            except (WriteError, OSError) as e:
+                where = f"no checkpoint could be written either ({cli.describe_oserror(e)})"
+        return RunFailed(f"{error}; the run stopped after step {steps_done} of {self.cfg.steps}: {where}")
 
     def over_ranks(self, op: str, *values: float) -> list[float]:
         """The values reduced over the ranks (op "sum" or "avg", one float32 allreduce); in one process, the
@@ -386,9 +482,13 @@ class Trainer:
             self.write_metrics({"step": step, "hellaswag_acc": hs["acc"], "hellaswag_acc_norm": hs["acc_norm"]})
             last["hellaswag_acc"], last["hellaswag_acc_norm"] = hs["acc"], hs["acc_norm"]
 
-    def _stop_now(self, stop: GracefulStop) -> bool:
-        """Whether any rank got SIGTERM/SIGINT: all ranks stop after the same step (one allreduce per step)."""
-        return self.over_ranks("sum", stop.requested)[0] > 0 if self.comm is not None else stop.requested
+    def _stop_now(self, stop: GracefulStop) -> tuple[bool, bool]:
+        """(whether any rank got SIGTERM/SIGINT, whether any rank failed to write its metrics): all ranks stop after
+        the same step (one allreduce per step)."""
+        if self.comm is None:
+            return stop.requested, self.write_failure is not None
+        signalled, failed = self.over_ranks("sum", stop.requested, self.write_failure is not None)
+        return signalled > 0, failed > 0
 
     def run(self) -> dict:
         cfg, m = self.cfg, self.model
@@ -415,7 +515,14 @@ class Trainer:
                 self.evaluate(step, last)
                 if cfg.sample_every and step > 0 and step % cfg.sample_every == 0:
                     self.log(f"step {step:5d} | sample: {self.sample()!r}")
-                rec = self.train_step(step)
+                pos = self.train_loader.state_dict() if self.comm is None else None
+                try:
+                    rec = self.train_step(step)
+                except ShardError as e:  # a shard that shrank or changed under the run
+                    if self.comm is not None:  # the other ranks wait in a collective: the launcher stops them
+                        raise
+                    self.train_loader.load_state_dict(pos)  # the checkpoint resumes at this step's first batch
+                    raise self._fail(e, step) from e
                 norm = "overflow, skipped" if rec["grad_norm"] is None else f"{rec['grad_norm']:.3f}"
                 scale = f"scale {rec['loss_scale']:g} skips {rec['skipped_steps']} | " if "loss_scale" in rec else ""
                 self.log(f"step {step + 1:5d}/{cfg.steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
@@ -426,7 +533,9 @@ class Trainer:
                     rec["comm_ms"] = m.last_comm_ms
                 self.write_metrics(rec)
                 last.update(rec)
-                stopping = self._stop_now(stop)
+                stopping, failing = self._stop_now(stop)
+                if failing:
+                    raise self._fail(self.write_failure or "rank 0 could not write metrics.jsonl", step + 1)
                 due = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
                 if due or stopping or (cfg.checkpoint_every and step + 1 == cfg.steps):
                     path = self.save_checkpoint(step + 1)
@@ -435,11 +544,25 @@ class Trainer:
                                           f"{step + 1} of {cfg.steps}; checkpoint {path or self.ckpt_root} written. "
                                           f"Continue with the same command and --resume auto")
         self.evaluate(cfg.steps, last)
+        if self.write_failure is not None:
+            raise RunFailed(f"{self.write_failure}; the run finished all {cfg.steps} steps but its last records are "
+                            "missing from metrics.jsonl; model.bin was not written")
         if self.dist.is_master:
             path = m.save(self.out / "model.bin")
             self.log(f"saved {path}")
             self.log(f"sample: {self.sample()!r}")
         return last
+
+
+def _mem(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def main(argv=None) -> dict:
@@ -452,16 +575,15 @@ def main(argv=None) -> dict:
     except TrainingStopped as e:
         print(f"gpt2core-train: {e} (exit code {EXIT_PREEMPTED})", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_PREEMPTED) from None
-    except (FileFormatError, WriteError, NonFiniteError, RunLockedError, FloatingPointError) as e:
-        raise SystemExit(f"gpt2core-train: {e}") from e
+    except BaseException as e:
+        cli.reraise_as_exit("gpt2core-train", e)
+        raise
 
 
-def cli(argv=None) -> int:
-    """The console script `gpt2core-train`: exit status 0 after a successful run (main() returns the last
-    step's metrics to Python callers; a console script would hand them to sys.exit as an error)."""
-    main(argv)
-    return 0
+# the console script `gpt2core-train`: exit status 0 after a successful run (main() returns the last step's metrics
+# to Python callers), 1/2/75 with one line otherwise (gpt2core.cli.entry)
+console = cli.entry("gpt2core-train", main)
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(console())

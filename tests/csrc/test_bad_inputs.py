@@ -284,7 +284,7 @@ def test_wrapper_generate_rejects_bad_arguments(wrapped):
         model.generate(PB.idx[:1, :3], 2, temperature=0.0)
     with pytest.raises(TypeError, match=r"\bidx\b"):
         model.generate(np.ones((1, 3)), 2)
-    with pytest.raises(ValueError, match=r"top_k must be >= 0.*-1"):
+    with pytest.raises(ValueError, match=r"top_k must be an integer >= 0.*-1"):
         model.generate(PB.idx[:1, :3], 2, top_k=-1)
 
 
@@ -293,7 +293,7 @@ def test_generate_cli_rejects_negative_top_k(capsys):
     with pytest.raises(SystemExit) as e:
         generate.main(["--model", "unused.bin", "--top-k", "-1"])
     assert e.value.code == 2      # argparse's usage error, before any model is read
-    assert "--top-k: must be >= 0" in capsys.readouterr().err
+    assert "argument --top-k: must be an integer >= 0, got '-1'" in capsys.readouterr().err
 
 
 def test_constructor_errors_name_the_argument():

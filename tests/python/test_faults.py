@@ -299,7 +299,7 @@ def test_shard_ids_beyond_the_vocabulary_are_found_when_the_shard_is_opened(tmp_
     calls = []
     from gpt2core.data import shards
     real = shards.check_tokens
-    monkeypatch.setattr(shards, "check_tokens", lambda t, v, p: (calls.append(p.name), real(t, v, p))[1])
+    monkeypatch.setattr(shards, "check_tokens", lambda t, v, p, **kw: (calls.append(p.name), real(t, v, p, **kw))[1])
     dl = DataLoader(tmp_path, "train", 2, 16, shuffle=False, vocab_size=97)
     with pytest.raises(ShardError, match=rf"t_train_000002\.bin: token id 97 at token offset 1,234 \(byte "
                                          rf"{1024 + 2 * 1234:,}\) is not below the vocabulary size 97"):

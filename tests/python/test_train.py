@@ -57,10 +57,11 @@ def test_seq_len_above_block_size_is_rejected(shakespeare_dir, tmp_path):
         train.main(["--preset", "tiny", "--data-dir", str(d), "-T", "65", "--output-dir", str(tmp_path)])
 
 
-def test_cuda_graphs_need_a_gpu_device(shakespeare_dir, tmp_path):
+def test_cuda_graphs_need_a_gpu_device(shakespeare_dir, tmp_path, capsys):
     d, _ = shakespeare_dir
-    with pytest.raises(SystemExit, match="--cuda-graphs needs --device cuda"):
+    with pytest.raises(SystemExit) as e:  # a usage error, before anything runs
         train.main(["--preset", "tiny", "--data-dir", str(d), "-T", "32", "--cuda-graphs", "--output-dir", str(tmp_path)])
+    assert e.value.code == 2 and "--cuda-graphs needs --device cuda" in capsys.readouterr().err
 
 
 def test_block_size_trains_a_longer_context_than_the_preset(shakespeare_dir, tmp_path):
@@ -69,7 +70,7 @@ def test_block_size_trains_a_longer_context_than_the_preset(shakespeare_dir, tmp
                 "--sample-tokens", "2", "--checkpoint-every", "2", "--data-dir", str(d), "--output-dir", str(tmp_path)])
     m = load_model(tmp_path / "model.bin")
     assert m.config.block_size == 128 and m.params["wpe"].shape == (128, m.config.n_embd)  # the preset has 64
-    with pytest.raises(SystemExit, match="does not match .*--block-size"):  # resuming it needs the same context
+    with pytest.raises(SystemExit, match="holds a run of another model .*--block-size"):  # resuming needs the same context
         train.main(["--preset", "tiny", "-T", "32", "--data-dir", str(d), "--output-dir", str(tmp_path),
                     "--resume", "auto"])
 
@@ -81,8 +82,8 @@ def test_every_training_default_is_in_train_config():
     from gpt2core.config import TrainConfig
     from gpt2core.distributed import DataParallel
     assert train.parse_args([]) == TrainConfig()
-    assert train.parse_args(["-B", "3", "--lr", "2e-3", "--no-shuffle", "--matmul-tuning"]) == TrainConfig(
-        batch_size=3, lr=2e-3, no_shuffle=True, matmul_tuning=True)
+    assert train.parse_args(["-B", "3", "--lr", "2e-3", "--no-shuffle", "--device", "cuda", "--matmul-tuning"]) == \
+        TrainConfig(batch_size=3, lr=2e-3, no_shuffle=True, device="cuda", matmul_tuning=True)
     for step in (GPT2.step, DataParallel.step):  # the optimizer's defaults are the trainer's
         for name, p in inspect.signature(step).parameters.items():
             if name in ("weight_decay", "beta1", "beta2", "eps", "grad_clip"):

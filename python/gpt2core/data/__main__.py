@@ -13,26 +13,22 @@ import argparse
 import importlib
 import sys
 
+from .. import cli
+
 
 def _shakespeare(argv) -> int:
     mod = importlib.import_module(".shakespeare", __package__)
     if hasattr(mod, "main"):
         rc = mod.main(argv)
         return int(rc or 0)
-    p = argparse.ArgumentParser(prog="python -m gpt2core.data shakespeare")
-    p.add_argument("--out-dir", "-o", default="data/shakespeare")
-    p.add_argument("--val-fraction", type=float, default=0.1)
-    args = p.parse_args(argv)
-    for path in mod.prepare(args.out_dir, val_fraction=args.val_fraction):
-        print(path)
-    return 0
+    raise AssertionError("gpt2core.data.shakespeare has a main()")
 
 
 def main(argv=None) -> int:
     from . import fineweb, hellaswag
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m gpt2core.data", description=__doc__.split("\n")[0],
+    p = cli.ArgumentParser(prog="python -m gpt2core.data", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.split("\n")[1:]))
     sub = p.add_subparsers(dest="cmd", required=True, metavar="{fineweb,hellaswag,shakespeare}")
@@ -47,5 +43,7 @@ def main(argv=None) -> int:
     return hellaswag.run(args)
 
 
+console = cli.entry("python -m gpt2core.data", main)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

@@ -49,6 +49,9 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_write
+from .. import cli
+from ..errors import Error
+from ..runlock import RunLock
 from .shards import check_name, parse_shard_filename, read_header, shard_filename, write_shard
 
 EOT = 50256
@@ -60,7 +63,7 @@ CHUNK_CHARS = 1 << 18      # documents are sent to workers in chunks of about th
 MAX_SHARD = 2**31 - 1      # the header stores the count as int32
 
 
-class InputError(ValueError):
+class InputError(Error, ValueError):
     """Input that cannot be turned into tokens; the message names the file (and line)."""
 
 
@@ -302,6 +305,14 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
         raise ValueError(f"shard_size must be in [1, {MAX_SHARD}], got {shard_size}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    # one preparation per folder at a time: a second one is refused, naming the first (gpt2core.lock)
+    with RunLock(out_dir, what="preparation"):
+        return _write_shards(docs, out_dir, name, shard_size, settings, overwrite, progress, chunk_chars, log,
+                             num_procs)
+
+
+def _write_shards(docs, out_dir: Path, name: str, shard_size: int, settings, overwrite, progress, chunk_chars, log,
+                  num_procs) -> dict:
     settings = dict(settings or {}, name=name, shard_size=shard_size)
     manifest_path = out_dir / f"{name}_manifest.json"
     if overwrite:
@@ -378,6 +389,8 @@ def write_shards(docs, out_dir, name: str = "edufineweb", shard_size: int = 10**
     finally:
         bar.close()
     seconds = time.perf_counter() - t0
+    if not shards:
+        raise InputError(f"the input holds no text ({n_docs:,} documents, 0 tokens): no shards written to {out_dir}")
     manifest["complete"] = True
     manifest["stats"] = {"docs": n_docs}
     _write_json_atomic(manifest_path, manifest)
@@ -426,18 +439,18 @@ def prepare(inputs=None, out_dir=None, dataset: str = "edu", sample: str = "10BT
 
 
 def add_arguments(p: argparse.ArgumentParser):
-    p.add_argument("--input", "-i", nargs="+", metavar="PATH",
+    p.add_argument("--input", "-i", nargs="+", metavar="PATH", type=cli.existing_path,
                    help="local jsonl/parquet/txt files or directories (default: download from the Hub)")
     p.add_argument("--dataset", choices=sorted(DATASETS), default="edu",
                    help="edu: HuggingFaceFW/fineweb-edu (default); fineweb: HuggingFaceFW/fineweb")
     p.add_argument("--sample", default="10BT", help="Hub sample config: 10BT (default), 100BT, 350BT")
-    p.add_argument("--out-dir", "-o", help="output directory (default: data/edu_fineweb10B, data/fineweb100B, "
+    p.add_argument("--out-dir", "-o", type=cli.output_dir, help="output directory (default: data/edu_fineweb10B, data/fineweb100B, "
                                            "... after --dataset and --sample)")
     p.add_argument("--name", help="shard name prefix: <name>_val_000000.bin, <name>_train_000001.bin, ... "
                                   "(default: edufineweb, or fineweb for --dataset fineweb)")
-    p.add_argument("--shard-size", type=lambda s: int(float(s)), default=10**8,
+    p.add_argument("--shard-size", type=cli.positive_int, default=10**8,
                    help="tokens per shard (default 1e8); shard 0 is validation")
-    p.add_argument("--num-procs", "-j", type=int, default=None,
+    p.add_argument("--num-procs", "-j", type=cli.positive_int, default=None,
                    help="tokenizer processes (default: half the CPU cores)")
     p.add_argument("--text-field", default="text", help="field/column holding the text (default: text)")
     p.add_argument("--utf8-errors", choices=["strict", "replace"], default="strict",
@@ -448,10 +461,13 @@ def add_arguments(p: argparse.ArgumentParser):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpt2core.data fineweb",
+    p = cli.ArgumentParser(prog="python -m gpt2core.data fineweb",
                                 description="FineWeb-Edu -> GPT-2 token shards (llm.c format)")
     add_arguments(p)
     return run(p.parse_args(argv))
+
+
+console = cli.entry("python -m gpt2core.data fineweb", main)
 
 
 def run(args) -> int:
@@ -473,4 +489,4 @@ def run(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

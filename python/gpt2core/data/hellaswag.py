@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import cli
 from .._io import NPZ_ERRORS, atomic_write
 from ..errors import FileFormatError
 from ..progress import bar
@@ -302,10 +303,10 @@ def prepare(input=None, out=None, limit: int | None = None, log=print) -> Path:
 
 
 def add_arguments(p: argparse.ArgumentParser):
-    p.add_argument("--input", "-i", help="local hellaswag_val.jsonl or 6-line .txt file "
+    p.add_argument("--input", "-i", type=cli.existing_file, help="local hellaswag_val.jsonl or 6-line .txt file "
                                          "(default: download rowanz/hellaswag's val set)")
-    p.add_argument("--out", "-o", help=f"output .npz (default: {DEFAULT_DIR / 'hellaswag_val.npz'})")
-    p.add_argument("--limit", type=int, help="keep only the first N items")
+    p.add_argument("--out", "-o", type=cli.output_file, help=f"output .npz (default: {DEFAULT_DIR / 'hellaswag_val.npz'})")
+    p.add_argument("--limit", type=cli.positive_int, help="keep only the first N items")
 
 
 def run(args) -> int:
@@ -318,11 +319,13 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpt2core.data hellaswag",
+    p = cli.ArgumentParser(prog="python -m gpt2core.data hellaswag",
                                 description="Render the HellaSwag val set for evaluation")
     add_arguments(p)
     return run(p.parse_args(argv))
 
 
+console = cli.entry("python -m gpt2core.data hellaswag", main)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

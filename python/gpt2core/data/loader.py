@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .shards import ShardError, find_shards, load_tokens, read_header
+from .shards import ShardError, ShardReader, find_shards, read_header
 
 STATE_VERSION = 1
 
@@ -108,16 +108,17 @@ class DataLoader:
                 f"{self.world_size}*{self.B}*{self.T} + 1)")
         if not usable:
             detail = ", ".join(f"{p} has {n}" for p, n in skipped[:3]) + (" ..." if len(skipped) > 3 else "")
-            raise ValueError(f"{split} shards are too small: {detail} tokens, but a shard needs at least "
+            raise ShardError(f"{split} shards are too small: {detail} tokens, but a shard needs at least "
                              f"{need}; use a smaller B or T, or larger shards")
         for p, n in skipped:
             warnings.warn(f"skipping shard {p}: {n} tokens, fewer than {need}", stacklevel=2)
         self.files = [p for p, _ in usable]
+        self._sizes = [n for _, n in usable]
         self._n_windows = [(n - 1) // self.window for _, n in usable]
         self.batches_per_epoch = int(sum(self._n_windows))
         self.tokens_per_epoch = self.batches_per_epoch * self.window
-        self._tokens = None        # memmap of the current shard
-        self._tokens_shard = -1    # index into self.files of that memmap
+        self._tokens = None        # ShardReader of the current shard (pread, no memory map)
+        self._tokens_shard = -1    # index into self.files of that reader
         self.reset()
 
     # ---------------------------------------------------------------- orders
@@ -148,12 +149,19 @@ class DataLoader:
         """The next (x, y), both np.int32 of shape (B, T)."""
         shard = int(self._order[self._shard_pos])
         if self._tokens_shard != shard:
-            check = self.vocab_size if shard not in self._checked else None
-            self._tokens = load_tokens(self.files[shard], check)
+            if self._tokens is not None:
+                self._tokens.close()
+            self._tokens = ShardReader(self.files[shard])
+            if self._tokens.n != self._sizes[shard]:
+                raise ShardError(f"{self.files[shard]}: the shard changed while in use: {self._sizes[shard]:,} tokens "
+                                 f"when the run started, {self._tokens.n:,} now. Was it re-prepared in place under "
+                                 "this run? Prepare into a new folder, or let the preparation finish, then resume")
+            if self.vocab_size is not None and shard not in self._checked:
+                self._tokens.check_vocab(self.vocab_size)
             self._tokens_shard = shard
             self._checked.add(shard)
         start = int(self._windows[self._window_pos]) * self.window + self.rank * self.B * self.T
-        buf = np.asarray(self._tokens[start:start + self.B * self.T + 1], dtype=np.int32)
+        buf = self._tokens.read(start, self.B * self.T + 1).astype(np.int32)
         x = buf[:-1].reshape(self.B, self.T)
         y = buf[1:].reshape(self.B, self.T)
         self.step += 1

@@ -9,11 +9,12 @@ validation, each GPT-2-tokenized.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from .. import tokenizer
+from .. import cli, tokenizer
 from .shards import shard_filename, write_shard
 
 TEXT = tokenizer.ASSETS / "tinyshakespeare.txt"
@@ -41,15 +42,19 @@ def ensure(out_dir) -> Path:
     return out_dir
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m gpt2core.data shakespeare", description=__doc__,
+def main(argv=None) -> int:
+    ap = cli.ArgumentParser(prog="python -m gpt2core.data shakespeare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="data/shakespeare", help="output directory for the shards")
-    ap.add_argument("--val-fraction", type=float, default=0.1)
+    ap.add_argument("--out", type=cli.output_dir, default="data/shakespeare", help="output directory for the shards")
+    ap.add_argument("--val-fraction", type=cli.open_fraction, default=0.1,
+                    help="the share of the text for validation, in (0, 1) (default 0.1)")
     args = ap.parse_args(argv)
     for p in prepare(args.out, args.val_fraction):
         print(f"wrote {p} ({(p.stat().st_size - 1024) // 2:,} tokens)")
+    return 0
 
+
+console = cli.entry("python -m gpt2core.data shakespeare", main)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(console())

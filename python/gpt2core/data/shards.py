@@ -7,6 +7,7 @@ validation, the others (``<name>_train_000001.bin``, ...) are training data.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -72,30 +73,101 @@ def read_header(path) -> int:
     return n
 
 
-def load_tokens(path, vocab_size: int | None = None) -> np.ndarray:
-    """The tokens of a shard as a read-only uint16 array (memory-mapped, no copy). With vocab_size, every id
-    is checked to be below it (one vectorised pass): ShardError names the file and the first bad offset."""
-    n = read_header(path)
-    if n == 0:
-        return np.zeros(0, dtype=np.uint16)
+class ShardReader:
+    """A shard open for reading windows of tokens with pread(2): no memory map, so a shard truncated or rewritten
+    in place under a running job (a re-run preparation, a shared file system) is a ShardError naming the file at
+    the next read, never a SIGBUS. A shard replaced by rename (write_shard) keeps being read as it was opened."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.n = read_header(self.path)
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise ShardError(f"{self.path}: cannot open shard ({e.strerror})") from e
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """Tokens [start, start + count) as a uint16 array (a copy)."""
+        if not 0 <= start <= start + count <= self.n:
+            raise ValueError(f"{self.path}: tokens [{start}, {start + count}) outside the shard's {self.n}")
+        want = 2 * count
+        buf = bytearray(want)
+        view, got = memoryview(buf), 0
+        try:
+            while got < want:
+                k = os.preadv(self._fd, [view[got:]], HEADER_BYTES + 2 * start + got) if hasattr(os, "preadv") \
+                    else _pread_into(self._fd, view[got:], HEADER_BYTES + 2 * start + got)
+                if k == 0:
+                    break
+                got += k
+        except OSError as e:
+            raise ShardError(f"{self.path}: cannot read tokens {start:,}..{start + count:,} ({e.strerror})") from e
+        if got < want:
+            size = _size_of(self._fd)
+            raise ShardError(f"{self.path}: the shard shrank while in use: it had {HEADER_BYTES + 2 * self.n:,} bytes "
+                             f"when opened, now {size:,}; reading tokens {start:,}..{start + count:,} failed. Was it "
+                             "truncated or re-prepared in place under this run? Prepare into a new folder, or let "
+                             "the preparation finish, then resume")
+        return np.frombuffer(buf, dtype="<u2")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """ShardError unless every id is below vocab_size (read in 32 Mi-token chunks)."""
+        chunk = 1 << 25
+        for lo in range(0, self.n, chunk):
+            check_tokens(self.read(lo, min(chunk, self.n - lo)), vocab_size, self.path, offset=lo)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> int:
+    data = os.pread(fd, len(view), offset)
+    view[:len(data)] = data
+    return len(data)
+
+
+def _size_of(fd: int) -> int:
     try:
-        tokens = np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
-    except (OSError, ValueError) as e:
-        raise ShardError(f"{path}: cannot map shard ({e})") from e
+        return os.fstat(fd).st_size
+    except OSError:
+        return -1
+
+
+def load_tokens(path, vocab_size: int | None = None) -> np.ndarray:
+    """The tokens of a shard as a uint16 array, read into memory (pread: no memory map that a truncation could
+    turn into SIGBUS). With vocab_size, every id is checked to be below it: ShardError names the file and the
+    first bad offset."""
+    r = ShardReader(path)
+    try:
+        tokens = r.read(0, r.n)
+    finally:
+        r.close()
     if vocab_size is not None:
         check_tokens(tokens, vocab_size, path)
     return tokens
 
 
-def check_tokens(tokens: np.ndarray, vocab_size: int, path) -> None:
-    """ShardError unless every id of `tokens` (a shard's, read from `path`) is below vocab_size. Reads the
-    shard in 64 MiB chunks: the max of each, and only where it is too large, where the first bad id is."""
+def check_tokens(tokens: np.ndarray, vocab_size: int, path, offset: int = 0) -> None:
+    """ShardError unless every id of `tokens` (a shard's from token `offset` on, read from `path`) is below
+    vocab_size. Reads in 64 MiB chunks: the max of each, and only where it is too large, where the first bad id is."""
     chunk = 1 << 25
     for lo in range(0, tokens.size, chunk):
         part = tokens[lo:lo + chunk]
-        if int(part.max()) >= vocab_size:
-            i = lo + int(np.argmax(part >= vocab_size))
-            raise ShardError(f"{path}: token id {int(tokens[i])} at token offset {i:,} (byte {HEADER_BYTES + 2 * i:,})"
+        if part.size and int(part.max()) >= vocab_size:
+            j = lo + int(np.argmax(part >= vocab_size))
+            i = offset + j
+            raise ShardError(f"{path}: token id {int(tokens[j])} at token offset {i:,} (byte {HEADER_BYTES + 2 * i:,})"
                              f" is not below the vocabulary size {vocab_size}; the shard was made with another "
                              "tokenizer, or is corrupt")
 

@@ -265,8 +265,10 @@ def test_cli(tmp_path, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "3 shards" in out and "edufineweb_train_000002.bin" in out
-    rc = main(["fineweb", "--input", str(tmp_path / "nope.jsonl"), "--out-dir", str(tmp_path / "x")])
-    assert rc == 1 and "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # a bad argument: argparse's usage error, naming the flag and the file
+        main(["fineweb", "--input", str(tmp_path / "nope.jsonl"), "--out-dir", str(tmp_path / "x")])
+    assert e.value.code == 2
+    assert "argument --input/-i: must be an existing file or directory" in capsys.readouterr().err
 
 
 def test_cli_dispatches_shakespeare(tmp_path):
