@@ -36,6 +36,8 @@ class _Views(dict):
     (`params["wte"][...] = w`); replacing an entry would only detach the name from the model, so it is refused."""
 
     def __setitem__(self, name, value):
+        if name in self and value is dict.__getitem__(self, name):
+            return  # `params[name] += x`: numpy updated the view in place, and Python stores the same object back
         raise TypeError(f"{name!r} is a view of the model's buffer and cannot be replaced: write into it in place "
                         f"(model.params[{name!r}][...] = value, then model.params_changed())")
 
