@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# CI (issue 13): the CUDA code builds from NVIDIA's PyPI toolchain on a machine with no CUDA toolkit.
+# CI (issues 13, 28): the CUDA backend builds for both CUDA majors from NVIDIA's PyPI wheels on a machine with no
+# CUDA toolkit, and each build loads and checks its own NVIDIA libraries.
 #   CUDA 13: nvidia-cuda-nvcc & co. install a toolkit tree in site-packages/nvidia/cu13; CMake is configured with
 #            every /usr/local/cuda-* hidden and compiles the CUDA backend (one arch) and NCCL communicator from it.
-#   CUDA 12: NVIDIA's CUDA 12 nvcc wheel ships ptxas only (no nvcc), so a CUDA 12 build needs a system toolkit;
-#            here the host-side vendor seams are compiled against CUDA 12's headers from the PyPI wheels.
-# Root only: a private mount namespace (unshare -m) with an empty directory bind-mounted over each toolkit.
+#   CUDA 12: NVIDIA's CUDA 12 nvcc wheel ships ptxas only (no nvcc): clang compiles the CUDA code against the CUDA 12
+#            wheels' headers, ptxas and libdevice (GPT2CORE_CUDA_MAJOR=12, cmake/gpt2core_cuda12_clang.cmake); the
+#            whole package is pip-installed into a venv with the cuda12 extra's exact pins, imports, and the doctor
+#            reports the libraries it verified. The assembled CUDA 12 tree is left in $WORK/build12/cuda12-toolkit for
+#            the cuBLASLt descriptor and cuDNN graph tests against the CUDA 12 libraries (.ci/run).
+# The NVIDIA wheel versions are the extras' exact pins in pyproject.toml (tests/python/test_libs.py checks this file
+# uses exactly those). Root only: a private mount namespace (unshare -m) with an empty directory over each toolkit.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 WORK="${GPT2CORE_PYPI_WORK:-/tmp/gpt2core-cuda-pypi}"
@@ -18,8 +23,9 @@ if command -v nvcc >/dev/null && nvcc --version >/dev/null 2>&1; then echo "a sy
 echo "== CUDA 13 from PyPI: venv"
 python3 -m venv "$WORK/venv13"
 "$WORK/venv13/bin/pip" install -q pybind11 scipy-openblas32 \
-  nvidia-cuda-nvcc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85 nvidia-cuda-crt==13.0.88 \
-  nvidia-nvvm==13.0.88 nvidia-cublas==13.0.2.14 nvidia-nccl-cu13
+  nvidia-cuda-nvcc==13.0.88 nvidia-cuda-cccl==13.0.85 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88 \
+  nvidia-cuda-runtime==13.0.96 nvidia-cublas==13.0.2.14 nvidia-cuda-nvrtc==13.0.88 nvidia-cudnn-cu13==9.19.0.56 \
+  nvidia-nccl-cu13==2.28.9
 echo "== CUDA 13 from PyPI: configure (system toolkit hidden) and build the CUDA module for sm_75"
 PY="$WORK/venv13/bin/python"
 rm -rf "$WORK/build13"
@@ -28,19 +34,39 @@ GPT2CORE_CUDA_ARCHS=75 cmake -S "$ROOT" -B "$WORK/build13" -G Ninja -DCMAKE_BUIL
   || { tail -n 60 "$WORK/configure13.log"; exit 1; }
 grep "gpt2core:" "$WORK/configure13.log"
 grep -q "CUDA toolchain from NVIDIA's PyPI wheels" "$WORK/configure13.log"
-grep -q "CUDA backend ON, archs = 75, cuDNN = OFF, NCCL = ON" "$WORK/configure13.log"
+grep -q "CUDA backend ON, archs = 75, cuDNN = ON, NCCL = ON" "$WORK/configure13.log"
 cmake --build "$WORK/build13" --target _C_cuda > "$WORK/build13.log" 2>&1 || { tail -n 60 "$WORK/build13.log"; exit 1; }
 grep -q 'CUDA_VERSION = "13.0"' "$WORK/build13/_build_config.py"
+grep -q 'CUDNN_VERSION = "9.19.0"' "$WORK/build13/_build_config.py"
 readelf -d "$WORK"/build13/_C_cuda*.so | grep -E "NEEDED.*(cublasLt|nccl)"
 
-echo "== CUDA 12 headers from PyPI: the host-side seams against them"
+echo "== CUDA 12 by clang from PyPI's CUDA 12 wheels: venv with the cuda12 extra's pins"
 python3 -m venv "$WORK/venv12"
-"$WORK/venv12/bin/pip" install -q nvidia-cuda-runtime-cu12==12.9.79 nvidia-cuda-nvcc-cu12==12.9.86 \
-  nvidia-cuda-cccl-cu12==12.9.27 nvidia-cublas-cu12==12.9.1.4 nvidia-nccl-cu12
-N12="$("$WORK/venv12/bin/python" -c 'import nvidia, os; print(os.path.dirname(nvidia.__file__) if nvidia.__file__ else list(nvidia.__path__)[0])')"
-for src in csrc/cuda/seams_cublaslt.cu csrc/comm/comm_nccl.cpp; do
-  g++ -std=c++17 -fsyntax-only -x c++ -Wall -Wextra -Werror -I"$ROOT/csrc" -I"$N12/cuda_runtime/include" \
-    -I"$N12/cuda_nvcc/include" -I"$N12/cuda_cccl/include" -I"$N12/cublas/include" -I"$N12/nccl/include" "$ROOT/$src"
-  echo "$src: compiles against CUDA 12.9 headers"
-done
+V12="$WORK/venv12/bin"
+"$V12/pip" install -q scikit-build-core pybind11 scipy-openblas32 numpy tiktoken tqdm nvidia-cudnn-frontend==1.28.0 \
+  nvidia-cuda-nvcc-cu12==12.9.86 nvidia-cuda-cccl-cu12==12.9.27 nvidia-cuda-nvcc==13.0.88 \
+  nvidia-cuda-runtime-cu12==12.9.79 nvidia-cublas-cu12==12.9.1.4 nvidia-cuda-nvrtc-cu12==12.9.86 \
+  nvidia-cudnn-cu12==9.19.0.56 nvidia-nccl-cu12==2.28.9
+t0=$SECONDS
+rm -rf "$WORK/build12"
+GPT2CORE_CUDA_MAJOR=12 GPT2CORE_CUDA=ON GPT2CORE_CUDA_ARCHS=75 "$V12/pip" install --no-build-isolation -v \
+  -C build-dir="$WORK/build12" "$ROOT" > "$WORK/build12.log" 2>&1 || { tail -n 80 "$WORK/build12.log"; exit 1; }
+grep "gpt2core:" "$WORK/build12.log"
+grep -q "gpt2core: CUDA 12.9 compiled by .*clang" "$WORK/build12.log"
+echo "CUDA 12 build (clang): $((SECONDS - t0)) s"
+cd "$WORK"
+"$V12/python" - <<'PY'
+import json, gpt2core
+from gpt2core import _build_config
+i = gpt2core.build_info()
+print(json.dumps({k: i.get(k) for k in ("cuda_version", "cudnn_version", "nccl_version", "cuda_library_versions",
+                                        "cuda_error", "cuda_driver")}))
+assert _build_config.CUDA_VERSION == "12.9" and i["cuda"] and "cuda_error" not in i, i
+assert all(p.startswith("nvidia-") for p in _build_config.NVIDIA_PINS) and len(_build_config.NVIDIA_PINS) == 5
+PY
+"$V12/gpt2core-doctor" --seconds 0 | tee "$WORK/doctor12.txt"
+grep -qE "^  cudnn +9\.19\.0 for CUDA 12\.[0-9]+ +nvidia-cudnn-cu12==9\.19\.0\.56 " "$WORK/doctor12.txt"
+grep -qE "^  cublasLt +12\.9\.[0-9]+ for CUDA 12\.9 +nvidia-cublas-cu12==12\.9\.1\.4 " "$WORK/doctor12.txt"
+grep -qE "^  nccl +2\.28\.9 for CUDA 12\.[0-9]+ +nvidia-nccl-cu12==2\.28\.9 " "$WORK/doctor12.txt"
+readelf -d "$WORK"/venv12/lib/python3*/site-packages/gpt2core/_C_cuda*.so | grep -E "NEEDED.*(cublasLt.so.12|nccl)"
 echo "CUDA from PyPI: OK"

@@ -66,4 +66,32 @@ if [ -n "$major" ]; then  # every NVIDIA library from the wheels, the CUDA modul
     echo "NVIDIA libraries loaded from outside the wheels"; exit 1
   fi
 fi
+if [ "$major" = 13 ]; then
+  # Issue 28's scenarios with NVIDIA's real wheels: what a user sees when the pieces do not fit, and that the
+  # command each message names fixes it. The doctor prints the versions the loaded libraries report.
+  doctor() { "$WORK/venv/bin/gpt2core-doctor" --seconds 0 > "$WORK/doctor.txt" 2>&1 || true; grep -E "$1" "$WORK/doctor.txt" \
+             || { cat "$WORK/doctor.txt"; echo "expected: $1"; exit 1; }; ! grep -q Traceback "$WORK/doctor.txt"; }
+  fix() { sed -n 's/.*Fix: \(pip .*\)$/\1/p; s/.*missing.*: \(pip install --force-reinstall --no-deps [^] ]*\).*/\1/p' \
+          "$WORK/doctor.txt" | head -1; }
+  PIP="$WORK/venv/bin/pip"
+  echo "-- matching extra: versions verified from the libraries themselves"
+  doctor "^  cudnn +9\.19\.0 for CUDA 13\.[0-9]+ +nvidia-cudnn-cu13==9\.19\.0\.56 "
+  echo "-- both extras: nvidia-cudnn-cu12 installed over cu13 (same file names)"
+  "$PIP" install -q --no-deps nvidia-cudnn-cu12==9.19.0.56
+  doctor "CUDA +not loaded: cuDNN 9 at .*libcudnn.so.9 does not fit this build of gpt2core: it is built for CUDA 12"
+  cmd=$(fix); echo "   the message's fix: $cmd"; [ -n "$cmd" ] && (export PATH="$WORK/venv/bin:$PATH"; eval "$cmd" -q)
+  doctor "^  cudnn +9\.19\.0 for CUDA 13"
+  echo "-- cu12 removed after cu13: pip uninstall deletes the file both packages list"
+  "$PIP" install -q --no-deps nvidia-cudnn-cu12==9.19.0.56
+  "$PIP" install -q --no-deps --force-reinstall nvidia-cudnn-cu13==9.19.0.56
+  "$PIP" uninstall -q -y nvidia-cudnn-cu12
+  doctor "nvidia-cudnn-cu13==9\.19\.0\.56 is installed but its .*libcudnn.so.9 is missing"
+  cmd=$(fix); echo "   the message's fix: $cmd"; [ -n "$cmd" ] && (export PATH="$WORK/venv/bin:$PATH"; eval "$cmd" -q)
+  doctor "^  cudnn +9\.19\.0 for CUDA 13"
+  echo "-- mismatched extra: the cuda12 cuBLAS for a CUDA 13 build"
+  "$PIP" uninstall -q -y nvidia-cublas && "$PIP" install -q --no-deps nvidia-cublas-cu12==12.9.1.4
+  doctor "needs cuBLASLt \(libcublasLt.so.13\), found neither .*nvidia-cublas is not installed.*pip install \"gpt2core\[cuda13\]\" \(or pip install nvidia-cublas==13\.0\.2\.14\)"
+  "$PIP" install -q --no-deps nvidia-cublas==13.0.2.14
+  doctor "^  cublasLt +13\.0\.[0-9]+ for CUDA 13\.0 +nvidia-cublas==13\.0\.2\.14 "
+fi
 echo "wheel: OK"

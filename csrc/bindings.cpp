@@ -15,6 +15,7 @@
 #include "backends.h"
 #include "cpu/blas.h"
 #include "model/gpt2.h"
+#include "bindings_infer.h"
 
 // The module's name: _C for the package; the test-only emulated-CUDA module (tests/csrc/cuda/cuda_emu) builds this
 // same file under another name, without the distributed bindings, plus its own extra bindings.
@@ -189,21 +190,24 @@ void bind_model(py::module_& m, const char* cls_name) {
   using M = GPT2Model<T>;
   using F = gpt2::Master<T>;  // the dtype Python sees: master weights, gradients, AdamW state, logits, losses
   // module_local: the test-only emulated module binds the same C++ type in the same interpreter
-  py::class_<M>(m, cls_name, "GPT-2 in the C++ core: parameters, gradients, forward/backward, AdamW.",
-                py::module_local())
+  auto cls = py::class_<M>(m, cls_name, "GPT-2 in the C++ core: parameters, gradients, forward/backward, AdamW.",
+                py::module_local());
+  gpt2_bind::bind_kv<M>(cls);
+  cls
       .def(py::init([](int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd,
                        const std::string& device, bool tf32, const std::string& attention, bool fused,
-                       bool matmul_tuning, const std::string& position, float rope_base, const std::string& norm,
+                       bool matmul_tuning, bool training, const std::string& position, float rope_base, const std::string& norm,
                        bool qk_norm, const std::string& activation, bool bias, bool tie_embeddings,
                        float logit_softcap) {
              const Arch arch{position, norm, activation, rope_base, qk_norm, bias, tie_embeddings, logit_softcap};
              auto config = make_config(max_seq_len, vocab_size, padded_vocab_size, n_layer, n_head, n_embd, arch);
              if (gpt2::is_cuda_device(device)) load_cuda_backend();
-             return new M(config, gpt2::make_backend<T>(device, backend_options(tf32, attention, fused, matmul_tuning)));
+             return new M(config, gpt2::make_backend<T>(device, backend_options(tf32, attention, fused, matmul_tuning)),
+                          training);
            }),
            py::arg("max_seq_len"), py::arg("vocab_size"), py::arg("padded_vocab_size"), py::arg("n_layer"),
            py::arg("n_head"), py::arg("n_embd"), py::arg("device") = "cpu", py::arg("tf32") = false,
-           py::arg("attention") = "auto", py::arg("fused") = true, py::arg("matmul_tuning") = false,
+           py::arg("attention") = "auto", py::arg("fused") = true, py::arg("matmul_tuning") = false, py::arg("training") = true,
            py::arg("position") = "learned", py::arg("rope_base") = 10000.0f, py::arg("norm") = "layernorm",
            py::arg("qk_norm") = false, py::arg("activation") = "gelu", py::arg("bias") = true,
            py::arg("tie_embeddings") = true, py::arg("logit_softcap") = 0.0f,
@@ -220,6 +224,10 @@ void bind_model(py::module_& m, const char* cls_name) {
              py::dict d;
              const size_t n = self.num_parameters();
              d["params"] = n * sizeof(T) + (gpt2::kHasMasterCopy<T> ? n * sizeof(F) : 0);  // + fp32 master
+             if (!self.training()) {  // inference-only: no gradients, moments or backward activations
+               d["grads"] = 0, d["optimizer"] = 0, d["activations"] = self.kv_bytes();
+               return d;
+             }
              d["grads"] = n * sizeof(F);
              d["optimizer"] = 2 * n * sizeof(F);
              d["activations"] = self.activation_bytes_for(B, Tn);
@@ -248,7 +256,10 @@ void bind_model(py::module_& m, const char* cls_name) {
            },
            "Parameters by name as numpy views (no copy; writes go into the model). In bf16 these are the fp32 master "
            "weights: after writing through views kept from an earlier call, call params_changed().")
-      .def("grads", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.grads(), self); })
+      .def("grads", [](py::object self) {
+             auto& s = self.cast<M&>();
+             return s.training() ? named_views(s, s.grads(), self) : py::dict();  // inference-only: none
+           })
       .def("adam_m", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.adam_m(), self); })
       .def("adam_v", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.adam_v(), self); })
       .def("flat_params",
@@ -257,7 +268,11 @@ void bind_model(py::module_& m, const char* cls_name) {
              s.params_changed();
              return view(s.params(), {py::ssize_t(s.num_parameters())}, self);
            })
-      .def("flat_grads", [](py::object self) { auto& s = self.cast<M&>(); return view(s.grads(), {py::ssize_t(s.num_parameters())}, self); })
+      .def("flat_grads", [](py::object self) {
+             auto& s = self.cast<M&>();
+             if (!s.training()) throw py::value_error("flat_grads: an inference-only model (training=False) has no gradients");
+             return view(s.grads(), {py::ssize_t(s.num_parameters())}, self);
+           })
       .def("forward",
            [](M& self, py::object idx, py::object targets) {
              const auto& c = self.config();

@@ -22,6 +22,10 @@ measured: the best of 3 products of two 2048 x 2048 fp32 matrices through the co
 thread split the model's matmuls use), once per CPU model, thread count and BLAS, then read from
 $XDG_CACHE_HOME/gpt2core/cpu_peak.json (~/.cache/gpt2core/...); --measure-peak measures again,
 --peak-gflops overrides it. GPU peaks are the dense bf16 / fp16 / tf32 tensor-core figures.
+
+--generate benchmarks KV-cache generation instead (scripts/bench_generate.py: prefill ms, decode tokens/s, the
+weight-streaming bound, Hugging Face transformers side by side):
+    python scripts/bench.py --generate --preset d12 --threads 2
 """
 from __future__ import annotations
 
@@ -128,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="replay each micro-step and the optimizer step from CUDA graphs (--breakdown then times "
                          "forward and backward together)")
+    gen = ap.add_argument_group("generation (KV cache; scripts/bench_generate.py)")
+    gen.add_argument("--generate", action="store_true",
+                     help="prefill ms and decode tokens/s for each prompt length and batch, the weight-streaming "
+                          "bound, and Hugging Face transformers side by side when installed")
+    gen.add_argument("--prompts", type=int, nargs="+", default=[8, 512], help="--generate: prompt lengths")
+    gen.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="--generate: batch sizes")
+    gen.add_argument("--new-tokens", type=int, default=32, help="--generate: decode steps timed")
     c = ap.add_argument_group("portable vs native CPU code")
     c.add_argument("--compare-native", action="store_true",
                    help="time this install against a -march=native build of the CPU core, alternating rounds")
@@ -536,6 +547,10 @@ def main(argv=None):
         return worker(args) or True  # one rank under a launcher (ours, or torchrun scripts/bench.py ...)
     if args.compare_native:
         return compare_native(args, argv)
+    if args.generate:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_generate import generate_bench
+        return generate_bench(args)
     if args.nproc > 1 or args.scaling:
         return data_parallel(args, argv)
     if not args.ladder:

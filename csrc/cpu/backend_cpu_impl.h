@@ -16,6 +16,11 @@
 #include "cpu/blas.h"
 #include "model/backend.h"
 #include "model/optimizer.h"
+#include "model/sampling.h"
+
+#if defined(GPT2CORE_CPU_AVX2)
+#include <immintrin.h>  // the intrinsics carry their own target attributes; used below the pragma only
+#endif
 
 #if defined(GPT2CORE_CPU_TARGET)
 #define GPT2CORE_PRAGMA_(x) _Pragma(#x)
@@ -24,6 +29,7 @@ GPT2CORE_TARGET_PRAGMA(GPT2CORE_CPU_TARGET)
 #endif
 
 #include "cpu/ops.h"
+#include "cpu/ops_infer.h"
 
 namespace gpt2::cpu::GPT2CORE_CPU_ISA {
 
@@ -68,7 +74,10 @@ class CpuBackend final : public Backend<T> {
     ops::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
   void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) override {
-    ops::matmul_forward(out, inp, w, bias, N, C, OC);
+    if (N <= ops::kGemvMaxRows)  // decode: the weights' read is the cost; a GEMV streams them once
+      ops::gemv_forward(out, inp, w, bias, N, C, OC);
+    else
+      ops::matmul_forward(out, inp, w, bias, N, C, OC);
   }
   void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N, int C, int OC,
                        InputGrad mode) override {
@@ -128,6 +137,28 @@ class CpuBackend final : public Backend<T> {
   void crossentropy_softcap_backward(T* logits, const T* lse, const int32_t* targets, const int32_t* n_valid,
                                      float grad_scale, float cap, int N, int V, int Vp) override {
     ops::crossentropy_softcap_backward_inplace(logits, lse, targets, dloss(n_valid, grad_scale), T(cap), N, V, Vp);
+  }
+  bool has_kv() const override { return true; }
+  void encoder_forward_at(T* out, const int32_t* inp, const T* wte, const T* wpe, const int32_t* pos, int B, int Tn,
+                          int C) override {
+    ops::encoder_forward_at(out, inp, wte, wpe, pos, B, Tn, C);
+  }
+  void attention_kv_forward(T* out, T* kcache, T* vcache, const T* qkv, const int32_t* slot, const int32_t* pos,
+                            int B, int Tq, int C, int NH, int maxT) override {
+    ops::attention_kv_forward(out, kcache, vcache, qkv, slot, pos, B, Tq, C, NH, maxT);
+  }
+  void gather_rows(T* out, const T* inp, const int32_t* rows, int n, int C) override {
+    ops::gather_rows(out, inp, rows, n, C);
+  }
+  void sample_tokens(int32_t* ids, const T* logits, const SampleRow* rows, int n, int V, int Vp) override {
+#pragma omp parallel
+    {
+      std::vector<int32_t> idx;
+      std::vector<double> p;
+#pragma omp for schedule(dynamic, 1)
+      for (int i = 0; i < n; i++)
+        ids[i] = sample_row(logits + size_t(i) * Vp, V, rows[i], [](T x) { return double(x); }, idx, p);
+    }
   }
   void set_step_args(const StepArgs& args) override { step_.args = args; }
   void grad_sum_squares(const T* grad, size_t n) override {

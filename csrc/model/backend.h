@@ -17,6 +17,7 @@
 #include "model/config.h"
 #include "model/dtypes.h"
 #include "model/optimizer.h"
+#include "model/sampling.h"
 
 namespace gpt2 {
 
@@ -207,6 +208,32 @@ class Backend {
     crossentropy_forward(losses, lse, logits, targets, n_valid, N, V, Vp);
     crossentropy_backward(logits, lse, targets, n_valid, grad_scale, N, V, Vp);
   }
+  // ---- KV-cache inference (model/inference.cpp). A backend without these ops runs generation through the
+  // full forward (Python's ForwardEngine); has_kv() says which. Positions and slots are int32 in backend memory.
+  virtual bool has_kv() const { return false; }
+  // out[b,t,:] = wte[inp[b,t],:] + wpe[pos[b] + t,:]: the encoder with each sequence starting at its own position.
+  virtual void encoder_forward_at(T* /*out*/, const int32_t* /*inp*/, const T* /*wte*/, const T* /*wpe*/,
+                                  const int32_t* /*pos*/, int /*B*/, int /*Tn*/, int /*C*/) {
+    no_kv();
+  }
+  // Causal attention of Tq new tokens per sequence against a KV cache. kcache, vcache: (S, maxT, C) for S slots.
+  // First the keys and values of qkv (B, Tq, 3C) (laid out [q | k | v]) are written into slot slot[b] at
+  // positions pos[b] + t; then out[b,t,:] (B, Tq, C) is the attention of query (b, t) over that slot's positions
+  // 0 .. pos[b] + t (softmax of q.k / sqrt(hs) per head, as attention_forward). Positions past maxT are a
+  // caller's error (the model never makes them).
+  virtual void attention_kv_forward(T* /*out*/, T* /*kcache*/, T* /*vcache*/, const T* /*qkv*/,
+                                    const int32_t* /*slot*/, const int32_t* /*pos*/, int /*B*/, int /*Tq*/,
+                                    int /*C*/, int /*NH*/, int /*maxT*/) {
+    no_kv();
+  }
+  // out[i,:] = inp[rows[i],:] for i < n (rows in backend memory): the last position of each prompt, for the head.
+  virtual void gather_rows(T* /*out*/, const T* /*inp*/, const int32_t* /*rows*/, int /*n*/, int /*C*/) { no_kv(); }
+  // One token id per row of logits (n, Vp) (the first V columns), drawn as model/sampling.h defines, written to
+  // ids (HOST memory: only the ids leave the device). rows: n sampling settings, host memory.
+  virtual void sample_tokens(int32_t* /*ids*/, const T* /*logits*/, const SampleRow* /*rows*/, int /*n*/,
+                             int /*V*/, int /*Vp*/) {
+    no_kv();
+  }
   // CUDA graphs: the ops enqueued between capture_begin() and capture_end() are recorded, not run, and
   // graph_launch() replays them with the pointers and scalar arguments they had when recorded. Only a backend
   // with a device queue can (can_capture()); ops that would synchronise with the host fail while capturing.
@@ -238,6 +265,11 @@ class Backend {
   // only, or to nearest even when seed == 0. Only backends whose models keep a master copy implement it.
   virtual void cast_params(T* /*param*/, const M* /*master*/, size_t /*n*/, uint32_t /*seed*/, size_t /*offset*/) {
     throw std::logic_error(std::string("backend ") + name() + " has no separate master weights to cast");
+  }
+
+ private:
+  [[noreturn]] void no_kv() const {
+    throw std::logic_error(std::string("backend ") + name() + " has no KV-cache inference ops");
   }
 };
 

@@ -9,8 +9,8 @@
 namespace gpt2 {
 
 template <typename T>
-GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> backend)
-    : config_(config), backend_(std::move(backend)) {
+GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> backend, bool training)
+    : config_(config), backend_(std::move(backend)), training_(training) {
   config_.validate();
   if (const std::string why = backend_->unsupported(config_); !why.empty())
     throw std::invalid_argument("backend " + std::string(backend_->name()) + ": " + why);
@@ -21,7 +21,7 @@ GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> b
   }
   params_ = backend_->alloc(num_params_);
   if constexpr (kHasMasterCopy<T>) master_ = backend_->alloc_master(num_params_);
-  grads_ = backend_->alloc_master(num_params_);
+  if (training_) grads_ = backend_->alloc_master(num_params_);
   n_valid_dev_ = backend_->alloc_i32(1);
   loss_acc_ = backend_->alloc_master(1);
 }
@@ -30,11 +30,12 @@ template <typename T>
 GPT2Model<T>::~GPT2Model() {
   drop_graph(step_graph_);
   drop_graph(optimizer_graph_);
+  kv_release();
   backend_->free_i32(n_valid_dev_);
   backend_->free_master(loss_acc_);
   backend_->free(params_);
   if (master_) backend_->free_master(master_);
-  backend_->free_master(grads_);
+  if (grads_) backend_->free_master(grads_);
   if (m_) backend_->free_master(m_);
   if (v_) backend_->free_master(v_);
   if (acts_mem_) backend_->free(acts_mem_);
@@ -44,7 +45,15 @@ GPT2Model<T>::~GPT2Model() {
 }
 
 template <typename T>
+void GPT2Model<T>::require_training(const char* what) const {
+  if (!training_)
+    throw std::logic_error(std::string(what) + ": this is an inference-only model (training=False): it has no "
+                           "gradients or optimizer state; load it with training=True to train");
+}
+
+template <typename T>
 void GPT2Model<T>::ensure_optimizer_state() {
+  require_training("optimizer state");
   if (!m_) m_ = backend_->alloc_master(num_params_);
   if (!v_) v_ = backend_->alloc_master(num_params_);
 }
@@ -132,6 +141,8 @@ template <typename T>
 double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, int Tn) {
   if (B <= 0 || Tn <= 0 || Tn > config_.max_seq_len)
     throw std::invalid_argument("forward: need B > 0 and 0 < T <= max_seq_len");
+  if (!training_) return kv_forward(inp, targets, B, Tn);
+  kv_forward_ = false;
   ensure_activations(B, Tn);
   Backend<T>& be = *backend_;
   const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
@@ -232,6 +243,7 @@ void GPT2Model<T>::forward_ops(int B, int Tn) {
 template <typename T>
 void GPT2Model<T>::logits_to_host(M* dst) const {
   if (!B_) throw std::runtime_error("logits: no forward pass has run yet");
+  if (kv_forward_) return kv_logits_to_host(dst);
   const size_t n = size_t(B_) * T_ * config_.padded_vocab_size;
   if constexpr (kHasMasterCopy<T>) {  // bf16 / fp16 logits, widened on the host
     std::vector<T> tmp(n);
@@ -245,11 +257,14 @@ void GPT2Model<T>::logits_to_host(M* dst) const {
 template <typename T>
 void GPT2Model<T>::losses_to_host(M* dst) const {
   if (!B_) throw std::runtime_error("token_losses: no forward pass has run yet");
-  backend_->to_host_master(dst, a_.losses, size_t(B_) * T_);
+  backend_->to_host_master(dst, kv_forward_ ? kv_.losses : a_.losses, size_t(B_) * T_);
 }
 
 template <typename T>
-void GPT2Model<T>::zero_grad() { backend_->zero_master(grads_, num_params_); }
+void GPT2Model<T>::zero_grad() {
+  require_training("zero_grad");
+  backend_->zero_master(grads_, num_params_);
+}
 
 template <typename T>
 template <typename P>
@@ -290,6 +305,7 @@ GradRanges GPT2Model<T>::head_grad_ranges() const {
 
 template <typename T>
 void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
+  require_training("backward");
   if (!have_targets_)
     throw std::runtime_error("backward: call forward(idx, targets) first (each forward allows one backward)");
   have_targets_ = false;  // the logits buffer becomes dlogits below
@@ -376,6 +392,8 @@ void GPT2Model<T>::forward_backward(const int32_t* inp, const int32_t* targets, 
   if (B <= 0 || Tn <= 0 || Tn > config_.max_seq_len)
     throw std::invalid_argument("forward_backward: need B > 0 and 0 < T <= max_seq_len");
   if (!targets) throw std::invalid_argument("forward_backward: needs targets");
+  require_training("forward_backward");
+  kv_forward_ = false;
   ensure_activations(B, Tn);  // a new layout drops the graph
   Backend<T>& be = *backend_;
   // outside any graph: the host-side work of the step (the batch's upload, a rebuilt bf16 weight copy)
@@ -488,6 +506,7 @@ void GPT2Model<T>::set_loss_scaling(bool on, const LossScaler& state) {
 
 template <typename T>
 double GPT2Model<T>::grad_sum_squares(size_t lo, size_t hi) {
+  require_training("grad_sum_squares");
   backend_->grad_sum_squares(grads_ + lo, hi - lo);
   return read_step_result();
 }
@@ -551,6 +570,7 @@ void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr
                                       float eps, float weight_decay, int step, float grad_scale, double grad_clip,
                                       double sumsq) {
   if (step < 1) throw std::invalid_argument("adamw_update_range: step counts from 1");
+  require_training("adamw_update_range");
   if (lo > hi || hi > num_params_) throw std::invalid_argument("adamw_update_range: bad range");
   adamw_over(lo, hi, m, v, beta1, beta2, eps, weight_decay,
              step_args(lr, beta1, beta2, step, grad_scale, grad_clip, sumsq));
@@ -581,6 +601,12 @@ std::vector<AdamWSegment> GPT2Model<T>::adamw_segments(size_t lo, size_t hi, flo
   }
   return segments;
 }
+
+}  // namespace gpt2
+
+#include "model/gpt2_infer.h"  // the KV-cache inference members
+
+namespace gpt2 {
 
 template class GPT2Model<float>;
 template class GPT2Model<double>;

@@ -42,7 +42,9 @@ template <typename T>
 class GPT2Model {
  public:
   using M = Master<T>;
-  GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> backend);
+  // training = false: an inference-only model (no gradients, AdamW moments or backward activations; forward runs
+  // through the KV-cache path, see kv_prefill; backward and the optimizer throw).
+  GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> backend, bool training = true);
   ~GPT2Model();
   GPT2Model(const GPT2Model&) = delete;
   GPT2Model& operator=(const GPT2Model&) = delete;
@@ -140,6 +142,33 @@ class GPT2Model {
   // takes the same skip decision.
   void adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
                           float weight_decay, int step, float grad_scale, double grad_clip, double sumsq);
+  bool training() const { return training_; }
+
+  // ---- KV-cache inference (model/gpt2_infer.h): the same per-layer ops as forward, over a cache of K and V per
+  // layer (S slots x maxT positions x C, in backend memory) and one layer's activations at a time.
+  // A sequence lives in a slot; its positions are kept here (kv_pos). Batches mix lengths by per-sequence
+  // positions: each row carries its own start position into the encoder and the attention, so no padding
+  // is attended and no mask is needed (prefill pads rows on the right only, into cache positions that a
+  // later decode overwrites before any query reaches them).
+  //
+  // kv_reserve: a cache for `slots` sequences of up to max_len tokens (<= max_seq_len); a larger one replaces it
+  // (positions forgotten), a smaller or equal request keeps it.
+  void kv_reserve(int slots, int max_len);
+  int kv_slots() const { return kv_S_; }
+  int kv_max_len() const { return kv_T_; }
+  int kv_pos(int slot) const { return kv_pos_.at(slot); }
+  size_t kv_bytes() const;  // cache + inference activations now allocated
+  // Prefill: n sequences (tokens (n, Tq), host), row i's first lengths[i] ids real (the rest any ids), into slots
+  // slots[i] from position 0; afterwards kv_pos(slot) = lengths[i]. Logits into the inference logits buffer: of
+  // each row's last real position (n, Vp), or with all_logits of every position (n * Tq, Vp).
+  void kv_prefill(const int32_t* tokens, const int32_t* lengths, const int32_t* slots, int n, int Tq,
+                  bool all_logits = false);
+  // Decode: one token per sequence (n), at position kv_pos(slot) (< kv_max_len), then kv_pos += 1; logits (n, Vp).
+  void kv_decode(const int32_t* tokens, const int32_t* slots, int n);
+  // One id per row of the last prefill/decode's logits (rows: n settings, n = that call's sequences), to the host.
+  void kv_sample(int32_t* ids, const SampleRow* rows, int n);
+  int kv_logit_rows() const { return kv_rows_; }
+  void kv_logits_to_host(M* dst) const;  // (kv_logit_rows(), Vp)
   int last_B() const { return B_; }
   int last_T() const { return T_; }
 
@@ -193,8 +222,34 @@ class GPT2Model {
   GradRanges tensor_grad_ranges(ParamTensor first, ParamTensor last) const;
   GradRanges head_grad_ranges() const;
 
+  void require_training(const char* what) const;
+  double kv_forward(const int32_t* inp, const int32_t* targets, int B, int Tn);
+  void kv_ensure_rows(int rows, int logit_rows);
+  void kv_release();
+  // the layers over n * Tq rows whose inputs are in kv_.ids, slots/positions in kv_slot_/kv_posd_; leaves the
+  // final layernorm's output of every row in kv_.ln
+  void kv_layers(int n, int Tq);
+
   ModelConfig config_;
   std::unique_ptr<Backend<T>> backend_;
+  bool training_ = true;
+  // inference state: the cache (L, S, T, C) for K and V, one layer's activations for kv_cap_ rows, logits
+  struct KvBuffers {
+    T *x, *ln, *qkv, *atty, *proj, *res2, *fch, *fch_gelu, *last, *logits;
+    M *mean, *rstd, *losses, *lse;
+  };
+  T* kcache_ = nullptr;
+  T* vcache_ = nullptr;
+  int kv_S_ = 0, kv_T_ = 0;
+  std::vector<int> kv_pos_;
+  T* kv_mem_ = nullptr;
+  M* kv_stats_ = nullptr;
+  size_t kv_mem_n_ = 0, kv_stats_n_ = 0;
+  int kv_cap_ = 0, kv_logit_cap_ = 0;  // rows the activations / logits are sized for
+  int kv_rows_ = 0;                   // logit rows of the last prefill / decode
+  KvBuffers kv_{};
+  int32_t *kv_ids_ = nullptr, *kv_slot_ = nullptr, *kv_posd_ = nullptr, *kv_gather_ = nullptr, *kv_targets_ = nullptr;
+  bool kv_forward_ = false;  // the last forward() ran through the inference path (logits/losses are kv_'s)
   std::array<size_t, kNumParamTensors> sizes_{}, offsets_{};
   size_t num_params_ = 0;
   T* params_ = nullptr;

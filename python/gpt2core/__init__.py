@@ -32,11 +32,21 @@ def build_info() -> dict:
     build with the CUDA backend, the NVIDIA libraries it loaded ("cuda_libraries", name -> path) or why it could
     not ("cuda_error")."""
     info = dict(_C.build_info(), cuda_version=_build_config.CUDA_VERSION)
+    if not info["cuda"]:
+        info["cuda_skipped"] = getattr(_build_config, "CUDA_SKIPPED", "")  # why the build has no CUDA backend
     if info["cuda"]:
+        info.update(cudnn_version=getattr(_build_config, "CUDNN_VERSION", ""),
+                    nccl_version=getattr(_build_config, "NCCL_VERSION", ""))
         try:
-            info["cuda_libraries"] = {f.name: f.path for f in _cuda.load()}
-        except ImportError as e:
+            found = _cuda.load()
+            info["cuda_libraries"] = {f.name: f.path for f in found}
+            info["cuda_library_versions"] = {f.name: f.version for f in found}  # as each loaded library says
+        except (ImportError, OSError) as e:  # never a traceback from a library that exists but does not load
             info["cuda_error"] = str(e)
+        from . import _libs
+        problem = _libs.driver_problem()
+        if problem:
+            info["cuda_driver"] = problem
     return info
 
 

@@ -17,7 +17,8 @@ The entry wrapper. Every console script is `entry(prog, main)`: `main(argv)` run
     exit 0   success
     exit 1   a failure: the package's own errors (errors.Error: unreadable files, a locked folder, a diverged
              run...) and OSErrors (read-only, full disk, is-a-directory...) as ONE line naming the path and cause
-    exit 2   a usage error: a bad argument (ArgError / argparse), one line naming the flag
+    exit 2   a usage error: a bad argument (ArgError / argparse), one line naming the flag; also a device this
+             machine cannot run (no NVIDIA driver, a driver too old for the build, no such GPU)
     exit 75  preempted: stopped by SIGTERM/SIGINT after writing a checkpoint (resume with --resume auto)
 
 A traceback is printed only with --debug, or for a real bug (an exception that is none of the above).
@@ -34,14 +35,14 @@ import sys
 import traceback
 from pathlib import Path as _P
 
-from .errors import ArgError, Error, Preempted
+from .errors import ArgError, DeviceUnavailable, Error, Preempted
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 75
 
 EXIT_CODES_HELP = """exit status:
   0   success
   1   failure: one line naming the file or the cause (--debug adds the traceback)
-  2   bad argument: one line naming the flag
+  2   bad argument: one line naming the flag, or a device this machine cannot run (no driver, no such GPU)
   75  preempted: stopped by SIGTERM/SIGINT after writing a checkpoint (rerun with --resume auto)"""
 
 
@@ -396,8 +397,8 @@ def check_fields(obj, prefix: str = "--", checks: dict | None = None) -> None:
 
 def check_device_available(spec: str, name: str = "--device") -> str:
     """`spec` is a device this machine can run: the syntax, then for CUDA that the backend is compiled, a GPU is
-    found and the index exists. ArgError (usage, exit 2) for a malformed spec, errors.DeviceUnavailable (exit 1)
-    for a well-formed one this machine lacks."""
+    found and the index exists. ArgError for a malformed spec, errors.DeviceUnavailable for a well-formed one this
+    machine lacks (both usage errors: exit 2)."""
     device.check(spec, name)
     if spec == "cpu":
         return spec
@@ -407,7 +408,8 @@ def check_device_available(spec: str, name: str = "--device") -> str:
     if "cuda" not in info["backends"]:
         raise DeviceUnavailable(f"{name} {spec}: this build of gpt2core has no CUDA backend (compiled: "
                                 f"{', '.join(info['backends'])}); use --device cpu")
-    why = _C.cuda_status()
+    from . import _libs
+    why = _libs.driver_problem() or _C.cuda_status()  # the driver first, in the words GPT2(device=) and the doctor use
     if why:
         raise DeviceUnavailable(f"{name} {spec}: {why}; use --device cpu")
     index = int(spec.partition(":")[2] or 0)
@@ -461,6 +463,10 @@ def classify(e: BaseException) -> tuple[int, str] | None:
     if isinstance(e, Preempted):
         return EXIT_PREEMPTED, str(e)
     if isinstance(e, ArgError):
+        return EXIT_USAGE, f"error: {e}"
+    if isinstance(e, DeviceUnavailable) or type(e).__name__ == "DeviceError":
+        # the command asked for a device this machine cannot run (no driver, a driver too old for the build, no
+        # such GPU): a usage error, answered with what to use instead
         return EXIT_USAGE, f"error: {e}"
     if isinstance(e, OSError):
         return EXIT_FAILURE, describe_oserror(e)

@@ -64,7 +64,7 @@ def report_build(out) -> dict:
     return info
 
 
-def report_libraries(out, info) -> None:
+def report_libraries(out, info) -> str | None:
     """Every shared library the package loaded or needs: path and version; a CUDA backend that cannot be loaded
     says why (the CPU still works, so that is not a failed check)."""
     from gpt2core import _build_config, _cuda, _libs
@@ -76,24 +76,33 @@ def report_libraries(out, info) -> None:
         out(f"  Gloo     {_mapped('libgloo') or 'linked statically'}")
     if not _build_config.CUDA_LIBRARIES:
         out("  CUDA     none: this build has no CUDA backend")
-        return
+        return None
     try:
         found = _cuda.load()
     except ImportError as e:
         out(f"  CUDA     not loaded: {e}")
-        return
+        # a machine with an NVIDIA driver whose CUDA backend cannot load has failed a check (exit status 1)
+        return "not loaded" if _libs.driver() else None
+    except OSError as e:  # never a traceback from the doctor
+        out(f"  CUDA     not loaded: {e.filename or ''} {e.strerror or e}")
+        return "not loaded" if _libs.driver() else None
+    out(f"  (versions as the loaded libraries report them; this build: CUDA {_build_config.CUDA_VERSION}"
+        + (f", cuDNN {_build_config.CUDNN_VERSION}" if getattr(_build_config, "CUDNN_VERSION", "") else "")
+        + (f", NCCL {_build_config.NCCL_VERSION}" if getattr(_build_config, "NCCL_VERSION", "") else "") + ")")
     for f in found:
-        out(f"  {f.name:<8} {f.version:<12} {f.source:<6} {f.path}")
+        out("  " + _libs.describe(f))
+        for path, why in f.skipped:
+            out(f"           skipped {path}: {why}")
+    return None
 
 
 def report_gpu(out) -> list[str]:
     """The CUDA device a model uses by default (["cuda"]) after printing it, or [] after printing why none."""
     from gpt2core import _C
     from gpt2core import _libs
-    why = _C.cuda_status()
+    why = _libs.driver_problem() or _C.cuda_status()
     if why:
-        drv = _libs.driver()
-        out(f"GPU: none usable ({why})" if drv else "GPU: none usable (no NVIDIA driver: libcuda.so.1 not found)")
+        out(f"GPU: none usable ({why})")
         return []
     from gpt2core.model import pick_precision
     cap = _C.cuda_capability(0)
@@ -102,6 +111,19 @@ def report_gpu(out) -> list[str]:
         f"memory {facts.get('memory', '?')} | a model picks precision {pick_precision(None, cap)}, attention auto "
         f"(cuDNN SDPA where it checks out, else gpt2core's flash kernels)")
     return ["cuda"]
+
+
+def _gpu_present() -> bool:
+    """An NVIDIA driver is installed (libcuda.so.1 loads) or nvidia-smi lists a GPU."""
+    from gpt2core import _libs
+    if _libs.driver():
+        return True
+    return bool(gpu_facts(0))
+
+
+def _driver_or_status() -> str:
+    from gpt2core import _C, _libs
+    return _libs.driver_problem() or _C.cuda_status()
 
 
 def _train(device: str, dtype: str = "float32", steps: int = 4) -> tuple[list[float], str]:
@@ -174,11 +196,15 @@ def main(argv=None) -> int:
 
     out(f"python {sys.version.split()[0]} | numpy {np.__version__} | {sys.platform}")
     info = report_build(out)
-    report_libraries(out, info)
+    cuda_failed = report_libraries(out, info)
     devices = report_gpu(out) if "cuda" in info["backends"] else []
+    if "cuda" in info["backends"] and not devices and _gpu_present():
+        # a GPU box whose CUDA backend cannot run has failed, even though the CPU checks below pass
+        cuda_failed = _driver_or_status() or cuda_failed or "no usable GPU"
+        out(f"FAIL: an NVIDIA GPU is present but the CUDA backend cannot run: {cuda_failed}")
     if "cuda" not in info["backends"]:
         out("GPU: this build has no CUDA backend (pip install on a machine with the CUDA toolkit, or from a wheel)")
-    ok = check_correctness(out, devices)
+    ok = check_correctness(out, devices) and not cuda_failed
     for d in devices if args.seconds > 0 else []:
         speed_probe(out, d, args.seconds)
     out("all checks passed" if ok else "SOME CHECKS FAILED")

@@ -10,7 +10,7 @@ import numbers
 
 import numpy as np
 
-from . import _C, llmc, pretrained
+from . import _build_config, _C, llmc, pretrained
 from .config import GPT2Config, TrainConfig, get_preset
 from . import cli
 from .errors import ArgError, Error
@@ -61,9 +61,14 @@ def _check_device(device: str) -> str:
         if "cuda" not in info["backends"]:
             raise DeviceError(
                 f"device={device!r}: this build of gpt2core has no CUDA backend (compiled backends: "
-                f"{', '.join(info['backends'])}). Use device='cpu', or reinstall on a machine with the CUDA "
-                "toolkit (GPT2CORE_CUDA=ON pip install gpt2core).")
-        why = _C.cuda_status()  # "" when the CUDA backend can run here (driver and a GPU found)
+                f"{', '.join(info['backends'])}"
+                + (f"; {_build_config.CUDA_SKIPPED}" if getattr(_build_config, "CUDA_SKIPPED", "") else "")
+                + "). Use device='cpu', or build from source on a machine with a CUDA compiler: "
+                "GPT2CORE_CUDA=ON pip install --no-build-isolation . (README: On a GPU box).")
+        from . import _libs
+        # the driver first: without this, a missing or too old driver surfaces as cudart's "CUDA driver version
+        # is insufficient for CUDA runtime version", which names neither the cause nor the fix
+        why = _libs.driver_problem() or _C.cuda_status()  # "" when the CUDA backend can run here
         if why:
             raise DeviceError(f"device={device!r}: {why}. Use device='cpu' on this machine.")
         cli.device.check(device, "device")  # 'cuda' or 'cuda:N'
@@ -121,7 +126,8 @@ class GPT2:
     def __init__(self, config: GPT2Config | str = "d12", device: str = "cpu", seed: int = 0,
                  dtype: str = "float32", init: bool = True, precision: str | None = None,
                  attention: str | None = None, fused: bool = True, matmul_tuning: bool = False,
-                 loss_scaling: bool | None = None, loss_scale_init: float = 2.0**16, loss_scale_interval: int = 2000):
+                 loss_scaling: bool | None = None, loss_scale_init: float = 2.0**16, loss_scale_interval: int = 2000,
+                 training: bool = True):
         """precision: "fp32"; "tf32" (CUDA: TF32 tensor-core matmuls); "bf16" (CUDA: bf16 weights copy and
         activations, fp32 master weights, gradients, AdamW state, softmax and loss); "fp16" (CUDA: the same in
         IEEE half precision, for sm_70 / sm_75 GPUs; trained with dynamic loss scaling by default, below). None
@@ -140,7 +146,11 @@ class GPT2:
         False, or None (default: on for precision="fp16" only, whose gradients would underflow without it; it
         works on every backend and precision, so also on the CPU, where it is off unless asked for).
         loss_scale_init (default 2**16) is the first scale; after loss_scale_interval (default 2000) steps in a
-        row without overflow it doubles, and each overflow halves it."""
+        row without overflow it doubles, and each overflow halves it.
+
+        training=False: an inference-only model (what load_model gives by default): no gradients, AdamW moments or
+        backward activations are allocated; forward (through the KV-cache path), generate and evaluation work,
+        backward / step raise."""
         if isinstance(config, str):
             config = get_preset(config)
         elif not isinstance(config, GPT2Config):
@@ -170,9 +180,10 @@ class GPT2:
         self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size, padded_vocab_size=c.padded_vocab_size,
                       n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, device=self.device,
                       tf32=precision == "tf32", attention=attention or "auto", fused=bool(fused),
-                      matmul_tuning=bool(matmul_tuning), position=c.position, rope_base=float(c.rope_base),
+                      matmul_tuning=bool(matmul_tuning), training=bool(training), position=c.position, rope_base=float(c.rope_base),
                       norm=c.norm, qk_norm=c.qk_norm, activation=c.activation, bias=c.bias,
                       tie_embeddings=c.tie_embeddings, logit_softcap=float(c.logit_softcap or 0.0))
+        self.training = bool(training)
         if loss_scaling not in (None, True, False):
             raise ValueError(f"loss_scaling must be True, False or None (on for fp16 only), got {loss_scaling!r}")
         check_loss_scale_args(loss_scale_init, loss_scale_interval)
@@ -288,13 +299,15 @@ class GPT2:
 
     # ------------------------------------------------------------------ files (llmc.py, pretrained.py)
     @classmethod
-    def from_pretrained(cls, path, device: str = "cpu", padded_vocab_size: int | None = None) -> "GPT2":
+    def from_pretrained(cls, path, device: str = "cpu", padded_vocab_size: int | None = None,
+                        training: bool = True) -> "GPT2":
         """Load a Hugging Face GPT-2 directory (config.json + model.safetensors or pytorch_model.bin), a
         Hub name such as "gpt2" (needs huggingface_hub and network), an llm.c model file (v3/v5) or a
         gpt2core checkpoint directory (weights only). padded_vocab_size: for HF models (default: vocab
-        rounded up to 128). Problems raise CheckpointError naming the file."""
+        rounded up to 128). Problems raise CheckpointError naming the file. training=False: inference-only (see
+        __init__)."""
         config, flat, source = pretrained.read_weights(path, padded_vocab_size)
-        model = cls(config, device=device, init=False)
+        model = cls(config, device=device, init=False, training=training)
         llmc.fill_params(model, flat, source)
         return model
 
@@ -435,35 +448,31 @@ class GPT2:
         (float32, bf16 and fp16 models)."""
         return _C.dist.GradAllreducer(comm, self._m)
 
-    # ------------------------------------------------------------------ sampling
-    def generate(self, idx, max_new_tokens: int, top_k: int = 50, temperature: float = 1.0,
-                 seed: int = 0) -> np.ndarray:
-        """Top-k sampling; returns (B, T + max_new_tokens) token ids. Seeded, so reproducible."""
-        x = as_tokens(idx, "idx")
-        max_new_tokens = cli.non_negative_int.check(max_new_tokens, "max_new_tokens")
-        temperature = cli.Float(0, lo_open=True, what="a finite number > 0").check(temperature, "temperature")
-        if top_k is not None:
-            top_k = cli.Int(0, what="an integer >= 0 (0 or None: sample from the whole vocabulary)").check(top_k,
-                                                                                                            "top_k")
-        cli.seed.check(seed, "seed")
-        if x.shape[0] == 0 or x.shape[1] == 0:
-            raise ArgError(f"idx must hold at least one token per row, got shape {x.shape}")
-        rng = np.random.default_rng(seed)
-        V = self.config.vocab_size
-        for _ in range(max_new_tokens):
-            ctx = x[:, -self.config.block_size:]
-            _, logits = self.forward(ctx, return_logits=True)
-            last = logits[:, -1, :V].astype(np.float64)
-            k = min(top_k, V) if top_k else V
-            top = np.argpartition(-last, k - 1, axis=1)[:, :k]
-            vals = np.take_along_axis(last, top, axis=1)
-            # the max subtracted before dividing: a tiny temperature sends the others to -inf (probability 0), never
-            # inf - inf = NaN
-            probs = np.exp((vals - vals.max(axis=1, keepdims=True)) / temperature)
-            probs /= probs.sum(axis=1, keepdims=True)
-            nxt = np.array([top[b, rng.choice(k, p=probs[b])] for b in range(x.shape[0])], dtype=np.int32)
-            x = np.concatenate([x, nxt[:, None]], axis=1)
-        return x
+    # ------------------------------------------------------------------ sampling (inference.py)
+    def generate(self, idx, max_new_tokens: int, top_k: int | None = 50, temperature: float = 1.0, seed=0,
+                 top_p: float | None = None, stop=None, stream: bool = False):
+        """Sample continuations of prompts through the KV-cache inference path (gpt2core.inference).
+
+        idx: int ids (T,) or (B, T), or a list of prompts of different lengths (lists of ids). Each sequence
+        stops after max_new_tokens, at <|endoftext|> (50256, when the vocabulary has it), or once its generated
+        text contains one of `stop` (a string or a list; the ids up to the token completing it are kept).
+        Sampling: logits / temperature (0: greedy), the top_k most likely (0 or None: all; 1: greedy), then the
+        smallest set whose probability reaches top_p (None: off). Seeded: the same seed gives the same ids.
+        max_new_tokens, top_k, temperature, top_p and seed may also be one value per prompt.
+
+        Returns (B, T + max_new_tokens) int32 ids for an array idx (a sequence that stopped early is padded with
+        <|endoftext|>), a list of 1-D arrays (prompt + generated) for a list of prompts; with stream=True an
+        iterator that yields, per step, the (B,) ids just made (-1 for a sequence that had already stopped)."""
+        from . import inference
+        return inference.generate(self, idx, max_new_tokens, top_k=top_k, temperature=temperature, seed=seed,
+                                  top_p=top_p, stop=stop, stream=stream)
+
+    def _inference_engine(self, batch: int, max_len: int):
+        """The engine generate runs on: the core's KV cache where the backend has it, else the full forward."""
+        from . import inference
+        if hasattr(self._m, "kv_prefill") and self._m.kv_supported:
+            return inference.KVEngine(self, batch, max_len)
+        return inference.ForwardEngine(self, batch, max_len)
 
 
 def check_step_args(lr, weight_decay, beta1, beta2, eps, grad_clip) -> None:
@@ -501,6 +510,8 @@ def check_loss_scale_args(init, interval) -> None:
                          f"doubles), got {interval!r}")
 
 
-def load_model(path, device: str = "cpu", padded_vocab_size: int | None = None) -> GPT2:
-    """A GPT2 from any model file, checkpoint or Hugging Face source: GPT2.from_pretrained."""
-    return GPT2.from_pretrained(path, device=device, padded_vocab_size=padded_vocab_size)
+def load_model(path, training: bool = False, device: str = "cpu", padded_vocab_size: int | None = None) -> GPT2:
+    """A GPT2 from any model file, checkpoint or Hugging Face source (GPT2.from_pretrained). training=False (the
+    default) gives an inference-only model: no gradients, AdamW moments or backward activations are allocated
+    (forward, generate and evaluation work; backward and step raise); training=True a model that trains on."""
+    return GPT2.from_pretrained(path, device=device, padded_vocab_size=padded_vocab_size, training=training)

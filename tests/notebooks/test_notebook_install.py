@@ -50,9 +50,17 @@ def test_extra_follows_the_driver_and_the_build_targets_the_gpu(monkeypatch, tmp
     (cmd, env), = run_cell(monkeypatch, tmp_path, smi)
     assert cmd[1:4] == ["-m", "pip", "install"] and cmd[-1].endswith("gpt2core" + extra), cmd
     assert env["GPT2CORE_CUDA_ARCHS"] == "75"
+    # the CUDA code is built for the driver's CUDA major, not for whatever toolkit happens to be found
+    assert env["GPT2CORE_CUDA_MAJOR"] == extra[5:7]
+
+
+def test_the_cell_says_what_it_chose(monkeypatch, tmp_path, capsys):
+    run_cell(monkeypatch, tmp_path, "| Driver Version: 550.54.15   CUDA Version: 12.4 |")
+    assert ("NVIDIA driver for CUDA 12.4: installing gpt2core[cuda12], CUDA code built for CUDA 12 and sm_75 only"
+            in capsys.readouterr().out)
 
 
 def test_without_a_gpu_it_installs_the_cpu_package(monkeypatch, tmp_path):
     monkeypatch.delenv("GPT2CORE_CUDA_ARCHS", raising=False)
     (cmd, env), = run_cell(monkeypatch, tmp_path, smi_output=None)
-    assert cmd[-1].endswith("gpt2core") and "GPT2CORE_CUDA_ARCHS" not in env
+    assert cmd[-1].endswith("gpt2core") and "GPT2CORE_CUDA_ARCHS" not in env and "GPT2CORE_CUDA_MAJOR" not in env

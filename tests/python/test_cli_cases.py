@@ -98,7 +98,7 @@ CASES = [
      "argument --num-samples: must be a positive integer, got '0'"),
     ("generate", lambda f: ["--model", f["model"], "--seed", "-1"], 2, "argument --seed: must be an integer >= 0, "
                                                                        "got '-1'"),
-    ("generate", lambda f: ["--model", f["model"], "--device", "cuda:7"], 1, "--device cuda:7: "),
+    ("generate", lambda f: ["--model", f["model"], "--device", "cuda:7"], 2, "--device cuda:7: "),
     ("generate", lambda f: ["--model", f["dir"] / "missing.bin"], 1, "missing.bin"),
     # gpt2core-eval
     ("eval", lambda f: ["hellaswag", "-c", f["model"], "--limit", "0"], 2, "argument --limit: must be a positive "

@@ -20,6 +20,7 @@ and that must equal the seam's CPU implementation run on the same buffers.
 Needs g++, cublasLt.h and libcublasLt (skipped without them) and the emulated module (for the CPU seam).
 """
 import ctypes
+import hashlib
 import itertools
 import shutil
 import subprocess
@@ -29,7 +30,7 @@ import numpy as np
 import pytest
 
 from test_cuda_emu import emu  # noqa: F401  (fixture)
-from test_emu import ROOT, _cuda_include
+from test_emu import ROOT, _seam_cuda_include as _cuda_include
 
 CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14     # library_types.h
 COMPUTE_32F, COMPUTE_32F_FAST_TF32 = 68, 77      # cublas_api.h
@@ -82,7 +83,8 @@ def _cublaslt():
 @pytest.fixture(scope="module")
 def describe():
     inc, lib = _cublaslt()
-    out = ROOT / "build" / "cublaslt" / "libdescribe.so"
+    # one build per toolkit (GPT2CORE_SEAM_CUDA_HOME may name a CUDA 12 tree: .ci/cuda_pypi.sh runs these tests against both majors)
+    out = ROOT / "build" / f"cublaslt-{hashlib.sha1(str(inc).encode()).hexdigest()[:10]}" / "libdescribe.so"
     out.parent.mkdir(parents=True, exist_ok=True)
     if not out.exists() or any(p.stat().st_mtime > out.stat().st_mtime for p in SOURCES + HEADERS):
         cmd = ["g++", "-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'csrc'}",
@@ -272,3 +274,17 @@ def test_cublaslt_descriptors_describe_the_seams_matmul(emu, describe):  # noqa:
                                       f"{np.argwhere(bad)[:3].tolist()} {got[bad][:3]} vs {want[bad][:3]}"
         checked += 1
     assert checked == 6 * 9 * 2 * 2 * 2 + 6 * 2 * 2 * 2
+
+
+def test_the_describer_runs_the_toolkits_own_cublaslt(describe):
+    """The library these checks ran against is the toolkit's (GPT2CORE_SEAM_CUDA_HOME may name the CUDA 12 tree assembled from
+    NVIDIA's cu12 wheels, .ci/cuda_pypi.sh): cuBLASLt's own version and CUDA runtime match that toolkit's cuda.h."""
+    import re
+    inc, _ = _cublaslt()
+    want = int(re.search(r"#define CUDA_VERSION (\d+)", (inc / "cuda.h").read_text()).group(1))
+    maps = [ln.split()[-1] for ln in open("/proc/self/maps") if "libcublasLt.so" in ln]
+    lt = ctypes.CDLL(maps[0])
+    lt.cublasLtGetCudartVersion.restype = lt.cublasLtGetVersion.restype = ctypes.c_size_t
+    assert lt.cublasLtGetCudartVersion() // 1000 == want // 1000, (maps[0], lt.cublasLtGetCudartVersion(), want)
+    assert lt.cublasLtGetVersion() // 10000 == want // 1000
+    print(f"cuBLASLt {lt.cublasLtGetVersion()} (CUDA runtime {lt.cublasLtGetCudartVersion()}) from {maps[0]}")

@@ -16,6 +16,7 @@ Needs g++, cuDNN (cudnn.h, libcudnn, libnvrtc) and the frontend headers (skipped
 module (for the CPU seam).
 """
 import ctypes
+import hashlib
 import importlib.metadata as md
 import json
 import os
@@ -29,7 +30,7 @@ import pytest
 
 from test_cublaslt_descriptors import bf16_bits
 from test_cuda_emu import emu  # noqa: F401  (fixture)
-from test_emu import ROOT, _cuda_include
+from test_emu import ROOT, _seam_cuda_include as _cuda_include
 
 SOURCES = [ROOT / "csrc" / "cuda" / "seams_cudnn.cu", ROOT / "tests" / "csrc" / "cuda" / "cudnn" / "describe.cpp"]
 HEADERS = [ROOT / "csrc" / "cuda" / h for h in ("seams_cudnn_graph.h", "seams_cudnn.h", "seams_check.h")] + [
@@ -57,7 +58,8 @@ def describe():
     libs = [d for d in (inc.parent / "lib64", inc.parent / "lib") if list(d.glob("libcudnn.so*"))]
     if not libs:
         pytest.skip("libcudnn not found")
-    out = ROOT / "build" / "cudnn" / "libdescribe.so"
+    # one build per toolkit (GPT2CORE_SEAM_CUDA_HOME may name a CUDA 12 tree: .ci/cuda_pypi.sh runs these tests against both majors)
+    out = ROOT / "build" / f"cudnn-{hashlib.sha1(str(inc).encode()).hexdigest()[:10]}" / "libdescribe.so"
     out.parent.mkdir(parents=True, exist_ok=True)
     if not out.exists() or any(p.stat().st_mtime > out.stat().st_mtime for p in SOURCES + HEADERS):
         # -O0: the frontend's headers are large (about a minute of g++ on one core), the code runs once

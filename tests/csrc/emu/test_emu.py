@@ -34,6 +34,16 @@ def _cuda_include():
     return None
 
 
+def _seam_cuda_include():
+    """The toolkit whose headers and libraries the vendor-seam tests (cuBLASLt descriptors, cuDNN graph) compile and
+    link against: GPT2CORE_SEAM_CUDA_HOME, a test knob (CI points it at the CUDA 12 tree assembled from NVIDIA's cu12
+    wheels, .ci/cuda_pypi.sh), else the toolkit the emulator compiles against. The emulator itself never changes."""
+    base = os.environ.get("GPT2CORE_SEAM_CUDA_HOME")
+    if base:
+        return Path(base) / "include" if (Path(base) / "include" / "cuda_bf16.h").exists() else None
+    return _cuda_include()
+
+
 def _nvcc():
     found = shutil.which("nvcc")
     if found:

@@ -1,0 +1,133 @@
+// The KV-cache inference methods of the _C.Model classes (part of bindings.cpp, included by it): validated here,
+// once (ids in range, slots and lengths consistent), then GPT2Model's kv_* calls.
+#pragma once
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+#include <vector>
+
+#include "model/gpt2.h"
+#include "model/sampling.h"
+
+namespace gpt2_bind {
+namespace py = pybind11;
+
+// A C-contiguous int32 array of ndim dims (shape checked by the caller), or a ValueError naming it.
+inline py::array_t<int32_t> int32_array(const py::handle& obj, const char* name, int ndim) {
+  if (!py::isinstance<py::array>(obj) || !py::array_t<int32_t>::check_(obj))
+    throw py::value_error(std::string(name) + " must be a numpy int32 array");
+  auto a = py::reinterpret_borrow<py::array_t<int32_t>>(obj);
+  if (a.ndim() != ndim) throw py::value_error(std::string(name) + " must have " + std::to_string(ndim) + " dimensions");
+  if (!(a.flags() & py::array::c_style)) throw py::value_error(std::string(name) + " must be C-contiguous");
+  return a;
+}
+
+inline void check_ids(const int32_t* p, size_t n, int V, const char* name) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] < 0 || p[i] >= V)
+      throw py::value_error(std::string(name) + " contains id " + std::to_string(p[i]) + "; valid ids are 0.." +
+                            std::to_string(V - 1));
+}
+
+template <typename M, typename Cls>
+void bind_kv(Cls& cls) {
+  using F = gpt2::Master<typename M::M>;
+  cls.def_property_readonly("training", &M::training,
+                            "False for an inference-only model (no gradients or optimizer state).")
+      .def_property_readonly("kv_supported", [](M& self) { return self.backend().has_kv() && self.config().is_gpt2(); },
+                             "The backend has the KV-cache inference ops and the model is GPT-2 (else generation runs the full "
+                             "forward).")
+      .def("kv_reserve",
+           [](M& self, int slots, int max_len) {
+             if (slots <= 0) throw py::value_error("slots must be > 0");
+             if (max_len <= 0 || max_len > self.config().max_seq_len)
+               throw py::value_error("max_len must be in [1, block_size=" + std::to_string(self.config().max_seq_len) + "]");
+             self.kv_reserve(slots, max_len);
+           },
+           py::arg("slots"), py::arg("max_len"),
+           "A KV cache for `slots` sequences of up to max_len tokens (kept when the one allocated is as large).")
+      .def_property_readonly("kv_slots", &M::kv_slots)
+      .def_property_readonly("kv_max_len", &M::kv_max_len)
+      .def("kv_pos", [](M& self, int slot) {
+             if (slot < 0 || slot >= self.kv_slots()) throw py::value_error("slot out of range");
+             return self.kv_pos(slot);
+           }, py::arg("slot"), "Tokens in the slot's cache.")
+      .def_property_readonly("kv_bytes", &M::kv_bytes, "Bytes of the KV cache and the inference activations.")
+      .def("kv_prefill",
+           [](M& self, py::object tokens, py::object lengths, py::object slots, bool all_logits) {
+             auto x = int32_array(tokens, "tokens", 2);
+             auto len = int32_array(lengths, "lengths", 1);
+             auto sl = int32_array(slots, "slots", 1);
+             const int n = int(x.shape(0)), Tq = int(x.shape(1));
+             if (n == 0 || Tq == 0) throw py::value_error("tokens must be non-empty (n, T)");
+             if (len.shape(0) != n || sl.shape(0) != n)
+               throw py::value_error("lengths and slots must have one entry per row of tokens");
+             if (Tq > self.kv_max_len())
+               throw py::value_error("tokens: T=" + std::to_string(Tq) + " exceeds the cache's max_len=" +
+                                     std::to_string(self.kv_max_len()) + " (kv_reserve a larger one)");
+             check_ids(x.data(), size_t(x.size()), self.config().vocab_size, "tokens");
+             for (int i = 0; i < n; i++) {
+               if (len.data()[i] < 1 || len.data()[i] > Tq) throw py::value_error("lengths must be in [1, T]");
+               if (sl.data()[i] < 0 || sl.data()[i] >= self.kv_slots())
+                 throw py::value_error("slots must be in [0, kv_slots=" + std::to_string(self.kv_slots()) + ")");
+             }
+             py::gil_scoped_release nogil;
+             self.kv_prefill(x.data(), len.data(), sl.data(), n, Tq, all_logits);
+           },
+           py::arg("tokens"), py::arg("lengths"), py::arg("slots"), py::arg("all_logits") = false,
+           "Prefill: row i of tokens (n, T) (its first lengths[i] ids) into cache slot slots[i] from position 0; "
+           "logits of each row's last token (or of every position with all_logits), read by kv_logits/kv_sample.")
+      .def("kv_decode",
+           [](M& self, py::object tokens, py::object slots) {
+             auto x = int32_array(tokens, "tokens", 1);
+             auto sl = int32_array(slots, "slots", 1);
+             const int n = int(x.shape(0));
+             if (n == 0 || sl.shape(0) != n) throw py::value_error("tokens and slots: one entry per sequence, >= 1");
+             check_ids(x.data(), size_t(n), self.config().vocab_size, "tokens");
+             for (int i = 0; i < n; i++)
+               if (sl.data()[i] < 0 || sl.data()[i] >= self.kv_slots())
+                 throw py::value_error("slots must be in [0, kv_slots=" + std::to_string(self.kv_slots()) + ")");
+             py::gil_scoped_release nogil;
+             self.kv_decode(x.data(), sl.data(), n);
+           },
+           py::arg("tokens"), py::arg("slots"),
+           "Decode: token i at the next position of slot slots[i]; logits (n, Vp) for kv_logits/kv_sample.")
+      .def("kv_logits",
+           [](M& self) {
+             py::array_t<F> out({self.kv_logit_rows(), self.config().padded_vocab_size});
+             self.kv_logits_to_host(out.mutable_data());
+             return out;
+           },
+           "The logits of the last kv_prefill / kv_decode (rows, padded_vocab), copied to the host (for tests).")
+      .def("kv_sample",
+           [](M& self, std::vector<float> temperature, std::vector<int> top_k, std::vector<float> top_p,
+              std::vector<uint64_t> seed, std::vector<uint64_t> stream, std::vector<uint64_t> step) {
+             const size_t n = temperature.size();
+             if (!n || top_k.size() != n || top_p.size() != n || seed.size() != n || stream.size() != n ||
+                 step.size() != n)
+               throw py::value_error("kv_sample: one temperature, top_k, top_p, seed, stream and step per row");
+             std::vector<gpt2::SampleRow> rows(n);
+             for (size_t i = 0; i < n; i++) {
+               if (!(temperature[i] >= 0) || !std::isfinite(temperature[i])) throw py::value_error("temperature must be >= 0");
+               if (top_k[i] < 0) throw py::value_error("top_k must be >= 0");
+               if (!(top_p[i] > 0 && top_p[i] <= 1)) throw py::value_error("top_p must be in (0, 1]");
+               rows[i] = {temperature[i], top_k[i], top_p[i], seed[i], stream[i], step[i]};
+             }
+             if (int(n) != self.kv_logit_rows())
+               throw py::value_error("kv_sample: " + std::to_string(n) + " rows of settings for " +
+                                     std::to_string(self.kv_logit_rows()) + " rows of logits");
+             py::array_t<int32_t> ids(std::vector<py::ssize_t>{py::ssize_t(n)});
+             int32_t* out = ids.mutable_data();
+             {
+               py::gil_scoped_release nogil;
+               self.kv_sample(out, rows.data(), int(n));
+             }
+             return ids;
+           },
+           py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("stream"),
+           py::arg("step"),
+           "One token id per row of the last prefill / decode's logits, sampled where they are (model/sampling.h).");
+}
+
+}  // namespace gpt2_bind

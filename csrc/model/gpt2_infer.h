@@ -1,0 +1,245 @@
+// KV-cache inference for GPT2Model (declared in model/gpt2.h): prefill, decode and sampling over the Backend's
+// ops. Part of gpt2.cpp (included at its end, ahead of the explicit instantiations, so that the class is
+// instantiated once). The layer loop is forward_ops' (the same ops in the same order), with one layer's activations reused by
+// every layer (nothing is kept for a backward) and attention_kv_forward in place of attention_forward.
+#pragma once
+#include <algorithm>
+#include <iterator>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model/gpt2.h"
+
+namespace gpt2 {
+
+template <typename T>
+void GPT2Model<T>::kv_release() {
+  Backend<T>& be = *backend_;
+  if (kcache_) be.free(kcache_);
+  if (vcache_) be.free(vcache_);
+  if (kv_mem_) be.free(kv_mem_);
+  if (kv_stats_) be.free_master(kv_stats_);
+  for (int32_t** p : {&kv_ids_, &kv_slot_, &kv_posd_, &kv_gather_, &kv_targets_})
+    if (*p) { be.free_i32(*p); *p = nullptr; }
+  kcache_ = vcache_ = kv_mem_ = nullptr;
+  kv_stats_ = nullptr;
+  kv_S_ = kv_T_ = kv_cap_ = kv_logit_cap_ = kv_rows_ = 0;
+  kv_mem_n_ = kv_stats_n_ = 0;
+  kv_pos_.clear();
+  kv_forward_ = false;
+}
+
+template <typename T>
+void GPT2Model<T>::kv_reserve(int slots, int max_len) {
+  if (slots <= 0 || max_len <= 0 || max_len > config_.max_seq_len)
+    throw std::invalid_argument("kv_reserve: need slots > 0 and 0 < max_len <= max_seq_len (" +
+                                std::to_string(config_.max_seq_len) + ")");
+  if (!backend_->has_kv())
+    throw std::logic_error(std::string("backend ") + backend_->name() + " has no KV-cache inference ops");
+  if (!config_.is_gpt2())  // its loop runs GPT-2's ops (learned positions, LayerNorm, GELU, no soft-cap)
+    throw std::invalid_argument("kv_reserve: KV-cache inference runs the GPT-2 architecture only so far; this model "
+                                "has the modern one (position, norm, qk_norm, activation, bias, tie_embeddings or "
+                                "logit_softcap): use a training model's forward");
+  if (slots <= kv_S_ && max_len <= kv_T_) return;
+  slots = std::max(slots, kv_S_);
+  max_len = std::max(max_len, kv_T_);
+  Backend<T>& be = *backend_;
+  if (kcache_) be.free(kcache_);
+  if (vcache_) be.free(vcache_);
+  kcache_ = vcache_ = nullptr;
+  kv_S_ = kv_T_ = 0;
+  const size_t n = size_t(config_.n_layer) * slots * max_len * config_.n_embd;
+  kcache_ = be.alloc(n);
+  vcache_ = be.alloc(n);
+  kv_S_ = slots;
+  kv_T_ = max_len;
+  kv_pos_.assign(slots, 0);
+  kv_forward_ = false;
+}
+
+template <typename T>
+size_t GPT2Model<T>::kv_bytes() const {
+  const size_t cache = 2 * size_t(config_.n_layer) * kv_S_ * kv_T_ * config_.n_embd * sizeof(T);
+  return cache + kv_mem_n_ * sizeof(T) + kv_stats_n_ * sizeof(M) + 5 * size_t(kv_cap_) * sizeof(int32_t);
+}
+
+// One layer's activations for `rows` token rows and logits for `logit_rows`, grown (never shrunk) as needed.
+template <typename T>
+void GPT2Model<T>::kv_ensure_rows(int rows, int logit_rows) {
+  if (rows <= kv_cap_ && logit_rows <= kv_logit_cap_) return;
+  Backend<T>& be = *backend_;
+  rows = std::max(rows, kv_cap_);
+  logit_rows = std::max(logit_rows, kv_logit_cap_);
+  if (kv_mem_) be.free(kv_mem_);
+  if (kv_stats_) be.free_master(kv_stats_);
+  for (int32_t** p : {&kv_ids_, &kv_slot_, &kv_posd_, &kv_gather_, &kv_targets_})
+    if (*p) { be.free_i32(*p); *p = nullptr; }
+  kv_mem_ = nullptr;
+  kv_stats_ = nullptr;
+  kv_cap_ = kv_logit_cap_ = 0;
+  const size_t R = rows, C = config_.n_embd, Vp = config_.padded_vocab_size, LR = logit_rows;
+  // x, ln, qkv (3C), atty, proj, res2, fch (4C), fch_gelu (4C), last (logit rows x C), logits
+  const size_t sizes[] = {R * C, R * C, R * 3 * C, R * C, R * C, R * C, R * 4 * C, R * 4 * C, LR * C, LR * Vp};
+  size_t total = 0;
+  for (size_t k : sizes) total += k;
+  kv_mem_ = be.alloc(total);
+  kv_mem_n_ = total;
+  T* p = kv_mem_;
+  T** slots[] = {&kv_.x, &kv_.ln, &kv_.qkv, &kv_.atty, &kv_.proj, &kv_.res2, &kv_.fch, &kv_.fch_gelu, &kv_.last,
+                 &kv_.logits};
+  for (size_t i = 0; i < std::size(sizes); i++) { *slots[i] = p; p += sizes[i]; }
+  kv_stats_n_ = 2 * R + 2 * LR;  // mean, rstd per row; losses, lse per logit row
+  kv_stats_ = be.alloc_master(kv_stats_n_);
+  kv_.mean = kv_stats_;
+  kv_.rstd = kv_stats_ + R;
+  kv_.losses = kv_stats_ + 2 * R;
+  kv_.lse = kv_stats_ + 2 * R + LR;
+  kv_ids_ = be.alloc_i32(R);
+  kv_slot_ = be.alloc_i32(R);
+  kv_posd_ = be.alloc_i32(R);
+  kv_gather_ = be.alloc_i32(R);
+  kv_targets_ = be.alloc_i32(LR);
+  kv_cap_ = rows;
+  kv_logit_cap_ = logit_rows;
+}
+
+// forward_ops' loop over one layer's buffers: for l, x <- x + attn(ln1(x)), then x <- x + mlp(ln2(x)); the
+// layernorm that follows each residual add is fused into it, as in forward_ops; kv_.ln ends as lnf(x).
+template <typename T>
+void GPT2Model<T>::kv_layers(int n, int Tq) {
+  Backend<T>& be = *backend_;
+  const int L = config_.n_layer, C = config_.n_embd, NH = config_.n_head;
+  const int N = n * Tq;
+  const size_t cache_layer = size_t(kv_S_) * kv_T_ * C;
+  be.encoder_forward_at(kv_.x, kv_ids_, param(kWte), param(kWpe), kv_posd_, n, Tq, C);
+  const LayerTensors<T> first = layer(params_, 0);
+  be.layernorm_forward(kv_.ln, kv_.mean, kv_.rstd, kv_.x, first.ln1w, first.ln1b, N, C);
+  for (int l = 0; l < L; l++) {
+    const LayerTensors<T> p = layer(params_, l);
+    be.matmul_forward(kv_.qkv, kv_.ln, p.qkvw, p.qkvb, N, C, 3 * C);
+    be.attention_kv_forward(kv_.atty, kcache_ + l * cache_layer, vcache_ + l * cache_layer, kv_.qkv, kv_slot_,
+                            kv_posd_, n, Tq, C, NH, kv_T_);
+    be.matmul_forward(kv_.proj, kv_.atty, p.attprojw, p.attprojb, N, C, C);
+    be.residual_layernorm_forward(kv_.res2, kv_.ln, kv_.mean, kv_.rstd, kv_.x, kv_.proj, p.ln2w, p.ln2b, N, C);
+    be.matmul_gelu_forward(kv_.fch, kv_.fch_gelu, kv_.ln, p.fcw, p.fcb, N, C, 4 * C);
+    be.matmul_forward(kv_.proj, kv_.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
+    const T* nw = l + 1 < L ? layer(params_, l + 1).ln1w : param(kLnfw);
+    const T* nb = l + 1 < L ? layer(params_, l + 1).ln1b : param(kLnfb);
+    be.residual_layernorm_forward(kv_.x, kv_.ln, kv_.mean, kv_.rstd, kv_.res2, kv_.proj, nw, nb, N, C);
+  }
+}
+
+template <typename T>
+void GPT2Model<T>::kv_prefill(const int32_t* tokens, const int32_t* lengths, const int32_t* slots, int n, int Tq,
+                              bool all_logits) {
+  if (n <= 0 || Tq <= 0) throw std::invalid_argument("kv_prefill: need at least one sequence of one token");
+  if (!kv_S_) throw std::logic_error("kv_prefill: no KV cache (kv_reserve first)");
+  if (Tq > kv_T_)
+    throw std::invalid_argument("kv_prefill: " + std::to_string(Tq) + " tokens do not fit the cache's " +
+                                std::to_string(kv_T_) + " positions");
+  std::vector<int32_t> seen(kv_S_, 0), rows(n), zeros(n, 0);
+  for (int i = 0; i < n; i++) {
+    if (slots[i] < 0 || slots[i] >= kv_S_) throw std::invalid_argument("kv_prefill: slot out of range");
+    if (seen[slots[i]]++) throw std::invalid_argument("kv_prefill: a slot appears twice");
+    if (lengths[i] < 1 || lengths[i] > Tq) throw std::invalid_argument("kv_prefill: lengths must be in [1, T]");
+    rows[i] = i * Tq + lengths[i] - 1;
+  }
+  const int N = n * Tq, Vp = config_.padded_vocab_size;
+  const int logit_rows = all_logits ? N : n;
+  kv_ensure_rows(N, logit_rows);
+  Backend<T>& be = *backend_;
+  refresh_params();
+  be.to_device_i32(kv_ids_, tokens, size_t(N));
+  be.to_device_i32(kv_slot_, slots, size_t(n));
+  be.to_device_i32(kv_posd_, zeros.data(), size_t(n));
+  kv_layers(n, Tq);
+  const int C = config_.n_embd;
+  if (all_logits) {
+    be.matmul_forward(kv_.logits, kv_.ln, param(kWte), nullptr, N, C, Vp);
+  } else {
+    be.to_device_i32(kv_gather_, rows.data(), size_t(n));
+    be.gather_rows(kv_.last, kv_.ln, kv_gather_, n, C);
+    be.matmul_forward(kv_.logits, kv_.last, param(kWte), nullptr, n, C, Vp);  // lm_head tied to wte
+  }
+  for (int i = 0; i < n; i++) kv_pos_[slots[i]] = lengths[i];
+  kv_rows_ = logit_rows;
+  kv_forward_ = false;
+}
+
+template <typename T>
+void GPT2Model<T>::kv_decode(const int32_t* tokens, const int32_t* slots, int n) {
+  if (n <= 0) throw std::invalid_argument("kv_decode: need at least one sequence");
+  if (!kv_S_) throw std::logic_error("kv_decode: no KV cache (kv_reserve first)");
+  std::vector<int32_t> seen(kv_S_, 0), pos(n);
+  for (int i = 0; i < n; i++) {
+    if (slots[i] < 0 || slots[i] >= kv_S_) throw std::invalid_argument("kv_decode: slot out of range");
+    if (seen[slots[i]]++) throw std::invalid_argument("kv_decode: a slot appears twice");
+    pos[i] = kv_pos_[slots[i]];
+    if (pos[i] >= kv_T_)
+      throw std::out_of_range("kv_decode: slot " + std::to_string(slots[i]) + " is full (" + std::to_string(kv_T_) +
+                              " positions): prefill its last tokens again");
+    if (pos[i] == 0) throw std::logic_error("kv_decode: slot " + std::to_string(slots[i]) + " was never prefilled");
+  }
+  kv_ensure_rows(n, n);
+  Backend<T>& be = *backend_;
+  refresh_params();
+  be.to_device_i32(kv_ids_, tokens, size_t(n));
+  be.to_device_i32(kv_slot_, slots, size_t(n));
+  be.to_device_i32(kv_posd_, pos.data(), size_t(n));
+  kv_layers(n, 1);
+  be.matmul_forward(kv_.logits, kv_.ln, param(kWte), nullptr, n, config_.n_embd, config_.padded_vocab_size);
+  for (int i = 0; i < n; i++) kv_pos_[slots[i]]++;
+  kv_rows_ = n;
+  kv_forward_ = false;
+}
+
+template <typename T>
+void GPT2Model<T>::kv_sample(int32_t* ids, const SampleRow* rows, int n) {
+  if (n != kv_rows_ || n <= 0)
+    throw std::invalid_argument("kv_sample: " + std::to_string(n) + " settings for " + std::to_string(kv_rows_) +
+                                " rows of logits (one per sequence of the last prefill / decode)");
+  backend_->sample_tokens(ids, kv_.logits, rows, n, config_.vocab_size, config_.padded_vocab_size);
+}
+
+template <typename T>
+void GPT2Model<T>::kv_logits_to_host(M* dst) const {
+  if (!kv_rows_) throw std::runtime_error("kv_logits: no prefill or decode has run yet");
+  const size_t n = size_t(kv_rows_) * config_.padded_vocab_size;
+  if constexpr (kHasMasterCopy<T>) {
+    std::vector<T> tmp(n);
+    backend_->to_host(tmp.data(), kv_.logits, n);
+    for (size_t i = 0; i < n; i++) dst[i] = widen(tmp[i]);
+  } else {
+    backend_->to_host(dst, kv_.logits, n);
+  }
+}
+
+// forward() of an inference-only model: a prefill of B sequences of Tn tokens with every position's logits, then
+// the loss over them as forward computes it.
+template <typename T>
+double GPT2Model<T>::kv_forward(const int32_t* inp, const int32_t* targets, int B, int Tn) {
+  kv_reserve(std::max(B, kv_S_), std::max(Tn, kv_T_));
+  std::vector<int32_t> lengths(B, Tn), slots(B);
+  for (int b = 0; b < B; b++) slots[b] = b;
+  kv_prefill(inp, lengths.data(), slots.data(), B, Tn, true);
+  Backend<T>& be = *backend_;
+  const int N = B * Tn, V = config_.vocab_size, Vp = config_.padded_vocab_size;
+  if (targets) be.to_device_i32(kv_targets_, targets, size_t(N));
+  be.crossentropy_forward(kv_.losses, kv_.lse, kv_.logits, targets ? kv_targets_ : nullptr, n_valid_dev_, N, V, Vp);
+  B_ = B;
+  T_ = Tn;
+  kv_forward_ = true;
+  have_targets_ = false;
+  if (!targets) return std::numeric_limits<double>::quiet_NaN();
+  long valid = 0;
+  for (int i = 0; i < N; i++) valid += targets[i] >= 0;
+  std::vector<M> losses(N);
+  be.to_host_master(losses.data(), kv_.losses, N);
+  double sum = 0;
+  for (int i = 0; i < N; i++) sum += double(losses[i]);
+  return valid ? sum / double(valid) : std::numeric_limits<double>::quiet_NaN();
+}
+
+}  // namespace gpt2

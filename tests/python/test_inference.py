@@ -1,0 +1,232 @@
+"""KV-cache inference (csrc/model/gpt2_infer.h, cpu/ops_infer.h, gpt2core.inference) against the full forward.
+
+At every decode step the cached path's logits must equal the full forward's last-position logits over the same
+window: float64 to ~1e-12 relative, float32 to ~1e-5 (GEMV vs GEMM summation order), for odd prompt lengths,
+batches of mixed lengths, and across the block_size boundary (where generation re-prefills the last block_size
+tokens). The sampler against numpy's reference (gpt2core.inference.sample_distribution / sample_reference).
+"""
+import math
+
+import numpy as np
+import pytest
+
+import numpy_gpt2 as ref
+from gpt2core import GPT2, GPT2Config, inference, load_model, tokenizer
+
+# fp32: the decode GEMV sums each dot product in another order than the prefill / forward GEMM (8 lanes, then a
+# horizontal sum): a few ulps per dot product, ~1e-6 relative on these logits; 2e-5 leaves room.
+TOL = {"float64": 1e-12, "float32": 2e-5}
+
+
+def make_model(dtype="float64", C=48, NH=3, L=2, block=13, V=97, Vp=128, seed=0):
+    cfg = GPT2Config(block_size=block, vocab_size=V, padded_vocab_size=Vp, n_layer=L, n_head=NH, n_embd=C)
+    m = GPT2(cfg, dtype=dtype, init=False)
+    rng = np.random.default_rng(seed)
+    for k, v in ref.random_params(rng, maxT=block, V=V, Vp=Vp, L=L, NH=NH, C=C).items():
+        m.params[k][...] = v
+    m.params_changed()
+    return m
+
+
+def full_last_logits(m, ids):
+    """The full forward's logits at the last position of the window the model sees (the last block_size ids)."""
+    x = np.asarray(ids, dtype=np.int32)[-m.config.block_size:][None]
+    _, lg = m.forward(x, return_logits=True)
+    return lg[0, -1].astype(np.float64)
+
+
+def rel(a, b):
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
+
+
+# C=48 takes the portable GEMV loop, C=64 the AVX2 one (C % 8 == 0, x86-64-v3/v4 variants); float64 always portable
+@pytest.mark.parametrize("dtype,C,NH", [("float64", 48, 3), ("float32", 48, 3), ("float32", 64, 4)])
+def test_cached_logits_equal_full_forward_every_step(dtype, C, NH):
+    m = make_model(dtype, C=C, NH=NH)
+    rng = np.random.default_rng(1)
+    lengths = [5, 1, 9, 3]  # odd, mixed, one single-token prompt
+    prompts = [rng.integers(0, 97, n).astype(np.int32) for n in lengths]
+    B, Tq = len(prompts), max(lengths)
+    m._m.kv_reserve(B, m.config.block_size)
+    x = rng.integers(0, 97, (B, Tq)).astype(np.int32)  # padding: random ids, never attended
+    for i, p in enumerate(prompts):
+        x[i, :len(p)] = p
+    m._m.kv_prefill(x, np.array(lengths, np.int32), np.arange(B, dtype=np.int32))
+    lg = m._m.kv_logits()
+    assert lg.shape == (B, 128)
+    seqs = [list(p) for p in prompts]
+    for i in range(B):
+        assert rel(lg[i], full_last_logits(m, seqs[i])) < TOL[dtype]
+    # decode until every cache is full, live sequences in shuffled slot order
+    while True:
+        live = [i for i in range(B) if len(seqs[i]) < m.config.block_size]
+        if not live:
+            break
+        rng.shuffle(live)
+        nxt = rng.integers(0, 97, len(live)).astype(np.int32)
+        m._m.kv_decode(nxt, np.array(live, np.int32))
+        lg = m._m.kv_logits()
+        for j, i in enumerate(live):
+            seqs[i].append(int(nxt[j]))
+            assert m._m.kv_pos(i) == len(seqs[i])
+            assert rel(lg[j], full_last_logits(m, seqs[i])) < TOL[dtype], (i, len(seqs[i]))
+    with pytest.raises(IndexError, match="full"):  # past the cache: a clear error, not a write out of bounds
+        m._m.kv_decode(np.array([1], np.int32), np.array([0], np.int32))
+
+
+def test_prefill_matches_numpy_reference():
+    """Cached prefill logits against the float64 numpy GPT-2 (tests/numpy_gpt2.py), not only our own forward."""
+    m = make_model("float64")
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 97, (2, 7)).astype(np.int32)
+    m._m.kv_reserve(2, 13)
+    m._m.kv_prefill(x, np.array([7, 7], np.int32), np.array([1, 0], np.int32), all_logits=True)
+    _, want, _ = ref.forward(dict(m.params), x, None, V=97, NH=3)
+    got = m._m.kv_logits().reshape(2, 7, 128)[[1, 0]]  # row i went to slot 1 - i: rows stay in call order
+    got = m._m.kv_logits().reshape(2, 7, 128)
+    assert rel(got, np.asarray(want)) < 1e-12
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_generate_matches_uncached_path_across_block_size(dtype):
+    """generate through the KV cache gives the ids of the uncached path (the full forward per step, sampled by
+    sample_reference) for mixed prompt lengths, top-k / top-p / greedy, past block_size (13)."""
+    m = make_model(dtype)
+    prompts = [[3, 1, 4, 1, 5], [9], [2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3]]  # 12 + 20 tokens crosses 13 early
+    for kw in (dict(top_k=50), dict(top_k=0, temperature=0.8), dict(top_k=7, top_p=0.6), dict(top_k=1)):
+        got = m.generate(prompts, 20, seed=11, **kw)
+        eng = m._inference_engine
+        m._inference_engine = lambda b, n: inference.ForwardEngine(m, b, n)
+        try:
+            want = m.generate(prompts, 20, seed=11, **kw)
+        finally:
+            m._inference_engine = eng
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w, err_msg=str(kw))
+        assert [len(g) for g in got] == [len(p) + 20 for p in prompts]
+
+
+def test_generate_shapes_seed_stream_and_arguments():
+    m = make_model("float32")
+    x = np.array([[1, 2, 3], [4, 5, 6]])
+    a = m.generate(x, 6, seed=5)
+    assert a.shape == (2, 9) and a.dtype == np.int32
+    np.testing.assert_array_equal(a[:, :3], x)
+    np.testing.assert_array_equal(a, m.generate(x, 6, seed=5))           # a fixed seed reproduces the ids
+    assert not np.array_equal(a, m.generate(x, 6, seed=6))
+    steps = list(m.generate(x, 6, seed=5, stream=True))                  # streaming yields the same tokens
+    np.testing.assert_array_equal(np.stack(steps, axis=1), a[:, 3:])
+    # one seed per sequence: a sequence's ids do not depend on the batch around it
+    alone = m.generate([[4, 5, 6]], 6, seed=[9])
+    both = m.generate([[1, 2], [4, 5, 6]], 6, seed=[3, 9])
+    np.testing.assert_array_equal(alone[0], both[1])
+    g = m.generate(x, 4, top_k=1)
+    np.testing.assert_array_equal(g, m.generate(x, 4, temperature=0, seed=99))  # greedy both ways
+    assert m.generate(x, 0).shape == (2, 3)
+    for bad, kw in (("temperature", dict(temperature=-1)), ("top_p", dict(top_p=0)), ("top_p", dict(top_p=1.5)),
+                    ("top_k", dict(top_k=-2)), ("max_new_tokens", dict(max_new_tokens=-1)), ("seed", dict(seed=-1))):
+        kw.setdefault("max_new_tokens", 3)
+        with pytest.raises(ValueError, match=bad):
+            m.generate(x, **kw)
+    with pytest.raises(ValueError, match="idx"):
+        m.generate([[1, 2], []], 3)
+    with pytest.raises(ValueError, match="idx"):
+        m.generate([[1, 200]], 3)
+
+
+def test_stop_at_endoftext_and_stop_strings():
+    """A GPT-2-vocabulary model whose head always prefers one token: EOT ends a sequence (rest padded with EOT);
+    a stop string ends it once the generated text contains it."""
+    cfg = GPT2Config(block_size=16, vocab_size=50257, padded_vocab_size=50304, n_layer=1, n_head=2, n_embd=16)
+    m = GPT2(cfg, seed=0, dtype="float32")
+    target = tokenizer.encode(" stop")[0]
+    for tok, out_len in ((tokenizer.EOT, 1), (target, 1)):
+        m.params["wte"][...] = 0
+        m.params["wte"][tok] = 5.0  # its logit is 5 * sum(lnf(x)) ... make lnf constant and positive:
+        m.params["lnfw"][...] = 0
+        m.params["lnfb"][...] = 1.0
+        m.params_changed()
+        if tok == tokenizer.EOT:
+            out = m.generate(np.array([[10, 11]]), 5, top_k=1)
+            np.testing.assert_array_equal(out[0], [10, 11, tokenizer.EOT] + [tokenizer.EOT] * 4)
+            ragged = m.generate([[10, 11]], 5, top_k=1)
+            np.testing.assert_array_equal(ragged[0], [10, 11, tokenizer.EOT])
+        else:
+            out = m.generate([[10]], 5, top_k=1, stop=" stop")
+            assert list(out[0]) == [10, target]
+            assert inference.truncate_at_stop("hello stop here", [" stop", "x"]) == "hello"
+
+
+def wilson_hilferty_p(stat, dof):
+    """Upper tail of the chi-square distribution (Wilson-Hilferty normal approximation, good to ~1e-3 here)."""
+    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=1.0, top_k=0), dict(temperature=0.7, top_k=10),
+                                dict(temperature=1.3, top_k=0, top_p=0.8), dict(temperature=1.0, top_k=20, top_p=0.9)])
+def test_sampling_frequencies_match_reference_distribution(kw):
+    """20,000 draws of the core's sampler (steps 0..19999 of one seeded stream) from one row of logits against
+    sample_distribution's probabilities: a chi-square test over the tokens with expected count >= 5 (the rest
+    pooled), failing at p < 1e-4. The draws are seeded, so the test is deterministic; for a correct sampler a
+    random seed would fail it with probability 1e-4 (the stated false-failure rate). Every draw must also be
+    the id sample_reference picks for the same uniform number."""
+    m = make_model("float64")
+    R = 2000  # rows of the same prompt, each a draw: 10 calls of the sampler make the 20,000 draws
+    m._m.kv_reserve(R, 13)
+    m._m.kv_prefill(np.tile(np.array([[5, 7, 11]], np.int32), (R, 1)), np.full(R, 3, np.int32),
+                    np.arange(R, dtype=np.int32))
+    raw = m._m.kv_logits()[0, :97]
+    p = inference.sample_distribution(raw, kw["temperature"], kw["top_k"], kw.get("top_p"))
+    n = 20000
+    top_p = kw.get("top_p", 1.0)
+    ids = np.concatenate([m._m.kv_sample([kw["temperature"]] * R, [kw["top_k"]] * R, [top_p] * R, [123] * R, [0] * R,
+                                         list(range(c * R, (c + 1) * R))) for c in range(n // R)])
+    for i in range(300):
+        assert ids[i] == inference.sample_reference(raw, inference.uniform(123, 0, i), kw["temperature"],
+                                                    kw["top_k"], kw.get("top_p"))
+    counts = np.bincount(ids, minlength=97)
+    assert counts[p == 0].sum() == 0  # nothing outside top-k / top-p
+    exp = p * n
+    big = exp >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    e = np.append(exp[big], exp[~big].sum())
+    if e[-1] == 0:
+        obs, e = obs[:-1], e[:-1]
+    stat = float(((obs - e) ** 2 / e).sum())
+    dof = len(e) - 1
+    assert dof >= 3 and wilson_hilferty_p(stat, dof) > 1e-4, (stat, dof)
+
+
+def test_inference_only_model(tmp_path):
+    m = make_model("float32")
+    path = m.save(tmp_path / "m.bin")
+    inf = load_model(path)  # training=False by default
+    assert not inf.training and inf.grads == {}
+    x = np.array([[1, 2, 3, 4, 5, 6, 7]], np.int32)
+    y = np.array([[2, 3, 4, 5, 6, 7, 8]], np.int32)
+    l1, lg1 = m.forward(x, y, return_logits=True)
+    l2, lg2 = inf.forward(x, y, return_logits=True)  # through the KV-cache prefill, every position's logits
+    assert abs(l1 - l2) < 1e-5 and rel(lg2, lg1.astype(np.float64)) < TOL["float32"]
+    np.testing.assert_allclose(inf.token_losses(), m.token_losses(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(inf.generate(x, 5, seed=1), m.generate(x, 5, seed=1))
+    for call in (lambda: inf.backward(), lambda: inf.step(lr=1e-3), lambda: inf.zero_grad(),
+                 lambda: inf.forward_backward(x, y)):
+        with pytest.raises(RuntimeError, match="inference-only"):
+            call()
+    mem = inf.memory_report(1, 7)
+    assert mem["grads"] == 0 and mem["optimizer"] == 0
+    assert load_model(path, training=True).training
+
+
+def test_d12_inference_memory_is_a_third_of_training():
+    """d12: the inference-only model (weights + a KV cache for one 1024-token sequence + one decode row's
+    activations) against the training model (weights, gradients, AdamW moments, activations at B=1, T=1024),
+    from the core's own counts. (A 1024-token prefill adds ~55 MB of one-layer activations: still far below.)"""
+    inf = GPT2("d12", init=False, training=False)
+    inf._m.kv_reserve(1, 1024)
+    inf._m.kv_prefill(np.zeros((1, 1), np.int32), np.array([1], np.int32), np.array([0], np.int32))
+    infer = inf.memory_report(1, 1024)["total"]
+    del inf
+    train = GPT2("d12", init=False).memory_report(1, 1024)["total"]
+    assert infer * 3 <= train, (infer, train)
