@@ -307,7 +307,9 @@ class GPT2:
         rounded up to 128). Problems raise CheckpointError naming the file. training=False: inference-only (see
         __init__)."""
         config, flat, source = pretrained.read_weights(path, padded_vocab_size)
-        model = cls(config, device=device, init=False, training=training)
+        # the KV-cache inference path runs GPT-2's ops only: a modern model loads as a training model (the full
+        # forward, which generate then uses)
+        model = cls(config, device=device, init=False, training=training or not config.is_gpt2)
         llmc.fill_params(model, flat, source)
         return model
 
