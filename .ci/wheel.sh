@@ -49,10 +49,14 @@ PY
 # the CUDA major the wheel was built with (read from the file: importing gpt2core may need the libraries)
 major=$(sed -n 's/^CUDA_VERSION = "\([0-9]*\).*/\1/p' "$WORK"/venv/lib/python3*/site-packages/gpt2core/_build_config.py)
 if [ -n "$major" ]; then
-  # without NVIDIA's libraries: device="cuda" is a clear error naming the library and the pip command
+  # no NVIDIA driver here: device="cuda" says that first (not cudart's "driver version is insufficient")
   "$WORK/venv/bin/python" -c "import gpt2core; gpt2core.GPT2('tiny', device='cuda')" 2> "$WORK/cuda_error.txt" && exit 1
   tail -n 1 "$WORK/cuda_error.txt"
-  grep -q "DeviceError: .*found neither in NVIDIA's PyPI wheels nor on this system: pip install \"gpt2core\[cuda$major\]\"" \
+  grep -q "DeviceError: device='cuda': no NVIDIA driver (libcuda.so.1 not found)" "$WORK/cuda_error.txt"
+  # without NVIDIA's libraries: loading the CUDA backend is a clear error naming the library and the pip command
+  "$WORK/venv/bin/python" -c "from gpt2core import _cuda; _cuda.load()" 2> "$WORK/cuda_error.txt" && exit 1
+  tail -n 1 "$WORK/cuda_error.txt"
+  grep -q "MissingLibrary: .*found neither in NVIDIA's PyPI wheels nor on this system.*: pip install \"gpt2core\[cuda$major\]\"" \
     "$WORK/cuda_error.txt"
   t0=$SECONDS
   "$WORK/venv/bin/pip" install -q "${fixed}[cuda$major]"

@@ -47,6 +47,13 @@ void bind_kv(Cls& cls) {
            },
            py::arg("slots"), py::arg("max_len"),
            "A KV cache for `slots` sequences of up to max_len tokens (kept when the one allocated is as large).")
+      .def_property("weights16", &M::weights16,
+                    [](M& self, int kind) {
+                      if (kind < 0 || kind > 2) throw py::value_error("weights16: 0 (fp32), 1 (bf16) or 2 (fp16)");
+                      self.set_weights16(kind);
+                    },
+                    "Decode reads 16-bit weights: 0 off, 1 bf16, 2 fp16 (rounds the model's matrices; inference-only "
+                    "models on backends that have it).")
       .def_property_readonly("kv_slots", &M::kv_slots)
       .def_property_readonly("kv_max_len", &M::kv_max_len)
       .def("kv_pos", [](M& self, int slot) {
@@ -109,9 +116,11 @@ void bind_kv(Cls& cls) {
                throw py::value_error("kv_sample: one temperature, top_k, top_p, seed, stream and step per row");
              std::vector<gpt2::SampleRow> rows(n);
              for (size_t i = 0; i < n; i++) {
+               // 0 (also a tiny temperature rounded to float32): greedy, the limit of temperature -> 0
                if (!(temperature[i] >= 0) || !std::isfinite(temperature[i])) throw py::value_error("temperature must be >= 0");
                if (top_k[i] < 0) throw py::value_error("top_k must be >= 0");
-               if (!(top_p[i] > 0 && top_p[i] <= 1)) throw py::value_error("top_p must be in (0, 1]");
+               // 0 (a positive top_p below float32's range, rounded): the most likely token, the limit of top_p -> 0
+               if (!(top_p[i] >= 0 && top_p[i] <= 1)) throw py::value_error("top_p must be in [0, 1]");
                rows[i] = {temperature[i], top_k[i], top_p[i], seed[i], stream[i], step[i]};
              }
              if (int(n) != self.kv_logit_rows())

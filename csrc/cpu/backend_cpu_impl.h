@@ -150,6 +150,21 @@ class CpuBackend final : public Backend<T> {
   void gather_rows(T* out, const T* inp, const int32_t* rows, int n, int C) override {
     ops::gather_rows(out, inp, rows, n, C);
   }
+  bool has_w16() const override { return true; }
+  uint16_t* alloc_u16(size_t n) override { return static_cast<uint16_t*>(zeroed(n * sizeof(uint16_t))); }
+  void free_u16(uint16_t* p) override { std::free(p); }
+  void round_w16(uint16_t* dst, T* src, size_t n, bool bf16) override {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+      const float f = float(src[i]);
+      dst[i] = bf16 ? float_to_bf16(f).bits : float_to_f16(f).bits;
+      src[i] = T(bf16 ? bf16_to_float(gpt2::bf16{dst[i]}) : f16_to_float(gpt2::f16{dst[i]}));
+    }
+  }
+  void matmul_forward_w16(T* out, const T* inp, const uint16_t* w, const T* bias, int N, int C, int OC,
+                          bool bf16) override {
+    ops::gemv_forward_w16(out, inp, w, bias, N, C, OC, bf16);
+  }
   void sample_tokens(int32_t* ids, const T* logits, const SampleRow* rows, int n, int V, int Vp) override {
 #pragma omp parallel
     {

@@ -11,6 +11,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "model/dtypes.h"
+
 #ifndef GPT2CORE_CPU_ISA
 #error "cpu/ops_infer.h is included by cpu/backend_cpu_impl.h, which names the variant's namespace"
 #endif
@@ -28,20 +30,39 @@ inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Weight loaders: 8 weights widened to fp32 (fp32 as is; bf16 bits shifted into the high half; fp16 by F16C).
+struct LoadF32 {
+  using W = float;
+  static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+};
+struct LoadBF16 {
+  using W = uint16_t;
+  static __m256 load8(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+};
+struct LoadF16 {
+  using W = uint16_t;
+  static __m256 load8(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+};
+
 // out[n, o] = dot(inp[n, :], w[o, :]) (+ bias[o]) for o in [o0, o1), n < N (N <= kGemvMaxRows), C % 8 == 0:
 // four weight rows at a time, each loaded vector used by every input row.
-template <int N>
-inline void gemv_rows_avx2(float* out, const float* inp, const float* w, const float* bias, int C, int OC, int o0,
-                           int o1) {
+template <int N, typename Ld>
+inline void gemv_rows_avx2(float* out, const float* inp, const typename Ld::W* w, const float* bias, int C, int OC,
+                           int o0, int o1) {
   int o = o0;
   for (; o + 4 <= o1; o += 4) {
     __m256 acc[N][4];
     for (int n = 0; n < N; n++)
       for (int r = 0; r < 4; r++) acc[n][r] = _mm256_setzero_ps();
-    const float* w0 = w + size_t(o) * C;
+    const typename Ld::W* w0 = w + size_t(o) * C;
     for (int i = 0; i < C; i += 8) {
-      const __m256 a0 = _mm256_loadu_ps(w0 + i), a1 = _mm256_loadu_ps(w0 + C + i),
-                   a2 = _mm256_loadu_ps(w0 + 2 * C + i), a3 = _mm256_loadu_ps(w0 + 3 * C + i);
+      const __m256 a0 = Ld::load8(w0 + i), a1 = Ld::load8(w0 + C + i), a2 = Ld::load8(w0 + 2 * C + i),
+                   a3 = Ld::load8(w0 + 3 * C + i);
       for (int n = 0; n < N; n++) {
         const __m256 x = _mm256_loadu_ps(inp + size_t(n) * C + i);
         acc[n][0] = _mm256_fmadd_ps(a0, x, acc[n][0]);
@@ -54,12 +75,25 @@ inline void gemv_rows_avx2(float* out, const float* inp, const float* w, const f
       for (int r = 0; r < 4; r++) out[size_t(n) * OC + o + r] = hsum256(acc[n][r]) + (bias ? bias[o + r] : 0.0f);
   }
   for (; o < o1; o++) {
-    const float* wr = w + size_t(o) * C;
+    const typename Ld::W* wr = w + size_t(o) * C;
     for (int n = 0; n < N; n++) {
       __m256 acc = _mm256_setzero_ps();
-      for (int i = 0; i < C; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(wr + i), _mm256_loadu_ps(inp + size_t(n) * C + i), acc);
+      for (int i = 0; i < C; i += 8) acc = _mm256_fmadd_ps(Ld::load8(wr + i), _mm256_loadu_ps(inp + size_t(n) * C + i), acc);
       out[size_t(n) * OC + o] = hsum256(acc) + (bias ? bias[o] : 0.0f);
     }
+  }
+}
+
+template <typename Ld>
+inline bool gemv_avx2(float* out, const float* inp, const typename Ld::W* w, const float* bias, int N, int C, int OC,
+                      int o0, int o1) {
+  if (C % 8 != 0) return false;
+  switch (N) {
+    case 1: gemv_rows_avx2<1, Ld>(out, inp, w, bias, C, OC, o0, o1); return true;
+    case 2: gemv_rows_avx2<2, Ld>(out, inp, w, bias, C, OC, o0, o1); return true;
+    case 3: gemv_rows_avx2<3, Ld>(out, inp, w, bias, C, OC, o0, o1); return true;
+    case 4: gemv_rows_avx2<4, Ld>(out, inp, w, bias, C, OC, o0, o1); return true;
+    default: return false;
   }
 }
 #endif
@@ -89,18 +123,37 @@ void gemv_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C,
     const int o0 = blk * 16, o1 = std::min(OC, o0 + 16);
 #if defined(GPT2CORE_CPU_AVX2)
     if constexpr (std::is_same_v<T, float>) {
-      if (C % 8 == 0) {
-        switch (N) {
-          case 1: gemv_rows_avx2<1>(out, inp, w, bias, C, OC, o0, o1); continue;
-          case 2: gemv_rows_avx2<2>(out, inp, w, bias, C, OC, o0, o1); continue;
-          case 3: gemv_rows_avx2<3>(out, inp, w, bias, C, OC, o0, o1); continue;
-          case 4: gemv_rows_avx2<4>(out, inp, w, bias, C, OC, o0, o1); continue;
-          default: break;
-        }
-      }
+      if (gemv_avx2<LoadF32>(out, inp, w, bias, N, C, OC, o0, o1)) continue;
     }
 #endif
     gemv_rows_plain(out, inp, w, bias, N, C, OC, o0, o1);
+  }
+}
+
+// gemv_forward with w as bf16 (bf16 = true) or fp16 bits, widened to fp32 in registers (any N; the vector kernel
+// for N <= kGemvMaxRows, C % 8 == 0 on x86-64-v3 / v4, a scalar loop elsewhere).
+template <typename T>
+void gemv_forward_w16(T* out, const T* inp, const uint16_t* w, const T* bias, int N, int C, int OC, bool bf16) {
+  const int blocks = (OC + 15) / 16;
+#pragma omp parallel for schedule(static)
+  for (int blk = 0; blk < blocks; blk++) {
+    const int o0 = blk * 16, o1 = std::min(OC, o0 + 16);
+#if defined(GPT2CORE_CPU_AVX2)
+    if constexpr (std::is_same_v<T, float>) {
+      if (bf16 ? gemv_avx2<LoadBF16>(out, inp, w, bias, N, C, OC, o0, o1)
+               : gemv_avx2<LoadF16>(out, inp, w, bias, N, C, OC, o0, o1))
+        continue;
+    }
+#endif
+    for (int o = o0; o < o1; o++) {
+      const uint16_t* wr = w + size_t(o) * C;
+      for (int n = 0; n < N; n++) {
+        const T* x = inp + size_t(n) * C;
+        T s = 0;
+        for (int i = 0; i < C; i++) s += T(bf16 ? bf16_to_float(gpt2::bf16{wr[i]}) : f16_to_float(gpt2::f16{wr[i]})) * x[i];
+        out[size_t(n) * OC + o] = s + (bias ? bias[o] : T(0));
+      }
+    }
   }
 }
 
@@ -152,8 +205,7 @@ void attention_kv_forward(T* out, T* kcache, T* vcache, const T* qkv, const int3
           T maxv = -INFINITY;
           for (int t2 = 0; t2 < n; t2++) {
             const T* k = K + (size_t)t2 * C;
-            T s = 0;
-#pragma omp simd reduction(+ : s)
+            T s = 0;  // in order, as attention_forward: an inference model's forward equals a training one's bitwise
             for (int i = 0; i < hs; i++) s += q[i] * k[i];
             s *= scale;
             p[t2] = s;

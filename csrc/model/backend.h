@@ -234,6 +234,18 @@ class Backend {
                              int /*V*/, int /*Vp*/) {
     no_kv();
   }
+  // 16-bit weights for inference (has_w16): a copy of fp32 weights as bf16 or fp16 bits that matmul_forward_w16
+  // reads, widened to fp32 in registers (decode reads half the bytes). round_w16 writes dst[i] = src[i] rounded to
+  // nearest even (bf16 or fp16 bits) and src[i] = that value widened back, so that the fp32 copy (what GEMMs of
+  // many rows read) holds the same weights. matmul_forward_w16 is matmul_forward with w as those bits.
+  virtual bool has_w16() const { return false; }
+  virtual uint16_t* alloc_u16(size_t /*n*/) { no_kv(); }
+  virtual void free_u16(uint16_t* /*p*/) {}
+  virtual void round_w16(uint16_t* /*dst*/, T* /*src*/, size_t /*n*/, bool /*bf16*/) { no_kv(); }
+  virtual void matmul_forward_w16(T* /*out*/, const T* /*inp*/, const uint16_t* /*w*/, const T* /*bias*/, int /*N*/,
+                                  int /*C*/, int /*OC*/, bool /*bf16*/) {
+    no_kv();
+  }
   // CUDA graphs: the ops enqueued between capture_begin() and capture_end() are recorded, not run, and
   // graph_launch() replays them with the pointers and scalar arguments they had when recorded. Only a backend
   // with a device queue can (can_capture()); ops that would synchronise with the host fail while capturing.

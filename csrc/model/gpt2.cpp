@@ -141,7 +141,9 @@ template <typename T>
 double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, int Tn) {
   if (B <= 0 || Tn <= 0 || Tn > config_.max_seq_len)
     throw std::invalid_argument("forward: need B > 0 and 0 < T <= max_seq_len");
-  if (!training_) return kv_forward(inp, targets, B, Tn);
+  // inference-only: the KV-cache prefill with every position's logits (no per-layer activations kept); a backend
+  // without the KV ops runs the forward below (its activations, no gradients)
+  if (!training_ && backend_->has_kv()) return kv_forward(inp, targets, B, Tn);
   kv_forward_ = false;
   ensure_activations(B, Tn);
   Backend<T>& be = *backend_;

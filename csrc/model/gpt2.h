@@ -65,7 +65,10 @@ class GPT2Model {
   M* adam_v() { ensure_optimizer_state(); return v_; }
   // The master weights were written from outside (init, checkpoint load, a collective): the ops' copy is
   // rebuilt from them before the next forward, rounded with param_round_seed() (no-op when M == T).
-  void params_changed() { params_stale_ = kHasMasterCopy<T>; }
+  void params_changed() {
+    params_stale_ = kHasMasterCopy<T>;
+    w16_stale_ = true;
+  }
   // Seed of the stochastic rounding that produced the ops' copy: the step of the last AdamW update (0: round
   // to nearest). A resumed run sets it to its step so the rebuilt copy has the same bits as a run that never
   // stopped.
@@ -168,6 +171,12 @@ class GPT2Model {
   // One id per row of the last prefill/decode's logits (rows: n settings, n = that call's sequences), to the host.
   void kv_sample(int32_t* ids, const SampleRow* rows, int n);
   int kv_logit_rows() const { return kv_rows_; }
+  // Decode with 16-bit weights (0: off, fp32; 1: bf16; 2: fp16; backends with has_w16): the matrices (wte, qkvw,
+  // attprojw, fcw, fcprojw) are rounded to that type, in the fp32 parameters too (so prefill's GEMMs and the
+  // decode GEMVs read the same weights), and decode reads the 16-bit copy. Written parameters (params_changed)
+  // are rounded again before the next prefill / decode.
+  void set_weights16(int kind);
+  int weights16() const { return w16_kind_; }
   void kv_logits_to_host(M* dst) const;  // (kv_logit_rows(), Vp)
   int last_B() const { return B_; }
   int last_T() const { return T_; }
@@ -229,6 +238,9 @@ class GPT2Model {
   // the layers over n * Tq rows whose inputs are in kv_.ids, slots/positions in kv_slot_/kv_posd_; leaves the
   // final layernorm's output of every row in kv_.ln
   void kv_layers(int n, int Tq);
+  // out = inp @ param(i)-slice^T + bias for the KV path: the 16-bit copy for few rows when it is on
+  void kv_matmul(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC);
+  void kv_refresh_w16();
 
   ModelConfig config_;
   std::unique_ptr<Backend<T>> backend_;
@@ -249,7 +261,10 @@ class GPT2Model {
   int kv_rows_ = 0;                   // logit rows of the last prefill / decode
   KvBuffers kv_{};
   int32_t *kv_ids_ = nullptr, *kv_slot_ = nullptr, *kv_posd_ = nullptr, *kv_gather_ = nullptr, *kv_targets_ = nullptr;
-  bool kv_forward_ = false;  // the last forward() ran through the inference path (logits/losses are kv_'s)
+  bool kv_forward_ = false;
+  uint16_t* w16_ = nullptr;  // num_params_ values, the parameters' layout (only the matrices are filled)
+  int w16_kind_ = 0;
+  bool w16_stale_ = true;  // the last forward() ran through the inference path (logits/losses are kv_'s)
   std::array<size_t, kNumParamTensors> sizes_{}, offsets_{};
   size_t num_params_ = 0;
   T* params_ = nullptr;

@@ -15,7 +15,39 @@
 namespace gpt2 {
 
 template <typename T>
+void GPT2Model<T>::set_weights16(int kind) {
+  if (kind < 0 || kind > 2) throw std::invalid_argument("weights16: 0 (fp32), 1 (bf16) or 2 (fp16)");
+  if (kind && !backend_->has_w16())
+    throw std::logic_error(std::string("backend ") + backend_->name() + " has no 16-bit-weight inference");
+  if (kind && training_)
+    throw std::logic_error("16-bit weights are for inference-only models (training=False): they round the weights");
+  if (w16_ && !kind) { backend_->free_u16(w16_); w16_ = nullptr; }
+  if (kind && !w16_) w16_ = backend_->alloc_u16(num_params_);
+  w16_kind_ = kind;
+  w16_stale_ = true;
+  kv_refresh_w16();
+}
+
+template <typename T>
+void GPT2Model<T>::kv_refresh_w16() {
+  if (!w16_kind_ || !w16_stale_) return;
+  for (ParamTensor i : {kWte, kQkvw, kAttprojw, kFcw, kFcprojw})
+    backend_->round_w16(w16_ + offsets_[i], params_ + offsets_[i], sizes_[i], w16_kind_ == 1);
+  w16_stale_ = false;
+}
+
+template <typename T>
+void GPT2Model<T>::kv_matmul(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) {
+  if (w16_kind_ && N <= 4) {
+    backend_->matmul_forward_w16(out, inp, w16_ + (w - params_), bias, N, C, OC, w16_kind_ == 1);
+  } else {
+    backend_->matmul_forward(out, inp, w, bias, N, C, OC);
+  }
+}
+
+template <typename T>
 void GPT2Model<T>::kv_release() {
+  if (w16_) { backend_->free_u16(w16_); w16_ = nullptr; }
   Backend<T>& be = *backend_;
   if (kcache_) be.free(kcache_);
   if (vcache_) be.free(vcache_);
@@ -62,7 +94,8 @@ void GPT2Model<T>::kv_reserve(int slots, int max_len) {
 template <typename T>
 size_t GPT2Model<T>::kv_bytes() const {
   const size_t cache = 2 * size_t(config_.n_layer) * kv_S_ * kv_T_ * config_.n_embd * sizeof(T);
-  return cache + kv_mem_n_ * sizeof(T) + kv_stats_n_ * sizeof(M) + 5 * size_t(kv_cap_) * sizeof(int32_t);
+  return cache + kv_mem_n_ * sizeof(T) + kv_stats_n_ * sizeof(M) + 5 * size_t(kv_cap_) * sizeof(int32_t) +
+         (w16_ ? num_params_ * sizeof(uint16_t) : 0);
 }
 
 // One layer's activations for `rows` token rows and logits for `logit_rows`, grown (never shrunk) as needed.
@@ -118,13 +151,18 @@ void GPT2Model<T>::kv_layers(int n, int Tq) {
   be.layernorm_forward(kv_.ln, kv_.mean, kv_.rstd, kv_.x, first.ln1w, first.ln1b, N, C);
   for (int l = 0; l < L; l++) {
     const LayerTensors<T> p = layer(params_, l);
-    be.matmul_forward(kv_.qkv, kv_.ln, p.qkvw, p.qkvb, N, C, 3 * C);
+    kv_matmul(kv_.qkv, kv_.ln, p.qkvw, p.qkvb, N, C, 3 * C);
     be.attention_kv_forward(kv_.atty, kcache_ + l * cache_layer, vcache_ + l * cache_layer, kv_.qkv, kv_slot_,
                             kv_posd_, n, Tq, C, NH, kv_T_);
-    be.matmul_forward(kv_.proj, kv_.atty, p.attprojw, p.attprojb, N, C, C);
+    kv_matmul(kv_.proj, kv_.atty, p.attprojw, p.attprojb, N, C, C);
     be.residual_layernorm_forward(kv_.res2, kv_.ln, kv_.mean, kv_.rstd, kv_.x, kv_.proj, p.ln2w, p.ln2b, N, C);
-    be.matmul_gelu_forward(kv_.fch, kv_.fch_gelu, kv_.ln, p.fcw, p.fcb, N, C, 4 * C);
-    be.matmul_forward(kv_.proj, kv_.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
+    if (w16_kind_ && N <= 4) {  // the GELU after the 16-bit GEMV (the fused op reads fp32 weights)
+      kv_matmul(kv_.fch, kv_.ln, p.fcw, p.fcb, N, C, 4 * C);
+      be.gelu_forward(kv_.fch_gelu, kv_.fch, size_t(N) * 4 * C);
+    } else {
+      be.matmul_gelu_forward(kv_.fch, kv_.fch_gelu, kv_.ln, p.fcw, p.fcb, N, C, 4 * C);
+    }
+    kv_matmul(kv_.proj, kv_.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
     const T* nw = l + 1 < L ? layer(params_, l + 1).ln1w : param(kLnfw);
     const T* nb = l + 1 < L ? layer(params_, l + 1).ln1b : param(kLnfb);
     be.residual_layernorm_forward(kv_.x, kv_.ln, kv_.mean, kv_.rstd, kv_.res2, kv_.proj, nw, nb, N, C);
@@ -151,6 +189,7 @@ void GPT2Model<T>::kv_prefill(const int32_t* tokens, const int32_t* lengths, con
   kv_ensure_rows(N, logit_rows);
   Backend<T>& be = *backend_;
   refresh_params();
+  kv_refresh_w16();
   be.to_device_i32(kv_ids_, tokens, size_t(N));
   be.to_device_i32(kv_slot_, slots, size_t(n));
   be.to_device_i32(kv_posd_, zeros.data(), size_t(n));
@@ -161,7 +200,7 @@ void GPT2Model<T>::kv_prefill(const int32_t* tokens, const int32_t* lengths, con
   } else {
     be.to_device_i32(kv_gather_, rows.data(), size_t(n));
     be.gather_rows(kv_.last, kv_.ln, kv_gather_, n, C);
-    be.matmul_forward(kv_.logits, kv_.last, param(kWte), nullptr, n, C, Vp);  // lm_head tied to wte
+    kv_matmul(kv_.logits, kv_.last, param(kWte), nullptr, n, C, Vp);  // lm_head tied to wte
   }
   for (int i = 0; i < n; i++) kv_pos_[slots[i]] = lengths[i];
   kv_rows_ = logit_rows;
@@ -185,11 +224,12 @@ void GPT2Model<T>::kv_decode(const int32_t* tokens, const int32_t* slots, int n)
   kv_ensure_rows(n, n);
   Backend<T>& be = *backend_;
   refresh_params();
+  kv_refresh_w16();
   be.to_device_i32(kv_ids_, tokens, size_t(n));
   be.to_device_i32(kv_slot_, slots, size_t(n));
   be.to_device_i32(kv_posd_, pos.data(), size_t(n));
   kv_layers(n, 1);
-  be.matmul_forward(kv_.logits, kv_.ln, param(kWte), nullptr, n, config_.n_embd, config_.padded_vocab_size);
+  kv_matmul(kv_.logits, kv_.ln, param(kWte), nullptr, n, config_.n_embd, config_.padded_vocab_size);
   for (int i = 0; i < n; i++) kv_pos_[slots[i]]++;
   kv_rows_ = n;
   kv_forward_ = false;

@@ -16,8 +16,8 @@ from .errors import write_error
 
 
 # what np.load raises on a malformed .npy / .npz (beyond OSError for an unreadable file): a bad header or zip
-# directory, a truncated or corrupt member, a member that is not an array, an unknown compression; a header
-# numpy's legacy filter cannot tokenize raises tokenize.TokenError (not a SyntaxError)
+# directory, a truncated or corrupt member, a member that is not an array, an unknown compression; numpy parses
+# a version-1 header with tokenize, whose TokenError a mangled header raises
 NPZ_ERRORS = (OSError, ValueError, KeyError, TypeError, EOFError, SyntaxError, OverflowError, NotImplementedError,
               zipfile.BadZipFile, zlib.error, tokenize.TokenError)
 

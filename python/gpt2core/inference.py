@@ -203,7 +203,9 @@ def _prepare(model, idx, max_new_tokens, top_k, temperature, seed, top_p, stop):
             _per_seq(temperature, B, "temperature"), _per_seq(top_p, B, "top_p"), _per_seq(seed, B, "seed"))):
         mx = _check_int(mx, "max_new_tokens", 0, ">= 0")
         k = 0 if k is None else _check_int(k, "top_k", 0, ">= 0 (0 or None: the whole vocabulary; 1: greedy)")
-        t = _check_real(t, "temperature", 0.0, float("inf"), "[0, inf) (0: greedy)")
+        t = _check_real(t, "temperature", 0.0, float("inf"), "(0, inf) (for greedy decoding use top_k=1)")
+        if t == 0:
+            raise ArgError("temperature must be > 0 (for greedy decoding use top_k=1), got 0")
         tp = 1.0 if tp is None else _check_real(tp, "top_p", 0.0, 1.0, "(0, 1] (None: off)")
         if tp == 0:
             raise ArgError("top_p must be a number in (0, 1] (None: off), got 0")
@@ -346,5 +348,6 @@ class KVEngine:
         return self.m.kv_logits()[:, :self.V]
 
     def sample(self, slots, temperature, top_k, top_p, seed, stream, step) -> np.ndarray:
-        return self.m.kv_sample([float(t) for t in temperature], [int(k) for k in top_k], [float(p) for p in top_p],
+        # the core takes float32: a temperature beyond its range is the same uniform-over-kept draw at 3e38
+        return self.m.kv_sample([min(float(t), 3e38) for t in temperature], [int(k) for k in top_k], [float(p) for p in top_p],
                                 [int(s) for s in seed], [int(s) for s in stream], [int(i) for i in step])

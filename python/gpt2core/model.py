@@ -458,7 +458,7 @@ class GPT2:
         idx: int ids (T,) or (B, T), or a list of prompts of different lengths (lists of ids). Each sequence
         stops after max_new_tokens, at <|endoftext|> (50256, when the vocabulary has it), or once its generated
         text contains one of `stop` (a string or a list; the ids up to the token completing it are kept).
-        Sampling: logits / temperature (0: greedy), the top_k most likely (0 or None: all; 1: greedy), then the
+        Sampling: logits / temperature (> 0), the top_k most likely (0 or None: all; 1: greedy), then the
         smallest set whose probability reaches top_p (None: off). Seeded: the same seed gives the same ids.
         max_new_tokens, top_k, temperature, top_p and seed may also be one value per prompt.
 
@@ -468,6 +468,23 @@ class GPT2:
         from . import inference
         return inference.generate(self, idx, max_new_tokens, top_k=top_k, temperature=temperature, seed=seed,
                                   top_p=top_p, stop=stop, stream=stream)
+
+    @property
+    def inference_weights(self) -> str:
+        """The weights decode reads: "fp32", or "bf16" / "fp16" (16-bit copies widened to fp32 in registers: half
+        the bytes per token; CPU, inference-only models). Setting "bf16" or "fp16" rounds the model's matrices
+        (wte, qkvw, attprojw, fcw, fcprojw) to that type in self.params too, so prefill and decode agree."""
+        return ("fp32", "bf16", "fp16")[self._m.weights16]
+
+    @inference_weights.setter
+    def inference_weights(self, kind: str) -> None:
+        kinds = {"fp32": 0, "bf16": 1, "fp16": 2}
+        if kind not in kinds:
+            raise ValueError(f"inference_weights must be 'fp32', 'bf16' or 'fp16', got {kind!r}")
+        if kind != "fp32" and (self.training or self.device != "cpu"):
+            raise ValueError(f"inference_weights={kind!r} needs an inference-only CPU model (load_model(path, "
+                             "training=False) or GPT2(..., training=False)): it rounds the weights")
+        self._m.weights16 = kinds[kind]
 
     def _inference_engine(self, batch: int, max_len: int):
         """The engine generate runs on: the core's KV cache where the backend has it, else the full forward."""
@@ -512,8 +529,13 @@ def check_loss_scale_args(init, interval) -> None:
                          f"doubles), got {interval!r}")
 
 
-def load_model(path, training: bool = False, device: str = "cpu", padded_vocab_size: int | None = None) -> GPT2:
+def load_model(path, training: bool = False, device: str = "cpu", padded_vocab_size: int | None = None,
+               inference_weights: str = "fp32") -> GPT2:
     """A GPT2 from any model file, checkpoint or Hugging Face source (GPT2.from_pretrained). training=False (the
     default) gives an inference-only model: no gradients, AdamW moments or backward activations are allocated
-    (forward, generate and evaluation work; backward and step raise); training=True a model that trains on."""
-    return GPT2.from_pretrained(path, device=device, padded_vocab_size=padded_vocab_size, training=training)
+    (forward, generate and evaluation work; backward and step raise); training=True a model that trains on.
+    inference_weights: "fp32", or "bf16" / "fp16" for decode from 16-bit weights (see GPT2.inference_weights)."""
+    model = GPT2.from_pretrained(path, device=device, padded_vocab_size=padded_vocab_size, training=training)
+    if inference_weights != "fp32":
+        model.inference_weights = inference_weights
+    return model

@@ -53,7 +53,7 @@ def test_hellaswag_bar_inside_training_and_no_progress(tmp_path):
             "--output-dir", tmp_path / "run", "--threads", "1"]
     shown = stderr_of(base, True, tmp_path)
     assert "hellaswag:" in shown and "batch" in shown and "acc_norm=" in shown, shown
-    quiet = stderr_of(base + ["--no-progress"], True, tmp_path)  # (the long-row warning may still name hellaswag)
+    quiet = stderr_of(base + ["--no-progress", "--overwrite"], True, tmp_path)  # the same folder: a new run  # (the long-row warning may still name hellaswag)
     assert "hellaswag:" not in quiet and "acc_norm=" not in quiet, quiet
 
 
