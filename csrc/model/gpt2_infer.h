@@ -70,6 +70,10 @@ void GPT2Model<T>::kv_reserve(int slots, int max_len) {
                                 std::to_string(config_.max_seq_len) + ")");
   if (!backend_->has_kv())
     throw std::logic_error(std::string("backend ") + backend_->name() + " has no KV-cache inference ops");
+  if (!config_.is_gpt2())  // its loop runs GPT-2's ops (learned positions, LayerNorm, GELU, no soft-cap)
+    throw std::invalid_argument("kv_reserve: KV-cache inference runs the GPT-2 architecture only so far; this model "
+                                "has the modern one (position, norm, qk_norm, activation, bias, tie_embeddings or "
+                                "logit_softcap): use a training model's forward");
   if (slots <= kv_S_ && max_len <= kv_T_) return;
   slots = std::max(slots, kv_S_);
   max_len = std::max(max_len, kv_T_);
