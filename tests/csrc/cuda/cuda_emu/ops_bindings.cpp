@@ -30,6 +30,24 @@ bool memory_checker_enabled();
 namespace gpt2emu_test {  // attention_tc_ops.cu
 void attention_tc_16(bool f16, uint16_t* out, float* lse, uint16_t* dqkv, const uint16_t* qkv, const uint16_t* dout,
                      int B, int T, int C, int NH, bool misalign, bool accumulate);
+// modern_ops.cu: the modern architecture's kernels on host float arrays, dtype 0 float / 1 bf16 / 2 fp16
+void rmsnorm_fwd(int dtype, bool mis, float* residual, float* out, float* rstd, const float* a, const float* b, int N,
+                 int C, float eps);
+void rmsnorm_bwd(int dtype, bool mis, float* dinp, const float* dout, const float* inp, const float* rstd, int N, int C,
+                 bool accumulate);
+void qknorm_fwd(int dtype, bool mis, float* qkv, float* rstd, int BT, int C, int NH, float eps);
+void qknorm_bwd(int dtype, bool mis, float* dqkv, const float* qkv, const float* rstd, int BT, int C, int NH);
+void rope(int dtype, bool mis, float* qkv, float* table, int B, int T, int C, int NH, int maxT, int pos0, double base,
+          bool backward);
+void relu2_fwd(int dtype, bool mis, float* out, const float* inp, size_t N);
+void relu2_bwd(int dtype, bool mis, float* dinp, const float* inp, const float* dout, size_t N, bool accumulate,
+               bool inplace);
+void classifier(int dtype, bool mis, int mode, float* losses, float* lse, int* count, float* dlogits,
+                const float* logits, const int* targets, int N, int V, int Vp, float cap, float grad_scale);
+void layernorm_nobias(int dtype, bool mis, float* out, float* mean, float* rstd, float* dinp, float* dw,
+                      const float* inp, const float* w, const float* dout, int N, int C);
+void encoder_nowpe(int dtype, bool mis, float* out, float* dwte, const int* inp, const float* wte, const float* dout,
+                   int BT, int Vp, int C);
 }  // namespace gpt2emu_test
 
 namespace py = pybind11;
@@ -409,6 +427,89 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
 
 }  // namespace
 
+// The modern architecture's kernels without a backend (modern_ops.cu), module functions k_*: dtype 0 float, 1 bf16,
+// 2 fp16; every array argument is copied, results come back as new float32 arrays.
+void bind_modern_kernels(py::module_& m) {
+  auto copy = [](const F& a) {
+    F c(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
+    std::memcpy(c.mutable_data(), a.data(), size_t(a.size()) * sizeof(float));
+    return c;
+  };
+  m.def("k_rmsnorm_forward", [](int dtype, F a, py::object b, float eps, bool mis) {
+    const int N = a.shape(0), C = a.shape(1);
+    F res({N, C}), out({N, C}), rstd(N);
+    F bb = b.is_none() ? F(0) : b.cast<F>();
+    gpt2emu_test::rmsnorm_fwd(dtype, mis, res.mutable_data(), out.mutable_data(), rstd.mutable_data(), a.data(),
+                              b.is_none() ? nullptr : bb.data(), N, C, eps);
+    return py::make_tuple(res, out, rstd);
+  }, py::arg("dtype"), py::arg("a"), py::arg("b"), py::arg("eps"), py::arg("misalign") = false);
+  m.def("k_rmsnorm_backward", [copy](int dtype, F dinp, F dout, F inp, F rstd, bool accumulate, bool mis) {
+    F g = copy(dinp);
+    gpt2emu_test::rmsnorm_bwd(dtype, mis, g.mutable_data(), dout.data(), inp.data(), rstd.data(), inp.shape(0),
+                              inp.shape(1), accumulate);
+    return g;
+  }, py::arg("dtype"), py::arg("dinp"), py::arg("dout"), py::arg("inp"), py::arg("rstd"), py::arg("accumulate"),
+     py::arg("misalign") = false);
+  m.def("k_qknorm_forward", [copy](int dtype, F qkv, int NH, float eps, bool mis) {  // qkv (BT, 3C)
+    F x = copy(qkv), rstd(qkv.shape(0) * 2 * NH);
+    gpt2emu_test::qknorm_fwd(dtype, mis, x.mutable_data(), rstd.mutable_data(), qkv.shape(0), qkv.shape(1) / 3, NH,
+                             eps);
+    return py::make_tuple(x, rstd);
+  }, py::arg("dtype"), py::arg("qkv"), py::arg("NH"), py::arg("eps"), py::arg("misalign") = false);
+  m.def("k_qknorm_backward", [copy](int dtype, F dqkv, F qkv, F rstd, int NH, bool mis) {
+    F g = copy(dqkv);
+    gpt2emu_test::qknorm_bwd(dtype, mis, g.mutable_data(), qkv.data(), rstd.data(), qkv.shape(0), qkv.shape(1) / 3,
+                             NH);
+    return g;
+  }, py::arg("dtype"), py::arg("dqkv"), py::arg("qkv"), py::arg("rstd"), py::arg("NH"), py::arg("misalign") = false);
+  m.def("k_rope", [copy](int dtype, F qkv, int NH, int maxT, int pos0, double base, bool backward, bool mis) {
+    // qkv (B, T, 3C); returns (rotated qkv, table (maxT, HS))
+    const int B = qkv.shape(0), T_ = qkv.shape(1), C = qkv.shape(2) / 3;
+    F x = copy(qkv), table({maxT, C / NH});
+    gpt2emu_test::rope(dtype, mis, x.mutable_data(), table.mutable_data(), B, T_, C, NH, maxT, pos0, base, backward);
+    return py::make_tuple(x, table);
+  }, py::arg("dtype"), py::arg("qkv"), py::arg("NH"), py::arg("maxT"), py::arg("pos0"), py::arg("base"),
+     py::arg("backward"), py::arg("misalign") = false);
+  m.def("k_relu2_forward", [](int dtype, F inp, bool mis) {
+    F out(inp.size());
+    gpt2emu_test::relu2_fwd(dtype, mis, out.mutable_data(), inp.data(), inp.size());
+    return out;
+  }, py::arg("dtype"), py::arg("inp"), py::arg("misalign") = false);
+  m.def("k_relu2_backward", [copy](int dtype, F dinp, F inp, F dout, bool accumulate, bool inplace, bool mis) {
+    F g = copy(dinp);
+    gpt2emu_test::relu2_bwd(dtype, mis, g.mutable_data(), inp.data(), dout.data(), inp.size(), accumulate, inplace);
+    return g;
+  }, py::arg("dtype"), py::arg("dinp"), py::arg("inp"), py::arg("dout"), py::arg("accumulate"),
+     py::arg("inplace") = false, py::arg("misalign") = false);
+  m.def("k_classifier", [](int dtype, int mode, F logits, I targets, int V, float cap, float grad_scale, bool mis) {
+    // returns (losses, lse, count, dlogits or None)
+    const int N = logits.shape(0), Vp = logits.shape(1);
+    F losses(N), lse(N), dl({N, Vp});
+    int count = -12345;
+    gpt2emu_test::classifier(dtype, mis, mode, losses.mutable_data(), lse.mutable_data(), &count, dl.mutable_data(),
+                             logits.data(), targets.data(), N, V, Vp, cap, grad_scale);
+    return py::make_tuple(losses, lse, count, mode ? py::object(dl) : py::object(py::none()));
+  }, py::arg("dtype"), py::arg("mode"), py::arg("logits"), py::arg("targets"), py::arg("V"), py::arg("cap"),
+     py::arg("grad_scale") = 1.0f, py::arg("misalign") = false);
+  m.def("k_layernorm_nobias", [copy](int dtype, F inp, F w, F dout, F dinp, F dw, bool mis) {
+    // forward and backward without bias: (out, mean, rstd, dinp += ..., dw += ...)
+    const int N = inp.shape(0), C = inp.shape(1);
+    F out({N, C}), mean(N), rstd(N), g = copy(dinp), gw = copy(dw);
+    gpt2emu_test::layernorm_nobias(dtype, mis, out.mutable_data(), mean.mutable_data(), rstd.mutable_data(),
+                                   g.mutable_data(), gw.mutable_data(), inp.data(), w.data(), dout.data(), N, C);
+    return py::make_tuple(out, mean, rstd, g, gw);
+  }, py::arg("dtype"), py::arg("inp"), py::arg("w"), py::arg("dout"), py::arg("dinp"), py::arg("dw"),
+     py::arg("misalign") = false);
+  m.def("k_encoder_nowpe", [copy](int dtype, I inp, F wte, F dout, F dwte, bool mis) {
+    // token embedding only: (out (BT, C), dwte += ...)
+    const int BT = inp.size(), Vp = wte.shape(0), C = wte.shape(1);
+    F out({BT, C}), g = copy(dwte);
+    gpt2emu_test::encoder_nowpe(dtype, mis, out.mutable_data(), g.mutable_data(), inp.data(), wte.data(), dout.data(),
+                                BT, Vp, C);
+    return py::make_tuple(out, g);
+  }, py::arg("dtype"), py::arg("inp"), py::arg("wte"), py::arg("dout"), py::arg("dwte"), py::arg("misalign") = false);
+}
+
 void bind_cuda_emu_ops(py::module_& m) {
   m.def("set_schedule", [](const std::string& s) { gpt2emu::set_schedule(s.c_str()); },
         "Emulator schedule for later launches: fwd, rev, random:<seed>, low, high or ahead:<seed>.");
@@ -475,6 +576,7 @@ void bind_cuda_emu_ops(py::module_& m) {
     return py::make_tuple(out, lse, grad);
   }, py::arg("f16"), py::arg("qkv"), py::arg("dout"), py::arg("dqkv"), py::arg("NH"), py::arg("misalign") = false,
         py::arg("accumulate") = true);
+  bind_modern_kernels(m);
   bind_ops<float>(m, "Ops", "Backend<float> ops of one backend on numpy arrays (tests only).");
   bind_ops<gpt2::bf16>(m, "OpsBF16",
                        "Backend<bf16> ops of the emulated CUDA backend on numpy arrays: T-typed arguments rounded "
