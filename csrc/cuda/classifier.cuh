@@ -7,9 +7,13 @@
 //             when the kernel runs (no host round trip; a graph replay sees each step's scale), in double, rounded
 //             once.
 //   loss:     *acc += scale * sum(losses) / count (the mean loss, accumulated over micro-steps).
-//   soft-cap (softcap > 0, Gemma 2 / modded-nanogpt): every formula above reads z = softcap * tanh(logit / softcap)
-//             in place of the logit, and dlogits carry the cap's derivative 1 - tanh^2(logit / softcap); the
-//             logits buffer keeps the raw values (the forward) and receives d/d(raw logit) (the backward).
+//   soft-cap (cap > 0; Gemma 2, modded-nanogpt): c = cap * tanh(z / cap) of the raw logits z is what the softmax
+//             reads, and d/dz = d/dc * (1 - tanh^2(z / cap)) = d/dc * (1 - (c / cap)^2):
+//     softcap_forward:  logits = c, in place (elementwise; eval and generation read capped logits);
+//     crossentropy_backward with softcap: the logits hold c (softcap_forward's output): dlogits carry the factor
+//             1 - (c / cap)^2 computed from c;
+//     crossentropy_forward_backward with softcap: the logits hold z; the fused pass caps each value as it reads it
+//             (losses and lse are those of c) and writes d/dz.
 //   forward_backward (training, fused): a small kernel counts the valid rows first, then one kernel per row
 //             computes lse and the loss (reading the row once), then turns the row into dlogits (its second read,
 //             by the same threads moments later, meets the cache: one row is 100 KB at Vp = 50304 bf16 and a
@@ -49,7 +53,8 @@ __device__ inline void online_add(float& m, float& s, const float (&v)[K]) {
   for (int k = 0; k < K; k++) s += expf(v[k] - m);
 }
 
-// The map from a raw logit to what the softmax reads, and its derivative: the identity (GPT-2), or the soft-cap.
+// The map from the value in the logits buffer to what the softmax reads, and its derivative: the identity (GPT-2),
+// the soft-cap of raw logits (SoftCap), or already-capped logits whose derivative is still owed (Capped).
 struct NoCap {
   __device__ float operator()(float x) const { return x; }
   __device__ float operator()(float x, float& grad) const {
@@ -67,6 +72,15 @@ struct SoftCap {
   }
 };
 inline SoftCap soft_cap(float cap) { return SoftCap{cap, 1.0f / cap}; }
+struct Capped {
+  float inv;  // 1 / cap
+  __device__ float operator()(float c) const { return c; }
+  __device__ float operator()(float c, float& grad) const {  // 1 - tanh^2 = 1 - (c / cap)^2
+    const float t = c * inv;
+    grad = 1.0f - t * t;
+    return c;
+  }
+};
 
 // vec (Vp % K == 0 and logits 16-byte aligned, K = kVec<floatX>: every row starts 16-byte aligned): the
 // threads stride over the V / K whole vectors below V as Vec<floatX>, then one value at a time over the
@@ -216,23 +230,53 @@ __global__ void loss_accumulate_kernel(float* __restrict__ acc, const float* __r
   if (threadIdx.x == 0 && *count > 0) *acc = float(double(*acc) + double(scale) * (s / double(*count)));
 }
 
-// ----------------------------------------------------------------------------------------- launchers
-// Counts the non-ignored rows into *valid_dev (one device int) without reading it back.
+// logits = cap * tanh(logits / cap), in place. vec: thread i handles values K*i .. K*i+K-1 (K = kVec<floatX>) as one
+// Vec (16-byte aligned), the last thread the tail; otherwise one value per thread.
 template <class floatX>
-void crossentropy_forward(float* losses, float* lse, const floatX* logits, const int* targets, int* valid_dev, int N,
-                          int V, int Vp, cudaStream_t stream, float softcap = 0.0f) {
-  CUDA_CHECK(cudaMemsetAsync(valid_dev, 0, sizeof(int), stream));
-  if (N <= 0) return;
-  const bool vec = Vp % kVec<floatX> == 0 && aligned16(logits);
-  if (softcap > 0.0f)
-    LAUNCH((crossentropy_forward_kernel<floatX, SoftCap>), N, kClassifierBlock, 0, stream, losses, lse, valid_dev,
-           logits, targets, V, Vp, vec, soft_cap(softcap));
-  else
-    LAUNCH((crossentropy_forward_kernel<floatX, NoCap>), N, kClassifierBlock, 0, stream, losses, lse, valid_dev,
-           logits, targets, V, Vp, vec, NoCap{});
+__global__ void softcap_forward_kernel(floatX* __restrict__ logits,  // (n), in place
+                                       size_t n, SoftCap cap, bool vec) {
+  using P = Vec<floatX>;
+  constexpr int K = kVec<floatX>;
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (!vec) {
+    if (i < n) logits[i] = store_t<floatX>(cap(load_f(logits[i])));
+    return;
+  }
+  const size_t iv = K * i;
+  if (iv + K <= n) {
+    P v = P::load(logits + iv);
+#pragma unroll
+    for (int k = 0; k < K; k++) v.set(k, cap(v.f(k)));
+    v.store(logits + iv);
+  } else {
+    for (size_t k = iv; k < n; k++) logits[k] = store_t<floatX>(cap(load_f(logits[k])));
+  }
+}
+
+// ----------------------------------------------------------------------------------------- launchers
+template <class floatX>
+void softcap_forward(floatX* logits, float cap, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr int K = kVec<floatX>;
+  const bool vec = aligned16(logits);
+  LAUNCH(softcap_forward_kernel<floatX>, ceil_div(vec ? (n + K - 1) / K : n, 256), 256, 0, stream, logits, n,
+         soft_cap(cap), vec);
   CUDA_CHECK_LAUNCH();
 }
 
+// Counts the non-ignored rows into *valid_dev (one device int) without reading it back.
+template <class floatX>
+void crossentropy_forward(float* losses, float* lse, const floatX* logits, const int* targets, int* valid_dev, int N,
+                          int V, int Vp, cudaStream_t stream) {
+  CUDA_CHECK(cudaMemsetAsync(valid_dev, 0, sizeof(int), stream));
+  if (N <= 0) return;
+  const bool vec = Vp % kVec<floatX> == 0 && aligned16(logits);
+  LAUNCH((crossentropy_forward_kernel<floatX, NoCap>), N, kClassifierBlock, 0, stream, losses, lse, valid_dev, logits,
+         targets, V, Vp, vec, NoCap{});
+  CUDA_CHECK_LAUNCH();
+}
+
+// softcap > 0: the logits hold softcap_forward's output c, and dlogits are d/dz of the raw logits z.
 // count: a device int of valid rows; loss_scale: a device float or null; dloss = grad_scale * *loss_scale / *count
 // on the device.
 template <class floatX>
@@ -241,9 +285,9 @@ void crossentropy_backward(floatX* logits, const float* lse, const int* targets,
                            float softcap = 0.0f) {
   if (N <= 0) return;
   const bool vec = Vp % kVec<floatX> == 0 && aligned16(logits);
-  if (softcap > 0.0f)
-    LAUNCH((crossentropy_backward_kernel<floatX, SoftCap>), N, kClassifierBlock, 0, stream, logits, lse, targets,
-           count, loss_scale, grad_scale, V, Vp, vec, soft_cap(softcap));
+  if (softcap > 0.0f)  // the logits hold softcap_forward's capped values
+    LAUNCH((crossentropy_backward_kernel<floatX, Capped>), N, kClassifierBlock, 0, stream, logits, lse, targets,
+           count, loss_scale, grad_scale, V, Vp, vec, Capped{1.0f / softcap});
   else
     LAUNCH((crossentropy_backward_kernel<floatX, NoCap>), N, kClassifierBlock, 0, stream, logits, lse, targets, count,
            loss_scale, grad_scale, V, Vp, vec, NoCap{});
@@ -251,7 +295,7 @@ void crossentropy_backward(floatX* logits, const float* lse, const int* targets,
 }
 
 // The training pass: *valid_dev = number of valid targets, then losses, lse and dlogits (in place) in one pass;
-// loss_scale as in crossentropy_backward.
+// loss_scale as in crossentropy_backward. softcap > 0: the logits hold the raw z, capped as they are read.
 constexpr int kClassifierFusedBlock = 1024;
 template <class floatX>
 void crossentropy_forward_backward(float* losses, float* lse, floatX* logits, const int* targets, int* valid_dev,

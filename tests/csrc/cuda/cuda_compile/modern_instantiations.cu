@@ -21,7 +21,7 @@ void instantiate_modern(X* a, X* b, X* c, float* s, float* l, int* t, int* n, in
   rope_backward(a, s, 1, N, C, NH, 0, st);
   relu2_forward(a, b, size_t(N) * C, st);
   relu2_backward(a, b, c, size_t(N) * C, false, st);
-  crossentropy_forward(s, l, a, t, n, N, C, C, st, 15.0f);
+  softcap_forward(a, 15.0f, size_t(N) * C, st);
   crossentropy_backward(a, l, t, n, s, 1.0f, N, C, C, st, 15.0f);
   crossentropy_forward_backward(s, l, a, t, n, s, 1.0f, N, C, C, st, 15.0f);
 }

@@ -9,6 +9,13 @@
 #include <cstring>
 #include <vector>
 
+// The headers' non-template kernels are also defined in backend_cuda.cu's translation unit, in the same module: their
+// copies here get other names (one definition rule); the template kernels are merged by the linker.
+#define column_reduce_kernel modern_ops_column_reduce_kernel
+#define crossentropy_count_kernel modern_ops_crossentropy_count_kernel
+#define loss_accumulate_kernel modern_ops_loss_accumulate_kernel
+#define rope_table_kernel modern_ops_rope_table_kernel
+
 #include "cuda/classifier.cuh"
 #include "cuda/encoder.cuh"
 #include "cuda/layernorm.cuh"
@@ -172,9 +179,10 @@ void relu2_bwd(int dtype, bool mis, float* dinp, const float* inp, const float* 
   });
 }
 
-// The classifier with a soft-cap (cap 0: none). mode 0: crossentropy_forward only; 1: forward then backward (dloss =
-// grad_scale / count); 2: the fused forward_backward. logits (N, Vp) in; dlogits (N, Vp) out (modes 1, 2).
-void classifier(int dtype, bool mis, int mode, float* losses, float* lse, int* count, float* dlogits,
+// The classifier with a soft-cap (cap 0: none). mode 0: softcap_forward then crossentropy_forward; 1: those, then the
+// backward of the capped logits (dloss = grad_scale / count); 2: the fused forward_backward of the raw logits.
+// logits (N, Vp) in; capped (N, Vp) out (modes 0, 1: softcap_forward's output); dlogits (N, Vp) out (modes 1, 2).
+void classifier(int dtype, bool mis, int mode, float* losses, float* lse, int* count, float* capped, float* dlogits,
                 const float* logits, const int* targets, int N, int V, int Vp, float cap, float grad_scale) {
   dispatch(dtype, [&](auto tag) {
     using X = decltype(tag);
@@ -191,7 +199,9 @@ void classifier(int dtype, bool mis, int mode, float* losses, float* lse, int* c
     if (mode == 2) {
       crossentropy_forward_backward(l, s, lg, t, c, nullptr, grad_scale, N, V, Vp, nullptr, cap);
     } else {
-      crossentropy_forward(l, s, lg, t, c, N, V, Vp, nullptr, cap);
+      if (cap > 0.0f) softcap_forward(lg, cap, n, nullptr);
+      d.down(capped, lg, n);
+      crossentropy_forward(l, s, lg, t, c, N, V, Vp, nullptr);
       if (mode == 1) crossentropy_backward(lg, s, t, c, nullptr, grad_scale, N, V, Vp, nullptr, cap);
     }
     d.down(losses, l, N);

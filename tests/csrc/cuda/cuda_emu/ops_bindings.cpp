@@ -42,7 +42,7 @@ void rope(int dtype, bool mis, float* qkv, float* table, int B, int T, int C, in
 void relu2_fwd(int dtype, bool mis, float* out, const float* inp, size_t N);
 void relu2_bwd(int dtype, bool mis, float* dinp, const float* inp, const float* dout, size_t N, bool accumulate,
                bool inplace);
-void classifier(int dtype, bool mis, int mode, float* losses, float* lse, int* count, float* dlogits,
+void classifier(int dtype, bool mis, int mode, float* losses, float* lse, int* count, float* capped, float* dlogits,
                 const float* logits, const int* targets, int N, int V, int Vp, float cap, float grad_scale);
 void layernorm_nobias(int dtype, bool mis, float* out, float* mean, float* rstd, float* dinp, float* dw,
                       const float* inp, const float* w, const float* dout, int N, int C);
@@ -482,13 +482,15 @@ void bind_modern_kernels(py::module_& m) {
   }, py::arg("dtype"), py::arg("dinp"), py::arg("inp"), py::arg("dout"), py::arg("accumulate"),
      py::arg("inplace") = false, py::arg("misalign") = false);
   m.def("k_classifier", [](int dtype, int mode, F logits, I targets, int V, float cap, float grad_scale, bool mis) {
-    // returns (losses, lse, count, dlogits or None)
+    // returns (losses, lse, count, capped logits or None (mode 2), dlogits or None (mode 0))
     const int N = logits.shape(0), Vp = logits.shape(1);
-    F losses(N), lse(N), dl({N, Vp});
+    F losses(N), lse(N), capped({N, Vp}), dl({N, Vp});
     int count = -12345;
-    gpt2emu_test::classifier(dtype, mis, mode, losses.mutable_data(), lse.mutable_data(), &count, dl.mutable_data(),
-                             logits.data(), targets.data(), N, V, Vp, cap, grad_scale);
-    return py::make_tuple(losses, lse, count, mode ? py::object(dl) : py::object(py::none()));
+    gpt2emu_test::classifier(dtype, mis, mode, losses.mutable_data(), lse.mutable_data(), &count,
+                             capped.mutable_data(), dl.mutable_data(), logits.data(), targets.data(), N, V, Vp, cap,
+                             grad_scale);
+    return py::make_tuple(losses, lse, count, mode != 2 ? py::object(capped) : py::object(py::none()),
+                          mode ? py::object(dl) : py::object(py::none()));
   }, py::arg("dtype"), py::arg("mode"), py::arg("logits"), py::arg("targets"), py::arg("V"), py::arg("cap"),
      py::arg("grad_scale") = 1.0f, py::arg("misalign") = false);
   m.def("k_layernorm_nobias", [copy](int dtype, F inp, F w, F dout, F dinp, F dw, bool mis) {
