@@ -110,8 +110,33 @@ py::array_t<int32_t> check_tokens(const py::handle& obj, const char* name, int B
   return mapped;
 }
 
-ModelConfig make_config(int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd) {
+// The architecture's fields (GPT2Config's names; python/gpt2core/config.py documents them).
+struct Arch {
+  std::string position = "learned", norm = "layernorm", activation = "gelu";
+  float rope_base = 10000.0f;
+  bool qk_norm = false, bias = true, tie_embeddings = true;
+  float logit_softcap = 0.0f;
+};
+
+ModelConfig make_config(int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd,
+                        const Arch& a) {
   ModelConfig c;
+  using P = ModelConfig::Position;
+  using N = ModelConfig::Norm;
+  using A = ModelConfig::Activation;
+  if (a.position != "learned" && a.position != "rope")
+    arg_error("position must be 'learned' or 'rope', got '" + a.position + "'");
+  if (a.norm != "layernorm" && a.norm != "rmsnorm") arg_error("norm must be 'layernorm' or 'rmsnorm', got '" + a.norm + "'");
+  if (a.activation != "gelu" && a.activation != "relu2")
+    arg_error("activation must be 'gelu' or 'relu2', got '" + a.activation + "'");
+  c.position = a.position == "rope" ? P::Rope : P::Learned;
+  c.norm = a.norm == "rmsnorm" ? N::RmsNorm : N::LayerNorm;
+  c.activation = a.activation == "relu2" ? A::Relu2 : A::Gelu;
+  c.rope_base = a.rope_base;
+  c.qk_norm = a.qk_norm;
+  c.bias = a.bias;
+  c.tie_embeddings = a.tie_embeddings;
+  c.logit_softcap = a.logit_softcap;
   c.max_seq_len = max_seq_len;
   c.vocab_size = vocab_size;
   c.padded_vocab_size = padded_vocab_size;
@@ -150,6 +175,7 @@ py::dict named_views(GPT2Model<T>& m, gpt2::Master<T>* base, py::handle owner) {
   auto shapes = gpt2::param_shapes(m.config());
   const auto& names = gpt2::param_names();
   for (int i = 0; i < gpt2::kNumParamTensors; i++) {
+    if (!gpt2::param_present(m.config(), i)) continue;  // a tensor this architecture does not have
     std::vector<py::ssize_t> shape;
     for (size_t d : shapes[i]) if (d) shape.push_back(py::ssize_t(d));
     out[names[i]] = view(base + m.param_offsets()[i], shape, owner);
@@ -166,15 +192,22 @@ void bind_model(py::module_& m, const char* cls_name) {
                 py::module_local())
       .def(py::init([](int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd,
                        const std::string& device, bool tf32, const std::string& attention, bool fused,
-                       bool matmul_tuning) {
-             auto config = make_config(max_seq_len, vocab_size, padded_vocab_size, n_layer, n_head, n_embd);
+                       bool matmul_tuning, const std::string& position, float rope_base, const std::string& norm,
+                       bool qk_norm, const std::string& activation, bool bias, bool tie_embeddings,
+                       float logit_softcap) {
+             const Arch arch{position, norm, activation, rope_base, qk_norm, bias, tie_embeddings, logit_softcap};
+             auto config = make_config(max_seq_len, vocab_size, padded_vocab_size, n_layer, n_head, n_embd, arch);
              if (gpt2::is_cuda_device(device)) load_cuda_backend();
              return new M(config, gpt2::make_backend<T>(device, backend_options(tf32, attention, fused, matmul_tuning)));
            }),
            py::arg("max_seq_len"), py::arg("vocab_size"), py::arg("padded_vocab_size"), py::arg("n_layer"),
            py::arg("n_head"), py::arg("n_embd"), py::arg("device") = "cpu", py::arg("tf32") = false,
            py::arg("attention") = "auto", py::arg("fused") = true, py::arg("matmul_tuning") = false,
-           "tf32: fp32 matmuls on TF32 tensor cores (CUDA); attention: 'auto', 'flash', 'cudnn' or 'naive' (CUDA; "
+           py::arg("position") = "learned", py::arg("rope_base") = 10000.0f, py::arg("norm") = "layernorm",
+           py::arg("qk_norm") = false, py::arg("activation") = "gelu", py::arg("bias") = true,
+           py::arg("tie_embeddings") = true, py::arg("logit_softcap") = 0.0f,
+           "The architecture (position .. logit_softcap, GPT2Config's fields; logit_softcap 0: none) defaults to "
+           "GPT-2. tf32: fp32 matmuls on TF32 tensor cores (CUDA); attention: 'auto', 'flash', 'cudnn' or 'naive' (CUDA; "
            "the CPU materialises attention); fused: fused kernels (CUDA); matmul_tuning: time cuBLASLt's candidate "
            "algorithms once per shape (CUDA). See csrc/model/backend_options.h.")
       .def_property_readonly("num_parameters", &M::num_parameters)
@@ -476,7 +509,10 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
   }, py::arg("a"), py::arg("b"),
      "a @ b for float32 matrices through the CPU backend's GEMM (BLAS, C split over the OpenMP threads), as the "
      "model's matmuls run: scripts/bench.py times it for the CPU's fp32 peak.");
-  m.def("param_names", []() { std::vector<std::string> v(gpt2::param_names().begin(), gpt2::param_names().end()); return v; });
+  m.def("param_names", []() {  // GPT-2's 16 tensors in llm.c's order (a model's params() has its config's)
+    std::vector<std::string> v(gpt2::param_names().begin(), gpt2::param_names().begin() + gpt2::kNumGpt2Tensors);
+    return v;
+  });
   bind_model<float>(m, "Model");
   bind_model<double>(m, "ModelF64");
   bind_model<gpt2::bf16>(m, "ModelBF16");  // CUDA only: bf16 weights copy and activations, fp32 master state

@@ -92,14 +92,42 @@ class CpuBackend final : public Backend<T> {
   }
   void crossentropy_backward(T* logits, const T* lse, const int32_t* targets, const int32_t* n_valid,
                              float grad_scale, int N, int V, int Vp) override {
-    const T dloss = *n_valid > 0 ? T(double(grad_scale) * double(step_.scaler.scale) / double(*n_valid)) : T(0);
-    ops::crossentropy_backward_inplace(logits, lse, targets, dloss, N, V, Vp);
+    ops::crossentropy_backward_inplace(logits, lse, targets, dloss(n_valid, grad_scale), N, V, Vp);
   }
   void loss_accumulate(T* acc, const T* losses, const int32_t* n_valid, int N, float scale) override {
     if (*n_valid <= 0) return;
     double s = 0;
     for (int i = 0; i < N; i++) s += double(losses[i]);
     *acc += T(double(scale) * (s / double(*n_valid)));
+  }
+  // the modern architecture (model/backend.h)
+  void rmsnorm_forward(T* out, T* rstd, const T* inp, int N, int C) override {
+    ops::rmsnorm_forward(out, rstd, inp, N, C, kNormEps);
+  }
+  void rmsnorm_backward(T* dinp, const T* dout, const T* inp, const T* rstd, int N, int C, InputGrad mode) override {
+    if (mode == InputGrad::Write) zero(dinp, size_t(N) * C);
+    ops::rmsnorm_backward(dinp, dout, inp, rstd, N, C);
+  }
+  void rope_forward(T* qkv, int B, int Tn, int C, int NH, int t0, float base) override {
+    ops::rope_apply(qkv, B, Tn, C, NH, t0, double(base), +1);
+  }
+  void rope_backward(T* dqkv, int B, int Tn, int C, int NH, int t0, float base) override {
+    ops::rope_apply(dqkv, B, Tn, C, NH, t0, double(base), -1);
+  }
+  void qk_norm_forward(T* qkv, T* rstd, int B, int Tn, int C, int NH) override {
+    ops::qk_norm_forward(qkv, rstd, B, Tn, C, NH, kNormEps);
+  }
+  void qk_norm_backward(T* dqkv, const T* qkv, const T* rstd, int B, int Tn, int C, int NH) override {
+    ops::qk_norm_backward(dqkv, qkv, rstd, B, Tn, C, NH);
+  }
+  void relu2_forward(T* out, const T* inp, size_t N) override { ops::relu2_forward(out, inp, N); }
+  void relu2_backward(T* dinp, const T* inp, const T* dout, size_t N) override {
+    ops::relu2_backward(dinp, inp, dout, N);
+  }
+  void softcap_forward(T* logits, float cap, size_t n) override { ops::softcap_forward(logits, T(cap), n); }
+  void crossentropy_softcap_backward(T* logits, const T* lse, const int32_t* targets, const int32_t* n_valid,
+                                     float grad_scale, float cap, int N, int V, int Vp) override {
+    ops::crossentropy_softcap_backward_inplace(logits, lse, targets, dloss(n_valid, grad_scale), T(cap), N, V, Vp);
   }
   void set_step_args(const StepArgs& args) override { step_.args = args; }
   void grad_sum_squares(const T* grad, size_t n) override {
@@ -135,6 +163,10 @@ class CpuBackend final : public Backend<T> {
   StepResult step_result() override { return {step_.args.sumsq, step_.scaler}; }
 
  private:
+  // crossentropy_backward's dloss: grad_scale * loss scale / *n_valid, in double, rounded once (0: no valid target)
+  T dloss(const int32_t* n_valid, float grad_scale) const {
+    return *n_valid > 0 ? T(double(grad_scale) * double(step_.scaler.scale) / double(*n_valid)) : T(0);
+  }
   StepState step_{};  // set_step_args' values and the loss scaler (the CPU's "backend memory" is host memory)
   static void* zeroed(size_t bytes) {
     void* p = std::calloc(bytes ? bytes : 1, 1);

@@ -47,7 +47,7 @@ inline float fast_tanh(float u) {
 }
 inline double fast_tanh(double u) { return std::tanh(u); }
 
-// out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
+// out[b,t,:] = wte[inp[b,t],:] + wpe[t,:] (wpe null: rotary positions, out = wte[inp[b,t],:])
 template <typename T>
 void encoder_forward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C) {
 #pragma omp parallel for collapse(2)
@@ -55,12 +55,17 @@ void encoder_forward(T* out, const int32_t* inp, const T* wte, const T* wpe, int
     for (int t = 0; t < Tn; t++) {
       T* o = out + ((size_t)b * Tn + t) * C;
       const T* we = wte + (size_t)inp[b * Tn + t] * C;
-      const T* pe = wpe + (size_t)t * C;
-      for (int i = 0; i < C; i++) o[i] = we[i] + pe[i];
+      if (wpe) {
+        const T* pe = wpe + (size_t)t * C;
+        for (int i = 0; i < C; i++) o[i] = we[i] + pe[i];
+      } else {
+        for (int i = 0; i < C; i++) o[i] = we[i];
+      }
     }
 }
 
-// dwte[inp[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:]. Deterministic: parallel over channels.
+// dwte[inp[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:] (dwpe may be null). Deterministic: parallel
+// over channels.
 template <typename T>
 void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C) {
 #pragma omp parallel for
@@ -69,11 +74,11 @@ void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, int B
       for (int t = 0; t < Tn; t++) {
         T d = dout[((size_t)b * Tn + t) * C + i];
         dwte[(size_t)inp[b * Tn + t] * C + i] += d;
-        dwpe[(size_t)t * C + i] += d;
+        if (dwpe) dwpe[(size_t)t * C + i] += d;
       }
 }
 
-// y = (x - mean) * rstd * w + b over the last dim, eps 1e-5; saves mean and rstd for backward.
+// y = (x - mean) * rstd * w + b over the last dim, eps 1e-5 (b may be null: no bias); saves mean and rstd.
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* bias, int N, int C) {
   const T eps = T(1e-5);
@@ -88,7 +93,11 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const
     v /= C;
     T s = T(1) / std::sqrt(v + eps);
     T* o = out + (size_t)n * C;
-    for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i] + bias[i];
+    if (bias) {
+      for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i] + bias[i];
+    } else {
+      for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i];
+    }
     mean[n] = m;
     rstd[n] = s;
   }
@@ -128,7 +137,7 @@ void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, cons
       sb += dy;
     }
     dw[i] += sw;
-    db[i] += sb;
+    if (db) db[i] += sb;
   }
 }
 
@@ -268,6 +277,130 @@ void add_inplace(T* dst, const T* src, size_t N) {
   for (size_t i = 0; i < N; i++) dst[i] += src[i];
 }
 
+// ---- the modern architecture (model/backend.h states each op's contract)
+
+// RMSNorm without gain: rstd[n] = 1/sqrt(mean(x^2) + eps), out = x * rstd.
+template <typename T>
+void rmsnorm_forward(T* out, T* rstd, const T* inp, int N, int C, double eps) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    const T* x = inp + (size_t)n * C;
+    T ss = 0;
+    for (int i = 0; i < C; i++) ss += x[i] * x[i];
+    const T s = T(1) / std::sqrt(ss / T(C) + T(eps));
+    T* o = out + (size_t)n * C;
+    for (int i = 0; i < C; i++) o[i] = x[i] * s;
+    rstd[n] = s;
+  }
+}
+
+// dinp += rstd * (dout - xhat * mean(dout * xhat)), xhat = inp * rstd
+template <typename T>
+void rmsnorm_backward(T* dinp, const T* dout, const T* inp, const T* rstd, int N, int C) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    const T* dy = dout + (size_t)n * C;
+    const T* x = inp + (size_t)n * C;
+    T* dx = dinp + (size_t)n * C;
+    const T s = rstd[n];
+    T dot = 0;
+    for (int i = 0; i < C; i++) dot += dy[i] * x[i] * s;
+    dot /= C;
+    for (int i = 0; i < C; i++) dx[i] += s * (dy[i] - x[i] * s * dot);
+  }
+}
+
+// Rotary embedding in place on q and k of qkv (B, Tn, 3C); sign = +1 forward, -1 backward (the inverse rotation).
+// cos and sin from theta in double, once per call: a (Tn, hs/2) table.
+template <typename T>
+void rope_apply(T* qkv, int B, int Tn, int C, int NH, int t0, double base, int sign) {
+  const int hs = C / NH, half = hs / 2;
+  std::vector<T> cs((size_t)Tn * half), sn((size_t)Tn * half);
+  for (int t = 0; t < Tn; t++)
+    for (int i = 0; i < half; i++) {
+      const double theta = double(t0 + t) * std::pow(base, -2.0 * i / hs);
+      cs[(size_t)t * half + i] = T(std::cos(theta));
+      sn[(size_t)t * half + i] = T(sign * std::sin(theta));
+    }
+#pragma omp parallel for collapse(2)
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < Tn; t++) {
+      T* row = qkv + ((size_t)b * Tn + t) * 3 * C;
+      const T* c = cs.data() + (size_t)t * half;
+      const T* s = sn.data() + (size_t)t * half;
+      for (int h = 0; h < 2 * NH; h++) {  // q heads, then k heads: the first 2C columns
+        T* x = row + (size_t)h * hs;
+        for (int i = 0; i < half; i++) {
+          const T x1 = x[i], x2 = x[i + half];
+          x[i] = x1 * c[i] - x2 * s[i];
+          x[i + half] = x2 * c[i] + x1 * s[i];
+        }
+      }
+    }
+}
+
+// QK-norm in place: each head vector of q and k (the first 2C columns of a qkv row) RMS-normalised.
+template <typename T>
+void qk_norm_forward(T* qkv, T* rstd, int B, int Tn, int C, int NH, double eps) {
+  const int hs = C / NH;
+  const int R = B * Tn;
+#pragma omp parallel for
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < 2 * NH; j++) {
+      T* x = qkv + (size_t)r * 3 * C + (size_t)j * hs;
+      T ss = 0;
+      for (int i = 0; i < hs; i++) ss += x[i] * x[i];
+      const T s = T(1) / std::sqrt(ss / T(hs) + T(eps));
+      for (int i = 0; i < hs; i++) x[i] *= s;
+      rstd[(size_t)r * 2 * NH + j] = s;
+    }
+}
+
+// in place on dq, dk: d <- rstd * (d - xhat * mean(d * xhat)), xhat = the normalised q / k in qkv
+template <typename T>
+void qk_norm_backward(T* dqkv, const T* qkv, const T* rstd, int B, int Tn, int C, int NH) {
+  const int hs = C / NH;
+  const int R = B * Tn;
+#pragma omp parallel for
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < 2 * NH; j++) {
+      const T* xh = qkv + (size_t)r * 3 * C + (size_t)j * hs;
+      T* d = dqkv + (size_t)r * 3 * C + (size_t)j * hs;
+      const T s = rstd[(size_t)r * 2 * NH + j];
+      T dot = 0;
+      for (int i = 0; i < hs; i++) dot += d[i] * xh[i];
+      dot /= hs;
+      for (int i = 0; i < hs; i++) d[i] = s * (d[i] - xh[i] * dot);
+    }
+}
+
+// relu(x)^2, and its backward (accumulating): dinp += 2 relu(x) dout
+template <typename T>
+void relu2_forward(T* out, const T* inp, size_t N) {
+#pragma omp parallel for
+  for (size_t i = 0; i < N; i++) {
+    const T r = inp[i] > T(0) ? inp[i] : T(0);
+    out[i] = r * r;
+  }
+}
+
+template <typename T>
+void relu2_backward(T* dinp, const T* inp, const T* dout, size_t N) {
+#pragma omp parallel for
+  for (size_t i = 0; i < N; i++) {
+    const T r = inp[i] > T(0) ? inp[i] : T(0);
+    dinp[i] += T(2) * r * dout[i];
+  }
+}
+
+// in place: x = cap * tanh(x / cap)
+template <typename T>
+void softcap_forward(T* x, T cap, size_t n) {
+  const T inv = T(1) / cap;
+#pragma omp parallel for
+  for (size_t i = 0; i < n; i++) x[i] = cap * fast_tanh(x[i] * inv);
+}
+
 // Softmax cross-entropy over the first V of Vp columns of each row of logits (N, Vp).
 // losses[n] = logsumexp(logits[n,:V]) - logits[n, target]; target -1 marks an ignored row (loss 0).
 // lse[n] is kept for the backward pass. Returns the number of non-ignored rows.
@@ -308,6 +441,30 @@ void crossentropy_backward_inplace(T* logits, const T* lse, const int32_t* targe
     for (int i = 0; i < V; i++) row[i] = fast_exp(row[i] - l) * dloss;
     for (int i = V; i < Vp; i++) row[i] = 0;
     row[targets[n]] -= dloss;
+  }
+}
+
+// crossentropy_backward_inplace of capped logits c = cap * tanh(z / cap): the gradient with respect to z, i.e.
+// (softmax(c) - onehot) * dloss * (1 - (c / cap)^2).
+template <typename T>
+void crossentropy_softcap_backward_inplace(T* logits, const T* lse, const int32_t* targets, T dloss, T cap, int N,
+                                           int V, int Vp) {
+  const T inv = T(1) / cap;
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    T* row = logits + (size_t)n * Vp;
+    if (targets[n] < 0) {
+      for (int i = 0; i < Vp; i++) row[i] = 0;
+      continue;
+    }
+    const T l = lse[n];
+    const int tg = targets[n];
+    for (int i = 0; i < V; i++) {
+      const T u = row[i] * inv;
+      const T d = (fast_exp(row[i] - l) - (i == tg ? T(1) : T(0))) * dloss;
+      row[i] = d * (T(1) - u * u);
+    }
+    for (int i = V; i < Vp; i++) row[i] = 0;
   }
 }
 

@@ -345,6 +345,31 @@ class CudaBackend final : public Backend<T> {
     cuda::loss_accumulate(acc, losses, n_valid, N, scale, stream_);
   }
 
+  // The modern architecture (model/backend.h): not implemented on CUDA yet. unsupported() refuses such a model
+  // before any op runs (the GPT-2 kernels also take no null wpe or layernorm bias yet); the ops say so if called.
+  std::string unsupported(const ModelConfig& c) const override {
+    return c.is_gpt2() ? "" : "the modern architecture (position, norm, qk_norm, activation, bias, tie_embeddings, "
+                              "logit_softcap other than GPT-2's) is not implemented on CUDA yet: use device='cpu'";
+  }
+  [[noreturn]] static void not_yet(const char* op) {
+    throw std::runtime_error(std::string(op) + ": not implemented on CUDA yet (the modern architecture runs on the CPU)");
+  }
+  void rmsnorm_forward(T*, float*, const T*, int, int) override { not_yet("rmsnorm_forward"); }
+  void rmsnorm_backward(T*, const T*, const T*, const float*, int, int, InputGrad) override {
+    not_yet("rmsnorm_backward");
+  }
+  void rope_forward(T*, int, int, int, int, int, float) override { not_yet("rope_forward"); }
+  void rope_backward(T*, int, int, int, int, int, float) override { not_yet("rope_backward"); }
+  void qk_norm_forward(T*, float*, int, int, int, int) override { not_yet("qk_norm_forward"); }
+  void qk_norm_backward(T*, const T*, const float*, int, int, int, int) override { not_yet("qk_norm_backward"); }
+  void relu2_forward(T*, const T*, size_t) override { not_yet("relu2_forward"); }
+  void relu2_backward(T*, const T*, const T*, size_t) override { not_yet("relu2_backward"); }
+  void softcap_forward(T*, float, size_t) override { not_yet("softcap_forward"); }
+  void crossentropy_softcap_backward(T*, const float*, const int32_t*, const int32_t*, float, float, int, int,
+                                     int) override {
+    not_yet("crossentropy_softcap_backward");
+  }
+
   // CUDA graphs: ThreadLocal capture, so other threads (a communication worker) may keep using CUDA meanwhile.
   bool can_capture() const override { return true; }
   void capture_begin() override {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "model/config.h"
 #include "model/dtypes.h"
 #include "model/optimizer.h"
 
@@ -37,6 +38,9 @@ class Backend {
   // (the overlapped gradient all-reduce): a cudaStream_t for the CUDA backend, where nullptr is the legacy
   // default stream. Backends whose ops have finished when they return (the CPU) keep the default, nullptr.
   virtual void* native_stream() { return nullptr; }
+  // Why this backend cannot run a model of config c yet ("" when it can): the model refuses to start with it
+  // (std::invalid_argument), before any op runs. The default runs every config.
+  virtual std::string unsupported(const ModelConfig& /*c*/) const { return ""; }
 
   // memory: allocations are zero-filled; host<->device copies
   virtual T* alloc(size_t n) = 0;
@@ -62,12 +66,15 @@ class Backend {
     if (targets) to_device_i32(dev_targets, targets, size_t(B) * Tn);
   }
 
+  // Null pointers (the modern architecture's missing tensors, ModelConfig): wpe / dwpe null (rotary positions):
+  // out = wte[inp] and no position gradient; layernorm's bias / db null (bias = false): no bias term and no bias
+  // gradient; matmul bias / dbias null (bias = false, and the lm_head): none. Every op taking a bias accepts null.
   virtual void encoder_forward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C) = 0;
   virtual void encoder_backward(M* dwte, M* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C) = 0;
   virtual void layernorm_forward(T* out, M* mean, M* rstd, const T* inp, const T* w, const T* b, int N, int C) = 0;
   virtual void layernorm_backward(T* dinp, M* dw, M* db, const T* dout, const T* inp, const T* w,
                                   const M* mean, const M* rstd, int N, int C, InputGrad mode) = 0;
-  // residual = a + b, then out = layernorm(residual): one op so a backend can fuse the two passes.
+  // residual = a + b, then out = layernorm(residual): one op so a backend can fuse the two passes (bias may be null).
   virtual void residual_layernorm_forward(T* residual, T* out, M* mean, M* rstd, const T* a, const T* b,
                                           const T* w, const T* bias, int N, int C) {
     residual_forward(residual, a, b, size_t(N) * C);
@@ -79,6 +86,7 @@ class Backend {
   // The MLP's up-projection and its activation: pre (N, OC) = inp @ w^T + bias, out = gelu(pre) (the tanh form,
   // as gelu_forward). One op so a backend can apply GELU in the matmul's epilogue (CUDA: cuBLASLt's GELU_AUX_BIAS,
   // writing pre as the epilogue's aux output); pre is what backward needs.
+  // bias may be null.
   virtual void matmul_gelu_forward(T* pre, T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) {
     matmul_forward(pre, inp, w, bias, N, C, OC);
     gelu_forward(out, pre, size_t(N) * OC);
@@ -96,6 +104,79 @@ class Backend {
     zero(dpre, n);
     gelu_backward(dpre, pre, scratch, n);
   }
+  // ---- The modern architecture's ops (ModelConfig: norm, position, qk_norm, activation, logit_softcap). Each is
+  // its own piece of math; the layer loop (model/gpt2.cpp) picks them from the config. eps = kNormEps (1e-5).
+  //
+  // RMSNorm without gain (modded-nanogpt, nanochat), over the last dim of inp (N, C):
+  //   rstd[n] = 1 / sqrt(mean_i inp[n,i]^2 + eps),  out[n,i] = inp[n,i] * rstd[n].   rstd (N) is M, kept for backward.
+  virtual void rmsnorm_forward(T* out, M* rstd, const T* inp, int N, int C) = 0;
+  // With xhat = inp * rstd[n] (from inp, as layernorm_backward recomputes its norm):
+  //   dinp[n,i] (+)= rstd[n] * (dout[n,i] - xhat[n,i] * mean_j(dout[n,j] * xhat[n,j]))
+  // Add: accumulated (the residual stream's gradient: the residual fusion of backward); Write: stored.
+  virtual void rmsnorm_backward(T* dinp, const T* dout, const T* inp, const M* rstd, int N, int C,
+                                InputGrad mode) = 0;
+  // residual = a + b, then out = rmsnorm(residual): one op so a backend can fuse the two passes (as
+  // residual_layernorm_forward).
+  virtual void residual_rmsnorm_forward(T* residual, T* out, M* rstd, const T* a, const T* b, int N, int C) {
+    residual_forward(residual, a, b, size_t(N) * C);
+    rmsnorm_forward(out, rstd, residual, N, C);
+  }
+  // Rotary position embedding, IN PLACE on the q and k parts of qkv (B, Tn, 3C) = [q | k | v] (v untouched),
+  // each head's hs = C / NH values (hs even) rotated in the rotate-half layout (Llama / Hugging Face, modded-nanogpt):
+  // for the token at position p = t0 + t and i < hs/2, with theta = p * base^(-2i / hs),
+  //   x'[i]        = x[i] * cos(theta) - x[i + hs/2] * sin(theta)
+  //   x'[i + hs/2] = x[i + hs/2] * cos(theta) + x[i] * sin(theta)
+  // t0 is the position of row t = 0 (0 in training; the KV cache's offset in generation). cos and sin must be
+  // accurate to the rounding of the storage type at every p < 2^20 (the CPU evaluates theta, cos, sin in double;
+  // fp32 sincosf of a rounded fp32 theta is NOT accurate enough at large p: reduce in double or use a table).
+  virtual void rope_forward(T* qkv, int B, int Tn, int C, int NH, int t0, float base) = 0;
+  // The transpose (the inverse rotation, theta -> -theta), IN PLACE on the dq and dk parts of dqkv (B, Tn, 3C);
+  // dv untouched. dqkv holds d(loss)/d(rotated q, k) and becomes d(loss)/d(q, k before rotation).
+  virtual void rope_backward(T* dqkv, int B, int Tn, int C, int NH, int t0, float base) = 0;
+  // QK-norm: RMSNorm without gain of every head's q and of every head's k, IN PLACE in qkv (B, Tn, 3C) (v
+  // untouched): for row r = b*Tn + t, head h, and j = h (q) or NH + h (k), the hs values x at column
+  // (j < NH ? 0 : C) + h*hs become x * rstd[r * 2NH + j], rstd = 1 / sqrt(mean(x^2) + eps). rstd (B*Tn, 2NH) is M.
+  virtual void qk_norm_forward(T* qkv, M* rstd, int B, int Tn, int C, int NH) = 0;
+  // Backward, IN PLACE on the dq and dk parts of dqkv (dv untouched), from qkv as qk_norm_forward left it
+  // (xhat = the normalised q, k): per head vector, d <- rstd * (d - xhat * mean(d * xhat)).
+  virtual void qk_norm_backward(T* dqkv, const T* qkv, const M* rstd, int B, int Tn, int C, int NH) = 0;
+  // ReLU squared: out = relu(x)^2. Backward ACCUMULATES as gelu_backward: dinp += 2 * relu(x) * dout.
+  virtual void relu2_forward(T* out, const T* inp, size_t N) = 0;
+  virtual void relu2_backward(T* dinp, const T* inp, const T* dout, size_t N) = 0;
+  // matmul_gelu_forward with relu^2: pre (N, OC) = inp @ w^T + bias (bias may be null), out = relu(pre)^2.
+  virtual void matmul_relu2_forward(T* pre, T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) {
+    matmul_forward(pre, inp, w, bias, N, C, OC);
+    relu2_forward(out, pre, size_t(N) * OC);
+  }
+  // gelu_matmul_backward with relu^2, the same contract: dpre (N, C) = (dout @ w) * 2 relu(pre), WRITTEN;
+  // dw += dout^T @ act, dbias += sum_n dout (dbias may be null); scratch (N, C) may be overwritten.
+  virtual void relu2_matmul_backward(T* dpre, M* dw, M* dbias, const T* dout, const T* pre, const T* act, const T* w,
+                                     T* scratch, int N, int C, int OC) {
+    const size_t n = size_t(N) * C;
+    matmul_backward(scratch, dw, dbias, dout, act, w, N, C, OC, InputGrad::Write);
+    zero(dpre, n);
+    relu2_backward(dpre, pre, scratch, n);
+  }
+  // Soft-capped logits (Gemma 2, modded-nanogpt): IN PLACE, logits[k] = cap * tanh(logits[k] / cap) for all n
+  // values (callers pass N * Vp: the padded columns too, which never enter the loss). What model.logits() returns.
+  virtual void softcap_forward(T* logits, float cap, size_t n) = 0;
+  // crossentropy_backward of capped logits: logits (N, Vp) hold c = cap * tanh(z / cap) (softcap_forward's
+  // output) and become, IN PLACE, d(loss)/dz = (softmax(c[:V]) - onehot(target)) * dloss * (1 - (c / cap)^2) on
+  // valid rows, 0 on ignored rows and in the padded columns V..Vp-1; lse is of c (crossentropy_forward of c);
+  // dloss as crossentropy_backward (grad_scale * loss scale / *n_valid).
+  virtual void crossentropy_softcap_backward(T* logits, const M* lse, const int32_t* targets, const int32_t* n_valid,
+                                             float grad_scale, float cap, int N, int V, int Vp) = 0;
+  // crossentropy_forward_backward with the soft-cap inside: logits hold the RAW z; losses, lse and *n_valid are
+  // those of c = cap * tanh(z / cap), and logits become d(loss)/dz as crossentropy_softcap_backward writes it. One op
+  // so that a backend can cap, reduce and write dlogits in its one fused pass over the logits.
+  virtual void crossentropy_softcap_forward_backward(M* losses, M* lse, T* logits, const int32_t* targets,
+                                                     int32_t* n_valid, float grad_scale, float cap, int N, int V,
+                                                     int Vp) {
+    softcap_forward(logits, cap, size_t(N) * Vp);
+    crossentropy_forward(losses, lse, logits, targets, n_valid, N, V, Vp);
+    crossentropy_softcap_backward(logits, lse, targets, n_valid, grad_scale, cap, N, V, Vp);
+  }
+
   // Elements of the per-layer attention state `att` that forward saves for backward: the softmax
   // probabilities (B, NH, T, T) by default; a flash kernel keeps only a logsumexp per query row.
   virtual size_t attention_state_size(int B, int NH, int Tn) const { return size_t(B) * NH * Tn * Tn; }

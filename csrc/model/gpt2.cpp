@@ -12,6 +12,8 @@ template <typename T>
 GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> backend)
     : config_(config), backend_(std::move(backend)) {
   config_.validate();
+  if (const std::string why = backend_->unsupported(config_); !why.empty())
+    throw std::invalid_argument("backend " + std::string(backend_->name()) + ": " + why);
   sizes_ = param_sizes(config_);
   for (int i = 0; i < kNumParamTensors; i++) {
     offsets_[i] = num_params_;
@@ -63,6 +65,8 @@ typename GPT2Model<T>::Slots GPT2Model<T>::activation_slots(int B, int Tn) {
   const size_t BT = size_t(B) * Tn;
   const size_t att_size = backend_->attention_state_size(B, int(NH), Tn);  // per layer
   const size_t gelu_layers = recompute_gelu_ ? 1 : L;
+  const size_t mean_rows = config_.norm == ModelConfig::Norm::LayerNorm ? BT : 0;  // RMSNorm keeps no mean
+  const size_t qk_rows = config_.qk_norm ? BT * 2 * NH : 0;
   Slots s;
   s.t = {{&a_.encoded, BT * C}, {&a_.ln1, L * BT * C}, {&a_.qkv, L * BT * 3 * C}, {&a_.atty, L * BT * C},
          {&a_.attproj, L * BT * C}, {&a_.residual2, L * BT * C}, {&a_.ln2, L * BT * C}, {&a_.fch, L * BT * 4 * C},
@@ -70,8 +74,9 @@ typename GPT2Model<T>::Slots GPT2Model<T>::activation_slots(int B, int Tn) {
          {&a_.lnf, BT * C}, {&a_.logits, BT * Vp},
          {&a_.dres, BT * C}, {&a_.dln, BT * C}, {&a_.datty, BT * C}, {&a_.dqkv, BT * 3 * C},
          {&a_.dfch, BT * 4 * C}, {&a_.dfch_gelu, BT * 4 * C}};
-  s.m = {{&a_.ln1_mean, L * BT}, {&a_.ln1_rstd, L * BT}, {&a_.att, L * att_size}, {&a_.ln2_mean, L * BT},
-         {&a_.ln2_rstd, L * BT}, {&a_.lnf_mean, BT}, {&a_.lnf_rstd, BT}, {&a_.losses, BT}, {&a_.lse, BT}};
+  s.m = {{&a_.ln1_mean, L * mean_rows}, {&a_.ln1_rstd, L * BT}, {&a_.att, L * att_size},
+         {&a_.ln2_mean, L * mean_rows}, {&a_.ln2_rstd, L * BT}, {&a_.lnf_mean, mean_rows}, {&a_.lnf_rstd, BT},
+         {&a_.losses, BT}, {&a_.lse, BT}, {&a_.qk_rstd, L * qk_rows}};
   return s;
 }
 
@@ -135,6 +140,7 @@ double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, 
   have_targets_ = false;
   refresh_params();
   forward_ops(B, Tn);
+  if (config_.logit_softcap > 0) be.softcap_forward(a_.logits, config_.logit_softcap, size_t(N) * Vp);
   be.crossentropy_forward(a_.losses, a_.lse, a_.logits, targets ? targets_ : nullptr, n_valid_dev_, N, V, Vp);
   n_valid_ = 0;  // the count the backend keeps in its memory, from the host's copy of the targets
   if (!targets) return std::numeric_limits<double>::quiet_NaN();
@@ -147,21 +153,49 @@ double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, 
   return n_valid_ ? sum / double(n_valid_) : std::numeric_limits<double>::quiet_NaN();
 }
 
-// The forward through the layers into a_.logits, for the inputs already in inputs_ and current parameters.
+// The config's norm: LayerNorm (weight, bias when the config has one) or RMSNorm (no parameters, no mean).
+template <typename T>
+void GPT2Model<T>::norm_forward(T* out, M* mean, M* rstd, const T* inp, const T* w, const T* b, int N) {
+  if (config_.norm == ModelConfig::Norm::RmsNorm) backend_->rmsnorm_forward(out, rstd, inp, N, config_.n_embd);
+  else backend_->layernorm_forward(out, mean, rstd, inp, w, b, N, config_.n_embd);
+}
+
+template <typename T>
+void GPT2Model<T>::residual_norm_forward(T* residual, T* out, M* mean, M* rstd, const T* a, const T* b, const T* w,
+                                         const T* bias, int N) {
+  if (config_.norm == ModelConfig::Norm::RmsNorm)
+    backend_->residual_rmsnorm_forward(residual, out, rstd, a, b, N, config_.n_embd);
+  else
+    backend_->residual_layernorm_forward(residual, out, mean, rstd, a, b, w, bias, N, config_.n_embd);
+}
+
+template <typename T>
+void GPT2Model<T>::norm_backward(T* dinp, M* dw, M* db, const T* dout, const T* inp, const T* w, const M* mean,
+                                 const M* rstd, int N, InputGrad mode) {
+  if (config_.norm == ModelConfig::Norm::RmsNorm)
+    backend_->rmsnorm_backward(dinp, dout, inp, rstd, N, config_.n_embd, mode);
+  else
+    backend_->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, config_.n_embd, mode);
+}
+
+// The forward through the layers into a_.logits (not soft-capped: the caller caps, or fuses the cap into the
+// loss), for the inputs already in inputs_ and current parameters.
 template <typename T>
 void GPT2Model<T>::forward_ops(int B, int Tn) {
   Backend<T>& be = *backend_;
-  const int L = config_.n_layer, C = config_.n_embd, NH = config_.n_head;
-  const int Vp = config_.padded_vocab_size;
+  const ModelConfig& c = config_;
+  const int L = c.n_layer, C = c.n_embd, NH = c.n_head;
+  const int Vp = c.padded_vocab_size;
   const int N = B * Tn;
   const size_t NC = size_t(N) * C;
-  be.encoder_forward(a_.encoded, inputs_, param(kWte), param(kWpe), B, Tn, C);
+  const bool rope = c.position == ModelConfig::Position::Rope, relu2 = c.activation == ModelConfig::Activation::Relu2;
+  be.encoder_forward(a_.encoded, inputs_, param(kWte), param(kWpe), B, Tn, C);  // wpe null with rope
   const LayerTensors<T> first = layer(params_, 0);
-  be.layernorm_forward(a_.ln1, a_.ln1_mean, a_.ln1_rstd, a_.encoded, first.ln1w, first.ln1b, N, C);
+  norm_forward(a_.ln1, a_.ln1_mean, a_.ln1_rstd, a_.encoded, first.ln1w, first.ln1b, N);
   for (int l = 0; l < L; l++) {
     const LayerTensors<T> p = layer(params_, l);
     const T* x = l == 0 ? a_.encoded : a_.residual3 + (l - 1) * NC;
-    T* ln1 = a_.ln1 + l * NC;  // layernorm(x): written by the previous layer's fused residual + layernorm
+    T* ln1 = a_.ln1 + l * NC;  // norm(x): written by the previous layer's fused residual + norm
     T* qkv = a_.qkv + l * NC * 3;
     T* atty = a_.atty + l * NC;
     M* att = a_.att + l * att_size_;
@@ -169,28 +203,30 @@ void GPT2Model<T>::forward_ops(int B, int Tn) {
     T* res2 = a_.residual2 + l * NC;
     T* ln2 = a_.ln2 + l * NC;
     T* fch = a_.fch + l * NC * 4;
-    T* fch_gelu = recompute_gelu_ ? a_.fch_gelu : a_.fch_gelu + l * NC * 4;
+    T* fch_gelu = recompute_gelu_ ? a_.fch_gelu : a_.fch_gelu + l * NC * 4;  // the activation's output
     T* fcproj = a_.fcproj + l * NC;
     T* res3 = a_.residual3 + l * NC;
     be.matmul_forward(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
+    // q and k rotated, then normalised, in place: qkv is what attention (and its backward) reads
+    if (rope) be.rope_forward(qkv, B, Tn, C, NH, 0, c.rope_base);
+    if (c.qk_norm) be.qk_norm_forward(qkv, a_.qk_rstd + size_t(l) * N * 2 * NH, B, Tn, C, NH);
     be.attention_forward(atty, att, qkv, B, Tn, C, NH);
     be.matmul_forward(attproj, atty, p.attprojw, p.attprojb, N, C, C);
-    be.residual_layernorm_forward(res2, ln2, a_.ln2_mean + l * N, a_.ln2_rstd + l * N, x, attproj, p.ln2w, p.ln2b,
-                                  N, C);
-    // fch = ln2 @ fcw^T + fcb, fch_gelu = gelu(fch): one op so that a backend can fuse the GELU into the matmul
-    be.matmul_gelu_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C);
+    residual_norm_forward(res2, ln2, a_.ln2_mean + l * N, a_.ln2_rstd + l * N, x, attproj, p.ln2w, p.ln2b, N);
+    // fch = ln2 @ fcw^T + fcb, fch_gelu = act(fch): one op so that a backend can fuse the activation into the matmul
+    if (relu2) be.matmul_relu2_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C);
+    else be.matmul_gelu_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C);
     be.matmul_forward(fcproj, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
     // residual3 = residual2 + fcproj, normalised by the next layer's ln1 (or, after the last layer, by lnf)
     if (l + 1 < L) {
       const LayerTensors<T> next = layer(params_, l + 1);
-      be.residual_layernorm_forward(res3, a_.ln1 + (l + 1) * NC, a_.ln1_mean + (l + 1) * N, a_.ln1_rstd + (l + 1) * N,
-                                    res2, fcproj, next.ln1w, next.ln1b, N, C);
+      residual_norm_forward(res3, a_.ln1 + (l + 1) * NC, a_.ln1_mean + (l + 1) * N, a_.ln1_rstd + (l + 1) * N, res2,
+                            fcproj, next.ln1w, next.ln1b, N);
     } else {
-      be.residual_layernorm_forward(res3, a_.lnf, a_.lnf_mean, a_.lnf_rstd, res2, fcproj, param(kLnfw), param(kLnfb),
-                                    N, C);
+      residual_norm_forward(res3, a_.lnf, a_.lnf_mean, a_.lnf_rstd, res2, fcproj, param(kLnfw), param(kLnfb), N);
     }
   }
-  be.matmul_forward(a_.logits, a_.lnf, param(kWte), nullptr, N, C, Vp);  // lm_head tied to wte
+  be.matmul_forward(a_.logits, a_.lnf, param(head()), nullptr, N, C, Vp);  // lm_head: wte when tied
 }
 
 template <typename T>
@@ -218,7 +254,9 @@ void GPT2Model<T>::zero_grad() { backend_->zero_master(grads_, num_params_); }
 template <typename T>
 template <typename P>
 LayerTensors<P> GPT2Model<T>::layer(P* base, int l) const {
-  auto at = [&](ParamTensor i) { return base + offsets_[i] + size_t(l) * (sizes_[i] / size_t(config_.n_layer)); };
+  auto at = [&](ParamTensor i) -> P* {
+    return sizes_[i] ? base + offsets_[i] + size_t(l) * (sizes_[i] / size_t(config_.n_layer)) : nullptr;
+  };
   return {at(kLn1w), at(kLn1b), at(kQkvw), at(kQkvb), at(kAttprojw), at(kAttprojb),
           at(kLn2w), at(kLn2b), at(kFcw),  at(kFcb),  at(kFcprojw),  at(kFcprojb)};
 }
@@ -229,7 +267,7 @@ GradRanges GPT2Model<T>::layer_grad_ranges(int l) const {
   r.reserve(kLastLayerTensor - kFirstLayerTensor + 1);
   for (int i = kFirstLayerTensor; i <= kLastLayerTensor; i++) {  // (L, ...) tensors, layer l's slice of each
     const size_t per_layer = sizes_[i] / size_t(config_.n_layer);
-    r.emplace_back(offsets_[i] + size_t(l) * per_layer, offsets_[i] + size_t(l + 1) * per_layer);
+    if (per_layer) r.emplace_back(offsets_[i] + size_t(l) * per_layer, offsets_[i] + size_t(l + 1) * per_layer);
   }
   return r;
 }
@@ -237,7 +275,16 @@ GradRanges GPT2Model<T>::layer_grad_ranges(int l) const {
 template <typename T>
 GradRanges GPT2Model<T>::tensor_grad_ranges(ParamTensor first, ParamTensor last) const {
   GradRanges r;
-  for (int i = first; i <= last; i++) r.emplace_back(offsets_[i], offsets_[i] + sizes_[i]);
+  for (int i = first; i <= last; i++)
+    if (sizes_[i]) r.emplace_back(offsets_[i], offsets_[i] + sizes_[i]);
+  return r;
+}
+
+template <typename T>
+GradRanges GPT2Model<T>::head_grad_ranges() const {
+  GradRanges r = tensor_grad_ranges(kLnfw, kLnfb);
+  const GradRanges h = tensor_grad_ranges(kLmHead, kLmHead);
+  r.insert(r.end(), h.begin(), h.end());
   return r;
 }
 
@@ -252,14 +299,18 @@ void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
   const bool report = report_grads && grad_hook_;  // call the grad-ready hook in this backward
   if (n_valid_ == 0) {  // every target ignored: the loss does not depend on the parameters
     if (report) {       // the gradients are final as they are; report them in the usual groups
-      grad_hook_(tensor_grad_ranges(kLnfw, kLnfb));
+      grad_hook_(head_grad_ranges());
       for (int l = L - 1; l >= 0; l--) grad_hook_(layer_grad_ranges(l));
       grad_hook_(tensor_grad_ranges(kWte, kWpe));
     }
     return;
   }
 
-  be.crossentropy_backward(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, N, V, Vp);
+  if (config_.logit_softcap > 0)  // the logits hold the capped values forward wrote
+    be.crossentropy_softcap_backward(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, config_.logit_softcap, N, V,
+                                     Vp);
+  else
+    be.crossentropy_backward(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, N, V, Vp);
   backward_ops(report);
   be.synchronize();  // the gradients are read on the host next (numpy views)
 }
@@ -274,41 +325,50 @@ void GPT2Model<T>::backward_ops(bool report) {
   const int N = B * Tn;
   const size_t NC = size_t(N) * C;
   T* dlogits = a_.logits;
+  const ModelConfig& c = config_;
+  const bool rope = c.position == ModelConfig::Position::Rope, relu2 = c.activation == ModelConfig::Activation::Relu2;
   // Activation gradients: the first op to produce one writes it (InputGrad::Write: no zero fill, no read of
-  // zeros); only the residual stream's gradient a_.dres is summed (+=) by the two layernorms of each layer.
+  // zeros); only the residual stream's gradient a_.dres is summed (+=) by the two norms of each layer.
   constexpr InputGrad kWrite = InputGrad::Write, kAdd = InputGrad::Add;
-  be.matmul_backward(a_.dln, grad(kWte), nullptr, dlogits, a_.lnf, param(kWte), N, C, Vp, kWrite);
-  be.layernorm_backward(a_.dres, grad(kLnfw), grad(kLnfb), a_.dln, a_.residual3 + (L - 1) * NC, param(kLnfw),
-                        a_.lnf_mean, a_.lnf_rstd, N, C, kWrite);
-  if (report) grad_hook_(tensor_grad_ranges(kLnfw, kLnfb));
+  be.matmul_backward(a_.dln, grad(head()), nullptr, dlogits, a_.lnf, param(head()), N, C, Vp, kWrite);
+  norm_backward(a_.dres, grad(kLnfw), grad(kLnfb), a_.dln, a_.residual3 + (L - 1) * NC, param(kLnfw), a_.lnf_mean,
+                a_.lnf_rstd, N, kWrite);
+  if (report) grad_hook_(head_grad_ranges());
   // a_.dres now holds d(loss)/d(output of the last layer); walk the layers backwards.
   for (int l = L - 1; l >= 0; l--) {
     const T* x = l == 0 ? a_.encoded : a_.residual3 + (l - 1) * NC;
     const LayerTensors<T> p = layer(params_, l);
     const LayerTensors<M> g = layer(grads_, l);
-    // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
+    T* qkv = a_.qkv + l * NC * 3;
+    // residual3 = residual2 + fcproj(act(fc(ln2(residual2))))
     const T* fch_gelu = a_.fch_gelu + l * NC * 4;
-    if (recompute_gelu_) {  // the forward kept only fch; rebuild gelu(fch) for this layer
-      be.gelu_forward(a_.fch_gelu, a_.fch + l * NC * 4, NC * 4);
+    if (recompute_gelu_) {  // the forward kept only fch; rebuild act(fch) for this layer
+      if (relu2) be.relu2_forward(a_.fch_gelu, a_.fch + l * NC * 4, NC * 4);
+      else be.gelu_forward(a_.fch_gelu, a_.fch + l * NC * 4, NC * 4);
       fch_gelu = a_.fch_gelu;
     }
-    // dfch = (dres @ fcprojw) * gelu'(fch) (written; a_.dfch_gelu is the op's scratch), fcprojw/fcprojb grads +=
-    be.gelu_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, a_.fch + l * NC * 4, fch_gelu, p.fcprojw,
-                            a_.dfch_gelu, N, 4 * C, C);
+    // dfch = (dres @ fcprojw) * act'(fch) (written; a_.dfch_gelu is the op's scratch), fcprojw/fcprojb grads +=
+    if (relu2)
+      be.relu2_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, a_.fch + l * NC * 4, fch_gelu, p.fcprojw,
+                               a_.dfch_gelu, N, 4 * C, C);
+    else
+      be.gelu_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, a_.fch + l * NC * 4, fch_gelu, p.fcprojw,
+                              a_.dfch_gelu, N, 4 * C, C);
     be.matmul_backward(a_.dln, g.fcw, g.fcb, a_.dfch, a_.ln2 + l * NC, p.fcw, N, C, 4 * C, kWrite);
-    be.layernorm_backward(a_.dres, g.ln2w, g.ln2b, a_.dln, a_.residual2 + l * NC, p.ln2w, a_.ln2_mean + l * N,
-                          a_.ln2_rstd + l * N, N, C, kAdd);
-    // residual2 = x + attproj(attention(qkv(ln1(x))))
+    norm_backward(a_.dres, g.ln2w, g.ln2b, a_.dln, a_.residual2 + l * NC, p.ln2w, a_.ln2_mean + l * N,
+                  a_.ln2_rstd + l * N, N, kAdd);
+    // residual2 = x + attproj(attention(qk_norm(rope(qkv(ln1(x))))))
     be.matmul_backward(a_.datty, g.attprojw, g.attprojb, a_.dres, a_.atty + l * NC, p.attprojw, N, C, C, kWrite);
-    be.attention_backward(a_.dqkv, a_.datty, a_.qkv + l * NC * 3, a_.atty + l * NC, a_.att + l * att_size_, B, Tn,
-                          C, NH, kWrite);
+    be.attention_backward(a_.dqkv, a_.datty, qkv, a_.atty + l * NC, a_.att + l * att_size_, B, Tn, C, NH, kWrite);
+    // in place, in the reverse order of forward: through the QK-norm, then the rotation
+    if (c.qk_norm) be.qk_norm_backward(a_.dqkv, qkv, a_.qk_rstd + size_t(l) * N * 2 * NH, B, Tn, C, NH);
+    if (rope) be.rope_backward(a_.dqkv, B, Tn, C, NH, 0, c.rope_base);
     be.matmul_backward(a_.dln, g.qkvw, g.qkvb, a_.dqkv, a_.ln1 + l * NC, p.qkvw, N, C, 3 * C, kWrite);
-    be.layernorm_backward(a_.dres, g.ln1w, g.ln1b, a_.dln, x, p.ln1w, a_.ln1_mean + l * N, a_.ln1_rstd + l * N, N, C,
-                          kAdd);
+    norm_backward(a_.dres, g.ln1w, g.ln1b, a_.dln, x, p.ln1w, a_.ln1_mean + l * N, a_.ln1_rstd + l * N, N, kAdd);
     if (report) grad_hook_(layer_grad_ranges(l));  // ln1w .. fcprojb of layer l
   }
-  be.encoder_backward(grad(kWte), grad(kWpe), a_.dres, inputs_, B, Tn, C);
-  if (report) grad_hook_(tensor_grad_ranges(kWte, kWpe));  // wte (lm_head and embedding gradients), wpe
+  be.encoder_backward(grad(kWte), grad(kWpe), a_.dres, inputs_, B, Tn, C);  // dwpe null with rope
+  if (report) grad_hook_(tensor_grad_ranges(kWte, kWpe));  // wte (embedding and tied lm_head gradients), wpe
 }
 
 template <typename T>
@@ -375,7 +435,11 @@ void GPT2Model<T>::forward_backward_ops(float grad_scale) {
   Backend<T>& be = *backend_;
   const int N = B_ * T_, V = config_.vocab_size, Vp = config_.padded_vocab_size;
   forward_ops(B_, T_);
-  be.crossentropy_forward_backward(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_, grad_scale, N, V, Vp);
+  if (config_.logit_softcap > 0)  // the raw logits, capped inside the fused pass
+    be.crossentropy_softcap_forward_backward(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_, grad_scale,
+                                             config_.logit_softcap, N, V, Vp);
+  else
+    be.crossentropy_forward_backward(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_, grad_scale, N, V, Vp);
   be.loss_accumulate(loss_acc_, a_.losses, n_valid_dev_, N, grad_scale);
   backward_ops(false);
 }

@@ -21,13 +21,14 @@ template <typename T>
 struct Activations {
   using M = Master<T>;
   T *encoded, *ln1, *qkv, *atty, *attproj, *residual2, *ln2, *fch, *fch_gelu, *fcproj, *residual3, *lnf, *logits;
-  M *ln1_mean, *ln1_rstd, *att, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *losses, *lse;
+  // (RMSNorm keeps only the rstds: the means have no room; qk_rstd (L, B*T, 2NH) only with qk_norm)
+  M *ln1_mean, *ln1_rstd, *att, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *losses, *lse, *qk_rstd;
   // backward scratch (not kept between steps)
   T *dres, *dln, *datty, *dqkv, *dfch, *dfch_gelu;
 };
 
 // One layer's slice of each per-layer tensor, by name (as llm.c's ParameterTensors): of the parameters (P = T) or
-// of their gradients (P = Master<T>).
+// of their gradients (P = Master<T>). A tensor the config does not have is null.
 template <typename P>
 struct LayerTensors {
   P *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
@@ -83,9 +84,10 @@ class GPT2Model {
   // Accumulates gradients of (grad_scale * mean loss) into grads(). Needs a forward with targets.
   // With report_grads (and a hook set), backward calls the grad-ready hook each time a group of gradient ranges
   // is final, in backend stream order (the ops that wrote them are enqueued, not necessarily finished: a
-  // device backend's consumer orders itself after them, see Backend::native_stream): lnfw, lnfb after the
-  // final layernorm; layer l's 12 slices (ln1w..fcprojb) after its backward, from the last layer down; wte, wpe
-  // last (wte also holds the lm_head gradient). Every gradient value is in exactly one range, once per call.
+  // device backend's consumer orders itself after them, see Backend::native_stream): lnfw, lnfb (and an untied
+  // lm_head) after the final norm; layer l's slices (ln1w..fcprojb) after its backward, from the last layer down;
+  // wte, wpe last (wte also holds a tied lm_head's gradient). Every gradient value is in exactly one range, once
+  // per call; tensors the config does not have give no range.
   void backward(float grad_scale, bool report_grads = false);
   // Installs the grad-ready hook (empty: none) and returns the previous one; the hook runs on the thread that
   // calls backward. Only backward(..., report_grads=true) calls it.
@@ -171,14 +173,25 @@ class GPT2Model {
   double unscaled(double sumsq) const { return sumsq / (double(scaler_.scale) * double(scaler_.scale)); }
   // The step's one read (Backend::step_result): refreshes the host's scaler copy, returns the sum of squares.
   double read_step_result();
-  T* param(ParamTensor i) const { return params_ + offsets_[i]; }
-  M* grad(ParamTensor i) const { return grads_ + offsets_[i]; }
+  // tensor i (null when the config does not have it)
+  T* param(ParamTensor i) const { return sizes_[i] ? params_ + offsets_[i] : nullptr; }
+  M* grad(ParamTensor i) const { return sizes_[i] ? grads_ + offsets_[i] : nullptr; }
+  // the lm_head's weight: wte when tied
+  ParamTensor head() const { return config_.tie_embeddings ? kWte : kLmHead; }
+  // The config's norm (LayerNorm or RMSNorm) over rows of C; mean is unused by RMSNorm, w and b are null for it.
+  void norm_forward(T* out, M* mean, M* rstd, const T* inp, const T* w, const T* b, int N);
+  void residual_norm_forward(T* residual, T* out, M* mean, M* rstd, const T* a, const T* b, const T* w,
+                             const T* bias, int N);
+  void norm_backward(T* dinp, M* dw, M* db, const T* dout, const T* inp, const T* w, const M* mean, const M* rstd,
+                     int N, InputGrad mode);
   // layer l's tensors in base (params_ or grads_)
   template <typename P>
   LayerTensors<P> layer(P* base, int l) const;
-  // The grad-ready groups: layer l's 12 per-layer slices; lnfw, lnfb; wte, wpe.
+  // The grad-ready groups: layer l's per-layer slices; lnfw, lnfb (and lm_head, untied); wte, wpe. Tensors the
+  // config does not have give no range.
   GradRanges layer_grad_ranges(int l) const;
   GradRanges tensor_grad_ranges(ParamTensor first, ParamTensor last) const;
+  GradRanges head_grad_ranges() const;
 
   ModelConfig config_;
   std::unique_ptr<Backend<T>> backend_;
