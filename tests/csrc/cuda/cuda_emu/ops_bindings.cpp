@@ -112,6 +112,8 @@ struct Ops {
     std::memcpy(p, a.data(), a.size() * sizeof(float));
     return p;
   }
+  T* ot(const py::object& a) { return a.is_none() ? nullptr : ut(a.cast<F>()); }  // None: a null pointer
+  float* om(const py::object& a) { return a.is_none() ? nullptr : um(a.cast<F>()); }
   int32_t* ui(const I& a) {
     int32_t* p = be->alloc_i32(a.size());
     be->to_device_i32(p, a.data(), a.size());
@@ -172,56 +174,58 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
       .def(py::init<const std::string&, bool, const std::string&, bool>(), py::arg("device"),
            py::arg("misalign") = false, py::arg("attention") = "auto", py::arg("fused") = true)
       .def("encoder_forward",
-           [](O& o, I inp, F wte, F wpe) {
+           [](O& o, I inp, F wte, py::object wpe) {  // wpe None: no position embedding (rotary)
              const int B = inp.shape(0), T_ = inp.shape(1), C = wte.shape(1);
              T* out = o.zt(size_t(B) * T_ * C);
-             o.be->encoder_forward(out, o.ui(inp), o.ut(wte), o.ut(wpe), B, T_, C);
+             o.be->encoder_forward(out, o.ui(inp), o.ut(wte), o.ot(wpe), B, T_, C);
              auto r = O::dt(out, {B, T_, C});
              o.clear();
              return r;
            })
       .def("encoder_backward",
-           [](O& o, F dwte, F dwpe, F dout, I inp) {
+           [](O& o, F dwte, py::object dwpe, F dout, I inp) {  // dwpe None: no position embedding
              const int B = inp.shape(0), T_ = inp.shape(1), C = dwte.shape(1);
              float* a = o.um(dwte);
-             float* b = o.um(dwpe);
+             float* b = o.om(dwpe);
              o.be->encoder_backward(a, b, o.ut(dout), o.ui_batch(inp), B, T_, C);
-             auto r = py::make_tuple(O::dm(a, {dwte.shape(0), C}), O::dm(b, {dwpe.shape(0), C}));
+             py::object rb = b ? py::object(O::dm(b, {dwpe.cast<F>().shape(0), C})) : py::object(py::none());
+             auto r = py::make_tuple(O::dm(a, {dwte.shape(0), C}), rb);
              o.clear();
              return r;
            })
       .def("layernorm_forward",
-           [](O& o, F inp, F w, F b) {
+           [](O& o, F inp, F w, py::object b) {  // b None: no bias
              const int N = inp.shape(0), C = inp.shape(1);
              T* out = o.zt(size_t(N) * C);
              float* mean = o.zm(N);
              float* rstd = o.zm(N);
-             o.be->layernorm_forward(out, mean, rstd, o.ut(inp), o.ut(w), o.ut(b), N, C);
+             o.be->layernorm_forward(out, mean, rstd, o.ut(inp), o.ut(w), o.ot(b), N, C);
              auto r = py::make_tuple(O::dt(out, {N, C}), O::dm(mean, {N}), O::dm(rstd, {N}));
              o.clear();
              return r;
            })
       .def("residual_layernorm_forward",
-           [](O& o, F a, F b, F w, F bias) {
+           [](O& o, F a, F b, F w, py::object bias) {
              const int N = a.shape(0), C = a.shape(1);
              T* res = o.zt(size_t(N) * C);
              T* out = o.zt(size_t(N) * C);
              float* mean = o.zm(N);
              float* rstd = o.zm(N);
-             o.be->residual_layernorm_forward(res, out, mean, rstd, o.ut(a), o.ut(b), o.ut(w), o.ut(bias), N, C);
+             o.be->residual_layernorm_forward(res, out, mean, rstd, o.ut(a), o.ut(b), o.ut(w), o.ot(bias), N, C);
              auto r = py::make_tuple(O::dt(res, {N, C}), O::dt(out, {N, C}), O::dm(mean, {N}), O::dm(rstd, {N}));
              o.clear();
              return r;
            })
       .def("layernorm_backward",  // write: InputGrad::Write (dinp's initial values must be ignored)
-           [](O& o, F dinp, F dw, F db, F dout, F inp, F w, F mean, F rstd, bool write) {
+           [](O& o, F dinp, F dw, py::object db, F dout, F inp, F w, F mean, F rstd, bool write) {
              const int N = inp.shape(0), C = inp.shape(1);
              T* a = o.ut(dinp);
              float* b = o.um(dw);
-             float* c = o.um(db);
+             float* c = o.om(db);  // None: no bias
              o.be->layernorm_backward(a, b, c, o.ut(dout), o.ut(inp), o.ut(w), o.um(mean), o.um(rstd), N, C,
                                       O::mode(write));
-             auto r = py::make_tuple(O::dt(a, {N, C}), O::dm(b, {C}), O::dm(c, {C}));
+             py::object rc = c ? py::object(O::dm(c, {C})) : py::object(py::none());
+             auto r = py::make_tuple(O::dt(a, {N, C}), O::dm(b, {C}), rc);
              o.clear();
              return r;
            },
@@ -291,6 +295,148 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              return r;
            },
            py::arg("qkv"), py::arg("dout"), py::arg("dqkv"), py::arg("NH"), py::arg("write") = false)
+      // ---- the modern architecture's ops (csrc/model/backend.h)
+      .def("rmsnorm_forward",
+           [](O& o, F inp) {
+             const int N = inp.shape(0), C = inp.shape(1);
+             T* out = o.zt(size_t(N) * C);
+             float* rstd = o.zm(N);
+             o.be->rmsnorm_forward(out, rstd, o.ut(inp), N, C);
+             auto r = py::make_tuple(O::dt(out, {N, C}), O::dm(rstd, {N}));
+             o.clear();
+             return r;
+           })
+      .def("residual_rmsnorm_forward",
+           [](O& o, F a, F b) {
+             const int N = a.shape(0), C = a.shape(1);
+             T* res = o.zt(size_t(N) * C);
+             T* out = o.zt(size_t(N) * C);
+             float* rstd = o.zm(N);
+             o.be->residual_rmsnorm_forward(res, out, rstd, o.ut(a), o.ut(b), N, C);
+             auto r = py::make_tuple(O::dt(res, {N, C}), O::dt(out, {N, C}), O::dm(rstd, {N}));
+             o.clear();
+             return r;
+           })
+      .def("rmsnorm_backward",  // write: InputGrad::Write
+           [](O& o, F dinp, F dout, F inp, F rstd, bool write) {
+             const int N = inp.shape(0), C = inp.shape(1);
+             T* a = o.ut(dinp);
+             o.be->rmsnorm_backward(a, o.ut(dout), o.ut(inp), o.um(rstd), N, C, O::mode(write));
+             auto r = O::dt(a, {N, C});
+             o.clear();
+             return r;
+           },
+           py::arg("dinp"), py::arg("dout"), py::arg("inp"), py::arg("rstd"), py::arg("write") = false)
+      .def("rope",  // rope_forward (or rope_backward) in place on qkv (B, T, 3C)
+           [](O& o, F qkv, int NH, int t0, float base, bool backward) {
+             const int B = qkv.shape(0), T_ = qkv.shape(1), C = qkv.shape(2) / 3;
+             T* x = o.ut(qkv);
+             if (backward) o.be->rope_backward(x, B, T_, C, NH, t0, base);
+             else o.be->rope_forward(x, B, T_, C, NH, t0, base);
+             o.be->synchronize();
+             auto r = O::dt(x, {B, T_, 3 * C});
+             o.clear();
+             return r;
+           },
+           py::arg("qkv"), py::arg("NH"), py::arg("t0") = 0, py::arg("base") = 10000.0f, py::arg("backward") = false)
+      .def("qk_norm_forward",  // returns (qkv normed in place, rstd (B*T, 2NH))
+           [](O& o, F qkv, int NH) {
+             const int B = qkv.shape(0), T_ = qkv.shape(1), C = qkv.shape(2) / 3;
+             T* x = o.ut(qkv);
+             float* rstd = o.zm(size_t(B) * T_ * 2 * NH);
+             o.be->qk_norm_forward(x, rstd, B, T_, C, NH);
+             auto r = py::make_tuple(O::dt(x, {B, T_, 3 * C}), O::dm(rstd, {B * T_, 2 * NH}));
+             o.clear();
+             return r;
+           })
+      .def("qk_norm_backward",  // dqkv in place, from the forward's output qkv
+           [](O& o, F dqkv, F qkv, F rstd, int NH) {
+             const int B = qkv.shape(0), T_ = qkv.shape(1), C = qkv.shape(2) / 3;
+             T* d = o.ut(dqkv);
+             o.be->qk_norm_backward(d, o.ut(qkv), o.um(rstd), B, T_, C, NH);
+             auto r = O::dt(d, {B, T_, 3 * C});
+             o.clear();
+             return r;
+           })
+      .def("relu2_forward",
+           [](O& o, F inp) {
+             T* out = o.zt(inp.size());
+             o.be->relu2_forward(out, o.ut(inp), inp.size());
+             auto r = O::dt(out, {inp.size()});
+             o.clear();
+             return r;
+           })
+      .def("relu2_backward",
+           [](O& o, F dinp, F inp, F dout) {
+             T* a = o.ut(dinp);
+             o.be->relu2_backward(a, o.ut(inp), o.ut(dout), inp.size());
+             auto r = O::dt(a, {inp.size()});
+             o.clear();
+             return r;
+           })
+      .def("matmul_relu2_forward",  // returns (pre, relu(pre)^2)
+           [](O& o, F inp, F w, py::object bias) {
+             const int N = inp.shape(0), C = inp.shape(1), OC = w.shape(0);
+             T* pre = o.zt(size_t(N) * OC);
+             T* out = o.zt(size_t(N) * OC);
+             o.be->matmul_relu2_forward(pre, out, o.ut(inp), o.ut(w), o.ot(bias), N, C, OC);
+             auto r = py::make_tuple(O::dt(pre, {N, OC}), O::dt(out, {N, OC}));
+             o.clear();
+             return r;
+           })
+      .def("relu2_matmul_backward",  // returns (dpre, dw, dbias); dpre's and the scratch's initial values are NaN
+           [](O& o, F dw, py::object dbias, F dout, F pre, F act, F w) {
+             const int N = pre.shape(0), C = pre.shape(1), OC = w.shape(0);
+             T* a = o.zt(size_t(N) * C);
+             T* scratch = o.zt(size_t(N) * C);
+             for (size_t i = 0; i < size_t(N) * C; i++) a[i] = scratch[i] = O::cvt(std::numeric_limits<float>::quiet_NaN());
+             float* b = o.um(dw);
+             float* c = o.om(dbias);
+             o.be->relu2_matmul_backward(a, b, c, o.ut(dout), o.ut(pre), o.ut(act), o.ut(w), scratch, N, C, OC);
+             py::object cb = c ? py::object(O::dm(c, {OC})) : py::object(py::none());
+             auto r = py::make_tuple(O::dt(a, {N, C}), O::dm(b, {OC, C}), cb);
+             o.clear();
+             return r;
+           })
+      .def("softcap_forward",
+           [](O& o, F logits, float cap) {
+             T* x = o.ut(logits);
+             o.be->softcap_forward(x, cap, logits.size());
+             o.be->synchronize();
+             auto r = O::dt(x, std::vector<py::ssize_t>(logits.shape(), logits.shape() + logits.ndim()));
+             o.clear();
+             return r;
+           })
+      .def("crossentropy_softcap",  // the training step's loss with a soft-cap: fused (raw logits, one op) or
+           // softcap_forward, crossentropy_forward, loss_accumulate, crossentropy_softcap_backward;
+           // returns (losses, lse, count, acc, dlogits)
+           [](O& o, F logits, I targets, int V, float cap, float grad_scale, bool fused) {
+             const int N = logits.shape(0), Vp = logits.shape(1);
+             float* losses = o.zm(N);
+             float* lse = o.zm(N);
+             float acc0 = 0.0f;
+             float* acc = o.um(F(py::array_t<float>(1, &acc0)));
+             int32_t* nv = o.ui(I(py::array_t<int32_t>(1)));
+             *nv = -12345;  // poisoned: the op must write it
+             T* lg = o.ut(logits);
+             const int32_t* t = o.ui(targets);
+             if (fused) {
+               o.be->crossentropy_softcap_forward_backward(losses, lse, lg, t, nv, grad_scale, cap, N, V, Vp);
+               o.be->loss_accumulate(acc, losses, nv, N, 1.0f);
+             } else {
+               o.be->softcap_forward(lg, cap, size_t(N) * Vp);
+               o.be->crossentropy_forward(losses, lse, lg, t, nv, N, V, Vp);
+               o.be->loss_accumulate(acc, losses, nv, N, 1.0f);
+               o.be->crossentropy_softcap_backward(lg, lse, t, nv, grad_scale, cap, N, V, Vp);
+             }
+             o.be->synchronize();
+             auto r = py::make_tuple(O::dm(losses, {N}), O::dm(lse, {N}), long(*nv), double(*acc),
+                                     O::dt(lg, {N, Vp}));
+             o.clear();
+             return r;
+           },
+           py::arg("logits"), py::arg("targets"), py::arg("V"), py::arg("cap"), py::arg("grad_scale"),
+           py::arg("fused") = false)
       .def("gelu_forward",
            [](O& o, F inp) {
              T* out = o.zt(inp.size());
