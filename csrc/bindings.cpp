@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -482,6 +483,24 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
       throw py::value_error(e.what());
     }
   }, py::arg("name"), "Use another of cpu_isas() for CPU models created from now on (to compare variants).");
+  m.def("rope", [](py::object qkv_obj, int n_head, int t0, float base, bool inverse) {
+    const char* what = "qkv must be a C-contiguous float64 numpy array of shape (B, T, 3C)";
+    if (!py::isinstance<py::array>(qkv_obj) || !py::array_t<double>::check_(qkv_obj)) arg_error(what);
+    auto a = py::reinterpret_borrow<py::array_t<double>>(qkv_obj);
+    if (a.ndim() != 3 || !(a.flags() & py::array::c_style) || a.size() == 0 || a.shape(2) % 3) arg_error(what);
+    const int C = int(a.shape(2) / 3);
+    if (n_head <= 0 || C % n_head || (C / n_head) % 2) arg_error("n_head must divide C into heads of even size");
+    if (t0 < 0) arg_error("t0 must be >= 0");
+    if (!(base > 1.0f && std::isfinite(base))) arg_error("base must be a finite number > 1");
+    auto be = gpt2::cpu::make_backend<double>();
+    auto out = py::array_t<double>({a.shape(0), a.shape(1), a.shape(2)});
+    std::copy(a.data(), a.data() + a.size(), out.mutable_data());
+    if (inverse) be->rope_backward(out.mutable_data(), int(a.shape(0)), int(a.shape(1)), C, n_head, t0, base);
+    else be->rope_forward(out.mutable_data(), int(a.shape(0)), int(a.shape(1)), C, n_head, t0, base);
+    return out;
+  }, py::arg("qkv"), py::arg("n_head"), py::arg("t0") = 0, py::arg("base") = 10000.0f, py::arg("inverse") = false,
+     "The CPU backend's rotary embedding (Backend::rope_forward, or rope_backward with inverse) of a float64 qkv "
+     "(B, T, 3C), returned as a new array: q and k rotated for positions t0 .. t0+T-1, v as it was.");
   m.def("matmul", [](py::object a_obj, py::object b_obj) {
     auto matrix = [](const py::object& obj, const char* name) {
       const std::string what = std::string(name) + " must be a non-empty, C-contiguous float32 numpy array of 2 dimensions";

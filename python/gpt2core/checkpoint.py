@@ -3,7 +3,7 @@
 A checkpoint is a directory `<output-dir>/checkpoints/step_NNNNNN/`:
 
     model.bin        the weights, an llm.c version-3 (fp32) model file (the CPU backend's master weights)
-    adam_m.npy       AdamW first moments, all parameters flat in param_names() order, float32
+    adam_m.npy       AdamW first moments, all parameters flat in model.params order, float32
     adam_v.npy       AdamW second moments, the same layout
     state.json       step, optimizer step count, next LR, train loader position, model config, the
                      training arguments, versions; with loss scaling the scaler's state (optimizer.loss_scaler:
@@ -122,7 +122,7 @@ def _checkpoint_bytes(model, metrics_path, full_optimizer: bool = True) -> int:
 def check_finite_state(model, path) -> None:
     """Raise NonFiniteError (naming `path` and the tensor) when the weights or AdamW moments hold NaN or
     Inf: such a state is never written, since resuming from it could only produce NaN."""
-    names = list(_C.param_names())
+    names = list(model.params)
     m, v = model.opt_state()
     bad = first_nonfinite([(k, model.params[k]) for k in names] + [(f"adam_m[{k}]", m[k]) for k in names]
                           + [(f"adam_v[{k}]", v[k]) for k in names])
@@ -153,7 +153,7 @@ def _shard_file(rank: int, world: int) -> str:
 
 
 def _checkpoint_state(step: int, model, state: dict | None) -> dict:
-    names = list(_C.param_names())
+    names = list(model.params)  # the config's tensors in layout order (GPT-2: llm.c's 16)
     st = dict(state or {})
     st.update({
         "step": int(step),
@@ -210,7 +210,7 @@ def save_checkpoint(root, step: int, model, state: dict | None = None, metrics_p
             shutil.rmtree(tmp)
         tmp.mkdir()
         try:
-            names = list(_C.param_names())
+            names = list(model.params)
             save_model(model, tmp / w("model.bin"))
             m, v = model.opt_state()
             _save_flat(tmp / w("adam_m.npy"), [m[k] for k in names])
@@ -263,7 +263,7 @@ def _save_sharded(root: Path, step: int, model, state, metrics_path, dp) -> Path
     tmp = root / f".{final.name}.tmp-{int(flag[0])}"
     try:
         bad = first_nonfinite([("adam_m", dp.m), ("adam_v", dp.v)]
-                              + ([(k, model.params[k]) for k in _C.param_names()] if rank == 0 else []))
+                              + (list(model.params.items()) if rank == 0 else []))
         if bad:
             raise NonFiniteError(f"{final}: refusing to write a checkpoint with non-finite state on rank {rank} "
                                  f"({bad}); the previous checkpoints are kept")
@@ -419,9 +419,9 @@ class Checkpoint:
                                   f"model to restore into is {describe(model.config)}")
         _, flat = read_model(self.path / "model.bin", config=self.config)
         order = self.state["optimizer"]["param_order"]
-        if list(order) != list(_C.param_names()):
+        if list(order) != list(model.params):
             raise CheckpointError(f"{self.path}: optimizer state is in parameter order {order}, this version "
-                                  f"uses {list(_C.param_names())}")
+                                  f"uses {list(model.params)}")
         # the loss scaler continues where it was (ignored by a model without loss scaling: an fp16 run's
         # checkpoint continues in fp32 on the CPU without one; a run without it gives a scaling model none)
         model.load_loss_scaler_state(self.state["optimizer"].get("loss_scaler"))

@@ -5,14 +5,41 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 
+# The architecture fields' values, default (GPT-2) first.
+ARCH_CHOICES = {"position": ("learned", "rope"), "norm": ("layernorm", "rmsnorm"), "activation": ("gelu", "relu2")}
+
+
 @dataclass(frozen=True)
 class GPT2Config:
+    """A model's shape and architecture. The defaults are GPT-2 (2019): learned positions, LayerNorm with gain and
+    bias, tanh-GELU, biases in every linear layer, the lm_head tied to wte, N(0, 0.02) init. The architecture fields
+    switch on the parts the speedrun era replaced them with (`GPT2Config.modern` sets them all):
+
+    position        "learned" (wpe) | "rope": no wpe; rotary embeddings on q and k, rotate-half layout, `rope_base`
+    rope_base       rotary base (10000, as RoFormer / Llama)
+    norm            "layernorm" | "rmsnorm": RMSNorm without gain, every block norm and the final norm
+    qk_norm         RMSNorm of q and k per head before attention (after rotary)
+    activation      "gelu" (tanh form) | "relu2": relu(x)^2
+    bias            biases in every linear layer (and in the LayerNorms)
+    tie_embeddings  False: a separate lm_head (padded_vocab_size, n_embd)
+    zero_init_proj  the attention and MLP output projections (and an untied lm_head) start at zero
+    logit_softcap   None | cap: logits = cap * tanh(logits / cap) before the cross-entropy (and in generation)
+    """
     block_size: int = 1024          # max sequence length T (wpe rows)
     vocab_size: int = 50257         # real tokens
     padded_vocab_size: int = 50304  # rounded up to a multiple of 128 for fast GEMMs; never predicted
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
+    position: str = "learned"
+    rope_base: float = 10000.0
+    norm: str = "layernorm"
+    qk_norm: bool = False
+    activation: str = "gelu"
+    bias: bool = True
+    tie_embeddings: bool = True
+    zero_init_proj: bool = False
+    logit_softcap: float | None = None
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "padded_vocab_size", "n_layer", "n_head", "n_embd"):
@@ -23,22 +50,95 @@ class GPT2Config:
             raise ValueError(f"padded_vocab_size ({self.padded_vocab_size}) must be >= vocab_size ({self.vocab_size})")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        for name, choices in ARCH_CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"GPT2Config.{name} must be one of {', '.join(map(repr, choices))}, "
+                                 f"got {getattr(self, name)!r}")
+        for name in ("qk_norm", "bias", "tie_embeddings", "zero_init_proj"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"GPT2Config.{name} must be True or False, got {getattr(self, name)!r}")
+        rb = self.rope_base
+        if isinstance(rb, bool) or not isinstance(rb, (int, float)) or not (math.isfinite(rb) and rb > 1):
+            raise ValueError(f"GPT2Config.rope_base must be a finite number > 1, got {rb!r}")
+        cap = self.logit_softcap
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float))
+                                or not (math.isfinite(cap) and cap > 0)):
+            raise ValueError(f"GPT2Config.logit_softcap must be None (no cap) or a finite number > 0, got {cap!r}")
+        if self.position == "rope" and self.head_size % 2:
+            raise ValueError(f"position='rope' needs an even head size (n_embd / n_head), got {self.head_size}")
+
+    @classmethod
+    def modern(cls, n_layer: int = 12, n_embd: int = 768, n_head: int | None = None, **kw) -> "GPT2Config":
+        """The speedrun-era architecture on GPT-2's shape (the combination modded-nanogpt's records and nanochat
+        train; any field can be overridden by keyword):
+
+        - position="rope": rotary embeddings (Su et al. 2021, RoFormer; Llama), modded-nanogpt's first record
+          (rotary + a higher LR: 5.0B tokens to GPT-2's 3.28 val loss instead of ~9B)
+        - norm="rmsnorm" without gain (Zhang & Sennrich 2019; modded-nanogpt's and nanochat's `norm(x) =
+          F.rms_norm(x, (x.size(-1),))`)
+        - qk_norm=True (Dehghani et al. 2023; Wortsman et al. 2023), activation="relu2" (So et al. 2021,
+          Primer), zero_init_proj=True (modded-nanogpt zero-initialises the output projections): together
+          modded-nanogpt's 2.67B-token record
+        - tie_embeddings=False: modded-nanogpt's untied head record (2.40B tokens)
+        - logit_softcap=15.0 (Gemma 2's soft-capping; nanochat caps at 15, modded-nanogpt 30 then 15)
+        - bias=False (PaLM, Llama, nanoGPT's bias=False option; none of the above has biases)
+        - n_head: head size 128 where n_embd allows (modded-nanogpt's 6 heads at 768, nanochat's head_dim 128),
+          else 64
+        """
+        if n_head is None:
+            n_head = n_embd // 128 if n_embd % 128 == 0 else max(1, n_embd // 64)
+        base = dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head, position="rope", norm="rmsnorm", qk_norm=True,
+                    activation="relu2", bias=False, tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0)
+        base.update(kw)
+        return cls(**base)
 
     @property
     def head_size(self) -> int:
         return self.n_embd // self.n_head
 
-    def num_parameters(self) -> int:
-        """Parameter count including the padded vocab rows (124,475,904 for d12)."""
+    @property
+    def is_gpt2(self) -> bool:
+        """Every architecture field at GPT-2's value (zero_init_proj, an init choice, aside): what the llm.c and
+        Hugging Face GPT-2 formats can hold."""
+        return not self.non_gpt2_fields()
+
+    def non_gpt2_fields(self) -> list[str]:
+        """The architecture fields (name=value) where this config is not GPT-2 (zero_init_proj aside: it only
+        changes the init)."""
+        d = GPT2Config()
+        return [f"{n}={getattr(self, n)!r}" for n in ARCH_FIELDS
+                if n != "zero_init_proj" and getattr(self, n) != getattr(d, n)
+                and not (n == "rope_base" and self.position == "learned")]
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The tensors this config has, by name, in layout order (llm.c's for GPT-2; lm_head last when untied)."""
         L, C, Vp, T = self.n_layer, self.n_embd, self.padded_vocab_size, self.block_size
-        per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C
-        return Vp * C + T * C + L * per_layer + 2 * C
+        ln, b = self.norm == "layernorm", self.bias
+        s = {"wte": (Vp, C), "wpe": (T, C) if self.position == "learned" else None,
+             "ln1w": (L, C) if ln else None, "ln1b": (L, C) if ln and b else None, "qkvw": (L, 3 * C, C),
+             "qkvb": (L, 3 * C) if b else None, "attprojw": (L, C, C), "attprojb": (L, C) if b else None,
+             "ln2w": (L, C) if ln else None, "ln2b": (L, C) if ln and b else None, "fcw": (L, 4 * C, C),
+             "fcb": (L, 4 * C) if b else None, "fcprojw": (L, C, 4 * C), "fcprojb": (L, C) if b else None,
+             "lnfw": (C,) if ln else None, "lnfb": (C,) if ln and b else None,
+             "lm_head": (Vp, C) if not self.tie_embeddings else None}
+        return {k: v for k, v in s.items() if v is not None}
+
+    def num_parameters(self) -> int:
+        """Parameter count including the padded vocab rows (124,475,904 for d12), of the tensors this config has
+        (rotary adds none; RMSNorm has no gain; an untied head adds padded_vocab_size * n_embd)."""
+        return sum(math.prod(s) for s in self.param_shapes().values())
 
     def flops_per_token(self, T: int | None = None) -> int:
         """Training FLOPs per token: 6*N (matmuls, forward + backward) + 6*L*C*T (attention), with N the
-        parameter count less the position embedding (PaLM appendix B / nanoGPT's estimate)."""
+        parameter count less the embeddings that are lookups, not matmuls: wpe, and wte when the lm_head is untied
+        (tied, wte is the lm_head's matmul) (PaLM appendix B / nanoGPT's estimate). Elementwise work (norms,
+        rotary, activations, soft-cap) is not counted, as GELU is not."""
         T = T or self.block_size
-        n = self.num_parameters() - self.block_size * self.n_embd
+        n = self.num_parameters()
+        if self.position == "learned":
+            n -= self.block_size * self.n_embd
+        if not self.tie_embeddings:
+            n -= self.padded_vocab_size * self.n_embd
         return 6 * n + 6 * self.n_layer * self.n_embd * T
 
     def to_dict(self) -> dict:
@@ -46,6 +146,11 @@ class GPT2Config:
 
     def replace(self, **kw) -> "GPT2Config":
         return replace(self, **kw)
+
+
+# the architecture fields (everything after the shape), in declaration order
+ARCH_FIELDS = ("position", "rope_base", "norm", "qk_norm", "activation", "bias", "tie_embeddings", "zero_init_proj",
+               "logit_softcap")
 
 
 PRESETS: dict[str, GPT2Config] = {
@@ -58,6 +163,11 @@ PRESETS: dict[str, GPT2Config] = {
     "s4": GPT2Config(block_size=256, n_layer=4, n_head=4, n_embd=256),
     "s2": GPT2Config(block_size=128, n_layer=2, n_head=2, n_embd=128),
     "tiny": GPT2Config(block_size=64, vocab_size=50257, padded_vocab_size=50304, n_layer=2, n_head=2, n_embd=64),
+    # the modern architecture (GPT2Config.modern: rotary, RMSNorm, QK-norm, ReLU^2, no biases, untied head,
+    # zero-initialised projections, soft-capped logits) on the d12 shape, and small ones for a laptop CPU
+    "m12": GPT2Config.modern(12, 768),
+    "m4": GPT2Config.modern(4, 256, n_head=4, block_size=256),
+    "m2": GPT2Config.modern(2, 128, n_head=2, block_size=128),
 }
 
 
@@ -105,6 +215,21 @@ class TrainConfig:
     loss_scale_init: float = _opt(65536.0, "initial loss scale (2**16, as GradScaler)", "model")
     loss_scale_interval: int = _opt(2000, "steps in a row without overflow after which the loss scale doubles",
                                     "model")
+    # the architecture (GPT2Config's fields, applied on top of the preset; see GPT2Config.modern and the m* presets)
+    position: str | None = _opt(None, "positions: learned (wpe, GPT-2) or rope (rotary on q and k, no wpe) "
+                                      "(default: the preset's)", "model", choices=["learned", "rope"])
+    rope_base: float | None = _opt(None, "rotary base (default: the preset's, 10000)", "model")
+    norm: str | None = _opt(None, "layernorm (GPT-2) or rmsnorm (no gain) for every norm (default: the preset's)",
+                            "model", choices=["layernorm", "rmsnorm"])
+    qk_norm: bool = _opt(False, "RMSNorm of q and k per head before attention", "model")
+    activation: str | None = _opt(None, "MLP activation: gelu (tanh, GPT-2) or relu2 (relu(x)^2) (default: the "
+                                        "preset's)", "model", choices=["gelu", "relu2"])
+    no_bias: bool = _opt(False, "no biases in the linear layers and LayerNorms", "model")
+    untied: bool = _opt(False, "a separate lm_head instead of one tied to wte", "model")
+    zero_init_proj: bool = _opt(False, "start the attention and MLP output projections (and an untied lm_head) at "
+                                       "zero", "model")
+    logit_softcap: float | None = _opt(None, "soft-cap the logits: cap * tanh(logits / cap) (default: the preset's; "
+                                             "0: none)", "model")
     recompute_gelu: bool = _opt(False, "recompute GELU outputs in backward instead of storing one per layer "
                                        "(less memory)", "model")
     cuda_graphs: bool = _opt(False, "CUDA: capture each micro-step's forward and backward, and the optimizer step, "
@@ -169,7 +294,8 @@ class TrainConfig:
                               "checkpoints", metavar="DIR|auto")
 
     # the settings that change the trajectory: a resumed run that changes them no longer matches an uninterrupted one
-    TRAJECTORY = ("preset", "block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens",
+    TRAJECTORY = ("preset", "block_size", "padded_vocab_size", "position", "rope_base", "norm", "qk_norm",
+                  "activation", "no_bias", "untied", "zero_init_proj", "logit_softcap", "batch_size", "seq_len", "total_batch_tokens",
                   "no_shuffle", "steps", "lr", "min_lr_frac", "warmup", "schedule", "weight_decay", "grad_clip",
                   "beta1", "beta2", "eps", "seed", "loss_scaling", "loss_scale_init", "loss_scale_interval")
 
@@ -203,7 +329,18 @@ class TrainConfig:
             c = c.replace(block_size=self.block_size)
         if self.padded_vocab_size:
             c = c.replace(padded_vocab_size=self.padded_vocab_size)
-        return c
+        arch = {k: getattr(self, k) for k in ("position", "rope_base", "norm", "activation") if getattr(self, k)}
+        if self.qk_norm:
+            arch["qk_norm"] = True
+        if self.no_bias:
+            arch["bias"] = False
+        if self.untied:
+            arch["tie_embeddings"] = False
+        if self.zero_init_proj:
+            arch["zero_init_proj"] = True
+        if self.logit_softcap is not None:
+            arch["logit_softcap"] = self.logit_softcap or None  # 0: none
+        return c.replace(**arch) if arch else c
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -234,10 +371,12 @@ _RANGES = {
     "dist_timeout": (0, _INF, "a finite number of seconds > 0"),
     "loss_scale_init": (0, 3.0e38, "a finite number > 0 that fits in float32 (e.g. 65536)"),
     "loss_scale_interval": (1, 2**31 - 1, "an integer >= 1"),
+    "rope_base": (1 + 1e-9, _INF, "a finite number > 1"), "logit_softcap": (0, _INF, "a finite number >= 0 (0: none)"),
     "checkpoint_every": (0, _INF, "an integer >= 0 (0: never)"), "keep_last": (0, _INF, "an integer >= 0 (0: all)"),
 }
 _INTS = {"block_size", "padded_vocab_size", "batch_size", "seq_len", "total_batch_tokens", "steps", "warmup",
          "val_every", "val_steps", "hellaswag_every", "hellaswag_limit", "sample_every", "sample_tokens", "seed",
          "threads", "checkpoint_every", "keep_last", "loss_scale_interval"}
-_OPTIONAL = {"block_size", "padded_vocab_size", "total_batch_tokens", "hellaswag_limit", "threads"}
+_OPTIONAL = {"block_size", "padded_vocab_size", "total_batch_tokens", "hellaswag_limit", "threads", "rope_base",
+             "logit_softcap"}
 _POSITIVE = {"lr", "eps", "outlier_z", "dist_timeout", "loss_scale_init"}

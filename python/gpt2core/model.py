@@ -15,7 +15,9 @@ from .config import GPT2Config, TrainConfig, get_preset
 
 # the tensors that are residual projections: init scaled by 1/sqrt(2 * n_layer) (GPT-2 paper, sec. 2.3)
 _RESIDUAL_PROJ = ("attprojw", "fcprojw")
-_MATRICES = ("wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw")
+_MATRICES = ("wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw", "lm_head")
+# zero_init_proj: these start at zero (the residual projections and an untied head)
+_ZERO_INIT = ("attprojw", "fcprojw", "lm_head")
 _LN_WEIGHTS = ("ln1w", "ln2w", "lnfw")
 
 
@@ -79,7 +81,9 @@ def as_tokens(a, name: str) -> np.ndarray:
 
 
 class GPT2:
-    """GPT-2 (pre-LN, tanh GELU, tied lm_head) trained by the C++ core.
+    """GPT-2 (pre-LN, tanh GELU, tied lm_head) trained by the C++ core; or, by the config's architecture fields
+    (GPT2Config.modern), the speedrun-era model: rotary positions, RMSNorm, QK-norm, ReLU^2, no biases, an untied
+    head, zero-initialised projections, soft-capped logits. `params` holds exactly the tensors the config has.
 
     >>> model = GPT2("tiny", seed=0)
     >>> loss = model.forward(x, y); model.backward(); norm = model.step(lr=1e-3)
@@ -137,7 +141,9 @@ class GPT2:
         self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size, padded_vocab_size=c.padded_vocab_size,
                       n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, device=self.device,
                       tf32=precision == "tf32", attention=attention or "auto", fused=bool(fused),
-                      matmul_tuning=bool(matmul_tuning))
+                      matmul_tuning=bool(matmul_tuning), position=c.position, rope_base=float(c.rope_base),
+                      norm=c.norm, qk_norm=c.qk_norm, activation=c.activation, bias=c.bias,
+                      tie_embeddings=c.tie_embeddings, logit_softcap=float(c.logit_softcap or 0.0))
         if loss_scaling not in (None, True, False):
             raise ValueError(f"loss_scaling must be True, False or None (on for fp16 only), got {loss_scaling!r}")
         check_loss_scale_args(loss_scale_init, loss_scale_interval)
@@ -156,21 +162,26 @@ class GPT2:
         return self._m.num_parameters
 
     def init_weights(self, seed: int = 0) -> None:
-        """GPT-2 init: N(0, 0.02) matrices and embeddings, residual projections scaled by
-        1/sqrt(2*n_layer), zero biases, LayerNorm weight 1 and bias 0, padded vocab rows zero.
+        """GPT-2 init: N(0, 0.02) matrices and embeddings (an untied lm_head too), residual projections scaled
+        by 1/sqrt(2*n_layer), zero biases, LayerNorm weight 1 and bias 0, padded vocab rows zero; with
+        zero_init_proj the residual projections and an untied lm_head start at zero (their random draws are still
+        taken, so the other tensors get the same weights either way).
         Reproducible: the same seed gives the same weights on every machine (numpy's PCG64)."""
         rng = np.random.default_rng(seed)
         std_resid = 0.02 / math.sqrt(2 * self.config.n_layer)
-        for name in _C.param_names():  # fixed order, so the random stream is stable
-            p = self.params[name]
+        for name, p in self.params.items():  # layout order, fixed, so the random stream is stable
             if name in _MATRICES:
                 tmp = rng.standard_normal(p.shape, dtype=np.float32)
                 p[...] = tmp * (std_resid if name in _RESIDUAL_PROJ else 0.02)
+                if self.config.zero_init_proj and name in _ZERO_INIT:
+                    p[...] = 0.0
             elif name in _LN_WEIGHTS:
                 p[...] = 1.0
             else:
                 p[...] = 0.0
         self.params["wte"][self.config.vocab_size:] = 0.0
+        if "lm_head" in self.params:
+            self.params["lm_head"][self.config.vocab_size:] = 0.0
         self.params_changed()
         self.step_count = 0
 
@@ -259,12 +270,16 @@ class GPT2:
 
     def save_pretrained(self, path):
         """Write a Hugging Face GPT-2 directory (config.json + model.safetensors) that transformers'
-        GPT2LMHeadModel.from_pretrained loads; the padded vocab rows are dropped."""
+        GPT2LMHeadModel.from_pretrained loads; the padded vocab rows are dropped. A model with the modern
+        architecture is refused (ValueError naming the fields GPT-2's format cannot represent)."""
         return pretrained.save_pretrained(self, path)
 
-    def save(self, path, dtype: str = "float32"):
-        """Write an llm.c model file: dtype "float32" (version 3) or "bfloat16" (version 5)."""
-        return llmc.save_model(self, path, dtype=dtype)
+    def save(self, path, dtype: str = "float32", format: str = "auto"):
+        """Write an llm.c model file: dtype "float32" (version 3) or "bfloat16" (version 5). A model with the
+        modern architecture is written in gpt2core's extension of the format (versions 1003 / 1005: the full
+        config in the header; load_model reads it, llm.c refuses it); format="llmc" demands llm.c's own format and
+        refuses such a model, naming the fields llm.c cannot represent."""
+        return llmc.save_model(self, path, dtype=dtype, format=format)
 
     # ------------------------------------------------------------------ compute
     def forward(self, idx, targets=None, return_logits: bool = False):

@@ -414,8 +414,14 @@ def read_weights(path, padded_vocab_size: int | None = None) -> tuple[GPT2Config
 
 
 def save_pretrained(model, path) -> Path:
-    """Write config.json + model.safetensors that transformers' GPT2LMHeadModel.from_pretrained loads."""
+    """Write config.json + model.safetensors that transformers' GPT2LMHeadModel.from_pretrained loads. GPT-2's
+    format has learned positions, LayerNorm, GELU, biases, a tied head and no soft-cap: a model with any other
+    architecture is refused, naming the fields (no weights are written)."""
     p = Path(path)
+    unrepresentable = model.config.non_gpt2_fields()
+    if unrepresentable:
+        raise ValueError(f"{p}: the Hugging Face GPT-2 format cannot represent {', '.join(unrepresentable)}; save "
+                         "this model with GPT2.save (gpt2core's model file) instead")
     p.mkdir(parents=True, exist_ok=True)
     write_safetensors(p / "model.safetensors", params_to_state_dict(model), metadata={"format": "pt"})
     with open(p / "config.json", "w") as f:

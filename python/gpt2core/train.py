@@ -394,6 +394,9 @@ class Trainer:
         cfg, m = self.cfg, self.model
         self.log(f"gpt2core {_C.build_info()['version']} | preset {cfg.preset}: {m.num_parameters:,} params | "
                  f"device {cfg.device} | threads {_C.get_num_threads()}")
+        if self.config.non_gpt2_fields() or self.config.zero_init_proj:
+            self.log("architecture: " + ", ".join(self.config.non_gpt2_fields()
+                                                  + (["zero_init_proj=True"] if self.config.zero_init_proj else [])))
         self.log(f"batch: B={cfg.batch_size} T={cfg.seq_len} world={self.dist.world_size} "
                  f"grad_accum={self.grad_accum} -> {self.total:,} tokens/step | train tokens "
                  f"{self.train_loader.n_tokens:,} | val tokens {self.val_loader.n_tokens:,}")
