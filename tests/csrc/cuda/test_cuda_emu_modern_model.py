@@ -6,9 +6,14 @@ The ops one by one are in test_cuda_emu_modern.py (float64) and compare_ops.py (
 Tolerances are those of the GPT-2 model on the same backends, for the same reasons (the new ops are row-wise or
 elementwise fp32 arithmetic with one rounding per stored value, like the ones they replace):
 - fp32 (test_cuda_emu.py): 1e-5 normwise per tensor, the summation-order rounding of fp32 reductions;
-- bf16 (test_cuda_emu_bf16_model.py): against the float64 model, 1e-2 normwise on logits, 2e-2 per gradient tensor,
-  2e-3 relative on the loss (2^-8 per stored activation along ~15-activation chains);
-- fp16 (test_cuda_emu_f16_model.py): those scaled by 2^-11 / 2^-8 = 1/8, backward with a loss scale of 1024.
+- bf16 (test_cuda_emu_bf16_model.py): against the float64 model, 2e-3 relative on the loss, and normwise 2e-2 on the
+  logits and 3e-2 per gradient tensor: twice GPT-2's 1e-2 and 1.5x its 2e-2, because this model's logits are ~3x
+  more sensitive to the 2^-8 roundings of its stored activations. Measured on the same batch (fp16 / GPT-2 in
+  brackets): logits 9.5e-3 (1.4e-3 / 2.8e-3), gradients 1.3e-2 (2.3e-3 / 7.5e-3). Field by field in fp16 the logits
+  error is GPT-2's 4.1e-4 except with rmsnorm (8.7e-4: no gain, no centring, so less cancellation), untied
+  (7.1e-4: an lm_head unrelated to wte) and softcap (5.4e-4: one more rounding of the logits); the errors scale with
+  the unit roundoff (bf16 / fp16 = 7, the ratio 2^-8 / 2^-11 = 8), as rounding does and a kernel bug would not;
+- fp16 (test_cuda_emu_f16_model.py): the bf16 bounds scaled by 2^-11 / 2^-8 = 1/8, backward with a loss scale of 1024.
 """
 import numpy as np
 import pytest
@@ -74,8 +79,8 @@ def test_fp32_five_steps_like_cpu(emu):  # noqa: F811
     np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-4)  # as test_cuda_emu's GPT-2 five steps
 
 
-@pytest.mark.parametrize("cls,logits_tol,grads_tol,loss_tol,scale", [("ModelBF16", 1e-2, 2e-2, 2e-3, 1.0),
-                                                                     ("ModelF16", 1.25e-3, 2.5e-3, 2.5e-4, 1024.0)])
+@pytest.mark.parametrize("cls,logits_tol,grads_tol,loss_tol,scale", [("ModelBF16", 2e-2, 3e-2, 2e-3, 1.0),
+                                                                     ("ModelF16", 2.5e-3, 3.75e-3, 2.5e-4, 1024.0)])
 def test_16bit_forward_backward_match_float64(emu, cls, logits_tol, grads_tol, loss_tol, scale):  # noqa: F811
     idx, tgt = batch(13)
     ref, m = model(emu, "ModelF64", "cpu", MODERN), model(emu, cls, "cuda", MODERN)
