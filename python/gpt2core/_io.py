@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import tokenize
 import zipfile
 import zlib
 from pathlib import Path
@@ -15,9 +16,10 @@ from .errors import write_error
 
 
 # what np.load raises on a malformed .npy / .npz (beyond OSError for an unreadable file): a bad header or zip
-# directory, a truncated or corrupt member, a member that is not an array, an unknown compression
+# directory, a truncated or corrupt member, a member that is not an array, an unknown compression; a header
+# numpy's legacy filter cannot tokenize raises tokenize.TokenError (not a SyntaxError)
 NPZ_ERRORS = (OSError, ValueError, KeyError, TypeError, EOFError, SyntaxError, OverflowError, NotImplementedError,
-              zipfile.BadZipFile, zlib.error)
+              zipfile.BadZipFile, zlib.error, tokenize.TokenError)
 
 
 @contextlib.contextmanager
