@@ -56,11 +56,12 @@ def test_fp32_forward_backward_matches_cpu(emu, arch):  # noqa: F811
     assert abs(gpu.grad_norm() - cpu.grad_norm()) <= 1e-5 * cpu.grad_norm()
 
 
-@pytest.mark.parametrize("options", [dict(fused=False), dict(attention="naive"), dict(attention="cudnn")],
-                         ids=["unfused", "naive", "cudnn"])
+@pytest.mark.parametrize("options", [dict(fused=False), dict(attention="naive"), dict(attention="cudnn"), dict(tf32=True)],
+                         ids=["unfused", "naive", "cudnn", "tf32"])
 def test_fp32_other_kernels_match_cpu(emu, options):  # noqa: F811
     """The unfused rung (separate residual + RMSNorm kernels) and the other attention paths: rotary and QK-norm are
-    applied to qkv before any of them."""
+    applied to qkv before any of them. tf32: the option reaches every matmul's seam params; the emulated seam computes
+    fp32 either way (TF32's own 1e-3 rounding is checked on a GPU by test_cuda_gpu.py), so this checks the path."""
     idx, tgt = batch(12)
     cpu, gpu = model(emu, "Model", "cpu", MODERN), model(emu, "Model", "cuda", MODERN, **options)
     lc, lg = cpu.forward(idx, tgt), gpu.forward(idx, tgt)
