@@ -142,8 +142,9 @@ class CudaBackend final : public Backend<T> {
         fprintf(stderr, "gpt2core: %s failed in ~CudaBackend: %s\n", what, cudaGetErrorString(e));
     };
     for (void* p : {static_cast<void*>(norm_work_), static_cast<void*>(step_dev_), static_cast<void*>(scratch_.p),
-                    static_cast<void*>(buckets_.p), static_cast<void*>(tscratch_.p), static_cast<void*>(rope_table_.p)})
+                    static_cast<void*>(buckets_.p), static_cast<void*>(tscratch_.p)})
       if (p) check(cudaFree(p), "cudaFree");
+    for (float* p : rope_tables_) check(cudaFree(p), "cudaFree");
     for (PinnedStaging* st : {&batch_staging_, &step_staging_}) {
       if (st->p) check(cudaFreeHost(st->p), "cudaFreeHost");
       if (st->copied) check(cudaEventDestroy(st->copied), "cudaEventDestroy");
@@ -574,17 +575,20 @@ class CudaBackend final : public Backend<T> {
   // The rotary table (rope.cuh) of head size HS and base for at least positions [0, rows): computed on the device
   // when first needed, and again (for twice the positions, so a growing KV cache recomputes it a logarithmic number of
   // times) when a longer one or another head size or base is. Never while capturing: the uncaptured first run of a
-  // step sizes it.
+  // step sizes it. A replaced table is kept until the backend goes (rope_tables_): a graph captured earlier may still
+  // read it (its values for its positions do not change).
   const float* rope_table(int rows, int HS, float base) {
     if (rows > rope_rows_ || HS != rope_hs_ || base != rope_base_) {
       if (capturing_) throw std::logic_error("CUDA backend: the rotary table had to be recomputed while capturing a graph");
       int want = HS == rope_hs_ && base == rope_base_ ? std::max(rope_rows_, 1024) : 1024;
       while (want < rows) want *= 2;
-      float* t = grow(rope_table_, cuda::rope_table_floats(want, HS));
+      float* t = nullptr;
+      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&t), cuda::rope_table_floats(want, HS) * sizeof(float)));
+      rope_tables_.push_back(t);
       cuda::rope_table(t, want, HS, double(base), stream_);
       rope_rows_ = want, rope_hs_ = HS, rope_base_ = base;
     }
-    return rope_table_.p;
+    return rope_tables_.back();
   }
 
   // Remembers (and says once) that the library refused the fused GELU epilogue of direction d (0 forward,
@@ -692,7 +696,7 @@ class CudaBackend final : public Backend<T> {
   bool capturing_ = false;
   double* norm_work_ = nullptr;
   Scratch<float> scratch_;
-  Scratch<float> rope_table_;      // rope_table(): cos and sin for rope_rows_ positions of head size rope_hs_
+  std::vector<float*> rope_tables_;  // rope_table(): the current table (last) for rope_rows_ positions, and old ones
   int rope_rows_ = 0, rope_hs_ = 0;
   float rope_base_ = 0.0f;
   Scratch<int> buckets_;            // encoder_buckets of the last upload_batch, for encoder_backward

@@ -217,8 +217,9 @@ def modern_cases(ops, prefix):
     record(prefix + "rmsnorm_backward", ops.rmsnorm_backward(*args), cpu.rmsnorm_backward(*args))
     want = cpu.rmsnorm_backward(np.zeros((N, C), np.float32), *args[1:])
     record(prefix + "rmsnorm_backward write", ops.rmsnorm_backward(nan(N, C), *args[1:], write=True), want)
-    # rotary and QK-norm on qkv: head sizes 64 and 10 (5 pairs: the scalar path), positions from 0 and from 1000
-    for (Ca, NH, Ta, t0) in ((192, 3, T, 0), (20, 2, 9, 1000)):
+    # rotary and QK-norm on qkv: head sizes 64 and 10 (5 pairs: the scalar path), positions from 0, from 1000, and
+    # from 3000 (the CUDA backend's table grows from 1024 to 4096 positions)
+    for (Ca, NH, Ta, t0) in ((192, 3, T, 0), (20, 2, 9, 1000), (192, 3, 5, 3000)):
         qkv = f32(B, Ta, 3 * Ca)
         for backward in (False, True):
             record(prefix + ("rope_backward" if backward else "rope_forward"),
