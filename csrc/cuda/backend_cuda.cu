@@ -38,7 +38,10 @@
 #include "cuda/layernorm.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/reduce.cuh"
+#include "cuda/relu2.cuh"
 #include "cuda/residual.cuh"
+#include "cuda/rmsnorm.cuh"
+#include "cuda/rope.cuh"
 #include "cuda/seams.h"
 #if !GPT2CORE_EMU
 #include "cuda/seams_cudnn.h"
@@ -150,6 +153,7 @@ class CudaBackend final : public Backend<T> {
     for (void* p : {static_cast<void*>(norm_work_), static_cast<void*>(step_dev_), static_cast<void*>(scratch_.p),
                     static_cast<void*>(buckets_.p), static_cast<void*>(tscratch_.p)})
       if (p) check(cudaFree(p), "cudaFree");
+    for (float* p : rope_tables_) check(cudaFree(p), "cudaFree");
     for (PinnedStaging* st : {&batch_staging_, &step_staging_}) {
       if (st->p) check(cudaFreeHost(st->p), "cudaFreeHost");
       if (st->copied) check(cudaEventDestroy(st->copied), "cudaEventDestroy");
@@ -354,29 +358,55 @@ class CudaBackend final : public Backend<T> {
     cuda::loss_accumulate(acc, losses, n_valid, N, scale, stream_);
   }
 
-  // The modern architecture (model/backend.h): not implemented on CUDA yet. unsupported() refuses such a model
-  // before any op runs (the GPT-2 kernels also take no null wpe or layernorm bias yet); the ops say so if called.
-  std::string unsupported(const ModelConfig& c) const override {
-    return c.is_gpt2() ? "" : "the modern architecture (position, norm, qk_norm, activation, bias, tie_embeddings, "
-                              "logit_softcap other than GPT-2's) is not implemented on CUDA yet: use device='cpu'";
+  // ---- The modern architecture (model/backend.h): rmsnorm.cuh, rope.cuh, relu2.cuh and classifier.cuh's soft-cap.
+  void rmsnorm_forward(T* out, float* rstd, const T* inp, int N, int C) override {
+    cuda::rmsnorm_forward(k(out), rstd, k(inp), N, C, float(kNormEps), stream_);
   }
-  [[noreturn]] static void not_yet(const char* op) {
-    throw std::runtime_error(std::string(op) + ": not implemented on CUDA yet (the modern architecture runs on the CPU)");
+  void rmsnorm_backward(T* dinp, const T* dout, const T* inp, const float* rstd, int N, int C,
+                        InputGrad mode) override {
+    cuda::rmsnorm_backward(k(dinp), k(dout), k(inp), rstd, N, C, mode == InputGrad::Add, stream_);
   }
-  void rmsnorm_forward(T*, float*, const T*, int, int) override { not_yet("rmsnorm_forward"); }
-  void rmsnorm_backward(T*, const T*, const T*, const float*, int, int, InputGrad) override {
-    not_yet("rmsnorm_backward");
+  // fused (default): one kernel writes the residual and its RMSNorm (as residual_layernorm_forward)
+  void residual_rmsnorm_forward(T* residual, T* out, float* rstd, const T* a, const T* b, int N, int C) override {
+    if (!fused_) return Backend<T>::residual_rmsnorm_forward(residual, out, rstd, a, b, N, C);
+    cuda::residual_rmsnorm_forward(k(residual), k(out), rstd, k(a), k(b), N, C, float(kNormEps), stream_);
   }
-  void rope_forward(T*, int, int, int, int, int, float) override { not_yet("rope_forward"); }
-  void rope_backward(T*, int, int, int, int, int, float) override { not_yet("rope_backward"); }
-  void qk_norm_forward(T*, float*, int, int, int, int) override { not_yet("qk_norm_forward"); }
-  void qk_norm_backward(T*, const T*, const float*, int, int, int, int) override { not_yet("qk_norm_backward"); }
-  void relu2_forward(T*, const T*, size_t) override { not_yet("relu2_forward"); }
-  void relu2_backward(T*, const T*, const T*, size_t) override { not_yet("relu2_backward"); }
-  void softcap_forward(T*, float, size_t) override { not_yet("softcap_forward"); }
-  void crossentropy_softcap_backward(T*, const float*, const int32_t*, const int32_t*, float, float, int, int,
-                                     int) override {
-    not_yet("crossentropy_softcap_backward");
+  void rope_forward(T* qkv, int B, int Tn, int C, int NH, int t0, float base) override {
+    cuda::rope_forward(k(qkv), rope_table(t0 + Tn, C / NH, base), B, Tn, C, NH, t0, stream_);
+  }
+  void rope_backward(T* dqkv, int B, int Tn, int C, int NH, int t0, float base) override {
+    cuda::rope_backward(k(dqkv), rope_table(t0 + Tn, C / NH, base), B, Tn, C, NH, t0, stream_);
+  }
+  void qk_norm_forward(T* qkv, float* rstd, int B, int Tn, int C, int NH) override {
+    cuda::qknorm_forward(k(qkv), rstd, B * Tn, C, NH, float(kNormEps), stream_);
+  }
+  void qk_norm_backward(T* dqkv, const T* qkv, const float* rstd, int B, int Tn, int C, int NH) override {
+    cuda::qknorm_backward(k(dqkv), k(qkv), rstd, B * Tn, C, NH, stream_);
+  }
+  void relu2_forward(T* out, const T* inp, size_t N) override { cuda::relu2_forward(k(out), k(inp), N, stream_); }
+  void relu2_backward(T* dinp, const T* inp, const T* dout, size_t N) override {
+    cuda::relu2_backward(k(dinp), k(inp), k(dout), N, true, stream_);
+  }
+  // cuBLASLt has no ReLU^2 epilogue (relu2.cuh): matmul_relu2_forward is the base class's matmul (bias epilogue) +
+  // relu2_forward. The backward writes dL/d act straight into dpre (beta = 0) and turns it into dL/d pre in place:
+  // no zero fill, no scratch, one read of pre.
+  void relu2_matmul_backward(T* dpre, float* dw, float* dbias, const T* dout, const T* pre, const T* act, const T* w,
+                             T* /*scratch*/, int N, int C, int OC) override {
+    matmul_backward(dpre, dw, dbias, dout, act, w, N, C, OC, InputGrad::Write);
+    cuda::relu2_backward(k(dpre), k(pre), k(dpre), size_t(N) * C, false, stream_);
+  }
+  void softcap_forward(T* logits, float cap, size_t n) override { cuda::softcap_forward(k(logits), cap, n, stream_); }
+  void crossentropy_softcap_backward(T* logits, const float* lse, const int32_t* targets, const int32_t* n_valid,
+                                     float grad_scale, float cap, int N, int V, int Vp) override {
+    cuda::crossentropy_backward(k(logits), lse, targets, n_valid, &step_dev_->scaler.scale, grad_scale, N, V, Vp,
+                                stream_, cap);
+  }
+  // the fused classifier pass caps the raw logits as it reads them (classifier.cuh)
+  void crossentropy_softcap_forward_backward(float* losses, float* lse, T* logits, const int32_t* targets,
+                                             int32_t* n_valid, float grad_scale, float cap, int N, int V,
+                                             int Vp) override {
+    cuda::crossentropy_forward_backward(losses, lse, k(logits), targets, n_valid, &step_dev_->scaler.scale, grad_scale,
+                                        N, V, Vp, stream_, cap);
   }
 
   // CUDA graphs: ThreadLocal capture, so other threads (a communication worker) may keep using CUDA meanwhile.
@@ -570,6 +600,25 @@ class CudaBackend final : public Backend<T> {
 
   void sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+  // The rotary table (rope.cuh) of head size HS and base for at least positions [0, rows): computed on the device
+  // when first needed, and again (for twice the positions, so a growing KV cache recomputes it a logarithmic number of
+  // times) when a longer one or another head size or base is. Never while capturing: the uncaptured first run of a
+  // step sizes it. A replaced table is kept until the backend goes (rope_tables_): a graph captured earlier may still
+  // read it (its values for its positions do not change).
+  const float* rope_table(int rows, int HS, float base) {
+    if (rows > rope_rows_ || HS != rope_hs_ || base != rope_base_) {
+      if (capturing_) throw std::logic_error("CUDA backend: the rotary table had to be recomputed while capturing a graph");
+      int want = HS == rope_hs_ && base == rope_base_ ? std::max(rope_rows_, 1024) : 1024;
+      while (want < rows) want *= 2;
+      float* t = nullptr;
+      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&t), cuda::rope_table_floats(want, HS) * sizeof(float)));
+      rope_tables_.push_back(t);
+      cuda::rope_table(t, want, HS, double(base), stream_);
+      rope_rows_ = want, rope_hs_ = HS, rope_base_ = base;
+    }
+    return rope_tables_.back();
+  }
+
   // Remembers (and says once) that the library refused the fused GELU epilogue of direction d (0 forward,
   // 1 backward); the caller runs the separate kernels from now on.
   void refuse_gelu_epilogue(int d) {
@@ -677,6 +726,9 @@ class CudaBackend final : public Backend<T> {
   bool capturing_ = false;
   double* norm_work_ = nullptr;
   Scratch<float> scratch_;
+  std::vector<float*> rope_tables_;  // rope_table(): the current table (last) for rope_rows_ positions, and old ones
+  int rope_rows_ = 0, rope_hs_ = 0;
+  float rope_base_ = 0.0f;
   Scratch<int> buckets_;            // encoder_buckets of the last upload_batch, for encoder_backward
   const int32_t* bucketed_ = nullptr;  // the device token ids buckets_ describes
   int bucketed_BT_ = 0;

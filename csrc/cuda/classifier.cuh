@@ -7,6 +7,13 @@
 //             when the kernel runs (no host round trip; a graph replay sees each step's scale), in double, rounded
 //             once.
 //   loss:     *acc += scale * sum(losses) / count (the mean loss, accumulated over micro-steps).
+//   soft-cap (cap > 0; Gemma 2, modded-nanogpt): c = cap * tanh(z / cap) of the raw logits z is what the softmax
+//             reads, and d/dz = d/dc * (1 - tanh^2(z / cap)) = d/dc * (1 - (c / cap)^2):
+//     softcap_forward:  logits = c, in place (elementwise; eval and generation read capped logits);
+//     crossentropy_backward with softcap: the logits hold c (softcap_forward's output): dlogits carry the factor
+//             1 - (c / cap)^2 computed from c;
+//     crossentropy_forward_backward with softcap: the logits hold z; the fused pass caps each value as it reads it
+//             (losses and lse are those of c) and writes d/dz.
 //   forward_backward (training, fused): a small kernel counts the valid rows first, then one kernel per row
 //             computes lse and the loss (reading the row once), then turns the row into dlogits (its second read,
 //             by the same threads moments later, meets the cache: one row is 100 KB at Vp = 50304 bf16 and a
@@ -24,6 +31,7 @@ namespace gpt2::cuda {
 constexpr int kClassifierBlock = 512;       // crossentropy_forward / _backward: one block per row
 constexpr int kClassifierFusedBlock = 1024; // crossentropy_forward_backward's largest block (see its launcher)
 constexpr int kClassifierOneBlock = 1024;   // the single-block kernels: count and loss_accumulate
+constexpr int kSoftcapBlock = 256;          // softcap_forward: elementwise
 
 // Online softmax: (m, s) holds the running max and the sum of exp(x - m); adding values rescales s once when
 // the max grows.
@@ -35,53 +43,88 @@ __device__ inline void online_add(float& m, float& s, float x) {
     s += expf(x - m);
   }
 }
-template <class P>
-__device__ inline void online_add(float& m, float& s, const P& v) {
-  float vm = v.f(0);
+template <int K>
+__device__ inline void online_add(float& m, float& s, const float (&v)[K]) {
+  float vm = v[0];
 #pragma unroll
-  for (int k = 1; k < P::kSize; k++) vm = fmaxf(vm, v.f(k));
+  for (int k = 1; k < K; k++) vm = fmaxf(vm, v[k]);
   if (vm > m) {
     s *= expf(m - vm);
     m = vm;
   }
 #pragma unroll
-  for (int k = 0; k < P::kSize; k++) s += expf(v.f(k) - m);
+  for (int k = 0; k < K; k++) s += expf(v[k] - m);
 }
+
+// The map from the value in the logits buffer to what the softmax reads, and its derivative: the identity (GPT-2),
+// the soft-cap of raw logits (SoftCap), or already-capped logits whose derivative is still owed (Capped).
+struct NoCap {
+  __device__ float operator()(float x) const { return x; }
+  __device__ float operator()(float x, float& grad) const {
+    grad = 1.0f;
+    return x;
+  }
+};
+struct SoftCap {
+  float cap, inv;  // cap and 1 / cap
+  __device__ float operator()(float x) const { return cap * tanhf(x * inv); }
+  __device__ float operator()(float x, float& grad) const {  // grad: d cap tanh(x / cap) / dx = 1 - tanh^2
+    const float t = tanhf(x * inv);
+    grad = 1.0f - t * t;
+    return cap * t;
+  }
+};
+inline SoftCap soft_cap(float cap) { return SoftCap{cap, 1.0f / cap}; }
+struct Capped {
+  float inv;  // 1 / cap
+  __device__ float operator()(float c) const { return c; }
+  __device__ float operator()(float c, float& grad) const {  // 1 - tanh^2 = 1 - (c / cap)^2
+    const float t = c * inv;
+    grad = 1.0f - t * t;
+    return c;
+  }
+};
 
 // vec (Vp % K == 0 and logits 16-byte aligned, K = kVec<floatX>: every row starts 16-byte aligned): the
 // threads stride over the V / K whole vectors below V as Vec<floatX>, then one value at a time over the
 // ragged columns up to V; otherwise one value at a time over [0, V). Fixed per-thread order, so deterministic.
 // The logsumexp of row[0, V), returned to every thread of the block. scratch: 32 floats of shared memory.
-template <class floatX>
-__device__ inline float row_logsumexp(const floatX* row, int V, bool vec, float* scratch) {
+template <class floatX, class Cap>
+__device__ inline float row_logsumexp(const floatX* row, int V, bool vec, float* scratch, Cap cap) {
   using P = Vec<floatX>;
   constexpr int K = kVec<floatX>;
   // one pass over the row: each thread keeps a running (max, sum) pair, then the block combines the pairs
   float tm = -INFINITY, ts = 0.0f;
   const int VV = vec ? V / K : 0;  // whole vectors below V
-  for (int i = threadIdx.x; i < VV; i += blockDim.x) online_add(tm, ts, P::load(row + K * i));
-  for (int i = K * VV + threadIdx.x; i < V; i += blockDim.x) online_add(tm, ts, load_f(row[i]));
+  for (int i = threadIdx.x; i < VV; i += blockDim.x) {
+    const P p = P::load(row + K * i);
+    float v[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) v[k] = cap(p.f(k));
+    online_add(tm, ts, v);
+  }
+  for (int i = K * VV + threadIdx.x; i < V; i += blockDim.x) online_add(tm, ts, cap(load_f(row[i])));
   const float m = block_max(tm, scratch);
   const float s = block_sum(tm == -INFINITY ? 0.0f : ts * expf(tm - m), scratch);
   return m + logf(s);
 }
 
-template <class floatX>
+template <class floatX, class Cap>
 __global__ void __launch_bounds__(kClassifierBlock) crossentropy_forward_kernel(float* __restrict__ losses,         // (N)
                                             float* __restrict__ lse,            // (N)
                                             int* __restrict__ valid,            // (1), incremented
                                             const floatX* __restrict__ logits,  // (N, Vp)
                                             const int* __restrict__ targets,   // (N) or null
-                                            int V, int Vp, bool vec) {
+                                            int V, int Vp, bool vec, Cap cap) {
   __shared__ float scratch[32];
   const int n = blockIdx.x;
   const floatX* row = logits + size_t(n) * Vp;
-  const float l = row_logsumexp(row, V, vec, scratch);
+  const float l = row_logsumexp(row, V, vec, scratch, cap);
   if (threadIdx.x == 0) {
     lse[n] = l;
     const int t = targets ? targets[n] : -1;
     if (t >= 0) {
-      losses[n] = l - load_f(row[t]);
+      losses[n] = l - cap(load_f(row[t]));
       atomicAdd(valid, 1);
     } else {
       losses[n] = 0.0f;
@@ -94,8 +137,8 @@ __global__ void __launch_bounds__(kClassifierBlock) crossentropy_forward_kernel(
 // zero stores over the remaining padded vectors; ignored rows are zero stores only (nothing is read).
 // Otherwise one value at a time over [0, Vp).
 // row (Vp values) becomes (softmax - onehot(t)) * dloss below V, 0 in the padding; all 0 when t < 0.
-template <class floatX>
-__device__ inline void row_dlogits(floatX* row, float l, int t, float dloss, int V, int Vp, bool vec) {
+template <class floatX, class Cap>
+__device__ inline void row_dlogits(floatX* row, float l, int t, float dloss, int V, int Vp, bool vec, Cap cap) {
   using P = Vec<floatX>;
   constexpr int K = kVec<floatX>;
   const int VV = vec && t >= 0 ? V / K : 0;               // vectors computed
@@ -104,9 +147,10 @@ __device__ inline void row_dlogits(floatX* row, float l, int t, float dloss, int
     P v = P::load(row + K * i);
 #pragma unroll
     for (int k = 0; k < K; k++) {
-      float d = expf(v.f(k) - l) * dloss;
+      float g;
+      float d = expf(cap(v.f(k), g) - l) * dloss;
       if (K * i + k == t) d -= dloss;
-      v.set(k, d);
+      v.set(k, d * g);
     }
     v.store(row + K * i);
   }
@@ -114,8 +158,10 @@ __device__ inline void row_dlogits(floatX* row, float l, int t, float dloss, int
   for (int i = K * VV + threadIdx.x; i < end; i += blockDim.x) {
     float d = 0.0f;
     if (t >= 0 && i < V) {
-      d = expf(load_f(row[i]) - l) * dloss;
+      float g;
+      d = expf(cap(load_f(row[i]), g) - l) * dloss;
       if (i == t) d -= dloss;
+      d *= g;
     }
     row[i] = store_t<floatX>(d);
   }
@@ -134,15 +180,16 @@ __device__ inline float dloss_of(float grad_scale, const float* loss_scale, int 
   return count > 0 ? float(double(grad_scale) * scale / double(count)) : 0.0f;
 }
 
-template <class floatX>
+template <class floatX, class Cap>
 __global__ void __launch_bounds__(kClassifierBlock) crossentropy_backward_kernel(floatX* __restrict__ logits,           // (N, Vp), in place
                                              const float* __restrict__ lse,         // (N)
                                              const int* __restrict__ targets,       // (N)
                                              const int* __restrict__ count,         // (1) valid rows
                                              const float* __restrict__ loss_scale,  // (1) or null: 1
-                                             float grad_scale, int V, int Vp, bool vec) {
+                                             float grad_scale, int V, int Vp, bool vec, Cap cap) {
   const int n = blockIdx.x;
-  row_dlogits(logits + size_t(n) * Vp, lse[n], targets[n], dloss_of(grad_scale, loss_scale, *count), V, Vp, vec);
+  row_dlogits(logits + size_t(n) * Vp, lse[n], targets[n], dloss_of(grad_scale, loss_scale, *count), V, Vp, vec,
+              cap);
 }
 
 // One block: *count = the number of targets >= 0, a fixed-order integer sum.
@@ -155,25 +202,25 @@ __global__ void __launch_bounds__(kClassifierOneBlock) crossentropy_count_kernel
 }
 
 // forward and backward of one row in one block: lse and the loss, then dlogits in place (count already known).
-template <class floatX>
+template <class floatX, class Cap>
 __global__ void __launch_bounds__(kClassifierFusedBlock) crossentropy_forward_backward_kernel(float* __restrict__ losses,        // (N)
                                                      float* __restrict__ lse,           // (N)
                                                      floatX* __restrict__ logits,       // (N, Vp), in place
                                                      const int* __restrict__ targets,  // (N)
                                                      const int* __restrict__ count,    // (1) valid rows
                                                      const float* __restrict__ loss_scale,  // (1) or null: 1
-                                                     float grad_scale, int V, int Vp, bool vec) {
+                                                     float grad_scale, int V, int Vp, bool vec, Cap cap) {
   __shared__ float scratch[32];
   const int n = blockIdx.x;
   floatX* row = logits + size_t(n) * Vp;
   const int t = targets[n];
-  const float l = row_logsumexp(row, V, vec, scratch);
+  const float l = row_logsumexp(row, V, vec, scratch, cap);
   if (threadIdx.x == 0) {
     lse[n] = l;
-    losses[n] = t >= 0 ? l - load_f(row[t]) : 0.0f;
+    losses[n] = t >= 0 ? l - cap(load_f(row[t])) : 0.0f;
   }
   __syncthreads();  // row[t] is read before any thread overwrites it
-  row_dlogits(row, l, t, dloss_of(grad_scale, loss_scale, *count), V, Vp, vec);
+  row_dlogits(row, l, t, dloss_of(grad_scale, loss_scale, *count), V, Vp, vec, cap);
 }
 
 // One block: *acc += scale * (sum of losses in a fixed order) / *count, in double until the one rounding of *acc.
@@ -186,7 +233,40 @@ __global__ void __launch_bounds__(kClassifierOneBlock) loss_accumulate_kernel(fl
   if (threadIdx.x == 0 && *count > 0) *acc = float(double(*acc) + double(scale) * (s / double(*count)));
 }
 
+// logits = cap * tanh(logits / cap), in place. vec: thread i handles values K*i .. K*i+K-1 (K = kVec<floatX>) as one
+// Vec (16-byte aligned), the last thread the tail; otherwise one value per thread.
+template <class floatX>
+__global__ void __launch_bounds__(kSoftcapBlock) softcap_forward_kernel(floatX* __restrict__ logits,  // (n), in place
+                                       size_t n, SoftCap cap, bool vec) {
+  using P = Vec<floatX>;
+  constexpr int K = kVec<floatX>;
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (!vec) {
+    if (i < n) logits[i] = store_t<floatX>(cap(load_f(logits[i])));
+    return;
+  }
+  const size_t iv = K * i;
+  if (iv + K <= n) {
+    P v = P::load(logits + iv);
+#pragma unroll
+    for (int k = 0; k < K; k++) v.set(k, cap(v.f(k)));
+    v.store(logits + iv);
+  } else {
+    for (size_t k = iv; k < n; k++) logits[k] = store_t<floatX>(cap(load_f(logits[k])));
+  }
+}
+
 // ----------------------------------------------------------------------------------------- launchers
+template <class floatX>
+void softcap_forward(floatX* logits, float cap, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr int K = kVec<floatX>;
+  const bool vec = aligned16(logits);
+  LAUNCH(softcap_forward_kernel<floatX>, ceil_div(vec ? (n + K - 1) / K : n, kSoftcapBlock), kSoftcapBlock, 0, stream, logits, n,
+         soft_cap(cap), vec);
+  CUDA_CHECK_LAUNCH();
+}
+
 // Counts the non-ignored rows into *valid_dev (one device int) without reading it back.
 template <class floatX>
 void crossentropy_forward(float* losses, float* lse, const floatX* logits, const int* targets, int* valid_dev, int N,
@@ -194,20 +274,26 @@ void crossentropy_forward(float* losses, float* lse, const floatX* logits, const
   CUDA_CHECK(cudaMemsetAsync(valid_dev, 0, sizeof(int), stream));
   if (N <= 0) return;
   const bool vec = Vp % kVec<floatX> == 0 && aligned16(logits);
-  LAUNCH(crossentropy_forward_kernel<floatX>, N, kClassifierBlock, 0, stream, losses, lse, valid_dev, logits, targets,
-         V, Vp, vec);
+  LAUNCH((crossentropy_forward_kernel<floatX, NoCap>), N, kClassifierBlock, 0, stream, losses, lse, valid_dev, logits,
+         targets, V, Vp, vec, NoCap{});
   CUDA_CHECK_LAUNCH();
 }
 
+// softcap > 0: the logits hold softcap_forward's output c, and dlogits are d/dz of the raw logits z.
 // count: a device int of valid rows; loss_scale: a device float or null; dloss = grad_scale * *loss_scale / *count
 // on the device.
 template <class floatX>
 void crossentropy_backward(floatX* logits, const float* lse, const int* targets, const int* count,
-                           const float* loss_scale, float grad_scale, int N, int V, int Vp, cudaStream_t stream) {
+                           const float* loss_scale, float grad_scale, int N, int V, int Vp, cudaStream_t stream,
+                           float softcap = 0.0f) {
   if (N <= 0) return;
   const bool vec = Vp % kVec<floatX> == 0 && aligned16(logits);
-  LAUNCH(crossentropy_backward_kernel<floatX>, N, kClassifierBlock, 0, stream, logits, lse, targets, count,
-         loss_scale, grad_scale, V, Vp, vec);
+  if (softcap > 0.0f)  // the logits hold softcap_forward's capped values
+    LAUNCH((crossentropy_backward_kernel<floatX, Capped>), N, kClassifierBlock, 0, stream, logits, lse, targets,
+           count, loss_scale, grad_scale, V, Vp, vec, Capped{1.0f / softcap});
+  else
+    LAUNCH((crossentropy_backward_kernel<floatX, NoCap>), N, kClassifierBlock, 0, stream, logits, lse, targets, count,
+           loss_scale, grad_scale, V, Vp, vec, NoCap{});
   CUDA_CHECK_LAUNCH();
 }
 
@@ -226,17 +312,21 @@ inline int classifier_fused_block() {
 }
 
 // The training pass: *valid_dev = number of valid targets, then losses, lse and dlogits (in place) in one pass;
-// loss_scale as in crossentropy_backward.
+// loss_scale as in crossentropy_backward. softcap > 0: the logits hold the raw z, capped as they are read.
 template <class floatX>
 void crossentropy_forward_backward(float* losses, float* lse, floatX* logits, const int* targets, int* valid_dev,
                                    const float* loss_scale, float grad_scale, int N, int V, int Vp,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, float softcap = 0.0f) {
   LAUNCH(crossentropy_count_kernel, 1, kClassifierOneBlock, 0, stream, valid_dev, targets, N);
   CUDA_CHECK_LAUNCH();
   if (N <= 0) return;
   const bool vec = Vp % kVec<floatX> == 0 && aligned16(logits);
-  LAUNCH(crossentropy_forward_backward_kernel<floatX>, N, classifier_fused_block(), 0, stream, losses, lse, logits,
-         targets, valid_dev, loss_scale, grad_scale, V, Vp, vec);
+  if (softcap > 0.0f)
+    LAUNCH((crossentropy_forward_backward_kernel<floatX, SoftCap>), N, classifier_fused_block(), 0, stream, losses, lse,
+           logits, targets, valid_dev, loss_scale, grad_scale, V, Vp, vec, soft_cap(softcap));
+  else
+    LAUNCH((crossentropy_forward_backward_kernel<floatX, NoCap>), N, classifier_fused_block(), 0, stream, losses, lse,
+           logits, targets, valid_dev, loss_scale, grad_scale, V, Vp, vec, NoCap{});
   CUDA_CHECK_LAUNCH();
 }
 

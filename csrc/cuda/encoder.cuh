@@ -1,6 +1,6 @@
 // Token + position embedding, storage type floatX (float, bf16 or fp16; sums in fp32, one rounding to floatX):
-//   forward:  out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
-//   backward: dwpe[t,:] += sum_b dout[b,t,:];  dwte[v,:] += sum over positions (b,t) with inp[b,t] == v of dout[b,t,:]
+//   forward:  out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]   (wpe null: no position embedding, as with rotary)
+//   backward: dwpe[t,:] += sum_b dout[b,t,:] (unless dwpe is null);  dwte[v,:] += sum over positions (b,t) with inp[b,t] == v of dout[b,t,:]
 //             (dwte, dwpe fp32 for either floatX)
 // Backward is deterministic without float atomics: the positions are bucketed by token id on the host when the
 // batch is uploaded (stable order; encoder_buckets), and one thread owns each (token, channel) output and sums its
@@ -24,7 +24,7 @@ template <class floatX>
 __global__ void __launch_bounds__(kEncoderThreads) encoder_forward_kernel(floatX* __restrict__ out,        // (B, T, C)
                                        const int* __restrict__ inp,     // (B, T)
                                        const floatX* __restrict__ wte,  // (Vp, C)
-                                       const floatX* __restrict__ wpe,  // (maxT, C)
+                                       const floatX* __restrict__ wpe,  // (maxT, C) or null
                                        int BT, int T, int C, bool vec) {
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (vec) {
@@ -32,6 +32,10 @@ __global__ void __launch_bounds__(kEncoderThreads) encoder_forward_kernel(floatX
     if (idx >= size_t(BT) * CV) return;
     const int bt = int(idx / CV), c = int(idx % CV) * kVec<floatX>, t = bt % T;
     const Vec<floatX> a = Vec<floatX>::load(wte + size_t(inp[bt]) * C + c);
+    if (!wpe) {
+      a.store(out + size_t(bt) * C + c);
+      return;
+    }
     const Vec<floatX> b = Vec<floatX>::load(wpe + size_t(t) * C + c);
     Vec<floatX> o;
 #pragma unroll
@@ -41,7 +45,8 @@ __global__ void __launch_bounds__(kEncoderThreads) encoder_forward_kernel(floatX
   }
   if (idx >= size_t(BT) * C) return;
   const int bt = int(idx / C), c = int(idx % C), t = bt % T;
-  out[idx] = store_t<floatX>(load_f(wte[size_t(inp[bt]) * C + c]) + load_f(wpe[size_t(t) * C + c]));
+  const floatX e = wte[size_t(inp[bt]) * C + c];
+  out[idx] = wpe ? store_t<floatX>(load_f(e) + load_f(wpe[size_t(t) * C + c])) : e;
 }
 
 // dwpe[t, c] += sum_b dout[b, t, c], b in order (fp32).
@@ -82,7 +87,7 @@ void encoder_forward(floatX* out, const int* inp, const floatX* wte, const float
   const size_t n = size_t(B) * T * C;
   if (n == 0) return;
   const int block = kEncoderThreads;
-  const bool vec = C % kVec<floatX> == 0 && aligned16(out, wte, wpe);
+  const bool vec = C % kVec<floatX> == 0 && aligned16(out, wte, wpe);  // a null wpe counts as aligned
   LAUNCH(encoder_forward_kernel<floatX>, ceil_div(vec ? n / kVec<floatX> : n, block), block, 0, stream, out, inp, wte,
          wpe, B * T, T, C, vec);
   CUDA_CHECK_LAUNCH();
@@ -121,8 +126,10 @@ void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const int* b
   const int BT = B * T;
   if (BT == 0 || C == 0) return;
   const int block = kEncoderThreads;
-  LAUNCH(encoder_backward_wpe_kernel<floatX>, ceil_div(size_t(T) * C, block), block, 0, stream, dwpe, dout, B, T, C);
-  CUDA_CHECK_LAUNCH();
+  if (dwpe) {
+    LAUNCH(encoder_backward_wpe_kernel<floatX>, ceil_div(size_t(T) * C, block), block, 0, stream, dwpe, dout, B, T, C);
+    CUDA_CHECK_LAUNCH();
+  }
   const int cblock = kEncoderWteThreads;
   dim3 grid(std::min(BT, 2048), ceil_div(C, cblock));  // at most BT buckets; 2048 x C/64 blocks fill any GPU
   LAUNCH(encoder_backward_wte_kernel<floatX>, grid, cblock, 0, stream, dwte, dout, buckets_dev, BT, C);

@@ -1,12 +1,12 @@
 // LayerNorm over the last dimension (C), eps 1e-5, as csrc/cpu/ops.h, storage type floatX (float, bf16 or fp16):
 //   forward:  mean = sum x / C, var = sum (x - mean)^2 / C, rstd = 1 / sqrt(var + eps),
-//             out = (x - mean) * rstd * w + b; mean and rstd (fp32) saved per row.
+//             out = (x - mean) * rstd * w + b (b may be null: no bias); mean and rstd (fp32) saved per row.
 //   residual_layernorm_forward (fused): residual = a + b rounded to floatX, then the forward above on the
 //             ROUNDED residual: bit for bit residual_forward followed by layernorm_forward.
 //   backward: norm = (x - mean) * rstd, dnorm = w * dout,
 //             dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd      (accumulates, in floatX;
 //             or, accumulate = false, dinp = ... without reading dinp)
-//             dw += sum_rows norm * dout, db += sum_rows dout                         (accumulates, fp32)
+//             dw += sum_rows norm * dout, db += sum_rows dout (db null: no bias)      (accumulates, fp32)
 // All arithmetic in fp32 registers; floatX values are rounded once when stored.
 // One warp per row for the row-wise parts; parameter gradients reduced deterministically in two passes
 // (reduce.cuh), no float atomics; the backward's one kernel computes dinp and pass 1 of dw, db together.
@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kLnForwardThreads) layernorm_forward_kernel(fl
                                          const floatX* __restrict__ inp,   // (N, C) (kResidual: a)
                                          const floatX* __restrict__ inp2,  // (N, C) b when kResidual, else null
                                          const floatX* __restrict__ w,     // (C)
-                                         const floatX* __restrict__ b,     // (C)
+                                         const floatX* __restrict__ b,     // (C) or null (no bias)
                                          int N, int C, bool vec) {
   using V = Vec<floatX>;
   constexpr int K = kVec<floatX>;
@@ -145,14 +145,20 @@ __global__ void __launch_bounds__(kLnForwardThreads) layernorm_forward_kernel(fl
   for_each_vec([&](int j, int i) {
     float v[K];
     fetch(j, i, v);
-    const V ww = V::load(w + size_t(i) * K), bb = V::load(b + size_t(i) * K);
+    const V ww = V::load(w + size_t(i) * K);
     V y;
+    if (b) {
+      const V bb = V::load(b + size_t(i) * K);
 #pragma unroll
-    for (int k = 0; k < K; k++) y.set(k, (v[k] - m) * r * ww.f(k) + bb.f(k));
+      for (int k = 0; k < K; k++) y.set(k, (v[k] - m) * r * ww.f(k) + bb.f(k));
+    } else {
+#pragma unroll
+      for (int k = 0; k < K; k++) y.set(k, (v[k] - m) * r * ww.f(k));
+    }
     y.store(o + size_t(i) * K);
   });
   for (int i = K * CV + lane; i < C; i += 32)
-    o[i] = store_t<floatX>((load_one(i) - m) * r * load_f(w[i]) + load_f(b[i]));
+    o[i] = store_t<floatX>((load_one(i) - m) * r * load_f(w[i]) + (b ? load_f(b[i]) : 0.0f));
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
@@ -318,7 +324,7 @@ void layernorm_backward(floatX* dinp, float* dw, float* db, const floatX* dout, 
          column_chunk_rows(N, C), vec, accumulate);
   CUDA_CHECK_LAUNCH();
   column_reduce(dw, pdw, R, C, stream);
-  column_reduce(db, pdb, R, C, stream);
+  if (db) column_reduce(db, pdb, R, C, stream);  // null: a layernorm without bias
 }
 
 }  // namespace gpt2::cuda

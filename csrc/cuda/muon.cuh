@@ -21,7 +21,8 @@
 
 namespace gpt2::cuda {
 
-__global__ void muon_momentum_kernel(float* __restrict__ grad,  // (N) flat: in g, out the update
+constexpr int kMuonBlock = 256;  // threads per block of this file's kernels (launch bounds)
+__global__ void __launch_bounds__(kMuonBlock) muon_momentum_kernel(float* __restrict__ grad,  // (N) flat: in g, out the update
                                      float* __restrict__ mom,   // (N) flat
                                      AdamWTable table, bool nesterov, const StepState* step) {
   float factor;
@@ -38,7 +39,7 @@ __global__ void muon_momentum_kernel(float* __restrict__ grad,  // (N) flat: in 
 }
 
 template <class xT>
-__global__ void muon_normalize_kernel(xT* __restrict__ x,          // (n)
+__global__ void __launch_bounds__(kMuonBlock) muon_normalize_kernel(xT* __restrict__ x,          // (n)
                                       const float* __restrict__ u,  // (n)
                                       const double* __restrict__ sumsq, size_t n) {
   const float inv = 1.0f / (float(sqrt(*sumsq)) + float(kMuonNormEps));
@@ -47,13 +48,13 @@ __global__ void muon_normalize_kernel(xT* __restrict__ x,          // (n)
 }
 
 template <class xT>
-__global__ void muon_scale_kernel(xT* __restrict__ y, const xT* __restrict__ x, float alpha, size_t n) {
+__global__ void __launch_bounds__(kMuonBlock) muon_scale_kernel(xT* __restrict__ y, const xT* __restrict__ x, float alpha, size_t n) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     y[i] = store_t<xT>(alpha * load_f(x[i]));
 }
 
 template <class xT>
-__global__ void muon_store_kernel(float* __restrict__ u, const xT* __restrict__ x, size_t n, const StepState* step) {
+__global__ void __launch_bounds__(kMuonBlock) muon_store_kernel(float* __restrict__ u, const xT* __restrict__ x, size_t n, const StepState* step) {
   float factor;
   if (!update_factor(step->args, step->scaler.scale, &factor)) return;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
@@ -61,7 +62,7 @@ __global__ void muon_store_kernel(float* __restrict__ u, const xT* __restrict__ 
 }
 
 template <class floatX>
-__global__ void muon_apply_kernel(floatX* __restrict__ param,   // (n)
+__global__ void __launch_bounds__(kMuonBlock) muon_apply_kernel(floatX* __restrict__ param,   // (n)
                                   float* __restrict__ master,   // (n), null when floatX = float
                                   const float* __restrict__ x,  // (n) the orthogonalised update
                                   size_t n, size_t offset, float decay, float scale, const StepState* step) {
@@ -97,28 +98,28 @@ inline void muon_momentum(float* grad, float* mom, const AdamWSpan* spans, int c
     most = std::max(most, spans[i].end - spans[i].begin);
   }
   if (t.count == 0) return;
-  LAUNCH(muon_momentum_kernel, dim3(muon_blocks(most), t.count), 256, 0, stream, grad, mom, t, nesterov, step);
+  LAUNCH(muon_momentum_kernel, dim3(muon_blocks(most), t.count), kMuonBlock, 0, stream, grad, mom, t, nesterov, step);
   CUDA_CHECK_LAUNCH();
 }
 
 template <class xT>
 void muon_normalize(xT* x, const float* u, const double* sumsq, size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  LAUNCH(muon_normalize_kernel<xT>, muon_blocks(n), 256, 0, stream, x, u, sumsq, n);
+  LAUNCH(muon_normalize_kernel<xT>, muon_blocks(n), kMuonBlock, 0, stream, x, u, sumsq, n);
   CUDA_CHECK_LAUNCH();
 }
 
 template <class xT>
 void muon_scale(xT* y, const xT* x, float alpha, size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  LAUNCH(muon_scale_kernel<xT>, muon_blocks(n), 256, 0, stream, y, x, alpha, n);
+  LAUNCH(muon_scale_kernel<xT>, muon_blocks(n), kMuonBlock, 0, stream, y, x, alpha, n);
   CUDA_CHECK_LAUNCH();
 }
 
 template <class xT>
 void muon_store(float* u, const xT* x, size_t n, const StepState* step, cudaStream_t stream) {
   if (n == 0) return;
-  LAUNCH(muon_store_kernel<xT>, muon_blocks(n), 256, 0, stream, u, x, n, step);
+  LAUNCH(muon_store_kernel<xT>, muon_blocks(n), kMuonBlock, 0, stream, u, x, n, step);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -129,7 +130,7 @@ void muon_apply(floatX* param, float* master, const float* x, size_t n, size_t o
     throw std::invalid_argument(kIs16Bit<floatX> ? "muon_apply: bf16 / fp16 parameters need fp32 master weights"
                                                 : "muon_apply: fp32 parameters are their own master (pass null)");
   if (n == 0) return;
-  LAUNCH(muon_apply_kernel<floatX>, muon_blocks(n), 256, 0, stream, param, master, x, n, offset, decay, scale, step);
+  LAUNCH(muon_apply_kernel<floatX>, muon_blocks(n), kMuonBlock, 0, stream, param, master, x, n, offset, decay, scale, step);
   CUDA_CHECK_LAUNCH();
 }
 

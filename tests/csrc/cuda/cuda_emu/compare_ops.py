@@ -202,6 +202,69 @@ def classifier_cases(ops, prefix):
 
 classifier_cases(cuda, "")
 
+# ---- the modern architecture's ops (csrc/model/backend.h; kernels rmsnorm.cuh, rope.cuh, relu2.cuh, classifier.cuh's
+# soft-cap; their float64 checks per storage type are in tests/csrc/cuda/test_cuda_emu_modern.py), and the GPT-2 ops
+# with the tensors a modern config lacks (null wpe, layernorm bias, matmul bias)
+
+
+def modern_cases(ops, prefix):
+    xr = f32(N, C, scale=2.0) + 0.3
+    out, rstd = cpu.rmsnorm_forward(xr)
+    record(prefix + "rmsnorm_forward", ops.rmsnorm_forward(xr), (out, rstd))
+    a2, b2 = f32(N, C), f32(N, C)
+    record(prefix + "residual_rmsnorm_forward", ops.residual_rmsnorm_forward(a2, b2), cpu.residual_rmsnorm_forward(a2, b2))
+    args = (f32(N, C), f32(N, C), xr, rstd)
+    record(prefix + "rmsnorm_backward", ops.rmsnorm_backward(*args), cpu.rmsnorm_backward(*args))
+    want = cpu.rmsnorm_backward(np.zeros((N, C), np.float32), *args[1:])
+    record(prefix + "rmsnorm_backward write", ops.rmsnorm_backward(nan(N, C), *args[1:], write=True), want)
+    # rotary and QK-norm on qkv: head sizes 64 and 10 (5 pairs: the scalar path), positions from 0, from 1000, and
+    # from 3000 (the CUDA backend's table grows from 1024 to 4096 positions)
+    for (Ca, NH, Ta, t0) in ((192, 3, T, 0), (20, 2, 9, 1000), (192, 3, 5, 3000)):
+        qkv = f32(B, Ta, 3 * Ca)
+        for backward in (False, True):
+            record(prefix + ("rope_backward" if backward else "rope_forward"),
+                   *(o.rope(qkv, NH, t0, 10000.0, backward) for o in (ops, cpu)))
+        (q1, r1), (q0, r0) = ops.qk_norm_forward(qkv, NH), cpu.qk_norm_forward(qkv, NH)
+        record(prefix + "qk_norm_forward", (q1, r1), (q0, r0))
+        args = (f32(B, Ta, 3 * Ca), q0, r0, NH)
+        record(prefix + "qk_norm_backward", ops.qk_norm_backward(*args), cpu.qk_norm_backward(*args))
+    g2 = f32(N * 4 + 3, scale=2.0)
+    record(prefix + "relu2_forward", ops.relu2_forward(g2), cpu.relu2_forward(g2))
+    args = (f32(g2.size), g2, f32(g2.size))
+    record(prefix + "relu2_backward", ops.relu2_backward(*args), cpu.relu2_backward(*args))
+    lg = f32(N, Vp, scale=12.0)
+    record(prefix + "softcap_forward", ops.softcap_forward(lg, 15.0), cpu.softcap_forward(lg, 15.0))
+    tg = rng.integers(0, V, N).astype(np.int32)
+    tg[[0, 5, N - 1]] = (-1, V - 1, -1)
+    for fused in (False, True):
+        (l1, s1, n1, a1, d1), (l0, s0, n0, a0, d0) = (o.crossentropy_softcap(lg, tg, V, 15.0, 0.5, fused=fused)
+                                                      for o in (ops, cpu))
+        assert n1 == n0 == N - 2, (n1, n0)
+        record(prefix + ("crossentropy_softcap_fused" if fused else "crossentropy_softcap"),
+               (l1, s1, d1, np.float32(a1)), (l0, s0, d0, np.float32(a0)))
+
+
+modern_cases(cuda, "")
+# the MLP with relu^2 (no cuBLASLt epilogue: matmul + relu2 kernels; the backward writes dpre in place), with and
+# without bias; OC = 4C and an odd OC
+for OC in (4 * C, 101):
+    xin, wt, bias = f32(N, C), f32(OC, C, scale=0.1), f32(OC)
+    pre = f32(N, OC, scale=2.0)
+    act = cpu.relu2_forward(pre.ravel()).reshape(N, OC)
+    w2 = f32(C, OC, scale=0.1)
+    for bb in (bias, None):
+        record("matmul_relu2_forward", cuda.matmul_relu2_forward(xin, wt, bb), cpu.matmul_relu2_forward(xin, wt, bb))
+    for db in (f32(C), None):
+        args = (f32(C, OC), db, f32(N, C), pre, act, w2)
+        record("relu2_matmul_backward", cuda.relu2_matmul_backward(*args), cpu.relu2_matmul_backward(*args))
+# null tensors: the encoder without wpe (rotary), layernorm without bias
+record("encoder_forward no wpe", *both("encoder_forward", inp, wte, None))
+record("encoder_backward no wpe", *both("encoder_backward", f32(Vp, C), None, f32(B, T, C), inp))
+out, mean, rstd = cpu.layernorm_forward(x, w, None)
+record("layernorm_forward no bias", cuda.layernorm_forward(x, w, None), (out, mean, rstd))
+record("residual_layernorm_forward no bias", *both("residual_layernorm_forward", f32(N, C), f32(N, C), w, None))
+record("layernorm_backward no bias", *both("layernorm_backward", f32(N, C), f32(C), None, f32(N, C), x, w, mean, rstd))
+
 # global norm and AdamW
 p = f32(70001)
 s1, s0 = both("sum_squares", p)
@@ -280,5 +343,6 @@ args = (logits, s0, targets, 1.0 / 7, V)
 record("unaligned crossentropy_backward_inplace", cuda_unaligned.crossentropy_backward_inplace(*args),
        cpu.crossentropy_backward_inplace(*args))
 classifier_cases(cuda_unaligned, "unaligned ")
+modern_cases(cuda_unaligned, "unaligned ")
 
 print(json.dumps(errors))

@@ -33,6 +33,24 @@ void attention_tc_16(bool f16, uint16_t* out, float* lse, uint16_t* dqkv, const 
 int column_sum(bool bf16, float* out, const void* inp, int N, int C, bool misalign);  // kernel_ops.cu
 void column_reduce(float* out, const float* partial, int R, int C);
 int loss_count_accumulate(float* acc, const int32_t* targets, const float* losses, int N, float scale);
+// modern_ops.cu: the modern architecture's kernels on host float arrays, dtype 0 float / 1 bf16 / 2 fp16
+void rmsnorm_fwd(int dtype, bool mis, float* residual, float* out, float* rstd, const float* a, const float* b, int N,
+                 int C, float eps);
+void rmsnorm_bwd(int dtype, bool mis, float* dinp, const float* dout, const float* inp, const float* rstd, int N, int C,
+                 bool accumulate);
+void qknorm_fwd(int dtype, bool mis, float* qkv, float* rstd, int BT, int C, int NH, float eps);
+void qknorm_bwd(int dtype, bool mis, float* dqkv, const float* qkv, const float* rstd, int BT, int C, int NH);
+void rope(int dtype, bool mis, float* qkv, float* table, int B, int T, int C, int NH, int maxT, int pos0, double base,
+          bool backward);
+void relu2_fwd(int dtype, bool mis, float* out, const float* inp, size_t N);
+void relu2_bwd(int dtype, bool mis, float* dinp, const float* inp, const float* dout, size_t N, bool accumulate,
+               bool inplace);
+void classifier(int dtype, bool mis, int mode, float* losses, float* lse, int* count, float* capped, float* dlogits,
+                const float* logits, const int* targets, int N, int V, int Vp, float cap, float grad_scale);
+void layernorm_nobias(int dtype, bool mis, float* out, float* mean, float* rstd, float* dinp, float* dw,
+                      const float* inp, const float* w, const float* dout, int N, int C);
+void encoder_nowpe(int dtype, bool mis, float* out, float* dwte, const int* inp, const float* wte, const float* dout,
+                   int BT, int Vp, int C);
 }  // namespace gpt2emu_test
 
 namespace py = pybind11;
@@ -97,6 +115,8 @@ struct Ops {
     std::memcpy(p, a.data(), a.size() * sizeof(float));
     return p;
   }
+  T* ot(const py::object& a) { return a.is_none() ? nullptr : ut(a.cast<F>()); }  // None: a null pointer
+  float* om(const py::object& a) { return a.is_none() ? nullptr : um(a.cast<F>()); }
   int32_t* ui(const I& a) {
     int32_t* p = be->alloc_i32(a.size());
     be->to_device_i32(p, a.data(), a.size());
@@ -157,56 +177,58 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
       .def(py::init<const std::string&, bool, const std::string&, bool>(), py::arg("device"),
            py::arg("misalign") = false, py::arg("attention") = "auto", py::arg("fused") = true)
       .def("encoder_forward",
-           [](O& o, I inp, F wte, F wpe) {
+           [](O& o, I inp, F wte, py::object wpe) {  // wpe None: no position embedding (rotary)
              const int B = inp.shape(0), T_ = inp.shape(1), C = wte.shape(1);
              T* out = o.zt(size_t(B) * T_ * C);
-             o.be->encoder_forward(out, o.ui(inp), o.ut(wte), o.ut(wpe), B, T_, C);
+             o.be->encoder_forward(out, o.ui(inp), o.ut(wte), o.ot(wpe), B, T_, C);
              auto r = O::dt(out, {B, T_, C});
              o.clear();
              return r;
            })
       .def("encoder_backward",
-           [](O& o, F dwte, F dwpe, F dout, I inp) {
+           [](O& o, F dwte, py::object dwpe, F dout, I inp) {  // dwpe None: no position embedding
              const int B = inp.shape(0), T_ = inp.shape(1), C = dwte.shape(1);
              float* a = o.um(dwte);
-             float* b = o.um(dwpe);
+             float* b = o.om(dwpe);
              o.be->encoder_backward(a, b, o.ut(dout), o.ui_batch(inp), B, T_, C);
-             auto r = py::make_tuple(O::dm(a, {dwte.shape(0), C}), O::dm(b, {dwpe.shape(0), C}));
+             py::object rb = b ? py::object(O::dm(b, {dwpe.cast<F>().shape(0), C})) : py::object(py::none());
+             auto r = py::make_tuple(O::dm(a, {dwte.shape(0), C}), rb);
              o.clear();
              return r;
            })
       .def("layernorm_forward",
-           [](O& o, F inp, F w, F b) {
+           [](O& o, F inp, F w, py::object b) {  // b None: no bias
              const int N = inp.shape(0), C = inp.shape(1);
              T* out = o.zt(size_t(N) * C);
              float* mean = o.zm(N);
              float* rstd = o.zm(N);
-             o.be->layernorm_forward(out, mean, rstd, o.ut(inp), o.ut(w), o.ut(b), N, C);
+             o.be->layernorm_forward(out, mean, rstd, o.ut(inp), o.ut(w), o.ot(b), N, C);
              auto r = py::make_tuple(O::dt(out, {N, C}), O::dm(mean, {N}), O::dm(rstd, {N}));
              o.clear();
              return r;
            })
       .def("residual_layernorm_forward",
-           [](O& o, F a, F b, F w, F bias) {
+           [](O& o, F a, F b, F w, py::object bias) {
              const int N = a.shape(0), C = a.shape(1);
              T* res = o.zt(size_t(N) * C);
              T* out = o.zt(size_t(N) * C);
              float* mean = o.zm(N);
              float* rstd = o.zm(N);
-             o.be->residual_layernorm_forward(res, out, mean, rstd, o.ut(a), o.ut(b), o.ut(w), o.ut(bias), N, C);
+             o.be->residual_layernorm_forward(res, out, mean, rstd, o.ut(a), o.ut(b), o.ut(w), o.ot(bias), N, C);
              auto r = py::make_tuple(O::dt(res, {N, C}), O::dt(out, {N, C}), O::dm(mean, {N}), O::dm(rstd, {N}));
              o.clear();
              return r;
            })
       .def("layernorm_backward",  // write: InputGrad::Write (dinp's initial values must be ignored)
-           [](O& o, F dinp, F dw, F db, F dout, F inp, F w, F mean, F rstd, bool write) {
+           [](O& o, F dinp, F dw, py::object db, F dout, F inp, F w, F mean, F rstd, bool write) {
              const int N = inp.shape(0), C = inp.shape(1);
              T* a = o.ut(dinp);
              float* b = o.um(dw);
-             float* c = o.um(db);
+             float* c = o.om(db);  // None: no bias
              o.be->layernorm_backward(a, b, c, o.ut(dout), o.ut(inp), o.ut(w), o.um(mean), o.um(rstd), N, C,
                                       O::mode(write));
-             auto r = py::make_tuple(O::dt(a, {N, C}), O::dm(b, {C}), O::dm(c, {C}));
+             py::object rc = c ? py::object(O::dm(c, {C})) : py::object(py::none());
+             auto r = py::make_tuple(O::dt(a, {N, C}), O::dm(b, {C}), rc);
              o.clear();
              return r;
            },
@@ -276,6 +298,148 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              return r;
            },
            py::arg("qkv"), py::arg("dout"), py::arg("dqkv"), py::arg("NH"), py::arg("write") = false)
+      // ---- the modern architecture's ops (csrc/model/backend.h)
+      .def("rmsnorm_forward",
+           [](O& o, F inp) {
+             const int N = inp.shape(0), C = inp.shape(1);
+             T* out = o.zt(size_t(N) * C);
+             float* rstd = o.zm(N);
+             o.be->rmsnorm_forward(out, rstd, o.ut(inp), N, C);
+             auto r = py::make_tuple(O::dt(out, {N, C}), O::dm(rstd, {N}));
+             o.clear();
+             return r;
+           })
+      .def("residual_rmsnorm_forward",
+           [](O& o, F a, F b) {
+             const int N = a.shape(0), C = a.shape(1);
+             T* res = o.zt(size_t(N) * C);
+             T* out = o.zt(size_t(N) * C);
+             float* rstd = o.zm(N);
+             o.be->residual_rmsnorm_forward(res, out, rstd, o.ut(a), o.ut(b), N, C);
+             auto r = py::make_tuple(O::dt(res, {N, C}), O::dt(out, {N, C}), O::dm(rstd, {N}));
+             o.clear();
+             return r;
+           })
+      .def("rmsnorm_backward",  // write: InputGrad::Write
+           [](O& o, F dinp, F dout, F inp, F rstd, bool write) {
+             const int N = inp.shape(0), C = inp.shape(1);
+             T* a = o.ut(dinp);
+             o.be->rmsnorm_backward(a, o.ut(dout), o.ut(inp), o.um(rstd), N, C, O::mode(write));
+             auto r = O::dt(a, {N, C});
+             o.clear();
+             return r;
+           },
+           py::arg("dinp"), py::arg("dout"), py::arg("inp"), py::arg("rstd"), py::arg("write") = false)
+      .def("rope",  // rope_forward (or rope_backward) in place on qkv (B, T, 3C)
+           [](O& o, F qkv, int NH, int t0, float base, bool backward) {
+             const int B = qkv.shape(0), T_ = qkv.shape(1), C = qkv.shape(2) / 3;
+             T* x = o.ut(qkv);
+             if (backward) o.be->rope_backward(x, B, T_, C, NH, t0, base);
+             else o.be->rope_forward(x, B, T_, C, NH, t0, base);
+             o.be->synchronize();
+             auto r = O::dt(x, {B, T_, 3 * C});
+             o.clear();
+             return r;
+           },
+           py::arg("qkv"), py::arg("NH"), py::arg("t0") = 0, py::arg("base") = 10000.0f, py::arg("backward") = false)
+      .def("qk_norm_forward",  // returns (qkv normed in place, rstd (B*T, 2NH))
+           [](O& o, F qkv, int NH) {
+             const int B = qkv.shape(0), T_ = qkv.shape(1), C = qkv.shape(2) / 3;
+             T* x = o.ut(qkv);
+             float* rstd = o.zm(size_t(B) * T_ * 2 * NH);
+             o.be->qk_norm_forward(x, rstd, B, T_, C, NH);
+             auto r = py::make_tuple(O::dt(x, {B, T_, 3 * C}), O::dm(rstd, {B * T_, 2 * NH}));
+             o.clear();
+             return r;
+           })
+      .def("qk_norm_backward",  // dqkv in place, from the forward's output qkv
+           [](O& o, F dqkv, F qkv, F rstd, int NH) {
+             const int B = qkv.shape(0), T_ = qkv.shape(1), C = qkv.shape(2) / 3;
+             T* d = o.ut(dqkv);
+             o.be->qk_norm_backward(d, o.ut(qkv), o.um(rstd), B, T_, C, NH);
+             auto r = O::dt(d, {B, T_, 3 * C});
+             o.clear();
+             return r;
+           })
+      .def("relu2_forward",
+           [](O& o, F inp) {
+             T* out = o.zt(inp.size());
+             o.be->relu2_forward(out, o.ut(inp), inp.size());
+             auto r = O::dt(out, {inp.size()});
+             o.clear();
+             return r;
+           })
+      .def("relu2_backward",
+           [](O& o, F dinp, F inp, F dout) {
+             T* a = o.ut(dinp);
+             o.be->relu2_backward(a, o.ut(inp), o.ut(dout), inp.size());
+             auto r = O::dt(a, {inp.size()});
+             o.clear();
+             return r;
+           })
+      .def("matmul_relu2_forward",  // returns (pre, relu(pre)^2)
+           [](O& o, F inp, F w, py::object bias) {
+             const int N = inp.shape(0), C = inp.shape(1), OC = w.shape(0);
+             T* pre = o.zt(size_t(N) * OC);
+             T* out = o.zt(size_t(N) * OC);
+             o.be->matmul_relu2_forward(pre, out, o.ut(inp), o.ut(w), o.ot(bias), N, C, OC);
+             auto r = py::make_tuple(O::dt(pre, {N, OC}), O::dt(out, {N, OC}));
+             o.clear();
+             return r;
+           })
+      .def("relu2_matmul_backward",  // returns (dpre, dw, dbias); dpre's and the scratch's initial values are NaN
+           [](O& o, F dw, py::object dbias, F dout, F pre, F act, F w) {
+             const int N = pre.shape(0), C = pre.shape(1), OC = w.shape(0);
+             T* a = o.zt(size_t(N) * C);
+             T* scratch = o.zt(size_t(N) * C);
+             for (size_t i = 0; i < size_t(N) * C; i++) a[i] = scratch[i] = O::cvt(std::numeric_limits<float>::quiet_NaN());
+             float* b = o.um(dw);
+             float* c = o.om(dbias);
+             o.be->relu2_matmul_backward(a, b, c, o.ut(dout), o.ut(pre), o.ut(act), o.ut(w), scratch, N, C, OC);
+             py::object cb = c ? py::object(O::dm(c, {OC})) : py::object(py::none());
+             auto r = py::make_tuple(O::dt(a, {N, C}), O::dm(b, {OC, C}), cb);
+             o.clear();
+             return r;
+           })
+      .def("softcap_forward",
+           [](O& o, F logits, float cap) {
+             T* x = o.ut(logits);
+             o.be->softcap_forward(x, cap, logits.size());
+             o.be->synchronize();
+             auto r = O::dt(x, std::vector<py::ssize_t>(logits.shape(), logits.shape() + logits.ndim()));
+             o.clear();
+             return r;
+           })
+      .def("crossentropy_softcap",  // the training step's loss with a soft-cap: fused (raw logits, one op) or
+           // softcap_forward, crossentropy_forward, loss_accumulate, crossentropy_softcap_backward;
+           // returns (losses, lse, count, acc, dlogits)
+           [](O& o, F logits, I targets, int V, float cap, float grad_scale, bool fused) {
+             const int N = logits.shape(0), Vp = logits.shape(1);
+             float* losses = o.zm(N);
+             float* lse = o.zm(N);
+             float acc0 = 0.0f;
+             float* acc = o.um(F(py::array_t<float>(1, &acc0)));
+             int32_t* nv = o.ui(I(py::array_t<int32_t>(1)));
+             *nv = -12345;  // poisoned: the op must write it
+             T* lg = o.ut(logits);
+             const int32_t* t = o.ui(targets);
+             if (fused) {
+               o.be->crossentropy_softcap_forward_backward(losses, lse, lg, t, nv, grad_scale, cap, N, V, Vp);
+               o.be->loss_accumulate(acc, losses, nv, N, 1.0f);
+             } else {
+               o.be->softcap_forward(lg, cap, size_t(N) * Vp);
+               o.be->crossentropy_forward(losses, lse, lg, t, nv, N, V, Vp);
+               o.be->loss_accumulate(acc, losses, nv, N, 1.0f);
+               o.be->crossentropy_softcap_backward(lg, lse, t, nv, grad_scale, cap, N, V, Vp);
+             }
+             o.be->synchronize();
+             auto r = py::make_tuple(O::dm(losses, {N}), O::dm(lse, {N}), long(*nv), double(*acc),
+                                     O::dt(lg, {N, Vp}));
+             o.clear();
+             return r;
+           },
+           py::arg("logits"), py::arg("targets"), py::arg("V"), py::arg("cap"), py::arg("grad_scale"),
+           py::arg("fused") = false)
       .def("gelu_forward",
            [](O& o, F inp) {
              T* out = o.zt(inp.size());
@@ -412,6 +576,91 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
 
 }  // namespace
 
+// The modern architecture's kernels without a backend (modern_ops.cu), module functions k_*: dtype 0 float, 1 bf16,
+// 2 fp16; every array argument is copied, results come back as new float32 arrays.
+void bind_modern_kernels(py::module_& m) {
+  auto copy = [](const F& a) {
+    F c(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
+    std::memcpy(c.mutable_data(), a.data(), size_t(a.size()) * sizeof(float));
+    return c;
+  };
+  m.def("k_rmsnorm_forward", [](int dtype, F a, py::object b, float eps, bool mis) {
+    const int N = a.shape(0), C = a.shape(1);
+    F res({N, C}), out({N, C}), rstd(N);
+    F bb = b.is_none() ? F(0) : b.cast<F>();
+    gpt2emu_test::rmsnorm_fwd(dtype, mis, res.mutable_data(), out.mutable_data(), rstd.mutable_data(), a.data(),
+                              b.is_none() ? nullptr : bb.data(), N, C, eps);
+    return py::make_tuple(res, out, rstd);
+  }, py::arg("dtype"), py::arg("a"), py::arg("b"), py::arg("eps"), py::arg("misalign") = false);
+  m.def("k_rmsnorm_backward", [copy](int dtype, F dinp, F dout, F inp, F rstd, bool accumulate, bool mis) {
+    F g = copy(dinp);
+    gpt2emu_test::rmsnorm_bwd(dtype, mis, g.mutable_data(), dout.data(), inp.data(), rstd.data(), inp.shape(0),
+                              inp.shape(1), accumulate);
+    return g;
+  }, py::arg("dtype"), py::arg("dinp"), py::arg("dout"), py::arg("inp"), py::arg("rstd"), py::arg("accumulate"),
+     py::arg("misalign") = false);
+  m.def("k_qknorm_forward", [copy](int dtype, F qkv, int NH, float eps, bool mis) {  // qkv (BT, 3C)
+    F x = copy(qkv), rstd(qkv.shape(0) * 2 * NH);
+    gpt2emu_test::qknorm_fwd(dtype, mis, x.mutable_data(), rstd.mutable_data(), qkv.shape(0), qkv.shape(1) / 3, NH,
+                             eps);
+    return py::make_tuple(x, rstd);
+  }, py::arg("dtype"), py::arg("qkv"), py::arg("NH"), py::arg("eps"), py::arg("misalign") = false);
+  m.def("k_qknorm_backward", [copy](int dtype, F dqkv, F qkv, F rstd, int NH, bool mis) {
+    F g = copy(dqkv);
+    gpt2emu_test::qknorm_bwd(dtype, mis, g.mutable_data(), qkv.data(), rstd.data(), qkv.shape(0), qkv.shape(1) / 3,
+                             NH);
+    return g;
+  }, py::arg("dtype"), py::arg("dqkv"), py::arg("qkv"), py::arg("rstd"), py::arg("NH"), py::arg("misalign") = false);
+  m.def("k_rope", [copy](int dtype, F qkv, int NH, int maxT, int pos0, double base, bool backward, bool mis) {
+    // qkv (B, T, 3C); returns (rotated qkv, table (maxT, HS))
+    const int B = qkv.shape(0), T_ = qkv.shape(1), C = qkv.shape(2) / 3;
+    F x = copy(qkv), table({maxT, C / NH});
+    gpt2emu_test::rope(dtype, mis, x.mutable_data(), table.mutable_data(), B, T_, C, NH, maxT, pos0, base, backward);
+    return py::make_tuple(x, table);
+  }, py::arg("dtype"), py::arg("qkv"), py::arg("NH"), py::arg("maxT"), py::arg("pos0"), py::arg("base"),
+     py::arg("backward"), py::arg("misalign") = false);
+  m.def("k_relu2_forward", [](int dtype, F inp, bool mis) {
+    F out(inp.size());
+    gpt2emu_test::relu2_fwd(dtype, mis, out.mutable_data(), inp.data(), inp.size());
+    return out;
+  }, py::arg("dtype"), py::arg("inp"), py::arg("misalign") = false);
+  m.def("k_relu2_backward", [copy](int dtype, F dinp, F inp, F dout, bool accumulate, bool inplace, bool mis) {
+    F g = copy(dinp);
+    gpt2emu_test::relu2_bwd(dtype, mis, g.mutable_data(), inp.data(), dout.data(), inp.size(), accumulate, inplace);
+    return g;
+  }, py::arg("dtype"), py::arg("dinp"), py::arg("inp"), py::arg("dout"), py::arg("accumulate"),
+     py::arg("inplace") = false, py::arg("misalign") = false);
+  m.def("k_classifier", [](int dtype, int mode, F logits, I targets, int V, float cap, float grad_scale, bool mis) {
+    // returns (losses, lse, count, capped logits or None (mode 2), dlogits or None (mode 0))
+    const int N = logits.shape(0), Vp = logits.shape(1);
+    F losses(N), lse(N), capped({N, Vp}), dl({N, Vp});
+    int count = -12345;
+    gpt2emu_test::classifier(dtype, mis, mode, losses.mutable_data(), lse.mutable_data(), &count,
+                             capped.mutable_data(), dl.mutable_data(), logits.data(), targets.data(), N, V, Vp, cap,
+                             grad_scale);
+    return py::make_tuple(losses, lse, count, mode != 2 ? py::object(capped) : py::object(py::none()),
+                          mode ? py::object(dl) : py::object(py::none()));
+  }, py::arg("dtype"), py::arg("mode"), py::arg("logits"), py::arg("targets"), py::arg("V"), py::arg("cap"),
+     py::arg("grad_scale") = 1.0f, py::arg("misalign") = false);
+  m.def("k_layernorm_nobias", [copy](int dtype, F inp, F w, F dout, F dinp, F dw, bool mis) {
+    // forward and backward without bias: (out, mean, rstd, dinp += ..., dw += ...)
+    const int N = inp.shape(0), C = inp.shape(1);
+    F out({N, C}), mean(N), rstd(N), g = copy(dinp), gw = copy(dw);
+    gpt2emu_test::layernorm_nobias(dtype, mis, out.mutable_data(), mean.mutable_data(), rstd.mutable_data(),
+                                   g.mutable_data(), gw.mutable_data(), inp.data(), w.data(), dout.data(), N, C);
+    return py::make_tuple(out, mean, rstd, g, gw);
+  }, py::arg("dtype"), py::arg("inp"), py::arg("w"), py::arg("dout"), py::arg("dinp"), py::arg("dw"),
+     py::arg("misalign") = false);
+  m.def("k_encoder_nowpe", [copy](int dtype, I inp, F wte, F dout, F dwte, bool mis) {
+    // token embedding only: (out (BT, C), dwte += ...)
+    const int BT = inp.size(), Vp = wte.shape(0), C = wte.shape(1);
+    F out({BT, C}), g = copy(dwte);
+    gpt2emu_test::encoder_nowpe(dtype, mis, out.mutable_data(), g.mutable_data(), inp.data(), wte.data(), dout.data(),
+                                BT, Vp, C);
+    return py::make_tuple(out, g);
+  }, py::arg("dtype"), py::arg("inp"), py::arg("wte"), py::arg("dout"), py::arg("dwte"), py::arg("misalign") = false);
+}
+
 void bind_cuda_emu_ops(py::module_& m) {
   m.def("set_schedule", [](const std::string& s) { gpt2emu::set_schedule(s.c_str()); },
         "Emulator schedule for later launches: fwd, rev, random:<seed>, low, high or ahead:<seed>.");
@@ -509,6 +758,7 @@ void bind_cuda_emu_ops(py::module_& m) {
     const int c = gpt2emu_test::loss_count_accumulate(&acc, targets.data(), losses.data(), int(targets.size()), scale);
     return py::make_tuple(c, acc);
   }, py::arg("targets"), py::arg("losses"), py::arg("scale"), py::arg("acc0"));
+  bind_modern_kernels(m);
   bind_ops<float>(m, "Ops", "Backend<float> ops of one backend on numpy arrays (tests only).");
   bind_ops<gpt2::bf16>(m, "OpsBF16",
                        "Backend<bf16> ops of the emulated CUDA backend on numpy arrays: T-typed arguments rounded "
