@@ -65,8 +65,8 @@ fi
 "$WORK/venv/bin/gpt2core-doctor" --seconds 0 | tee "$WORK/doctor.txt"
 if [ -n "$major" ]; then  # every NVIDIA library from the wheels, the CUDA module loaded, and no GPU said so
   grep -q "GPU: none usable" "$WORK/doctor.txt"
-  grep -qE "^  cublasLt .* pip " "$WORK/doctor.txt"
-  if grep -E "^  (cublasLt|cudnn|nccl|nvrtc|cudart) " "$WORK/doctor.txt" | grep -v " pip "; then
+  grep -qE "^  cublasLt .* nvidia-cublas==" "$WORK/doctor.txt"
+  if grep -E "^  (cublasLt|cudnn|nccl|nvrtc|cudart) " "$WORK/doctor.txt" | grep -vE " nvidia-[a-z0-9-]+==[0-9.]+ "; then
     echo "NVIDIA libraries loaded from outside the wheels"; exit 1
   fi
 fi
