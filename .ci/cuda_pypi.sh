@@ -44,7 +44,7 @@ echo "== CUDA 12 by clang from PyPI's CUDA 12 wheels: venv with the cuda12 extra
 python3 -m venv "$WORK/venv12"
 V12="$WORK/venv12/bin"
 "$V12/pip" install -q scikit-build-core pybind11 scipy-openblas32 numpy tiktoken tqdm nvidia-cudnn-frontend==1.28.0 \
-  nvidia-cuda-nvcc-cu12==12.9.86 nvidia-cuda-cccl-cu12==12.9.27 nvidia-cuda-nvcc==13.0.88 \
+  nvidia-cuda-nvcc-cu12==12.9.86 nvidia-cuda-cccl-cu12==12.9.27 nvidia-curand-cu12==10.3.10.19 nvidia-cuda-nvcc==13.0.88 \
   nvidia-cuda-runtime-cu12==12.9.79 nvidia-cublas-cu12==12.9.1.4 nvidia-cuda-nvrtc-cu12==12.9.86 \
   nvidia-cudnn-cu12==9.19.0.56 nvidia-nccl-cu12==2.28.9
 t0=$SECONDS

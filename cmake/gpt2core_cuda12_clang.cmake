@@ -10,7 +10,7 @@
 #
 # Used when GPT2CORE_CUDA_MAJOR=12 and no CUDA 12 nvcc is found. The toolkit tree clang and FindCUDAToolkit want
 # is assembled from the wheels' files under <build>/cuda12-toolkit (symlinks): include/ (runtime, crt, CCCL, cuBLAS,
-# NVRTC, cuDNN, NCCL), lib64/ (with the link-time names), nvvm/libdevice, bin/ptxas, bin/fatbinary (wrapper) and
+# NVRTC, cuDNN, NCCL, and cuRAND's headers, which clang's CUDA runtime wrapper includes), lib64/ (with the link-time names), nvvm/libdevice, bin/ptxas, bin/fatbinary (wrapper) and
 # bin/nvcc, a stub that only answers `--version` for CMake (which asks nvcc for the toolkit version when the CUDA
 # compiler is clang) and refuses anything else. Needs Python_EXECUTABLE. Sets CMAKE_CUDA_COMPILER,
 # CMAKE_CUDA_FLAGS, CUDAToolkit_ROOT and _cuda12_clang (ON when used).
@@ -29,14 +29,17 @@ for base in (spec.submodule_search_locations or []) if spec else []:
     OUTPUT_VARIABLE _n12 RESULT_VARIABLE _rc ERROR_QUIET)
   if(NOT _rc EQUAL 0 OR _n12 STREQUAL "")
     message(FATAL_ERROR "GPT2CORE_CUDA_MAJOR=12: no CUDA 12 nvcc and no CUDA 12 wheels to compile with clang; "
-      "pip install -r requirements-cuda12-build.txt (NVIDIA's CUDA 12 headers, ptxas and libraries) first")
+      "pip install nvidia-cuda-nvcc-cu12 nvidia-cuda-cccl-cu12 nvidia-curand-cu12 \"gpt2core[cuda12]\" first (README: Which CUDA major)")
   endif()
   find_program(_clang_cuda NAMES clang++-19 clang++-20 clang++-18 clang++)
   if(NOT _clang_cuda)
     message(FATAL_ERROR "GPT2CORE_CUDA_MAJOR=12 without a CUDA 12 nvcc needs clang (apt-get install clang-19)")
   endif()
-  find_program(_fatbinary NAMES fatbinary
-    PATHS /usr/local/cuda/bin "${_n12}/cu13/bin" ENV CUDA_HOME ENV CUDA_PATH PATH_SUFFIXES bin)
+  # the wheel's first (a system toolkit may be hidden or absent, leaving dangling links such as /usr/local/bin's)
+  find_program(_fatbinary NAMES fatbinary PATHS "${_n12}/cu13/bin" NO_DEFAULT_PATH NO_CACHE)
+  if(NOT _fatbinary)
+    find_program(_fatbinary NAMES fatbinary PATHS /usr/local/cuda/bin ENV CUDA_HOME ENV CUDA_PATH PATH_SUFFIXES bin NO_CACHE)
+  endif()
   if(NOT _fatbinary)
     message(FATAL_ERROR "GPT2CORE_CUDA_MAJOR=12 with clang needs NVIDIA's fatbinary (CUDA 13's: pip install "
       "nvidia-cuda-nvcc, or a system toolkit); no CUDA 12 wheel ships it")
@@ -44,7 +47,7 @@ for base in (spec.submodule_search_locations or []) if spec else []:
   set(_t "${CMAKE_BINARY_DIR}/cuda12-toolkit")
   file(REMOVE_RECURSE "${_t}")
   file(MAKE_DIRECTORY "${_t}/include" "${_t}/lib64" "${_t}/bin" "${_t}/nvvm")
-  foreach(_pkg cuda_runtime cuda_nvcc cuda_cccl cublas cuda_nvrtc cudnn nccl)
+  foreach(_pkg cuda_runtime cuda_nvcc cuda_cccl cublas cuda_nvrtc cudnn nccl curand)
     file(GLOB_RECURSE _hdrs RELATIVE "${_n12}/${_pkg}/include" "${_n12}/${_pkg}/include/*")
     foreach(_h IN LISTS _hdrs)
       get_filename_component(_d "${_t}/include/${_h}" DIRECTORY)
@@ -83,6 +86,10 @@ for base in (spec.submodule_search_locations or []) if spec else []:
   file(CHMOD "${_t}/bin/nvcc" "${_t}/bin/fatbinary" PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ
        GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
   set(_cuda12_clang ON)
+  # check_language(CUDA) leaves a NOTFOUND compiler (and its failed identification) in the cache: start clean
+  unset(CMAKE_CUDA_COMPILER CACHE)
+  unset(CMAKE_CUDA_COMPILER_ID CACHE)
+  unset(CMAKE_CUDA_HOST_COMPILER CACHE)
   set(CMAKE_CUDA_COMPILER "${_clang_cuda}" CACHE FILEPATH "CUDA compiler" FORCE)
   set(CUDAToolkit_ROOT "${_t}")
   # -Wno-unknown-cuda-version: clang-19 knows CUDA up to 12.5 and says so for 12.9; -Wno-cuda-compat: nvcc-isms
