@@ -66,7 +66,7 @@ assert all(p.startswith("nvidia-") for p in _build_config.NVIDIA_PINS) and len(_
 PY
 "$V12/gpt2core-doctor" --seconds 0 | tee "$WORK/doctor12.txt"
 grep -qE "^  cudnn +9\.19\.0 for CUDA 12\.[0-9]+ +nvidia-cudnn-cu12==9\.19\.0\.56 " "$WORK/doctor12.txt"
-grep -qE "^  cublasLt +12\.9\.[0-9]+ for CUDA 12\.9 +nvidia-cublas-cu12==12\.9\.1\.4 " "$WORK/doctor12.txt"
+grep -qE "^  cublasLt +12\.9\.[0-9]+ for CUDA 12\.[0-9]+ +nvidia-cublas-cu12==12\.9\.1\.4 " "$WORK/doctor12.txt"
 grep -qE "^  nccl +2\.28\.9 for CUDA 12\.[0-9]+ +nvidia-nccl-cu12==2\.28\.9 " "$WORK/doctor12.txt"
 readelf -d "$WORK"/venv12/lib/python3*/site-packages/gpt2core/_C_cuda*.so | grep -E "NEEDED.*(cublasLt.so.12|nccl)"
 echo "CUDA from PyPI: OK"
