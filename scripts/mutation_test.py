@@ -171,9 +171,10 @@ MUTATIONS = [
              "layernorm backward launches with over 48 KiB of dynamic shared memory without the opt-in (C > 6144)",
              threshold="layernorm.bwd_smem_opt_in"),
     Mutation("classifier_lse_one_vector_pass", "classifier.cuh",
-             "  for (int i = threadIdx.x; i < VV; i += blockDim.x) online_add(tm, ts, P::load(row + K * i));",
-             "  for (int i = threadIdx.x; i < VV && i < int(blockDim.x); i += blockDim.x) "
-             "online_add(tm, ts, P::load(row + K * i));",
+             "  for (int i = threadIdx.x; i < VV; i += blockDim.x) {\n    const P p = P::load(row + K * i);\n"
+             "    float v[K];",
+             "  for (int i = threadIdx.x; i < VV && i < int(blockDim.x); i += blockDim.x) {\n"
+             "    const P p = P::load(row + K * i);\n    float v[K];",
              "the logsumexp drops the vectors past one per thread (V > 4 x 512 fp32)",
              threshold="classifier.fwd_vectors_per_thread"),
     Mutation("classifier_dlogits_one_vector_pass", "classifier.cuh",
@@ -265,8 +266,8 @@ MUTATIONS = [
              unreachable="nvcc-only macro: CI's nvcc build of the CUDA backend fails (a kernel calls a host "
                          "function), no emulator test is needed or able to see it"),
     Mutation("matmul_error_detail_dropped", "matmul.cuh",
-             "  detail = gpt2core::seams::last_matmul_error();",
-             "",
+             "  std::string detail;\n#if !GPT2CORE_EMU\n  detail = gpt2core::seams::last_matmul_error();",
+             "  std::string detail;\n#if !GPT2CORE_EMU\n",
              "a failed cuBLASLt call's message loses the library's detail",
              unreachable="library error text (GPU only); test_cublaslt_descriptors.py checks the seam's messages"),
     Mutation("matmul_workspace_not_released", "backend_cuda.cu",

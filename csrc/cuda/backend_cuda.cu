@@ -770,8 +770,8 @@ std::string device_status(int device) {
     return "this build of gpt2core has no CUDA kernels for this GPU (sm_" + std::to_string(major) +
            std::to_string(minor) + "): " + cudaGetErrorString(k) +
            (major * 10 + minor < 75 && CUDART_VERSION >= 13000
-                ? "; CUDA 13 toolkits compile for sm_75 and newer only: reinstall with a CUDA 12 toolkit and "
-                  "GPT2CORE_CUDA_ARCHS=" + std::to_string(major) + std::to_string(minor)
+                ? "; CUDA 13 compiles for sm_75 and newer only: build the CUDA 12 package, GPT2CORE_CUDA_MAJOR=12 "
+                  "GPT2CORE_CUDA_ARCHS=" + std::to_string(major) + std::to_string(minor) + " (README: Which CUDA major)"
                 : "; reinstall with GPT2CORE_CUDA_ARCHS=" + std::to_string(major) + std::to_string(minor));
   }
 #endif

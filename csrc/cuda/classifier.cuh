@@ -233,36 +233,38 @@ __global__ void __launch_bounds__(kClassifierOneBlock) loss_accumulate_kernel(fl
   if (threadIdx.x == 0 && *count > 0) *acc = float(double(*acc) + double(scale) * (s / double(*count)));
 }
 
-// logits = cap * tanh(logits / cap), in place. vec: thread i handles values K*i .. K*i+K-1 (K = kVec<floatX>) as one
+// logits = cap * tanh(logits / cap), in place. vec: thread e handles values K*e .. K*e+K-1 (K = kVec<floatX>) as one
 // Vec (16-byte aligned), the last thread the tail; otherwise one value per thread.
 template <class floatX>
-__global__ void __launch_bounds__(kSoftcapBlock) softcap_forward_kernel(floatX* __restrict__ logits,  // (n), in place
-                                       size_t n, SoftCap cap, bool vec) {
+__global__ void __launch_bounds__(kSoftcapBlock) softcap_forward_kernel(floatX* __restrict__ logits,  // (total), in place
+                                       size_t total, SoftCap cap, bool vec) {
   using P = Vec<floatX>;
   constexpr int K = kVec<floatX>;
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  // e, total: not i, n, which index rows and columns above (test_index_width.py takes a name declared size_t
+  // anywhere in a file as 64-bit there)
+  const size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (!vec) {
-    if (i < n) logits[i] = store_t<floatX>(cap(load_f(logits[i])));
+    if (e < total) logits[e] = store_t<floatX>(cap(load_f(logits[e])));
     return;
   }
-  const size_t iv = K * i;
-  if (iv + K <= n) {
+  const size_t iv = K * e;
+  if (iv + K <= total) {
     P v = P::load(logits + iv);
 #pragma unroll
     for (int k = 0; k < K; k++) v.set(k, cap(v.f(k)));
     v.store(logits + iv);
   } else {
-    for (size_t k = iv; k < n; k++) logits[k] = store_t<floatX>(cap(load_f(logits[k])));
+    for (size_t j = iv; j < total; j++) logits[j] = store_t<floatX>(cap(load_f(logits[j])));
   }
 }
 
 // ----------------------------------------------------------------------------------------- launchers
 template <class floatX>
-void softcap_forward(floatX* logits, float cap, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
+void softcap_forward(floatX* logits, float cap, size_t total, cudaStream_t stream) {
+  if (total == 0) return;
   constexpr int K = kVec<floatX>;
   const bool vec = aligned16(logits);
-  LAUNCH(softcap_forward_kernel<floatX>, ceil_div(vec ? (n + K - 1) / K : n, kSoftcapBlock), kSoftcapBlock, 0, stream, logits, n,
+  LAUNCH(softcap_forward_kernel<floatX>, ceil_div(vec ? (total + K - 1) / K : total, kSoftcapBlock), kSoftcapBlock, 0, stream, logits, total,
          soft_cap(cap), vec);
   CUDA_CHECK_LAUNCH();
 }

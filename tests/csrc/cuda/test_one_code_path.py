@@ -40,8 +40,12 @@ NVCC_ONLY = {
     "cuda/attention_tc.cuh": ("tc_arch_runs: which head sizes an architecture below sm_80 compiles",
                               "test_cuda_gpu.py (GPU) against attention_tc_fits, which picks the kernels on the host"),
     "cuda/matmul.cuh": ("cuBLASLt's last error message (library call)", "test_cublaslt_descriptors.py"),
+    "cuda/layernorm.cuh": ("the layernorm backward's minimum blocks per SM in its launch bounds on sm_75 (1024 threads "
+                           "per SM): a per-architecture compile-time constant", "check_cuda_compile.py / "
+                           "test_launch_bounds.py read ptxas's report for every arch built"),
     "cuda/backend_cuda.cu": ("library calls: cuDNN's seam header, the library workspaces per stream, cuBLASLt / cuDNN "
-                             "error messages, cudaSetDevice / cudaFuncGetAttributes of a real device",
+                             "error messages (with the arch advice for a device the build has no code for), cudaSetDevice / "
+                             "cudaFuncGetAttributes of a real device",
                              "test_cuda_gpu.py and test_cudnn_graph.py on a GPU; test_cuda_emu.py's device-error test "
                              "for the real build without a GPU"),
 }
