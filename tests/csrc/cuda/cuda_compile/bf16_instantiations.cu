@@ -39,9 +39,9 @@ template void gelu_backward<X>(X*, const X*, const X*, size_t, cudaStream_t);
 template void residual_forward<X>(X*, const X*, const X*, size_t, cudaStream_t);
 template void crossentropy_forward<X>(float*, float*, const X*, const int*, int*, int, int, int, cudaStream_t);
 template void crossentropy_backward<X>(X*, const float*, const int*, const int*, const float*, float, int, int, int,
-                                       cudaStream_t);
+                                       cudaStream_t, float);
 template void crossentropy_forward_backward<X>(float*, float*, X*, const int*, int*, const float*, float, int, int, int,
-                                               cudaStream_t);
+                                               cudaStream_t, float);
 template void adamw_update<X>(X*, float*, const float*, float*, float*, const AdamWSpan*, int, const AdamWParams&,
                               cudaStream_t);
 template void cast_params<X>(X*, const float*, size_t, uint32_t, size_t, cudaStream_t);

@@ -345,4 +345,16 @@ record("unaligned crossentropy_backward_inplace", cuda_unaligned.crossentropy_ba
 classifier_cases(cuda_unaligned, "unaligned ")
 modern_cases(cuda_unaligned, "unaligned ")
 
+# Muon's kernels (cuda/muon.cuh) launch here too, for the every-kernel trace; their numbers are checked against the CPU
+# backend in test_cuda_emu_muon.py (its Newton-Schulz runs in bf16: not within this file's 1e-5)
+muon_model = E.Model(max_seq_len=40, vocab_size=97, padded_vocab_size=128, n_layer=1, n_head=3, n_embd=192,
+                     device="cuda")
+mrng = np.random.default_rng(7)
+muon_model.flat_params()[:] = (0.02 * mrng.standard_normal(muon_model.num_parameters)).astype(np.float32)
+muon_model.params_changed()
+muon_model.flat_grads()[:] = mrng.standard_normal(muon_model.num_parameters).astype(np.float32)
+muon_norm = muon_model.muon_optimizer_step(lr=1e-3, weight_decay=0.1, step=1, grad_clip=1.0, muon_lr=0.02,
+                                           muon_momentum=0.9, muon_weight_decay=0.01)
+assert np.isfinite(muon_norm) and np.isfinite(muon_model.flat_params()).all(), "the Muon step wrote non-finite values"
+
 print(json.dumps(errors))
