@@ -27,7 +27,7 @@ __device__ inline bool naive_row(int B, int NH, int T, int& b, int& h, int& t) {
 }
 
 template <class floatX>
-__global__ void __launch_bounds__(kNaiveThreads) attention_naive_softmax_kernel(float* __restrict__ att,         // (B, NH, T, T)
+__global__ void __launch_bounds__(kNaiveThreads, 1) attention_naive_softmax_kernel(float* __restrict__ att,         // (B, NH, T, T)
                                                const floatX* __restrict__ qkv,  // (B, T, 3C)
                                                int B, int T, int NH, int hs, float scale, bool vec) {
   int b, h, t;
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kNaiveThreads) attention_naive_softmax_kernel(
 }
 
 template <class floatX>
-__global__ void __launch_bounds__(kNaiveThreads) attention_naive_out_kernel(floatX* __restrict__ out,        // (B, T, C)
+__global__ void __launch_bounds__(kNaiveThreads, 1) attention_naive_out_kernel(floatX* __restrict__ out,        // (B, T, C)
                                            const float* __restrict__ att,   // (B, NH, T, T)
                                            const floatX* __restrict__ qkv,  // (B, T, 3C)
                                            int B, int T, int NH, int hs) {
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kNaiveThreads) attention_naive_out_kernel(floa
 
 // Per query row t: dS[t, :] into ds (B, NH, T, T), then dq_t += scale dS[t, :] K.
 template <class floatX>
-__global__ void __launch_bounds__(kNaiveThreads) attention_naive_dq_kernel(floatX* __restrict__ dqkv,        // (B, T, 3C), accumulated into
+__global__ void __launch_bounds__(kNaiveThreads, 1) attention_naive_dq_kernel(floatX* __restrict__ dqkv,        // (B, T, 3C), accumulated into
                                           float* __restrict__ ds,           // (B, NH, T, T) scratch
                                           const floatX* __restrict__ dout,  // (B, T, C)
                                           const floatX* __restrict__ qkv,   // (B, T, 3C)
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kNaiveThreads) attention_naive_dq_kernel(float
 
 // Per key row j: dk_j += scale sum_{t >= j} dS[t, j] q_t and dv_j += sum_{t >= j} P[t, j] dout_t.
 template <class floatX>
-__global__ void __launch_bounds__(kNaiveThreads) attention_naive_dkdv_kernel(floatX* __restrict__ dqkv,        // (B, T, 3C), accumulated into
+__global__ void __launch_bounds__(kNaiveThreads, 1) attention_naive_dkdv_kernel(floatX* __restrict__ dqkv,        // (B, T, 3C), accumulated into
                                             const float* __restrict__ ds,     // (B, NH, T, T)
                                             const floatX* __restrict__ dout,  // (B, T, C)
                                             const floatX* __restrict__ qkv,   // (B, T, 3C)
