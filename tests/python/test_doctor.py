@@ -69,7 +69,7 @@ def test_calibrate_bounds_each_step_in_time(tmp_path):
     from gpt2core import calibrate
     lines = []
     t0 = time.perf_counter()
-    status = calibrate.calibrate(tmp_path / "r.json", lines.append, steps=[("doctor", "checks", 1.0)], gpu=False)
+    status = calibrate.calibrate(tmp_path / "r.json", lines.append, steps=[("doctor", "checks", 0.01)], gpu=False)  # a new Python process alone takes longer
     assert time.perf_counter() - t0 < 30
     j = json.loads((tmp_path / "r.json").read_text())
-    assert status == 1 and j["steps"]["doctor"]["status"] == "timeout" and j["steps"]["doctor"]["limit_s"] == 1.0
+    assert status == 1 and j["steps"]["doctor"]["status"] == "timeout" and j["steps"]["doctor"]["limit_s"] == 0.01
