@@ -266,8 +266,8 @@ MUTATIONS = [
              unreachable="nvcc-only macro: CI's nvcc build of the CUDA backend fails (a kernel calls a host "
                          "function), no emulator test is needed or able to see it"),
     Mutation("matmul_error_detail_dropped", "matmul.cuh",
-             "  std::string detail;\n#if !GPT2CORE_EMU\n  detail = gpt2core::seams::last_matmul_error();",
-             "  std::string detail;\n#if !GPT2CORE_EMU\n",
+             "  detail = gpt2core::seams::last_matmul_error();\n#endif\n  throw",
+             "#endif\n  throw",
              "a failed cuBLASLt call's message loses the library's detail",
              unreachable="library error text (GPU only); test_cublaslt_descriptors.py checks the seam's messages"),
     Mutation("matmul_workspace_not_released", "backend_cuda.cu",

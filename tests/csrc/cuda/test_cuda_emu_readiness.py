@@ -28,7 +28,7 @@ for step in (1, 2, 3):
 db = {k: v.copy() for k, v in m.grads().items() if k.endswith("b")}
 info = E.build_info()
 print(json.dumps({"shapes": info["bgradb_refused_shapes"], "fallbacks": info["bgradb_fallbacks"],
-                  "db": {k: v.ravel()[:64].tolist() for k, v in db.items()}}))
+                  "db": {k: v.ravel().tolist() for k, v in db.items()}}))
 """.replace("import sys,", "import json, sys,")
 
 
@@ -48,7 +48,8 @@ def _run(tmp_path, refuse):
 def test_refused_bias_gradient_epilogue_is_remembered_said_once_and_counted(emu, tmp_path):  # noqa: F811
     """3 steps x 2 layers x 4 biased Linear layers: the seam is asked once per distinct dW shape (qkv, attproj,
     fc, fcproj: 4), stderr says so once per shape, build_info() counts 4 refused shapes and 24 fallbacks, and
-    dbias equals the accepted epilogue's to fp32 rounding (the fallback sums the same column sums)."""
+    dbias equals the accepted epilogue's to fp32 rounding of the tensor's scale (the fallback sums the same column
+    sums; qkv's query part is ~1e-9 after cancellation, so each tensor is judged whole against its largest entry)."""
     ok, ok_err, ok_log = _run(tmp_path, refuse=False)
     assert ok["shapes"] == 0 and ok["fallbacks"] == 0 and "BGRADB" not in ok_err
     assert sum(1 for r in ok_log if r.get("seam") == "matmul" and r.get("bias_grad")) == 3 * 2 * 4
