@@ -35,6 +35,7 @@
 #include "cuda/encoder.cuh"
 #include "cuda/gelu.cuh"
 #include "cuda/global_norm.cuh"
+#include "cuda/infer.cuh"
 #include "cuda/layernorm.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/reduce.cuh"
@@ -43,6 +44,7 @@
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/seams.h"
+#include "model/sampling.h"
 #if !GPT2CORE_EMU
 #include "cuda/seams_cudnn.h"
 #endif
@@ -153,7 +155,8 @@ class CudaBackend final : public Backend<T> {
         fprintf(stderr, "gpt2core: %s failed in ~CudaBackend: %s\n", what, cudaGetErrorString(e));
     };
     for (void* p : {static_cast<void*>(norm_work_), static_cast<void*>(step_dev_), static_cast<void*>(scratch_.p),
-                    static_cast<void*>(buckets_.p), static_cast<void*>(tscratch_.p)})
+                    static_cast<void*>(buckets_.p), static_cast<void*>(tscratch_.p), static_cast<void*>(sample_args_.p),
+                    static_cast<void*>(sample_ids_.p)})
       if (p) check(cudaFree(p), "cudaFree");
     for (float* p : rope_tables_) check(cudaFree(p), "cudaFree");
     for (PinnedStaging* st : {&batch_staging_, &step_staging_}) {
@@ -409,6 +412,51 @@ class CudaBackend final : public Backend<T> {
                                              int Vp) override {
     cuda::crossentropy_forward_backward(losses, lse, k(logits), targets, n_valid, &step_dev_->scaler.scale, grad_scale,
                                         N, V, Vp, stream_, cap);
+  }
+
+  // ---- KV-cache inference (model/backend.h; kernels in infer.cuh). The cache and the activations are the model's
+  // buffers; sampling runs on the device and only the ids (and a flag per row) come back.
+  bool has_kv() const override { return true; }
+  void encoder_forward_at(T* out, const int32_t* inp, const T* wte, const T* wpe, const int32_t* pos, int B, int Tn,
+                          int C) override {
+    cuda::encoder_forward_at(k(out), inp, k(wte), k(wpe), pos, B, Tn, C, stream_);
+  }
+  void attention_kv_forward(T* out, T* kcache, T* vcache, const T* qkv, const int32_t* slot, const int32_t* pos, int B,
+                            int Tq, int C, int NH, int maxT) override {
+    cuda::attention_kv_forward(k(out), k(kcache), k(vcache), k(qkv), slot, pos, B, Tq, C, NH, maxT, stream_);
+  }
+  void gather_rows(T* out, const T* inp, const int32_t* rows, int n, int C) override {
+    cuda::gather_rows(k(out), k(inp), rows, n, C, stream_);
+  }
+  // The uniform numbers are model/sampling.h's (sample_uniform, on the host); a row the kernel flags (a nucleus
+  // beyond its kSampleCap sorted candidates, or top_k above it) is sampled here from its logits by sample_row.
+  void sample_tokens(int32_t* ids, const T* logits, const SampleRow* rows, int n, int V, int Vp) override {
+    if (n <= 0) return;
+    std::vector<cuda::SampleArgs> args(n);
+    for (int i = 0; i < n; i++)
+      args[i] = {sample_uniform(rows[i].seed, rows[i].stream, rows[i].step), rows[i].temperature, rows[i].top_k,
+                 rows[i].top_p, 0};
+    cuda::SampleArgs* dargs = grow(sample_args_, size_t(n));
+    int32_t* dout = grow(sample_ids_, 2 * size_t(n));
+    CUDA_CHECK(cudaMemcpyAsync(dargs, args.data(), n * sizeof(cuda::SampleArgs), cudaMemcpyHostToDevice, stream_));
+    cuda::sample(dout, k(logits), dargs, n, V, Vp, stream_);
+    std::vector<int32_t> res(2 * size_t(n));
+    CUDA_CHECK(cudaMemcpyAsync(res.data(), dout, res.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    sync();
+    std::vector<T> row;
+    std::vector<int32_t> idx;
+    std::vector<double> p;
+    for (int i = 0; i < n; i++) {
+      if (!res[size_t(n) + i]) {
+        ids[i] = res[i];
+        continue;
+      }
+      row.resize(size_t(V));
+      to_host(row.data(), logits + size_t(i) * Vp, size_t(V));
+      ids[i] = sample_row(row.data(), V, rows[i], [](T x) {
+        if constexpr (std::is_same<T, float>::value) return double(x); else return double(widen(x));
+      }, idx, p);
+    }
   }
 
   // CUDA graphs: ThreadLocal capture, so other threads (a communication worker) may keep using CUDA meanwhile.
@@ -731,6 +779,8 @@ class CudaBackend final : public Backend<T> {
   std::vector<float*> rope_tables_;  // rope_table(): the current table (last) for rope_rows_ positions, and old ones
   int rope_rows_ = 0, rope_hs_ = 0;
   float rope_base_ = 0.0f;
+  Scratch<cuda::SampleArgs> sample_args_;  // sample_tokens: the rows' settings
+  Scratch<int32_t> sample_ids_;            // sample_tokens: ids, then the host flags
   Scratch<int> buckets_;            // encoder_buckets of the last upload_batch, for encoder_backward
   const int32_t* bucketed_ = nullptr;  // the device token ids buckets_ describes
   int bucketed_BT_ = 0;
