@@ -635,6 +635,60 @@ def print_assumptions(A: dict) -> None:
           "; ".join(f"{g.name} {g.tensor_tflops:g}/{g.fp32_tflops:g}, {g.hbm_gbs:g}, {g.sms}" for g in GPUS.values()))
 
 
+# ----------------------------------------------------------------------------------------------- decode (inference)
+DECODE_ASSUMPTIONS = {
+    "dram_latency_ns": 600.0,  # a dependent global load's round trip on H100 / A100 (guess from microbenchmarks)
+}
+
+
+def decode_model(gpu: GPU, L: int, C: int, NH: int, V: int, params: int, ctx: int, B: int, es: int,
+                 A: dict = ASSUMPTIONS) -> dict:
+    """One KV-cache decode step (csrc/cuda/infer.cuh + the model's GEMVs), MODELLED, NOT MEASURED.
+
+    Bytes: every weight once (params * es; the tied head is wte) and, per layer, each sequence's K and V cache up to
+    ctx (2 * B * ctx * C * es). The GEMVs (cuBLASLt, N = B rows) stream the weights at mem_eff of HBM. The decode
+    attention kernel (attention_kv_kernel) runs NH * B blocks of 4 warps; its score pass has one key row (hs * es
+    bytes) per warp in flight at a time (a warp-shuffle sum follows each key), so by Little's law a block streams
+    4 * hs * es / dram_latency, and the kernel min(mem_eff * HBM, NH * B * that)."""
+    hs = C // NH
+    mem = A["mem_eff"] * gpu.hbm_gbs * 1e9
+    w_bytes = params * es
+    kv_layer = 2 * B * ctx * C * es
+    block_bw = 4 * hs * es / (DECODE_ASSUMPTIONS["dram_latency_ns"] * 1e-9)
+    att_bw = min(mem, NH * B * block_bw)
+    t_w = w_bytes / mem
+    t_att = L * kv_layer / att_bw
+    launches = L * 10 + 6  # kernels / library calls per step (layer: ln, qkv, kv_write, attention, proj, ...)
+    t = t_w + t_att + launches * A["launch_gap_us"] * 1e-6
+    return dict(gpu=gpu.name, B=B, ctx=ctx, weight_mb=w_bytes / 1e6, kv_mb=L * kv_layer / 1e6,
+                attention_gbs=att_bw / 1e9, attention_frac=att_bw / (gpu.hbm_gbs * 1e9), t_weights_ms=t_w * 1e3,
+                t_attention_ms=t_att * 1e3, step_ms=t * 1e3, tokens_per_s=B / t,
+                effective_gbs=(w_bytes + L * kv_layer) / t / 1e9)
+
+
+def decode_report(gpus: list[str]) -> list[dict]:
+    print("== KV-cache decode step of d12 (124M), MODELLED, NOT MEASURED (no GPU): csrc/cuda/infer.cuh ==")
+    print(f"assumptions: mem_eff {ASSUMPTIONS['mem_eff']}, dram_latency_ns {DECODE_ASSUMPTIONS['dram_latency_ns']}, "
+          f"launch_gap_us {ASSUMPTIONS['launch_gap_us']} (CUDA-graph replay)")
+    out = []
+    params = 124_475_904  # d12 with Vp = 50,304 (wte tied to the head)
+    for g in gpus:
+        gpu = GPUS[g]
+        for es, dt in ((4, "fp32"), (2, "bf16")):
+            for B, ctx in ((1, 128), (1, 1024), (8, 1024), (64, 1024)):
+                r = decode_model(gpu, 12, 768, 12, 50257, params, ctx, B, es)
+                r["dtype"] = dt
+                out.append(r)
+                print(f"{gpu.name:16s} {dt} B={B:<3d} ctx={ctx:<5d} weights {r['weight_mb']:6.0f} MB + KV "
+                      f"{r['kv_mb']:7.1f} MB | decode attention {r['attention_gbs']:7.1f} GB/s "
+                      f"({100 * r['attention_frac']:5.1f}% of HBM) | step {r['step_ms']:6.3f} ms (weights "
+                      f"{r['t_weights_ms']:.3f}, attention {r['t_attention_ms']:.3f}) | {r['tokens_per_s']:8.0f} tokens/s, "
+                      f"{r['effective_gbs']:6.0f} GB/s overall")
+    print("The decode attention is latency-bound at small batch (NH * B blocks, one key row in flight per warp): a "
+          "split over the keys (flash-decoding: more blocks) and a lane-per-key score pass are the next steps.")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpu", nargs="+", default=["H100", "A100"], choices=sorted(GPUS))
@@ -654,7 +708,15 @@ def main(argv: list[str] | None = None) -> int:
                          "range beside llm.c's measured tokens/s and its source")
     ap.add_argument("--assume", nargs="+", default=[], metavar="NAME=VALUE",
                     help="replace assumptions, e.g. gemm_eff_small=0.55 (what-if lines: label them as such)")
+    ap.add_argument("--decode", action="store_true",
+                    help="the KV-cache decode step of d12 instead (analytic, no emulation): bytes of weights and KV "
+                         "cache per step over the modelled time, and the decode attention kernel's bandwidth")
     args = ap.parse_args(argv)
+    if args.decode:
+        r = decode_report(args.gpu)
+        if args.json:
+            args.json.write_text(json.dumps(r, indent=1))
+        return 0
     if args.reproduce_llmc:
         args.gpu, args.attention, args.B, args.T, args.layers = ["H100", "A100"], ["cudnn"], 64, 1024, 12
     A = dict(ASSUMPTIONS)

@@ -37,6 +37,8 @@ BOUNDS = {
     "r0": ROWS, "r1": ROWS, "u": ROWS, "idx": ROWS * 4 * MAX_C, "i": MAX_PARAMS, "j": MAX_T, "qi": MAX_T,
     "q0": MAX_T, "k0": MAX_T, "key": MAX_T, "ii": MAX_T, "d": MAX_HS, "d0": MAX_HS, "g": 32, "k": 16, "K": 16,
     "lane": 32, "warp": 32, "y": 1024, "e": MAX_HS, "Tn": MAX_T,
+    # KV-cache inference (infer.cuh): new tokens per sequence, the cache length, a row of the (S, maxT) cache
+    "Tq": MAX_T, "maxT": MAX_T, "S": ROWS,
 }
 # Names whose meaning differs in one file: there, the file's bound.
 FILE_BOUNDS = {

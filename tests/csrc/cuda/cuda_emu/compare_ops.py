@@ -345,6 +345,22 @@ record("unaligned crossentropy_backward_inplace", cuda_unaligned.crossentropy_ba
 classifier_cases(cuda_unaligned, "unaligned ")
 modern_cases(cuda_unaligned, "unaligned ")
 
+# KV-cache inference (cuda/infer.cuh; float64 references and the whole model in test_cuda_emu_infer.py): the cache write
+# and decode attention (mixed positions, slots out of order), the encoder at positions, the row gather, and the
+# sampler (greedy, nothing cut, top-k with top-p): the same ids as the CPU's (recorded as the fraction that differ)
+kv_slot, kv_pos = np.array([2, 0, 1], np.int32), np.array([9, 0, 30], np.int32)
+kc, vc = f32(3, maxT, C), f32(3, maxT, C)
+for Tq in (1, 3):
+    args = (f32(3, Tq, 3 * C), kc, vc, kv_slot, kv_pos, 3)
+    record("attention_kv_forward", *both("attention_kv", *args))
+record("encoder_forward_at", *both("encoder_forward_at", inp[:, :4], wte, wpe, kv_pos))
+record("gather_rows", *both("gather_rows", f32(7, C), np.array([6, 0, 3], np.int32)))
+slog = f32(6, Vp) * 2
+for settings in ((1.0, 1, 1.0), (0.9, 0, 1.0), (0.8, 20, 0.9)):
+    sargs = [[v] * 6 for v in settings] + [[5] * 6, list(range(6)), [2] * 6]
+    ids_gpu, ids_cpu = both("sample_tokens", slog, V, *sargs)
+    errors["sample_tokens"] = max(errors.get("sample_tokens", 0.0), float(np.mean(ids_gpu != ids_cpu)))
+
 # Muon's kernels (cuda/muon.cuh) launch here too, for the every-kernel trace; their numbers are checked against the CPU
 # backend in test_cuda_emu_muon.py (its Newton-Schulz runs in bf16: not within this file's 1e-5)
 muon_model = E.Model(max_seq_len=40, vocab_size=97, padded_vocab_size=128, n_layer=1, n_head=3, n_embd=192,

@@ -440,6 +440,53 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
            },
            py::arg("logits"), py::arg("targets"), py::arg("V"), py::arg("cap"), py::arg("grad_scale"),
            py::arg("fused") = false)
+      // ---- KV-cache inference ops (model/backend.h)
+      .def("attention_kv",  // returns (out (B, Tq, C), kcache, vcache) after attention_kv_forward; out poisoned NaN
+           [](O& o, F qkv, F kcache, F vcache, I slot, I pos, int NH) {
+             const int B = qkv.shape(0), Tq = qkv.shape(1), C = qkv.shape(2) / 3;
+             const int S = kcache.shape(0), maxT = kcache.shape(1);
+             T* out = o.zt(size_t(B) * Tq * C);
+             for (size_t i = 0; i < size_t(B) * Tq * C; i++) out[i] = O::cvt(NAN);
+             T* kc = o.ut(kcache);
+             T* vc = o.ut(vcache);
+             o.be->attention_kv_forward(out, kc, vc, o.ut(qkv), o.ui(slot), o.ui(pos), B, Tq, C, NH, maxT);
+             o.be->synchronize();
+             auto r = py::make_tuple(O::dt(out, {B, Tq, C}), O::dt(kc, {S, maxT, C}), O::dt(vc, {S, maxT, C}));
+             o.clear();
+             return r;
+           },
+           py::arg("qkv"), py::arg("kcache"), py::arg("vcache"), py::arg("slot"), py::arg("pos"), py::arg("NH"))
+      .def("encoder_forward_at",
+           [](O& o, I inp, F wte, F wpe, I pos) {
+             const int B = inp.shape(0), Tn = inp.shape(1), C = wte.shape(1);
+             T* out = o.zt(size_t(B) * Tn * C);
+             o.be->encoder_forward_at(out, o.ui(inp), o.ut(wte), o.ut(wpe), o.ui(pos), B, Tn, C);
+             o.be->synchronize();
+             auto r = O::dt(out, {B, Tn, C});
+             o.clear();
+             return r;
+           })
+      .def("gather_rows",
+           [](O& o, F inp, I rows) {
+             const int n = rows.shape(0), C = inp.shape(1);
+             T* out = o.zt(size_t(n) * C);
+             o.be->gather_rows(out, o.ut(inp), o.ui(rows), n, C);
+             o.be->synchronize();
+             auto r = O::dt(out, {n, C});
+             o.clear();
+             return r;
+           })
+      .def("sample_tokens",  // logits (n, Vp) rounded to T; one setting per row; returns the ids (n)
+           [](O& o, F logits, int V, std::vector<float> temperature, std::vector<int> top_k, std::vector<float> top_p,
+              std::vector<uint64_t> seed, std::vector<uint64_t> stream, std::vector<uint64_t> step) {
+             const int n = logits.shape(0), Vp = logits.shape(1);
+             std::vector<gpt2::SampleRow> rows(n);
+             for (int i = 0; i < n; i++) rows[i] = {temperature[i], top_k[i], top_p[i], seed[i], stream[i], step[i]};
+             I ids(std::vector<py::ssize_t>{n});
+             o.be->sample_tokens(ids.mutable_data(), o.ut(logits), rows.data(), n, V, Vp);
+             o.clear();
+             return ids;
+           })
       .def("gelu_forward",
            [](O& o, F inp) {
              T* out = o.zt(inp.size());

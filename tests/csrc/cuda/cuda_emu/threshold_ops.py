@@ -177,6 +177,19 @@ class Runner:
         qkv, dout, dqkv = self.f32(B, T, 3 * C), self.f32(B, T, C), self.f32(B, T, 3 * C)
         return normwise(self.cuda.attention(qkv, dout, dqkv, NH), self.cpu.attention(qkv, dout, dqkv, NH))
 
+    def attention_kv(self, pos, C, NH, Tq=1):
+        """infer.cuh's cache write + decode attention: one sequence at position pos of slot 1 (of 2), Tq new tokens."""
+        maxT = pos + Tq + 2
+        kc, vc = self.f32(2, maxT, C), self.f32(2, maxT, C)
+        args = (self.f32(1, Tq, 3 * C), kc, vc, np.array([1], np.int32), np.array([pos], np.int32), NH)
+        return normwise(self.cuda.attention_kv(*args), self.cpu.attention_kv(*args))
+
+    def sample(self, V, top_k, top_p, scale=4.0, n=4):
+        """infer.cuh's sampler against the CPU backend's on the same logits: the fraction of ids that differ."""
+        logits = self.f32(n, V + 3, scale=scale)
+        args = ([1.0] * n, [top_k] * n, [top_p] * n, [3] * n, list(range(n)), [1] * n)
+        return float(np.mean(self.cuda.sample_tokens(logits, V, *args) != self.cpu.sample_tokens(logits, V, *args)))
+
     def run(self, th, case):
         return getattr(self, th.op)(**case)
 

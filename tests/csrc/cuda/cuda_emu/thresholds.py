@@ -76,6 +76,8 @@ ADAMW_BLOCK = kconst("adamw.cuh", "kAdamWThreads")
 NORM_BLOCKS, NORM_THREADS = kconst("global_norm.cuh", "kNormBlocks"), kconst("global_norm.cuh", "kNormThreads")
 ATT_TILE = kconst("attention.cuh", "kAttTile")
 ATT_DOT_LANES = kconst("attention.cuh", "kDotLanes")
+DEC_BLOCK, SAMPLE_BLOCK = kconst("infer.cuh", "kDecodeBlock"), kconst("infer.cuh", "kSampleBlock")
+SAMPLE_CAP = kconst("infer.cuh", "kSampleCap")
 
 # d12 at the README's batch: B = 64, T = 1024 (N = B * T rows), C = 768
 D12_N, D12_C = 65536, 768
@@ -233,6 +235,18 @@ TABLE = [
     T("attention", "attention.dot_rows", "attention_backward_dot: grid ceil(B NH T kDotLanes / 256)",
       "attention", lambda c: c["B"] * c["NH"] * c["T"] * ATT_DOT_LANES - 256, 0,
       [dict(B=1, T=256 // ATT_DOT_LANES, C=64, NH=1), dict(B=1, T=256 // ATT_DOT_LANES + 1, C=64, NH=1)]),
+    # KV-cache inference (infer.cuh)
+    T("infer", "infer.decode_keys", "attention_kv_kernel: for key = threadIdx.x; key < n; key += kDecodeBlock (the "
+      "softmax pass; n = pos + 1 keys)", "attention_kv", lambda c: c["pos"] + 1, DEC_BLOCK,
+      [dict(pos=DEC_BLOCK - 1, C=192, NH=3), dict(pos=DEC_BLOCK + 4, C=192, NH=3)]),
+    T("infer", "infer.decode_head_lanes", "attention_kv_kernel: for d = lane; d < hs; d += 32 (a key's dot product)",
+      "attention_kv", lambda c: c["C"] // c["NH"], 32, [dict(pos=9, C=48, NH=3), dict(pos=9, C=192, NH=3)]),
+    T("infer", "infer.sample_chunks", "sample_kernel, nothing cut: chunks of ceil(V / kSampleBlock) ids per thread",
+      "sample", lambda c: c["V"], SAMPLE_BLOCK, [dict(V=SAMPLE_BLOCK, top_k=0, top_p=1.0),
+                                                 dict(V=SAMPLE_BLOCK + 7, top_k=0, top_p=1.0)]),
+    T("infer", "infer.sample_cap", "sample_kernel: top_k <= kSampleCap sorts the top_k keys; above, the kSampleCap "
+      "largest for the nucleus", "sample", lambda c: c["top_k"], SAMPLE_CAP,
+      [dict(V=SAMPLE_CAP + 300, top_k=SAMPLE_CAP, top_p=0.9), dict(V=SAMPLE_CAP + 300, top_k=SAMPLE_CAP + 1, top_p=0.5)]),
 ]
 
 # Code paths no emulator test can reach, and why.

@@ -1,0 +1,218 @@
+"""KV-cache inference on the emulated CUDA backend (csrc/cuda/infer.cuh, model/gpt2_infer.h over CudaBackend):
+
+- the decode attention kernel (kv_write + attention_kv) against a float64 numpy reference: several heads of size 64,
+  mixed per-sequence positions and odd lengths, slots out of order, prefill (Tq > 1) and decode (Tq = 1), the output
+  poisoned with NaN and every cache position the kernel must not read poisoned with NaN too;
+- encoder_forward_at and gather_rows against numpy;
+- the whole model: at every decode step (mixed prompt lengths 7, 13 and 1, one sequence left out of some steps) the
+  CUDA backend's cached logits against the CPU backend's: fp32 within 1e-5 normwise (the summation-order rounding
+  of fp32, as test_cuda_emu.py), bf16 / fp16 models against the CPU fp32 model within their storage precision
+  (normwise 3e-2 / 4e-3: test_cuda_emu_bf16_model.py's 1e-2 / 1.3e-3 for one forward, x3 for the rounded K/V cache
+  and the steps that follow);
+- sampling on the device: the same ids as the CPU backend's sampler for the same logits and (seed, stream, step)
+  (greedy with ties, all tokens, top-k, top-p, both, a nucleus larger than the kernel's 1024 sorted candidates
+  (sampled on the host from the logits), top_k above them); top_k = 1 is the arg max; and a chi-square test of the
+  frequencies of 1,200 draws against inference.sample_distribution.
+"""
+import numpy as np
+import pytest
+
+from test_cuda_emu import CFG, emu, init_params, normwise  # noqa: F401  (emu: fixture)
+
+rng = np.random.default_rng(31)
+
+
+def f32(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def attention_kv_reference(qkv, kcache, vcache, slot, pos, NH):
+    """float64: K, V of qkv into the caches, then each query against its slot's positions 0..pos[b]+t."""
+    B, Tq, C3 = qkv.shape
+    C = C3 // 3
+    hs = C // NH
+    kc, vc = kcache.astype(np.float64), vcache.astype(np.float64)
+    q = qkv.astype(np.float64)
+    out = np.zeros((B, Tq, C))
+    for b in range(B):
+        for t in range(Tq):
+            kc[slot[b], pos[b] + t] = q[b, t, C:2 * C]
+            vc[slot[b], pos[b] + t] = q[b, t, 2 * C:]
+    for b in range(B):
+        n_all = pos[b] + Tq
+        for h in range(NH):
+            K = kc[slot[b], :n_all, h * hs:(h + 1) * hs]
+            V = vc[slot[b], :n_all, h * hs:(h + 1) * hs]
+            for t in range(Tq):
+                s = K[:pos[b] + t + 1] @ q[b, t, h * hs:(h + 1) * hs] / np.sqrt(hs)
+                p = np.exp(s - s.max())
+                out[b, t, h * hs:(h + 1) * hs] = (p / p.sum()) @ V[:pos[b] + t + 1]
+    return out, kc, vc
+
+
+@pytest.mark.parametrize("Tq", [1, 5])
+def test_attention_kv_matches_float64(emu, Tq):  # noqa: F811
+    S, maxT, NH, hs = 4, 41, 3, 64
+    C = NH * hs
+    slot = np.array([2, 0, 3], np.int32)          # out of order; slot 1 unused
+    pos = np.array([17, 0, 35], np.int32)         # mixed lengths: 0 (a prefill), odd, near the end of the cache
+    B = len(slot)
+    kcache = np.full((S, maxT, C), np.nan, np.float32)  # every position the kernel must not read: NaN
+    vcache = np.full((S, maxT, C), np.nan, np.float32)
+    for b in range(B):
+        kcache[slot[b], :pos[b]] = f32(pos[b], C)
+        vcache[slot[b], :pos[b]] = f32(pos[b], C)
+    qkv = f32(B, Tq, 3 * C)
+    want, kw, vw = attention_kv_reference(qkv, kcache, vcache, slot, pos, NH)
+    out, kc, vc = emu.Ops("cuda").attention_kv(qkv, kcache, vcache, slot, pos, NH)
+    assert np.all(np.isfinite(out))
+    assert normwise(out, want) <= 1e-5
+    for b in range(B):  # the new rows written, the rest of the cache untouched
+        n = pos[b] + Tq
+        assert np.array_equal(kc[slot[b], :n], kw[slot[b], :n].astype(np.float32))
+        assert np.array_equal(vc[slot[b], :n], vw[slot[b], :n].astype(np.float32))
+        assert np.all(np.isnan(kc[slot[b], n:])) and np.all(np.isnan(vc[slot[b], n:]))
+    assert np.all(np.isnan(kc[1])) and np.all(np.isnan(vc[1]))
+    for cls, tol in (("OpsBF16", 2e-2), ("OpsF16", 3e-3)):  # the 16-bit kernels: inputs rounded, fp32 inside
+        if hasattr(emu, cls):
+            got = getattr(emu, cls)("cuda").attention_kv(qkv, kcache, vcache, slot, pos, NH)[0]
+            assert normwise(got, want) <= tol, cls
+
+
+def test_encoder_at_and_gather_rows(emu):  # noqa: F811
+    B, Tn, C, V, maxT = 3, 5, 192, 97, 40
+    inp = rng.integers(0, V, (B, Tn)).astype(np.int32)
+    pos = np.array([0, 11, 35], np.int32)
+    wte, wpe = f32(128, C), f32(maxT, C)
+    want = wte[inp] + np.stack([wpe[p:p + Tn] for p in pos])
+    assert normwise(emu.Ops("cuda").encoder_forward_at(inp, wte, wpe, pos), want) <= 1e-7
+    x = f32(7, C)
+    rows = np.array([6, 0, 3], np.int32)
+    assert np.array_equal(emu.Ops("cuda").gather_rows(x, rows), x[rows])
+
+
+# ----------------------------------------------------------------------------------------------- the model
+def _models(emu, cls):  # noqa: F811
+    cpu, gpu = emu.Model(**CFG, device="cpu"), getattr(emu, cls)(**CFG, device="cuda")
+    init_params(cpu, 5)
+    init_params(gpu, 5)
+    if cls != "Model":
+        gpu.params_changed()
+    return cpu, gpu
+
+
+@pytest.mark.parametrize("cls,tol", [("Model", 1e-5), ("ModelBF16", 3e-2), ("ModelF16", 4e-3)])
+def test_cached_logits_match_cpu_at_every_step(emu, cls, tol):  # noqa: F811
+    cpu, gpu = _models(emu, cls)
+    assert gpu.kv_supported
+    lengths = np.array([7, 13, 1], np.int32)
+    slots = np.array([1, 0, 2], np.int32)
+    x = rng.integers(0, CFG["vocab_size"], (3, 13)).astype(np.int32)
+    for m in (cpu, gpu):
+        m.kv_reserve(3, 24)
+        m.kv_prefill(x, lengths, slots)
+    errs = [normwise(gpu.kv_logits(), cpu.kv_logits())]
+    for step in range(6):
+        live = np.array([1, 0, 2] if step % 3 else [0, 2], np.int32)  # slot 1 sits out some steps
+        tok = rng.integers(0, CFG["vocab_size"], len(live)).astype(np.int32)
+        for m in (cpu, gpu):
+            m.kv_decode(tok, live)
+        errs.append(normwise(gpu.kv_logits(), cpu.kv_logits()))
+    assert [gpu.kv_pos(s) for s in range(3)] == [cpu.kv_pos(s) for s in range(3)] == [19, 11, 7]
+    assert max(errs) <= tol, errs
+
+
+def test_generate_greedy_matches_cpu(emu):  # noqa: F811
+    """Prefill, then greedy decode on each backend; the ids each backend samples on its own logits agree."""
+    cpu, gpu = _models(emu, "Model")
+    x = rng.integers(0, CFG["vocab_size"], (2, 9)).astype(np.int32)
+    lengths, slots = np.array([9, 4], np.int32), np.array([0, 1], np.int32)
+    ids = {}
+    for name, m in (("cpu", cpu), ("gpu", gpu)):
+        m.kv_reserve(2, 20)
+        m.kv_prefill(x, lengths, slots)
+        out = []
+        for i in range(5):
+            t = m.kv_sample([1.0, 1.0], [1, 1], [1.0, 1.0], [0, 0], [0, 1], [i, i])
+            out.append(t)
+            m.kv_decode(t, slots)
+        ids[name] = np.array(out)
+    assert np.array_equal(ids["cpu"], ids["gpu"])
+
+
+# ----------------------------------------------------------------------------------------------- sampling
+def _settings(n, temperature, top_k, top_p, seed=7):
+    return ([temperature] * n, [top_k] * n, [top_p] * n, [seed] * n, list(range(n)), [3 * i + 1 for i in range(n)])
+
+
+SETTINGS = {  # (V, Vp, temperature, top_k, top_p, logit scale)
+    "all": (97, 128, 0.9, 0, 1.0, 2.0),
+    "top_k": (97, 128, 1.3, 13, 1.0, 2.0),
+    "top_k_top_p": (97, 128, 0.7, 50, 0.9, 2.0),
+    "top_p": (97, 128, 1.0, 0, 0.6, 2.0),
+    "big_nucleus_on_device": (1500, 1536, 1.0, 0, 0.8, 6.0),   # peaked: the nucleus fits the 1024 candidates
+    "big_nucleus_on_host": (1500, 1536, 1.0, 0, 0.95, 0.1),    # flat: it does not (the host samples the row)
+    "top_k_over_cap": (1500, 1536, 1.0, 1100, 1.0, 2.0),       # top_k above the candidates (host)
+    "top_k_over_cap_top_p": (1500, 1536, 1.0, 1100, 0.7, 6.0),  # its nucleus inside them (device)
+}
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_device_sampler_draws_the_cpu_ids(emu, name):  # noqa: F811
+    V, Vp, temp, k, p, scale = SETTINGS[name]
+    n = 24
+    logits = (f32(n, Vp) * scale).astype(np.float32)
+    logits[:, V:] = 1e4  # padded columns are never candidates
+    logits[0, 3] = logits[0, 5] = logits[0, :V].max() + 1  # a tie at the top
+    args = _settings(n, temp, k, p)
+    got = emu.Ops("cuda").sample_tokens(logits, V, *args)
+    want = emu.Ops("cpu").sample_tokens(logits, V, *args)
+    assert np.all((got >= 0) & (got < V))
+    assert np.array_equal(got, want), (got, want)
+
+
+def test_top_k_one_is_the_arg_max(emu):  # noqa: F811
+    n, V, Vp = 16, 97, 128
+    logits = f32(n, Vp)
+    logits[:, V:] = 1e4
+    logits[1, 10] = logits[1, 20] = logits[1, :V].max() + 1  # ties: the lower id
+    for args in (_settings(n, 1.0, 1, 1.0), _settings(n, 0.0, 0, 0.5)):  # top_k 1, and temperature 0
+        got = emu.Ops("cuda").sample_tokens(logits, V, *args)
+        assert np.array_equal(got, np.argmax(logits[:, :V], axis=1))
+    assert got[1] == 10
+
+
+def test_sampled_frequencies_chi_square(emu):  # noqa: F811
+    """1,200 draws (one row each, streams 0..1199) from one row of logits with temperature, top-k and top-p, against
+    inference.sample_distribution: Pearson's chi-square over the kept tokens (bins with expected count < 5 merged).
+    The critical value is the chi-square quantile at 1 - 1e-6 (Wilson-Hilferty), so a correct sampler fails this
+    test for one seed in a million; the draws are a fixed function of (seed, stream, step), so it is deterministic."""
+    from gpt2core.inference import sample_distribution
+    V, Vp, n = 97, 128, 1200
+    z = (f32(Vp) * 1.5).astype(np.float32)
+    z[V:] = 0
+    temp, k, p = 0.8, 40, 0.9
+    want = sample_distribution(z[:V].astype(np.float64), temp, k, p)
+    logits = np.tile(z, (n, 1))
+    ids = emu.Ops("cuda").sample_tokens(logits, V, [temp] * n, [k] * n, [p] * n, [11] * n, list(range(n)), [0] * n)
+    assert np.all(want[ids] > 0), "a token outside the kept set was drawn"
+    counts = np.bincount(ids, minlength=V).astype(np.float64)
+    exp = want * n
+    order = np.argsort(-exp)
+    obs_b, exp_b, o_acc, e_acc = [], [], 0.0, 0.0
+    for i in order[exp[order] > 0]:
+        o_acc += counts[i]
+        e_acc += exp[i]
+        if e_acc >= 5:
+            obs_b.append(o_acc)
+            exp_b.append(e_acc)
+            o_acc = e_acc = 0.0
+    if e_acc > 0:
+        obs_b[-1] += o_acc
+        exp_b[-1] += e_acc
+    obs_b, exp_b = np.array(obs_b), np.array(exp_b)
+    stat = float(((obs_b - exp_b) ** 2 / exp_b).sum())
+    df = len(obs_b) - 1
+    z6 = 4.753  # the standard normal's 1 - 1e-6 quantile
+    crit = df * (1 - 2 / (9 * df) + z6 * np.sqrt(2 / (9 * df))) ** 3
+    assert df >= 5 and stat < crit, (stat, crit, df)
