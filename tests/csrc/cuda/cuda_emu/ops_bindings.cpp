@@ -9,6 +9,7 @@
 // stay float32. Which is which follows csrc/model/backend.h.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>  // sample_tokens' per-row settings
 
 #include <array>
 #include <cmath>
