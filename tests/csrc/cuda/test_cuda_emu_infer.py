@@ -216,3 +216,24 @@ def test_sampled_frequencies_chi_square(emu):  # noqa: F811
     z6 = 4.753  # the standard normal's 1 - 1e-6 quantile
     crit = df * (1 - 2 / (9 * df) + z6 * np.sqrt(2 / (9 * df))) ** 3
     assert df >= 5 and stat < crit, (stat, crit, df)
+
+
+def test_python_generate_loop_runs_on_cuda_unchanged(emu):  # noqa: F811
+    """inference.generate (KVEngine: prefill, device sampling, decode, and past block_size the re-prefill of the last
+    block_size tokens) over the emulated CUDA model gives the CPU model's tokens: mixed prompt lengths, top-k 50 with
+    top-p, one sequence crossing block_size = 40."""
+    from types import SimpleNamespace
+
+    from gpt2core import inference
+
+    def shim(m):
+        s = SimpleNamespace(_m=m, config=SimpleNamespace(vocab_size=CFG["vocab_size"], block_size=CFG["max_seq_len"]))
+        s._inference_engine = lambda batch, max_len: inference.KVEngine(s, batch, max_len)
+        return s
+
+    cpu, gpu = _models(emu, "Model")
+    prompts = [list(rng.integers(0, CFG["vocab_size"], 33)), list(rng.integers(0, CFG["vocab_size"], 4))]
+    outs = [inference.generate(shim(m), prompts, 10, top_k=50, top_p=0.9, seed=3) for m in (cpu, gpu)]
+    for a, b in zip(*outs):
+        assert len(a) == len(b) and np.array_equal(a, b)
+    assert len(outs[1][0]) == 43  # past block_size: 33 + 10 tokens
