@@ -237,3 +237,18 @@ def test_python_generate_loop_runs_on_cuda_unchanged(emu):  # noqa: F811
     for a, b in zip(*outs):
         assert len(a) == len(b) and np.array_equal(a, b)
     assert len(outs[1][0]) == 43  # past block_size: 33 + 10 tokens
+
+
+def test_inference_only_cuda_forward_is_the_cpu_loss(emu):  # noqa: F811
+    """forward() of an inference-only CUDA model (training=False) runs the KV path's prefill with every position's
+    logits (GPT2Model::kv_forward): its loss and logits equal the CPU training model's (fp32, 1e-5)."""
+    cpu = emu.Model(**CFG, device="cpu")
+    gpu = emu.Model(**CFG, device="cuda", training=False)
+    init_params(cpu, 8)
+    init_params(gpu, 8)
+    gpu.params_changed()
+    idx = rng.integers(0, CFG["vocab_size"], (2, 11)).astype(np.int32)
+    tgt = rng.integers(0, CFG["vocab_size"], (2, 11)).astype(np.int32)
+    tgt[1, 3] = -1
+    lc, lg = cpu.forward(idx, tgt), gpu.forward(idx, tgt)
+    assert abs(lg - lc) <= 1e-5 * abs(lc), (lg, lc)
