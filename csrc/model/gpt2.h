@@ -270,6 +270,8 @@ class GPT2Model {
   void kv_layers(int n, int Tq);
   // out = inp @ param(i)-slice^T + bias for the KV path: the 16-bit copy for few rows when it is on
   void kv_matmul(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC);
+  // the lm_head (untied, or wte) over `rows` rows into kv_.logits, soft-capped when the config caps
+  void kv_head(const T* in, int rows);
   void kv_refresh_w16();
 
   ModelConfig config_;
@@ -278,7 +280,7 @@ class GPT2Model {
   // inference state: the cache (L, S, T, C) for K and V, one layer's activations for kv_cap_ rows, logits
   struct KvBuffers {
     T *x, *ln, *qkv, *atty, *proj, *res2, *fch, *fch_gelu, *last, *logits;
-    M *mean, *rstd, *losses, *lse;
+    M *mean, *rstd, *losses, *lse, *qk_rstd;  // qk_rstd: with qk_norm only
   };
   T* kcache_ = nullptr;
   T* vcache_ = nullptr;

@@ -316,9 +316,7 @@ class GPT2:
         rounded up to 128). Problems raise CheckpointError naming the file. training=False: inference-only (see
         __init__)."""
         config, flat, source = pretrained.read_weights(path, padded_vocab_size)
-        # the KV-cache inference path runs GPT-2's ops only: a modern model loads as a training model (the full
-        # forward, which generate then uses)
-        model = cls(config, device=device, init=False, training=training or not config.is_gpt2)
+        model = cls(config, device=device, init=False, training=training)
         llmc.fill_params(model, flat, source)
         return model
 
