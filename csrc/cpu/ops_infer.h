@@ -50,9 +50,10 @@ struct LoadF16 {
   }
 };
 
-// out[n, o..o+3] = dot(inp[n, :], w[o+r, :]) (+ bias) for n < NB (NB <= 4: 4 x NB accumulators and 4 weight
-// vectors stay in the 16 ymm registers), w0 = w + o * C, C % 8 == 0: each loaded weight vector is used by every
-// input row.
+// out[n, o..o+3] = dot(inp[n, :], w[o+r, :]) (+ bias) for n < NB (NB <= 4), w0 = w + o * C, C % 8 == 0: each loaded
+// weight vector is used by every input row. The next four weight rows are prefetched meanwhile (one line per 64
+// bytes): with several input rows the FMAs take longer than the read, and without the prefetch the two did not
+// overlap (8 rows x 768 x 12288 on this machine's Zen core, one thread: 6.4 ms without, 4.7 with; 1 row: 3.2).
 template <int NB, typename Ld>
 inline void gemv_block4_avx2(float* out, const float* inp, const typename Ld::W* w0, const float* bias, int C, int OC,
                              int o) {
@@ -60,6 +61,10 @@ inline void gemv_block4_avx2(float* out, const float* inp, const typename Ld::W*
   for (int n = 0; n < NB; n++)
     for (int r = 0; r < 4; r++) acc[n][r] = _mm256_setzero_ps();
   for (int i = 0; i < C; i += 8) {
+    if (NB > 1 && (i * sizeof(typename Ld::W)) % 64 == 0)  // (an address past the matrix's end: no fault, no UB)
+      for (int r = 4; r < 8; r++)
+        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w0 + i) + size_t(r) * C * sizeof(*w0)),
+                     _MM_HINT_T0);
     const __m256 a0 = Ld::load8(w0 + i), a1 = Ld::load8(w0 + C + i), a2 = Ld::load8(w0 + 2 * C + i),
                  a3 = Ld::load8(w0 + 3 * C + i);
     for (int n = 0; n < NB; n++) {

@@ -101,6 +101,43 @@ def test_cached_logits_equal_full_forward_every_step(dtype, C, NH, arch):
         m._m.kv_decode(np.array([1], np.int32), np.array([0], np.int32))
 
 
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("arch", [None, MODERN], ids=arch_id)
+@pytest.mark.parametrize("dtype,C,NH", [("float64", 48, 3), ("float32", 48, 3), ("float32", 64, 4)])
+def test_decode_batches_up_to_nine_rows(dtype, C, NH, arch, weights):
+    """Decode of 1 .. 9 sequences at once (the GEMV takes up to 8 rows, in groups of 4 against each block of weight
+    rows; 9 goes to the GEMM), fp32 and 16-bit weights: every row's logits equal the full forward's of its own
+    sequence (float32 full forward on the rounded weights for 16-bit)."""
+    if weights != "fp32" and dtype == "float64":
+        pytest.skip("16-bit weights are a float32 CPU option")
+    m = refm = make_model(dtype, C=C, NH=NH, arch=arch)
+    if weights != "fp32":  # the inference-only model decodes; the training model (rounded weights) is the reference
+        m = GPT2(refm.config, dtype=dtype, init=False, training=False)
+        for k, v in refm.params.items():
+            m.params[k][...] = v
+        m.params_changed()
+        m.inference_weights = weights
+        for k, v in m.params.items():
+            refm.params[k][...] = v
+        refm.params_changed()
+    rng = np.random.default_rng(7)
+    for B in (1, 3, 4, 5, 8, 9):
+        lengths = rng.integers(1, 6, B)
+        seqs = [list(rng.integers(0, 97, n)) for n in lengths]
+        x = np.zeros((B, max(lengths)), np.int32)
+        for i, q in enumerate(seqs):
+            x[i, :len(q)] = q
+        m._m.kv_reserve(B, 13)
+        m._m.kv_prefill(x, lengths.astype(np.int32), np.arange(B, dtype=np.int32))
+        for _ in range(2):
+            nxt = rng.integers(0, 97, B).astype(np.int32)
+            m._m.kv_decode(nxt, np.arange(B, dtype=np.int32))
+            lg = m._m.kv_logits()
+            for i in range(B):
+                seqs[i].append(int(nxt[i]))
+                assert rel(lg[i], full_last_logits(refm, seqs[i])) < tol(dtype, arch), (B, i)
+
+
 @pytest.mark.parametrize("arch", ARCHS, ids=arch_id)
 def test_prefill_and_decode_match_numpy_reference(arch):
     """Cached prefill logits (every position) and then decode logits against the float64 numpy model
