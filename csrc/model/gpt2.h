@@ -197,9 +197,9 @@ class GPT2Model {
   void kv_sample(int32_t* ids, const SampleRow* rows, int n);
   int kv_logit_rows() const { return kv_rows_; }
   // Decode with 16-bit weights (0: off, fp32; 1: bf16; 2: fp16; backends with has_w16): the matrices (wte, qkvw,
-  // attprojw, fcw, fcprojw) are rounded to that type, in the fp32 parameters too (so prefill's GEMMs and the
-  // decode GEMVs read the same weights; an untied lm_head too), and decode reads the 16-bit copy. Written parameters (params_changed)
-  // are rounded again before the next prefill / decode.
+  // attprojw, fcw, fcprojw, an untied lm_head) are rounded to that type, in the fp32 parameters too (so prefill's
+  // GEMMs and the decode GEMVs read the same weights), and decode reads the 16-bit copy. Written parameters
+  // (params_changed) are rounded again before the next prefill / decode.
   void set_weights16(int kind);
   int weights16() const { return w16_kind_; }
   void kv_logits_to_host(M* dst) const;  // (kv_logit_rows(), Vp)

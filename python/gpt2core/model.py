@@ -513,7 +513,8 @@ class GPT2:
     def inference_weights(self) -> str:
         """The weights decode reads: "fp32", or "bf16" / "fp16" (16-bit copies widened to fp32 in registers: half
         the bytes per token; CPU, inference-only models). Setting "bf16" or "fp16" rounds the model's matrices
-        (wte, qkvw, attprojw, fcw, fcprojw, an untied lm_head) to that type in self.params too, so prefill and decode agree."""
+        (wte, qkvw, attprojw, fcw, fcprojw, an untied lm_head) to that type in self.params too, so prefill and
+        decode agree."""
         return ("fp32", "bf16", "fp16")[self._m.weights16]
 
     @inference_weights.setter
