@@ -428,6 +428,16 @@ class CudaBackend final : public Backend<T> {
   void gather_rows(T* out, const T* inp, const int32_t* rows, int n, int C) override {
     cuda::gather_rows(k(out), k(inp), rows, n, C, stream_);
   }
+  // The table must cover every row's position: the largest pos[b] is read back (B ints, a host sync; decode only)
+  void rope_forward_at(T* qkv, const int32_t* pos, int B, int Tn, int C, int NH, float base) override {
+    if (B <= 0 || Tn <= 0) return;
+    std::vector<int32_t> p(static_cast<size_t>(B));
+    CUDA_CHECK(cudaMemcpyAsync(p.data(), pos, p.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    sync();
+    int most = 0;
+    for (int32_t v : p) most = v > most ? v : most;
+    cuda::rope_forward_at(k(qkv), rope_table(most + Tn, C / NH, base), pos, B, Tn, C, NH, stream_);
+  }
   // The uniform numbers are model/sampling.h's (sample_uniform, on the host); a row the kernel flags (a nucleus
   // beyond its kSampleCap sorted candidates, or top_k above it) is sampled here from its logits by sample_row.
   void sample_tokens(int32_t* ids, const T* logits, const SampleRow* rows, int n, int V, int Vp) override {

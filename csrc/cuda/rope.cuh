@@ -32,7 +32,8 @@ __global__ void __launch_bounds__(kRopeBlock) rope_table_kernel(float* __restric
 template <class floatX>
 __global__ void __launch_bounds__(kRopeBlock) rope_kernel(floatX* qkv,                        // (B, T, 3C), q and k parts in place
                             const float* __restrict__ table,    // (maxT, 2, h)
-                            int BT, int T, int C, int NH, int pos0, float sign, bool vec) {
+                            int BT, int T, int C, int NH, int pos0, float sign, bool vec,
+                            const int32_t* __restrict__ pos = nullptr) {  // (B): row (b, t) at pos[b] + t (KV decode)
   constexpr int K = kVec<floatX>;
   const int HS = C / NH, h = HS / 2;
   const int per_head = vec ? h / K : h;  // threads per head
@@ -42,7 +43,7 @@ __global__ void __launch_bounds__(kRopeBlock) rope_kernel(floatX* qkv,          
   const size_t rest = idx / per_head;
   const int head = int(rest % (2 * NH));  // q's heads, then k's (k starts at C, right after q)
   const size_t bt = rest / (2 * NH);
-  const int p = pos0 + int(bt % T);
+  const int p = (pos ? pos[bt / T] : pos0) + int(bt % T);
   floatX* x = qkv + bt * 3 * C + size_t(head) * HS;
   const float* cs = table + size_t(p) * 2 * h;
   const float* sn = cs + h;
@@ -79,13 +80,13 @@ inline void rope_table(float* table, int maxT, int HS, double base, cudaStream_t
 // positions pos0 .. pos0 + T - 1 (pos0 + T <= the table's maxT); HS = C / NH even
 template <class floatX>
 void rope_apply(floatX* qkv, const float* table, int B, int T, int C, int NH, int pos0, bool backward,
-                cudaStream_t stream) {
+                cudaStream_t stream, const int32_t* pos = nullptr) {
   const int BT = B * T, h = C / NH / 2;
   if (BT <= 0 || h <= 0) return;
   const bool vec = h % kVec<floatX> == 0 && aligned16(qkv);
   const size_t n = size_t(BT) * 2 * NH * (vec ? h / kVec<floatX> : h);
   LAUNCH(rope_kernel<floatX>, ceil_div(n, kRopeBlock), kRopeBlock, 0, stream, qkv, table, BT, T, C, NH, pos0,
-         backward ? -1.0f : 1.0f, vec);
+         backward ? -1.0f : 1.0f, vec, pos);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -94,6 +95,13 @@ void rope_forward(floatX* qkv,          // (B, T, 3C), q and k rotated in place
                   const float* table,   // rope_table
                   int B, int T, int C, int NH, int pos0, cudaStream_t stream) {
   rope_apply(qkv, table, B, T, C, NH, pos0, false, stream);
+}
+
+// KV-cache decode: row (b, t) at position pos[b] + t (pos: B ints in device memory; the table covers them)
+template <class floatX>
+void rope_forward_at(floatX* qkv, const float* table, const int32_t* pos, int B, int T, int C, int NH,
+                     cudaStream_t stream) {
+  rope_apply(qkv, table, B, T, C, NH, 0, false, stream, pos);
 }
 
 template <class floatX>

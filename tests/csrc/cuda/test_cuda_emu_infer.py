@@ -92,8 +92,12 @@ def test_encoder_at_and_gather_rows(emu):  # noqa: F811
 
 
 # ----------------------------------------------------------------------------------------------- the model
-def _models(emu, cls):  # noqa: F811
-    cpu, gpu = emu.Model(**CFG, device="cpu"), getattr(emu, cls)(**CFG, device="cuda")
+MODERN = dict(position="rope", norm="rmsnorm", qk_norm=True, activation="relu2", bias=False, tie_embeddings=False,
+              logit_softcap=15.0)
+
+
+def _models(emu, cls, **arch):  # noqa: F811
+    cpu, gpu = emu.Model(**CFG, device="cpu", **arch), getattr(emu, cls)(**CFG, device="cuda", **arch)
     init_params(cpu, 5)
     init_params(gpu, 5)
     if cls != "Model":
@@ -101,9 +105,11 @@ def _models(emu, cls):  # noqa: F811
     return cpu, gpu
 
 
-@pytest.mark.parametrize("cls,tol", [("Model", 1e-5), ("ModelBF16", 3e-2), ("ModelF16", 4e-3)])
-def test_cached_logits_match_cpu_at_every_step(emu, cls, tol):  # noqa: F811
-    cpu, gpu = _models(emu, cls)
+@pytest.mark.parametrize("cls,tol,arch", [("Model", 1e-5, {}), ("ModelBF16", 3e-2, {}), ("ModelF16", 4e-3, {}),
+                                          ("Model", 1e-5, MODERN)], ids=["fp32", "bf16", "fp16", "fp32-modern"])
+def test_cached_logits_match_cpu_at_every_step(emu, cls, tol, arch):  # noqa: F811
+    """The modern architecture (rotary at each sequence's own position: rope_forward_at) in fp32 too."""
+    cpu, gpu = _models(emu, cls, **arch)
     assert gpu.kv_supported
     lengths = np.array([7, 13, 1], np.int32)
     slots = np.array([1, 0, 2], np.int32)
