@@ -10,7 +10,7 @@ import numbers
 
 import numpy as np
 
-from . import _build_config, _C, llmc, pretrained
+from . import _C, llmc, pretrained
 from .config import GPT2Config, TrainConfig, get_preset
 from . import cli
 from .errors import ArgError, Error
