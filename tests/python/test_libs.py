@@ -196,7 +196,7 @@ def test_the_driver_is_checked_against_the_build(tmp_path, driver, build_cuda, w
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     assert out.startswith(want) if want else out.strip() == "", out
     if want and driver == 12040:
-        assert out.strip().endswith('; install the CUDA 12 build: pip install "gpt2core[cuda12]"'), out
+        assert out.strip().endswith('; install the CUDA 12 build: pip install --force-reinstall "gpt2core[cuda12]"'), out
 
 
 def test_device_cuda_without_a_driver_says_so_not_insufficient_driver(tmp_path):

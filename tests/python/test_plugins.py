@@ -12,7 +12,8 @@ import pytest
 
 import gpt2core
 from gpt2core import _build_config, _libs, _plugins, doctor
-from gpt2core.errors import DeviceError, DeviceUnavailable
+from gpt2core.errors import DeviceUnavailable
+from gpt2core.model import DeviceError
 
 ROOT = Path(__file__).resolve().parents[2]
 MINE = _plugins.version()
@@ -62,8 +63,8 @@ def test_no_backend_and_no_plugin_names_the_plugins_to_install(cpu_package):
     from gpt2core import cli
     with pytest.raises(DeviceUnavailable, match=r"--device cuda: this build of gpt2core has no CUDA backend"):
         cli.check_device_available("cuda", "--device")
-    info = gpt2core.build_info()
-    assert not info["cuda"] and "cuda" not in info["backends"] and "cuda_plugin" not in info
+    info = gpt2core.build_info()  # (its "cuda" flag is _C's, compiled in: this test's build may have one)
+    assert info["cuda_version"] == "" and "cuda_plugin" not in info
 
 
 def test_the_drivers_major_picks_the_plugin_to_suggest(cpu_package, monkeypatch):
