@@ -44,6 +44,8 @@ def cpu_package(tmp_path, monkeypatch):
     monkeypatch.setattr(_build_config, "CUDA_LIBRARIES", [])
     monkeypatch.setattr(_build_config, "CUDA_SKIPPED", "GPT2CORE_CUDA=OFF at build time", raising=False)
     monkeypatch.setattr(_plugins, "_driver_major", lambda: None)  # no NVIDIA driver asked (the machine's varies)
+    from gpt2core import _cuda
+    monkeypatch.setattr(_cuda, "_loaded", None)  # as in a new process (another test may have loaded this build's)
     for var in ("CUDA_HOME", "CUDA_PATH"):
         monkeypatch.delenv(var, raising=False)
     yield site
