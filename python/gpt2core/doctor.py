@@ -225,7 +225,7 @@ def run_checks(out, seconds: float = 20.0) -> bool | int:
         cuda_failed = _driver_or_status() or cuda_failed or "no usable GPU"
         out(f"FAIL: an NVIDIA GPU is present but the CUDA backend cannot run: {cuda_failed}")
     if "cuda" not in info["backends"]:
-        out(f"GPU: not used: no CUDA backend ({_plugins.install_hint()})")
+        out(f"GPU: this build has no CUDA backend and no CUDA plugin is installed ({_plugins.install_hint()})")
     ok = check_correctness(out, devices) and not cuda_failed
     for d in devices if seconds > 0 else []:
         speed_probe(out, d, seconds)
