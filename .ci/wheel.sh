@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI (issue 13): `pip wheel .` (build isolation on) gives a wheel that auditwheel accepts for a manylinux tag, with
-# NVIDIA's libraries excluded (they come from the gpt2core[cuda12|13] extra) and everything else it links (Gloo,
+# NVIDIA's libraries excluded (they come from NVIDIA's wheels, pinned by plugins/cuda<major>/pyproject.toml) and everything else it links (Gloo,
 # libgomp) bundled. Installed in a fresh venv with the system CUDA toolkit and Debian's Gloo hidden, it imports
 # and trains a few CPU steps with no NVIDIA library at all, says which library device="cuda" misses and which pip
 # command brings it, and with the extra installed loads the CUDA module far enough to report that there is no GPU.
@@ -59,8 +59,11 @@ if [ -n "$major" ]; then
   grep -q "MissingLibrary: .*found neither in NVIDIA's PyPI wheels nor on this system.*: pip install \"gpt2core\[cuda$major\]\"" \
     "$WORK/cuda_error.txt"
   t0=$SECONDS
-  "$WORK/venv/bin/pip" install -q "${fixed}[cuda$major]"
-  echo "install the cuda$major extra (NVIDIA's libraries): $((SECONDS - t0)) s"
+  # this all-in-one wheel has its own CUDA module: NVIDIA's wheels pinned by the plugin of its major (the extra
+  # gpt2core[cuda$major] installs that plugin, which depends on exactly these)
+  pins=$(sed -n '/^dependencies = \[/,/\]$/p' "$ROOT/plugins/cuda$major/pyproject.toml" | grep -oE 'nvidia-[a-z0-9-]+==[0-9.]+')
+  "$WORK/venv/bin/pip" install -q $pins
+  echo "install NVIDIA's CUDA $major wheels (the plugin's pins): $((SECONDS - t0)) s"
 fi
 "$WORK/venv/bin/gpt2core-doctor" --seconds 0 | tee "$WORK/doctor.txt"
 if [ -n "$major" ]; then  # every NVIDIA library from the wheels, the CUDA module loaded, and no GPU said so

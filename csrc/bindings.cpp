@@ -28,8 +28,8 @@
 #ifndef GPT2CORE_WITH_DIST
 #define GPT2CORE_WITH_DIST 1
 #endif
-// The CUDA backend: GPT2CORE_CUDA_MODULE=1 when this build has gpt2core._C_cuda (imported on first use, see
-// load_cuda_backend); GPT2CORE_BACKEND_CUDA=1 when it is linked into this module (the emulated test build).
+// The CUDA backend: GPT2CORE_CUDA_MODULE=1 in the package's _C, which imports a CUDA module on first use (this
+// build's gpt2core._C_cuda or a plugin's, see load_cuda_backend); GPT2CORE_BACKEND_CUDA=1 when it is linked into this module (the emulated test build).
 #ifndef GPT2CORE_CUDA_MODULE
 #define GPT2CORE_CUDA_MODULE 0
 #endif
@@ -543,11 +543,12 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
     d["version"] = GPT2CORE_VERSION;
     py::list backends;
     backends.append("cpu");
-    if (GPT2CORE_CUDA_MODULE || GPT2CORE_BACKEND_CUDA) backends.append("cuda");
+    // compiled into this build (a plugin's CUDA backend: gpt2core.build_info(), python/gpt2core/_plugins.py)
+    if (GPT2CORE_HAS_CUDA || GPT2CORE_BACKEND_CUDA) backends.append("cuda");
     d["backends"] = backends;
     d["blas"] = GPT2CORE_BLAS_NAME;
     d["openmp"] = true;
-    d["cuda"] = bool(GPT2CORE_CUDA_MODULE || GPT2CORE_BACKEND_CUDA);  // the CUDA backend (csrc/cuda) is compiled
+    d["cuda"] = bool(GPT2CORE_HAS_CUDA || GPT2CORE_BACKEND_CUDA);  // the CUDA backend (csrc/cuda) is compiled
     d["cuda_toolkit"] = bool(GPT2CORE_HAS_CUDA);
     py::list archs;
     std::string s = GPT2CORE_CUDA_ARCHS_STR;

@@ -20,7 +20,7 @@ def _preload_blas() -> None:
 
 _preload_blas()
 
-from . import _build_config, _C, _cuda  # noqa: E402  (_C: no CUDA library; _cuda loads the CUDA backend on use)
+from . import _build_config, _C, _cuda, _plugins  # noqa: E402  (_C: no CUDA library; _cuda loads it on use)
 from .config import GPT2Config, PRESETS  # noqa: E402
 from .model import GPT2, load_model  # noqa: E402
 
@@ -30,13 +30,24 @@ __version__ = _C.build_info()["version"]
 def build_info() -> dict:
     """What was compiled (version, backends, BLAS, CPU code, CUDA archs and version, cuDNN, NCCL, Gloo) and, in a
     build with the CUDA backend, the NVIDIA libraries it loaded ("cuda_libraries", name -> path) or why it could
-    not ("cuda_error")."""
-    info = dict(_C.build_info(), cuda_version=_build_config.CUDA_VERSION)
+    not ("cuda_error"). The CUDA facts are those of the CUDA backend in use: this build's own, or the installed
+    plugin's ("cuda_plugin": gpt2core-cuda12 / gpt2core-cuda13, its version and folder; gpt2core._plugins)."""
+    info = dict(_C.build_info())
+    try:
+        backend = _plugins.find()
+    except _plugins.PluginError as e:  # two CUDA majors' plugins, or a plugin of another release
+        backend = None
+        info["cuda_error"] = str(e)
+    cfg = backend.config if backend else _build_config
+    if backend is not None and backend.plugin:
+        info.update(cuda=True, cuda_toolkit=True, cuda_archs=[a for a in cfg.CUDA_ARCHS.split(",") if a],
+                    cudnn=bool(cfg.HAS_CUDNN), cudnn_sdpa=bool(cfg.HAS_CUDNN_SDPA), nccl=bool(cfg.HAS_NCCL),
+                    backends=[*info["backends"], "cuda"], cuda_plugin=backend.describe())
+    info["cuda_version"] = cfg.CUDA_VERSION
     if not info["cuda"]:
         info["cuda_skipped"] = getattr(_build_config, "CUDA_SKIPPED", "")  # why the build has no CUDA backend
     if info["cuda"]:
-        info.update(cudnn_version=getattr(_build_config, "CUDNN_VERSION", ""),
-                    nccl_version=getattr(_build_config, "NCCL_VERSION", ""))
+        info.update(cudnn_version=getattr(cfg, "CUDNN_VERSION", ""), nccl_version=getattr(cfg, "NCCL_VERSION", ""))
         try:
             found = _cuda.load()
             info["cuda_libraries"] = {f.name: f.path for f in found}

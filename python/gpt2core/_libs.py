@@ -12,8 +12,8 @@ loaded by path with RTLD_GLOBAL before the CUDA module, so the module's dependen
 
 Then what actually loaded is asked for its version (cudaRuntimeGetVersion, cublasLtGetVersion and
 cublasLtGetCudartVersion, nvrtcVersion, cudnnGetVersion and cudnnGetCudartVersion, ncclGetVersion and the CUDA
-release NCCL's binary names) and checked against what the build needs (gpt2core._build_config, written by CMake
-from the headers it compiled against): the same CUDA major everywhere, cuDNN and NCCL of the same major and no
+release NCCL's binary names) and checked against what the build needs (the _build_config of the CUDA backend in
+use, gpt2core's own or the installed plugin's, gpt2core._plugins; written by CMake from the headers it compiled against): the same CUDA major everywhere, cuDNN and NCCL of the same major and no
 older than the headers. A mismatch is a LibraryMismatch naming the library, the file, the version found, the version
 needed and the command that fixes it. The driver (libcuda.so.1, installed with the NVIDIA driver, never by pip) is
 checked the same way: `driver_problem()`.
@@ -25,8 +25,13 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from . import _build_config
+from . import _plugins
 from .errors import Error
+
+
+def _cfg():
+    """The _build_config of the CUDA backend in use: this build's, or the installed plugin's (gpt2core._plugins)."""
+    return _plugins.config()
 
 # name in _build_config.CUDA_LIBRARIES -> (soname, what it is, {CUDA major: the PyPI package that ships it})
 _KNOWN = {
@@ -64,13 +69,27 @@ class Found:
 
 
 def cuda_major() -> int:
-    return int(_build_config.CUDA_VERSION.split(".")[0]) if _build_config.CUDA_VERSION else 0
+    return int(_cfg().CUDA_VERSION.split(".")[0]) if _cfg().CUDA_VERSION else 0
 
 
 def install_hint(major: int | None = None) -> str:
-    major = cuda_major() if major is None else major
-    return (f'pip install "gpt2core[cuda{major}]"' if major in (12, 13)
-            else "install the NVIDIA libraries of this CUDA version")
+    """The command that brings the NVIDIA libraries (and the CUDA module) of CUDA `major`, the build's by default:
+    the plugin gpt2core[cudaN], which pins them (beside an all-in-one build of the same major the plugin is unused
+    but brings the same pinned wheels)."""
+    own = cuda_major()
+    major = own if major is None else major
+    if major not in (12, 13):
+        return "install the NVIDIA libraries of this CUDA version"
+    try:
+        backend = _plugins.find()
+    except _plugins.PluginError:
+        backend = None
+    cmd = f'pip install "gpt2core[cuda{major}]"'
+    if backend is not None and backend.plugin and major != own:  # the other major's plugin replaces this one
+        cmd = f"pip uninstall -y {backend.dist} && " + cmd
+    elif backend is not None and major != own:  # this all-in-one build is replaced by the CPU package + plugin
+        cmd = f'pip install --force-reinstall "gpt2core[cuda{major}]"'
+    return cmd
 
 
 def soname(name: str) -> str:
@@ -84,7 +103,7 @@ def package(name: str, major: int | None = None) -> str:
 
 def pinned(pkg: str) -> str:
     """`pkg==version` with the version this build was tested with (_build_config.NVIDIA_PINS), else `pkg`."""
-    pins = getattr(_build_config, "NVIDIA_PINS", {}) or {}
+    pins = getattr(_cfg(), "NVIDIA_PINS", {}) or {}
     return f"{pkg}=={pins[pkg]}" if pkg in pins else pkg
 
 
@@ -200,11 +219,11 @@ def _vtuple(v: str) -> tuple[int, ...]:
 
 def needed(name: str) -> str:
     """What this build needs of library `name`, in words, from _build_config."""
-    cuda = _build_config.CUDA_VERSION
+    cuda = _cfg().CUDA_VERSION
     if name == "cudnn":
-        return f"cuDNN >= {getattr(_build_config, 'CUDNN_VERSION', '9')} built for CUDA {cuda_major()}"
+        return f"cuDNN >= {getattr(_cfg(), 'CUDNN_VERSION', '9')} built for CUDA {cuda_major()}"
     if name == "nccl":
-        return f"NCCL >= {getattr(_build_config, 'NCCL_VERSION', '2')} built for CUDA {cuda_major()}"
+        return f"NCCL >= {getattr(_cfg(), 'NCCL_VERSION', '2')} built for CUDA {cuda_major()}"
     return f"{_KNOWN[name][1]} of CUDA {cuda_major()} (built with {cuda})"
 
 
@@ -212,12 +231,12 @@ def check_version(f: Found) -> str:
     """'' when loaded library `f` is what the build needs, else why not."""
     major = cuda_major()
     if f.cuda and _vtuple(f.cuda)[:1] != (major,):
-        return f"it is built for CUDA {f.cuda}, this build of gpt2core is CUDA {_build_config.CUDA_VERSION}"
+        return f"it is built for CUDA {f.cuda}, this build of gpt2core is CUDA {_cfg().CUDA_VERSION}"
     if f.name in ("cudart", "nvrtc") and _vtuple(f.version)[:1] != (major,):
-        return f"it is CUDA {f.version}, this build of gpt2core is CUDA {_build_config.CUDA_VERSION}"
+        return f"it is CUDA {f.version}, this build of gpt2core is CUDA {_cfg().CUDA_VERSION}"
     if f.name == "cublasLt" and _vtuple(f.version)[:1] != (major,):
         return f"it is cuBLAS {f.version}, this build needs cuBLAS {major}.x"
-    want = {"cudnn": getattr(_build_config, "CUDNN_VERSION", ""), "nccl": getattr(_build_config, "NCCL_VERSION", "")}
+    want = {"cudnn": getattr(_cfg(), "CUDNN_VERSION", ""), "nccl": getattr(_cfg(), "NCCL_VERSION", "")}
     w = want.get(f.name, "")
     if w and (_vtuple(f.version)[:1] != _vtuple(w)[:1] or _vtuple(f.version)[:2] < _vtuple(w)[:2]):
         return f"it is {f.version}, this build was compiled against {w} (needs {_vtuple(w)[0]}.x, >= {w})"
@@ -274,7 +293,7 @@ last_skipped: dict[str, list] = {}
 def load_all() -> list[Found]:
     """Load and check every library the CUDA module links; MissingLibrary or LibraryMismatch otherwise."""
     found = []
-    for name in _build_config.CUDA_LIBRARIES:
+    for name in _cfg().CUDA_LIBRARIES:
         f = find(name)
         what = _KNOWN[name][1]
         if f is None:
@@ -282,7 +301,7 @@ def load_all() -> list[Found]:
             tried = "; ".join(f"{p}: {why}" for p, why in last_skipped.get(name, []))
             _, note = _in_package(pkg, soname(name))
             raise MissingLibrary(
-                f"gpt2core's CUDA backend (built with CUDA {_build_config.CUDA_VERSION}) needs {what} "
+                f"gpt2core's CUDA backend (built with CUDA {_cfg().CUDA_VERSION}) needs {what} "
                 f"({soname(name)}), found neither in NVIDIA's PyPI wheels nor on this system"
                 + (f" [tried: {tried}]" if tried else "") + (f" [{note}]" if note else "")
                 + f": {install_hint()}" + (f" (or pip install {pinned(pkg)})" if pkg else ""))
@@ -325,7 +344,7 @@ def driver_version() -> int | None:
 def driver_problem() -> str:
     """'' when the NVIDIA driver can run this build's CUDA code, else the sentence a user sees (the same words from
     GPT2(device='cuda'), gpt2core-train --device cuda and the doctor)."""
-    if not _build_config.CUDA_VERSION:
+    if not _cfg().CUDA_VERSION:
         return ""
     v = driver_version()
     if v is None:

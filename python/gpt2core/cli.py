@@ -404,11 +404,13 @@ def check_device_available(spec: str, name: str = "--device") -> str:
         return spec
     from . import _C
     from .errors import DeviceUnavailable
-    info = _C.build_info()
-    if "cuda" not in info["backends"]:
-        raise DeviceUnavailable(f"{name} {spec}: this build of gpt2core has no CUDA backend (compiled: "
-                                f"{', '.join(info['backends'])}); use --device cpu")
-    from . import _libs
+    from . import _libs, _plugins
+    try:  # this build's CUDA module or the installed plugin's (gpt2core-cuda12 / gpt2core-cuda13)
+        backend = _plugins.find()
+    except _plugins.PluginError as e:
+        raise DeviceUnavailable(f"{name} {spec}: {e}") from None
+    if backend is None:
+        raise DeviceUnavailable(f"{name} {spec}: {_plugins.why_none()}; use --device cpu")
     why = _libs.driver_problem() or _C.cuda_status()  # the driver first, in the words GPT2(device=) and the doctor use
     if why:
         raise DeviceUnavailable(f"{name} {spec}: {why}; use --device cpu")

@@ -67,15 +67,23 @@ def report_build(out) -> dict:
 def report_libraries(out, info) -> str | None:
     """Every shared library the package loaded or needs: path and version; a CUDA backend that cannot be loaded
     says why (the CPU still works, so that is not a failed check)."""
-    from gpt2core import _build_config, _cuda, _libs
+    from gpt2core import _cuda, _libs, _plugins
+    _build_config = _plugins.config()  # the CUDA backend's: this build's own or the installed plugin's
     out("libraries:")
     blas = _mapped("libscipy_openblas.so" if info["blas"].startswith("scipy-openblas") else "blas")
     out(f"  BLAS     {info['blas']}: {blas or 'linked statically'}")
     out(f"  OpenMP   {_mapped('libgomp') or _mapped('libomp') or 'not found in the process'}")
     if info["gloo"]:
         out(f"  Gloo     {_mapped('libgloo') or 'linked statically'}")
+    if info.get("cuda_plugin"):
+        out(f"  CUDA plugin {info['cuda_plugin']}")
+    for p in _plugins.ignored():
+        out(f"  CUDA plugin {p} ignored: this build has its own CUDA module")
     if not _build_config.CUDA_LIBRARIES:
-        out("  CUDA     none: this build has no CUDA backend")
+        if info.get("cuda_error"):  # plugins that cannot be used: a failed check
+            out(f"  CUDA     not loaded: {info['cuda_error']}")
+            return "not loaded"
+        out(f"  CUDA     none: {_plugins.why_none()}")
         return None
     try:
         found = _cuda.load()
@@ -206,6 +214,7 @@ def main(argv=None) -> int:
 
 
 def run_checks(out, seconds: float = 20.0) -> bool | int:
+    from gpt2core import _plugins
     """The doctor's checks, printed through `out`; the exit status (0: every check passed)."""
     out(f"python {sys.version.split()[0]} | numpy {np.__version__} | {sys.platform}")
     info = report_build(out)
@@ -216,7 +225,7 @@ def run_checks(out, seconds: float = 20.0) -> bool | int:
         cuda_failed = _driver_or_status() or cuda_failed or "no usable GPU"
         out(f"FAIL: an NVIDIA GPU is present but the CUDA backend cannot run: {cuda_failed}")
     if "cuda" not in info["backends"]:
-        out("GPU: this build has no CUDA backend (pip install on a machine with the CUDA toolkit, or from a wheel)")
+        out(f"GPU: this build has no CUDA backend and no CUDA plugin is installed ({_plugins.install_hint()})")
     ok = check_correctness(out, devices) and not cuda_failed
     for d in devices if seconds > 0 else []:
         speed_probe(out, d, seconds)

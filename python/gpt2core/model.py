@@ -10,7 +10,7 @@ import numbers
 
 import numpy as np
 
-from . import _build_config, _C, llmc, pretrained
+from . import _C, llmc, pretrained
 from .config import GPT2Config, TrainConfig, get_preset
 from . import cli
 from .errors import ArgError, Error
@@ -57,15 +57,15 @@ def _check_device(device: str) -> str:
     if device == "cpu":
         return device
     if device.startswith("cuda"):
-        info = _C.build_info()
-        if "cuda" not in info["backends"]:
+        from . import _libs, _plugins
+        try:  # this build's CUDA module or the installed plugin's (gpt2core-cuda12 / gpt2core-cuda13)
+            backend = _plugins.find()
+        except _plugins.PluginError as e:
+            raise DeviceError(f"device={device!r}: {e}") from None
+        if backend is None:
             raise DeviceError(
-                f"device={device!r}: this build of gpt2core has no CUDA backend (compiled backends: "
-                f"{', '.join(info['backends'])}"
-                + (f"; {_build_config.CUDA_SKIPPED}" if getattr(_build_config, "CUDA_SKIPPED", "") else "")
-                + "). Use device='cpu', or build from source on a machine with a CUDA compiler: "
-                "GPT2CORE_CUDA=ON pip install --no-build-isolation . (README: On a GPU box).")
-        from . import _libs
+                f"device={device!r}: {_plugins.why_none()}. Use device='cpu', or build from source on a machine with "
+                "a CUDA compiler: GPT2CORE_CUDA=ON pip install --no-build-isolation . (README: Install).")
         # the driver first: without this, a missing or too old driver surfaces as cudart's "CUDA driver version
         # is insufficient for CUDA runtime version", which names neither the cause nor the fix
         why = _libs.driver_problem() or _C.cuda_status()  # "" when the CUDA backend can run here

@@ -1,8 +1,10 @@
 """The install cell at the top of notebooks/quickstart.ipynb: a no-op where gpt2core imports; elsewhere one pip
-command whose CUDA extra follows the driver's CUDA version (nvidia-smi) and whose build targets the GPU's arch.
-nvidia-smi is a stand-in script on PATH; pip is recorded, not run."""
+command whose CUDA extra (the plugin gpt2core-cuda12 / gpt2core-cuda13) follows the driver's CUDA version (nvidia-smi),
+or from a checkout the CPU package and then that plugin, built for the GPU's arch. nvidia-smi is a stand-in script on
+PATH; pip is recorded, not run."""
 import importlib.util
 import json
+import os
 import stat
 import subprocess
 from pathlib import Path
@@ -13,7 +15,7 @@ CELLS = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / "quickst
 CELL = "".join(next(c for c in CELLS if c.get("id") == "install")["source"])
 
 
-def run_cell(monkeypatch, tmp_path, smi_output=None, installed=False):
+def run_cell(monkeypatch, tmp_path, smi_output=None, installed=False, checkout=False):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     if smi_output is not None:
@@ -32,6 +34,8 @@ def run_cell(monkeypatch, tmp_path, smi_output=None, installed=False):
             return subprocess.CompletedProcess(cmd, 0, "", "")
         return real_run(cmd, **kw)
     monkeypatch.setattr(subprocess, "run", fake_run)
+    real_isdir = os.path.isdir
+    monkeypatch.setattr(os.path, "isdir", lambda p: checkout if p == "/content/gpt2core" else real_isdir(p))
     exec(compile(CELL, "install-cell", "exec"), {})
     return pips
 
@@ -50,8 +54,17 @@ def test_extra_follows_the_driver_and_the_build_targets_the_gpu(monkeypatch, tmp
     (cmd, env), = run_cell(monkeypatch, tmp_path, smi)
     assert cmd[1:4] == ["-m", "pip", "install"] and cmd[-1].endswith("gpt2core" + extra), cmd
     assert env["GPT2CORE_CUDA_ARCHS"] == "75"
-    # the CUDA code is built for the driver's CUDA major, not for whatever toolkit happens to be found
-    assert env["GPT2CORE_CUDA_MAJOR"] == extra[5:7]
+
+
+@pytest.mark.parametrize("driver, major", [("12.4", "12"), ("13.0", "13")])
+def test_from_a_checkout_the_cpu_package_then_the_drivers_plugin(monkeypatch, tmp_path, driver, major):
+    smi = f"| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: {driver}     |"
+    (cpu, cpu_env), (plugin, plugin_env) = run_cell(monkeypatch, tmp_path, smi, checkout=True)
+    # the CPU package without a CUDA module of its own (a toolkit found would build one), then the plugin built
+    # for the driver's CUDA major (plugins/cudaN/pyproject.toml fixes the major) and this GPU's arch
+    assert cpu[-1] == "/content/gpt2core" and cpu_env["GPT2CORE_CUDA"] == "OFF"
+    assert plugin[-1] == f"/content/gpt2core/plugins/cuda{major}" and plugin_env["GPT2CORE_CUDA_ARCHS"] == "75"
+    assert "GPT2CORE_CUDA" not in plugin_env or plugin_env["GPT2CORE_CUDA"] != "OFF"
 
 
 def test_the_cell_says_what_it_chose(monkeypatch, tmp_path, capsys):
@@ -63,4 +76,4 @@ def test_the_cell_says_what_it_chose(monkeypatch, tmp_path, capsys):
 def test_without_a_gpu_it_installs_the_cpu_package(monkeypatch, tmp_path):
     monkeypatch.delenv("GPT2CORE_CUDA_ARCHS", raising=False)
     (cmd, env), = run_cell(monkeypatch, tmp_path, smi_output=None)
-    assert cmd[-1].endswith("gpt2core") and "GPT2CORE_CUDA_ARCHS" not in env and "GPT2CORE_CUDA_MAJOR" not in env
+    assert cmd[-1].endswith("gpt2core") and "GPT2CORE_CUDA_ARCHS" not in env

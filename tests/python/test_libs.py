@@ -196,7 +196,7 @@ def test_the_driver_is_checked_against_the_build(tmp_path, driver, build_cuda, w
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     assert out.startswith(want) if want else out.strip() == "", out
     if want and driver == 12040:
-        assert out.strip().endswith('; install the CUDA 12 build: pip install "gpt2core[cuda12]"'), out
+        assert out.strip().endswith('; install the CUDA 12 build: pip install --force-reinstall "gpt2core[cuda12]"'), out
 
 
 def test_device_cuda_without_a_driver_says_so_not_insufficient_driver(tmp_path):
@@ -217,15 +217,15 @@ def test_device_cuda_without_a_driver_says_so_not_insufficient_driver(tmp_path):
 
 
 def test_extras_are_exact_pins_and_ci_installs_the_same():
-    """pyproject.toml pins every NVIDIA wheel of each extra with ==, and .ci/cuda_pypi.sh installs those same
-    versions (no other)."""
+    """Each CUDA plugin (plugins/cuda<major>/pyproject.toml, installed by the extra gpt2core[cuda<major>]) pins every
+    NVIDIA wheel with ==, and .ci/cuda_pypi.sh installs those same versions (no other)."""
     import re
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
-    text = (root / "pyproject.toml").read_text()
     ci = "\n".join(ln for ln in (root / ".ci" / "cuda_pypi.sh").read_text().splitlines() if "grep" not in ln)
     for major in (12, 13):
-        block = re.search(r"^cuda%d = \[(.*?)\]$" % major, text, re.M | re.S).group(1)
+        text = (root / "plugins" / f"cuda{major}" / "pyproject.toml").read_text()
+        block = re.search(r"^dependencies = \[(.*?)\]$", text, re.M | re.S).group(1)
         reqs = re.findall(r'"(nvidia-[a-z0-9-]+)([^;"]*)', block)
         assert len(reqs) == 5 and all(spec.startswith("==") for _, spec in reqs), reqs
         for pkg, spec in reqs:
