@@ -1,0 +1,179 @@
+"""On the emulated CUDA device (issue 29): `gpt2core-train --batch-size auto` picks the largest micro-batch that fits
+the device's free memory and keeps the total batch; an explicit -B that does not fit is refused before the first step
+with one line naming the B that would (exit 2); and every backend entry point makes its own GPU current (two models
+on two emulated devices, interleaved, while "another library" switches the current device between calls).
+
+Test knobs of the emulator (environment variables read by csrc/emu, never user options): GPT2CORE_EMU_TOTAL_MEM
+(bytes of memory per device: cudaMemGetInfo reports it and cudaMalloc refuses beyond it) and GPT2CORE_EMU_DEVICES
+(how many devices). Each case runs in a subprocess whose gpt2core package uses the emulated module (the same
+bindings.cpp as gpt2core._C, with csrc/cuda compiled against the emulator) as its core, so the training entry point
+runs unchanged, through cli.entry (exit codes, one-line errors)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpt2core.data import shakespeare
+
+from test_cuda_emu import BUILD, emu  # noqa: F401  (fixture)
+
+# gpt2core with the emulated core: the module stands in for gpt2core._C; the emulator needs no driver
+_ENTRY = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import gpt2core_cuda_emu
+sys.modules["gpt2core._C"] = gpt2core_cuda_emu
+import gpt2core._libs
+gpt2core._libs.driver_problem = lambda: ""
+from gpt2core import cli, train
+sys.argv = ["gpt2core-train"] + sys.argv[2:]
+cli.entry("gpt2core-train", train.main)
+"""
+M = 2**20
+TINY = ["--preset", "tiny", "--precision", "fp32", "-T", "32", "--steps", "1", "--val-every", "0", "--sample-tokens",
+        "0", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("shakespeare")
+    shakespeare.prepare(d)
+    return d
+
+
+def train(tmp_path, data, total_mem, *args):
+    env = dict(os.environ, GPT2CORE_EMU_TOTAL_MEM=str(total_mem))
+    r = subprocess.run([sys.executable, "-c", _ENTRY, str(BUILD), "--device", "cuda", "--data-dir", str(data),
+                        "--output-dir", str(tmp_path / "run"), *TINY, *args], env=env, capture_output=True,
+                       text=True, timeout=900)
+    return r
+
+
+def batch_line(out):
+    return next(line for line in out.splitlines() if line.startswith("batch: "))
+
+
+def footprint(tmp_path, data, B):
+    """Device bytes one run at micro-batch B holds, measured through the same entry point (plenty of memory): the
+    emulator's allocations after the run's probe and first step."""
+    probe = """
+import sys, json
+sys.path.insert(0, sys.argv[1])
+import gpt2core_cuda_emu as E
+sys.modules["gpt2core._C"] = E
+import gpt2core._libs
+gpt2core._libs.driver_problem = lambda: ""
+from gpt2core import batchfit, train
+from gpt2core.config import TrainConfig
+t = train.Trainer(train.parse_args(sys.argv[2:]))
+free, total = E.cuda_mem_info(0)
+t.run()
+free2, _ = E.cuda_mem_info(0)
+print(json.dumps({"used": total - min(free, free2), "B": t.cfg.batch_size}))
+"""
+    r = subprocess.run([sys.executable, "-c", probe, str(BUILD), "--device", "cuda", "--data-dir", str(data),
+                        "--output-dir", str(tmp_path / f"fp{B}"), *TINY, "-B", str(B)], capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])["used"]
+
+
+def test_auto_picks_the_largest_B_that_fits_and_keeps_the_total_batch(emu, tmp_path, data):  # noqa: F811
+    """The device's memory is set between what B=4 and B=8 hold (measured here through the same entry point, so
+    the bound does not come from the code under test): auto must choose 4 of the 16 sequences per step (a divisor:
+    4 micro-steps keep 512 tokens per step), and the run must finish."""
+    used4, used8 = footprint(tmp_path, data, 4), footprint(tmp_path, data, 8)
+    assert used4 < used8
+    # the budget is 95% of the memory free before the model; set it midway between the two footprints
+    total = int((used4 + used8) / 2 / (1 - 0.05))
+    r = train(tmp_path, data, total, "-B", "auto", "--total-batch-tokens", str(16 * 32))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "batch: B=4 T=32 world=1 grad_accum=4 -> 512 tokens/step" in r.stdout, batch_line(r.stdout)
+    assert "--batch-size auto: B=4" in r.stdout
+    # with all the memory it wants, the same command takes the whole step in one micro-batch
+    r = train(tmp_path, data, 80 << 30, "-B", "auto", "--total-batch-tokens", str(16 * 32), "--overwrite")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "batch: B=16 T=32 world=1 grad_accum=1 -> 512 tokens/step" in r.stdout, batch_line(r.stdout)
+
+
+def test_an_explicit_B_that_does_not_fit_is_refused_naming_the_one_that_does(emu, tmp_path, data):  # noqa: F811
+    used2, used4 = footprint(tmp_path, data, 2), footprint(tmp_path, data, 4)
+    total = int((used2 + used4) / 2 / (1 - 0.05))
+    r = train(tmp_path, data, total, "-B", "8")
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith("gpt2core-train: error: -B 8 -T 32 needs ") and "-B 2 fits" in lines[0], lines[0]
+    assert "4 micro-steps per optimizer step for the same 256 tokens" in lines[0], lines[0]
+    assert "step     0" not in r.stdout  # refused before the first step
+    # the B it names runs, with the accumulation that keeps the 256 tokens
+    r = train(tmp_path, data, total, "-B", "2", "--total-batch-tokens", "256", "--overwrite")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "batch: B=2 T=32 world=1 grad_accum=4 -> 256 tokens/step" in r.stdout, batch_line(r.stdout)
+
+
+def test_nothing_fits_is_one_line(emu, tmp_path, data):  # noqa: F811
+    r = train(tmp_path, data, 4 * M)  # less than the weights, gradients and AdamW state of the tiny preset
+    assert r.returncode in (1, 2), r.stdout[-3000:] + r.stderr[-3000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr and "out of memory" in lines[0], r.stderr
+
+
+# Two models on two emulated devices, one step at a time in turn, with the current device switched to the other
+# GPU before every call (as another library sharing the process might): every entry point must make its own
+# device current again, or the emulator refuses the launch on a stream of the other device (as CUDA does).
+_TWO_DEVICES = """
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import gpt2core_cuda_emu as E
+cfg = dict(max_seq_len=16, vocab_size=97, padded_vocab_size=128, n_layer=2, n_head=2, n_embd=64)
+rng = np.random.default_rng(0)
+a = E.Model(**cfg, device="cuda:0")
+b = E.Model(**cfg, device="cuda:1")
+for name, v in a.params().items():
+    v[...] = rng.standard_normal(v.shape).astype(np.float32) * 0.05
+    b.params()[name][...] = v
+for m in (a, b):
+    m.params_changed()
+idx = rng.integers(0, 97, (2, 16)).astype(np.int32)
+losses = {"a": [], "b": []}
+for step in (1, 2, 3):
+    for key, m, other in (("a", a, 1), ("b", b, 0)):
+        E.set_device(other); m.zero_grad()
+        E.set_device(other); m.forward_backward(idx, idx, 1.0)
+        E.set_device(other); losses[key].append(m.take_loss())
+        E.set_device(other); norm = m.grad_norm()
+        E.set_device(other); m.optimizer_step(lr=1e-3, step=step)
+same = all(np.array_equal(a.params()[k], b.params()[k]) for k in a.params())
+free = [E.cuda_mem_info(d)[0] for d in (0, 1)]
+# the control: an op called without making its device current (Ops calls the backend directly) is refused
+ops = E.Ops("cuda:0")
+E.set_device(1)
+try:
+    ops.relu2_forward(np.ones(8, np.float32))
+    refused = ""
+except Exception as e:
+    refused = str(e)
+print(json.dumps({"losses": losses, "same": same, "free": free, "total": E.cuda_mem_info(0)[1],
+                  "refused": refused}))
+"""
+
+
+def test_each_entry_point_makes_its_own_gpu_current(emu, tmp_path):  # noqa: F811
+    log = tmp_path / "launches.jsonl"
+    env = dict(os.environ, GPT2CORE_EMU_DEVICES="2", GPT2CORE_EMU_LAUNCH_LOG=str(log))
+    r = subprocess.run([sys.executable, "-c", _TWO_DEVICES, str(BUILD)], env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["losses"]["a"] == res["losses"]["b"] and res["same"], res["losses"]
+    assert res["losses"]["a"][2] < res["losses"]["a"][0]
+    # each model's memory is on its own device
+    assert all(f < res["total"] for f in res["free"]), res
+    # the launches of both devices are there, and the control was refused by the emulator's rule
+    devices = {json.loads(line).get("device") for line in log.read_text().splitlines() if '"kernel"' in line}
+    assert devices == {0, 1}, devices
+    assert "stream of device 0 while device 1 is current" in res["refused"], res["refused"]
