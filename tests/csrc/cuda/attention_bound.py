@@ -31,8 +31,10 @@ a score's hs products, its scaling by scale log2(e), the row's T terms, two resc
               |dqkv - ref| <= u |ref| + (1 + u)^2 [(u + g) G + gamma(n) scale (E |K|, E^T |Q|, 0)]
                               + u_a (|dqkv_in| + G)                                                 (2)
             with G = (scale |dS| |K|, scale |dS|^T |Q|, P^T |dO|) the products' absolute values (reference.grad_abs).
-  fp16 only: P and dS below 2^-14 are subnormal in the storage type, absolute error <= 2^-25 per term instead of
-            u P: + 2^-25 sum_j |v_j| in (1), + 2^-25 (scale sum |K|, scale sum |Q|, sum |dO|) in (2).
+  fp16 only: values below 2^-14 are subnormal in the storage type, rounded with an absolute error <= 2^-25
+            instead of u times the value: P and dS add 2^-25 sum_j |v_j| to (1) and 2^-25 (scale sum |K|, scale sum
+            |Q|, sum |dO|) to (2); a stored out or dqkv element adds 2^-25 to (1) and (2) (a gradient of a key only
+            the last query sees can be ~1e-6: subnormal, with a relative rounding error up to 1%).
 
 The bound is a worst case, not a fit: it holds whatever the GPU's accumulation order and rounding (faithful within
 u_a), and nothing in it was measured on the emulator. Its dominant terms (u |ref|, u P|v|, u G) are the storage
@@ -75,7 +77,7 @@ def bounds(qkv, dout, dqkv_in, out_stored, NH, dtype):
     grow = (1 + u) ** 2
     mask = causal.astype(np.float64)
     # (1)
-    fwd = grow * (u + g) * (P @ np.abs(v)) + sub * (mask @ np.abs(v))
+    fwd = grow * (u + g) * (P @ np.abs(v)) + sub * (mask @ np.abs(v)) + sub
     # (2)
     D = (do * o).sum(-1, keepdims=True)
     dS = P * (do @ v.transpose(0, 1, 3, 2) - D)
@@ -91,7 +93,7 @@ def bounds(qkv, dout, dqkv_in, out_stored, NH, dtype):
         grow * (u + g_key) * G[2] + sub * mask.T @ np.abs(do),
     )
     Gsum = np.concatenate([rows(x) for x in G], axis=-1)
-    bwd = np.concatenate([rows(x) for x in parts], axis=-1) + U_ACC * (np.abs(dqkv_in) + Gsum)
+    bwd = np.concatenate([rows(x) for x in parts], axis=-1) + U_ACC * (np.abs(dqkv_in) + Gsum) + sub
     # lse = m + log(l) in fp32: the scores' error plus the row sum's and the log's, relative to 1 + |lse|
     lse = (s.max(-1, keepdims=True) + np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1, keepdims=True)))
     lse_bound = (g * (1 + np.abs(lse)))[..., 0]  # (B, NH, T)
