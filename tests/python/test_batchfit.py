@@ -56,12 +56,12 @@ def test_chosen_B_matches_an_independent_calculation(seed):
 
 
 def test_chosen_B_is_the_largest_divisor_under_the_budget():
-    # 1 GiB fixed, 100 MiB per sequence, a measured margin of 50 MiB + 10 MiB per sequence; 2 GiB free
+    # 1 GiB fixed, 100 MiB per sequence, a measured margin of 50 MiB + 10 MiB per sequence; 2000 MiB free
     M = 2**20
     mem = batchfit.from_measurements(1024 * M + 100 * M, 1024 * M + 200 * M, 1024 * M,
                                      1024 * M + 100 * M + 50 * M, 1024 * M + 200 * M + 60 * M)
     assert (mem.margin1, mem.margin_per_seq) == (50 * M, 10 * M)
-    budget = batchfit.budget_of(2048 * M)  # 1945.6 MiB: 1024 + 50 + 110 (B - 1) + 100 <= 1945.6 -> B <= 7.86
+    budget = batchfit.budget_of(2000 * M)  # 1900 MiB: need(B) = 1024 + 100 B + 50 + 10 (B - 1) <= 1900 -> B <= 7.6
     assert mem.need(7) <= budget < mem.need(8)
     assert batchfit.largest_fitting(64, budget, mem.need) == 4   # divisors of 64: 8 does not fit, 4 does
     assert batchfit.largest_fitting(7, budget, mem.need) == 7
