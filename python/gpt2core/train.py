@@ -273,10 +273,17 @@ class Trainer:
         self._check_weights_fit()
         cuda = self.device != "cpu"
         free_before = _C.cuda_mem_info(self._cuda_index())[0] if cuda else 0
-        model = GPT2(self.config, device=self.device, seed=cfg.seed, precision=cfg.precision, attention=cfg.attention,
-                     matmul_tuning=cfg.matmul_tuning, deterministic=not cfg.no_deterministic,
-                     loss_scaling=cfg.loss_scaling_on,
-                     loss_scale_init=cfg.loss_scale_init, loss_scale_interval=cfg.loss_scale_interval)
+        try:
+            model = GPT2(self.config, device=self.device, seed=cfg.seed, precision=cfg.precision,
+                         attention=cfg.attention, matmul_tuning=cfg.matmul_tuning,
+                         deterministic=not cfg.no_deterministic, loss_scaling=cfg.loss_scaling_on,
+                         loss_scale_init=cfg.loss_scale_init, loss_scale_interval=cfg.loss_scale_interval)
+        except RuntimeError as e:
+            if not cuda or "out of memory" not in str(e):
+                raise
+            raise ArgError(f"--preset {cfg.preset} does not fit {self.device}: its weights, gradients and optimizer "
+                           f"state need more than the {batchfit.mib(free_before)} free ({e}); choose a smaller "
+                           "--preset") from None
         model.recompute_gelu = cfg.recompute_gelu
         model.cuda_graphs = cfg.cuda_graphs
         T, W = cfg.seq_len, self.dist.world_size

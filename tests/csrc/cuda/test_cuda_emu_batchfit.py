@@ -25,9 +25,8 @@ import gpt2core_cuda_emu
 sys.modules["gpt2core._C"] = gpt2core_cuda_emu
 import gpt2core._libs
 gpt2core._libs.driver_problem = lambda: ""
-from gpt2core import cli, train
-sys.argv = ["gpt2core-train"] + sys.argv[2:]
-cli.entry("gpt2core-train", train.main)
+from gpt2core import train
+sys.exit(train.console(sys.argv[2:]))
 """
 M = 2**20
 TINY = ["--preset", "tiny", "--precision", "fp32", "-T", "32", "--steps", "1", "--val-every", "0", "--sample-tokens",
