@@ -25,6 +25,8 @@ import gpt2core_cuda_emu
 sys.modules["gpt2core._C"] = gpt2core_cuda_emu
 import gpt2core._libs
 gpt2core._libs.driver_problem = lambda: ""
+import gpt2core._cuda
+gpt2core._cuda.load = lambda: []  # the emulated plugin stays: never the real _C_cuda
 from gpt2core import train
 sys.exit(train.console(sys.argv[2:]))
 """
@@ -62,6 +64,8 @@ import gpt2core_cuda_emu as E
 sys.modules["gpt2core._C"] = E
 import gpt2core._libs
 gpt2core._libs.driver_problem = lambda: ""
+import gpt2core._cuda
+gpt2core._cuda.load = lambda: []  # the emulated plugin stays: never the real _C_cuda
 from gpt2core import batchfit, train
 from gpt2core.config import TrainConfig
 t = train.Trainer(train.parse_args(sys.argv[2:]))

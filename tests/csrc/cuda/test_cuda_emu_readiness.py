@@ -134,6 +134,8 @@ import gpt2core_cuda_emu
 sys.modules["gpt2core._C"] = gpt2core_cuda_emu
 import gpt2core._libs
 gpt2core._libs.driver_problem = lambda: ""
+import gpt2core._cuda
+gpt2core._cuda.load = lambda: []  # the emulated plugin stays: never the real _C_cuda
 from gpt2core import calibrate
 calibrate.PRESET = "tiny"
 calibrate.SHAPES = {"step": (2, 16), "bgradb": (2, 16), "bitwise": (2, 16), "vs_cpu": (2, 16)}
