@@ -136,7 +136,7 @@ class CpuBackend final : public Backend<T> {
   void softcap_forward(T* logits, float cap, size_t n) override { ops::softcap_forward(logits, T(cap), n); }
   void crossentropy_softcap_backward(T* logits, const T* lse, const int32_t* targets, const int32_t* n_valid,
                                      float grad_scale, float cap, int N, int V, int Vp) override {
-    ops::crossentropy_softcap_backward_inplace(logits, lse, targets, dloss(n_valid, grad_scale), T(cap), N, V, Vp);
+    ops::crossentropy_backward_inplace(logits, lse, targets, dloss(n_valid, grad_scale), N, V, Vp, T(cap));
   }
   bool has_kv() const override { return true; }
   void encoder_forward_at(T* out, const int32_t* inp, const T* wte, const T* wpe, const int32_t* pos, int B, int Tn,

@@ -428,28 +428,12 @@ long crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* tar
 
 // In place: logits (N, Vp) become dlogits = (softmax - onehot) * dloss for valid rows, 0 elsewhere,
 // and 0 in the padded columns V..Vp-1.
-template <typename T>
-void crossentropy_backward_inplace(T* logits, const T* lse, const int32_t* targets, T dloss, int N, int V, int Vp) {
-#pragma omp parallel for
-  for (int n = 0; n < N; n++) {
-    T* row = logits + (size_t)n * Vp;
-    if (targets[n] < 0) {
-      for (int i = 0; i < Vp; i++) row[i] = 0;
-      continue;
-    }
-    const T l = lse[n];
-    for (int i = 0; i < V; i++) row[i] = fast_exp(row[i] - l) * dloss;
-    for (int i = V; i < Vp; i++) row[i] = 0;
-    row[targets[n]] -= dloss;
-  }
-}
-
-// crossentropy_backward_inplace of capped logits c = cap * tanh(z / cap): the gradient with respect to z, i.e.
+// cap > 0: the logits held are capped, c = cap * tanh(z / cap), and the gradient is the one with respect to z:
 // (softmax(c) - onehot) * dloss * (1 - (c / cap)^2).
 template <typename T>
-void crossentropy_softcap_backward_inplace(T* logits, const T* lse, const int32_t* targets, T dloss, T cap, int N,
-                                           int V, int Vp) {
-  const T inv = T(1) / cap;
+void crossentropy_backward_inplace(T* logits, const T* lse, const int32_t* targets, T dloss, int N, int V, int Vp,
+                                   T cap = T(0)) {
+  const T inv = cap > T(0) ? T(1) / cap : T(0);
 #pragma omp parallel for
   for (int n = 0; n < N; n++) {
     T* row = logits + (size_t)n * Vp;
@@ -459,10 +443,14 @@ void crossentropy_softcap_backward_inplace(T* logits, const T* lse, const int32_
     }
     const T l = lse[n];
     const int tg = targets[n];
-    for (int i = 0; i < V; i++) {
-      const T u = row[i] * inv;
-      const T d = (fast_exp(row[i] - l) - (i == tg ? T(1) : T(0))) * dloss;
-      row[i] = d * (T(1) - u * u);
+    if (cap > T(0)) {
+      for (int i = 0; i < V; i++) {
+        const T u = row[i] * inv;
+        row[i] = (fast_exp(row[i] - l) - (i == tg ? T(1) : T(0))) * dloss * (T(1) - u * u);
+      }
+    } else {
+      for (int i = 0; i < V; i++) row[i] = fast_exp(row[i] - l) * dloss;
+      row[tg] -= dloss;
     }
     for (int i = V; i < Vp; i++) row[i] = 0;
   }

@@ -3,7 +3,6 @@ scores HellaSwag, validates; its model.bin carries the full config (load_model g
 and Hugging Face exports refuse it naming the fields; data parallel (Gloo, ZeRO-1) over the modern layout.
 
 The tiny preset (2 layers, C=64) with every architecture flag, B=2, T=32 on the bundled Shakespeare, one thread."""
-import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,8 @@ from gpt2core import GPT2, GPT2Config, _C, load_model
 from gpt2core import checkpoint as ck
 from gpt2core import train
 from gpt2core.llmc import read_model_header
+from test_resume import records
+from test_resume import train_keeping_threads as run
 
 FLAGS = ["--position", "rope", "--norm", "rmsnorm", "--qk-norm", "--activation", "relu2", "--no-bias", "--untied",
          "--zero-init-proj", "--logit-softcap", "15"]
@@ -32,19 +33,6 @@ def argv(data, out, *extra):
     return ["--preset", "tiny", *FLAGS, "-B", "2", "-T", "32", "--val-every", "6", "--val-steps", "1", "--steps",
             str(STEPS), "--threads", "1", "--sample-tokens", "3", "--lr", "3e-3", "--warmup", "3", "--data-dir",
             str(data), "--output-dir", str(out), *extra]
-
-
-def run(args):
-    n = _C.get_num_threads()
-    try:
-        return train.main(args)
-    finally:
-        _C.set_num_threads(n)
-
-
-def records(out):
-    recs = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in recs if "step" in r]
 
 
 def test_flags_build_the_modern_config():
