@@ -43,9 +43,10 @@ GPU_STEPS = [s[0] for s in STEPS if s[0] != "doctor"]
 # that compare rather than time (a test sets a tiny preset to run these steps on the emulated device)
 PRESET = "d12"
 SHAPES = {"step": (64, 1024), "bgradb": (8, 256), "bitwise": (4, 256), "vs_cpu": (2, 128)}
+COUNTS = {"timing": 5, "bitwise": 3, "vs_cpu": 20}  # timed steps (after 2 warm-up ones), steps per run
 
 
-def _d12_timing(attention: str, B: int | None = None, T: int | None = None, steps: int = 5) -> dict:
+def _d12_timing(attention: str, B: int | None = None, T: int | None = None, steps: int | None = None) -> dict:
     import numpy as np
 
     from gpt2core import GPT2, PRESETS, _C
@@ -53,6 +54,7 @@ def _d12_timing(attention: str, B: int | None = None, T: int | None = None, step
 
     cfg = PRESETS[PRESET]
     B, T = B or SHAPES["step"][0], T or SHAPES["step"][1]
+    steps = steps or COUNTS["timing"]
     m = GPT2(cfg, device="cuda", seed=0, attention=attention)
     x = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, T), dtype=np.int32)
     parts = {"forward": [], "backward": [], "optimizer": []}
@@ -118,7 +120,7 @@ def _run_bits(deterministic: bool) -> bytes:
 
     m = GPT2(PRESETS[PRESET], device="cuda", seed=0, deterministic=deterministic)
     x = np.random.default_rng(1).integers(0, m.config.vocab_size, SHAPES["bitwise"], dtype=np.int32)
-    for _ in range(3):
+    for _ in range(COUNTS["bitwise"]):
         m.zero_grad()
         m.forward(x, x)
         m.backward()
@@ -149,7 +151,7 @@ def step_vs_cpu() -> dict:
     for device in ("cuda", "cpu"):
         m = GPT2(PRESETS[PRESET], device=device, seed=0)
         losses[device] = []
-        for _ in range(20):
+        for _ in range(COUNTS["vs_cpu"]):
             m.zero_grad()
             losses[device].append(float(m.forward(x, x)))
             m.backward()
