@@ -54,9 +54,18 @@ def batch_line(out):
     return next(line for line in out.splitlines() if line.startswith("batch: "))
 
 
+_FOOTPRINTS = {}  # B -> bytes, measured once per session
+
+
 def footprint(tmp_path, data, B):
     """Device bytes one run at micro-batch B holds, measured through the same entry point (plenty of memory): the
     emulator's allocations after the run's probe and first step."""
+    if B not in _FOOTPRINTS:
+        _FOOTPRINTS[B] = _footprint(tmp_path, data, B)
+    return _FOOTPRINTS[B]
+
+
+def _footprint(tmp_path, data, B):
     probe = """
 import sys, json
 sys.path.insert(0, sys.argv[1])
