@@ -35,9 +35,9 @@ void bind_kv(Cls& cls) {
   using F = gpt2::Master<typename M::M>;
   cls.def_property_readonly("training", &M::training,
                             "False for an inference-only model (no gradients or optimizer state).")
-      .def_property_readonly("kv_supported", [](M& self) { return self.backend().has_kv() && self.config().is_gpt2(); },
-                             "The backend has the KV-cache inference ops and the model is GPT-2 (else generation runs the full "
-                             "forward).")
+      .def_property_readonly("kv_supported", [](M& self) { return self.backend().has_kv(); },
+                             "The backend has the KV-cache inference ops, for every architecture the config describes (else "
+                             "generation runs the full forward).")
       .def("kv_reserve",
            [](M& self, int slots, int max_len) {
              if (slots <= 0) throw py::value_error("slots must be > 0");

@@ -147,6 +147,9 @@ class CpuBackend final : public Backend<T> {
                             int B, int Tq, int C, int NH, int maxT) override {
     ops::attention_kv_forward(out, kcache, vcache, qkv, slot, pos, B, Tq, C, NH, maxT);
   }
+  void rope_forward_at(T* qkv, const int32_t* pos, int B, int Tn, int C, int NH, float base) override {
+    ops::rope_apply_at(qkv, pos, B, Tn, C, NH, double(base));
+  }
   void gather_rows(T* out, const T* inp, const int32_t* rows, int n, int C) override {
     ops::gather_rows(out, inp, rows, n, C);
   }
@@ -163,7 +166,7 @@ class CpuBackend final : public Backend<T> {
   }
   void matmul_forward_w16(T* out, const T* inp, const uint16_t* w, const T* bias, int N, int C, int OC,
                           bool bf16) override {
-    ops::gemv_forward_w16(out, inp, w, bias, N, C, OC, bf16);
+    ops::gemv_forward(out, inp, w, bias, N, C, OC, bf16);
   }
   void sample_tokens(int32_t* ids, const T* logits, const SampleRow* rows, int n, int V, int Vp) override {
 #pragma omp parallel

@@ -310,6 +310,31 @@ void rmsnorm_backward(T* dinp, const T* dout, const T* inp, const T* rstd, int N
   }
 }
 
+// cos(theta), sign * sin(theta) of the position p for i < hs/2, theta = p * base^(-2i / hs) in double (the one formula
+// of the training forward's table and of the KV cache's per-sequence positions, so that both round alike).
+template <typename T>
+void rope_table_row(T* cs, T* sn, long p, int hs, double base, int sign) {
+  for (int i = 0; i < hs / 2; i++) {
+    const double theta = double(p) * std::pow(base, -2.0 * i / hs);
+    cs[i] = T(std::cos(theta));
+    sn[i] = T(sign * std::sin(theta));
+  }
+}
+
+// The rotation of one qkv row's q and k heads (the first 2C columns) by a table row (cs, sn of rope_table_row).
+template <typename T>
+void rope_rotate_row(T* row, const T* c, const T* s, int NH, int hs) {
+  const int half = hs / 2;
+  for (int h = 0; h < 2 * NH; h++) {  // q heads, then k heads
+    T* x = row + (size_t)h * hs;
+    for (int i = 0; i < half; i++) {
+      const T x1 = x[i], x2 = x[i + half];
+      x[i] = x1 * c[i] - x2 * s[i];
+      x[i + half] = x2 * c[i] + x1 * s[i];
+    }
+  }
+}
+
 // Rotary embedding in place on q and k of qkv (B, Tn, 3C); sign = +1 forward, -1 backward (the inverse rotation).
 // cos and sin from theta in double, once per call: a (Tn, hs/2) table.
 template <typename T>
@@ -317,26 +342,12 @@ void rope_apply(T* qkv, int B, int Tn, int C, int NH, int t0, double base, int s
   const int hs = C / NH, half = hs / 2;
   std::vector<T> cs((size_t)Tn * half), sn((size_t)Tn * half);
   for (int t = 0; t < Tn; t++)
-    for (int i = 0; i < half; i++) {
-      const double theta = double(t0 + t) * std::pow(base, -2.0 * i / hs);
-      cs[(size_t)t * half + i] = T(std::cos(theta));
-      sn[(size_t)t * half + i] = T(sign * std::sin(theta));
-    }
+    rope_table_row(cs.data() + (size_t)t * half, sn.data() + (size_t)t * half, t0 + t, hs, base, sign);
 #pragma omp parallel for collapse(2)
   for (int b = 0; b < B; b++)
-    for (int t = 0; t < Tn; t++) {
-      T* row = qkv + ((size_t)b * Tn + t) * 3 * C;
-      const T* c = cs.data() + (size_t)t * half;
-      const T* s = sn.data() + (size_t)t * half;
-      for (int h = 0; h < 2 * NH; h++) {  // q heads, then k heads: the first 2C columns
-        T* x = row + (size_t)h * hs;
-        for (int i = 0; i < half; i++) {
-          const T x1 = x[i], x2 = x[i + half];
-          x[i] = x1 * c[i] - x2 * s[i];
-          x[i + half] = x2 * c[i] + x1 * s[i];
-        }
-      }
-    }
+    for (int t = 0; t < Tn; t++)
+      rope_rotate_row(qkv + ((size_t)b * Tn + t) * 3 * C, cs.data() + (size_t)t * half, sn.data() + (size_t)t * half,
+                      NH, hs);
 }
 
 // QK-norm in place: each head vector of q and k (the first 2C columns of a qkv row) RMS-normalised.

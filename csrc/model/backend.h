@@ -216,7 +216,8 @@ class Backend {
   // ---- KV-cache inference (model/inference.cpp). A backend without these ops runs generation through the
   // full forward (Python's ForwardEngine); has_kv() says which. Positions and slots are int32 in backend memory.
   virtual bool has_kv() const { return false; }
-  // out[b,t,:] = wte[inp[b,t],:] + wpe[pos[b] + t,:]: the encoder with each sequence starting at its own position.
+  // out[b,t,:] = wte[inp[b,t],:] + wpe[pos[b] + t,:]: the encoder with each sequence starting at its own position
+  // (wpe null with rotary positions: out = wte[inp[b,t],:]).
   virtual void encoder_forward_at(T* /*out*/, const int32_t* /*inp*/, const T* /*wte*/, const T* /*wpe*/,
                                   const int32_t* /*pos*/, int /*B*/, int /*Tn*/, int /*C*/) {
     no_kv();
@@ -229,6 +230,13 @@ class Backend {
   virtual void attention_kv_forward(T* /*out*/, T* /*kcache*/, T* /*vcache*/, const T* /*qkv*/,
                                     const int32_t* /*slot*/, const int32_t* /*pos*/, int /*B*/, int /*Tq*/,
                                     int /*C*/, int /*NH*/, int /*maxT*/) {
+    no_kv();
+  }
+  // rope_forward with row (b, t) of qkv (B, Tn, 3C) at position pos[b] + t (pos: B ints in backend memory): the
+  // rotary positions of decode, where each sequence is at its own position (the same cos / sin as rope_forward
+  // gives that position). Models with position = rope need it for the KV path.
+  virtual void rope_forward_at(T* /*qkv*/, const int32_t* /*pos*/, int /*B*/, int /*Tn*/, int /*C*/, int /*NH*/,
+                               float /*base*/) {
     no_kv();
   }
   // out[i,:] = inp[rows[i],:] for i < n (rows in backend memory): the last position of each prompt, for the head.

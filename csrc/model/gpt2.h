@@ -197,9 +197,9 @@ class GPT2Model {
   void kv_sample(int32_t* ids, const SampleRow* rows, int n);
   int kv_logit_rows() const { return kv_rows_; }
   // Decode with 16-bit weights (0: off, fp32; 1: bf16; 2: fp16; backends with has_w16): the matrices (wte, qkvw,
-  // attprojw, fcw, fcprojw) are rounded to that type, in the fp32 parameters too (so prefill's GEMMs and the
-  // decode GEMVs read the same weights), and decode reads the 16-bit copy. Written parameters (params_changed)
-  // are rounded again before the next prefill / decode.
+  // attprojw, fcw, fcprojw, an untied lm_head) are rounded to that type, in the fp32 parameters too (so prefill's
+  // GEMMs and the decode GEMVs read the same weights), and decode reads the 16-bit copy. Written parameters
+  // (params_changed) are rounded again before the next prefill / decode.
   void set_weights16(int kind);
   int weights16() const { return w16_kind_; }
   void kv_logits_to_host(M* dst) const;  // (kv_logit_rows(), Vp)
@@ -270,6 +270,8 @@ class GPT2Model {
   void kv_layers(int n, int Tq);
   // out = inp @ param(i)-slice^T + bias for the KV path: the 16-bit copy for few rows when it is on
   void kv_matmul(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC);
+  // the lm_head (untied, or wte) over `rows` rows into kv_.logits, soft-capped when the config caps
+  void kv_head(const T* in, int rows);
   void kv_refresh_w16();
 
   ModelConfig config_;
@@ -278,7 +280,7 @@ class GPT2Model {
   // inference state: the cache (L, S, T, C) for K and V, one layer's activations for kv_cap_ rows, logits
   struct KvBuffers {
     T *x, *ln, *qkv, *atty, *proj, *res2, *fch, *fch_gelu, *last, *logits;
-    M *mean, *rstd, *losses, *lse;
+    M *mean, *rstd, *losses, *lse, *qk_rstd;  // qk_rstd: with qk_norm only
   };
   T* kcache_ = nullptr;
   T* vcache_ = nullptr;

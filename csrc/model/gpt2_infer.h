@@ -31,14 +31,18 @@ void GPT2Model<T>::set_weights16(int kind) {
 template <typename T>
 void GPT2Model<T>::kv_refresh_w16() {
   if (!w16_kind_ || !w16_stale_) return;
-  for (ParamTensor i : {kWte, kQkvw, kAttprojw, kFcw, kFcprojw})
-    backend_->round_w16(w16_ + offsets_[i], params_ + offsets_[i], sizes_[i], w16_kind_ == 1);
+  for (ParamTensor i : {kWte, kQkvw, kAttprojw, kFcw, kFcprojw, kLmHead})
+    if (sizes_[i]) backend_->round_w16(w16_ + offsets_[i], params_ + offsets_[i], sizes_[i], w16_kind_ == 1);
   w16_stale_ = false;
 }
 
+// Rows at most that read the 16-bit copy (a decode batch; the CPU backend's GEMV covers 8 rows). More rows (a
+// prefill) read the fp32 weights, which hold the same rounded values, through the GEMM.
+constexpr int kW16MaxRows = 8;
+
 template <typename T>
 void GPT2Model<T>::kv_matmul(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) {
-  if (w16_kind_ && N <= 4) {
+  if (w16_kind_ && N <= kW16MaxRows) {
     backend_->matmul_forward_w16(out, inp, w16_ + (w - params_), bias, N, C, OC, w16_kind_ == 1);
   } else {
     backend_->matmul_forward(out, inp, w, bias, N, C, OC);
@@ -70,10 +74,6 @@ void GPT2Model<T>::kv_reserve(int slots, int max_len) {
                                 std::to_string(config_.max_seq_len) + ")");
   if (!backend_->has_kv())
     throw std::logic_error(std::string("backend ") + backend_->name() + " has no KV-cache inference ops");
-  if (!config_.is_gpt2())  // its loop runs GPT-2's ops (learned positions, LayerNorm, GELU, no soft-cap)
-    throw std::invalid_argument("kv_reserve: KV-cache inference runs the GPT-2 architecture only so far; this model "
-                                "has the modern one (position, norm, qk_norm, activation, bias, tie_embeddings or "
-                                "logit_softcap): use a training model's forward");
   if (slots <= kv_S_ && max_len <= kv_T_) return;
   slots = std::max(slots, kv_S_);
   max_len = std::max(max_len, kv_T_);
@@ -123,12 +123,15 @@ void GPT2Model<T>::kv_ensure_rows(int rows, int logit_rows) {
   T** slots[] = {&kv_.x, &kv_.ln, &kv_.qkv, &kv_.atty, &kv_.proj, &kv_.res2, &kv_.fch, &kv_.fch_gelu, &kv_.last,
                  &kv_.logits};
   for (size_t i = 0; i < std::size(sizes); i++) { *slots[i] = p; p += sizes[i]; }
-  kv_stats_n_ = 2 * R + 2 * LR;  // mean, rstd per row; losses, lse per logit row
+  // mean, rstd per row; losses, lse per logit row; QK-norm's rstd per row and q / k head
+  const size_t QK = config_.qk_norm ? R * 2 * config_.n_head : 0;
+  kv_stats_n_ = 2 * R + 2 * LR + QK;
   kv_stats_ = be.alloc_master(kv_stats_n_);
   kv_.mean = kv_stats_;
   kv_.rstd = kv_stats_ + R;
   kv_.losses = kv_stats_ + 2 * R;
   kv_.lse = kv_stats_ + 2 * R + LR;
+  kv_.qk_rstd = kv_stats_ + 2 * R + 2 * LR;
   kv_ids_ = be.alloc_i32(R);
   kv_slot_ = be.alloc_i32(R);
   kv_posd_ = be.alloc_i32(R);
@@ -138,35 +141,52 @@ void GPT2Model<T>::kv_ensure_rows(int rows, int logit_rows) {
   kv_logit_cap_ = logit_rows;
 }
 
-// forward_ops' loop over one layer's buffers: for l, x <- x + attn(ln1(x)), then x <- x + mlp(ln2(x)); the
-// layernorm that follows each residual add is fused into it, as in forward_ops; kv_.ln ends as lnf(x).
+// forward_ops' loop over one layer's buffers: for l, x <- x + attn(norm1(x)), then x <- x + mlp(norm2(x)), with
+// the config's ops in forward_ops' order (norm: LayerNorm or RMSNorm; q and k rotated at each row's own position,
+// then QK-normed, before their K goes into the cache; GELU or ReLU^2; null biases); the norm that follows each
+// residual add is fused into it, as in forward_ops; kv_.ln ends as the final norm of x.
 template <typename T>
 void GPT2Model<T>::kv_layers(int n, int Tq) {
   Backend<T>& be = *backend_;
-  const int L = config_.n_layer, C = config_.n_embd, NH = config_.n_head;
+  const ModelConfig& c = config_;
+  const int L = c.n_layer, C = c.n_embd, NH = c.n_head;
   const int N = n * Tq;
+  const bool rope = c.position == ModelConfig::Position::Rope, relu2 = c.activation == ModelConfig::Activation::Relu2;
   const size_t cache_layer = size_t(kv_S_) * kv_T_ * C;
-  be.encoder_forward_at(kv_.x, kv_ids_, param(kWte), param(kWpe), kv_posd_, n, Tq, C);
+  be.encoder_forward_at(kv_.x, kv_ids_, param(kWte), param(kWpe), kv_posd_, n, Tq, C);  // wpe null with rope
   const LayerTensors<T> first = layer(params_, 0);
-  be.layernorm_forward(kv_.ln, kv_.mean, kv_.rstd, kv_.x, first.ln1w, first.ln1b, N, C);
+  norm_forward(kv_.ln, kv_.mean, kv_.rstd, kv_.x, first.ln1w, first.ln1b, N);
   for (int l = 0; l < L; l++) {
     const LayerTensors<T> p = layer(params_, l);
     kv_matmul(kv_.qkv, kv_.ln, p.qkvw, p.qkvb, N, C, 3 * C);
+    if (rope) be.rope_forward_at(kv_.qkv, kv_posd_, n, Tq, C, NH, c.rope_base);
+    if (c.qk_norm) be.qk_norm_forward(kv_.qkv, kv_.qk_rstd, n, Tq, C, NH);
     be.attention_kv_forward(kv_.atty, kcache_ + l * cache_layer, vcache_ + l * cache_layer, kv_.qkv, kv_slot_,
                             kv_posd_, n, Tq, C, NH, kv_T_);
     kv_matmul(kv_.proj, kv_.atty, p.attprojw, p.attprojb, N, C, C);
-    be.residual_layernorm_forward(kv_.res2, kv_.ln, kv_.mean, kv_.rstd, kv_.x, kv_.proj, p.ln2w, p.ln2b, N, C);
-    if (w16_kind_ && N <= 4) {  // the GELU after the 16-bit GEMV (the fused op reads fp32 weights)
+    residual_norm_forward(kv_.res2, kv_.ln, kv_.mean, kv_.rstd, kv_.x, kv_.proj, p.ln2w, p.ln2b, N);
+    if (w16_kind_ && N <= kW16MaxRows) {  // the activation after the 16-bit GEMV (the fused ops read fp32 weights)
       kv_matmul(kv_.fch, kv_.ln, p.fcw, p.fcb, N, C, 4 * C);
-      be.gelu_forward(kv_.fch_gelu, kv_.fch, size_t(N) * 4 * C);
+      if (relu2) be.relu2_forward(kv_.fch_gelu, kv_.fch, size_t(N) * 4 * C);
+      else be.gelu_forward(kv_.fch_gelu, kv_.fch, size_t(N) * 4 * C);
+    } else if (relu2) {
+      be.matmul_relu2_forward(kv_.fch, kv_.fch_gelu, kv_.ln, p.fcw, p.fcb, N, C, 4 * C);
     } else {
       be.matmul_gelu_forward(kv_.fch, kv_.fch_gelu, kv_.ln, p.fcw, p.fcb, N, C, 4 * C);
     }
     kv_matmul(kv_.proj, kv_.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
     const T* nw = l + 1 < L ? layer(params_, l + 1).ln1w : param(kLnfw);
     const T* nb = l + 1 < L ? layer(params_, l + 1).ln1b : param(kLnfb);
-    be.residual_layernorm_forward(kv_.x, kv_.ln, kv_.mean, kv_.rstd, kv_.res2, kv_.proj, nw, nb, N, C);
+    residual_norm_forward(kv_.x, kv_.ln, kv_.mean, kv_.rstd, kv_.res2, kv_.proj, nw, nb, N);
   }
+}
+
+// The head over `rows` rows of `in` into kv_.logits (the untied lm_head or wte), soft-capped as forward caps them.
+template <typename T>
+void GPT2Model<T>::kv_head(const T* in, int rows) {
+  const int C = config_.n_embd, Vp = config_.padded_vocab_size;
+  kv_matmul(kv_.logits, in, param(head()), nullptr, rows, C, Vp);
+  if (config_.logit_softcap > 0) backend_->softcap_forward(kv_.logits, config_.logit_softcap, size_t(rows) * Vp);
 }
 
 template <typename T>
@@ -184,7 +204,7 @@ void GPT2Model<T>::kv_prefill(const int32_t* tokens, const int32_t* lengths, con
     if (lengths[i] < 1 || lengths[i] > Tq) throw std::invalid_argument("kv_prefill: lengths must be in [1, T]");
     rows[i] = i * Tq + lengths[i] - 1;
   }
-  const int N = n * Tq, Vp = config_.padded_vocab_size;
+  const int N = n * Tq;
   const int logit_rows = all_logits ? N : n;
   kv_ensure_rows(N, logit_rows);
   Backend<T>& be = *backend_;
@@ -194,13 +214,12 @@ void GPT2Model<T>::kv_prefill(const int32_t* tokens, const int32_t* lengths, con
   be.to_device_i32(kv_slot_, slots, size_t(n));
   be.to_device_i32(kv_posd_, zeros.data(), size_t(n));
   kv_layers(n, Tq);
-  const int C = config_.n_embd;
   if (all_logits) {
-    be.matmul_forward(kv_.logits, kv_.ln, param(kWte), nullptr, N, C, Vp);
+    kv_head(kv_.ln, N);
   } else {
     be.to_device_i32(kv_gather_, rows.data(), size_t(n));
-    be.gather_rows(kv_.last, kv_.ln, kv_gather_, n, C);
-    kv_matmul(kv_.logits, kv_.last, param(kWte), nullptr, n, C, Vp);  // lm_head tied to wte
+    be.gather_rows(kv_.last, kv_.ln, kv_gather_, n, config_.n_embd);
+    kv_head(kv_.last, n);
   }
   for (int i = 0; i < n; i++) kv_pos_[slots[i]] = lengths[i];
   kv_rows_ = logit_rows;
@@ -229,7 +248,7 @@ void GPT2Model<T>::kv_decode(const int32_t* tokens, const int32_t* slots, int n)
   be.to_device_i32(kv_slot_, slots, size_t(n));
   be.to_device_i32(kv_posd_, pos.data(), size_t(n));
   kv_layers(n, 1);
-  kv_matmul(kv_.logits, kv_.ln, param(kWte), nullptr, n, config_.n_embd, config_.padded_vocab_size);
+  kv_head(kv_.ln, n);
   for (int i = 0; i < n; i++) kv_pos_[slots[i]]++;
   kv_rows_ = n;
   kv_forward_ = false;

@@ -192,15 +192,32 @@ def get_preset(name: str) -> GPT2Config:
 # 2019 recipe as gpt2core trains it by default (the TrainConfig defaults, AdamW + cosine), unchanged. "modern" is
 # the modded-nanogpt / nanochat line (README "Modern recipe"): the architecture of issue 26 (rotary positions,
 # RMSNorm, QK-norm, ReLU^2, no biases, untied head, zero-initialised projections, logit soft-cap: GPT2Config
-# fields, see MODERN_ARCH) trained with Muon for the hidden matrices and AdamW for the rest, warmup-stable-decay.
+# fields, see MODERN_ARCH, set through their own train flags) trained with Muon for the hidden matrices and AdamW for
+# the rest, warmup-stable-decay.
 MODERN_ARCH = {"position": "rope", "norm": "rmsnorm", "qk_norm": True, "activation": "relu2", "bias": False,
                "tie_embeddings": False, "zero_init_proj": True, "logit_softcap": 15.0}
+
+
+def arch_flags(arch: dict) -> dict:
+    """GPT2Config architecture fields (name: value) as the TrainConfig fields that set them (bias=False is
+    no_bias=True, tie_embeddings=False is untied=True; the others keep their names)."""
+    rename = {"bias": ("no_bias", lambda v: not v), "tie_embeddings": ("untied", lambda v: not v)}
+    return {rename[k][0] if k in rename else k: rename[k][1](v) if k in rename else v for k, v in arch.items()}
+
+
 RECIPES: dict[str, dict] = {
     "gpt2": {},
-    "modern": {"arch": "modern", "optimizer": "muon", "muon_lr": 0.02, "muon_momentum": 0.95,
+    "modern": {**arch_flags(MODERN_ARCH), "optimizer": "muon", "muon_lr": 0.02, "muon_momentum": 0.95,
                "muon_momentum_warmup": 300, "muon_weight_decay": 0.0, "lr": 6e-3, "beta1": 0.8, "beta2": 0.95,
                "weight_decay": 0.0, "schedule": "wsd", "cooldown_frac": 0.4, "warmup": 0, "min_lr_frac": 0.0},
 }
+# the switches a recipe turns on, which a command line can turn off again (--no-qk-norm, --bias, --no-untied, ...)
+RECIPE_SWITCHES = sorted({k for r in RECIPES.values() for k, v in r.items() if isinstance(v, bool)})
+
+
+def negated_flag(name: str) -> str:
+    """The switch that turns a recipe's bool field off: --no-<name>, or --<rest> for a no_<rest> field."""
+    return "--" + (name[3:] if name.startswith("no_") else "no_" + name).replace("_", "-")
 
 
 def recipe_help() -> str:
@@ -209,8 +226,7 @@ def recipe_help() -> str:
         vals = RECIPES[name]
         if not vals:
             return f"{name}: the defaults shown below (AdamW, cosine, GPT-2's architecture)"
-        arch = ", ".join(f"{k}={v}" for k, v in MODERN_ARCH.items())
-        return f"{name}: " + ", ".join(f"{k}={v}" for k, v in vals.items() if k != "arch") + f"; architecture {arch}"
+        return f"{name}: " + ", ".join(f"{k}={v}" for k, v in vals.items())
     return "; ".join(show(n) for n in RECIPES)
 
 
@@ -234,8 +250,6 @@ class TrainConfig:
     # model
     recipe: str = _opt("gpt2", "training recipe: sets the values listed here unless given as flags. "
                        + recipe_help(), "model", choices=sorted(RECIPES))
-    arch: str = _opt("gpt2", "architecture: gpt2 (learned positions, LayerNorm, GELU, biases, tied head) or modern "
-                             "(the GPT2Config fields of --recipe modern's list)", "model", choices=["gpt2", "modern"])
     preset: str = _opt("s4", "model shape", "model", choices=sorted(PRESETS))
     block_size: int | None = _opt(None, "context length the model is built for (the wpe rows); above the preset's "
                                         "trains a longer context, e.g. 2048 as GPT-3 did (default: the preset's)",
@@ -364,7 +378,7 @@ class TrainConfig:
                            "checkpoints")
 
     # the settings that change the trajectory: a resumed run that changes them no longer matches an uninterrupted one
-    TRAJECTORY = ("recipe", "arch", "preset", "block_size", "padded_vocab_size", "position", "rope_base", "norm", "qk_norm",
+    TRAJECTORY = ("recipe", "preset", "block_size", "padded_vocab_size", "position", "rope_base", "norm", "qk_norm",
                   "activation", "no_bias", "untied", "zero_init_proj", "logit_softcap", "batch_size", "seq_len",
                   "total_batch_tokens",
                   "no_shuffle", "steps", "lr", "min_lr_frac", "warmup", "schedule", "weight_decay", "grad_clip",
@@ -382,10 +396,6 @@ class TrainConfig:
             raise ArgError("--val-steps must be >= 1 when --val-every is set")
         if self.recipe not in RECIPES:
             raise ArgError(f"--recipe must be one of {', '.join(RECIPES)}, got {self.recipe!r}")
-        if self.arch not in ("gpt2", "modern"):
-            raise ArgError(f"--arch must be gpt2 or modern, got {self.arch!r}")
-        if self.arch == "modern" and self.preset in PRESETS:
-            modern_config(get_preset(self.preset))  # a build without the modern architecture says so here
         if self.optimizer not in ("adamw", "muon"):
             raise ArgError(f"--optimizer must be adamw or muon, got {self.optimizer!r}")
         if self.schedule not in ("cosine", "constant", "wsd"):
@@ -415,8 +425,6 @@ class TrainConfig:
     def model_config(self) -> GPT2Config:
         """The preset, with --block-size, --padded-vocab-size and the architecture flags applied."""
         c = get_preset(self.preset)
-        if self.arch == "modern":
-            c = modern_config(c)
         if self.block_size:
             c = c.replace(block_size=self.block_size)
         if self.padded_vocab_size:
@@ -455,12 +463,7 @@ class TrainConfig:
 
 
 def modern_config(c: GPT2Config) -> GPT2Config:
-    """c (its shape kept) with the modern architecture's fields (MODERN_ARCH; the model layer of issue 26)."""
-    have = {f for f in GPT2Config.__dataclass_fields__}
-    missing = [k for k in MODERN_ARCH if k not in have]
-    if missing:
-        raise ArgError("--arch modern / --recipe modern needs the modern architecture's GPT2Config fields ("
-                         + ", ".join(missing) + "), which this build of gpt2core does not have")
+    """c (its shape kept) with the modern architecture's fields (MODERN_ARCH, what --recipe modern sets)."""
     return c.replace(**MODERN_ARCH)
 
 
@@ -489,7 +492,7 @@ _CHECKS = {
     "checkpoint_every": _I(0, what="an integer >= 0 (0: never)"), "keep_last": _I(0, what="an integer >= 0 (0: all)"),
     "data_dir": cli.Optional(cli.existing_dir), "output_dir": cli.output_dir,
     "hellaswag_path": cli.Optional(cli.existing_file),
-    "recipe": cli.Choice(*RECIPES), "arch": cli.Choice("gpt2", "modern"), "optimizer": cli.Choice("adamw", "muon"),
+    "recipe": cli.Choice(*RECIPES), "optimizer": cli.Choice("adamw", "muon"),
     "schedule": cli.Choice("cosine", "constant", "wsd"), "cooldown_frac": _F(0, 1, what="a fraction in [0, 1]"),
     "muon_lr": _F(0, float32=True, what="a finite number >= 0"),
     "muon_momentum": _F(0, 1, hi_open=True, float32=True, what="a number in [0, 1)"),

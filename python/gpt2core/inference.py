@@ -8,10 +8,15 @@ The loop, per batch of prompts (which may differ in length):
   4. repeat 2-3 until each sequence has stopped: at <|endoftext|> (when the vocabulary has it), after its
      max_new_tokens, or once its generated text contains one of the stop strings.
 
+Every architecture the config describes runs this loop (csrc/model/gpt2_infer.h follows forward_ops: rotary
+positions at each sequence's own position, QK-norm after the rotation, RMSNorm, ReLU², no biases, the untied head,
+soft-capped logits, which are what is sampled from).
+
 Past block_size (GPT-2's learned positions end there) a sequence keeps the window the full forward sees: its
 context is its last block_size tokens, re-prefilled from position 0 at every step past the limit (exactly what
 `model.forward(x[:, -block_size:])` computes, so a cached and an uncached run agree; each such step costs a
-prefill of block_size tokens instead of one decode).
+prefill of block_size tokens instead of one decode). Rotary models do the same: their positions could run on,
+but they were trained on windows of block_size from position 0, and the window keeps cached = uncached.
 
 Sampling is reproducible: sequence b's i-th token is drawn with the uniform number uniform(seed_b, stream_b, i)
 (a counter-based hash, the same on every backend), so a fixed seed gives the same ids whatever the batch

@@ -316,9 +316,7 @@ class GPT2:
         rounded up to 128). Problems raise CheckpointError naming the file. training=False: inference-only (see
         __init__)."""
         config, flat, source = pretrained.read_weights(path, padded_vocab_size)
-        # the KV-cache inference path runs GPT-2's ops only: a modern model loads as a training model (the full
-        # forward, which generate then uses)
-        model = cls(config, device=device, init=False, training=training or not config.is_gpt2)
+        model = cls(config, device=device, init=False, training=training)
         llmc.fill_params(model, flat, source)
         return model
 
@@ -515,7 +513,8 @@ class GPT2:
     def inference_weights(self) -> str:
         """The weights decode reads: "fp32", or "bf16" / "fp16" (16-bit copies widened to fp32 in registers: half
         the bytes per token; CPU, inference-only models). Setting "bf16" or "fp16" rounds the model's matrices
-        (wte, qkvw, attprojw, fcw, fcprojw) to that type in self.params too, so prefill and decode agree."""
+        (wte, qkvw, attprojw, fcw, fcprojw, an untied lm_head) to that type in self.params too, so prefill and
+        decode agree."""
         return ("fp32", "bf16", "fp16")[self._m.weights16]
 
     @inference_weights.setter

@@ -30,7 +30,7 @@ import numpy as np
 from . import _C, batchfit, cli, distributed, progress, runfolder, tokenizer
 from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints,
                          load_checkpoint, prune_checkpoints, remove_stale_temporaries, save_checkpoint)
-from .config import _CHECKS, RECIPES, TrainConfig
+from .config import _CHECKS, RECIPE_SWITCHES, RECIPES, TrainConfig, negated_flag
 from .data import hellaswag, shakespeare
 from .data.loader import DataLoader
 from .data.shards import ShardError
@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         g = groups.get(group) or groups.setdefault(group, ap.add_argument_group(group))
         if hints[f.name] is bool:
             g.add_argument(*flags, dest=f.name, action="store_true", help=help)
+            if f.name in RECIPE_SWITCHES:  # a recipe turns it on: the command line can turn it off again
+                g.add_argument(negated_flag(f.name), dest=f.name, action="store_false",
+                               help=f"the opposite of {flags[0]}, for a --recipe that sets it")
             continue
         kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
         if f.default is not None:
@@ -572,6 +575,8 @@ class Trainer:
         # what gpt2core.plot needs to put runs on a tokens axis and to know a 124M run
         self.write_metrics({"run": {"preset": cfg.preset, "params": m.num_parameters, "tokens_per_step": self.total,
                                     "start_step": self.start_step, "steps": cfg.steps, "recipe": cfg.recipe,
+                                    "recipe_values": RECIPES[cfg.recipe], "recipe_overridden": sorted(
+                                        k for k, v in RECIPES[cfg.recipe].items() if getattr(cfg, k) != v),
                                     "config": cfg.to_dict(), "model": self.config.to_dict()}})
         last = {}
         t_run = time.perf_counter()

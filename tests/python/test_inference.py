@@ -4,6 +4,10 @@ At every decode step the cached path's logits must equal the full forward's last
 window: float64 to ~1e-12 relative, float32 to ~1e-5 (GEMV vs GEMM summation order), for odd prompt lengths,
 batches of mixed lengths, and across the block_size boundary (where generation re-prefills the last block_size
 tokens). The sampler against numpy's reference (gpt2core.inference.sample_distribution / sample_reference).
+
+Every architecture the config describes runs the KV path (GPT2Config's modern fields, issue 26): each field alone
+and all together (rotary positions at each sequence's own position, RMSNorm, QK-norm, ReLU^2, no biases, an untied
+head, soft-capped logits), against the full forward and, in float64, the numpy oracle (tests/numpy_gpt2.py).
 """
 import math
 
@@ -18,12 +22,33 @@ from gpt2core import GPT2, GPT2Config, inference, load_model, tokenizer
 # horizontal sum): a few ulps per dot product, ~1e-6 relative on these logits; 2e-5 leaves room.
 TOL = {"float64": 1e-12, "float32": 2e-5}
 
+# GPT2Config's architecture fields: each alone (rope_base: an odd base; zero_init_proj: an init choice the KV path
+# must accept, the weights here are random), and all together
+MODERN = dict(position="rope", norm="rmsnorm", qk_norm=True, activation="relu2", bias=False, tie_embeddings=False,
+              zero_init_proj=True, logit_softcap=3.0)
+ARCHS = [None, dict(position="rope"), dict(position="rope", rope_base=37.0), dict(norm="rmsnorm"),
+         dict(qk_norm=True), dict(activation="relu2"), dict(bias=False), dict(tie_embeddings=False),
+         dict(zero_init_proj=True), dict(logit_softcap=3.0), MODERN]
 
-def make_model(dtype="float64", C=48, NH=3, L=2, block=13, V=97, Vp=128, seed=0):
-    cfg = GPT2Config(block_size=block, vocab_size=V, padded_vocab_size=Vp, n_layer=L, n_head=NH, n_embd=C)
+
+def tol(dtype, arch):
+    """TOL, relative to the largest logit. Soft-capped logits (cap 3) have their largest near the cap while the raw
+    ones reach ~16: the fp32 summation error is of the raw scale (tanh only shrinks it), so 5x TOL's room."""
+    return TOL[dtype] * (5 if dtype == "float32" and arch and arch.get("logit_softcap") else 1)
+
+
+def arch_id(a):
+    return "gpt2" if not a else ",".join(f"{k}={v}" for k, v in a.items())
+
+
+def make_model(dtype="float64", C=48, NH=3, L=2, block=13, V=97, Vp=128, seed=0, arch=None):
+    cfg = GPT2Config(block_size=block, vocab_size=V, padded_vocab_size=Vp, n_layer=L, n_head=NH, n_embd=C,
+                     **(arch or {}))
     m = GPT2(cfg, dtype=dtype, init=False)
     rng = np.random.default_rng(seed)
-    for k, v in ref.random_params(rng, maxT=block, V=V, Vp=Vp, L=L, NH=NH, C=C).items():
+    params = ref.random_params(rng, maxT=block, V=V, Vp=Vp, L=L, NH=NH, C=C, arch=arch)
+    assert sorted(params) == sorted(m.params)
+    for k, v in params.items():
         m.params[k][...] = v
     m.params_changed()
     return m
@@ -41,9 +66,10 @@ def rel(a, b):
 
 
 # C=48 takes the portable GEMV loop, C=64 the AVX2 one (C % 8 == 0, x86-64-v3/v4 variants); float64 always portable
+@pytest.mark.parametrize("arch", ARCHS, ids=arch_id)
 @pytest.mark.parametrize("dtype,C,NH", [("float64", 48, 3), ("float32", 48, 3), ("float32", 64, 4)])
-def test_cached_logits_equal_full_forward_every_step(dtype, C, NH):
-    m = make_model(dtype, C=C, NH=NH)
+def test_cached_logits_equal_full_forward_every_step(dtype, C, NH, arch):
+    m = make_model(dtype, C=C, NH=NH, arch=arch)
     rng = np.random.default_rng(1)
     lengths = [5, 1, 9, 3]  # odd, mixed, one single-token prompt
     prompts = [rng.integers(0, 97, n).astype(np.int32) for n in lengths]
@@ -57,7 +83,7 @@ def test_cached_logits_equal_full_forward_every_step(dtype, C, NH):
     assert lg.shape == (B, 128)
     seqs = [list(p) for p in prompts]
     for i in range(B):
-        assert rel(lg[i], full_last_logits(m, seqs[i])) < TOL[dtype]
+        assert rel(lg[i], full_last_logits(m, seqs[i])) < tol(dtype, arch)
     # decode until every cache is full, live sequences in shuffled slot order
     while True:
         live = [i for i in range(B) if len(seqs[i]) < m.config.block_size]
@@ -70,29 +96,76 @@ def test_cached_logits_equal_full_forward_every_step(dtype, C, NH):
         for j, i in enumerate(live):
             seqs[i].append(int(nxt[j]))
             assert m._m.kv_pos(i) == len(seqs[i])
-            assert rel(lg[j], full_last_logits(m, seqs[i])) < TOL[dtype], (i, len(seqs[i]))
+            assert rel(lg[j], full_last_logits(m, seqs[i])) < tol(dtype, arch), (i, len(seqs[i]))
     with pytest.raises(IndexError, match="full"):  # past the cache: a clear error, not a write out of bounds
         m._m.kv_decode(np.array([1], np.int32), np.array([0], np.int32))
 
 
-def test_prefill_matches_numpy_reference():
-    """Cached prefill logits against the float64 numpy GPT-2 (tests/numpy_gpt2.py), not only our own forward."""
-    m = make_model("float64")
+@pytest.mark.parametrize("arch", [None, MODERN], ids=arch_id)
+@pytest.mark.parametrize("dtype,C,NH,weights", [("float64", 48, 3, "fp32"), ("float32", 48, 3, "fp32"),
+                                                ("float32", 64, 4, "fp32"), ("float32", 48, 3, "bf16"),
+                                                ("float32", 64, 4, "bf16"), ("float32", 64, 4, "fp16")])
+def test_decode_batches_up_to_nine_rows(dtype, C, NH, weights, arch):
+    """Decode of 1 .. 9 sequences at once (the GEMV takes up to 8 rows, in groups of 4 against each block of weight
+    rows; 9 goes to the GEMM), fp32 and 16-bit weights: every row's logits equal the full forward's of its own
+    sequence (float32 full forward on the rounded weights for 16-bit)."""
+    m = refm = make_model(dtype, C=C, NH=NH, arch=arch)
+    if weights != "fp32":  # the inference-only model decodes; the training model (rounded weights) is the reference
+        m = GPT2(refm.config, dtype=dtype, init=False, training=False)
+        for k, v in refm.params.items():
+            m.params[k][...] = v
+        m.params_changed()
+        m.inference_weights = weights
+        for k, v in m.params.items():
+            refm.params[k][...] = v
+        refm.params_changed()
+    rng = np.random.default_rng(7)
+    for B in (1, 3, 4, 5, 8, 9):
+        lengths = rng.integers(1, 6, B)
+        seqs = [list(rng.integers(0, 97, n)) for n in lengths]
+        x = np.zeros((B, max(lengths)), np.int32)
+        for i, q in enumerate(seqs):
+            x[i, :len(q)] = q
+        m._m.kv_reserve(B, 13)
+        m._m.kv_prefill(x, lengths.astype(np.int32), np.arange(B, dtype=np.int32))
+        for _ in range(2):
+            nxt = rng.integers(0, 97, B).astype(np.int32)
+            m._m.kv_decode(nxt, np.arange(B, dtype=np.int32))
+            lg = m._m.kv_logits()
+            for i in range(B):
+                seqs[i].append(int(nxt[i]))
+                assert rel(lg[i], full_last_logits(refm, seqs[i])) < tol(dtype, arch), (B, i)
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=arch_id)
+def test_prefill_and_decode_match_numpy_reference(arch):
+    """Cached prefill logits (every position) and then decode logits against the float64 numpy model
+    (tests/numpy_gpt2.py, written from the papers' math), not only against our own forward: rows stay in call
+    order whatever their slots; a decode after the prefill is the oracle's last position of the longer input."""
+    m = make_model("float64", arch=arch)
     rng = np.random.default_rng(2)
     x = rng.integers(0, 97, (2, 7)).astype(np.int32)
     m._m.kv_reserve(2, 13)
     m._m.kv_prefill(x, np.array([7, 7], np.int32), np.array([1, 0], np.int32), all_logits=True)
-    _, want, _ = ref.forward(dict(m.params), x, None, V=97, NH=3)
-    got = m._m.kv_logits().reshape(2, 7, 128)[[1, 0]]  # row i went to slot 1 - i: rows stay in call order
+    _, want, _ = ref.forward(dict(m.params), x, None, V=97, NH=3, arch=arch)
     got = m._m.kv_logits().reshape(2, 7, 128)
     assert rel(got, np.asarray(want)) < 1e-12
+    nxt = rng.integers(0, 97, 2).astype(np.int32)
+    m._m.kv_decode(nxt, np.array([0, 1], np.int32))  # slot 0 holds row 1, slot 1 row 0
+    x2 = np.concatenate([x[[1, 0]], nxt[:, None]], axis=1)
+    _, want, _ = ref.forward(dict(m.params), x2, None, V=97, NH=3, arch=arch)
+    assert rel(m._m.kv_logits(), np.asarray(want)[:, -1]) < 1e-12
 
 
+@pytest.mark.parametrize("arch", [None, dict(position="rope"), MODERN], ids=arch_id)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_generate_matches_uncached_path_across_block_size(dtype):
+def test_generate_matches_uncached_path_across_block_size(dtype, arch):
     """generate through the KV cache gives the ids of the uncached path (the full forward per step, sampled by
-    sample_reference) for mixed prompt lengths, top-k / top-p / greedy, past block_size (13)."""
-    m = make_model(dtype)
+    sample_reference) for mixed prompt lengths, top-k / top-p / greedy, past block_size (13). With rotary positions
+    too: past block_size the window (the last block_size tokens) is re-prefilled from position 0, as the full
+    forward of that window sees it."""
+    m = make_model(dtype, arch=arch)
+    assert m._inference_engine(1, 13).__class__ is inference.KVEngine
     prompts = [[3, 1, 4, 1, 5], [9], [2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3]]  # 12 + 20 tokens crosses 13 early
     for kw in (dict(top_k=50), dict(top_k=0, temperature=0.8), dict(top_k=7, top_p=0.6), dict(top_k=1)):
         got = m.generate(prompts, 20, seed=11, **kw)
@@ -233,12 +306,14 @@ def test_d12_inference_memory_is_a_third_of_training():
     assert infer * 3 <= train, (infer, train)
 
 
-@pytest.mark.parametrize("kind,C,NH", [("bf16", 64, 4), ("fp16", 64, 4), ("bf16", 48, 3)])
-def test_16bit_weights_decode_equals_full_forward_on_the_rounded_weights(kind, C, NH):
-    """inference_weights='bf16'/'fp16' rounds the matrices (in params too) and decode reads the 16-bit copy
-    (AVX2 widening for C=64, the scalar loop for C=48): its logits equal the fp32 full forward on those rounded
-    weights (fp32 tolerance), and the rounding is the round-to-nearest-even of the numpy reference."""
-    m = make_model("float32", C=C, NH=NH)
+@pytest.mark.parametrize("kind,C,NH,arch", [("bf16", 64, 4, None), ("fp16", 64, 4, None), ("bf16", 48, 3, None),
+                                            ("fp16", 64, 4, MODERN)])
+def test_16bit_weights_decode_equals_full_forward_on_the_rounded_weights(kind, C, NH, arch):
+    """inference_weights='bf16'/'fp16' rounds the matrices (in params too; the untied lm_head as well) and decode
+    reads the 16-bit copy (AVX2 widening for C=64, the scalar loop for C=48): its logits equal the fp32 full forward
+    on those rounded weights (fp32 tolerance), and the rounding is the round-to-nearest-even of the numpy
+    reference."""
+    m = make_model("float32", C=C, NH=NH, arch=arch)
     m2 = GPT2(m.config, dtype="float32", init=False, training=False)
     for k, v in m.params.items():
         m2.params[k][...] = v
@@ -249,6 +324,11 @@ def test_16bit_weights_decode_equals_full_forward_on_the_rounded_weights(kind, C
     want = before.astype(np.float16).astype(np.float32) if kind == "fp16" else round_bf16(before)
     np.testing.assert_array_equal(m2.params["qkvw"], want)
     assert not np.array_equal(m2.params["qkvw"], before)
+    if arch and not arch.get("tie_embeddings", True):
+        assert not np.array_equal(m2.params["lm_head"], m.params["lm_head"])
+        r = m.params["lm_head"]
+        np.testing.assert_array_equal(m2.params["lm_head"], r.astype(np.float16).astype(np.float32) if kind == "fp16"
+                                      else round_bf16(r))
     rng = np.random.default_rng(4)
     seq = list(rng.integers(0, 97, 6))
     m2._m.kv_reserve(1, 13)
@@ -259,7 +339,7 @@ def test_16bit_weights_decode_equals_full_forward_on_the_rounded_weights(kind, C
         seq.append(t)
         got = m2._m.kv_logits()[0]
         # (the inference model's forward is a prefill of the window into slot 0: the same state decode left)
-        assert rel(got, full_last_logits(m2, seq)) < TOL["float32"]
+        assert rel(got, full_last_logits(m2, seq)) < tol("float32", arch)
     with pytest.raises(ValueError, match="inference-only"):
         m.inference_weights = kind
 

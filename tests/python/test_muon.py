@@ -369,33 +369,62 @@ def test_resume_mid_run_with_muon_state_is_bit_identical(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- --recipe
-def test_recipe_sets_its_values_and_explicit_flags_override(capsys):
+def test_recipe_sets_its_values_and_explicit_flags_override():
+    """--recipe modern sets the optimizer's values and the architecture's own field flags (no separate --arch);
+    any flag given explicitly overrides it, the switches included (--no-qk-norm, --bias, --no-untied, ...)."""
     from gpt2core import config, train
-    base = ["--steps", "3"]
+    base = ["--steps", "3", "--preset", "s2"]
     c = train.parse_args(base)
     assert c.recipe == "gpt2" and c.optimizer == "adamw" and c.schedule == "cosine" and c.lr == 1e-3
+    assert c.model_config() == config.get_preset("s2")
+    assert not hasattr(c, "arch")
     modern = config.RECIPES["modern"]
-    try:
-        config.modern_config(config.get_preset("tiny"))
-        have_arch = True
-    except ValueError as e:
-        have_arch = False
-        assert "modern architecture" in str(e)
-    if not have_arch:  # the recipe names the architecture: a build without it says so, as a one-line error
-        with pytest.raises(SystemExit) as e:
-            train.parse_args([*base, "--recipe", "modern"])
-        assert e.value.code == 2 and "modern architecture" in capsys.readouterr().err
-        argv = [*base, "--recipe", "modern", "--arch", "gpt2"]  # explicit --arch overrides the recipe's
-    else:
-        argv = [*base, "--recipe", "modern"]
-    c = train.parse_args(argv)
+    c = train.parse_args([*base, "--recipe", "modern"])
     for k, v in modern.items():
-        if k != "arch" or have_arch:
-            assert getattr(c, k) == v, k
-    c = train.parse_args([*argv, "--lr", "1e-4", "--schedule", "cosine", "--muon-lr", "0.01"])
+        assert getattr(c, k) == v, k
+    # the architecture fields the recipe sets are GPT2Config.modern's, on the preset's shape
+    assert c.model_config() == config.get_preset("s2").replace(**config.MODERN_ARCH)
+    assert c.model_config() == GPT2Config.modern(2, 128, n_head=2, block_size=128)
+    c = train.parse_args([*base, "--recipe", "modern", "--lr", "1e-4", "--schedule", "cosine", "--muon-lr", "0.01"])
     assert (c.lr, c.schedule, c.muon_lr, c.optimizer) == (1e-4, "cosine", 0.01, "muon")
+    # every architecture field overridden back to GPT-2's by its own flag: the GPT-2 architecture, Muon kept
+    c = train.parse_args([*base, "--recipe", "modern", "--position", "learned", "--norm", "layernorm",
+                          "--no-qk-norm", "--activation", "gelu", "--bias", "--no-untied", "--no-zero-init-proj",
+                          "--logit-softcap", "0"])
+    assert c.model_config() == config.get_preset("s2") and c.optimizer == "muon"
+    # one at a time: only that field changes
+    for flag, field, value in [(["--no-qk-norm"], "qk_norm", False), (["--bias"], "bias", True),
+                               (["--no-untied"], "tie_embeddings", True), (["--position", "learned"], "position",
+                                                                           "learned")]:
+        m = train.parse_args([*base, "--recipe", "modern", *flag]).model_config()
+        assert m == GPT2Config.modern(2, 128, n_head=2, block_size=128).replace(**{field: value}), flag
+    # the off-switches exist only for what a recipe turns on, and say what they undo
     helptext = train.build_parser().format_help()
+    flat = " ".join(helptext.split())
     for k, v in modern.items():
-        if k != "arch":
-            assert f"{k}={v}" in helptext.replace("\n", " ").replace("  ", " ") or f"{k}={v}" in config.recipe_help()
-    assert "muon-lr" in helptext and "wsd" in helptext
+        assert f"{k}={v}" in flat, k
+        if isinstance(v, bool):
+            assert config.negated_flag(k) in flat
+    assert "--arch" not in helptext and "muon-lr" in helptext and "wsd" in helptext
+    assert config.negated_flag("no_bias") == "--bias" and config.negated_flag("qk_norm") == "--no-qk-norm"
+
+
+def test_metrics_header_shows_the_recipe_values(tmp_path):
+    """The run's metrics.jsonl header: every value the recipe sets, and the ones a flag overrode."""
+    import json
+    from gpt2core import config, train
+    from gpt2core.data import shakespeare
+    data = shakespeare.ensure(tmp_path / "data")
+    n = _C.get_num_threads()
+    try:
+        train.main(["--recipe", "modern", "--preset", "tiny", "-B", "1", "-T", "16", "--steps", "1", "--val-every",
+                    "0", "--threads", "1", "--sample-tokens", "0", "--no-qk-norm", "--lr", "1e-3", "--data-dir",
+                    str(data), "--output-dir", str(tmp_path / "out")])
+    finally:
+        _C.set_num_threads(n)
+    head = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])["run"]
+    assert head["recipe"] == "modern" and head["recipe_values"] == config.RECIPES["modern"]
+    assert head["recipe_overridden"] == ["lr", "qk_norm"]
+    assert head["config"]["qk_norm"] is False and head["config"]["lr"] == 1e-3
+    assert head["model"]["qk_norm"] is False and head["model"]["position"] == "rope"
+    assert head["model"]["tie_embeddings"] is False and head["model"]["logit_softcap"] == 15.0

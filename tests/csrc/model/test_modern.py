@@ -303,14 +303,16 @@ def test_rope_op_against_numpy_with_a_position_offset(hs, T, t0):
         _C.rope(rng.standard_normal((1, 2, 3 * 15)), 3)
 
 
-def test_kv_cache_inference_refuses_the_modern_architecture_and_generate_falls_back():
-    """The KV-cache loop runs GPT-2's ops: it refuses a modern model by name, and generate() then samples from the
-    full forward's (soft-capped) logits; a GPT-2 model still has the KV cache."""
+def test_kv_cache_inference_runs_the_modern_architecture():
+    """GPT2Config.modern (as its init makes it: zero-initialised projections) runs generate through the KV cache,
+    with the ids of the uncached path (the full forward's soft-capped logits, sampled on the host). The KV path's
+    logits against the full forward and the numpy oracle, field by field: tests/python/test_inference.py."""
+    from gpt2core import inference
     cfg = GPT2Config.modern(2, 32, n_head=2, block_size=16, vocab_size=V, padded_vocab_size=VP)
     m = GPT2(cfg, seed=0)
-    assert not m._m.kv_supported and GPT2(GPT2Config(block_size=16, n_layer=1, n_head=2, n_embd=32), seed=0)._m.kv_supported
-    with pytest.raises(ValueError, match="KV-cache inference runs the GPT-2 architecture only"):
-        m._m.kv_reserve(1, 8)
+    assert m._m.kv_supported and m._inference_engine(1, 16).__class__ is inference.KVEngine
     x = np.array([[1, 2, 3]], dtype=np.int32)
     a, b = m.generate(x, 5, seed=3), m.generate(x, 5, seed=3)
     assert a.shape == (1, 8) and np.array_equal(a, b) and (a < V).all()
+    m._inference_engine = lambda n, t: inference.ForwardEngine(m, n, t)
+    np.testing.assert_array_equal(m.generate(x, 5, seed=3), a)
