@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "cpu/backend_cpu.h"
 #include "model/backend.h"
@@ -29,6 +30,14 @@ inline int cuda_capability(int index) { return cuda_status().empty() ? cuda_plug
 
 // Name of CUDA device `index` ("" without one).
 inline std::string cuda_device_name(int index) { return cuda_status().empty() ? cuda_plugin()->device_name(index) : ""; }
+
+// (free, total) bytes of CUDA device `index`'s memory; throws std::runtime_error without a usable one.
+inline std::pair<size_t, size_t> cuda_mem_info(int index) {
+  if (const std::string why = cuda_status(); !why.empty()) throw std::runtime_error(why);
+  size_t free_b = 0, total_b = 0;
+  cuda_plugin()->mem_info(index, &free_b, &total_b);
+  return {free_b, total_b};
+}
 
 // Throws std::invalid_argument for a device this build does not have (or a dtype or option it does not support),
 // std::runtime_error when the device exists in the build but not on this machine.

@@ -652,6 +652,13 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
         "Compute capability of CUDA device `index` as major*10+minor (80 = A100, 90 = H100); -1 without one.");
   m.def("cuda_device_name", [](int index) { return cuda_status().empty() ? gpt2::cuda_device_name(index) : ""; },
         py::arg("index") = 0, "Name of CUDA device `index` as the driver reports it; '' without one.");
+  m.def("cuda_mem_info",
+        [](int index) {
+          if (const std::string why = cuda_status(); !why.empty()) throw std::runtime_error(why);
+          return gpt2::cuda_mem_info(index);
+        },
+        py::arg("index") = 0,
+        "(free, total) bytes of CUDA device `index`'s memory (cudaMemGetInfo); RuntimeError without one.");
   m.def("cuda_status", &cuda_status,
         "'' when device='cuda' is usable here, otherwise why not (no CUDA backend compiled, a missing NVIDIA "
         "library, no driver, no GPU). Loads the CUDA backend (gpt2core._C_cuda) the first time.");

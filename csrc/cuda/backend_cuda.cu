@@ -862,6 +862,20 @@ void bgradb_refusals(long long* shapes, long long* fallbacks) {
   *fallbacks = bgradb_counts().fallbacks.load();
 }
 
+void device_mem_info(int device, size_t* free_bytes, size_t* total_bytes) {
+  int before = 0;
+  cudaError_t e = cudaGetDevice(&before);
+  if (e == cudaSuccess) e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaMemGetInfo(free_bytes, total_bytes);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    (void)cudaSetDevice(before);
+    throw std::runtime_error("cuda:" + std::to_string(device) + ": cannot read its free memory: " +
+                             cudaGetErrorString(e));
+  }
+  (void)cudaSetDevice(before);
+}
+
 std::unique_ptr<Backend<float>> make_backend(const std::string& device, const BackendOptions& options) {
   return std::make_unique<CudaBackend<float>>(parse_device_index(device), options);
 }

@@ -23,6 +23,10 @@ std::string device_name(int device);
 // said once on stderr and not asked again by that backend) and dW GEMMs whose dbias the column-sum kernels made.
 void bgradb_refusals(long long* shapes, long long* fallbacks);
 
+// Free and total bytes of the device's memory (cudaMemGetInfo with that device current; the caller's current device
+// is restored). Throws std::runtime_error for a device that does not exist.
+void device_mem_info(int device, size_t* free_bytes, size_t* total_bytes);
+
 // device: "cuda" or "cuda:<index>". Throws std::runtime_error when no usable device exists (or attention=Cudnn
 // is asked for and cuDNN's attention is not usable).
 std::unique_ptr<Backend<float>> make_backend(const std::string& device, const BackendOptions& options);

@@ -24,6 +24,7 @@ const CudaPlugin* plugin() {
       nullptr,
 #endif
       bgradb_refusals,
+      device_mem_info,
   };
   return &table;
 }

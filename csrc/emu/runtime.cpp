@@ -836,7 +836,7 @@ std::atomic<unsigned long long> g_launches{0};
 struct HostState {
   std::mutex m;
   std::unordered_map<const void*, int> max_dyn_smem;  // cudaFuncSetAttribute
-  std::set<const void*> streams;
+  std::map<const void*, int> streams;  // each stream's device
 };
 HostState& host() {
   static HostState* h = new HostState();  // never destroyed: usable from static destructors
@@ -880,7 +880,8 @@ void trace(const KernelLaunch& L) {
   char cfg[160];
   snprintf(cfg, sizeof cfg, "\"grid\": [%u, %u, %u], \"block\": [%u, %u, %u], \"smem\": %zu", L.grid.x, L.grid.y,
            L.grid.z, L.block.x, L.block.y, L.block.z, L.smem);
-  append_line(g_launch_log_path, "{\"kernel\": \"" + kernel_name(L.name) + "\", " + cfg +
+  append_line(g_launch_log_path, "{\"kernel\": \"" + kernel_name(L.name) + "\", \"device\": " +
+                                     std::to_string(api_current_device()) + ", " + cfg +
                                      ", \"args\": " + (L.int_args ? L.int_args(L.ctx) : "[]") + "}\n");
 }
 
@@ -896,10 +897,10 @@ cudaError_t api_peek_error() { return t_last_error; }
 const char* api_message_for(cudaError_t e) {
   return e != cudaSuccess && e == t_message_code && !t_last_message.empty() ? t_last_message.c_str() : nullptr;
 }
-bool api_register_stream(const void* s, bool add) {
+bool api_register_stream(const void* s, bool add, int device) {
   HostState& h = host();
   std::lock_guard<std::mutex> lock(h.m);
-  if (add) return h.streams.insert(s).second;
+  if (add) return h.streams.emplace(s, device).second;
   return h.streams.erase(s) > 0;
 }
 void api_set_max_dyn_smem(const void* func, int bytes) {
@@ -934,9 +935,18 @@ cudaError_t check_launch(const KernelLaunch& L) {
     return set_error(cudaErrorInvalidValue, buf);
   }
   const void* s = L.stream;
-  if (s != nullptr && s != cudaStreamLegacy && s != cudaStreamPerThread && !h.streams.count(s)) {
-    snprintf(buf, sizeof buf, "kernel '%s': launched on a stream that does not exist", L.name);
-    return set_error(cudaErrorInvalidResourceHandle, buf);
+  if (s != nullptr && s != cudaStreamLegacy && s != cudaStreamPerThread) {
+    const auto st = h.streams.find(s);
+    if (st == h.streams.end()) {
+      snprintf(buf, sizeof buf, "kernel '%s': launched on a stream that does not exist", L.name);
+      return set_error(cudaErrorInvalidResourceHandle, buf);
+    }
+    // CUDA: "a kernel launch will fail if it is issued to a stream that is not associated to the current device"
+    if (const int cur = api_current_device(); st->second != cur) {
+      snprintf(buf, sizeof buf, "kernel '%s': launched on a stream of device %d while device %d is current",
+               L.name, st->second, cur);
+      return set_error(cudaErrorInvalidResourceHandle, buf);
+    }
   }
   return cudaSuccess;
 }

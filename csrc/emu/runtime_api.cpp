@@ -23,6 +23,7 @@ namespace {
 struct ApiState {
   std::mutex m;
   std::unordered_map<const void*, size_t> device_allocs;
+  std::unordered_map<const void*, int> alloc_device;  // the device current when each allocation was made
   std::map<const char*, size_t> host_allocs;  // pinned memory (cudaMallocHost), by base address
   std::unordered_map<const void*, double> events;  // recorded time in ms (or -1)
   int device = 0;
@@ -38,6 +39,30 @@ double now_ms() {
 }
 
 constexpr size_t kTotalMem = size_t(80) << 30;  // pretend H100 80 GB
+
+// Test knobs: GPT2CORE_EMU_TOTAL_MEM (bytes of memory per device: cudaMemGetInfo and totalGlobalMem report it and
+// cudaMalloc refuses beyond it, for tests of what the backend does when memory is short; default 80 GiB) and
+// GPT2CORE_EMU_DEVICES (how many devices there are, 1 to 8; default 1: tests of code that keeps several GPUs apart).
+size_t total_mem() {
+  const char* v = std::getenv("GPT2CORE_EMU_TOTAL_MEM");
+  const unsigned long long n = v ? strtoull(v, nullptr, 10) : 0;
+  return n ? size_t(n) : kTotalMem;
+}
+int device_count() {
+  const char* v = std::getenv("GPT2CORE_EMU_DEVICES");
+  return v ? std::min(8, std::max(1, atoi(v))) : 1;
+}
+thread_local int t_device = 0;  // the current device, per host thread as in CUDA
+
+// Bytes allocated on `device` (caller holds s.m).
+size_t used_locked(ApiState& s, int device) {
+  size_t used = 0;
+  for (const auto& kv : s.device_allocs) {
+    const auto it = s.alloc_device.find(kv.first);
+    if ((it == s.alloc_device.end() ? 0 : it->second) == device) used += kv.second;
+  }
+  return used;
+}
 
 // 256-byte aligned like cudaMalloc, and exactly `size` bytes long so ASan reports any overflow.
 void* aligned_block(size_t size) {
@@ -91,11 +116,21 @@ cudaError_t check_memcpy(const char* call, void* dst, const void* src, size_t co
 
 }  // namespace
 
+namespace gpt2emu::detail {
+int api_current_device() { return t_device; }
+}  // namespace gpt2emu::detail
+
 extern "C" {
 
 cudaError_t cudaMalloc(void** p, size_t size) {
   if (const cudaError_t e = gpt2emu::detail::refuse_unsafe_call("cudaMalloc", kAllocates); e != cudaSuccess) return e;
   if (!p) return fail(cudaErrorInvalidValue, "cudaMalloc: null output pointer");
+  {
+    ApiState& s = st();
+    std::lock_guard<std::mutex> lock(s.m);
+    if (used_locked(s, t_device) + size > total_mem())
+      return fail(cudaErrorMemoryAllocation, "cudaMalloc: out of memory (GPT2CORE_EMU_TOTAL_MEM)");
+  }
   void* m = gpt2emu::detail::race::device_alloc(size);  // checked memory with guard zones, or
   if (!m) m = aligned_block(size);
   if (!m) return fail(cudaErrorMemoryAllocation, "cudaMalloc: out of memory");
@@ -104,6 +139,7 @@ cudaError_t cudaMalloc(void** p, size_t size) {
     ApiState& s = st();
     std::lock_guard<std::mutex> lock(s.m);
     s.device_allocs[m] = size;
+    s.alloc_device[m] = t_device;
   }
   *p = m;
   return cudaSuccess;
@@ -122,6 +158,7 @@ cudaError_t cudaFree(void* p) {
     ApiState& s = st();
     std::lock_guard<std::mutex> lock(s.m);
     if (!s.device_allocs.erase(p)) return fail(cudaErrorInvalidValue, "cudaFree: not a pointer from cudaMalloc");
+    s.alloc_device.erase(p);
   }
   if (!gpt2emu::detail::race::device_free(p)) free(p);
   return cudaSuccess;
@@ -234,15 +271,16 @@ cudaError_t cudaMemcpyFromSymbol(void* dst, const void* symbol, size_t count, si
   return cudaSuccess;
 }
 
-cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {  // of the current device
   size_t used = 0;
   {
     ApiState& s = st();
     std::lock_guard<std::mutex> lock(s.m);
-    for (const auto& kv : s.device_allocs) used += kv.second;
+    used = used_locked(s, t_device);
   }
-  if (total) *total = kTotalMem;
-  if (free_bytes) *free_bytes = used < kTotalMem ? kTotalMem - used : 0;
+  const size_t all = total_mem();
+  if (total) *total = all;
+  if (free_bytes) *free_bytes = used < all ? all - used : 0;
   return cudaSuccess;
 }
 
@@ -250,7 +288,7 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
   if (!s) return fail(cudaErrorInvalidValue, "cudaStreamCreate: null output pointer");
   *s = reinterpret_cast<cudaStream_t>(new char[1]);
-  gpt2emu::detail::api_register_stream(*s, true);
+  gpt2emu::detail::api_register_stream(*s, true, t_device);
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
@@ -374,15 +412,18 @@ const char* cudaGetErrorString(cudaError_t e) {
 
 // ---- the pretend device: an sm_90 part with H100-like limits
 cudaError_t cudaGetDeviceCount(int* n) {
-  *n = 1;
+  *n = device_count();
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* d) {
-  *d = 0;
+  *d = t_device;
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int d) {
-  return d == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice, "cudaSetDevice: the emulator has one device (0)");
+  if (d < 0 || d >= device_count())
+    return fail(cudaErrorInvalidDevice, "cudaSetDevice: no such emulated device (GPT2CORE_EMU_DEVICES)");
+  t_device = d;
+  return cudaSuccess;
 }
 cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
 cudaError_t cudaRuntimeGetVersion(int* v) {
@@ -395,14 +436,15 @@ cudaError_t cudaDriverGetVersion(int* v) {
 }
 
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* p, int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties: the emulator has one device (0)");
+  if (device < 0 || device >= device_count())
+    return fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties: no such emulated device (GPT2CORE_EMU_DEVICES)");
   memset(p, 0, sizeof *p);
   // sm_90 (an H100), or the capability GPT2CORE_EMU_COMPUTE_CAPABILITY names ("75": a T4), for tests of what the
   // backend refuses or picks on older GPUs
   const char* cc = std::getenv("GPT2CORE_EMU_COMPUTE_CAPABILITY");
   const int cap = cc ? std::atoi(cc) : 90;
   snprintf(p->name, sizeof p->name, "gpt2core emulated device (sm_%d, CPU)", cap);
-  p->totalGlobalMem = kTotalMem;
+  p->totalGlobalMem = total_mem();
   p->sharedMemPerBlock = 48 * 1024;
   p->regsPerBlock = 65536;
   p->warpSize = 32;

@@ -11,7 +11,9 @@ cudaError_t api_set_error(cudaError_t e, const char* msg);  // records e as this
 cudaError_t api_take_error();                                // returns and clears the last error
 cudaError_t api_peek_error();
 const char* api_message_for(cudaError_t e);                  // detailed message of the last e, or null
-bool api_register_stream(const void* s, bool add);           // add or remove; false if unknown
+// add (made while `device` was current) or remove; false if unknown
+bool api_register_stream(const void* s, bool add, int device = 0);
+int api_current_device();  // this host thread's current device (cudaSetDevice)
 void api_set_max_dyn_smem(const void* func, int bytes);
 
 // ---- stream capture (graph.cpp). The refuse_* calls return cudaSuccess when the call may go on;

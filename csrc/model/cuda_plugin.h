@@ -16,7 +16,7 @@ typedef struct CUstream_st* cudaStream_t;
 
 namespace gpt2 {
 
-constexpr int kCudaPluginAbi = 3;  // bump whenever CudaPlugin, or a type it passes, changes
+constexpr int kCudaPluginAbi = 4;  // bump whenever CudaPlugin, or a type it passes, changes
 
 struct CudaPlugin {
   int abi;
@@ -30,6 +30,8 @@ struct CudaPlugin {
   std::unique_ptr<dist::Comm> (*make_nccl_comm)(const dist::RendezvousOptions& opts, int device, cudaStream_t stream);
   // refused bias-gradient epilogues so far in this process (cuda::bgradb_refusals)
   void (*bgradb_refusals)(long long* shapes, long long* fallbacks);
+  // free and total bytes of a device's memory (cudaMemGetInfo); throws std::runtime_error without that device
+  void (*mem_info)(int device, size_t* free_bytes, size_t* total_bytes);
 };
 
 // The table in use: nullptr until the CUDA module (or the emulated build) set it.

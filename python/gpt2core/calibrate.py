@@ -39,15 +39,22 @@ STEPS = [
     ("gemm", "GEMM timings by shape", 180),
 ]
 GPU_STEPS = [s[0] for s in STEPS if s[0] != "doctor"]
+# The model and the (B, T) of the in-process GPU steps: d12 at llm.c's step shape, and smaller shapes for the steps
+# that compare rather than time (a test sets a tiny preset to run these steps on the emulated device)
+PRESET = "d12"
+SHAPES = {"step": (64, 1024), "bgradb": (8, 256), "bitwise": (4, 256), "vs_cpu": (2, 128)}
+COUNTS = {"timing": 5, "bitwise": 3, "vs_cpu": 20}  # timed steps (after 2 warm-up ones), steps per run
 
 
-def _d12_timing(attention: str, B: int = 64, T: int = 1024, steps: int = 5) -> dict:
+def _d12_timing(attention: str, B: int | None = None, T: int | None = None, steps: int | None = None) -> dict:
     import numpy as np
 
     from gpt2core import GPT2, PRESETS, _C
     from gpt2core.perf import gpu_peak_tflops
 
-    cfg = PRESETS["d12"]
+    cfg = PRESETS[PRESET]
+    B, T = B or SHAPES["step"][0], T or SHAPES["step"][1]
+    steps = steps or COUNTS["timing"]
     m = GPT2(cfg, device="cuda", seed=0, attention=attention)
     x = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, T), dtype=np.int32)
     parts = {"forward": [], "backward": [], "optimizer": []}
@@ -100,7 +107,7 @@ def step_d12_step() -> dict:
 def step_bgradb() -> dict:
     import gpt2core
 
-    _d12_timing("auto", B=8, T=256, steps=1)
+    _d12_timing("auto", *SHAPES["bgradb"], steps=1)
     info = gpt2core.build_info()
     return {"accepted": info["bgradb_refused_shapes"] == 0, "refused_shapes": info["bgradb_refused_shapes"],
             "fallbacks": info["bgradb_fallbacks"]}
@@ -111,9 +118,9 @@ def _run_bits(deterministic: bool) -> bytes:
 
     from gpt2core import GPT2, PRESETS
 
-    m = GPT2(PRESETS["d12"], device="cuda", seed=0, deterministic=deterministic)
-    x = np.random.default_rng(1).integers(0, 50257, (4, 256), dtype=np.int32)
-    for _ in range(3):
+    m = GPT2(PRESETS[PRESET], device="cuda", seed=0, deterministic=deterministic)
+    x = np.random.default_rng(1).integers(0, m.config.vocab_size, SHAPES["bitwise"], dtype=np.int32)
+    for _ in range(COUNTS["bitwise"]):
         m.zero_grad()
         m.forward(x, x)
         m.backward()
@@ -139,12 +146,12 @@ def step_vs_cpu() -> dict:
 
     from gpt2core import GPT2, PRESETS
 
-    x = np.random.default_rng(2).integers(0, 50257, (2, 128), dtype=np.int32)
+    x = np.random.default_rng(2).integers(0, PRESETS[PRESET].vocab_size, SHAPES["vs_cpu"], dtype=np.int32)
     losses = {}
     for device in ("cuda", "cpu"):
-        m = GPT2(PRESETS["d12"], device=device, seed=0)
+        m = GPT2(PRESETS[PRESET], device=device, seed=0)
         losses[device] = []
-        for _ in range(20):
+        for _ in range(COUNTS["vs_cpu"]):
             m.zero_grad()
             losses[device].append(float(m.forward(x, x)))
             m.backward()

@@ -341,6 +341,23 @@ class Optional(Check):
         return None if v is None else self.inner.valid(v)
 
 
+class AutoOr(Check):
+    """'auto' or `inner` (e.g. --batch-size auto | 16)."""
+
+    def __init__(self, inner: Check):
+        self.inner = inner
+        self.what = f"auto or {inner.what}"
+
+    def parse(self, text: str):
+        return "auto" if text.strip().lower() == "auto" else self.inner.parse(text)
+
+    def convert(self, value):
+        return "auto" if value == "auto" else self.inner.convert(value)
+
+    def valid(self, v) -> str | None:
+        return None if v == "auto" else self.inner.valid(v)
+
+
 # the common ones
 positive_int = Int(1)
 non_negative_int = Int(0)

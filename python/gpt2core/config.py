@@ -300,10 +300,14 @@ class TrainConfig:
     # data
     data_dir: str | None = _opt(None, "directory of token shards (*_train_*.bin, *_val_*.bin); default: the bundled "
                                       "tiny Shakespeare, prepared in <output-dir>/data", "data")
-    batch_size: int = _opt(8, "micro-batch size per process", "data", flags=["-B", "--batch-size"])
+    batch_size: int | str = _opt("auto", "micro-batch size per process, or auto: on CUDA the largest that fits the "
+                                         "GPU's free memory (measured at start), the total batch kept through "
+                                         "gradient accumulation; on the CPU 8. An explicit B that does not fit the "
+                                         "GPU is refused before the first step, naming the B that would",
+                                 "data", flags=["-B", "--batch-size"], metavar="B|auto")
     seq_len: int = _opt(128, "sequence length (<= the block size)", "data", flags=["-T", "--seq-len"])
     total_batch_tokens: int | None = _opt(None, "tokens per optimizer step; gradient accumulation makes up the "
-                                                "difference (default: B*T*world)", "data")
+                                                "difference (default: B*T*world; with -B auto 8*T*world)", "data")
     no_shuffle: bool = _opt(False, "read shards and windows sequentially", "data")
     # optimization: AdamW (decoupled weight decay on 2-D weights only) with warmup + cosine LR
     steps: int = _opt(120, "optimizer steps", "optimization")
@@ -469,7 +473,7 @@ _I, _F = cli.Int, cli.Float
 _CHECKS = {
     "preset": cli.Choice(*PRESETS), "device": cli.device,
     "block_size": _I(1, MAX_BLOCK_SIZE), "padded_vocab_size": _I(1, MAX_VOCAB),
-    "batch_size": _I(1, 1 << 24), "seq_len": _I(1, MAX_BLOCK_SIZE), "total_batch_tokens": _I(1, 1 << 40),
+    "batch_size": cli.AutoOr(_I(1, 1 << 24)), "seq_len": _I(1, MAX_BLOCK_SIZE), "total_batch_tokens": _I(1, 1 << 40),
     "steps": _I(1, 1 << 40), "lr": _F(0, lo_open=True, float32=True, what="a finite number > 0"),
     "min_lr_frac": _F(0, 1, what="a fraction in [0, 1]"), "warmup": _I(0),
     "weight_decay": _F(0, float32=True, what="a finite number >= 0"),

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _C, cli, distributed, progress, runfolder, tokenizer
+from . import _C, batchfit, cli, distributed, progress, runfolder, tokenizer
 from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints,
                          load_checkpoint, prune_checkpoints, remove_stale_temporaries, save_checkpoint)
 from .config import _CHECKS, RECIPE_SWITCHES, RECIPES, TrainConfig, negated_flag
@@ -172,6 +172,8 @@ class Trainer:
         self.ckpt_root = self.out / "checkpoints"
         self.run_record = self._claim()
         data_dir = cfg.data_dir or self._shakespeare()
+        model = self._make_model(cfg)
+        cfg = self.cfg  # with the micro-batch chosen (--batch-size auto) or checked against the GPU's memory
         B, T, W, rank = cfg.batch_size, cfg.seq_len, self.dist.world_size, self.dist.rank
         V = self.config.vocab_size  # every shard's ids are checked against it when first opened
         self.train_loader = DataLoader(data_dir, "train", B, T, rank=rank, world_size=W, shuffle=not cfg.no_shuffle,
@@ -181,13 +183,6 @@ class Trainer:
         self.progress = self.dist.is_master and not cfg.no_progress
         self.hellaswag = (hellaswag.load(cfg.hellaswag_path, cfg.hellaswag_limit, progress=self.progress)
                           if cfg.hellaswag_every else None)
-        self._check_weights_fit()
-        model = GPT2(self.config, device=self.device, seed=cfg.seed, precision=cfg.precision, attention=cfg.attention,
-                     matmul_tuning=cfg.matmul_tuning, deterministic=not cfg.no_deterministic,
-                     loss_scaling=cfg.loss_scaling_on,
-                     loss_scale_init=cfg.loss_scale_init, loss_scale_interval=cfg.loss_scale_interval)
-        model.recompute_gelu = cfg.recompute_gelu
-        model.cuda_graphs = cfg.cuda_graphs
         self._check_plan(model)
         self.flops_per_token = self.config.flops_per_token(T)
         self.start_step = 0
@@ -260,12 +255,63 @@ class Trainer:
         if T > self.config.block_size:
             raise ArgError(f"-T {T} exceeds the block size {self.config.block_size} of preset {cfg.preset} (raise it "
                            "with --block-size)")
+        if B == "auto":  # B is chosen in _setup (batchfit): the total batch does not depend on it
+            total = cfg.total_batch_tokens or batchfit.DEFAULT_BATCH * T * W
+            try:
+                batchfit.sequences_per_step(total, T, W)
+            except ValueError as e:
+                raise ArgError(str(e)) from None
+            return 0, total
         tokens_per_micro = B * T * W
         total = cfg.total_batch_tokens or tokens_per_micro
         if total % tokens_per_micro:
             raise ArgError(f"--total-batch-tokens {total} is not a multiple of B*T*world_size = {B}*{T}*{W} = "
                            f"{tokens_per_micro}")
         return total // tokens_per_micro, total
+
+    def _make_model(self, cfg: TrainConfig):
+        """The GPT2 of this run, and the micro-batch settled: --batch-size auto chosen (batchfit: on CUDA the
+        largest that fits the GPU's free memory, measured; on the CPU the default), an explicit B on CUDA checked
+        against that memory (ArgError naming the B that fits), before the first step. self.cfg then holds B."""
+        self._check_weights_fit()
+        cuda = self.device != "cpu"
+        free_before = _C.cuda_mem_info(self._cuda_index())[0] if cuda else 0
+        try:
+            model = GPT2(self.config, device=self.device, seed=cfg.seed, precision=cfg.precision,
+                         attention=cfg.attention, matmul_tuning=cfg.matmul_tuning,
+                         deterministic=not cfg.no_deterministic, loss_scaling=cfg.loss_scaling_on,
+                         loss_scale_init=cfg.loss_scale_init, loss_scale_interval=cfg.loss_scale_interval)
+        except RuntimeError as e:
+            if not cuda or "out of memory" not in str(e):
+                raise
+            raise ArgError(f"--preset {cfg.preset} does not fit {self.device}: its weights, gradients and optimizer "
+                           f"state need more than the {batchfit.mib(free_before)} free ({e}); choose a smaller "
+                           "--preset") from None
+        model.recompute_gelu = cfg.recompute_gelu
+        model.cuda_graphs = cfg.cuda_graphs
+        T, W = cfg.seq_len, self.dist.world_size
+        seqs = self.total // (T * W)
+        B = cfg.batch_size
+        if cuda:
+            B, mem = batchfit.plan(model, B, T, W, self.total, self.config.vocab_size,
+                                   lambda: _C.cuda_mem_info(self._cuda_index())[0], free_before, self.device)
+            if cfg.batch_size == "auto":
+                # every rank the same B: the smallest any rank chose (each is a divisor of seqs, so it is one too)
+                divs = batchfit.divisors_descending(seqs)
+                counts = self.over_ranks("sum", *[float(d == B) for d in divs])
+                B = min(d for d, c in zip(divs, counts) if c > 0)
+                self.log(f"--batch-size auto: B={B} (needs {batchfit.mib(mem.need(B))} of the "
+                         f"{batchfit.mib(free_before)} free on {self.device}; measured margin "
+                         f"{batchfit.mib(mem.margin1)} + {batchfit.mib(mem.margin_per_seq)}/sequence)")
+        elif B == "auto":
+            B = batchfit.cpu_auto(seqs)
+        if cfg.batch_size == "auto":
+            self.cfg = dataclasses.replace(cfg, batch_size=B)
+            self.grad_accum = seqs // B
+        return model
+
+    def _cuda_index(self) -> int:
+        return int(self.device.partition(":")[2] or 0)
 
     def _shakespeare(self) -> Path:
         """The bundled tiny Shakespeare as shards in <output-dir>/data: one rank prepares them, the others wait."""

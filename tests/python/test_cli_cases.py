@@ -83,7 +83,7 @@ CASES = [
                                                          "most is 1,048,576)"),
     ("train", lambda f: ["--padded-vocab-size", "100"], 2, "--padded-vocab-size 100 with --preset s4: "
                                                            "padded_vocab_size (100) must be >= vocab_size (50257)"),
-    ("train", lambda f: ["-B", "1000000000"], 2, "--batch-size must be a positive integer, got 1000000000 (the most "
+    ("train", lambda f: ["-B", "1000000000"], 2, "--batch-size must be auto or a positive integer, got 1000000000 (the most "
                                                  "is 16,777,216)"),
     ("train", lambda f: ["--seed", "-1"], 2, "--seed must be an integer >= 0, got -1"),
     ("train", lambda f: ["--steps", "abc"], 2, "argument --steps: must be a positive integer, got 'abc'"),

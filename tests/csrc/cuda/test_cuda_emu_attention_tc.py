@@ -21,6 +21,8 @@ bits, round to nearest even, relative error <= u; see test_cuda_emu_bf16_attenti
 - 1e-5 max|ref|: the fp32 arithmetic before the rounding (~n 2^-24 for n <= 1024 terms), which also covers fp16's
   subnormal P below 2^-14 (absolute error <= 2^-25 per term).
 lse is checked at fp32: |got - ref| <= 1e-5 (1 + |ref|).
+The same outputs must also pass the GPU test's bound (attention_bound.py: derived from the precision for any
+accumulation order, without the 1e-5 headroom): out_gpu_bound and dqkv_gpu_bound in the ratios.
 """
 import hashlib
 import json
@@ -32,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import attention_bound
 from test_cuda_emu import BUILD, emu  # noqa: F401  (emu: the fixture that builds and imports gpt2core_cuda_emu)
 from test_cuda_emu_bf16_attention import check_under_schedules, reference, round_bf16
 
@@ -104,8 +107,14 @@ def run_cases(module_dir, dtype):
         ref_out, ref_dq, pv_abs, grad_abs = reference(qkv, dout, dqkv, NH, True, out)
         ref_lse = lse_reference(qkv, NH)
         lse_err = np.max(np.abs(lse - ref_lse) / (1e-5 * (1 + np.abs(ref_lse)))) if np.all(np.isfinite(lse)) else np.inf
+        fwd_bound, bwd_bound, lse_bound = attention_bound.bounds(qkv, dout, dqkv, out, NH, dtype)
         errors[name] = {"out": error_ratio(out, ref_out, UNIT[dtype], pv_abs),
-                        "dqkv": error_ratio(dq, ref_dq, UNIT[dtype], grad_abs), "lse": float(lse_err)}
+                        "dqkv": error_ratio(dq, ref_dq, UNIT[dtype], grad_abs), "lse": float(lse_err),
+                        # the GPU test's bound (attention_bound.py: from the precision, any accumulation order)
+                        "out_gpu_bound": attention_bound.ratio(out, ref_out, fwd_bound, dtype),
+                        "dqkv_gpu_bound": attention_bound.ratio(dq, ref_dq, bwd_bound, dtype),
+                        "lse_gpu_bound": float(np.max(np.abs(lse - ref_lse) / lse_bound))
+                        if np.all(np.isfinite(lse)) else float("inf")}
         for a in (out_b, lse, dq_b):
             digest.update(np.ascontiguousarray(a).tobytes())
     print(json.dumps({"errors": errors, "digest": digest.hexdigest()}))

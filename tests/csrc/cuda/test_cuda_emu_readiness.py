@@ -1,5 +1,8 @@
 """GPU-readiness behaviour of the CUDA backend that the emulator can show (issue 29): a refused bias-gradient
-epilogue is remembered per shape, said once and counted; every backend entry point makes its own GPU current.
+epilogue is remembered per shape, said once and counted; every backend entry point makes its own GPU current (two
+models on two emulated devices, GPT2CORE_EMU_DEVICES=2, interleaved while "another library" switches the current
+device between calls); the GPU steps of `python -m gpt2core.doctor --calibrate` run on the emulated device at a tiny
+preset.
 Each case runs in a subprocess (the emulator's test knobs are environment variables read by the seam)."""
 import json
 import os
@@ -62,3 +65,98 @@ def test_refused_bias_gradient_epilogue_is_remembered_said_once_and_counted(emu,
     for k, want in ok["db"].items():
         scale = max(abs(v) for v in want)
         assert scale > 0 and max(abs(a - b) for a, b in zip(got["db"][k], want)) <= 1e-5 * scale, k
+
+
+# Two models on two emulated devices, one step at a time in turn, with the current device switched to the other
+# GPU before every call (as another library sharing the process might): every entry point must make its own
+# device current again, or the emulator refuses the launch on a stream of the other device (as CUDA does).
+_TWO_DEVICES = """
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import gpt2core_cuda_emu as E
+cfg = dict(max_seq_len=16, vocab_size=97, padded_vocab_size=128, n_layer=2, n_head=2, n_embd=64)
+rng = np.random.default_rng(0)
+a = E.Model(**cfg, device="cuda:0")
+b = E.Model(**cfg, device="cuda:1")
+for name, v in a.params().items():
+    v[...] = rng.standard_normal(v.shape).astype(np.float32) * 0.05
+    b.params()[name][...] = v
+for m in (a, b):
+    m.params_changed()
+idx = rng.integers(0, 97, (2, 16)).astype(np.int32)
+losses = {"a": [], "b": []}
+for step in (1, 2, 3):
+    for key, m, other in (("a", a, 1), ("b", b, 0)):
+        E.set_device(other); m.zero_grad()
+        E.set_device(other); m.forward_backward(idx, idx, 1.0)
+        E.set_device(other); losses[key].append(m.take_loss())
+        E.set_device(other); norm = m.grad_norm()
+        E.set_device(other); m.optimizer_step(lr=1e-3, step=step)
+same = all(np.array_equal(a.params()[k], b.params()[k]) for k in a.params())
+free = [E.cuda_mem_info(d)[0] for d in (0, 1)]
+# the control: an op called without making its device current (Ops calls the backend directly) is refused
+ops = E.Ops("cuda:0")
+E.set_device(1)
+try:
+    ops.relu2_forward(np.ones(8, np.float32))
+    refused = ""
+except Exception as e:
+    refused = str(e)
+print(json.dumps({"losses": losses, "same": same, "free": free, "total": E.cuda_mem_info(0)[1],
+                  "refused": refused}))
+"""
+
+
+def test_each_entry_point_makes_its_own_gpu_current(emu, tmp_path):  # noqa: F811
+    log = tmp_path / "launches.jsonl"
+    env = dict(os.environ, GPT2CORE_EMU_DEVICES="2", GPT2CORE_EMU_LAUNCH_LOG=str(log))
+    r = subprocess.run([sys.executable, "-c", _TWO_DEVICES, str(BUILD)], env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["losses"]["a"] == res["losses"]["b"] and res["same"], res["losses"]
+    assert res["losses"]["a"][2] < res["losses"]["a"][0]
+    # each model's memory is on its own device
+    assert all(f < res["total"] for f in res["free"]), res
+    # the launches of both devices are there, and the control was refused by the emulator's rule
+    devices = {json.loads(line).get("device") for line in log.read_text().splitlines() if '"kernel"' in line}
+    assert devices == {0, 1}, devices
+    assert "stream of device 0 while device 1 is current" in res["refused"], res["refused"]
+
+
+# calibrate's in-process GPU steps (d12_step, bgradb, bitwise, vs_cpu) with gpt2core's core the emulated module, at
+# the tiny preset and small shapes (the emulator cannot run d12 at B=64, T=1024 in a test's time)
+_CALIBRATE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import gpt2core_cuda_emu
+sys.modules["gpt2core._C"] = gpt2core_cuda_emu
+import gpt2core._libs
+gpt2core._libs.driver_problem = lambda: ""
+import gpt2core._cuda
+gpt2core._cuda.load = lambda: []  # the emulated plugin stays: never the real _C_cuda
+from gpt2core import calibrate
+calibrate.PRESET = "tiny"
+calibrate.SHAPES = {"step": (1, 16), "bgradb": (1, 16), "bitwise": (1, 16), "vs_cpu": (1, 16)}
+calibrate.COUNTS = {"timing": 1, "bitwise": 1, "vs_cpu": 4}
+out = {name: calibrate.run_step(name) for name in ("d12_step", "bgradb", "bitwise", "vs_cpu")}
+print(json.dumps(out, default=str))
+"""
+
+
+def test_calibrate_gpu_steps_run_on_the_emulated_device(emu):  # noqa: F811
+    r = subprocess.run([sys.executable, "-c", _CALIBRATE, str(BUILD)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    runs = res["d12_step"]["runs"]
+    assert [x["attention"] for x in runs] == ["cudnn", "flash"]
+    assert all(x["tokens_per_s"] > 0 and x["ms_per_step"] > 0 and x["precision"] == "bf16" for x in runs), runs
+    assert "H100" in res["d12_step"].get("model", "H100")  # gpu_model.py --reproduce-llmc's table, when present
+    assert res["bgradb"] == {"accepted": True, "refused_shapes": 0, "fallbacks": 0}
+    assert res["bitwise"]["deterministic=True"] is True
+    losses = res["vs_cpu"]["losses"]
+    assert len(losses["cuda"]) == len(losses["cpu"]) == 4
+    # the emulated device computes in bf16 there (the default on sm_90): within bf16's training tolerance of the CPU
+    assert res["vs_cpu"]["max_relative_difference"] < 2e-2, res["vs_cpu"]
+    assert losses["cuda"][-1] < losses["cuda"][0]

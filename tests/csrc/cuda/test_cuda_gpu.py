@@ -262,3 +262,84 @@ def test_modern_16bit_matches_float64(cls, need, tol, scale, attention):
         x.backward(grad_scale=s)
     errs = {k: normwise(m.grads()[k] / scale, ref.grads()[k]) for k in ref.grads()}
     assert max(errs.values()) <= tol["grads"], errs
+
+
+# ----------------------------------------------------------------------------- tensor-core attention, op by op
+@pytest.fixture(scope="module")
+def attention_tc_lib(tmp_path_factory):
+    """csrc/cuda/attention_tc.cuh's forward + backward (the emulator tests' entry, cuda_emu/attention_tc_ops.cu) as
+    a shared library nvcc builds for this GPU (cuda_gpu/attention_tc_gpu.cu), loaded with ctypes."""
+    import ctypes
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    nvcc = shutil.which("nvcc") or next((str(Path(b) / "bin" / "nvcc") for b in (os.environ.get("CUDA_HOME"),
+                                         "/usr/local/cuda") if b and (Path(b) / "bin" / "nvcc").exists()), None)
+    if nvcc is None:
+        pytest.skip("nvcc not found: the tensor-core attention's op test compiles its entry for this GPU")
+    cc = _C.cuda_capability(0)
+    lib = tmp_path_factory.mktemp("attention_tc") / "attention_tc_gpu.so"
+    r = subprocess.run([nvcc, "-O2", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", f"-arch=sm_{cc}",
+                        "-I", str(here.parents[2] / "csrc"), "-I", str(here), str(here / "cuda_gpu" /
+                        "attention_tc_gpu.cu"), "-o", str(lib)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    so = ctypes.CDLL(str(lib))
+    so.gpt2core_test_attention_tc.restype = ctypes.c_int
+    return so
+
+
+def _attention_tc_gpu(so, f16, qkv_b, dout_b, dqkv_b, NH, misalign, accumulate):
+    import ctypes
+    Bq, T, C3 = qkv_b.shape
+    C = C3 // 3
+    out = np.zeros((Bq, T, C), np.uint16)
+    lse = np.zeros((Bq, NH, T), np.float32)
+    dq = np.ascontiguousarray(dqkv_b, np.uint16).copy()
+    err = ctypes.create_string_buffer(512)
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    rc = so.gpt2core_test_attention_tc(int(f16), ptr(out), ptr(lse), ptr(dq), ptr(np.ascontiguousarray(qkv_b)),
+                                       ptr(np.ascontiguousarray(dout_b)), Bq, T, C, NH, int(misalign),
+                                       int(accumulate), err, 512)
+    assert rc == 0, err.value.decode()
+    return out, lse, dq
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_tensor_core_attention_within_the_precision_bound(attention_tc_lib, dtype):
+    """The tensor-core attention's forward and backward on this GPU, every case of the emulator test
+    (test_cuda_emu_attention_tc.CASES: odd T, hs 10..128, misaligned, accumulate and write), against float64 over
+    the rounded inputs, within the bound DERIVED FROM THE PRECISION (attention_bound.py's docstring: the storage
+    type's unit roundoff u for every rounding to 16 bits, plus gamma(n) = n u_a / (1 - n u_a), u_a = 2^-23, for the
+    fp32 accumulation of n = T + hs + 4 terms in any order with truncating rounding, and 2^-22 per exp2
+    approximation). It replaces the emulator bound's 1e-5 max|ref| headroom, which was measured for the emulator's
+    order of accumulation and would be flaky with the GPU's unspecified one. Two runs must agree bit for bit (no
+    atomics), and every output was poisoned before the kernels ran."""
+    import attention_bound
+    from test_cuda_emu_attention_tc import B as BB, CASES, from_bits, lse_reference, to_bits
+    from test_cuda_emu_bf16_attention import reference
+
+    cc = _C.cuda_capability(0)
+    if cc < 75 or (dtype == "bf16" and cc < 80):
+        pytest.skip(f"{dtype} tensor-core attention needs sm_{80 if dtype == 'bf16' else 75}+")
+    rng = np.random.default_rng(14)
+    worst = {}
+    for name, C, NH, T, misalign, accumulate in CASES:
+        if cc < 80 and C // NH != 64:
+            continue  # below sm_80 the tensor-core kernels take HS = 64 only (attention_tc_fits)
+        qkv_b, qkv = to_bits(rng.standard_normal((BB, T, 3 * C)), dtype)
+        dout_b, dout = to_bits(rng.standard_normal((BB, T, C)), dtype)
+        dqkv_b, dqkv = to_bits(rng.standard_normal((BB, T, 3 * C)) if accumulate else np.zeros((BB, T, 3 * C)), dtype)
+        runs = [_attention_tc_gpu(attention_tc_lib, dtype == "f16", qkv_b, dout_b, dqkv_b, NH, misalign, accumulate)
+                for _ in range(2)]
+        assert all(np.array_equal(a, b) for a, b in zip(*runs)), f"{name}: two runs differ"
+        out_b, lse, dq_b = runs[0]
+        out, dq = from_bits(out_b, dtype), from_bits(dq_b, dtype)
+        ref_out, ref_dq, _, _ = reference(qkv, dout, dqkv, NH, True, out)
+        fwd, bwd, lse_bound = attention_bound.bounds(qkv, dout, dqkv, out, NH, dtype)
+        ref_lse = lse_reference(qkv, NH)
+        worst[name] = (attention_bound.ratio(out, ref_out, fwd, dtype), attention_bound.ratio(dq, ref_dq, bwd, dtype),
+                       float(np.max(np.abs(lse - ref_lse) / lse_bound)) if np.all(np.isfinite(lse)) else np.inf)
+    assert worst and all(max(v) <= 1.0 for v in worst.values()), worst

@@ -20,6 +20,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include "backends.h"
 #include "cuda/seams.h"
 
@@ -713,6 +715,19 @@ void bind_cuda_emu_ops(py::module_& m) {
   m.def("set_schedule", [](const std::string& s) { gpt2emu::set_schedule(s.c_str()); },
         "Emulator schedule for later launches: fwd, rev, random:<seed>, low, high or ahead:<seed>.");
   m.def("launch_count", []() { return gpt2emu::launch_count(); });
+  // The calling thread's current device, as another library sharing the process would set it (tests of make_current:
+  // every backend entry point makes its own GPU current again).
+  m.def("set_device", [](int d) {
+    if (cudaSetDevice(d) != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw std::invalid_argument("set_device: no emulated device " + std::to_string(d));
+    }
+  });
+  m.def("get_device", []() {
+    int d = -1;
+    (void)cudaGetDevice(&d);
+    return d;
+  });
   m.def("memory_checker_enabled", []() { return gpt2emu::memory_checker_enabled(); },
         "Whether the emulator's race / bounds checker checks the kernels.");
   // The matmul seam's CPU implementation (csrc/emu/seams_cpu.cpp) on raw addresses, every MatmulParams field by
