@@ -326,19 +326,7 @@ def driver() -> str | None:
     return _loaded_path("libcuda.so.1")
 
 
-def driver_version() -> int | None:
-    """The CUDA version the driver supports (cuDriverGetVersion: 12040 = 12.4), None without a driver."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    v = ctypes.c_int()
-    try:
-        if lib.cuDriverGetVersion(ctypes.byref(v)) != 0:
-            return None
-    except AttributeError:
-        return None
-    return v.value
+driver_version = _plugins.driver_version  # the driver's CUDA version (gpt2core._plugins asks it too)
 
 
 def driver_problem() -> str:

@@ -17,6 +17,7 @@ Finding imports the plugin's _build_config only (plain Python); NVIDIA's librari
 """
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.util
 import os
@@ -83,9 +84,23 @@ def installed() -> list[tuple[int, str]]:
     return out
 
 
+def driver_version() -> int | None:
+    """The CUDA version the driver supports (cuDriverGetVersion: 12040 = 12.4), None without a driver."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    v = ctypes.c_int()
+    try:
+        if lib.cuDriverGetVersion(ctypes.byref(v)) != 0:
+            return None
+    except AttributeError:
+        return None
+    return v.value
+
+
 def _driver_major() -> int | None:
-    from . import _libs
-    v = _libs.driver_version()
+    v = driver_version()
     return None if v is None else v // 1000
 
 

@@ -156,7 +156,7 @@ def test_two_runs_on_one_folder(data, tmp_path):
     ("--weight-decay", "nan", "--weight-decay must be a finite number >= 0, got nan"),
     ("--eps", "0", "--eps must be a finite number > 0, got 0.0"),
     ("--warmup", "-3", "--warmup must be an integer >= 0, got -3"),
-    ("-B", "0", "--batch-size must be a positive integer, got 0"),
+    ("-B", "0", "--batch-size must be auto or a positive integer, got 0"),
     ("--seed", "-1", "--seed must be an integer >= 0, got -1"),
     ("--dist-timeout", "inf", "--dist-timeout must be a finite number of seconds > 0, got inf"),
     ("--outlier-z", "-1", "--outlier-z must be a finite number > 0, got -1.0"),
