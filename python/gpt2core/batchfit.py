@@ -115,9 +115,10 @@ def plan(model, B, T: int, world: int, total_tokens: int, vocab_size: int, free_
     from .errors import ArgError
 
     seqs = sequences_per_step(total_tokens, T, world)
-    fixed = sum(v for k, v in model.memory_report(1, T).items() if k not in ("activations", "total"))
+    report1 = model.memory_report(1, T)
+    fixed = sum(v for k, v in report1.items() if k not in ("activations", "total"))
     used1, used2 = measure(model, T, vocab_size, free_now, free_before)
-    r1, r2 = model.memory_report(1, T)["total"], model.memory_report(2, T)["total"]
+    r1, r2 = report1["total"], model.memory_report(2, T)["total"]
     have = f"{mib(free_before)} free on {where} before the model, {int(SAFETY * 100)}% kept back"
     if used1 is None:  # one sequence ran out of memory
         raise ArgError(f"no micro-batch fits: -B 1 -T {T} ran out of memory ({have}); lower -T or --preset, or use "
