@@ -451,9 +451,11 @@ def cuda_index_exists(index: int) -> bool:
 # ---------------------------------------------------------------------------------------------------- parsers
 class ArgumentParser(argparse.ArgumentParser):
     """argparse.ArgumentParser with the exit codes in its help (the epilog) and a --debug switch; its subparsers
-    are the same kind."""
+    are the same kind. A flag is taken only as written: no prefix of a longer flag (argparse's allow_abbrev), so
+    a flag that does not exist (`--prompt`) is refused instead of read as another (`--prompts-file`)."""
 
     def __init__(self, *args, **kw):
+        kw.setdefault("allow_abbrev", False)
         super().__init__(*args, **kw)
         self.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                           help="print the Python traceback of a failure (for bug reports)")

@@ -160,3 +160,13 @@ def test_write_error_one_line_names_path_and_space(tmp_path):
     e = write_error(OSError(errno.EFBIG, "File too large"), tmp_path / "metrics.jsonl", 100)
     assert isinstance(e, WriteError) and isinstance(e, OSError)
     assert cli.classify(e) == (1, f"{tmp_path}/metrics.jsonl: cannot write: File too large (EFBIG); it needs 100 bytes")
+
+
+def test_a_prefix_of_a_flag_is_refused_not_taken_for_it(capsys):
+    """`--prompt` is not `--prompts-file`: a flag counts only as written (allow_abbrev off), exit 2."""
+    ap = cli.ArgumentParser(prog="p")
+    ap.add_argument("--prompts-file")
+    with pytest.raises(SystemExit) as e:
+        ap.parse_args(["--prompt", "Hello"])
+    assert e.value.code == 2 and "unrecognized arguments: --prompt" in capsys.readouterr().err
+    assert ap.parse_args(["--prompts-file", "f"]).prompts_file == "f"
