@@ -144,7 +144,8 @@ def convert(model, key: str, types, converter: Path, version: str, root: Path | 
         export_hf(model, tmp)
         for t in missing:
             part = paths[t].with_suffix(".gguf.part")
-            cmd = [sys.executable, str(converter), tmp, "--outtype", t, "--outfile", str(part)]
+            cmd = [sys.executable, str(converter), tmp, "--outtype", t, "--outfile", str(part),
+                   "--model-name", f"gpt2core-{key}"]
             t0 = time.perf_counter()
             p = subprocess.run(cmd, capture_output=True, text=True)
             if p.returncode != 0 or not part.is_file():
