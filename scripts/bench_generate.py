@@ -90,6 +90,7 @@ def load_hf(model, threads: int):
     import torch
     import transformers
     torch.set_num_threads(threads)
+    transformers.utils.logging.disable_progress_bar()
     with tempfile.TemporaryDirectory(prefix="gpt2core-bench-hf-") as tmp:
         model.save_pretrained(tmp)
         hf = transformers.GPT2LMHeadModel.from_pretrained(tmp, dtype=torch.float32).eval()
