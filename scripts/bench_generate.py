@@ -65,12 +65,15 @@ def make_prompts(vocab: int, B: int, P: int) -> list[np.ndarray]:
 
 def time_core(model, prompts, new: int):
     """(prefill ms, decode tokens/s, greedy ids (B, new+1)) of the core's KV-cache path: the prompts in one
-    prefill, then `new` decode steps."""
+    prefill, then `new` decode steps (after an untimed warm-up of the same prefill and two steps)."""
     from gpt2core.inference import KVEngine
     B, P = len(prompts), len(prompts[0])
     slots = list(range(B))
     eng = KVEngine(model, B, min(model.config.block_size, P + new + 1))
     greedy = ([0.0] * B, [1] * B, [1.0] * B, [0] * B, slots, [0] * B)
+    eng.prefill(slots, prompts)  # warm-up (as the other engines get): a prefill and two decode steps, untimed
+    for _ in range(2):
+        eng.decode(slots, eng.sample(slots, *greedy))
     out = []
     t0 = time.perf_counter()
     eng.prefill(slots, prompts)
