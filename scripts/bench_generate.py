@@ -24,13 +24,13 @@ import time
 import numpy as np
 
 
-def weight_bytes_per_token(cfg, weight_bytes: int = 4) -> int:
+def weight_bytes_per_token(cfg, weight_bytes: float = 4) -> int:
     """Bytes of weights one decode step reads: per layer qkv/attproj/fc/fcproj weights and biases and two
     layernorms, the final layernorm, the head (wte, Vp x C) and one row each of wte and wpe."""
     L, C, Vp = cfg.n_layer, cfg.n_embd, cfg.padded_vocab_size
     mats = L * 12 * C * C + Vp * C
     vecs = L * (3 * C + C + 4 * C + C + 4 * C) + 2 * C + 2 * C
-    return mats * weight_bytes + vecs * 4
+    return int(mats * weight_bytes) + vecs * 4
 
 
 def read_bandwidth(cfg, reps: int = 5) -> float:
@@ -126,7 +126,7 @@ def generate_bench(args) -> dict:
         if kind != "fp32":
             model = GPT2(cfg, seed=0, device=args.device, training=False)
             model.inference_weights = kind
-        kbound = bw / weight_bytes_per_token(cfg, 4 if kind == "fp32" else 2)
+        kbound = bw / weight_bytes_per_token(cfg, {"fp32": 4, "int8": 1 + 4 / 32}.get(kind, 2))
         for P in args.prompts:
             for B in args.batches:
                 pre, tps = time_core(model, B, P, args.new_tokens)

@@ -104,11 +104,13 @@ def test_cached_logits_equal_full_forward_every_step(dtype, C, NH, arch):
 @pytest.mark.parametrize("arch", [None, MODERN], ids=arch_id)
 @pytest.mark.parametrize("dtype,C,NH,weights", [("float64", 48, 3, "fp32"), ("float32", 48, 3, "fp32"),
                                                 ("float32", 64, 4, "fp32"), ("float32", 48, 3, "bf16"),
-                                                ("float32", 64, 4, "bf16"), ("float32", 64, 4, "fp16")])
+                                                ("float32", 64, 4, "bf16"), ("float32", 64, 4, "fp16"),
+                                                ("float32", 64, 4, "int8"), ("float32", 48, 3, "int8"),
+                                                ("float64", 48, 3, "int8")])
 def test_decode_batches_up_to_nine_rows(dtype, C, NH, weights, arch):
     """Decode of 1 .. 9 sequences at once (the GEMV takes up to 8 rows, in groups of 4 against each block of weight
     rows; 9 goes to the GEMM), fp32 and 16-bit weights: every row's logits equal the full forward's of its own
-    sequence (float32 full forward on the rounded weights for 16-bit)."""
+    sequence (float32 full forward on the rounded weights for 16-bit and 8-bit)."""
     m = refm = make_model(dtype, C=C, NH=NH, arch=arch)
     if weights != "fp32":  # the inference-only model decodes; the training model (rounded weights) is the reference
         m = GPT2(refm.config, dtype=dtype, init=False, training=False)
@@ -364,3 +366,172 @@ def test_generate_cli_prompts_file_stdin_stop_and_stats(tmp_path, capsys, monkey
     assert out.startswith(one[0]) and err == ""
     with pytest.raises(SystemExit):
         gen_cli.main(["Hello", "--model", str(path), "--prompts-file", str(f)])
+
+
+# ---------------------------------------------------------------------------------------------- 8-bit weights (int8)
+def q8_reference(w):
+    """numpy's int8 quantisation of w (rows, C), float32 or float64: per block of 32 inputs of a row, scale =
+    max|w| / 127 (computed in w's type, stored as float32), q = w / scale rounded to nearest even (np.rint), clipped
+    to [-127, 127] (scale 0: q = 0); the dequantised weights q * scale in w's type."""
+    rows, C = w.shape
+    nb = -(-C // 32)
+    q = np.zeros((rows, C), np.int8)
+    s = np.zeros((rows, nb), np.float32)
+    deq = np.zeros_like(w)
+    for b in range(nb):
+        blk = w[:, 32 * b:32 * b + 32]
+        sc = (np.abs(blk).max(axis=1) / w.dtype.type(127)).astype(np.float32)
+        s[:, b] = sc
+        scw = sc.astype(w.dtype)[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = np.where(scw > 0, np.rint(blk / scw), 0)
+        qb = np.clip(v, -127, 127).astype(np.int8)
+        q[:, 32 * b:32 * b + 32] = qb
+        deq[:, 32 * b:32 * b + 32] = qb.astype(w.dtype) * scw
+    return q, s, deq
+
+
+@pytest.fixture(params=["x86-64-v3", "baseline"])
+def cpu_isa(request):
+    """Each instruction-set variant this CPU runs (AVX2 intrinsics in x86-64-v3, the portable loops in baseline)."""
+    from gpt2core import _C
+    if request.param not in _C.cpu_isas():
+        pytest.skip(f"this CPU does not run {request.param}")
+    before = _C.cpu_isa()
+    _C.set_cpu_isa(request.param)
+    yield request.param
+    _C.set_cpu_isa(before)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("C", [45, 64, 104])
+def test_quantize_q8_equals_numpy(cpu_isa, dtype, C):
+    """The backend's quantisation gives numpy's int8 values and scales exactly, and the dequantised weights bit for
+    bit: C=45 and 104 end each row with a short block, a row of zeros has scale 0, a row with one large weight
+    squeezes the rest of its block toward 0, ties (w / scale = k + 1/2) round to even."""
+    from gpt2core import _C
+    rng = np.random.default_rng(11)
+    w = (rng.standard_normal((7, C)) * 0.05).astype(dtype)
+    w[2] = 0
+    w[3, 5] = 9.0
+    w[4, :32] = np.arange(32) - 16.0  # max 16 -> scale 16/127: w / scale = 127 k / 16 (a few land on halves)
+    w[4, 1] = 127 / 2 * (16 / 127)  # exactly 63.5 scales (in float64; in float32 near it)
+    q, s, deq = _C.quantize_q8(w)
+    rq, rs, rdeq = q8_reference(w)
+    assert q.dtype == np.int8 and s.dtype == np.float32 and s.shape == (7, -(-C // 32))
+    np.testing.assert_array_equal(s, rs)
+    np.testing.assert_array_equal(q, rq)
+    np.testing.assert_array_equal(deq, rdeq)
+    assert np.all(q[2] == 0) and np.all(s[2] == 0) and np.abs(q).max() == 127
+    # round-to-nearest: each weight within half a step of its dequantised value
+    step = np.repeat(s.astype(np.float64), 32, axis=1)[:, :C]
+    assert np.all(np.abs(w.astype(np.float64) - deq) <= 0.5 * step * (1 + 1e-6) + 1e-300)
+
+
+@pytest.mark.parametrize("C,OC", [(45, 37), (64, 40), (104, 21), (768, 19)])
+def test_gemv_q8_against_float64(cpu_isa, C, OC):
+    """The 8-bit GEMV (x86-64-v3: AVX2 for C % 8 == 0, with a short last block for C=104 and odd OC's tail rows;
+    baseline / C=45: the portable loop) against float64 numpy on the dequantised weights, batches of 1 .. 9 rows,
+    with and without bias, the output NaN-poisoned before it runs. Tolerance: fp32 dot products of C terms, whose
+    rounding error is at most C * 2^-24 relative to sum |x_i w_i| (the products q * scale are exact in float64)."""
+    from gpt2core import _C
+    rng = np.random.default_rng(C + OC)
+    w = (rng.standard_normal((OC, C)) * 0.1).astype(np.float32)
+    q, s, deq = _C.quantize_q8(w)
+    bias = rng.standard_normal(OC).astype(np.float32)
+    for N in range(1, 10):
+        x = rng.standard_normal((N, C)).astype(np.float32)
+        for b in (None, bias):
+            got = _C.gemv_q8(x, q, s, b)
+            assert got.shape == (N, OC) and np.isfinite(got).all()
+            want = x.astype(np.float64) @ deq.astype(np.float64).T + (0 if b is None else b.astype(np.float64))
+            bound = C * 2.0 ** -24 * (np.abs(x.astype(np.float64)) @ np.abs(deq.astype(np.float64)).T) + \
+                2.0 ** -24 * np.abs(want)
+            assert np.all(np.abs(got - want) <= bound), float(np.max(np.abs(got - want) / bound))
+    x64 = rng.standard_normal((3, C))  # float64 models: the portable loop in float64
+    q64, s64, deq64 = _C.quantize_q8(w.astype(np.float64))
+    np.testing.assert_allclose(_C.gemv_q8(x64, q64, s64), x64 @ deq64.T, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="scales"):
+        _C.gemv_q8(x, q, s[:, :1])
+    with pytest.raises(ValueError, match="q must"):
+        _C.gemv_q8(x, q.astype(np.int16), s)
+    with pytest.raises(ValueError, match="^w must"):
+        _C.quantize_q8(np.zeros((2, 3, 4), np.float32))
+
+
+@pytest.mark.parametrize("C,NH,arch", [(64, 4, None), (48, 3, None), (64, 4, MODERN)], ids=["avx2", "portable",
+                                                                                          "modern"])
+def test_int8_weights_decode(C, NH, arch):
+    """inference_weights='int8' quantises the matrices (params too, the untied lm_head as well) as numpy does, and
+    decode reads the int8 copy: its logits equal the fp32 full forward on the dequantised weights (fp32 tolerance),
+    and stay near the fp32 model's own logits: within 4x the relative error of the quantised weights (the per-block
+    round-to-nearest leaves ~0.3-0.6% relative error per matrix; over 2 layers and the head, with the residual
+    stream carrying most of the signal, the logits move by about as much: 4x is room, an error in the scales or a
+    block read off by one moves them by ~100%)."""
+    m = make_model("float32", C=C, NH=NH, arch=arch)
+    m2 = GPT2(m.config, dtype="float32", init=False, training=False)
+    for k, v in m.params.items():
+        m2.params[k][...] = v
+    m2.params_changed()
+    before = {k: v.copy() for k, v in m2.params.items()}
+    m2.inference_weights = "int8"
+    assert m2.inference_weights == "int8"
+    mats = ["wte", "qkvw", "attprojw", "fcw", "fcprojw"] + (["lm_head"] if "lm_head" in before else [])
+    werr = 0.0
+    for k in mats:
+        w = before[k]
+        w2 = w.reshape(-1, w.shape[-1])
+        np.testing.assert_array_equal(m2.params[k].reshape(w2.shape), q8_reference(w2)[2])
+        werr = max(werr, float(np.linalg.norm(m2.params[k] - w) / np.linalg.norm(w)))
+    for k in set(before) - set(mats):  # biases, norms, wpe: as they were
+        np.testing.assert_array_equal(m2.params[k], before[k])
+    assert 1e-3 < werr < 1e-2, werr
+    rng = np.random.default_rng(4)
+    seq = list(rng.integers(0, 97, 6))
+    m2._m.kv_reserve(1, 13)
+    m2._m.kv_prefill(np.array([seq], np.int32), np.array([6], np.int32), np.array([0], np.int32))
+    worst = 0.0
+    for _ in range(6):
+        t = int(rng.integers(0, 97))
+        m2._m.kv_decode(np.array([t], np.int32), np.array([0], np.int32))
+        seq.append(t)
+        got = m2._m.kv_logits()[0]
+        assert rel(got, full_last_logits(m2, seq)) < tol("float32", arch)
+        worst = max(worst, rel(got, full_last_logits(m, seq)))
+    assert worst < 4 * werr, (worst, werr)
+    with pytest.raises(ValueError, match="inference-only"):
+        m.inference_weights = "int8"
+
+
+def test_int8_generate_end_to_end_and_bad_values(tmp_path, capsys):
+    """generate with int8 weights gives the greedy ids of the fp32 model holding the dequantised weights (same
+    weights, fp32 rounding only), streams, gpt2core-generate --weights int8 runs, and wrong values name the
+    argument."""
+    from gpt2core import generate as gen_cli
+    m = make_model("float32", C=64, NH=4, block=32)
+    path = m.save(tmp_path / "m.bin")
+    q = load_model(path, inference_weights="int8")
+    assert q.inference_weights == "int8" and not q.training
+    ref_m = load_model(path, training=True)
+    for k, v in q.params.items():
+        ref_m.params[k][...] = v
+    ref_m.params_changed()
+    prompts = [[5, 9, 2], [7], [1, 2, 3, 4, 5, 6, 7]]
+    got = q.generate(prompts, 12, top_k=1)
+    want = ref_m.generate(prompts, 12, top_k=1)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    streamed = np.array(list(q.generate(prompts, 12, top_k=1, stream=True)))
+    np.testing.assert_array_equal(streamed.T, np.array([g[-12:] for g in got]))
+    with pytest.raises(ValueError, match="inference_weights"):
+        load_model(path, inference_weights="q8")
+    with pytest.raises(ValueError, match="inference_weights"):
+        q.inference_weights = "int4"
+    tiny = GPT2("tiny", seed=3).save(tmp_path / "t.bin")
+    out = gen_cli.main(["Hello", "--model", str(tiny), "--max-new-tokens", "5", "--weights", "int8", "--seed", "1"])
+    assert out[0].startswith("Hello") and len(out[0]) > len("Hello")
+    _, err = capsys.readouterr()
+    assert "tokens/s" in err
+    with pytest.raises(SystemExit):
+        gen_cli.main(["Hello", "--model", str(tiny), "--weights", "int4"])
+    assert "--weights" in capsys.readouterr().err
