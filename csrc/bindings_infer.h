@@ -58,6 +58,9 @@ void bind_kv(Cls& cls) {
                     },
                     "Decode reads 16-bit or 8-bit weights: 0 off, 1 bf16, 2 fp16, 3 int8 (blocks of 32 with an fp32 "
                     "scale; rounds the model's matrices; inference-only models on backends that have it).")
+      .def_property("q8_int_dot", &M::q8_int_dot, &M::set_q8_int_dot,
+                    "int8 decode: True (default) quantises the GEMV inputs per block of 32 too and takes integer dot "
+                    "products (llama.cpp's Q8_0 x Q8_0); False widens the weights to fp32 against fp32 inputs.")
       .def_property_readonly("kv_slots", &M::kv_slots)
       .def_property_readonly("kv_max_len", &M::kv_max_len)
       .def("kv_pos", [](M& self, int slot) {
@@ -172,7 +175,7 @@ py::tuple quantize_q8_np(const py::handle& w_obj) {
 
 template <typename T>
 py::array_t<T> gemv_q8_np(const py::handle& x_obj, const py::handle& q_obj, const py::handle& s_obj,
-                          const py::handle& b_obj) {
+                          const py::handle& b_obj, bool int_dot) {
   auto x = float_matrix<T>(x_obj, "x");
   if (!py::isinstance<py::array>(q_obj) || !py::array_t<int8_t>::check_(q_obj))
     throw py::value_error("q must be a numpy int8 array");
@@ -196,7 +199,7 @@ py::array_t<T> gemv_q8_np(const py::handle& x_obj, const py::handle& q_obj, cons
   std::fill(out.mutable_data(), out.mutable_data() + out.size(), std::numeric_limits<T>::quiet_NaN());  // poisoned
   auto be = gpt2::cpu::make_backend<T>();
   be->matmul_forward_q8(out.mutable_data(), x.data(), q.data(), s.data(), b_obj.is_none() ? nullptr : bias.data(),
-                        int(N), int(C), int(OC));
+                        int(N), int(C), int(OC), int_dot);
   return out;
 }
 
@@ -210,11 +213,11 @@ inline void bind_q8_ops(py::module_& m) {
         "float32 (rows, ceil(C / 32)), w dequantised = q * scale), per block of 32 inputs of a row: scale = "
         "max|w| / 127, q = w / scale rounded to nearest even.");
   m.def("gemv_q8",
-        [](py::object x, py::object q, py::object s, py::object b) {
-          return py::array_t<double>::check_(x) ? py::object(gemv_q8_np<double>(x, q, s, b))
-                                                : py::object(gemv_q8_np<float>(x, q, s, b));
+        [](py::object x, py::object q, py::object s, py::object b, bool int_dot) {
+          return py::array_t<double>::check_(x) ? py::object(gemv_q8_np<double>(x, q, s, b, int_dot))
+                                                : py::object(gemv_q8_np<float>(x, q, s, b, int_dot));
         },
-        py::arg("x"), py::arg("q"), py::arg("scales"), py::arg("bias") = py::none(),
+        py::arg("x"), py::arg("q"), py::arg("scales"), py::arg("bias") = py::none(), py::arg("int_dot") = false,
         "x (N, C) @ (q * scales)^T + bias through the CPU backend's 8-bit-weight GEMV (Backend::matmul_forward_q8), "
         "the output NaN-poisoned before it runs.");
 }

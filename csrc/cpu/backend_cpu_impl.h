@@ -175,8 +175,9 @@ class CpuBackend final : public Backend<T> {
     ops::quantize_q8(q, scales, w, rows, C);
   }
   void matmul_forward_q8(T* out, const T* inp, const int8_t* q, const float* scales, const T* bias, int N, int C,
-                         int OC) override {
-    ops::gemv_forward_q8(out, inp, q, scales, bias, N, C, OC);
+                         int OC, bool int_dot) override {
+    if (int_dot) ops::gemv_forward_q8i(out, inp, q, scales, bias, N, C, OC);
+    else ops::gemv_forward_q8(out, inp, q, scales, bias, N, C, OC);
   }
   void sample_tokens(int32_t* ids, const T* logits, const SampleRow* rows, int n, int V, int Vp) override {
 #pragma omp parallel

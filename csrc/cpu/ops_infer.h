@@ -182,6 +182,44 @@ inline void gemv_rows_q8_avx2(float* out, const float* inp, const int8_t* q, con
     }
   }
 }
+
+// The integer-dot form (llama.cpp's Q8_0 x Q8_0): the input rows quantised like the weights (xq, xs: one scale
+// per block), each block's dot product exact in int32 -- |w| (u8) times x * sign(w) (i8) by maddubs into 16 pairs,
+// madd into 8 int32 lanes -- then widened to fp32 and multiplied by the two scales. 7 instructions per 32 weights
+// and input row, where dequantising takes 4 per 8. NB <= 2 input rows against 4 weight rows (8 accumulators: more
+// would spill). C % 32 == 0.
+template <int NB>
+inline void gemv_block4_q8i_avx2(float* out, const int8_t* xq, const float* xs, const int8_t* w0, const float* s0,
+                                 const float* bias, int C, int OC, int o, int nb) {
+  __m256 acc[NB][4];
+  for (int n = 0; n < NB; n++)
+    for (int r = 0; r < 4; r++) acc[n][r] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int b = 0; b < nb; b++) {
+    const int i = b * kQ8Block;
+    if (i % 64 == 0)
+      for (int r = 4; r < 8; r++)
+        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w0 + i) + size_t(r) * C), _MM_HINT_T0);
+    __m256i xv[NB];
+    float xsb[NB];
+    for (int n = 0; n < NB; n++) {
+      xv[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + size_t(n) * C + i));
+      xsb[n] = xs[size_t(n) * nb + b];
+    }
+    for (int r = 0; r < 4; r++) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + size_t(r) * C + i));
+      const __m256i aw = _mm256_sign_epi8(wv, wv);  // |w| <= 127: an unsigned byte
+      const float sw = s0[size_t(r) * nb + b];
+      for (int n = 0; n < NB; n++) {
+        // |w| * (x * sign(w)) = w * x, pairs summed in int16 (|.| <= 2 * 127 * 127 < 2^15), then in int32
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[n], wv)), ones);
+        acc[n][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sw * xsb[n]), acc[n][r]);
+      }
+    }
+  }
+  for (int n = 0; n < NB; n++)
+    for (int r = 0; r < 4; r++) out[size_t(n) * OC + o + r] = hsum256(acc[n][r]) + (bias ? bias[o + r] : 0.0f);
+}
 #endif
 
 // A weight as T: fp32 / fp64 as stored; 16-bit bits as bf16 (bf16 = true) or fp16.
@@ -292,6 +330,86 @@ void gemv_forward_q8(T* out, const T* inp, const int8_t* q, const float* scales,
     }
 #endif
     gemv_rows_q8_plain(out, inp, q, scales, bias, N, C, OC, o0, o1);
+  }
+}
+
+// Rows of activations quantised as quantize_q8 quantises weights (x itself unchanged): xq (N, C), xs (N, nb).
+template <typename T>
+inline void quantize_rows_q8(int8_t* xq, float* xs, const T* x, int N, int C) {
+  const int nb = (C + kQ8Block - 1) / kQ8Block;
+#pragma omp for collapse(2) schedule(static)
+  for (int n = 0; n < N; n++)
+    for (int b = 0; b < nb; b++) {
+      const T* xr = x + size_t(n) * C;
+      const int i0 = b * kQ8Block, i1 = std::min(C, i0 + kQ8Block);
+      T amax = 0;
+      for (int i = i0; i < i1; i++) amax = std::max(amax, T(std::abs(xr[i])));
+      const float s = float(amax / T(127));
+      xs[size_t(n) * nb + b] = s;
+      for (int i = i0; i < i1; i++) {
+        const T v = s > 0 ? std::nearbyint(xr[i] / T(s)) : T(0);
+        xq[size_t(n) * C + i] = int8_t(std::min(T(127), std::max(T(-127), v)));
+      }
+    }
+}
+
+// The portable integer-dot GEMV: per block the exact int32 sum of q_w * q_x, then acc += sum * (s_w * s_x).
+template <typename T>
+inline void gemv_rows_q8i_plain(T* out, const int8_t* xq, const float* xs, const int8_t* q, const float* scales,
+                                const T* bias, int N, int C, int OC, int o0, int o1) {
+  const int nb = (C + kQ8Block - 1) / kQ8Block;
+  for (int o = o0; o < o1; o++) {
+    const int8_t* wr = q + size_t(o) * C;
+    const float* sr = scales + size_t(o) * nb;
+    for (int n = 0; n < N; n++) {
+      const int8_t* x = xq + size_t(n) * C;
+      T acc = 0;
+      for (int b = 0; b < nb; b++) {
+        const int i0 = b * kQ8Block, i1 = std::min(C, i0 + kQ8Block);
+        int32_t si = 0;
+#pragma omp simd reduction(+ : si)
+        for (int i = i0; i < i1; i++) si += int32_t(wr[i]) * int32_t(x[i]);
+        acc += T(si) * (T(sr[b]) * T(xs[size_t(n) * nb + b]));
+      }
+      out[size_t(n) * OC + o] = acc + (bias ? bias[o] : T(0));
+    }
+  }
+}
+
+// gemv_forward with 8-bit weights and 8-bit activations (integer dot products): the input rows are quantised per
+// block first (quantize_rows_q8), then out = sum over blocks of (s_w s_x) * int32 dot + bias.
+template <typename T>
+void gemv_forward_q8i(T* out, const T* inp, const int8_t* q, const float* scales, const T* bias, int N, int C, int OC) {
+  const int nb = (C + kQ8Block - 1) / kQ8Block;
+  std::vector<int8_t> xq(size_t(N) * C);
+  std::vector<float> xs(size_t(N) * nb);
+  const int blocks = (OC + 15) / 16;
+#pragma omp parallel
+  {
+    quantize_rows_q8(xq.data(), xs.data(), inp, N, C);  // (an omp for: its barrier ends it before the GEMV)
+#pragma omp for schedule(static)
+    for (int blk = 0; blk < blocks; blk++) {
+      const int o0 = blk * 16, o1 = std::min(OC, o0 + 16);
+#if defined(GPT2CORE_CPU_AVX2)
+      if constexpr (std::is_same_v<T, float>) {
+        if (C % kQ8Block == 0 && o1 - o0 == 16) {
+          for (int o = o0; o < o1; o += 4)
+            for (int n0 = 0; n0 < N; n0 += 2) {
+              const int8_t* x = xq.data() + size_t(n0) * C;
+              const float* sx = xs.data() + size_t(n0) * nb;
+              if (N - n0 >= 2)
+                gemv_block4_q8i_avx2<2>(out + size_t(n0) * OC, x, sx, q + size_t(o) * C, scales + size_t(o) * nb,
+                                        bias, C, OC, o, nb);
+              else
+                gemv_block4_q8i_avx2<1>(out + size_t(n0) * OC, x, sx, q + size_t(o) * C, scales + size_t(o) * nb,
+                                        bias, C, OC, o, nb);
+            }
+          continue;
+        }
+      }
+#endif
+      gemv_rows_q8i_plain(out, xq.data(), xs.data(), q, scales, bias, N, C, OC, o0, o1);
+    }
   }
 }
 

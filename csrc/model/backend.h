@@ -274,7 +274,7 @@ class Backend {
   virtual void free_i8(int8_t* /*p*/) {}
   virtual void quantize_q8(int8_t* /*q*/, float* /*scales*/, T* /*w*/, long /*rows*/, int /*C*/) { no_kv(); }
   virtual void matmul_forward_q8(T* /*out*/, const T* /*inp*/, const int8_t* /*q*/, const float* /*scales*/,
-                                 const T* /*bias*/, int /*N*/, int /*C*/, int /*OC*/) {
+                                 const T* /*bias*/, int /*N*/, int /*C*/, int /*OC*/, bool /*int_dot*/) {
     no_kv();
   }
   // CUDA graphs: the ops enqueued between capture_begin() and capture_end() are recorded, not run, and

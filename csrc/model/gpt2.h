@@ -203,6 +203,10 @@ class GPT2Model {
   // (params_changed) are rounded again before the next prefill / decode.
   void set_weights16(int kind);
   int weights16() const { return w16_kind_; }
+  // int8 decode: true (default) quantises each GEMV's input rows per block too and takes integer dot products
+  // (Backend::matmul_forward_q8's int_dot); false widens the int8 weights to fp32 against the fp32 inputs.
+  bool q8_int_dot() const { return q8_int_dot_; }
+  void set_q8_int_dot(bool v) { q8_int_dot_ = v; }
   void kv_logits_to_host(M* dst) const;  // (kv_logit_rows(), Vp)
   int last_B() const { return B_; }
   int last_T() const { return T_; }
@@ -302,6 +306,7 @@ class GPT2Model {
   float* q8_scales_ = nullptr;
   size_t q8_soff_[kNumParamTensors] = {};
   size_t q8_nscales_ = 0;
+  bool q8_int_dot_ = true;
   int q8_inner(ParamTensor i) const { return i == kFcprojw ? 4 * config_.n_embd : config_.n_embd; }
   int w16_kind_ = 0;
   bool w16_stale_ = true;  // the last forward() ran through the inference path (logits/losses are kv_'s)

@@ -75,7 +75,7 @@ void GPT2Model<T>::kv_matmul(T* out, const T* inp, const T* w, const T* bias, in
       if (q8_inner(i) != C) throw std::logic_error("kv_matmul: 8-bit weights of another inner size");
       const size_t row0 = (off - offsets_[i]) / C;
       backend_->matmul_forward_q8(out, inp, q8_ + off, q8_scales_ + q8_soff_[i] + row0 * ((C + 31) / 32), bias, N, C,
-                                  OC);
+                                  OC, q8_int_dot_);
       return;
     }
     throw std::logic_error("kv_matmul: not a quantised matrix");

@@ -118,6 +118,8 @@ def test_decode_batches_up_to_nine_rows(dtype, C, NH, weights, arch):
             m.params[k][...] = v
         m.params_changed()
         m.inference_weights = weights
+        if weights == "int8":  # the GEMV that widens the int8 weights (the integer dot's inputs are rounded too)
+            m._m.q8_int_dot = False
         for k, v in m.params.items():
             refm.params[k][...] = v
         refm.params_changed()
@@ -428,29 +430,57 @@ def test_quantize_q8_equals_numpy(cpu_isa, dtype, C):
     assert np.all(np.abs(w.astype(np.float64) - deq) <= 0.5 * step * (1 + 1e-6) + 1e-300)
 
 
-@pytest.mark.parametrize("C,OC", [(45, 37), (64, 40), (104, 21), (768, 19)])
-def test_gemv_q8_against_float64(cpu_isa, C, OC):
-    """The 8-bit GEMV (x86-64-v3: AVX2 for C % 8 == 0, with a short last block for C=104 and odd OC's tail rows;
-    baseline / C=45: the portable loop) against float64 numpy on the dequantised weights, batches of 1 .. 9 rows,
-    with and without bias, the output NaN-poisoned before it runs. Tolerance: fp32 dot products of C terms, whose
-    rounding error is at most C * 2^-24 relative to sum |x_i w_i| (the products q * scale are exact in float64)."""
+@pytest.mark.parametrize("int_dot", [False, True], ids=["widen", "int_dot"])
+@pytest.mark.parametrize("C,OC", [(45, 37), (64, 40), (104, 21), (768, 19), (96, 48)])
+def test_gemv_q8_against_float64(cpu_isa, C, OC, int_dot):
+    """The 8-bit GEMVs against float64 numpy, batches of 1 .. 9 rows, with and without bias, the output NaN-poisoned
+    before they run. x86-64-v3: AVX2 (widen: C % 8 == 0, a short last block for C=104, odd OC's tail rows; int_dot:
+    C % 32 == 0 and whole blocks of 16 output rows, the rest portable); baseline / C=45: the portable loops.
+    widen: against the dequantised weights; rounding of fp32 dot products of C terms, at most C * 2^-24 relative to
+    sum |x_i w_i|. int_dot: the inputs quantised by numpy (q8_reference) too, each block's integer sum exact, then
+    fp32 scale products and a sum over the blocks: at most (blocks + 5) * 2^-24 relative to the sum of the blocks'
+    sum |q_w q_x| s_w s_x -- an input value off by one step moves the result by ~1e-3 of that, far outside."""
     from gpt2core import _C
     rng = np.random.default_rng(C + OC)
     w = (rng.standard_normal((OC, C)) * 0.1).astype(np.float32)
     q, s, deq = _C.quantize_q8(w)
     bias = rng.standard_normal(OC).astype(np.float32)
+    nb = -(-C // 32)
     for N in range(1, 10):
         x = rng.standard_normal((N, C)).astype(np.float32)
         for b in (None, bias):
-            got = _C.gemv_q8(x, q, s, b)
+            got = _C.gemv_q8(x, q, s, b, int_dot=int_dot)
             assert got.shape == (N, OC) and np.isfinite(got).all()
-            want = x.astype(np.float64) @ deq.astype(np.float64).T + (0 if b is None else b.astype(np.float64))
-            bound = C * 2.0 ** -24 * (np.abs(x.astype(np.float64)) @ np.abs(deq.astype(np.float64)).T) + \
-                2.0 ** -24 * np.abs(want)
+            b64 = 0 if b is None else b.astype(np.float64)
+            if int_dot:
+                xq, xs, _ = q8_reference(x)
+                # scale products rounded to fp32 as the kernels form them
+                sprod = (s[None, :, :] * xs[:, None, :]).astype(np.float64)  # (N, OC, nb)
+                isum = np.zeros((N, OC, nb))
+                asum = np.zeros((N, OC, nb))
+                for j in range(nb):
+                    xa, wa = xq[:, 32 * j:32 * j + 32].astype(np.int64), q[:, 32 * j:32 * j + 32].astype(np.int64)
+                    isum[:, :, j] = xa @ wa.T
+                    asum[:, :, j] = np.abs(xa) @ np.abs(wa).T
+                want = (isum * sprod).sum(axis=2) + b64
+                bound = (nb + 5) * 2.0 ** -24 * (asum * sprod).sum(axis=2) + 2.0 ** -24 * np.abs(want)
+            else:
+                want = x.astype(np.float64) @ deq.astype(np.float64).T + b64
+                bound = C * 2.0 ** -24 * (np.abs(x.astype(np.float64)) @ np.abs(deq.astype(np.float64)).T) + \
+                    2.0 ** -24 * np.abs(want)
             assert np.all(np.abs(got - want) <= bound), float(np.max(np.abs(got - want) / bound))
+            if int_dot:  # and close to the float product: the inputs' rounding, ~1/254 of each block's max
+                xf = x.astype(np.float64) @ deq.astype(np.float64).T + b64
+                assert np.abs(got - xf).max() < 0.02 * np.abs(xf).max()
     x64 = rng.standard_normal((3, C))  # float64 models: the portable loop in float64
     q64, s64, deq64 = _C.quantize_q8(w.astype(np.float64))
-    np.testing.assert_allclose(_C.gemv_q8(x64, q64, s64), x64 @ deq64.T, rtol=1e-12, atol=1e-12)
+    if int_dot:
+        xq64, xs64, _ = q8_reference(x64)
+        want64 = sum((xq64[:, 32 * j:32 * j + 32].astype(np.float64) @ q64[:, 32 * j:32 * j + 32].T.astype(np.float64)) *
+                     (xs64[:, j:j + 1].astype(np.float64) * s64[None, :, j].astype(np.float64)) for j in range(nb))
+    else:
+        want64 = x64 @ deq64.T
+    np.testing.assert_allclose(_C.gemv_q8(x64, q64, s64, int_dot=int_dot), want64, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="scales"):
         _C.gemv_q8(x, q, s[:, :1])
     with pytest.raises(ValueError, match="q must"):
@@ -489,16 +519,30 @@ def test_int8_weights_decode(C, NH, arch):
         np.testing.assert_array_equal(m2.params[k], before[k])
     assert 1e-3 < werr < 1e-2, werr
     rng = np.random.default_rng(4)
-    seq = list(rng.integers(0, 97, 6))
+    seq0 = list(rng.integers(0, 97, 6))
+    steps = [int(t) for t in rng.integers(0, 97, 6)]
     m2._m.kv_reserve(1, 13)
-    m2._m.kv_prefill(np.array([seq], np.int32), np.array([6], np.int32), np.array([0], np.int32))
-    for _ in range(6):
-        t = int(rng.integers(0, 97))
-        m2._m.kv_decode(np.array([t], np.int32), np.array([0], np.int32))
-        seq.append(t)
-        assert rel(m2._m.kv_logits()[0], full_last_logits(m2, seq)) < tol("float32", arch)
+
+    def decode(int_dot):
+        m2._m.q8_int_dot = int_dot
+        seq = list(seq0)
+        m2._m.kv_prefill(np.array([seq], np.int32), np.array([6], np.int32), np.array([0], np.int32))
+        out = []
+        for t in steps:
+            m2._m.kv_decode(np.array([t], np.int32), np.array([0], np.int32))
+            seq.append(t)
+            out.append((list(seq), m2._m.kv_logits()[0].astype(np.float64)))
+        return out
+
+    widened = decode(False)
+    for seq, lg in widened:  # the same weights as the fp32 full forward on the dequantised weights
+        assert rel(lg, full_last_logits(m2, seq)) < tol("float32", arch)
+    integer = decode(True)
+    assert m2._m.q8_int_dot
+    seq = widened[-1][0]
     want = full_last_logits(m, seq)
-    err = rel(full_last_logits(m2, seq), want)  # (the int8 model's decode logits, checked equal above)
+    err = rel(widened[-1][1], want)
+    err_int = rel(integer[-1][1], want)
     noise = []
     for _ in range(3):  # the same rounding errors, shuffled within each matrix
         mn = GPT2(m.config, dtype="float32", init=False)
@@ -507,7 +551,9 @@ def test_int8_weights_decode(C, NH, arch):
             mn.params[k][...] = v + rng.permutation(d).reshape(v.shape) if k in mats else v
         mn.params_changed()
         noise.append(rel(full_last_logits(mn, seq), want))
+    print(f"int8 logits vs fp32: weights rounded {err:.4f}, inputs too {err_int:.4f}; shuffled {noise}")
     assert err < min(2 * float(np.median(noise)), 0.15), (err, noise)
+    assert err_int < min(3 * float(np.median(noise)), 0.15), (err_int, noise)
     with pytest.raises(ValueError, match="inference-only"):
         m.inference_weights = "int8"
 
@@ -526,12 +572,17 @@ def test_int8_generate_end_to_end_and_bad_values(tmp_path, capsys):
         ref_m.params[k][...] = v
     ref_m.params_changed()
     prompts = [[5, 9, 2], [7], [1, 2, 3, 4, 5, 6, 7]]
-    got = q.generate(prompts, 12, top_k=1)
     want = ref_m.generate(prompts, 12, top_k=1)
-    for g, w in zip(got, want):
+    q._m.q8_int_dot = False  # the widening GEMV: the reference's weights, so its greedy ids
+    for g, w in zip(q.generate(prompts, 12, top_k=1), want):
         np.testing.assert_array_equal(g, w)
+    q._m.q8_int_dot = True  # the default (inputs rounded too: a near tie may go the other way; the logits are
+    got = q.generate(prompts, 12, top_k=1)  # bounded in test_int8_weights_decode)
+    assert [len(g) for g in got] == [len(w) for w in want] and all(np.all((g >= 0) & (g < 97)) for g in got)
     streamed = np.array(list(q.generate(prompts, 12, top_k=1, stream=True)))
     np.testing.assert_array_equal(streamed.T, np.array([g[-12:] for g in got]))
+    sampled = q.generate(prompts, 12, top_k=50, seed=5)
+    assert all(np.array_equal(a, b) for a, b in zip(sampled, q.generate(prompts, 12, top_k=50, seed=5)))
     with pytest.raises(ValueError, match="inference_weights"):
         load_model(path, inference_weights="q8")
     with pytest.raises(ValueError, match="inference_weights"):
