@@ -220,6 +220,33 @@ inline void gemv_block4_q8i_avx2(float* out, const int8_t* xq, const float* xs, 
   for (int n = 0; n < NB; n++)
     for (int r = 0; r < 4; r++) out[size_t(n) * OC + o + r] = hsum256(acc[n][r]) + (bias ? bias[o + r] : 0.0f);
 }
+
+// One input row (batch-1 decode): each int8 weight row read front to back (one sequential stream per thread, as
+// gemv_row1_avx2), two accumulators over alternate blocks. C % 32 == 0.
+inline void gemv_row1_q8i_avx2(float* out, const int8_t* xq, const float* xs, const int8_t* q, const float* scales,
+                               const float* bias, int C, int o0, int o1) {
+  const int nb = C / kQ8Block;
+  const __m256i ones = _mm256_set1_epi16(1);
+  auto block = [&](const int8_t* wr, const float* sr, int b, __m256 acc) {
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + b * kQ8Block));
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kQ8Block));
+    const __m256i p =
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sr[b] * xs[b]), acc);
+  };
+  for (int o = o0; o < o1; o++) {
+    const int8_t* wr = q + size_t(o) * C;
+    const float* sr = scales + size_t(o) * nb;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      a0 = block(wr, sr, b, a0);
+      a1 = block(wr, sr, b + 1, a1);
+    }
+    if (b < nb) a0 = block(wr, sr, b, a0);
+    out[o] = hsum256(_mm256_add_ps(a0, a1)) + (bias ? bias[o] : 0.0f);
+  }
+}
 #endif
 
 // A weight as T: fp32 / fp64 as stored; 16-bit bits as bf16 (bf16 = true) or fp16.
@@ -392,6 +419,10 @@ void gemv_forward_q8i(T* out, const T* inp, const int8_t* q, const float* scales
       const int o0 = blk * 16, o1 = std::min(OC, o0 + 16);
 #if defined(GPT2CORE_CPU_AVX2)
       if constexpr (std::is_same_v<T, float>) {
+        if (C % kQ8Block == 0 && N == 1) {
+          gemv_row1_q8i_avx2(out, xq.data(), xs.data(), q, scales, bias, C, o0, o1);
+          continue;
+        }
         if (C % kQ8Block == 0 && o1 - o0 == 16) {
           for (int o = o0; o < o1; o += 4)
             for (int n0 = 0; n0 < N; n0 += 2) {
