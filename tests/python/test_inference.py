@@ -491,7 +491,7 @@ def test_gemv_q8_against_float64(cpu_isa, C, OC, int_dot):
         _C.quantize_q8(np.zeros((2, 3, 4), np.float32))
 
 
-@pytest.mark.parametrize("C,NH,arch", [(64, 4, None), (48, 3, None), (64, 4, MODERN)], ids=["avx2", "portable",
+@pytest.mark.parametrize("C,NH,arch", [(64, 4, None), (48, 3, None), (64, 4, MODERN)], ids=["C64", "C48",
                                                                                           "modern"])
 def test_int8_weights_decode(C, NH, arch):
     """inference_weights='int8' quantises the matrices (params too, the untied lm_head as well) as numpy does.
