@@ -567,17 +567,18 @@ void attention_kv_forward(T* out, T* kcache, T* vcache, const T* qkv, const int3
           const int n = pos[b] + t + 1;
           T* o = out + ((size_t)b * Tq + t) * C + h * hs;
 #if defined(GPT2CORE_CPU_AVX2)
+          // decode only (one query per sequence): a prefill (Tq > 1) runs the loop below, whose in-order sums
+          // make an inference model's forward over a prompt equal to a training model's bitwise
           if constexpr (std::is_same_v<T, float>) {
-            if (hs == 64) { attend_one_avx2<8>(o, q, K, V, n, size_t(C), scale, p.data()); continue; }
-            if (hs == 128) { attend_one_avx2<16>(o, q, K, V, n, size_t(C), scale, p.data()); continue; }
-            if (hs == 32) { attend_one_avx2<4>(o, q, K, V, n, size_t(C), scale, p.data()); continue; }
+            if (Tq == 1 && hs == 64) { attend_one_avx2<8>(o, q, K, V, n, size_t(C), scale, p.data()); continue; }
+            if (Tq == 1 && hs == 128) { attend_one_avx2<16>(o, q, K, V, n, size_t(C), scale, p.data()); continue; }
+            if (Tq == 1 && hs == 32) { attend_one_avx2<4>(o, q, K, V, n, size_t(C), scale, p.data()); continue; }
           }
 #endif
           T maxv = -INFINITY;
           for (int t2 = 0; t2 < n; t2++) {
             const T* k = K + (size_t)t2 * C;
-            T s = 0;  // vectorised (summation order differs from attention_forward's in-order sum: ~1e-7 relative)
-#pragma omp simd reduction(+ : s)
+            T s = 0;  // in order, as attention_forward: an inference model's forward equals a training one's bitwise
             for (int i = 0; i < hs; i++) s += q[i] * k[i];
             s *= scale;
             p[t2] = s;
