@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompts", type=int, nargs="+", default=[8, 512], help="--generate: prompt lengths")
     gen.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="--generate: batch sizes")
     gen.add_argument("--new-tokens", type=int, default=32, help="--generate: decode steps timed")
-    gen.add_argument("--weights", nargs="+", choices=["fp32", "bf16", "fp16"], default=["fp32", "bf16"],
+    gen.add_argument("--weights", nargs="+", choices=["fp32", "bf16", "fp16", "int8"], default=["fp32", "bf16"],
                      help="--generate: the weights decode reads (16-bit: widened to fp32 in registers), each measured")
     gen.add_argument("--load", metavar="PATH", default=None,
                      help="--generate: measure this model (any file load_model reads) instead of the preset's random "

@@ -34,13 +34,13 @@ from pathlib import Path
 import numpy as np
 
 
-def weight_bytes_per_token(cfg, weight_bytes: int = 4) -> int:
+def weight_bytes_per_token(cfg, weight_bytes: float = 4) -> int:
     """Bytes of weights one decode step reads: per layer qkv/attproj/fc/fcproj weights and biases and two
     layernorms, the final layernorm, the head (wte, Vp x C) and one row each of wte and wpe."""
     L, C, Vp = cfg.n_layer, cfg.n_embd, cfg.padded_vocab_size
     mats = L * 12 * C * C + Vp * C
     vecs = L * (3 * C + C + 4 * C + C + 4 * C) + 2 * C + 2 * C
-    return mats * weight_bytes + vecs * 4
+    return int(mats * weight_bytes) + vecs * 4
 
 
 def read_bandwidth(cfg, reps: int = 5) -> float:
@@ -239,7 +239,7 @@ def generate_bench(args) -> dict:
     for kind in args.weights:
         if kind != "fp32":
             model = build(kind)
-        kbound = bw / weight_bytes_per_token(cfg, 4 if kind == "fp32" else 2)
+        kbound = bw / weight_bytes_per_token(cfg, {"fp32": 4, "int8": 1 + 4 / 32}.get(kind, 2))
         for P in args.prompts:
             for B in args.batches:
                 prompts = make_prompts(cfg.vocab_size, B, P)
@@ -275,7 +275,7 @@ def generate_bench(args) -> dict:
             print(f"{r['weights']}: batch {r['batch']} / batch 1 tokens/s at prompt {r['prompt']}: "
                   f"{r['decode_tok_s'] / b1[k]['decode_tok_s']:.1f}x")
     extra = []
-    if ggufs is not None:  # llama.cpp weights none of ours was compared with (Q8_0 until ours has 8-bit weights)
+    if ggufs is not None:  # llama.cpp weights none of ours was compared with (Q8_0 when int8 is not among --weights)
         used = {lc.OURS_TO_GGUF.get(k) for k in args.weights}
         for lt in [t for t in ggufs if t not in used]:
             for P in args.prompts:
