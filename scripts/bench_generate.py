@@ -88,19 +88,62 @@ def time_core(model, prompts, new: int):
     return 1e3 * (t1 - t0), B * new / (t2 - t1), np.stack([np.asarray(i) for i in out], axis=1)
 
 
-def load_hf(model, threads: int):
-    """(transformers' GPT2LMHeadModel of `model`'s weights through the project's HF export, torch, versions)."""
+class Isolated:
+    """An engine timed in a process of its own (spawned, one worker): torch's and llama.cpp's thread pools never
+    share a process with the core's OpenMP threads or with each other. In one process, the threads of whichever
+    engine ran last kept spinning into the next one's timing (measured: our fp32 decode 12.8 tokens/s beside
+    torch and llama.cpp in the process, 34.9 alone, minutes apart on the same quiet machine)."""
+
+    def __init__(self, init, *initargs):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=init,
+                                        initargs=initargs)
+
+    def __call__(self, fn, *args):
+        return self.pool.submit(fn, *args).result()
+
+    def close(self):
+        self.pool.shutdown()
+
+
+_HF = None  # (transformers' model, torch) in an Isolated worker
+
+
+def _hf_init(folder: str, threads: int):
+    global _HF
     import torch
     import transformers
     torch.set_num_threads(threads)
     transformers.utils.logging.disable_progress_bar()
-    with tempfile.TemporaryDirectory(prefix="gpt2core-bench-hf-") as tmp:
-        model.save_pretrained(tmp)
-        hf = transformers.GPT2LMHeadModel.from_pretrained(tmp, dtype=torch.float32).eval()
+    hf = transformers.GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32).eval()
     # greedy to the last token: no end-of-text stop (and so no min_new_tokens suppressing it), as the core runs
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
-    return hf, torch, f"transformers {transformers.__version__}, torch {torch.__version__}"
+    _HF = hf, torch
+
+
+def _hf_versions() -> str:
+    import transformers
+    hf, torch = _HF
+    return f"transformers {transformers.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads)"
+
+
+def _hf_time(prompts, new: int):
+    hf, torch = _HF
+    return time_hf(hf, torch, prompts, new)
+
+
+def load_hf(model, threads: int, folder: str):
+    """(transformers' GPT2LMHeadModel of `model`'s weights through the project's HF export, in an Isolated
+    worker, versions); raises where transformers or torch cannot be imported."""
+    model.save_pretrained(folder)
+    hf = Isolated(_hf_init, folder, threads)
+    try:
+        return hf, hf(_hf_versions)
+    except BaseException:
+        hf.close()
+        raise
 
 
 def time_hf(hf, torch, prompts, new: int):
@@ -119,6 +162,10 @@ def time_hf(hf, torch, prompts, new: int):
     if ids.shape[1] != new + 1:
         raise RuntimeError(f"transformers' generate made {ids.shape[1]} tokens, not {new + 1}")
     return 1e3 * prefill, len(prompts) * new / max(1e-9, (t2 - t1) - prefill), ids
+
+
+def _no_init():
+    pass
 
 
 def tie_gap(model, prompt, ours, theirs):
@@ -224,13 +271,15 @@ def generate_bench(args) -> dict:
     print(f"read bandwidth (GEMV over a {cfg.padded_vocab_size} x {cfg.n_embd} fp32 matrix, numpy BLAS): "
           f"{bw / 1e9:.1f} GB/s; weights read per decode step: {wbytes / 1e6:.0f} MB fp32 -> "
           f"weight-streaming bound {bound:.1f} tokens/s at batch 1")
-    hf = torch = None
+    hf = None
+    hf_dir = tempfile.TemporaryDirectory(prefix="gpt2core-bench-hf-")
     try:
-        hf, torch, versions = load_hf(base, threads)
-        print(f"Hugging Face {versions} ({torch.get_num_threads()} threads) side by side")
+        hf, versions = load_hf(base, threads, hf_dir.name)
+        print(f"Hugging Face {versions} side by side, in a process of its own")
     except Exception as e:  # not installed (or not loadable): the core's figures alone
         print(f"Hugging Face transformers not measured ({type(e).__name__}: {e})")
     ggufs = setup_llama(base, cfg, args, threads) if args.device == "cpu" else None
+    llama = Isolated(_no_init) if ggufs is not None else None
     hdr = format_header(hf is not None, ggufs is not None)
     print(hdr)
     print("-" * len(hdr))
@@ -250,7 +299,7 @@ def generate_bench(args) -> dict:
                      "decode_tok_s": tps, "bound_tok_s": kbound, "of_bound": tps / kbound if B == 1 else None}
                 if hf is not None:
                     if (P, B) not in hf_done:
-                        hf_done[P, B] = time_hf(hf, torch, prompts, new)
+                        hf_done[P, B] = hf(_hf_time, prompts, new)
                     hpre, htps, hids = hf_done[P, B]
                     r.update(hf_prefill_ms=hpre, hf_decode_tok_s=htps,
                              hf_same=min(lc.common_prefix(ids[b], hids[b]) for b in range(B)))
@@ -258,7 +307,7 @@ def generate_bench(args) -> dict:
                         gaps.append(("HF", P, tie_gap(base, prompts[0], ids[0], hids[0])))
                 lt = lc.OURS_TO_GGUF.get(kind)
                 if ggufs is not None and B == 1 and lt in ggufs:
-                    lpre, ltps, lids = lc.time_llamacpp(ggufs[lt], prompts[0], new, threads)
+                    lpre, ltps, lids = llama(lc.time_llamacpp, ggufs[lt], prompts[0], new, threads)
                     r.update(llama_type=lt, llama_prefill_ms=lpre, llama_decode_tok_s=ltps,
                              llama_same=lc.common_prefix(ids[0], lids))
                     if kind == "fp32":
@@ -280,7 +329,7 @@ def generate_bench(args) -> dict:
         for lt in [t for t in ggufs if t not in used]:
             for P in args.prompts:
                 prompts = make_prompts(cfg.vocab_size, 1, P)
-                lpre, ltps, lids = lc.time_llamacpp(ggufs[lt], prompts[0], new, threads)
+                lpre, ltps, lids = llama(lc.time_llamacpp, ggufs[lt], prompts[0], new, threads)
                 same = lc.common_prefix(fp32_ids[P], lids) if P in fp32_ids else None
                 extra.append({"llama_type": lt, "prompt": P, "llama_prefill_ms": lpre, "llama_decode_tok_s": ltps,
                               "same_as_our_fp32": same})
@@ -296,5 +345,9 @@ def generate_bench(args) -> dict:
             print(f"greedy ids, fp32, prompt {P}: {who} parts from ours at token {i + 1} of {new + 1}; there our "
                   f"logit of our token - of theirs = {d:.2e} (largest |logit| {zmax:.3g}: "
                   f"{'a near-tie' if tie else 'NOT a near-tie: a real difference'})")
+    for engine in (hf, llama):
+        if engine is not None:
+            engine.close()
+    hf_dir.cleanup()
     return {"bandwidth_GBps": bw / 1e9, "bound_tok_s": bound, "weight_bytes": wbytes, "threads": threads,
             "rows": rows, "llama_alone": extra}
