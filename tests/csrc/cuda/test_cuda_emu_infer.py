@@ -214,6 +214,62 @@ def test_cached_logits_match_cpu_at_every_step(emu, cls, tol, arch, max_len):  #
     assert max(errs) <= tol, errs
 
 
+def test_graphed_decode_is_bitwise_the_direct_run(emu):  # noqa: F811
+    """cuda_graphs on: kv_decode's step (layers and head) is run directly once per batch size, then captured, then
+    replayed, reading each step's tokens, slots and positions from device memory. Every step's logits and sampled
+    ids are bitwise those of a model running the same steps directly (a stale position or token in a replay would
+    change them), and the CPU's within 1e-5; the batch changes size (slot 1 sitting out), which takes a new graph.
+    A 256-position cache: the split-key attention and its workspace are in the graph."""
+    cfg = dict(CFG, max_seq_len=SPLIT)
+    cpu, direct = _models(emu, "Model", cfg)
+    _, graphed = _models(emu, "Model", cfg)
+    graphed.cuda_graphs = True
+    lengths, slots = np.array([7, 13, 1], np.int32), np.array([1, 0, 2], np.int32)
+    x = rng.integers(0, CFG["vocab_size"], (3, 13)).astype(np.int32)
+    for m in (cpu, direct, graphed):
+        m.kv_reserve(3, SPLIT)
+        m.kv_prefill(x, lengths, slots)
+    tok = {id(m): np.array([5, 6, 7], np.int32) for m in (cpu, direct, graphed)}
+    for step in range(12):
+        live = np.array([1, 0, 2] if step < 5 or step >= 9 else [0, 2], np.int32)
+        outs = []
+        for m in (cpu, direct, graphed):
+            t = tok[id(m)][:len(live)]
+            m.kv_decode(t, live)
+            logits = m.kv_logits()
+            ids = m.kv_sample([0.9] * len(live), [20] * len(live), [0.9] * len(live), [4] * len(live),
+                              list(live), [step] * len(live))
+            tok[id(m)] = np.concatenate([ids, ids])[:3].astype(np.int32)
+            outs.append((logits, ids))
+        assert np.array_equal(outs[1][0], outs[2][0]), step  # bitwise
+        assert np.array_equal(outs[1][1], outs[2][1]), step
+        assert normwise(outs[2][0], outs[0][0]) <= 1e-5, step
+    # batch 3 (steps 0-4): direct, captured and launched, replayed x3; batch 2 (5-8): direct, captured, replayed
+    # x2; batch 3 again (9-11): direct, captured, replayed once
+    assert graphed.graph_captures == 3 and graphed.graph_replays == 4 + 3 + 2, (
+        graphed.graph_captures, graphed.graph_replays)
+    assert direct.graph_captures == 0
+    assert graphed.cuda_graphs  # no capture failed
+
+
+def test_graphed_decode_of_a_rotary_model_runs_directly(emu):  # noqa: F811
+    """The fallback: a rotary model's decode step is not captured (rope_forward_at reads the positions on the host
+    to size its table) and runs directly, with the same logits as without graphs; graphs stay on."""
+    _, direct = _models(emu, "Model", **MODERN)
+    _, graphed = _models(emu, "Model", **MODERN)
+    graphed.cuda_graphs = True
+    x = rng.integers(0, CFG["vocab_size"], (2, 6)).astype(np.int32)
+    for m in (direct, graphed):
+        m.kv_reserve(2, 20)
+        m.kv_prefill(x, np.array([6, 3], np.int32), np.array([0, 1], np.int32))
+    for step in range(4):
+        t = rng.integers(0, CFG["vocab_size"], 2).astype(np.int32)
+        for m in (direct, graphed):
+            m.kv_decode(t, np.array([0, 1], np.int32))
+        assert np.array_equal(direct.kv_logits(), graphed.kv_logits()), step
+    assert graphed.graph_captures == 0 and graphed.graph_replays == 0 and graphed.cuda_graphs
+
+
 def test_generate_greedy_matches_cpu(emu):  # noqa: F811
     """Prefill, then greedy decode on each backend; the ids each backend samples on its own logits agree."""
     cpu, gpu = _models(emu, "Model")
