@@ -307,7 +307,7 @@ void GPT2Model<T>::kv_decode(const int32_t* tokens, const int32_t* slots, int n)
   } else {
     const auto addr = [](const void* p) { return double(reinterpret_cast<uintptr_t>(p)); };
     run_graphed(decode_graph_, {double(n), double(kv_S_), double(kv_T_), double(w16_kind_), addr(kcache_),
-                                addr(kv_mem_), addr(params_), addr(w16_)}, ops);
+                                addr(kv_mem_), addr(params_), addr(w16_), addr(q8_), double(q8_int_dot_)}, ops);
   }
   for (int i = 0; i < n; i++) kv_pos_[slots[i]]++;
   kv_rows_ = n;
