@@ -638,54 +638,86 @@ def print_assumptions(A: dict) -> None:
 # ----------------------------------------------------------------------------------------------- decode (inference)
 DECODE_ASSUMPTIONS = {
     "dram_latency_ns": 600.0,  # a dependent global load's round trip on H100 / A100 (guess from microbenchmarks)
+    "fixed_latencies": 4,      # dependent round trips every decode-attention block pays (pos / slot, q, partials)
 }
 
 
+def _infer_const(name: str) -> int:
+    """`constexpr int <name> = <int>;` of csrc/cuda/infer.cuh (the launcher's own constants)."""
+    m = re.search(r"constexpr int " + name + r"\s*=\s*(\d+)\s*;", (ROOT / "csrc" / "cuda" / "infer.cuh").read_text())
+    return int(m.group(1))
+
+
+def decode_splits(B: int, Tq: int, NH: int, maxT: int, sms: int) -> int:
+    """infer.cuh's decode_splits (the same rule, its constants read from the header)."""
+    blocks = NH * Tq * B
+    if maxT < _infer_const("kSplitMinKeys") or blocks >= _infer_const("kSplitBlocksPerSm") * sms:
+        return 1
+    want = ceil_div(_infer_const("kSplitBlocksPerSm") * sms, blocks)
+    return max(1, min(want, maxT // _infer_const("kSplitMinChunk"), _infer_const("kDecodeMaxSplits")))
+
+
 def decode_model(gpu: GPU, L: int, C: int, NH: int, V: int, params: int, ctx: int, B: int, es: int,
-                 A: dict = ASSUMPTIONS) -> dict:
+                 A: dict = ASSUMPTIONS, split: bool = True) -> dict:
     """One KV-cache decode step (csrc/cuda/infer.cuh + the model's GEMVs), MODELLED, NOT MEASURED.
 
     Bytes: every weight once (params * es; the tied head is wte) and, per layer, each sequence's K and V cache up to
     ctx (2 * B * ctx * C * es). The GEMVs (cuBLASLt, N = B rows) stream the weights at mem_eff of HBM. The decode
-    attention kernel (attention_kv_kernel) runs NH * B blocks of 4 warps; its score pass has one key row (hs * es
-    bytes) per warp in flight at a time (a warp-shuffle sum follows each key), so by Little's law a block streams
-    4 * hs * es / dram_latency, and the kernel min(mem_eff * HBM, NH * B * that)."""
+    attention runs NH * B * splits blocks of 4 warps (splits = decode_splits(B, 1, NH, maxT = ctx, SMs); 1 without
+    split: attention_kv_kernel). A warp has `rows` key rows (hs * es bytes each) in flight at a time (1 in
+    attention_kv_kernel, whose shuffle sum follows each key; kSplitKeysPerWarp in attention_kv_split_kernel), so by
+    Little's law the kernel streams min(mem_eff * HBM, blocks * 4 * rows * hs * es / dram_latency); and no block
+    finishes before its chain of dependent round trips (fixed_latencies + 2 passes x its keys per warp / rows). With a
+    split, the combine kernel adds a launch and two round trips per layer."""
     hs = C // NH
+    splits = decode_splits(B, 1, NH, ctx, gpu.sms) if split else 1
+    rows = _infer_const("kSplitKeysPerWarp") if splits > 1 else 1
+    warps = _infer_const("kDecodeBlock") // 32
+    lat = DECODE_ASSUMPTIONS["dram_latency_ns"] * 1e-9
     mem = A["mem_eff"] * gpu.hbm_gbs * 1e9
     w_bytes = params * es
     kv_layer = 2 * B * ctx * C * es
-    block_bw = 4 * hs * es / (DECODE_ASSUMPTIONS["dram_latency_ns"] * 1e-9)
-    att_bw = min(mem, NH * B * block_bw)
+    blocks = NH * B * splits
+    resident = min(blocks, gpu.sms * 2048 // (32 * warps))  # threads per SM / block threads
+    att_bw = min(mem, resident * warps * rows * hs * es / lat)
+    keys_per_warp = ceil_div(ceil_div(ctx, splits), warps)
+    chain = (DECODE_ASSUMPTIONS["fixed_latencies"] + 2 * ceil_div(keys_per_warp, rows)) * lat * ceil_div(blocks, resident)
+    combine = (2 * lat + A["launch_gap_us"] * 1e-6) if splits > 1 else 0.0
     t_w = w_bytes / mem
-    t_att = L * kv_layer / att_bw
+    t_att_layer = max(kv_layer / att_bw, chain) + combine
+    t_att = L * t_att_layer
     launches = L * 10 + 6  # kernels / library calls per step (layer: ln, qkv, kv_write, attention, proj, ...)
     t = t_w + t_att + launches * A["launch_gap_us"] * 1e-6
-    return dict(gpu=gpu.name, B=B, ctx=ctx, weight_mb=w_bytes / 1e6, kv_mb=L * kv_layer / 1e6,
-                attention_gbs=att_bw / 1e9, attention_frac=att_bw / (gpu.hbm_gbs * 1e9), t_weights_ms=t_w * 1e3,
-                t_attention_ms=t_att * 1e3, step_ms=t * 1e3, tokens_per_s=B / t,
+    return dict(gpu=gpu.name, B=B, ctx=ctx, splits=splits, weight_mb=w_bytes / 1e6, kv_mb=L * kv_layer / 1e6,
+                attention_gbs=kv_layer / t_att_layer / 1e9, attention_frac=kv_layer / t_att_layer / (gpu.hbm_gbs * 1e9),
+                t_weights_ms=t_w * 1e3, t_attention_ms=t_att * 1e3, step_ms=t * 1e3, tokens_per_s=B / t,
                 effective_gbs=(w_bytes + L * kv_layer) / t / 1e9)
 
 
 def decode_report(gpus: list[str]) -> list[dict]:
     print("== KV-cache decode step of d12 (124M), MODELLED, NOT MEASURED (no GPU): csrc/cuda/infer.cuh ==")
     print(f"assumptions: mem_eff {ASSUMPTIONS['mem_eff']}, dram_latency_ns {DECODE_ASSUMPTIONS['dram_latency_ns']}, "
-          f"launch_gap_us {ASSUMPTIONS['launch_gap_us']} (CUDA-graph replay)")
+          f"fixed_latencies {DECODE_ASSUMPTIONS['fixed_latencies']}, launch_gap_us {ASSUMPTIONS['launch_gap_us']} "
+          "(CUDA-graph replay)")
     out = []
     params = 124_475_904  # d12 with Vp = 50,304 (wte tied to the head)
     for g in gpus:
         gpu = GPUS[g]
         for es, dt in ((4, "fp32"), (2, "bf16")):
             for B, ctx in ((1, 128), (1, 1024), (8, 1024), (64, 1024)):
+                one = decode_model(gpu, 12, 768, 12, 50257, params, ctx, B, es, split=False)
                 r = decode_model(gpu, 12, 768, 12, 50257, params, ctx, B, es)
                 r["dtype"] = dt
+                r["one_block_step_ms"] = one["step_ms"]
                 out.append(r)
                 print(f"{gpu.name:16s} {dt} B={B:<3d} ctx={ctx:<5d} weights {r['weight_mb']:6.0f} MB + KV "
-                      f"{r['kv_mb']:7.1f} MB | decode attention {r['attention_gbs']:7.1f} GB/s "
+                      f"{r['kv_mb']:7.1f} MB | decode attention x{r['splits']:<2d} {r['attention_gbs']:7.1f} GB/s "
                       f"({100 * r['attention_frac']:5.1f}% of HBM) | step {r['step_ms']:6.3f} ms (weights "
-                      f"{r['t_weights_ms']:.3f}, attention {r['t_attention_ms']:.3f}) | {r['tokens_per_s']:8.0f} tokens/s, "
-                      f"{r['effective_gbs']:6.0f} GB/s overall")
-    print("The decode attention is latency-bound at small batch (NH * B blocks, one key row in flight per warp): a "
-          "split over the keys (flash-decoding: more blocks) and a lane-per-key score pass are the next steps.")
+                      f"{r['t_weights_ms']:.3f}, attention {r['t_attention_ms']:.3f}; one block per head "
+                      f"{one['step_ms']:.3f}) | {r['tokens_per_s']:8.0f} tokens/s, {r['effective_gbs']:6.0f} GB/s "
+                      "overall")
+    print("x<splits>: blocks per (head, sequence) of the split-key decode attention (decode_splits; x1: one block, "
+          "attention_kv_kernel). Short caches and full grids keep one block.")
     return out
 
 

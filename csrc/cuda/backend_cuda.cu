@@ -116,6 +116,7 @@ class CudaBackend final : public Backend<T> {
                                "; cuda:" + std::to_string(device) + " is sm_" + std::to_string(cc) +
                                (kIsBF16<K> && cc >= 70 ? ": use fp16" : ": use fp32"));
     device_ = device;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
     CUDA_CHECK(cudaStreamCreate(&stream_));  // not the legacy default stream, which cannot be captured
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&norm_work_), kNormBlocks * sizeof(double)));
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&step_dev_), sizeof(StepState)));
@@ -423,7 +424,11 @@ class CudaBackend final : public Backend<T> {
   }
   void attention_kv_forward(T* out, T* kcache, T* vcache, const T* qkv, const int32_t* slot, const int32_t* pos, int B,
                             int Tq, int C, int NH, int maxT) override {
-    cuda::attention_kv_forward(k(out), k(kcache), k(vcache), k(qkv), slot, pos, B, Tq, C, NH, maxT, stream_);
+    // split-key decode where the one-block grid leaves SMs idle (cuda::decode_splits); its partials in scratch
+    const int splits = cuda::decode_splits(B, Tq, NH, maxT, sms_);
+    float* work = splits > 1 ? scratch(cuda::decode_workspace_floats(B, Tq, C, NH, splits)) : nullptr;
+    cuda::attention_kv_forward(k(out), k(kcache), k(vcache), k(qkv), slot, pos, B, Tq, C, NH, maxT, splits, work,
+                               stream_);
   }
   void gather_rows(T* out, const T* inp, const int32_t* rows, int n, int C) override {
     cuda::gather_rows(k(out), k(inp), rows, n, C, stream_);
@@ -775,6 +780,7 @@ class CudaBackend final : public Backend<T> {
   };
 
   int device_ = 0;
+  int sms_ = 1;  // the GPU's SM count (the decode attention's split, cuda::decode_splits)
   cuda::BgradbMemo bgradb_;  // the dW shapes whose bias-gradient epilogue the library refused (before matmul_mode_)
   const cuda::MatmulMode matmul_mode_;  // BackendOptions::tf32 (fp32 models) and ::matmul_tuning, for every matmul
   const bool fused_;              // BackendOptions::fused; false: unfused residual + layernorm, matmul + GELU

@@ -6,6 +6,15 @@
 //                       0 .. pos[b]+t (decode: Tq = 1, one query per sequence, each with its own length). The work is a
 //                       GEMV over the cache (2 * n * hs values read per head for 4 * n * hs flops): memory-bound.
 //                       Scores in dynamic shared memory (maxT floats), softmax in two passes as the CPU's.
+//   attention_kv_split + attention_kv_combine (split-key decode, "flash-decoding"): when the one-block grid
+//                       (NH * Tq * B blocks) leaves SMs idle and the cache is long (decode_splits), each (head,
+//                       query, sequence) is split over `splits` blocks, block s taking its share of the positions
+//                       (ceil(n / splits) each, n = pos[b] + t + 1 read on the device, so the same launch serves every
+//                       step and length: a CUDA graph replays it). Each writes a partial (its max m_s, its sum
+//                       l_s of exp(score - m_s), its unnormalised sum of exp(score - m_s) * v) to a float workspace;
+//                       the combine merges them (log-sum-exp: M = max m_s, out = sum e^(m_s - M) o_s / sum e^(m_s
+//                       - M) l_s). A block whose share is empty writes m = -inf, l = 0. Each warp keeps
+//                       kSplitKeysPerWarp key rows in flight (their loads issued before the shuffle sums).
 //   gather_rows:        out[i,:] = inp[rows[i],:]
 //   sample:             one block per row of logits: the token model/sampling.h defines, drawn on the device; only
 //                       the ids (and a flag per row) go back to the host.
@@ -33,6 +42,17 @@ constexpr int kInferRowBlock = 256;  // encoder_forward_at, kv_write, gather_row
 constexpr int kDecodeBlock = 128;    // attention_kv: 4 warps per (head, query)
 constexpr int kDecodeWarps = kDecodeBlock / 32;
 constexpr int kDecodeMaxHs = 128;  // head sizes up to this (4 values per lane)
+// Split-key decode (decode_splits): one block per (head, query, sequence) when that grid already has
+// kSplitBlocksPerSm blocks per SM (half the warp slots of an SM at 4-warp blocks: enough loads in flight to hide the
+// DRAM latency) or the cache holds fewer than kSplitMinKeys = 2 * kSplitMinChunk positions (no two shares of
+// kSplitMinChunk: below, a split's shares are so short that the combine kernel's launch and round trips are most of
+// what it saves); otherwise about kSplitBlocksPerSm blocks per SM, each with at least kSplitMinChunk positions of a
+// full cache, at most kDecodeMaxSplits per (head, query, sequence). scripts/gpu_model.py --decode models both paths.
+constexpr int kSplitMinKeys = 128;
+constexpr int kSplitMinChunk = 64;
+constexpr int kSplitBlocksPerSm = 8;
+constexpr int kDecodeMaxSplits = 64;
+constexpr int kSplitKeysPerWarp = 4;  // key rows in flight per warp in attention_kv_split_kernel
 constexpr int kSampleBlock = 512;   // sample: one block per row of logits
 constexpr int kSampleCap = 1024;    // candidates sorted in shared memory (two per thread)
 
@@ -148,6 +168,136 @@ __global__ void __launch_bounds__(kDecodeBlock) attention_kv_kernel(floatX* __re
     float s = 0.0f;
     for (int w = 0; w < kDecodeWarps; w++) s += part[w][d];
     o[d] = store_t<floatX>(s * inv);
+  }
+}
+
+// grid (NH * splits, Tq, B): block s of head h takes positions [s * chunk, (s + 1) * chunk) of 0 .. n - 1, chunk =
+// ceil(n / splits). Warp w scores keys w * 4 .. w * 4 + 3, then w * 4 + 16 .. (kSplitKeysPerWarp rows loaded before
+// their shuffle sums), then the block's max and sum of exp, then p * v over the same keys, the warps' outputs summed.
+// Partials (B, Tq, NH, splits): part_o hs floats each (unnormalised), part_ml (max, sum of exp).
+template <class floatX>
+__global__ void __launch_bounds__(kDecodeBlock) attention_kv_split_kernel(float* __restrict__ part_o,
+                                                 float* __restrict__ part_ml,
+                                                 const floatX* __restrict__ kcache,   // (S, maxT, C)
+                                                 const floatX* __restrict__ vcache,   // (S, maxT, C)
+                                                 const floatX* __restrict__ qkv,      // (B, Tq, 3C)
+                                                 const int32_t* __restrict__ slot,    // (B)
+                                                 const int32_t* __restrict__ pos,     // (B)
+                                                 int Tq, int C, int NH, int maxT, int splits) {
+  DYNAMIC_SMEM(float, score);  // (ceil(maxT / splits)): this block's scores, then its probabilities
+  __shared__ float q[kDecodeMaxHs];
+  __shared__ float part[kDecodeWarps][kDecodeMaxHs];
+  __shared__ float wmax[kDecodeWarps], wsum[kDecodeWarps];
+  const int h = blockIdx.x / splits, s = blockIdx.x % splits, t = blockIdx.y, b = blockIdx.z;
+  const int hs = C / NH, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int n = pos[b] + t + 1;  // keys 0 .. pos[b] + t
+  const int chunk = (n + splits - 1) / splits;
+  const int k0 = min(n, s * chunk), nk = min(n, k0 + chunk) - k0;
+  const size_t row = size_t(b) * Tq + t;
+  const size_t pidx = (row * NH + h) * splits + s;
+  float* po = part_o + pidx * hs;
+  if (nk <= 0) {  // an empty share (n < splits): nothing to add
+    for (int d = threadIdx.x; d < hs; d += blockDim.x) po[d] = 0.0f;
+    if (threadIdx.x == 0) {
+      part_ml[2 * pidx] = -INFINITY;
+      part_ml[2 * pidx + 1] = 0.0f;
+    }
+    return;
+  }
+  const floatX* qp = qkv + row * 3 * C + size_t(h) * hs;
+  for (int d = threadIdx.x; d < hs; d += blockDim.x) q[d] = load_f(qp[d]);
+  __syncthreads();
+  const size_t base = (size_t(slot[b]) * maxT + k0) * C + size_t(h) * hs;
+  const float scale = 1.0f / sqrtf(float(hs));
+  constexpr int G = kSplitKeysPerWarp, stride = kDecodeWarps * kSplitKeysPerWarp;
+  float mx = -INFINITY;
+  for (int key0 = warp * G; key0 < nk; key0 += stride) {
+    float sc[G];
+#pragma unroll
+    for (int j = 0; j < G; j++) {
+      sc[j] = 0.0f;
+      if (key0 + j < nk) {
+        const floatX* kp = kcache + base + size_t(key0 + j) * C;
+#pragma unroll
+        for (int k = 0; k < kDecodeMaxHs / 32; k++)
+          if (lane + 32 * k < hs) sc[j] += q[lane + 32 * k] * load_f(kp[lane + 32 * k]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < G; j++) {
+      if (key0 + j < nk) {  // the same for the whole warp
+        const float v = warp_sum(sc[j]) * scale;
+        if (lane == 0) score[key0 + j] = v;
+        mx = fmaxf(mx, v);
+      }
+    }
+  }
+  if (lane == 0) wmax[warp] = mx;
+  __syncthreads();
+  mx = wmax[0];
+  for (int w = 1; w < kDecodeWarps; w++) mx = fmaxf(mx, wmax[w]);
+  float sum = 0.0f;
+  for (int key = threadIdx.x; key < nk; key += blockDim.x) {
+    const float p = expf(score[key] - mx);
+    score[key] = p;
+    sum += p;
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) wsum[warp] = sum;
+  __syncthreads();
+  float acc[kDecodeMaxHs / 32];
+#pragma unroll
+  for (int k = 0; k < kDecodeMaxHs / 32; k++) acc[k] = 0.0f;
+  for (int key0 = warp * G; key0 < nk; key0 += stride) {
+#pragma unroll
+    for (int j = 0; j < G; j++) {
+      if (key0 + j < nk) {
+        const floatX* vp = vcache + base + size_t(key0 + j) * C;
+        const float p = score[key0 + j];
+#pragma unroll
+        for (int k = 0; k < kDecodeMaxHs / 32; k++)
+          if (lane + 32 * k < hs) acc[k] += p * load_f(vp[lane + 32 * k]);
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kDecodeMaxHs / 32; k++)
+    if (lane + 32 * k < hs) part[warp][lane + 32 * k] = acc[k];
+  __syncthreads();
+  for (int d = threadIdx.x; d < hs; d += blockDim.x) {
+    float v = 0.0f;
+    for (int w = 0; w < kDecodeWarps; w++) v += part[w][d];
+    po[d] = v;
+  }
+  if (threadIdx.x == 0) {
+    float l = 0.0f;
+    for (int w = 0; w < kDecodeWarps; w++) l += wsum[w];
+    part_ml[2 * pidx] = mx;
+    part_ml[2 * pidx + 1] = l;
+  }
+}
+
+// grid (NH, Tq, B), thread d: out = sum_s e^(m_s - M) o_s[d] / sum_s e^(m_s - M) l_s, M = max_s m_s (finite: share 0
+// is never empty).
+template <class floatX>
+__global__ void __launch_bounds__(kDecodeBlock) attention_kv_combine_kernel(floatX* __restrict__ out,  // (B, Tq, C)
+                                                   const float* __restrict__ part_o,
+                                                   const float* __restrict__ part_ml,
+                                                   int Tq, int C, int NH, int splits) {
+  const int h = blockIdx.x, t = blockIdx.y, b = blockIdx.z;
+  const int hs = C / NH;
+  const size_t row = size_t(b) * Tq + t;
+  const size_t p0 = (row * NH + h) * splits;
+  float M = -INFINITY;
+  for (int s = 0; s < splits; s++) M = fmaxf(M, part_ml[2 * (p0 + s)]);
+  float l = 0.0f;
+  for (int s = 0; s < splits; s++) l += expf(part_ml[2 * (p0 + s)] - M) * part_ml[2 * (p0 + s) + 1];
+  const float inv = 1.0f / l;
+  floatX* o = out + row * C + size_t(h) * hs;
+  for (int d = threadIdx.x; d < hs; d += blockDim.x) {
+    float v = 0.0f;
+    for (int s = 0; s < splits; s++) v += expf(part_ml[2 * (p0 + s)] - M) * part_o[(p0 + s) * hs + d];
+    o[d] = store_t<floatX>(v * inv);
   }
 }
 
@@ -424,10 +574,32 @@ void encoder_forward_at(floatX* out, const int32_t* inp, const floatX* wte, cons
 // The largest maxT whose scores fit the default 48 KiB of dynamic shared memory.
 constexpr int kDecodeMaxT = 48 * 1024 / 4;
 
+// How many blocks share each (head, query, sequence)'s positions (1: attention_kv_kernel alone); sms: the GPU's SM
+// count. Decided from sizes the host knows (maxT, the cache's capacity, not the sequences' lengths, which are on the
+// device), so a captured decode step stays right for every later step.
+inline int decode_splits(int B, int Tq, int NH, int maxT, int sms) {
+  const long blocks = long(NH) * Tq * B;
+  if (maxT < kSplitMinKeys || blocks >= long(kSplitBlocksPerSm) * sms) return 1;
+  const long want = (long(kSplitBlocksPerSm) * sms + blocks - 1) / blocks;
+  const long most = maxT / kSplitMinChunk;
+  const long n = want < most ? want : most;
+  return int(n < 1 ? 1 : n > kDecodeMaxSplits ? kDecodeMaxSplits : n);
+}
+// The workspace of a split launch, in floats: (B, Tq, NH, splits) partials of hs + 2 floats.
+inline size_t decode_workspace_floats(int B, int Tq, int C, int NH, int splits) {
+  return splits > 1 ? size_t(B) * Tq * NH * splits * (C / NH + 2) : 0;
+}
+
+// splits: decode_splits's choice (or any 1 .. kDecodeMaxSplits); work: decode_workspace_floats of device memory
+// when splits > 1 (its contents are overwritten).
 template <class floatX>
 void attention_kv_forward(floatX* out, floatX* kcache, floatX* vcache, const floatX* qkv, const int32_t* slot,
-                          const int32_t* pos, int B, int Tq, int C, int NH, int maxT, cudaStream_t stream) {
+                          const int32_t* pos, int B, int Tq, int C, int NH, int maxT, int splits, float* work,
+                          cudaStream_t stream) {
   if (B * Tq == 0) return;
+  if (splits < 1 || splits > kDecodeMaxSplits || (splits > 1 && !work))
+    throw std::invalid_argument("CUDA attention_kv_forward: splits " + std::to_string(splits) + " (1 to " +
+                                std::to_string(kDecodeMaxSplits) + ", with a workspace above 1)");
   if (C % NH != 0 || C / NH > kDecodeMaxHs)
     throw std::invalid_argument("CUDA attention_kv_forward: head size " + std::to_string(C / NH) + " (at most " +
                                 std::to_string(kDecodeMaxHs) + ")");
@@ -436,9 +608,21 @@ void attention_kv_forward(floatX* out, floatX* kcache, floatX* vcache, const flo
                                 " positions (at most " + std::to_string(kDecodeMaxT) + ")");
   LAUNCH(kv_write_kernel<floatX>, B * Tq, kInferRowBlock, 0, stream, kcache, vcache, qkv, slot, pos, Tq, C, maxT);
   CUDA_CHECK_LAUNCH();
-  const size_t smem = size_t(maxT) * sizeof(float);
-  LAUNCH(attention_kv_kernel<floatX>, dim3(NH, Tq, B), kDecodeBlock, smem, stream, out, kcache, vcache, qkv, slot, pos,
-         Tq, C, NH, maxT);
+  if (splits == 1) {
+    const size_t smem = size_t(maxT) * sizeof(float);
+    LAUNCH(attention_kv_kernel<floatX>, dim3(NH, Tq, B), kDecodeBlock, smem, stream, out, kcache, vcache, qkv, slot,
+           pos, Tq, C, NH, maxT);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  float* part_o = work;
+  float* part_ml = work + size_t(B) * Tq * NH * splits * (C / NH);
+  const size_t smem = size_t((maxT + splits - 1) / splits) * sizeof(float);
+  LAUNCH(attention_kv_split_kernel<floatX>, dim3(NH * splits, Tq, B), kDecodeBlock, smem, stream, part_o, part_ml,
+         kcache, vcache, qkv, slot, pos, Tq, C, NH, maxT, splits);
+  CUDA_CHECK_LAUNCH();
+  LAUNCH(attention_kv_combine_kernel<floatX>, dim3(NH, Tq, B), kDecodeBlock, 0, stream, out, part_o, part_ml, Tq, C, NH,
+         splits);
   CUDA_CHECK_LAUNCH();
 }
 

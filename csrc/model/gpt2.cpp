@@ -36,6 +36,7 @@ GPT2Model<T>::~GPT2Model() {
   }
   drop_graph(step_graph_);
   drop_graph(optimizer_graph_);
+  drop_graph(decode_graph_);
   kv_release();
   backend_->free_i32(n_valid_dev_);
   backend_->free_master(loss_acc_);
@@ -496,6 +497,7 @@ void GPT2Model<T>::set_graphs(bool on) {
   if (!on) {
     drop_graph(step_graph_);
     drop_graph(optimizer_graph_);
+    drop_graph(decode_graph_);
   }
 }
 

@@ -124,6 +124,9 @@ class GPT2Model {
   // ops directly, which also sizes every scratch buffer; the second records them into a graph and launches it;
   // later calls replay it. A micro-step is then one launch instead of ~25 per layer. If a capture fails, graphs
   // turn themselves off (graphs() is then false) with a message on stderr, and the ops run directly.
+  // kv_decode's step is graphed the same way, keyed on its batch and buffers (its tokens, slots and positions are
+  // read from device memory, so one graph serves every step), except for rotary models (their table is sized on
+  // the host from the positions: they run directly).
   void set_graphs(bool on);
   bool graphs() const { return graphs_; }
   // Graphs recorded and replays of them so far (for tests and benchmarks).
@@ -335,6 +338,7 @@ class GPT2Model {
   M* loss_acc_ = nullptr;
   bool graphs_ = false;
   GraphSlot step_graph_, optimizer_graph_;  // forward_backward's and optimizer_step's
+  GraphSlot decode_graph_;                  // kv_decode's layers and head (gpt2_infer.h)
   bool loss_scaling_ = false;
   LossScaler scaler_;  // the host's copy of the backend's (as of the last optimizer step's read)
   long graph_captures_ = 0, graph_replays_ = 0;

@@ -4,6 +4,7 @@
 // every layer (nothing is kept for a backward) and attention_kv_forward in place of attention_forward.
 #pragma once
 #include <algorithm>
+#include <cstdint>
 #include <iterator>
 #include <limits>
 #include <stdexcept>
@@ -88,6 +89,7 @@ void GPT2Model<T>::kv_matmul(T* out, const T* inp, const T* w, const T* bias, in
 
 template <typename T>
 void GPT2Model<T>::kv_release() {
+  drop_graph(decode_graph_);  // it points into the buffers freed here
   if (w16_) { backend_->free_u16(w16_); w16_ = nullptr; }
   if (q8_) {
     backend_->free_i8(q8_);
@@ -118,6 +120,7 @@ void GPT2Model<T>::kv_reserve(int slots, int max_len) {
   if (!backend_->has_kv())
     throw std::logic_error(std::string("backend ") + backend_->name() + " has no KV-cache inference ops");
   if (slots <= kv_S_ && max_len <= kv_T_) return;
+  drop_graph(decode_graph_);
   slots = std::max(slots, kv_S_);
   max_len = std::max(max_len, kv_T_);
   Backend<T>& be = *backend_;
@@ -145,6 +148,7 @@ size_t GPT2Model<T>::kv_bytes() const {
 template <typename T>
 void GPT2Model<T>::kv_ensure_rows(int rows, int logit_rows) {
   if (rows <= kv_cap_ && logit_rows <= kv_logit_cap_) return;
+  drop_graph(decode_graph_);
   Backend<T>& be = *backend_;
   rows = std::max(rows, kv_cap_);
   logit_rows = std::max(logit_rows, kv_logit_cap_);
@@ -290,8 +294,21 @@ void GPT2Model<T>::kv_decode(const int32_t* tokens, const int32_t* slots, int n)
   be.to_device_i32(kv_ids_, tokens, size_t(n));
   be.to_device_i32(kv_slot_, slots, size_t(n));
   be.to_device_i32(kv_posd_, pos.data(), size_t(n));
-  kv_layers(n, 1);
-  kv_head(kv_.ln, n);
+  // With graphs on (set_graphs), the step's ops replay from a CUDA graph: they read the tokens, slots and
+  // positions just copied into kv_ids_ / kv_slot_ / kv_posd_ (fixed buffers), so one graph per batch size serves
+  // every step; the key holds what the graph's pointers and sizes depend on. Rotary models run directly:
+  // rope_forward_at sizes its table on the host from the positions (a host read, which capture forbids).
+  const auto ops = [&] {
+    kv_layers(n, 1);
+    kv_head(kv_.ln, n);
+  };
+  if (config_.position == ModelConfig::Position::Rope) {
+    ops();
+  } else {
+    const auto addr = [](const void* p) { return double(reinterpret_cast<uintptr_t>(p)); };
+    run_graphed(decode_graph_, {double(n), double(kv_S_), double(kv_T_), double(w16_kind_), addr(kcache_),
+                                addr(kv_mem_), addr(params_), addr(w16_), addr(q8_), double(q8_int_dot_)}, ops);
+  }
   for (int i = 0; i < n; i++) kv_pos_[slots[i]]++;
   kv_rows_ = n;
   kv_forward_ = false;

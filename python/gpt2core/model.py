@@ -371,8 +371,9 @@ class GPT2:
 
     @property
     def cuda_graphs(self) -> bool:
-        """Capture forward_backward and the optimizer step (step()) in CUDA graphs and replay them
-        (device='cuda' only; turns itself off, with a message, if a step cannot be captured)."""
+        """Capture forward_backward, the optimizer step (step()) and the KV-cache decode step (generate's
+        per-token step, one graph per batch size; not for rotary models, whose decode runs directly) in CUDA graphs
+        and replay them (device='cuda' only; turns itself off, with a message, if a step cannot be captured)."""
         return self._m.cuda_graphs
 
     @cuda_graphs.setter

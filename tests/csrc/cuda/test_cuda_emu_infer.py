@@ -79,6 +79,83 @@ def test_attention_kv_matches_float64(emu, Tq):  # noqa: F811
             assert normwise(got, want) <= tol, cls
 
 
+# ---------------------------------------------------------------------- split-key decode attention (flash-decoding)
+def _split_case(lengths, Tq, NH=3, hs=64, S=None, seed=0):
+    """Caches with NaN at every position the kernel must not read, sequences at positions `lengths` of slots in
+    reverse order."""
+    g = np.random.default_rng(seed)
+    C = NH * hs
+    B = len(lengths)
+    S = S or B + 1
+    maxT = max(lengths) + Tq + 3
+    slot = np.array([S - 1 - b for b in range(B)], np.int32)
+    pos = np.array(lengths, np.int32)
+    kcache = np.full((S, maxT, C), np.nan, np.float32)
+    vcache = np.full((S, maxT, C), np.nan, np.float32)
+    for b in range(B):
+        kcache[slot[b], :pos[b]] = g.standard_normal((pos[b], C))
+        vcache[slot[b], :pos[b]] = g.standard_normal((pos[b], C))
+    qkv = (g.standard_normal((B, Tq, 3 * C)) * 1.5).astype(np.float32)  # scores of a few units: a peaked softmax
+    return qkv, kcache, vcache, slot, pos, NH
+
+
+# contexts of 1, 7, 257 and 1000 positions (pos + 1 keys), each split unevenly: ceil(n / splits) per block, the last
+# share shorter, and for n < splits empty shares (their partial is m = -inf, l = 0)
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 16, 64])
+def test_split_decode_attention_matches_float64(emu, splits):  # noqa: F811
+    args = _split_case([0, 6, 256, 999], Tq=1, seed=splits)
+    want, kw, vw = attention_kv_reference(*args)
+    for dtype, tol in ((0, 1e-5), (1, 2e-2), (2, 3e-3)):  # fp32, bf16, fp16: the existing tolerances
+        out, kc, vc = emu.k_attention_kv_splits(dtype, *args, splits=splits)
+        assert np.all(np.isfinite(out)), (dtype, splits)
+        assert normwise(out, want) <= tol, (dtype, splits, normwise(out, want))
+        if dtype == 0:
+            slot, pos = args[3], args[4]
+            for b in range(len(slot)):  # the new rows written, the rest of the cache untouched
+                n = pos[b] + 1
+                assert np.array_equal(kc[slot[b], :n], kw[slot[b], :n].astype(np.float32))
+                assert np.array_equal(vc[slot[b], :n], vw[slot[b], :n].astype(np.float32))
+                assert np.all(np.isnan(kc[slot[b], n:])) and np.all(np.isnan(vc[slot[b], n:]))
+            assert np.all(np.isnan(kc[0]))  # the unused slot
+
+
+def test_split_prefill_and_head_sizes(emu):  # noqa: F811
+    """Tq > 1 (each query its own length, so its own chunk), head sizes 16 / 10 / 128 (lanes past hs idle)."""
+    for NH, hs, Tq, splits in ((4, 16, 5, 3), (2, 10, 1, 5), (1, 128, 2, 4)):
+        args = _split_case([40, 3, 0], Tq=Tq, NH=NH, hs=hs, seed=hs)
+        want = attention_kv_reference(*args)[0]
+        got = emu.k_attention_kv_splits(0, *args, splits=splits)[0]
+        assert normwise(got, want) <= 1e-5, (NH, hs, Tq, splits)
+
+
+def test_split_choice(emu):  # noqa: F811
+    """infer.cuh's decode_splits: one block per (head, query, sequence) below 128 cache positions or when that grid
+    has 8 blocks per SM; otherwise about 8 blocks per SM, >= 64 positions of a full cache each, at most 64."""
+    ds = emu.decode_splits
+    assert ds(1, 1, 12, 127, 132) == 1 and ds(88, 1, 12, 4096, 132) == 1  # short cache; 1,056 blocks already
+    assert ds(1, 1, 12, 128, 132) == 2 and ds(1, 1, 12, 191, 132) == 2
+    assert ds(87, 1, 12, 4096, 132) == 2       # 1,044 blocks: two each
+    assert ds(1, 1, 12, 1024, 132) == 16       # d12 at batch 1, 1,024 positions: 192 blocks (1,024 / 64)
+    assert ds(8, 1, 12, 1024, 132) == 11       # batch 8: 96 blocks -> ceil(1,056 / 96) = 11
+    assert ds(64, 1, 12, 1024, 132) == 2       # batch 64: 768 blocks -> 1,536
+    assert ds(1, 1, 12, 8192, 132) == 64       # ceil(1,056 / 12) = 88: the cap
+    assert ds(1, 1, 12, 256, 132) == 4         # 256 / 64
+    assert ds(3, 1, 3, 1003, 132) == 15        # the float64 test's shape through the backend
+    assert ds(1, 1, 12, 1024, 16) == 11        # a 16-SM GPU: ceil(128 / 12)
+
+
+def test_backend_splits_long_caches(emu):  # noqa: F811
+    """Through the backend (Ops.attention_kv, 132 emulated SMs): a cache of 1,003 positions with 3 heads and 3
+    sequences splits 15 ways (test_split_choice); the result is the float64 one, fp32 / bf16 / fp16."""
+    args = _split_case([0, 256, 999], Tq=1, seed=5)
+    assert emu.decode_splits(3, 1, 3, args[1].shape[1]) > 1
+    want = attention_kv_reference(*args)[0]
+    assert normwise(emu.Ops("cuda").attention_kv(*args)[0], want) <= 1e-5
+    for cls, tol in (("OpsBF16", 2e-2), ("OpsF16", 3e-3)):
+        if hasattr(emu, cls):
+            assert normwise(getattr(emu, cls)("cuda").attention_kv(*args)[0], want) <= tol, cls
+
+
 def test_encoder_at_and_gather_rows(emu):  # noqa: F811
     B, Tn, C, V, maxT = 3, 5, 192, 97, 40
     inp = rng.integers(0, V, (B, Tn)).astype(np.int32)
@@ -96,8 +173,8 @@ MODERN = dict(position="rope", norm="rmsnorm", qk_norm=True, activation="relu2",
               logit_softcap=15.0)
 
 
-def _models(emu, cls, **arch):  # noqa: F811
-    cpu, gpu = emu.Model(**CFG, device="cpu", **arch), getattr(emu, cls)(**CFG, device="cuda", **arch)
+def _models(emu, cls, cfg=CFG, **arch):  # noqa: F811
+    cpu, gpu = emu.Model(**cfg, device="cpu", **arch), getattr(emu, cls)(**cfg, device="cuda", **arch)
     init_params(cpu, 5)
     init_params(gpu, 5)
     if cls != "Model":
@@ -105,17 +182,26 @@ def _models(emu, cls, **arch):  # noqa: F811
     return cpu, gpu
 
 
-@pytest.mark.parametrize("cls,tol,arch", [("Model", 1e-5, {}), ("ModelBF16", 3e-2, {}), ("ModelF16", 4e-3, {}),
-                                          ("Model", 1e-5, MODERN)], ids=["fp32", "bf16", "fp16", "fp32-modern"])
-def test_cached_logits_match_cpu_at_every_step(emu, cls, tol, arch):  # noqa: F811
-    """The modern architecture (rotary at each sequence's own position: rope_forward_at) in fp32 too."""
-    cpu, gpu = _models(emu, cls, **arch)
+SPLIT = 256  # a cache of 256 positions: the decode attention splits (decode_splits(3, 1, 3, 256) = 4 blocks each)
+
+
+@pytest.mark.parametrize("cls,tol,arch,max_len", [("Model", 1e-5, {}, 24), ("ModelBF16", 3e-2, {}, 24),
+                                                  ("ModelF16", 4e-3, {}, 24), ("Model", 1e-5, MODERN, 24),
+                                                  ("Model", 1e-5, {}, SPLIT), ("ModelBF16", 3e-2, {}, SPLIT)],
+                         ids=["fp32", "bf16", "fp16", "fp32-modern", "fp32-split", "bf16-split"])
+def test_cached_logits_match_cpu_at_every_step(emu, cls, tol, arch, max_len):  # noqa: F811
+    """The modern architecture (rotary at each sequence's own position: rope_forward_at) in fp32 too; with a cache of
+    256 positions the decode (and prefill) attention takes the split-key path."""
+    cfg = dict(CFG, max_seq_len=max(CFG["max_seq_len"], max_len))
+    cpu, gpu = _models(emu, cls, cfg, **arch)
     assert gpu.kv_supported
+    if max_len == SPLIT:
+        assert emu.decode_splits(3, 1, CFG["n_head"], SPLIT) > 1
     lengths = np.array([7, 13, 1], np.int32)
     slots = np.array([1, 0, 2], np.int32)
     x = rng.integers(0, CFG["vocab_size"], (3, 13)).astype(np.int32)
     for m in (cpu, gpu):
-        m.kv_reserve(3, 24)
+        m.kv_reserve(3, max_len)
         m.kv_prefill(x, lengths, slots)
     errs = [normwise(gpu.kv_logits(), cpu.kv_logits())]
     for step in range(6):
@@ -126,6 +212,62 @@ def test_cached_logits_match_cpu_at_every_step(emu, cls, tol, arch):  # noqa: F8
         errs.append(normwise(gpu.kv_logits(), cpu.kv_logits()))
     assert [gpu.kv_pos(s) for s in range(3)] == [cpu.kv_pos(s) for s in range(3)] == [19, 11, 7]
     assert max(errs) <= tol, errs
+
+
+def test_graphed_decode_is_bitwise_the_direct_run(emu):  # noqa: F811
+    """cuda_graphs on: kv_decode's step (layers and head) is run directly once per batch size, then captured, then
+    replayed, reading each step's tokens, slots and positions from device memory. Every step's logits and sampled
+    ids are bitwise those of a model running the same steps directly (a stale position or token in a replay would
+    change them), and the CPU's within 1e-5; the batch changes size (slot 1 sitting out), which takes a new graph.
+    A 256-position cache: the split-key attention and its workspace are in the graph."""
+    cfg = dict(CFG, max_seq_len=SPLIT)
+    cpu, direct = _models(emu, "Model", cfg)
+    _, graphed = _models(emu, "Model", cfg)
+    graphed.cuda_graphs = True
+    lengths, slots = np.array([7, 13, 1], np.int32), np.array([1, 0, 2], np.int32)
+    x = rng.integers(0, CFG["vocab_size"], (3, 13)).astype(np.int32)
+    for m in (cpu, direct, graphed):
+        m.kv_reserve(3, SPLIT)
+        m.kv_prefill(x, lengths, slots)
+    tok = {id(m): np.array([5, 6, 7], np.int32) for m in (cpu, direct, graphed)}
+    for step in range(12):
+        live = np.array([1, 0, 2] if step < 5 or step >= 9 else [0, 2], np.int32)
+        outs = []
+        for m in (cpu, direct, graphed):
+            t = tok[id(m)][:len(live)]
+            m.kv_decode(t, live)
+            logits = m.kv_logits()
+            ids = m.kv_sample([0.9] * len(live), [20] * len(live), [0.9] * len(live), [4] * len(live),
+                              list(live), [step] * len(live))
+            tok[id(m)] = np.concatenate([ids, ids])[:3].astype(np.int32)
+            outs.append((logits, ids))
+        assert np.array_equal(outs[1][0], outs[2][0]), step  # bitwise
+        assert np.array_equal(outs[1][1], outs[2][1]), step
+        assert normwise(outs[2][0], outs[0][0]) <= 1e-5, step
+    # batch 3 (steps 0-4): direct, captured and launched, replayed x3; batch 2 (5-8): direct, captured, replayed
+    # x2; batch 3 again (9-11): direct, captured, replayed once
+    assert graphed.graph_captures == 3 and graphed.graph_replays == 4 + 3 + 2, (
+        graphed.graph_captures, graphed.graph_replays)
+    assert direct.graph_captures == 0
+    assert graphed.cuda_graphs  # no capture failed
+
+
+def test_graphed_decode_of_a_rotary_model_runs_directly(emu):  # noqa: F811
+    """The fallback: a rotary model's decode step is not captured (rope_forward_at reads the positions on the host
+    to size its table) and runs directly, with the same logits as without graphs; graphs stay on."""
+    _, direct = _models(emu, "Model", **MODERN)
+    _, graphed = _models(emu, "Model", **MODERN)
+    graphed.cuda_graphs = True
+    x = rng.integers(0, CFG["vocab_size"], (2, 6)).astype(np.int32)
+    for m in (direct, graphed):
+        m.kv_reserve(2, 20)
+        m.kv_prefill(x, np.array([6, 3], np.int32), np.array([0, 1], np.int32))
+    for step in range(4):
+        t = rng.integers(0, CFG["vocab_size"], 2).astype(np.int32)
+        for m in (direct, graphed):
+            m.kv_decode(t, np.array([0, 1], np.int32))
+        assert np.array_equal(direct.kv_logits(), graphed.kv_logits()), step
+    assert graphed.graph_captures == 0 and graphed.graph_replays == 0 and graphed.cuda_graphs
 
 
 def test_generate_greedy_matches_cpu(emu):  # noqa: F811

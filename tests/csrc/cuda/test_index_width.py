@@ -39,6 +39,9 @@ BOUNDS = {
     "lane": 32, "warp": 32, "y": 1024, "e": MAX_HS, "Tn": MAX_T,
     # KV-cache inference (infer.cuh): new tokens per sequence, the cache length, a row of the (S, maxT) cache
     "Tq": MAX_T, "maxT": MAX_T, "S": ROWS,
+    # split-key decode: blocks per (head, query, sequence) (kDecodeMaxSplits), a block's index among them and its
+    # share of the keys, the GPU's SM count
+    "splits": 64, "s": 64, "chunk": MAX_T, "nk": MAX_T, "key0": MAX_T, "sms": 1024,
 }
 # Names whose meaning differs in one file: there, the file's bound.
 FILE_BOUNDS = {

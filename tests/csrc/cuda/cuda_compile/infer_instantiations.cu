@@ -10,7 +10,8 @@ void instantiate_infer(floatX* out, floatX* kcache, floatX* vcache, const floatX
                        const int32_t* slot, const int32_t* pos, int32_t* ids_flags, const SampleArgs* args, int B,
                        int Tq, int C, int NH, int maxT, int V, int Vp, cudaStream_t stream) {
   encoder_forward_at(out, ids, qkv, qkv, pos, B, Tq, C, stream);
-  attention_kv_forward(out, kcache, vcache, qkv, slot, pos, B, Tq, C, NH, maxT, stream);
+  attention_kv_forward(out, kcache, vcache, qkv, slot, pos, B, Tq, C, NH, maxT, decode_splits(B, Tq, NH, maxT, 132),
+                       reinterpret_cast<float*>(kcache), stream);
   gather_rows(out, qkv, ids, B, C, stream);
   sample(ids_flags, qkv, args, B, V, Vp, stream);
 }

@@ -353,6 +353,10 @@ kc, vc = f32(3, maxT, C), f32(3, maxT, C)
 for Tq in (1, 3):
     args = (f32(3, Tq, 3 * C), kc, vc, kv_slot, kv_pos, 3)
     record("attention_kv_forward", *both("attention_kv", *args))
+# a cache of 160 positions: the split-key path (attention_kv_split_kernel + attention_kv_combine_kernel, 2 shares)
+kc2, vc2 = f32(3, 160, C), f32(3, 160, C)
+args = (f32(3, 1, 3 * C), kc2, vc2, kv_slot, np.array([9, 0, 150], np.int32), 3)
+record("attention_kv_forward split", *both("attention_kv", *args))
 record("encoder_forward_at", *both("encoder_forward_at", inp[:, :4], wte, wpe, kv_pos))
 record("gather_rows", *both("gather_rows", f32(7, C), np.array([6, 0, 3], np.int32)))
 slog = f32(6, Vp) * 2

@@ -5,6 +5,8 @@
 // before the kernels run (all-ones bits: NaN in every storage type); outputs start poisoned, in-place and
 // accumulated-into buffers start from the given values. misalign: buffers start one element into their allocation
 // (the kernels' one-value-per-access paths).
+// Also infer.cuh's decode attention with a given split count (attention_kv_splits), for the split-key tests
+// (test_cuda_emu_infer.py): its workspace starts poisoned too.
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -18,6 +20,7 @@
 
 #include "cuda/classifier.cuh"
 #include "cuda/encoder.cuh"
+#include "cuda/infer.cuh"
 #include "cuda/layernorm.cuh"
 #include "cuda/relu2.cuh"
 #include "cuda/rmsnorm.cuh"
@@ -261,5 +264,31 @@ void encoder_nowpe(int dtype, bool mis, float* out, float* dwte, const int* inp,
     d.down(dwte, g, size_t(Vp) * C);
   });
 }
+
+// kv_write + decode attention with `splits` blocks per (head, query, sequence) (1: the one-block kernel): out (B, Tq,
+// C) poisoned, kc / vc (S, maxT, C) updated in place, qkv (B, Tq, 3C).
+void attention_kv_splits(int dtype, float* out, float* kc, float* vc, const float* qkv, const int* slot, const int* pos,
+                         int S, int B, int Tq, int C, int NH, int maxT, int splits) {
+  dispatch(dtype, [&](auto tag) {
+    using X = decltype(tag);
+    Dev d;
+    const size_t nc = size_t(S) * maxT * C, no = size_t(B) * Tq * C;
+    X* o = d.up<X>(nullptr, no);
+    X* k = d.up<X>(kc, nc);
+    X* v = d.up<X>(vc, nc);
+    X* x = d.up<X>(qkv, size_t(B) * Tq * 3 * C);
+    int* sl = d.raw<int>(size_t(B));
+    int* ps = d.raw<int>(size_t(B));
+    CUDA_CHECK(cudaMemcpy(sl, slot, size_t(B) * sizeof(int), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(ps, pos, size_t(B) * sizeof(int), cudaMemcpyHostToDevice));
+    float* work = splits > 1 ? d.raw<float>(decode_workspace_floats(B, Tq, C, NH, splits)) : nullptr;
+    attention_kv_forward(o, k, v, x, sl, ps, B, Tq, C, NH, maxT, splits, work, nullptr);
+    d.down(out, o, no);
+    d.down(kc, k, nc);
+    d.down(vc, v, nc);
+  });
+}
+
+int decode_splits(int B, int Tq, int NH, int maxT, int sms) { return gpt2::cuda::decode_splits(B, Tq, NH, maxT, sms); }
 
 }  // namespace gpt2emu_test

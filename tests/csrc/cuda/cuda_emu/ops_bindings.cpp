@@ -46,6 +46,9 @@ void qknorm_bwd(int dtype, bool mis, float* dqkv, const float* qkv, const float*
 void rope(int dtype, bool mis, float* qkv, float* table, int B, int T, int C, int NH, int maxT, int pos0, double base,
           bool backward);
 void relu2_fwd(int dtype, bool mis, float* out, const float* inp, size_t N);
+void attention_kv_splits(int dtype, float* out, float* kc, float* vc, const float* qkv, const int* slot, const int* pos,
+                         int S, int B, int Tq, int C, int NH, int maxT, int splits);
+int decode_splits(int B, int Tq, int NH, int maxT, int sms);  // infer.cuh's choice
 void relu2_bwd(int dtype, bool mis, float* dinp, const float* inp, const float* dout, size_t N, bool accumulate,
                bool inplace);
 void classifier(int dtype, bool mis, int mode, float* losses, float* lse, int* count, float* capped, float* dlogits,
@@ -669,6 +672,20 @@ void bind_modern_kernels(py::module_& m) {
     return py::make_tuple(x, table);
   }, py::arg("dtype"), py::arg("qkv"), py::arg("NH"), py::arg("maxT"), py::arg("pos0"), py::arg("base"),
      py::arg("backward"), py::arg("misalign") = false);
+  m.def("k_attention_kv_splits", [copy](int dtype, F qkv, F kcache, F vcache, I slot, I pos, int NH, int splits) {
+    // infer.cuh's decode attention with a given split count: returns (out (B, Tq, C), kcache, vcache)
+    const int B = qkv.shape(0), Tq = qkv.shape(1), C = qkv.shape(2) / 3, S = kcache.shape(0), maxT = kcache.shape(1);
+    if (slot.size() != B || pos.size() != B || vcache.shape(0) != S || vcache.shape(1) != maxT)
+      throw py::value_error("k_attention_kv_splits: slot / pos (B), kcache / vcache (S, maxT, C)");
+    F out({B, Tq, C}), kc = copy(kcache), vc = copy(vcache);
+    gpt2emu_test::attention_kv_splits(dtype, out.mutable_data(), kc.mutable_data(), vc.mutable_data(), qkv.data(),
+                                      slot.data(), pos.data(), S, B, Tq, C, NH, maxT, splits);
+    return py::make_tuple(out, kc, vc);
+  }, py::arg("dtype"), py::arg("qkv"), py::arg("kcache"), py::arg("vcache"), py::arg("slot"), py::arg("pos"),
+     py::arg("NH"), py::arg("splits"));
+  m.def("decode_splits", [](int B, int Tq, int NH, int maxT, int sms) {
+    return gpt2emu_test::decode_splits(B, Tq, NH, maxT, sms);
+  }, py::arg("B"), py::arg("Tq"), py::arg("NH"), py::arg("maxT"), py::arg("sms") = 132);
   m.def("k_relu2_forward", [](int dtype, F inp, bool mis) {
     F out(inp.size());
     gpt2emu_test::relu2_fwd(dtype, mis, out.mutable_data(), inp.data(), inp.size());

@@ -177,12 +177,15 @@ class Runner:
         qkv, dout, dqkv = self.f32(B, T, 3 * C), self.f32(B, T, C), self.f32(B, T, 3 * C)
         return normwise(self.cuda.attention(qkv, dout, dqkv, NH), self.cpu.attention(qkv, dout, dqkv, NH))
 
-    def attention_kv(self, pos, C, NH, Tq=1):
-        """infer.cuh's cache write + decode attention: one sequence at position pos of slot 1 (of 2), Tq new tokens."""
-        maxT = pos + Tq + 2
+    def attention_kv(self, pos, C, NH, Tq=1, maxT=None, splits=None):
+        """infer.cuh's cache write + decode attention: one sequence at position pos of slot 1 (of 2), Tq new tokens,
+        a cache of maxT positions (default pos + Tq + 2); through the backend (its decode_splits), or with `splits`
+        blocks per head (1: the one-block kernel whatever the cache)."""
+        maxT = maxT or pos + Tq + 2
         kc, vc = self.f32(2, maxT, C), self.f32(2, maxT, C)
         args = (self.f32(1, Tq, 3 * C), kc, vc, np.array([1], np.int32), np.array([pos], np.int32), NH)
-        return normwise(self.cuda.attention_kv(*args), self.cpu.attention_kv(*args))
+        got = self.cuda.attention_kv(*args) if splits is None else self.E.k_attention_kv_splits(0, *args, splits)
+        return normwise(got, self.cpu.attention_kv(*args))
 
     def sample(self, V, top_k, top_p, scale=4.0, n=4):
         """infer.cuh's sampler against the CPU backend's on the same logits: the fraction of ids that differ."""

@@ -78,6 +78,7 @@ ATT_TILE = kconst("attention.cuh", "kAttTile")
 ATT_DOT_LANES = kconst("attention.cuh", "kDotLanes")
 DEC_BLOCK, SAMPLE_BLOCK = kconst("infer.cuh", "kDecodeBlock"), kconst("infer.cuh", "kSampleBlock")
 SAMPLE_CAP = kconst("infer.cuh", "kSampleCap")
+SPLIT_MIN_KEYS, SPLIT_GROUP = kconst("infer.cuh", "kSplitMinKeys"), DEC_BLOCK // 32 * kconst("infer.cuh", "kSplitKeysPerWarp")
 
 # d12 at the README's batch: B = 64, T = 1024 (N = B * T rows), C = 768
 D12_N, D12_C = 65536, 768
@@ -238,9 +239,19 @@ TABLE = [
     # KV-cache inference (infer.cuh)
     T("infer", "infer.decode_keys", "attention_kv_kernel: for key = threadIdx.x; key < n; key += kDecodeBlock (the "
       "softmax pass; n = pos + 1 keys)", "attention_kv", lambda c: c["pos"] + 1, DEC_BLOCK,
-      [dict(pos=DEC_BLOCK - 1, C=192, NH=3), dict(pos=DEC_BLOCK + 4, C=192, NH=3)]),
+      [dict(pos=DEC_BLOCK - 1, C=192, NH=3, splits=1), dict(pos=DEC_BLOCK + 4, C=192, NH=3, splits=1)]),
     T("infer", "infer.decode_head_lanes", "attention_kv_kernel: for d = lane; d < hs; d += 32 (a key's dot product)",
       "attention_kv", lambda c: c["C"] // c["NH"], 32, [dict(pos=9, C=48, NH=3), dict(pos=9, C=192, NH=3)]),
+    T("infer", "infer.decode_split", "decode_splits: one block per (head, query, sequence) below kSplitMinKeys cache "
+      "positions, attention_kv_split_kernel + attention_kv_combine_kernel from there (maxT = pos + 3 here)",
+      "attention_kv", lambda c: c["pos"] + c.get("Tq", 1) + 2, SPLIT_MIN_KEYS - 1,
+      [dict(pos=SPLIT_MIN_KEYS - 4, C=192, NH=3), dict(pos=SPLIT_MIN_KEYS - 3, C=192, NH=3)]),
+    T("infer", "infer.split_key_groups", "attention_kv_split_kernel: warps take kSplitKeysPerWarp keys per turn, "
+      "4 warps x 4 keys = 16 per block turn, the last group partial (keys per share = ceil(n / splits); a cache of 256 "
+      "positions, 3 heads: 4 splits)",
+      "attention_kv", lambda c: -(-(c["pos"] + 1) // 4), SPLIT_GROUP,
+      [dict(pos=4 * SPLIT_GROUP - 1, C=192, NH=3, maxT=256), dict(pos=4 * SPLIT_GROUP + 3, C=192, NH=3, maxT=256),
+       dict(pos=8 * SPLIT_GROUP + 6, C=192, NH=3, maxT=256)]),
     T("infer", "infer.sample_chunks", "sample_kernel, nothing cut: chunks of ceil(V / kSampleBlock) ids per thread",
       "sample", lambda c: c["V"], SAMPLE_BLOCK, [dict(V=SAMPLE_BLOCK, top_k=0, top_p=1.0),
                                                  dict(V=SAMPLE_BLOCK + 7, top_k=0, top_p=1.0)]),
@@ -251,6 +262,10 @@ TABLE = [
 
 # Code paths no emulator test can reach, and why.
 UNREACHABLE = {
+    "decode_splits' full-grid side (NH * Tq * B >= kSplitBlocksPerSm * 132 blocks: one block per (head, query, "
+    "sequence) again)": "1,056 blocks of a 256-position cache: too slow to emulate for CI; the rule is a host "
+    "function checked on both sides in test_cuda_emu_infer.py::test_split_choice, and the kernels on either side are "
+    "the ones infer.decode_split runs",
     "grids over 2^31 - 1 blocks / 65,535 in y or z": "no launcher computes such a grid at d12 (the largest, the "
     "classifier's N = 65,536 blocks, is far below); an emulated launch of 2^31 blocks would take days",
     "index products above 2^31 (d12 logits: 65,536 x 50,304 = 3.3e9 values)": "13 GB of fp32 logits and 3.3e9 "
