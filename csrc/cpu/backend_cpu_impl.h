@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <sys/mman.h>
 #include <type_traits>
 #include <vector>
 
@@ -273,7 +274,21 @@ class CpuBackend final : public Backend<T> {
     return *n_valid > 0 ? T(double(grad_scale) * double(step_.scaler.scale) / double(*n_valid)) : T(0);
   }
   StepState step_{};  // set_step_args' values and the loss scaler (the CPU's "backend memory" is host memory)
+  // Buffers of 2 MiB and more start on a 2 MiB boundary and are advised as transparent huge pages (where the
+  // kernel has them, in "madvise" mode as on most distributions): decode streams every weight once per token,
+  // and with 4 KiB pages a TLB miss every 4 KiB cost it ~6% (d12 decode GEMVs, 2 threads: 26.5 -> 24.8 ms).
   static void* zeroed(size_t bytes) {
+    constexpr size_t kHuge = size_t(2) << 20;
+    if (bytes >= kHuge) {
+      const size_t n = (bytes + kHuge - 1) / kHuge * kHuge;
+      void* p = nullptr;
+      if (posix_memalign(&p, kHuge, n) != 0) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+      madvise(p, n, MADV_HUGEPAGE);  // advice only: where it is refused, 4 KiB pages as before
+#endif
+      std::memset(p, 0, n);
+      return p;
+    }
     void* p = std::calloc(bytes ? bytes : 1, 1);
     if (!p) throw std::bad_alloc();
     return p;

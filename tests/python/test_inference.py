@@ -104,7 +104,9 @@ def test_cached_logits_equal_full_forward_every_step(dtype, C, NH, arch):
 @pytest.mark.parametrize("arch", [None, MODERN], ids=arch_id)
 @pytest.mark.parametrize("dtype,C,NH,weights", [("float64", 48, 3, "fp32"), ("float32", 48, 3, "fp32"),
                                                 ("float32", 64, 4, "fp32"), ("float32", 48, 3, "bf16"),
-                                                ("float32", 64, 4, "bf16"), ("float32", 64, 4, "fp16")])
+                                                ("float32", 64, 4, "bf16"), ("float32", 64, 4, "fp16"),
+                                                # head sizes 64 and 32: the AVX2 decode attention's register paths
+                                                ("float32", 128, 2, "fp32"), ("float32", 96, 3, "bf16")])
 def test_decode_batches_up_to_nine_rows(dtype, C, NH, weights, arch):
     """Decode of 1 .. 9 sequences at once (the GEMV takes up to 8 rows, in groups of 4 against each block of weight
     rows; 9 goes to the GEMM), fp32 and 16-bit weights: every row's logits equal the full forward's of its own
