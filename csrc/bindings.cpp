@@ -573,6 +573,7 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
     d["bgradb_fallbacks"] = fallbacks;
     return d;
   });
+  gpt2_bind::bind_q8_ops(m);
   m.def("set_num_threads", [](int n) {
     if (n < 1) throw py::value_error("num_threads must be >= 1");
     omp_set_num_threads(n);

@@ -4,9 +4,12 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "cpu/backend_cpu.h"
 #include "model/gpt2.h"
 #include "model/sampling.h"
 
@@ -49,11 +52,15 @@ void bind_kv(Cls& cls) {
            "A KV cache for `slots` sequences of up to max_len tokens (kept when the one allocated is as large).")
       .def_property("weights16", &M::weights16,
                     [](M& self, int kind) {
-                      if (kind < 0 || kind > 2) throw py::value_error("weights16: 0 (fp32), 1 (bf16) or 2 (fp16)");
+                      if (kind < 0 || kind > 3)
+                        throw py::value_error("weights16: 0 (fp32), 1 (bf16), 2 (fp16) or 3 (int8)");
                       self.set_weights16(kind);
                     },
-                    "Decode reads 16-bit weights: 0 off, 1 bf16, 2 fp16 (rounds the model's matrices; inference-only "
-                    "models on backends that have it).")
+                    "Decode reads 16-bit or 8-bit weights: 0 off, 1 bf16, 2 fp16, 3 int8 (blocks of 32 with an fp32 "
+                    "scale; rounds the model's matrices; inference-only models on backends that have it).")
+      .def_property("q8_int_dot", &M::q8_int_dot, &M::set_q8_int_dot,
+                    "int8 decode: True (default) quantises the GEMV inputs per block of 32 too and takes integer dot "
+                    "products (llama.cpp's Q8_0 x Q8_0); False widens the weights to fp32 against fp32 inputs.")
       .def_property_readonly("kv_slots", &M::kv_slots)
       .def_property_readonly("kv_max_len", &M::kv_max_len)
       .def("kv_pos", [](M& self, int slot) {
@@ -137,6 +144,82 @@ void bind_kv(Cls& cls) {
            py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("seed"), py::arg("stream"),
            py::arg("step"),
            "One token id per row of the last prefill / decode's logits, sampled where they are (model/sampling.h).");
+}
+
+
+// _C.quantize_q8 / _C.gemv_q8: the CPU backend's 8-bit-weight ops (Backend::quantize_q8, matmul_forward_q8) on
+// numpy arrays, in the instruction-set variant set_cpu_isa chose, for the tests against numpy.
+template <typename T>
+py::array_t<T> float_matrix(const py::handle& obj, const char* name) {
+  const std::string what = std::string(name) + " must be a non-empty, C-contiguous " +
+                           (sizeof(T) == 4 ? "float32" : "float64") + " numpy array of 2 dimensions";
+  if (!py::isinstance<py::array>(obj) || !py::array_t<T>::check_(obj)) throw py::value_error(what);
+  auto a = py::reinterpret_borrow<py::array_t<T>>(obj);
+  if (a.ndim() != 2 || !(a.flags() & py::array::c_style) || a.size() == 0) throw py::value_error(what);
+  return a;
+}
+
+template <typename T>
+py::tuple quantize_q8_np(const py::handle& w_obj) {
+  auto w = float_matrix<T>(w_obj, "w");
+  const long rows = long(w.shape(0));
+  const int C = int(w.shape(1)), nb = (C + 31) / 32;
+  py::array_t<int8_t> q({w.shape(0), w.shape(1)});
+  py::array_t<float> s({w.shape(0), py::ssize_t(nb)});
+  py::array_t<T> wq({w.shape(0), w.shape(1)});
+  std::copy(w.data(), w.data() + w.size(), wq.mutable_data());
+  auto be = gpt2::cpu::make_backend<T>();
+  be->quantize_q8(q.mutable_data(), s.mutable_data(), wq.mutable_data(), rows, C);
+  return py::make_tuple(q, s, wq);
+}
+
+template <typename T>
+py::array_t<T> gemv_q8_np(const py::handle& x_obj, const py::handle& q_obj, const py::handle& s_obj,
+                          const py::handle& b_obj, bool int_dot) {
+  auto x = float_matrix<T>(x_obj, "x");
+  if (!py::isinstance<py::array>(q_obj) || !py::array_t<int8_t>::check_(q_obj))
+    throw py::value_error("q must be a numpy int8 array");
+  auto q = py::reinterpret_borrow<py::array_t<int8_t>>(q_obj);
+  const auto s = float_matrix<float>(s_obj, "scales");
+  const py::ssize_t N = x.shape(0), C = x.shape(1);
+  if (q.ndim() != 2 || !(q.flags() & py::array::c_style) || q.shape(1) != C)
+    throw py::value_error("q must be C-contiguous int8 (OC, C) with x's C=" + std::to_string(C));
+  const py::ssize_t OC = q.shape(0);
+  if (s.shape(0) != OC || s.shape(1) != (C + 31) / 32)
+    throw py::value_error("scales must be float32 (OC, ceil(C / 32)) = (" + std::to_string(OC) + ", " +
+                          std::to_string((C + 31) / 32) + ")");
+  py::array_t<T> bias;
+  if (!b_obj.is_none()) {
+    if (!py::isinstance<py::array>(b_obj) || !py::array_t<T>::check_(b_obj))
+      throw py::value_error("bias must be a numpy array of x's dtype");
+    bias = py::reinterpret_borrow<py::array_t<T>>(b_obj);
+    if (bias.ndim() != 1 || bias.shape(0) != OC) throw py::value_error("bias must have shape (OC,)");
+  }
+  py::array_t<T> out({N, OC});
+  std::fill(out.mutable_data(), out.mutable_data() + out.size(), std::numeric_limits<T>::quiet_NaN());  // poisoned
+  auto be = gpt2::cpu::make_backend<T>();
+  be->matmul_forward_q8(out.mutable_data(), x.data(), q.data(), s.data(), b_obj.is_none() ? nullptr : bias.data(),
+                        int(N), int(C), int(OC), int_dot);
+  return out;
+}
+
+inline void bind_q8_ops(py::module_& m) {
+  m.def("quantize_q8",
+        [](py::object w) {
+          return py::array_t<double>::check_(w) ? quantize_q8_np<double>(w) : quantize_q8_np<float>(w);
+        },
+        py::arg("w"),
+        "The CPU backend's int8 quantisation of a float32 / float64 matrix w (rows, C): (q int8 (rows, C), scales "
+        "float32 (rows, ceil(C / 32)), w dequantised = q * scale), per block of 32 inputs of a row: scale = "
+        "max|w| / 127, q = w / scale rounded to nearest even.");
+  m.def("gemv_q8",
+        [](py::object x, py::object q, py::object s, py::object b, bool int_dot) {
+          return py::array_t<double>::check_(x) ? py::object(gemv_q8_np<double>(x, q, s, b, int_dot))
+                                                : py::object(gemv_q8_np<float>(x, q, s, b, int_dot));
+        },
+        py::arg("x"), py::arg("q"), py::arg("scales"), py::arg("bias") = py::none(), py::arg("int_dot") = false,
+        "x (N, C) @ (q * scales)^T + bias through the CPU backend's 8-bit-weight GEMV (Backend::matmul_forward_q8), "
+        "the output NaN-poisoned before it runs.");
 }
 
 }  // namespace gpt2_bind

@@ -24,8 +24,8 @@ $XDG_CACHE_HOME/gpt2core/cpu_peak.json (~/.cache/gpt2core/...); --measure-peak m
 --peak-gflops overrides it. GPU peaks are the dense bf16 / fp16 / tf32 tensor-core figures.
 
 --generate benchmarks KV-cache generation instead (scripts/bench_generate.py: prefill ms, decode tokens/s, the
-weight-streaming bound, Hugging Face transformers side by side):
-    python scripts/bench.py --generate --preset d12 --threads 2
+weight-streaming bound, Hugging Face transformers and llama.cpp side by side when installed, greedy ids compared):
+    python scripts/bench.py --generate --preset d12 --threads 2 --prompts 8 200 --batches 1
 """
 from __future__ import annotations
 
@@ -141,8 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompts", type=int, nargs="+", default=[8, 512], help="--generate: prompt lengths")
     gen.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="--generate: batch sizes")
     gen.add_argument("--new-tokens", type=int, default=32, help="--generate: decode steps timed")
-    gen.add_argument("--weights", nargs="+", choices=["fp32", "bf16", "fp16"], default=["fp32", "bf16"],
+    gen.add_argument("--weights", nargs="+", choices=["fp32", "bf16", "fp16", "int8"], default=["fp32", "bf16"],
                      help="--generate: the weights decode reads (16-bit: widened to fp32 in registers), each measured")
+    gen.add_argument("--load", metavar="PATH", default=None,
+                     help="--generate: measure this model (any file load_model reads) instead of the preset's random "
+                          "weights, e.g. a trained one, where greedy ids of the engines are best compared")
+    gen.add_argument("--llama-types", nargs="+", choices=["f32", "f16", "q8_0"], default=["f32", "f16", "q8_0"],
+                     help="--generate: llama.cpp GGUF weights converted and measured when llama-cpp-python is installed")
+    gen.add_argument("--llama-cpp-dir", metavar="DIR", default=None,
+                     help="--generate: a llama.cpp source folder whose convert_hf_to_gguf.py converts the model "
+                          "(default: the one in the installed llama-cpp-python's sdist, fetched once into "
+                          "~/.cache/gpt2core/bench)")
     c = ap.add_argument_group("portable vs native CPU code")
     c.add_argument("--compare-native", action="store_true",
                    help="time this install against a -march=native build of the CPU core, alternating rounds")

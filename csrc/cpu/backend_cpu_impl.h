@@ -169,6 +169,17 @@ class CpuBackend final : public Backend<T> {
                           bool bf16) override {
     ops::gemv_forward(out, inp, w, bias, N, C, OC, bf16);
   }
+  bool has_q8() const override { return true; }
+  int8_t* alloc_i8(size_t n) override { return static_cast<int8_t*>(zeroed(n)); }
+  void free_i8(int8_t* p) override { std::free(p); }
+  void quantize_q8(int8_t* q, float* scales, T* w, long rows, int C) override {
+    ops::quantize_q8(q, scales, w, rows, C);
+  }
+  void matmul_forward_q8(T* out, const T* inp, const int8_t* q, const float* scales, const T* bias, int N, int C,
+                         int OC, bool int_dot) override {
+    if (int_dot) ops::gemv_forward_q8i(out, inp, q, scales, bias, N, C, OC);
+    else ops::gemv_forward_q8(out, inp, q, scales, bias, N, C, OC);
+  }
   void sample_tokens(int32_t* ids, const T* logits, const SampleRow* rows, int n, int V, int Vp) override {
 #pragma omp parallel
     {

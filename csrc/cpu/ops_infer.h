@@ -23,6 +23,10 @@ namespace gpt2::cpu::GPT2CORE_CPU_ISA {
 // weights are read from memory once for all rows, where BLAS's GEMM would pack them first).
 constexpr int kGemvMaxRows = 8;
 
+// 8-bit weights: each row of a matrix (rows, C) in blocks of kQ8Block inputs (the last one shorter when C is not a
+// multiple), one fp32 scale per block (see quantize_q8).
+constexpr int kQ8Block = 32;
+
 #if defined(GPT2CORE_CPU_AVX2)
 inline float hsum256(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -131,6 +135,141 @@ inline void gemv_rows_avx2(float* out, const float* inp, const typename Ld::W* w
     }
   }
 }
+
+// 8-bit weights (GEMV over int8 rows in blocks of kQ8Block inputs, one fp32 scale each): out[n, o..o+3] for
+// n < NB, w0 = q + o * C, s0 = the scales of row o (nb per row). Each block's 8-lane pieces are widened to fp32
+// (cvtepi8_epi32 -> cvtepi32_ps) and multiplied by the block's scale: the weights w = q * s the fp32 params hold,
+// bit for bit, so out equals the fp32 GEMV on those params exactly (the same FMAs in the same order).
+template <int NB>
+inline void gemv_block4_q8_avx2(float* out, const float* inp, const int8_t* w0, const float* s0, const float* bias,
+                                int C, int OC, int o, int nb) {
+  __m256 acc[NB][4];
+  for (int n = 0; n < NB; n++)
+    for (int r = 0; r < 4; r++) acc[n][r] = _mm256_setzero_ps();
+  for (int b = 0, i = 0; b < nb; b++, i += kQ8Block) {
+    if (NB > 1 && i % 64 == 0)
+      for (int r = 4; r < 8; r++)
+        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w0 + i) + size_t(r) * C), _MM_HINT_T0);
+    const __m256 s0v = _mm256_broadcast_ss(s0 + b), s1v = _mm256_broadcast_ss(s0 + nb + b),
+                 s2v = _mm256_broadcast_ss(s0 + 2 * nb + b), s3v = _mm256_broadcast_ss(s0 + 3 * nb + b);
+    const int e = std::min(C, i + kQ8Block);
+    for (int k = i; k < e; k += 8) {
+      auto ld = [&](int r) {
+        const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w0 + size_t(r) * C + k));
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+      };
+      const __m256 a0 = _mm256_mul_ps(ld(0), s0v), a1 = _mm256_mul_ps(ld(1), s1v), a2 = _mm256_mul_ps(ld(2), s2v),
+                   a3 = _mm256_mul_ps(ld(3), s3v);
+      for (int n = 0; n < NB; n++) {
+        const __m256 x = _mm256_loadu_ps(inp + size_t(n) * C + k);
+        acc[n][0] = _mm256_fmadd_ps(a0, x, acc[n][0]);
+        acc[n][1] = _mm256_fmadd_ps(a1, x, acc[n][1]);
+        acc[n][2] = _mm256_fmadd_ps(a2, x, acc[n][2]);
+        acc[n][3] = _mm256_fmadd_ps(a3, x, acc[n][3]);
+      }
+    }
+  }
+  for (int n = 0; n < NB; n++)
+    for (int r = 0; r < 4; r++) out[size_t(n) * OC + o + r] = hsum256(acc[n][r]) + (bias ? bias[o + r] : 0.0f);
+}
+
+inline void gemv_rows_q8_avx2(float* out, const float* inp, const int8_t* q, const float* scales, const float* bias,
+                              int N, int C, int OC, int o0, int o1) {
+  const int nb = (C + kQ8Block - 1) / kQ8Block;
+  int o = o0;
+  for (; o + 4 <= o1; o += 4) {
+    const int8_t* w0 = q + size_t(o) * C;
+    const float* s0 = scales + size_t(o) * nb;
+    for (int n0 = 0; n0 < N; n0 += 4) {
+      float* y = out + size_t(n0) * OC;
+      const float* x = inp + size_t(n0) * C;
+      switch (std::min(4, N - n0)) {
+        case 1: gemv_block4_q8_avx2<1>(y, x, w0, s0, bias, C, OC, o, nb); break;
+        case 2: gemv_block4_q8_avx2<2>(y, x, w0, s0, bias, C, OC, o, nb); break;
+        case 3: gemv_block4_q8_avx2<3>(y, x, w0, s0, bias, C, OC, o, nb); break;
+        default: gemv_block4_q8_avx2<4>(y, x, w0, s0, bias, C, OC, o, nb); break;
+      }
+    }
+  }
+  for (; o < o1; o++) {
+    const int8_t* wr = q + size_t(o) * C;
+    const float* sr = scales + size_t(o) * nb;
+    for (int n = 0; n < N; n++) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int i = 0; i < C; i += 8) {
+        const __m128i qi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + i));
+        const __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qi)), _mm256_broadcast_ss(sr + i / kQ8Block));
+        acc = _mm256_fmadd_ps(a, _mm256_loadu_ps(inp + size_t(n) * C + i), acc);
+      }
+      out[size_t(n) * OC + o] = hsum256(acc) + (bias ? bias[o] : 0.0f);
+    }
+  }
+}
+
+// The integer-dot form (llama.cpp's Q8_0 x Q8_0): the input rows quantised like the weights (xq, xs: one scale
+// per block), each block's dot product exact in int32 -- |w| (u8) times x * sign(w) (i8) by maddubs into 16 pairs,
+// madd into 8 int32 lanes -- then widened to fp32 and multiplied by the two scales. 7 instructions per 32 weights
+// and input row, where dequantising takes 4 per 8. NB <= 2 input rows against 4 weight rows (8 accumulators: more
+// would spill). C % 32 == 0.
+template <int NB>
+inline void gemv_block4_q8i_avx2(float* out, const int8_t* xq, const float* xs, const int8_t* w0, const float* s0,
+                                 const float* bias, int C, int OC, int o, int nb) {
+  __m256 acc[NB][4];
+  for (int n = 0; n < NB; n++)
+    for (int r = 0; r < 4; r++) acc[n][r] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int b = 0; b < nb; b++) {
+    const int i = b * kQ8Block;
+    if (i % 64 == 0)
+      for (int r = 4; r < 8; r++)
+        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w0 + i) + size_t(r) * C), _MM_HINT_T0);
+    __m256i xv[NB];
+    float xsb[NB];
+    for (int n = 0; n < NB; n++) {
+      xv[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + size_t(n) * C + i));
+      xsb[n] = xs[size_t(n) * nb + b];
+    }
+    for (int r = 0; r < 4; r++) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + size_t(r) * C + i));
+      const __m256i aw = _mm256_sign_epi8(wv, wv);  // |w| <= 127: an unsigned byte
+      const float sw = s0[size_t(r) * nb + b];
+      for (int n = 0; n < NB; n++) {
+        // |w| * (x * sign(w)) = w * x, pairs summed in int16 (|.| <= 2 * 127 * 127 < 2^15), then in int32
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[n], wv)), ones);
+        acc[n][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sw * xsb[n]), acc[n][r]);
+      }
+    }
+  }
+  for (int n = 0; n < NB; n++)
+    for (int r = 0; r < 4; r++) out[size_t(n) * OC + o + r] = hsum256(acc[n][r]) + (bias ? bias[o + r] : 0.0f);
+}
+
+// One input row (batch-1 decode): each int8 weight row read front to back (one sequential stream per thread, as
+// gemv_row1_avx2), two accumulators over alternate blocks. C % 32 == 0.
+inline void gemv_row1_q8i_avx2(float* out, const int8_t* xq, const float* xs, const int8_t* q, const float* scales,
+                               const float* bias, int C, int o0, int o1) {
+  const int nb = C / kQ8Block;
+  const __m256i ones = _mm256_set1_epi16(1);
+  auto block = [&](const int8_t* wr, const float* sr, int b, __m256 acc) {
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + b * kQ8Block));
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kQ8Block));
+    const __m256i p =
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sr[b] * xs[b]), acc);
+  };
+  for (int o = o0; o < o1; o++) {
+    const int8_t* wr = q + size_t(o) * C;
+    const float* sr = scales + size_t(o) * nb;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      a0 = block(wr, sr, b, a0);
+      a1 = block(wr, sr, b + 1, a1);
+    }
+    if (b < nb) a0 = block(wr, sr, b, a0);
+    out[o] = hsum256(_mm256_add_ps(a0, a1)) + (bias ? bias[o] : 0.0f);
+  }
+}
 #endif
 
 // A weight as T: fp32 / fp64 as stored; 16-bit bits as bf16 (bf16 = true) or fp16.
@@ -177,6 +316,154 @@ void gemv_forward(T* out, const T* inp, const W* w, const T* bias, int N, int C,
     }
 #endif
     gemv_rows_plain(out, inp, w, bias, N, C, OC, o0, o1, bf16);
+  }
+}
+
+// Backend::quantize_q8: w (rows, C) -> q (rows, C) int8 and scales (rows, nb = ceil(C / kQ8Block)) fp32, per block
+// of kQ8Block inputs of a row: s = max|w| / 127 (as float), q = w / s rounded to nearest (ties to even), in
+// [-127, 127] (s = 0: q = 0); then w = q * s, so that the fp32 weights (prefill's GEMMs) are the ones decode reads.
+template <typename T>
+void quantize_q8(int8_t* q, float* scales, T* w, long rows, int C) {
+  const int nb = (C + kQ8Block - 1) / kQ8Block;
+#pragma omp parallel for schedule(static)
+  for (long r = 0; r < rows; r++) {
+    T* wr = w + size_t(r) * C;
+    int8_t* qr = q + size_t(r) * C;
+    for (int b = 0; b < nb; b++) {
+      const int i0 = b * kQ8Block, i1 = std::min(C, i0 + kQ8Block);
+      T amax = 0;
+      for (int i = i0; i < i1; i++) amax = std::max(amax, T(std::abs(wr[i])));
+      const float s = float(amax / T(127));
+      scales[size_t(r) * nb + b] = s;
+      for (int i = i0; i < i1; i++) {
+        // (a NaN weight gives -127 rather than an undefined conversion; its block is garbage either way)
+        const T v = s > 0 ? std::nearbyint(wr[i] / T(s)) : T(0);
+        const int8_t qi = int8_t(std::min(T(127), std::max(T(-127), v)));
+        qr[i] = qi;
+        wr[i] = T(qi) * T(s);
+      }
+    }
+  }
+}
+
+// The portable 8-bit GEMV (double models, other ISAs, C not a multiple of 8): w = T(q) * T(s) as quantize_q8 wrote.
+template <typename T>
+inline void gemv_rows_q8_plain(T* out, const T* inp, const int8_t* q, const float* scales, const T* bias, int N, int C,
+                               int OC, int o0, int o1) {
+  const int nb = (C + kQ8Block - 1) / kQ8Block;
+  for (int o = o0; o < o1; o++) {
+    const int8_t* wr = q + size_t(o) * C;
+    const float* sr = scales + size_t(o) * nb;
+    for (int n = 0; n < N; n++) {
+      const T* x = inp + size_t(n) * C;
+      T s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int i = 0; i < C; i++) s += (T(wr[i]) * T(sr[i / kQ8Block])) * x[i];
+      out[size_t(n) * OC + o] = s + (bias ? bias[o] : T(0));
+    }
+  }
+}
+
+// gemv_forward with 8-bit weights: q (OC, C) int8, scales (OC, ceil(C / kQ8Block)) (quantize_q8's layout).
+template <typename T>
+void gemv_forward_q8(T* out, const T* inp, const int8_t* q, const float* scales, const T* bias, int N, int C, int OC) {
+  const int blocks = (OC + 15) / 16;
+#pragma omp parallel for schedule(static)
+  for (int blk = 0; blk < blocks; blk++) {
+    const int o0 = blk * 16, o1 = std::min(OC, o0 + 16);
+#if defined(GPT2CORE_CPU_AVX2)
+    if constexpr (std::is_same_v<T, float>) {
+      if (C % 8 == 0) {
+        gemv_rows_q8_avx2(out, inp, q, scales, bias, N, C, OC, o0, o1);
+        continue;
+      }
+    }
+#endif
+    gemv_rows_q8_plain(out, inp, q, scales, bias, N, C, OC, o0, o1);
+  }
+}
+
+// Rows of activations quantised as quantize_q8 quantises weights (x itself unchanged): xq (N, C), xs (N, nb).
+template <typename T>
+inline void quantize_rows_q8(int8_t* xq, float* xs, const T* x, int N, int C) {
+  const int nb = (C + kQ8Block - 1) / kQ8Block;
+#pragma omp for collapse(2) schedule(static)
+  for (int n = 0; n < N; n++)
+    for (int b = 0; b < nb; b++) {
+      const T* xr = x + size_t(n) * C;
+      const int i0 = b * kQ8Block, i1 = std::min(C, i0 + kQ8Block);
+      T amax = 0;
+      for (int i = i0; i < i1; i++) amax = std::max(amax, T(std::abs(xr[i])));
+      const float s = float(amax / T(127));
+      xs[size_t(n) * nb + b] = s;
+      for (int i = i0; i < i1; i++) {
+        const T v = s > 0 ? std::nearbyint(xr[i] / T(s)) : T(0);
+        xq[size_t(n) * C + i] = int8_t(std::min(T(127), std::max(T(-127), v)));
+      }
+    }
+}
+
+// The portable integer-dot GEMV: per block the exact int32 sum of q_w * q_x, then acc += sum * (s_w * s_x).
+template <typename T>
+inline void gemv_rows_q8i_plain(T* out, const int8_t* xq, const float* xs, const int8_t* q, const float* scales,
+                                const T* bias, int N, int C, int OC, int o0, int o1) {
+  const int nb = (C + kQ8Block - 1) / kQ8Block;
+  for (int o = o0; o < o1; o++) {
+    const int8_t* wr = q + size_t(o) * C;
+    const float* sr = scales + size_t(o) * nb;
+    for (int n = 0; n < N; n++) {
+      const int8_t* x = xq + size_t(n) * C;
+      T acc = 0;
+      for (int b = 0; b < nb; b++) {
+        const int i0 = b * kQ8Block, i1 = std::min(C, i0 + kQ8Block);
+        int32_t si = 0;
+#pragma omp simd reduction(+ : si)
+        for (int i = i0; i < i1; i++) si += int32_t(wr[i]) * int32_t(x[i]);
+        acc += T(si) * (T(sr[b]) * T(xs[size_t(n) * nb + b]));
+      }
+      out[size_t(n) * OC + o] = acc + (bias ? bias[o] : T(0));
+    }
+  }
+}
+
+// gemv_forward with 8-bit weights and 8-bit activations (integer dot products): the input rows are quantised per
+// block first (quantize_rows_q8), then out = sum over blocks of (s_w s_x) * int32 dot + bias.
+template <typename T>
+void gemv_forward_q8i(T* out, const T* inp, const int8_t* q, const float* scales, const T* bias, int N, int C, int OC) {
+  const int nb = (C + kQ8Block - 1) / kQ8Block;
+  std::vector<int8_t> xq(size_t(N) * C);
+  std::vector<float> xs(size_t(N) * nb);
+  const int blocks = (OC + 15) / 16;
+#pragma omp parallel
+  {
+    quantize_rows_q8(xq.data(), xs.data(), inp, N, C);  // (an omp for: its barrier ends it before the GEMV)
+#pragma omp for schedule(static)
+    for (int blk = 0; blk < blocks; blk++) {
+      const int o0 = blk * 16, o1 = std::min(OC, o0 + 16);
+#if defined(GPT2CORE_CPU_AVX2)
+      if constexpr (std::is_same_v<T, float>) {
+        if (C % kQ8Block == 0 && N == 1) {
+          gemv_row1_q8i_avx2(out, xq.data(), xs.data(), q, scales, bias, C, o0, o1);
+          continue;
+        }
+        if (C % kQ8Block == 0 && o1 - o0 == 16) {
+          for (int o = o0; o < o1; o += 4)
+            for (int n0 = 0; n0 < N; n0 += 2) {
+              const int8_t* x = xq.data() + size_t(n0) * C;
+              const float* sx = xs.data() + size_t(n0) * nb;
+              if (N - n0 >= 2)
+                gemv_block4_q8i_avx2<2>(out + size_t(n0) * OC, x, sx, q + size_t(o) * C, scales + size_t(o) * nb,
+                                        bias, C, OC, o, nb);
+              else
+                gemv_block4_q8i_avx2<1>(out + size_t(n0) * OC, x, sx, q + size_t(o) * C, scales + size_t(o) * nb,
+                                        bias, C, OC, o, nb);
+            }
+          continue;
+        }
+      }
+#endif
+      gemv_rows_q8i_plain(out, xq.data(), xs.data(), q, scales, bias, N, C, OC, o0, o1);
+    }
   }
 }
 
@@ -280,17 +567,18 @@ void attention_kv_forward(T* out, T* kcache, T* vcache, const T* qkv, const int3
           const int n = pos[b] + t + 1;
           T* o = out + ((size_t)b * Tq + t) * C + h * hs;
 #if defined(GPT2CORE_CPU_AVX2)
+          // decode only (one query per sequence): a prefill (Tq > 1) runs the loop below, whose in-order sums
+          // make an inference model's forward over a prompt equal to a training model's bitwise
           if constexpr (std::is_same_v<T, float>) {
-            if (hs == 64) { attend_one_avx2<8>(o, q, K, V, n, size_t(C), scale, p.data()); continue; }
-            if (hs == 128) { attend_one_avx2<16>(o, q, K, V, n, size_t(C), scale, p.data()); continue; }
-            if (hs == 32) { attend_one_avx2<4>(o, q, K, V, n, size_t(C), scale, p.data()); continue; }
+            if (Tq == 1 && hs == 64) { attend_one_avx2<8>(o, q, K, V, n, size_t(C), scale, p.data()); continue; }
+            if (Tq == 1 && hs == 128) { attend_one_avx2<16>(o, q, K, V, n, size_t(C), scale, p.data()); continue; }
+            if (Tq == 1 && hs == 32) { attend_one_avx2<4>(o, q, K, V, n, size_t(C), scale, p.data()); continue; }
           }
 #endif
           T maxv = -INFINITY;
           for (int t2 = 0; t2 < n; t2++) {
             const T* k = K + (size_t)t2 * C;
-            T s = 0;  // vectorised (summation order differs from attention_forward's in-order sum: ~1e-7 relative)
-#pragma omp simd reduction(+ : s)
+            T s = 0;  // in order, as attention_forward: an inference model's forward equals a training one's bitwise
             for (int i = 0; i < hs; i++) s += q[i] * k[i];
             s *= scale;
             p[t2] = s;

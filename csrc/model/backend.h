@@ -262,6 +262,23 @@ class Backend {
                                   int /*C*/, int /*OC*/, bool /*bf16*/) {
     no_kv();
   }
+  // 8-bit weights for inference (has_q8): quantize_q8 turns a matrix w (rows, C) into int8 q (rows, C) and one fp32
+  // scale per block of 32 inputs of a row (scales: rows x ceil(C / 32)): s = max|w| / 127, q = w / s rounded to
+  // nearest even, then writes w = q * s (the weights prefill's GEMMs read). matmul_forward_q8 is matmul_forward with
+  // w = q * s: int_dot quantises inp's rows the same way (per block of 32) and sums s_w s_x times each block's exact
+  // integer dot product (llama.cpp's Q8_0 x Q8_0); else w is widened to fp32 in registers against the fp32 inp.
+  // alloc_i8: n bytes of backend memory (the scales too, as floats).
+  virtual bool has_q8() const { return false; }
+  virtual int8_t* alloc_i8(size_t /*n*/) {
+    no_kv();
+    return nullptr;
+  }
+  virtual void free_i8(int8_t* /*p*/) {}
+  virtual void quantize_q8(int8_t* /*q*/, float* /*scales*/, T* /*w*/, long /*rows*/, int /*C*/) { no_kv(); }
+  virtual void matmul_forward_q8(T* /*out*/, const T* /*inp*/, const int8_t* /*q*/, const float* /*scales*/,
+                                 const T* /*bias*/, int /*N*/, int /*C*/, int /*OC*/, bool /*int_dot*/) {
+    no_kv();
+  }
   // CUDA graphs: the ops enqueued between capture_begin() and capture_end() are recorded, not run, and
   // graph_launch() replays them with the pointers and scalar arguments they had when recorded. Only a backend
   // with a device queue can (can_capture()); ops that would synchronise with the host fail while capturing.

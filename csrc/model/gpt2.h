@@ -196,12 +196,17 @@ class GPT2Model {
   // One id per row of the last prefill/decode's logits (rows: n settings, n = that call's sequences), to the host.
   void kv_sample(int32_t* ids, const SampleRow* rows, int n);
   int kv_logit_rows() const { return kv_rows_; }
-  // Decode with 16-bit weights (0: off, fp32; 1: bf16; 2: fp16; backends with has_w16): the matrices (wte, qkvw,
-  // attprojw, fcw, fcprojw, an untied lm_head) are rounded to that type, in the fp32 parameters too (so prefill's
-  // GEMMs and the decode GEMVs read the same weights), and decode reads the 16-bit copy. Written parameters
+  // Decode with 16-bit or 8-bit weights (0: off, fp32; 1: bf16; 2: fp16, backends with has_w16; 3: int8, backends
+  // with has_q8, Backend::quantize_q8): the matrices (wte, qkvw, attprojw, fcw, fcprojw, an untied lm_head) are
+  // rounded to that type, in the fp32 parameters too (so prefill's GEMMs and the decode GEMVs read the same
+  // weights), and decode reads the 16-bit / 8-bit copy. Written parameters
   // (params_changed) are rounded again before the next prefill / decode.
   void set_weights16(int kind);
   int weights16() const { return w16_kind_; }
+  // int8 decode: true (default) quantises each GEMV's input rows per block too and takes integer dot products
+  // (Backend::matmul_forward_q8's int_dot); false widens the int8 weights to fp32 against the fp32 inputs.
+  bool q8_int_dot() const { return q8_int_dot_; }
+  void set_q8_int_dot(bool v) { q8_int_dot_ = v; }
   void kv_logits_to_host(M* dst) const;  // (kv_logit_rows(), Vp)
   int last_B() const { return B_; }
   int last_T() const { return T_; }
@@ -295,6 +300,14 @@ class GPT2Model {
   int32_t *kv_ids_ = nullptr, *kv_slot_ = nullptr, *kv_posd_ = nullptr, *kv_gather_ = nullptr, *kv_targets_ = nullptr;
   bool kv_forward_ = false;
   uint16_t* w16_ = nullptr;  // num_params_ values, the parameters' layout (only the matrices are filled)
+  // weights16 = 3 (int8): num_params_ bytes in the parameters' layout (only the matrices filled) and the scales of
+  // each matrix (rows x ceil(inner / 32)) from q8_soff_[tensor]
+  int8_t* q8_ = nullptr;
+  float* q8_scales_ = nullptr;
+  size_t q8_soff_[kNumParamTensors] = {};
+  size_t q8_nscales_ = 0;
+  bool q8_int_dot_ = true;
+  int q8_inner(ParamTensor i) const { return i == kFcprojw ? 4 * config_.n_embd : config_.n_embd; }
   int w16_kind_ = 0;
   bool w16_stale_ = true;  // the last forward() ran through the inference path (logits/losses are kv_'s)
   std::array<size_t, kNumParamTensors> sizes_{}, offsets_{};

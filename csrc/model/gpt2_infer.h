@@ -16,13 +16,33 @@ namespace gpt2 {
 
 template <typename T>
 void GPT2Model<T>::set_weights16(int kind) {
-  if (kind < 0 || kind > 2) throw std::invalid_argument("weights16: 0 (fp32), 1 (bf16) or 2 (fp16)");
-  if (kind && !backend_->has_w16())
+  if (kind < 0 || kind > 3) throw std::invalid_argument("weights16: 0 (fp32), 1 (bf16), 2 (fp16) or 3 (int8)");
+  if (kind == 3 && !backend_->has_q8())
+    throw std::logic_error(std::string("backend ") + backend_->name() + " has no 8-bit-weight inference");
+  if (kind && kind < 3 && !backend_->has_w16())
     throw std::logic_error(std::string("backend ") + backend_->name() + " has no 16-bit-weight inference");
   if (kind && training_)
-    throw std::logic_error("16-bit weights are for inference-only models (training=False): they round the weights");
-  if (w16_ && !kind) { backend_->free_u16(w16_); w16_ = nullptr; }
-  if (kind && !w16_) w16_ = backend_->alloc_u16(num_params_);
+    throw std::logic_error("16-bit and 8-bit weights are for inference-only models (training=False): they round the "
+                           "weights");
+  if (w16_ && (kind == 0 || kind == 3)) { backend_->free_u16(w16_); w16_ = nullptr; }
+  if (q8_ && kind != 3) {
+    backend_->free_i8(q8_);
+    backend_->free_i8(reinterpret_cast<int8_t*>(q8_scales_));
+    q8_ = nullptr;
+    q8_scales_ = nullptr;
+  }
+  if ((kind == 1 || kind == 2) && !w16_) w16_ = backend_->alloc_u16(num_params_);
+  if (kind == 3 && !q8_) {
+    size_t nscales = 0;
+    for (ParamTensor i : {kWte, kQkvw, kAttprojw, kFcw, kFcprojw, kLmHead}) {
+      const size_t inner = q8_inner(i);
+      q8_soff_[i] = nscales;
+      nscales += sizes_[i] / inner * ((inner + 31) / 32);
+    }
+    q8_ = backend_->alloc_i8(num_params_);
+    q8_scales_ = reinterpret_cast<float*>(backend_->alloc_i8(std::max<size_t>(nscales, 1) * sizeof(float)));
+    q8_nscales_ = nscales;
+  }
   w16_kind_ = kind;
   w16_stale_ = true;
   kv_refresh_w16();
@@ -31,18 +51,35 @@ void GPT2Model<T>::set_weights16(int kind) {
 template <typename T>
 void GPT2Model<T>::kv_refresh_w16() {
   if (!w16_kind_ || !w16_stale_) return;
-  for (ParamTensor i : {kWte, kQkvw, kAttprojw, kFcw, kFcprojw, kLmHead})
-    if (sizes_[i]) backend_->round_w16(w16_ + offsets_[i], params_ + offsets_[i], sizes_[i], w16_kind_ == 1);
+  for (ParamTensor i : {kWte, kQkvw, kAttprojw, kFcw, kFcprojw, kLmHead}) {
+    if (!sizes_[i]) continue;
+    if (w16_kind_ == 3)
+      backend_->quantize_q8(q8_ + offsets_[i], q8_scales_ + q8_soff_[i], params_ + offsets_[i],
+                            long(sizes_[i] / q8_inner(i)), q8_inner(i));
+    else
+      backend_->round_w16(w16_ + offsets_[i], params_ + offsets_[i], sizes_[i], w16_kind_ == 1);
+  }
   w16_stale_ = false;
 }
 
-// Rows at most that read the 16-bit copy (a decode batch; the CPU backend's GEMV covers 8 rows). More rows (a
-// prefill) read the fp32 weights, which hold the same rounded values, through the GEMM.
+// Rows at most that read the 16-bit / 8-bit copy (a decode batch; the CPU backend's GEMV covers 8 rows). More rows
+// (a prefill) read the fp32 weights, which hold the same rounded values, through the GEMM.
 constexpr int kW16MaxRows = 8;
 
 template <typename T>
 void GPT2Model<T>::kv_matmul(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) {
-  if (w16_kind_ && N <= kW16MaxRows) {
+  if (w16_kind_ == 3 && N <= kW16MaxRows) {
+    const size_t off = size_t(w - params_);
+    for (ParamTensor i : {kWte, kQkvw, kAttprojw, kFcw, kFcprojw, kLmHead}) {
+      if (!sizes_[i] || off < offsets_[i] || off >= offsets_[i] + sizes_[i]) continue;
+      if (q8_inner(i) != C) throw std::logic_error("kv_matmul: 8-bit weights of another inner size");
+      const size_t row0 = (off - offsets_[i]) / C;
+      backend_->matmul_forward_q8(out, inp, q8_ + off, q8_scales_ + q8_soff_[i] + row0 * ((C + 31) / 32), bias, N, C,
+                                  OC, q8_int_dot_);
+      return;
+    }
+    throw std::logic_error("kv_matmul: not a quantised matrix");
+  } else if (w16_kind_ && N <= kW16MaxRows) {
     backend_->matmul_forward_w16(out, inp, w16_ + (w - params_), bias, N, C, OC, w16_kind_ == 1);
   } else {
     backend_->matmul_forward(out, inp, w, bias, N, C, OC);
@@ -52,6 +89,12 @@ void GPT2Model<T>::kv_matmul(T* out, const T* inp, const T* w, const T* bias, in
 template <typename T>
 void GPT2Model<T>::kv_release() {
   if (w16_) { backend_->free_u16(w16_); w16_ = nullptr; }
+  if (q8_) {
+    backend_->free_i8(q8_);
+    backend_->free_i8(reinterpret_cast<int8_t*>(q8_scales_));
+    q8_ = nullptr;
+    q8_scales_ = nullptr;
+  }
   Backend<T>& be = *backend_;
   if (kcache_) be.free(kcache_);
   if (vcache_) be.free(vcache_);
@@ -95,7 +138,7 @@ template <typename T>
 size_t GPT2Model<T>::kv_bytes() const {
   const size_t cache = 2 * size_t(config_.n_layer) * kv_S_ * kv_T_ * config_.n_embd * sizeof(T);
   return cache + kv_mem_n_ * sizeof(T) + kv_stats_n_ * sizeof(M) + 5 * size_t(kv_cap_) * sizeof(int32_t) +
-         (w16_ ? num_params_ * sizeof(uint16_t) : 0);
+         (w16_ ? num_params_ * sizeof(uint16_t) : 0) + (q8_ ? num_params_ + q8_nscales_ * sizeof(float) : 0);
 }
 
 // One layer's activations for `rows` token rows and logits for `logit_rows`, grown (never shrunk) as needed.

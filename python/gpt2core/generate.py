@@ -47,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--num-samples", type=cli.positive_int, default=1, help="samples per prompt (default 1)")
     ap.add_argument("--seed", type=cli.seed, default=42, help="sampling seed (default 42)")
     ap.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    ap.add_argument("--weights", choices=["fp32", "bf16", "fp16"], default="fp32",
-                    help="decode from 16-bit copies of the weights (CPU; half the bytes per token, rounded weights)")
+    ap.add_argument("--weights", choices=["fp32", "bf16", "fp16", "int8"], default="fp32",
+                    help="decode from 16-bit (bf16, fp16: half the bytes per token) or 8-bit copies of the weights "
+                         "(int8: blocks of 32 with a scale, 1.125 bytes per weight); CPU; the weights are rounded")
     ap.add_argument("--no-stats", dest="stats", action="store_false",
                     help="do not print the speed line (prefill ms, decode tokens/s) to standard error")
     return ap

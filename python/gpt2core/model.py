@@ -512,16 +512,17 @@ class GPT2:
     @property
     def inference_weights(self) -> str:
         """The weights decode reads: "fp32", or "bf16" / "fp16" (16-bit copies widened to fp32 in registers: half
-        the bytes per token; CPU, inference-only models). Setting "bf16" or "fp16" rounds the model's matrices
-        (wte, qkvw, attprojw, fcw, fcprojw, an untied lm_head) to that type in self.params too, so prefill and
-        decode agree."""
-        return ("fp32", "bf16", "fp16")[self._m.weights16]
+        the bytes per token), or "int8" (8-bit: each matrix row in blocks of 32 inputs with one fp32 scale per
+        block, max|w| / 127, the int8 values rounded to nearest; dequantised in registers: 1.125 bytes per weight);
+        CPU, inference-only models. Setting "bf16", "fp16" or "int8" rounds the model's matrices (wte, qkvw,
+        attprojw, fcw, fcprojw, an untied lm_head) to that type in self.params too, so prefill and decode agree."""
+        return ("fp32", "bf16", "fp16", "int8")[self._m.weights16]
 
     @inference_weights.setter
     def inference_weights(self, kind: str) -> None:
-        kinds = {"fp32": 0, "bf16": 1, "fp16": 2}
+        kinds = {"fp32": 0, "bf16": 1, "fp16": 2, "int8": 3}
         if kind not in kinds:
-            raise ValueError(f"inference_weights must be 'fp32', 'bf16' or 'fp16', got {kind!r}")
+            raise ValueError(f"inference_weights must be 'fp32', 'bf16', 'fp16' or 'int8', got {kind!r}")
         if kind != "fp32" and (self.training or self.device != "cpu"):
             raise ValueError(f"inference_weights={kind!r} needs an inference-only CPU model (load_model(path, "
                              "training=False) or GPT2(..., training=False)): it rounds the weights")
@@ -588,7 +589,7 @@ def load_model(path, training: bool = False, device: str = "cpu", padded_vocab_s
     """A GPT2 from any model file, checkpoint or Hugging Face source (GPT2.from_pretrained). training=False (the
     default) gives an inference-only model: no gradients, AdamW moments or backward activations are allocated
     (forward, generate and evaluation work; backward and step raise); training=True a model that trains on.
-    inference_weights: "fp32", or "bf16" / "fp16" for decode from 16-bit weights (see GPT2.inference_weights)."""
+    inference_weights: "fp32", "bf16" / "fp16" (16-bit) or "int8" (8-bit) decode weights (see GPT2.inference_weights)."""
     model = GPT2.from_pretrained(path, device=device, padded_vocab_size=padded_vocab_size, training=training)
     if inference_weights != "fp32":
         model.inference_weights = inference_weights

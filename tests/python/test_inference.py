@@ -105,12 +105,14 @@ def test_cached_logits_equal_full_forward_every_step(dtype, C, NH, arch):
 @pytest.mark.parametrize("dtype,C,NH,weights", [("float64", 48, 3, "fp32"), ("float32", 48, 3, "fp32"),
                                                 ("float32", 64, 4, "fp32"), ("float32", 48, 3, "bf16"),
                                                 ("float32", 64, 4, "bf16"), ("float32", 64, 4, "fp16"),
+                                                ("float32", 64, 4, "int8"), ("float32", 48, 3, "int8"),
+                                                ("float64", 48, 3, "int8"),
                                                 # head sizes 64 and 32: the AVX2 decode attention's register paths
                                                 ("float32", 128, 2, "fp32"), ("float32", 96, 3, "bf16")])
 def test_decode_batches_up_to_nine_rows(dtype, C, NH, weights, arch):
     """Decode of 1 .. 9 sequences at once (the GEMV takes up to 8 rows, in groups of 4 against each block of weight
     rows; 9 goes to the GEMM), fp32 and 16-bit weights: every row's logits equal the full forward's of its own
-    sequence (float32 full forward on the rounded weights for 16-bit)."""
+    sequence (float32 full forward on the rounded weights for 16-bit and 8-bit)."""
     m = refm = make_model(dtype, C=C, NH=NH, arch=arch)
     if weights != "fp32":  # the inference-only model decodes; the training model (rounded weights) is the reference
         m = GPT2(refm.config, dtype=dtype, init=False, training=False)
@@ -118,6 +120,8 @@ def test_decode_batches_up_to_nine_rows(dtype, C, NH, weights, arch):
             m.params[k][...] = v
         m.params_changed()
         m.inference_weights = weights
+        if weights == "int8":  # the GEMV that widens the int8 weights (the integer dot's inputs are rounded too)
+            m._m.q8_int_dot = False
         for k, v in m.params.items():
             refm.params[k][...] = v
         refm.params_changed()
@@ -366,3 +370,232 @@ def test_generate_cli_prompts_file_stdin_stop_and_stats(tmp_path, capsys, monkey
     assert out.startswith(one[0]) and err == ""
     with pytest.raises(SystemExit):
         gen_cli.main(["Hello", "--model", str(path), "--prompts-file", str(f)])
+
+
+# ---------------------------------------------------------------------------------------------- 8-bit weights (int8)
+def q8_reference(w):
+    """numpy's int8 quantisation of w (rows, C), float32 or float64: per block of 32 inputs of a row, scale =
+    max|w| / 127 (computed in w's type, stored as float32), q = w / scale rounded to nearest even (np.rint), clipped
+    to [-127, 127] (scale 0: q = 0); the dequantised weights q * scale in w's type."""
+    rows, C = w.shape
+    nb = -(-C // 32)
+    q = np.zeros((rows, C), np.int8)
+    s = np.zeros((rows, nb), np.float32)
+    deq = np.zeros_like(w)
+    for b in range(nb):
+        blk = w[:, 32 * b:32 * b + 32]
+        sc = (np.abs(blk).max(axis=1) / w.dtype.type(127)).astype(np.float32)
+        s[:, b] = sc
+        scw = sc.astype(w.dtype)[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = np.where(scw > 0, np.rint(blk / scw), 0)
+        qb = np.clip(v, -127, 127).astype(np.int8)
+        q[:, 32 * b:32 * b + 32] = qb
+        deq[:, 32 * b:32 * b + 32] = qb.astype(w.dtype) * scw
+    return q, s, deq
+
+
+@pytest.fixture(params=["x86-64-v3", "baseline"])
+def cpu_isa(request):
+    """Each instruction-set variant this CPU runs (AVX2 intrinsics in x86-64-v3, the portable loops in baseline)."""
+    from gpt2core import _C
+    if request.param not in _C.cpu_isas():
+        pytest.skip(f"this CPU does not run {request.param}")
+    before = _C.cpu_isa()
+    _C.set_cpu_isa(request.param)
+    yield request.param
+    _C.set_cpu_isa(before)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("C", [45, 64, 104])
+def test_quantize_q8_equals_numpy(cpu_isa, dtype, C):
+    """The backend's quantisation gives numpy's int8 values and scales exactly, and the dequantised weights bit for
+    bit: C=45 and 104 end each row with a short block, a row of zeros has scale 0, a row with one large weight
+    squeezes the rest of its block toward 0, ties (w / scale = k + 1/2) round to even."""
+    from gpt2core import _C
+    rng = np.random.default_rng(11)
+    w = (rng.standard_normal((7, C)) * 0.05).astype(dtype)
+    w[2] = 0
+    w[3, 5] = 9.0
+    w[4, :32] = np.arange(32) - 16.0  # max 16 -> scale 16/127: w / scale = 127 k / 16 (a few land on halves)
+    w[4, 1] = 127 / 2 * (16 / 127)  # exactly 63.5 scales (in float64; in float32 near it)
+    q, s, deq = _C.quantize_q8(w)
+    rq, rs, rdeq = q8_reference(w)
+    assert q.dtype == np.int8 and s.dtype == np.float32 and s.shape == (7, -(-C // 32))
+    np.testing.assert_array_equal(s, rs)
+    np.testing.assert_array_equal(q, rq)
+    np.testing.assert_array_equal(deq, rdeq)
+    assert np.all(q[2] == 0) and np.all(s[2] == 0) and np.abs(q).max() == 127
+    # round-to-nearest: each weight within half a step of its dequantised value
+    step = np.repeat(s.astype(np.float64), 32, axis=1)[:, :C]
+    assert np.all(np.abs(w.astype(np.float64) - deq) <= 0.5 * step * (1 + 1e-6) + 1e-300)
+
+
+@pytest.mark.parametrize("int_dot", [False, True], ids=["widen", "int_dot"])
+@pytest.mark.parametrize("C,OC", [(45, 37), (64, 40), (104, 21), (768, 19), (96, 48)])
+def test_gemv_q8_against_float64(cpu_isa, C, OC, int_dot):
+    """The 8-bit GEMVs against float64 numpy, batches of 1 .. 9 rows, with and without bias, the output NaN-poisoned
+    before they run. x86-64-v3: AVX2 (widen: C % 8 == 0, a short last block for C=104, odd OC's tail rows; int_dot:
+    C % 32 == 0 and whole blocks of 16 output rows, the rest portable); baseline / C=45: the portable loops.
+    widen: against the dequantised weights; rounding of fp32 dot products of C terms, at most C * 2^-24 relative to
+    sum |x_i w_i|. int_dot: the inputs quantised by numpy (q8_reference) too, each block's integer sum exact, then
+    fp32 scale products and a sum over the blocks: at most (blocks + 5) * 2^-24 relative to the sum of the blocks'
+    sum |q_w q_x| s_w s_x -- an input value off by one step moves the result by ~1e-3 of that, far outside."""
+    from gpt2core import _C
+    rng = np.random.default_rng(C + OC)
+    w = (rng.standard_normal((OC, C)) * 0.1).astype(np.float32)
+    q, s, deq = _C.quantize_q8(w)
+    bias = rng.standard_normal(OC).astype(np.float32)
+    nb = -(-C // 32)
+    for N in range(1, 10):
+        x = rng.standard_normal((N, C)).astype(np.float32)
+        for b in (None, bias):
+            got = _C.gemv_q8(x, q, s, b, int_dot=int_dot)
+            assert got.shape == (N, OC) and np.isfinite(got).all()
+            b64 = 0 if b is None else b.astype(np.float64)
+            if int_dot:
+                xq, xs, _ = q8_reference(x)
+                # scale products rounded to fp32 as the kernels form them
+                sprod = (s[None, :, :] * xs[:, None, :]).astype(np.float64)  # (N, OC, nb)
+                isum = np.zeros((N, OC, nb))
+                asum = np.zeros((N, OC, nb))
+                for j in range(nb):
+                    xa, wa = xq[:, 32 * j:32 * j + 32].astype(np.int64), q[:, 32 * j:32 * j + 32].astype(np.int64)
+                    isum[:, :, j] = xa @ wa.T
+                    asum[:, :, j] = np.abs(xa) @ np.abs(wa).T
+                want = (isum * sprod).sum(axis=2) + b64
+                bound = (nb + 5) * 2.0 ** -24 * (asum * sprod).sum(axis=2) + 2.0 ** -24 * np.abs(want)
+            else:
+                want = x.astype(np.float64) @ deq.astype(np.float64).T + b64
+                bound = C * 2.0 ** -24 * (np.abs(x.astype(np.float64)) @ np.abs(deq.astype(np.float64)).T) + \
+                    2.0 ** -24 * np.abs(want)
+            assert np.all(np.abs(got - want) <= bound), float(np.max(np.abs(got - want) / bound))
+            if int_dot:  # and close to the float product: the inputs' rounding, ~1/254 of each block's max
+                xf = x.astype(np.float64) @ deq.astype(np.float64).T + b64
+                assert np.abs(got - xf).max() < 0.02 * np.abs(xf).max()
+    x64 = rng.standard_normal((3, C))  # float64 models: the portable loop in float64
+    q64, s64, deq64 = _C.quantize_q8(w.astype(np.float64))
+    if int_dot:
+        xq64, xs64, _ = q8_reference(x64)
+        want64 = sum((xq64[:, 32 * j:32 * j + 32].astype(np.float64) @ q64[:, 32 * j:32 * j + 32].T.astype(np.float64)) *
+                     (xs64[:, j:j + 1].astype(np.float64) * s64[None, :, j].astype(np.float64)) for j in range(nb))
+    else:
+        want64 = x64 @ deq64.T
+    np.testing.assert_allclose(_C.gemv_q8(x64, q64, s64, int_dot=int_dot), want64, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="scales"):
+        _C.gemv_q8(x, q, s[:, :1])
+    with pytest.raises(ValueError, match="q must"):
+        _C.gemv_q8(x, q.astype(np.int16), s)
+    with pytest.raises(ValueError, match="^w must"):
+        _C.quantize_q8(np.zeros((2, 3, 4), np.float32))
+
+
+@pytest.mark.parametrize("C,NH,arch", [(64, 4, None), (48, 3, None), (64, 4, MODERN)], ids=["C64", "C48",
+                                                                                          "modern"])
+def test_int8_weights_decode(C, NH, arch):
+    """inference_weights='int8' quantises the matrices (params too, the untied lm_head as well) as numpy does.
+    With q8_int_dot=False decode widens the int8 weights against fp32 inputs: its logits equal the fp32 full forward
+    on the dequantised weights (fp32 tolerance). With the default integer dot products the GEMV inputs are rounded
+    too, and against the fp32 model's own logits the tolerance is argued, not guessed: rounding to nearest leaves
+    each weight within half a step of itself (~0.5% relative error per matrix here), and these small random models
+    amplify any weight error of that size to a few % of the largest logit (measured: 2.0-3.2% with the weights
+    rounded, 2.8-3.4% with the inputs too; 2-11% for the weights' own rounding errors shuffled across each matrix).
+    So the widened path must stay within 2x, the integer path (two roundings of the same size) within 3x of the
+    median error of the shuffled errors -- quantisation that acts like noise of its size -- and both below 15% of
+    the largest logit; a wrong scale or a block read off by one moves the logits by ~100%."""
+    m = make_model("float32", C=C, NH=NH, arch=arch)
+    m2 = GPT2(m.config, dtype="float32", init=False, training=False)
+    for k, v in m.params.items():
+        m2.params[k][...] = v
+    m2.params_changed()
+    before = {k: v.copy() for k, v in m2.params.items()}
+    m2.inference_weights = "int8"
+    assert m2.inference_weights == "int8"
+    mats = ["wte", "qkvw", "attprojw", "fcw", "fcprojw"] + (["lm_head"] if "lm_head" in before else [])
+    werr = 0.0
+    for k in mats:
+        w = before[k]
+        w2 = w.reshape(-1, w.shape[-1])
+        np.testing.assert_array_equal(m2.params[k].reshape(w2.shape), q8_reference(w2)[2])
+        werr = max(werr, float(np.linalg.norm(m2.params[k] - w) / np.linalg.norm(w)))
+    for k in set(before) - set(mats):  # biases, norms, wpe: as they were
+        np.testing.assert_array_equal(m2.params[k], before[k])
+    assert 1e-3 < werr < 1e-2, werr
+    rng = np.random.default_rng(4)
+    seq0 = list(rng.integers(0, 97, 6))
+    steps = [int(t) for t in rng.integers(0, 97, 6)]
+    m2._m.kv_reserve(1, 13)
+
+    def decode(int_dot):
+        m2._m.q8_int_dot = int_dot
+        seq = list(seq0)
+        m2._m.kv_prefill(np.array([seq], np.int32), np.array([6], np.int32), np.array([0], np.int32))
+        out = []
+        for t in steps:
+            m2._m.kv_decode(np.array([t], np.int32), np.array([0], np.int32))
+            seq.append(t)
+            out.append((list(seq), m2._m.kv_logits()[0].astype(np.float64)))
+        return out
+
+    widened = decode(False)
+    for seq, lg in widened:  # the same weights as the fp32 full forward on the dequantised weights
+        assert rel(lg, full_last_logits(m2, seq)) < tol("float32", arch)
+    integer = decode(True)
+    assert m2._m.q8_int_dot
+    seq = widened[-1][0]
+    want = full_last_logits(m, seq)
+    err = rel(widened[-1][1], want)
+    err_int = rel(integer[-1][1], want)
+    noise = []
+    for _ in range(3):  # the same rounding errors, shuffled within each matrix
+        mn = GPT2(m.config, dtype="float32", init=False)
+        for k, v in m.params.items():
+            d = (m2.params[k] - v).reshape(-1)
+            mn.params[k][...] = v + rng.permutation(d).reshape(v.shape) if k in mats else v
+        mn.params_changed()
+        noise.append(rel(full_last_logits(mn, seq), want))
+    print(f"int8 logits vs fp32: weights rounded {err:.4f}, inputs too {err_int:.4f}; shuffled {noise}")
+    assert err < min(2 * float(np.median(noise)), 0.15), (err, noise)
+    assert err_int < min(3 * float(np.median(noise)), 0.15), (err_int, noise)
+    with pytest.raises(ValueError, match="inference-only"):
+        m.inference_weights = "int8"
+
+
+def test_int8_generate_end_to_end_and_bad_values(tmp_path, capsys):
+    """generate with int8 weights gives the greedy ids of the fp32 model holding the dequantised weights (same
+    weights, fp32 rounding only), streams, gpt2core-generate --weights int8 runs, and wrong values name the
+    argument."""
+    from gpt2core import generate as gen_cli
+    m = make_model("float32", C=64, NH=4, block=32)
+    path = m.save(tmp_path / "m.bin")
+    q = load_model(path, inference_weights="int8")
+    assert q.inference_weights == "int8" and not q.training
+    ref_m = load_model(path, training=True)
+    for k, v in q.params.items():
+        ref_m.params[k][...] = v
+    ref_m.params_changed()
+    prompts = [[5, 9, 2], [7], [1, 2, 3, 4, 5, 6, 7]]
+    want = ref_m.generate(prompts, 12, top_k=1)
+    q._m.q8_int_dot = False  # the widening GEMV: the reference's weights, so its greedy ids
+    for g, w in zip(q.generate(prompts, 12, top_k=1), want):
+        np.testing.assert_array_equal(g, w)
+    q._m.q8_int_dot = True  # the default (inputs rounded too: a near tie may go the other way; the logits are
+    got = q.generate(prompts, 12, top_k=1)  # bounded in test_int8_weights_decode)
+    assert [len(g) for g in got] == [len(w) for w in want] and all(np.all((g >= 0) & (g < 97)) for g in got)
+    streamed = np.array(list(q.generate(prompts, 12, top_k=1, stream=True)))
+    np.testing.assert_array_equal(streamed.T, np.array([g[-12:] for g in got]))
+    sampled = q.generate(prompts, 12, top_k=50, seed=5)
+    assert all(np.array_equal(a, b) for a, b in zip(sampled, q.generate(prompts, 12, top_k=50, seed=5)))
+    with pytest.raises(ValueError, match="inference_weights"):
+        load_model(path, inference_weights="q8")
+    with pytest.raises(ValueError, match="inference_weights"):
+        q.inference_weights = "int4"
+    tiny = GPT2("tiny", seed=3).save(tmp_path / "t.bin")
+    out = gen_cli.main(["Hello", "--model", str(tiny), "--max-new-tokens", "5", "--weights", "int8", "--seed", "1"])
+    assert out[0].startswith("Hello") and len(out[0]) > len("Hello")
+    _, err = capsys.readouterr()
+    assert "tokens/s" in err
+    with pytest.raises(SystemExit):
+        gen_cli.main(["Hello", "--model", str(tiny), "--weights", "int4"])
+    assert "--weights" in capsys.readouterr().err
