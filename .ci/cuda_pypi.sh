@@ -26,23 +26,53 @@ if command -v nvcc >/dev/null && nvcc --version >/dev/null 2>&1; then echo "a sy
 
 DIST="$WORK/dist"
 rm -rf "$DIST"; mkdir -p "$DIST"
-echo "== CUDA 13 from PyPI: venv"
-python3 -m venv "$WORK/venv13"
-PY="$WORK/venv13/bin/python"
-"$PY" -m pip install -q scikit-build-core pybind11 \
-  nvidia-cuda-nvcc==13.0.88 nvidia-cuda-cccl==13.0.85 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88 \
-  nvidia-cuda-runtime==13.0.96 nvidia-cublas==13.0.2.14 nvidia-cuda-nvrtc==13.0.88 nvidia-cudnn-cu13==9.19.0.56 \
-  nvidia-nccl-cu13==2.28.9
-echo "== the plugin gpt2core-cuda13 (system toolkit hidden), sm_75"
-rm -rf "$WORK/build13"
-GPT2CORE_CUDA_ARCHS=75 "$PY" -m pip wheel --no-build-isolation --no-deps -v -w "$DIST" -C build-dir="$WORK/build13" \
-  "$ROOT/plugins/cuda13" > "$WORK/build13.log" 2>&1 || { tail -n 60 "$WORK/build13.log"; exit 1; }
-grep "gpt2core:" "$WORK/build13.log"
-grep -q "CUDA toolchain from NVIDIA's PyPI wheels" "$WORK/build13.log"
-grep -q "CUDA backend ON, archs = 75, cuDNN = ON, NCCL = ON" "$WORK/build13.log"
-grep -q 'CUDA_VERSION = "13.0"' "$WORK/build13/_build_config.py"
-grep -q 'DIST = "gpt2core-cuda13"' "$WORK/build13/_build_config.py"
-readelf -d "$WORK"/build13/_C_cuda*.so | grep -E "NEEDED.*(cublasLt|nccl)"
+# The three builds are independent: the CUDA 13 venv and plugin (a background job) while the CUDA 12 venv
+# installs, then the CUDA 12 plugin and the CPU package side by side (each compile is mostly one long file: two
+# cores do both). Each job's output is kept and shown in this order once all three are done.
+cu13() {
+  set -e
+  echo "== CUDA 13 from PyPI: venv"
+  python3 -m venv "$WORK/venv13"
+  PY="$WORK/venv13/bin/python"
+  "$PY" -m pip install -q scikit-build-core pybind11 \
+    nvidia-cuda-nvcc==13.0.88 nvidia-cuda-cccl==13.0.85 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88 \
+    nvidia-cuda-runtime==13.0.96 nvidia-cublas==13.0.2.14 nvidia-cuda-nvrtc==13.0.88 nvidia-cudnn-cu13==9.19.0.56 \
+    nvidia-nccl-cu13==2.28.9
+  echo "== the plugin gpt2core-cuda13 (system toolkit hidden), sm_75"
+  rm -rf "$WORK/build13"
+  GPT2CORE_CUDA_ARCHS=75 "$PY" -m pip wheel --no-build-isolation --no-deps -v -w "$DIST" -C build-dir="$WORK/build13" \
+    "$ROOT/plugins/cuda13" > "$WORK/build13.log" 2>&1 || { tail -n 60 "$WORK/build13.log"; exit 1; }
+  grep "gpt2core:" "$WORK/build13.log"
+  grep -q "CUDA toolchain from NVIDIA's PyPI wheels" "$WORK/build13.log"
+  grep -q "CUDA backend ON, archs = 75, cuDNN = ON, NCCL = ON" "$WORK/build13.log"
+  grep -q 'CUDA_VERSION = "13.0"' "$WORK/build13/_build_config.py"
+  grep -q 'DIST = "gpt2core-cuda13"' "$WORK/build13/_build_config.py"
+  readelf -d "$WORK"/build13/_C_cuda*.so | grep -E "NEEDED.*(cublasLt|nccl)"
+}
+cu12() {
+  set -e
+  echo "== the plugin gpt2core-cuda12 (clang), sm_75"
+  local t0=$SECONDS
+  rm -rf "$WORK/build12"
+  GPT2CORE_CUDA_ARCHS=75 "$V12/python" -m pip wheel --no-build-isolation --no-deps -v -w "$DIST" \
+    -C build-dir="$WORK/build12" "$ROOT/plugins/cuda12" > "$WORK/build12.log" 2>&1 \
+    || { tail -n 80 "$WORK/build12.log"; exit 1; }
+  grep "gpt2core:" "$WORK/build12.log"
+  grep -q "gpt2core: CUDA 12.9 compiled by .*clang" "$WORK/build12.log"
+  echo "CUDA 12 plugin (clang): $((SECONDS - t0)) s"
+}
+cpu() {
+  set -e
+  echo "== the CPU package gpt2core (GPT2CORE_CUDA=OFF)"
+  local t0=$SECONDS
+  rm -rf "$WORK/buildcpu"
+  GPT2CORE_CUDA=OFF "$V12/python" -m pip wheel --no-build-isolation --no-deps -v -w "$DIST" \
+    -C build-dir="$WORK/buildcpu" "$ROOT" > "$WORK/buildcpu.log" 2>&1 || { tail -n 80 "$WORK/buildcpu.log"; exit 1; }
+  grep -q 'CUDA_VERSION = ""' "$WORK/buildcpu/_build_config.py"
+  echo "CPU package: $((SECONDS - t0)) s"
+}
+cu13 > "$WORK/job-cu13.out" 2>&1 &
+pid13=$!
 
 echo "== CUDA 12 by clang from PyPI's CUDA 12 wheels: venv with the plugin's pins"
 python3 -m venv "$WORK/venv12"
@@ -52,22 +82,16 @@ V12="$WORK/venv12/bin"
   nvidia-cuda-nvcc-cu12==12.9.86 nvidia-cuda-cccl-cu12==12.9.27 nvidia-curand-cu12==10.3.10.19 nvidia-cuda-nvcc==13.0.88 \
   nvidia-cuda-runtime-cu12==12.9.79 nvidia-cublas-cu12==12.9.1.4 nvidia-cuda-nvrtc-cu12==12.9.86 \
   nvidia-cudnn-cu12==9.19.0.56 nvidia-nccl-cu12==2.28.9
-echo "== the plugin gpt2core-cuda12 (clang), sm_75"
-t0=$SECONDS
-rm -rf "$WORK/build12"
-GPT2CORE_CUDA_ARCHS=75 "$V12/python" -m pip wheel --no-build-isolation --no-deps -v -w "$DIST" \
-  -C build-dir="$WORK/build12" "$ROOT/plugins/cuda12" > "$WORK/build12.log" 2>&1 \
-  || { tail -n 80 "$WORK/build12.log"; exit 1; }
-grep "gpt2core:" "$WORK/build12.log"
-grep -q "gpt2core: CUDA 12.9 compiled by .*clang" "$WORK/build12.log"
-echo "CUDA 12 plugin (clang): $((SECONDS - t0)) s"
-echo "== the CPU package gpt2core (GPT2CORE_CUDA=OFF)"
-t0=$SECONDS
-rm -rf "$WORK/buildcpu"
-GPT2CORE_CUDA=OFF "$V12/python" -m pip wheel --no-build-isolation --no-deps -v -w "$DIST" \
-  -C build-dir="$WORK/buildcpu" "$ROOT" > "$WORK/buildcpu.log" 2>&1 || { tail -n 80 "$WORK/buildcpu.log"; exit 1; }
-grep -q 'CUDA_VERSION = ""' "$WORK/buildcpu/_build_config.py"
-echo "CPU package: $((SECONDS - t0)) s"
+cu12 > "$WORK/job-cu12.out" 2>&1 &
+pid12=$!
+cpu > "$WORK/job-cpu.out" 2>&1 &
+pidcpu=$!
+failed=""
+for job in cu13:$pid13 cu12:$pid12 cpu:$pidcpu; do
+  wait "${job#*:}" || failed="$failed ${job%%:*}"
+  cat "$WORK/job-${job%%:*}.out"
+done
+if [ -n "$failed" ]; then echo "failed:$failed"; exit 1; fi
 ls -l "$DIST"
 CPU_WHL=$(ls "$DIST"/gpt2core-[0-9]*.whl)
 cd "$WORK"

