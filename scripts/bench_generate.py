@@ -198,22 +198,18 @@ def format_row(r: dict, hf: bool, llama: bool) -> str:
             f"{r['decode_tok_s']:>12.1f} " + (f"{100 * of:>7.0f}%" if of is not None else f"{'':>8}"))
     n = r.get("new_tokens", 0) + 1
 
-    def same(k):
-        return f"{r[k]:>2}/{n:<2}" if r.get(k) is not None else f"{'':>5}"
+    def engine(prefix: str, pre_w: int, tps_w: int, label: str = "") -> str:
+        """One engine's columns: [label] prefill ms, tokens/s, ratios ours / theirs, same ids (dashes: not run)."""
+        if r.get(f"{prefix}_decode_tok_s") is None:
+            return " | " + (f"{label:>9} " if label else "") + f"{'-':>{pre_w}} {'-':>{tps_w}} {'':>6} {'':>6} {'':>5}"
+        pre, tps, same = r[f"{prefix}_prefill_ms"], r[f"{prefix}_decode_tok_s"], r.get(f"{prefix}_same")
+        return (" | " + (f"{label:>9} " if label else "") + f"{pre:>{pre_w}.1f} {tps:>{tps_w}.1f} "
+                f"{pre / r['prefill_ms']:>5.2f}x {r['decode_tok_s'] / tps:>5.2f}x "
+                + (f"{same:>2}/{n:<2}" if same is not None else f"{'':>5}"))
     if hf:
-        if r.get("hf_decode_tok_s") is None:
-            line += f" | {'-':>13} {'-':>8} {'':>6} {'':>6} {'':>5}"
-        else:
-            line += (f" | {r['hf_prefill_ms']:>13.1f} {r['hf_decode_tok_s']:>8.1f} "
-                     f"{r['hf_prefill_ms'] / r['prefill_ms']:>5.2f}x {r['decode_tok_s'] / r['hf_decode_tok_s']:>5.2f}x "
-                     + same("hf_same"))
+        line += engine("hf", 13, 8)
     if llama:
-        if r.get("llama_decode_tok_s") is None:
-            line += f" | {'-':>9} {'-':>10} {'-':>7} {'':>6} {'':>6} {'':>5}"
-        else:
-            line += (f" | {r['llama_type'].upper():>9} {r['llama_prefill_ms']:>10.1f} {r['llama_decode_tok_s']:>7.1f} "
-                     f"{r['llama_prefill_ms'] / r['prefill_ms']:>5.2f}x "
-                     f"{r['decode_tok_s'] / r['llama_decode_tok_s']:>5.2f}x " + same("llama_same"))
+        line += engine("llama", 10, 7, (r.get("llama_type") or "-").upper())
     return line
 
 

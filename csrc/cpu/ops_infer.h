@@ -35,22 +35,38 @@ inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Weight loaders: 8 weights widened to fp32 (fp32 as is; bf16 bits shifted into the high half; fp16 by F16C).
-struct LoadF32 {
-  using W = float;
-  static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+// Weight loaders: the 8 weights of row `row` from input i on, widened to fp32 (fp32 as is; bf16 bits shifted into
+// the high half; fp16 by F16C; int8 times its block's scale, the value the fp32 params hold); addr: their address
+// (for prefetches; computed as an integer: an address past the matrix's end is no fault and no UB).
+template <typename W>
+struct LoadBase {
+  const W* w;
+  int C;
+  const char* addr(size_t row, int i) const {
+    return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w) + (row * C + i) * sizeof(W));
+  }
 };
-struct LoadBF16 {
-  using W = uint16_t;
-  static __m256 load8(const uint16_t* p) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+struct LoadF32 : LoadBase<float> {
+  __m256 load8(size_t row, int i) const { return _mm256_loadu_ps(w + row * C + i); }
+};
+struct LoadBF16 : LoadBase<uint16_t> {
+  __m256 load8(size_t row, int i) const {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + row * C + i));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
 };
-struct LoadF16 {
-  using W = uint16_t;
-  static __m256 load8(const uint16_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+struct LoadF16 : LoadBase<uint16_t> {
+  __m256 load8(size_t row, int i) const {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + row * C + i)));
+  }
+};
+struct LoadQ8 : LoadBase<int8_t> {
+  const float* scales;  // (rows, nb): quantize_q8's layout
+  int nb;
+  __m256 load8(size_t row, int i) const {
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + row * C + i));
+    const __m256 s = _mm256_broadcast_ss(scales + row * nb + i / kQ8Block);
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), s);
   }
 };
 
@@ -59,18 +75,14 @@ struct LoadF16 {
 // bytes): with several input rows the FMAs take longer than the read, and without the prefetch the two did not
 // overlap (8 rows x 768 x 12288 on this machine's Zen core, one thread: 6.4 ms without, 4.7 with; 1 row: 3.2).
 template <int NB, typename Ld>
-inline void gemv_block4_avx2(float* out, const float* inp, const typename Ld::W* w0, const float* bias, int C, int OC,
-                             int o) {
+inline void gemv_block4_avx2(float* out, const float* inp, const Ld& ld, const float* bias, int C, int OC, int o) {
   __m256 acc[NB][4];
   for (int n = 0; n < NB; n++)
     for (int r = 0; r < 4; r++) acc[n][r] = _mm256_setzero_ps();
   for (int i = 0; i < C; i += 8) {
-    if (NB > 1 && (i * sizeof(typename Ld::W)) % 64 == 0)  // (an address past the matrix's end: no fault, no UB)
-      for (int r = 4; r < 8; r++)
-        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w0 + i) + size_t(r) * C * sizeof(*w0)),
-                     _MM_HINT_T0);
-    const __m256 a0 = Ld::load8(w0 + i), a1 = Ld::load8(w0 + C + i), a2 = Ld::load8(w0 + 2 * C + i),
-                 a3 = Ld::load8(w0 + 3 * C + i);
+    if (NB > 1 && (i * sizeof(*ld.w)) % 64 == 0)
+      for (int r = 4; r < 8; r++) _mm_prefetch(ld.addr(o + r, i), _MM_HINT_T0);
+    const __m256 a0 = ld.load8(o, i), a1 = ld.load8(o + 1, i), a2 = ld.load8(o + 2, i), a3 = ld.load8(o + 3, i);
     for (int n = 0; n < NB; n++) {
       const __m256 x = _mm256_loadu_ps(inp + size_t(n) * C + i);
       acc[n][0] = _mm256_fmadd_ps(a0, x, acc[n][0]);
@@ -88,19 +100,17 @@ inline void gemv_block4_avx2(float* out, const float* inp, const typename Ld::W*
 // interleaved rows, on this machine's Zen cores (2 threads, d12's decode matrices, huge pages): 16-bit weights
 // 14.8 -> 12.1 ms (bf16), 13.9 -> 12.2 ms (fp16); fp32 within noise (22-23 ms either way).
 template <typename Ld>
-inline void gemv_row1_avx2(float* out, const float* x, const typename Ld::W* w, const float* bias, int C, int o0,
-                           int o1) {
+inline void gemv_row1_avx2(float* out, const float* x, const Ld& ld, const float* bias, int C, int o0, int o1) {
   for (int o = o0; o < o1; o++) {
-    const typename Ld::W* wr = w + size_t(o) * C;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int i = 0;
     for (; i + 32 <= C; i += 32) {
-      a0 = _mm256_fmadd_ps(Ld::load8(wr + i), _mm256_loadu_ps(x + i), a0);
-      a1 = _mm256_fmadd_ps(Ld::load8(wr + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-      a2 = _mm256_fmadd_ps(Ld::load8(wr + i + 16), _mm256_loadu_ps(x + i + 16), a2);
-      a3 = _mm256_fmadd_ps(Ld::load8(wr + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+      a0 = _mm256_fmadd_ps(ld.load8(o, i), _mm256_loadu_ps(x + i), a0);
+      a1 = _mm256_fmadd_ps(ld.load8(o, i + 8), _mm256_loadu_ps(x + i + 8), a1);
+      a2 = _mm256_fmadd_ps(ld.load8(o, i + 16), _mm256_loadu_ps(x + i + 16), a2);
+      a3 = _mm256_fmadd_ps(ld.load8(o, i + 24), _mm256_loadu_ps(x + i + 24), a3);
     }
-    for (; i < C; i += 8) a0 = _mm256_fmadd_ps(Ld::load8(wr + i), _mm256_loadu_ps(x + i), a0);
+    for (; i < C; i += 8) a0 = _mm256_fmadd_ps(ld.load8(o, i), _mm256_loadu_ps(x + i), a0);
     out[o] = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + (bias ? bias[o] : 0.0f);
   }
 }
@@ -108,99 +118,27 @@ inline void gemv_row1_avx2(float* out, const float* x, const typename Ld::W* w, 
 // out[n, o] for o in [o0, o1), any N: four weight rows at a time, the input rows in groups of up to 4 against the
 // same four weight rows (read from memory once, then from L1 for the next group).
 template <typename Ld>
-inline void gemv_rows_avx2(float* out, const float* inp, const typename Ld::W* w, const float* bias, int N, int C,
-                           int OC, int o0, int o1) {
-  if (N == 1) return gemv_row1_avx2<Ld>(out, inp, w, bias, C, o0, o1);
+inline void gemv_rows_avx2(float* out, const float* inp, const Ld& ld, const float* bias, int N, int C, int OC, int o0,
+                           int o1) {
+  if (N == 1) return gemv_row1_avx2(out, inp, ld, bias, C, o0, o1);
   int o = o0;
   for (; o + 4 <= o1; o += 4) {
-    const typename Ld::W* w0 = w + size_t(o) * C;
     for (int n0 = 0; n0 < N; n0 += 4) {
       float* y = out + size_t(n0) * OC;
       const float* x = inp + size_t(n0) * C;
       switch (std::min(4, N - n0)) {
-        case 1: gemv_block4_avx2<1, Ld>(y, x, w0, bias, C, OC, o); break;
-        case 2: gemv_block4_avx2<2, Ld>(y, x, w0, bias, C, OC, o); break;
-        case 3: gemv_block4_avx2<3, Ld>(y, x, w0, bias, C, OC, o); break;
-        default: gemv_block4_avx2<4, Ld>(y, x, w0, bias, C, OC, o); break;
+        case 1: gemv_block4_avx2<1>(y, x, ld, bias, C, OC, o); break;
+        case 2: gemv_block4_avx2<2>(y, x, ld, bias, C, OC, o); break;
+        case 3: gemv_block4_avx2<3>(y, x, ld, bias, C, OC, o); break;
+        default: gemv_block4_avx2<4>(y, x, ld, bias, C, OC, o); break;
       }
     }
   }
   for (; o < o1; o++) {
-    const typename Ld::W* wr = w + size_t(o) * C;
     for (int n = 0; n < N; n++) {
       __m256 acc = _mm256_setzero_ps();
       for (int i = 0; i < C; i += 8)
-        acc = _mm256_fmadd_ps(Ld::load8(wr + i), _mm256_loadu_ps(inp + size_t(n) * C + i), acc);
-      out[size_t(n) * OC + o] = hsum256(acc) + (bias ? bias[o] : 0.0f);
-    }
-  }
-}
-
-// 8-bit weights (GEMV over int8 rows in blocks of kQ8Block inputs, one fp32 scale each): out[n, o..o+3] for
-// n < NB, w0 = q + o * C, s0 = the scales of row o (nb per row). Each block's 8-lane pieces are widened to fp32
-// (cvtepi8_epi32 -> cvtepi32_ps) and multiplied by the block's scale: the weights w = q * s the fp32 params hold,
-// bit for bit, so out equals the fp32 GEMV on those params exactly (the same FMAs in the same order).
-template <int NB>
-inline void gemv_block4_q8_avx2(float* out, const float* inp, const int8_t* w0, const float* s0, const float* bias,
-                                int C, int OC, int o, int nb) {
-  __m256 acc[NB][4];
-  for (int n = 0; n < NB; n++)
-    for (int r = 0; r < 4; r++) acc[n][r] = _mm256_setzero_ps();
-  for (int b = 0, i = 0; b < nb; b++, i += kQ8Block) {
-    if (NB > 1 && i % 64 == 0)
-      for (int r = 4; r < 8; r++)
-        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w0 + i) + size_t(r) * C), _MM_HINT_T0);
-    const __m256 s0v = _mm256_broadcast_ss(s0 + b), s1v = _mm256_broadcast_ss(s0 + nb + b),
-                 s2v = _mm256_broadcast_ss(s0 + 2 * nb + b), s3v = _mm256_broadcast_ss(s0 + 3 * nb + b);
-    const int e = std::min(C, i + kQ8Block);
-    for (int k = i; k < e; k += 8) {
-      auto ld = [&](int r) {
-        const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w0 + size_t(r) * C + k));
-        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-      };
-      const __m256 a0 = _mm256_mul_ps(ld(0), s0v), a1 = _mm256_mul_ps(ld(1), s1v), a2 = _mm256_mul_ps(ld(2), s2v),
-                   a3 = _mm256_mul_ps(ld(3), s3v);
-      for (int n = 0; n < NB; n++) {
-        const __m256 x = _mm256_loadu_ps(inp + size_t(n) * C + k);
-        acc[n][0] = _mm256_fmadd_ps(a0, x, acc[n][0]);
-        acc[n][1] = _mm256_fmadd_ps(a1, x, acc[n][1]);
-        acc[n][2] = _mm256_fmadd_ps(a2, x, acc[n][2]);
-        acc[n][3] = _mm256_fmadd_ps(a3, x, acc[n][3]);
-      }
-    }
-  }
-  for (int n = 0; n < NB; n++)
-    for (int r = 0; r < 4; r++) out[size_t(n) * OC + o + r] = hsum256(acc[n][r]) + (bias ? bias[o + r] : 0.0f);
-}
-
-inline void gemv_rows_q8_avx2(float* out, const float* inp, const int8_t* q, const float* scales, const float* bias,
-                              int N, int C, int OC, int o0, int o1) {
-  const int nb = (C + kQ8Block - 1) / kQ8Block;
-  int o = o0;
-  for (; o + 4 <= o1; o += 4) {
-    const int8_t* w0 = q + size_t(o) * C;
-    const float* s0 = scales + size_t(o) * nb;
-    for (int n0 = 0; n0 < N; n0 += 4) {
-      float* y = out + size_t(n0) * OC;
-      const float* x = inp + size_t(n0) * C;
-      switch (std::min(4, N - n0)) {
-        case 1: gemv_block4_q8_avx2<1>(y, x, w0, s0, bias, C, OC, o, nb); break;
-        case 2: gemv_block4_q8_avx2<2>(y, x, w0, s0, bias, C, OC, o, nb); break;
-        case 3: gemv_block4_q8_avx2<3>(y, x, w0, s0, bias, C, OC, o, nb); break;
-        default: gemv_block4_q8_avx2<4>(y, x, w0, s0, bias, C, OC, o, nb); break;
-      }
-    }
-  }
-  for (; o < o1; o++) {
-    const int8_t* wr = q + size_t(o) * C;
-    const float* sr = scales + size_t(o) * nb;
-    for (int n = 0; n < N; n++) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int i = 0; i < C; i += 8) {
-        const __m128i qi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + i));
-        const __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qi)), _mm256_broadcast_ss(sr + i / kQ8Block));
-        acc = _mm256_fmadd_ps(a, _mm256_loadu_ps(inp + size_t(n) * C + i), acc);
-      }
+        acc = _mm256_fmadd_ps(ld.load8(o, i), _mm256_loadu_ps(inp + size_t(n) * C + i), acc);
       out[size_t(n) * OC + o] = hsum256(acc) + (bias ? bias[o] : 0.0f);
     }
   }
@@ -308,9 +246,9 @@ void gemv_forward(T* out, const T* inp, const W* w, const T* bias, int N, int C,
 #if defined(GPT2CORE_CPU_AVX2)
     if constexpr (std::is_same_v<T, float>) {
       if (C % 8 == 0) {
-        if constexpr (std::is_same_v<W, float>) gemv_rows_avx2<LoadF32>(out, inp, w, bias, N, C, OC, o0, o1);
-        else if (bf16) gemv_rows_avx2<LoadBF16>(out, inp, w, bias, N, C, OC, o0, o1);
-        else gemv_rows_avx2<LoadF16>(out, inp, w, bias, N, C, OC, o0, o1);
+        if constexpr (std::is_same_v<W, float>) gemv_rows_avx2(out, inp, LoadF32{{w, C}}, bias, N, C, OC, o0, o1);
+        else if (bf16) gemv_rows_avx2(out, inp, LoadBF16{{w, C}}, bias, N, C, OC, o0, o1);
+        else gemv_rows_avx2(out, inp, LoadF16{{w, C}}, bias, N, C, OC, o0, o1);
         continue;
       }
     }
@@ -374,7 +312,9 @@ void gemv_forward_q8(T* out, const T* inp, const int8_t* q, const float* scales,
 #if defined(GPT2CORE_CPU_AVX2)
     if constexpr (std::is_same_v<T, float>) {
       if (C % 8 == 0) {
-        gemv_rows_q8_avx2(out, inp, q, scales, bias, N, C, OC, o0, o1);
+        // the weights widened in registers: each 8 times its block's scale, the value the fp32 params hold, so
+        // that out is the fp32 GEMV on those params exactly (the same FMAs in the same order)
+        gemv_rows_avx2(out, inp, LoadQ8{{q, C}, scales, (C + kQ8Block - 1) / kQ8Block}, bias, N, C, OC, o0, o1);
         continue;
       }
     }

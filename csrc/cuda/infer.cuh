@@ -100,6 +100,27 @@ __global__ void __launch_bounds__(kInferRowBlock) kv_write_kernel(floatX* __rest
   }
 }
 
+// The softmax numerators of one block's scores score[0 .. n), each warp's running max of the scores it wrote in
+// mx: returns the block's max M, leaves score[k] = e^(score[k] - M) and each warp's sum of them in wsum[warp] (all
+// threads past a __syncthreads: the caller may read every warp's sum).
+__device__ inline float block_softmax_numerators(float* score, int n, float mx, float* wmax, float* wsum) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) wmax[warp] = mx;
+  __syncthreads();
+  mx = wmax[0];
+  for (int w = 1; w < kDecodeWarps; w++) mx = fmaxf(mx, wmax[w]);
+  float sum = 0.0f;
+  for (int key = threadIdx.x; key < n; key += blockDim.x) {
+    const float p = expf(score[key] - mx);
+    score[key] = p;
+    sum += p;
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) wsum[warp] = sum;
+  __syncthreads();
+  return mx;
+}
+
 // grid (NH, Tq, B). Warp w scores keys w, w + 4, ... (lanes over the head's dims, a warp-shuffle sum), the block
 // takes the max and the sum of exp, then warp w accumulates p * v over the same keys and the warps' partial outputs
 // are summed.
@@ -133,20 +154,8 @@ __global__ void __launch_bounds__(kDecodeBlock) attention_kv_kernel(floatX* __re
     if (lane == 0) score[key] = s;
     mx = fmaxf(mx, s);
   }
-  if (lane == 0) wmax[warp] = mx;
-  __syncthreads();
-  mx = wmax[0];
-  for (int w = 1; w < kDecodeWarps; w++) mx = fmaxf(mx, wmax[w]);
+  mx = block_softmax_numerators(score, n, mx, wmax, wsum);
   float sum = 0.0f;
-  for (int key = threadIdx.x; key < n; key += blockDim.x) {
-    const float p = expf(score[key] - mx);
-    score[key] = p;
-    sum += p;
-  }
-  sum = warp_sum(sum);
-  if (lane == 0) wsum[warp] = sum;
-  __syncthreads();
-  sum = 0.0f;
   for (int w = 0; w < kDecodeWarps; w++) sum += wsum[w];
   float acc[kDecodeMaxHs / 32];
 #pragma unroll
@@ -232,19 +241,7 @@ __global__ void __launch_bounds__(kDecodeBlock) attention_kv_split_kernel(float*
       }
     }
   }
-  if (lane == 0) wmax[warp] = mx;
-  __syncthreads();
-  mx = wmax[0];
-  for (int w = 1; w < kDecodeWarps; w++) mx = fmaxf(mx, wmax[w]);
-  float sum = 0.0f;
-  for (int key = threadIdx.x; key < nk; key += blockDim.x) {
-    const float p = expf(score[key] - mx);
-    score[key] = p;
-    sum += p;
-  }
-  sum = warp_sum(sum);
-  if (lane == 0) wsum[warp] = sum;
-  __syncthreads();
+  mx = block_softmax_numerators(score, nk, mx, wmax, wsum);
   float acc[kDecodeMaxHs / 32];
 #pragma unroll
   for (int k = 0; k < kDecodeMaxHs / 32; k++) acc[k] = 0.0f;
