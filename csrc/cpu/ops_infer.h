@@ -257,6 +257,21 @@ void gemv_forward(T* out, const T* inp, const W* w, const T* bias, int N, int C,
   }
 }
 
+// One block of n <= kQ8Block values: q = x / s rounded to nearest (ties to even), in [-127, 127], s = max|x| / 127
+// (as float; s = 0: q = 0). Returns s. (A NaN gives -127 rather than an undefined conversion; its block is garbage
+// either way.)
+template <typename T>
+inline float quantize_block_q8(int8_t* q, const T* x, int n) {
+  T amax = 0;
+  for (int i = 0; i < n; i++) amax = std::max(amax, T(std::abs(x[i])));
+  const float s = float(amax / T(127));
+  for (int i = 0; i < n; i++) {
+    const T v = s > 0 ? std::nearbyint(x[i] / T(s)) : T(0);
+    q[i] = int8_t(std::min(T(127), std::max(T(-127), v)));
+  }
+  return s;
+}
+
 // Backend::quantize_q8: w (rows, C) -> q (rows, C) int8 and scales (rows, nb = ceil(C / kQ8Block)) fp32, per block
 // of kQ8Block inputs of a row: s = max|w| / 127 (as float), q = w / s rounded to nearest (ties to even), in
 // [-127, 127] (s = 0: q = 0); then w = q * s, so that the fp32 weights (prefill's GEMMs) are the ones decode reads.
@@ -269,17 +284,9 @@ void quantize_q8(int8_t* q, float* scales, T* w, long rows, int C) {
     int8_t* qr = q + size_t(r) * C;
     for (int b = 0; b < nb; b++) {
       const int i0 = b * kQ8Block, i1 = std::min(C, i0 + kQ8Block);
-      T amax = 0;
-      for (int i = i0; i < i1; i++) amax = std::max(amax, T(std::abs(wr[i])));
-      const float s = float(amax / T(127));
+      const float s = quantize_block_q8(qr + i0, wr + i0, i1 - i0);
       scales[size_t(r) * nb + b] = s;
-      for (int i = i0; i < i1; i++) {
-        // (a NaN weight gives -127 rather than an undefined conversion; its block is garbage either way)
-        const T v = s > 0 ? std::nearbyint(wr[i] / T(s)) : T(0);
-        const int8_t qi = int8_t(std::min(T(127), std::max(T(-127), v)));
-        qr[i] = qi;
-        wr[i] = T(qi) * T(s);
-      }
+      for (int i = i0; i < i1; i++) wr[i] = T(qr[i]) * T(s);
     }
   }
 }
@@ -330,16 +337,8 @@ inline void quantize_rows_q8(int8_t* xq, float* xs, const T* x, int N, int C) {
 #pragma omp for collapse(2) schedule(static)
   for (int n = 0; n < N; n++)
     for (int b = 0; b < nb; b++) {
-      const T* xr = x + size_t(n) * C;
       const int i0 = b * kQ8Block, i1 = std::min(C, i0 + kQ8Block);
-      T amax = 0;
-      for (int i = i0; i < i1; i++) amax = std::max(amax, T(std::abs(xr[i])));
-      const float s = float(amax / T(127));
-      xs[size_t(n) * nb + b] = s;
-      for (int i = i0; i < i1; i++) {
-        const T v = s > 0 ? std::nearbyint(xr[i] / T(s)) : T(0);
-        xq[size_t(n) * C + i] = int8_t(std::min(T(127), std::max(T(-127), v)));
-      }
+      xs[size_t(n) * nb + b] = quantize_block_q8(xq + size_t(n) * C + i0, x + size_t(n) * C + i0, i1 - i0);
     }
 }
 
