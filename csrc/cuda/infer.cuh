@@ -121,6 +121,22 @@ __device__ inline float block_softmax_numerators(float* score, int n, float mx, 
   return mx;
 }
 
+// acc (lane's dims lane, lane + 32, ...) += p * v, v a cache row of the head's hs values.
+template <class floatX>
+__device__ inline void add_pv(float (&acc)[kDecodeMaxHs / 32], const floatX* vp, float p, int lane, int hs) {
+#pragma unroll
+  for (int k = 0; k < kDecodeMaxHs / 32; k++)
+    if (lane + 32 * k < hs) acc[k] += p * load_f(vp[lane + 32 * k]);
+}
+
+// A warp's accumulated output into its row of shared memory, then the block waits for every warp's.
+__device__ inline void store_warp_part(float* part, const float (&acc)[kDecodeMaxHs / 32], int lane, int hs) {
+#pragma unroll
+  for (int k = 0; k < kDecodeMaxHs / 32; k++)
+    if (lane + 32 * k < hs) part[lane + 32 * k] = acc[k];
+  __syncthreads();
+}
+
 // grid (NH, Tq, B). Warp w scores keys w, w + 4, ... (lanes over the head's dims, a warp-shuffle sum), the block
 // takes the max and the sum of exp, then warp w accumulates p * v over the same keys and the warps' partial outputs
 // are summed.
@@ -161,16 +177,9 @@ __global__ void __launch_bounds__(kDecodeBlock) attention_kv_kernel(floatX* __re
 #pragma unroll
   for (int k = 0; k < kDecodeMaxHs / 32; k++) acc[k] = 0.0f;
   for (int key = warp; key < n; key += kDecodeWarps) {
-    const floatX* vp = vcache + base + size_t(key) * C;
-    const float p = score[key];
-#pragma unroll
-    for (int k = 0; k < kDecodeMaxHs / 32; k++)
-      if (lane + 32 * k < hs) acc[k] += p * load_f(vp[lane + 32 * k]);
+    add_pv(acc, vcache + base + size_t(key) * C, score[key], lane, hs);
   }
-#pragma unroll
-  for (int k = 0; k < kDecodeMaxHs / 32; k++)
-    if (lane + 32 * k < hs) part[warp][lane + 32 * k] = acc[k];
-  __syncthreads();
+  store_warp_part(part[warp], acc, lane, hs);
   const float inv = 1.0f / sum;
   floatX* o = out + row * C + size_t(h) * hs;
   for (int d = threadIdx.x; d < hs; d += blockDim.x) {
@@ -249,18 +258,11 @@ __global__ void __launch_bounds__(kDecodeBlock) attention_kv_split_kernel(float*
 #pragma unroll
     for (int j = 0; j < G; j++) {
       if (key0 + j < nk) {
-        const floatX* vp = vcache + base + size_t(key0 + j) * C;
-        const float p = score[key0 + j];
-#pragma unroll
-        for (int k = 0; k < kDecodeMaxHs / 32; k++)
-          if (lane + 32 * k < hs) acc[k] += p * load_f(vp[lane + 32 * k]);
+        add_pv(acc, vcache + base + size_t(key0 + j) * C, score[key0 + j], lane, hs);
       }
     }
   }
-#pragma unroll
-  for (int k = 0; k < kDecodeMaxHs / 32; k++)
-    if (lane + 32 * k < hs) part[warp][lane + 32 * k] = acc[k];
-  __syncthreads();
+  store_warp_part(part[warp], acc, lane, hs);
   for (int d = threadIdx.x; d < hs; d += blockDim.x) {
     float v = 0.0f;
     for (int w = 0; w < kDecodeWarps; w++) v += part[w][d];
