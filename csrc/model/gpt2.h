@@ -311,6 +311,15 @@ class GPT2Model {
   size_t q8_nscales_ = 0;
   bool q8_int_dot_ = true;
   int q8_inner(ParamTensor i) const { return i == kFcprojw ? 4 * config_.n_embd : config_.n_embd; }
+  // scales per row of `inner` inputs: one per block of 32 (the CPU backend's kQ8Block)
+  static size_t q8_blocks(int inner) { return size_t(inner + 31) / 32; }
+  void free_q8() {  // the 8-bit copy and its scales, if any
+    if (!q8_) return;
+    backend_->free_i8(q8_);
+    backend_->free_i8(reinterpret_cast<int8_t*>(q8_scales_));
+    q8_ = nullptr;
+    q8_scales_ = nullptr;
+  }
   int w16_kind_ = 0;
   bool w16_stale_ = true;  // the last forward() ran through the inference path (logits/losses are kv_'s)
   std::array<size_t, kNumParamTensors> sizes_{}, offsets_{};

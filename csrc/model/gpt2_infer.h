@@ -26,19 +26,14 @@ void GPT2Model<T>::set_weights16(int kind) {
     throw std::logic_error("16-bit and 8-bit weights are for inference-only models (training=False): they round the "
                            "weights");
   if (w16_ && (kind == 0 || kind == 3)) { backend_->free_u16(w16_); w16_ = nullptr; }
-  if (q8_ && kind != 3) {
-    backend_->free_i8(q8_);
-    backend_->free_i8(reinterpret_cast<int8_t*>(q8_scales_));
-    q8_ = nullptr;
-    q8_scales_ = nullptr;
-  }
+  if (kind != 3) free_q8();
   if ((kind == 1 || kind == 2) && !w16_) w16_ = backend_->alloc_u16(num_params_);
   if (kind == 3 && !q8_) {
     size_t nscales = 0;
     for (ParamTensor i : {kWte, kQkvw, kAttprojw, kFcw, kFcprojw, kLmHead}) {
       const size_t inner = q8_inner(i);
       q8_soff_[i] = nscales;
-      nscales += sizes_[i] / inner * ((inner + 31) / 32);
+      nscales += sizes_[i] / inner * q8_blocks(inner);
     }
     q8_ = backend_->alloc_i8(num_params_);
     q8_scales_ = reinterpret_cast<float*>(backend_->alloc_i8(std::max<size_t>(nscales, 1) * sizeof(float)));
@@ -75,7 +70,7 @@ void GPT2Model<T>::kv_matmul(T* out, const T* inp, const T* w, const T* bias, in
       if (!sizes_[i] || off < offsets_[i] || off >= offsets_[i] + sizes_[i]) continue;
       if (q8_inner(i) != C) throw std::logic_error("kv_matmul: 8-bit weights of another inner size");
       const size_t row0 = (off - offsets_[i]) / C;
-      backend_->matmul_forward_q8(out, inp, q8_ + off, q8_scales_ + q8_soff_[i] + row0 * ((C + 31) / 32), bias, N, C,
+      backend_->matmul_forward_q8(out, inp, q8_ + off, q8_scales_ + q8_soff_[i] + row0 * q8_blocks(C), bias, N, C,
                                   OC, q8_int_dot_);
       return;
     }
@@ -91,12 +86,7 @@ template <typename T>
 void GPT2Model<T>::kv_release() {
   drop_graph(decode_graph_);  // it points into the buffers freed here
   if (w16_) { backend_->free_u16(w16_); w16_ = nullptr; }
-  if (q8_) {
-    backend_->free_i8(q8_);
-    backend_->free_i8(reinterpret_cast<int8_t*>(q8_scales_));
-    q8_ = nullptr;
-    q8_scales_ = nullptr;
-  }
+  free_q8();
   Backend<T>& be = *backend_;
   if (kcache_) be.free(kcache_);
   if (vcache_) be.free(vcache_);
