@@ -294,7 +294,7 @@ def modelled_vs_measured(args, cfg, measured_s):
         print(f"--profile: no model of '{name}' (gpu_model.GPUS: {', '.join(gm.GPUS)})")
         return
     target = gm.Config(B=args.batch_size, T=args.seq_len, C=cfg.n_embd, NH=cfg.n_head, L=cfg.n_layer,
-                       V=cfg.vocab_size, Vp=cfg.padded_vocab_size, maxT=cfg.max_seq_len)
+                       V=cfg.vocab_size, Vp=cfg.padded_vocab_size, maxT=cfg.block_size)
     gpu = gm.GPUS[key]  # a GPU without bf16 runs fp16, and cuDNN's fused attention needs sm_80+
     att = "cudnn" if args.attention in (None, "auto", "cudnn") and gpu.bf16 else "flash"
     counts = gm.launch_counts(att, gm.ROOT / "build" / "model", target, reuse=True, precision=gpu.precision)
