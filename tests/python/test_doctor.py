@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -82,6 +83,7 @@ def test_calibrate_d12_step_keeps_its_timings_when_the_model_side_times_out(monk
     from gpt2core import calibrate
 
     monkeypatch.setattr(calibrate, "_d12_timing", lambda att: {"attention": att, "ms_per_step": 1.0})
+    monkeypatch.setattr(calibrate, "ROOT", Path(__file__).resolve().parents[2])  # the checkout: scripts/gpu_model.py
 
     def slow(cmd, **kw):
         assert kw["timeout"] == calibrate.MODEL_SECONDS
