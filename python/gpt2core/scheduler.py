@@ -19,11 +19,13 @@ The Scheduler runs in one thread that owns the model. Each iteration:
 With nothing to run, the thread sleeps on the queue.
 
 Determinism: sequence i of a request draws token k with the uniform number of (its seed, stream 0, step k) (the
-core's counter-based sampler), and its prompt is cut into chunks at multiples of prefill_chunk whatever else runs,
-so a seeded request gets the same text alone or among others (the per-row arithmetic of the fp32 path does not
-depend on the rows beside it; with --weights bf16/fp16/int8 a decode step of more than 8 rows reads the fp32
-copy of the rounded weights instead of the 16/8-bit one, and int8's quantised inputs then differ: a seeded
-request's text can depend on the load there).
+core's counter-based sampler, the same on every backend), and its prompt is cut into chunks at multiples of
+prefill_chunk whatever else runs, so a seeded request gets the same text alone or among others. What other
+sequences change is only the rounding of the float32 arithmetic around it (the BLAS blocks a GEMM by its row count:
+a sequence's logits move by ~1e-7 relative with the rows beside it), which changes a drawn id only when its uniform
+number falls that close to a boundary of the cumulative distribution; float64 models are exact to ~1e-15. With
+--weights bf16/fp16/int8 a call of more than 8 rows reads the fp32 copy of the rounded weights instead of the
+16/8-bit one (int8's quantised inputs then differ): there a seeded text can depend on the load.
 
 Log-probabilities (a request's logprobs / echo): log-softmax in float64 of the logits the model defines (soft-capped
 where the config caps, no temperature or top_p), read from the core for the rows that need them. An echoed prompt's
@@ -239,7 +241,7 @@ class Scheduler:
         self.stats = Stats()
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: collections.deque = collections.deque()   # jobs not yet admitted (model thread only)
-        self._n_waiting = 0                                     # jobs submitted and not yet admitted or dropped
+        self._n_waiting = self._n_waiting_seqs = 0             # jobs (their sequences) not yet admitted or dropped
         self._count_lock = threading.Lock()
         self._free = list(range(max_batch))
         self._running: list[_Seq] = []                           # admission order
@@ -258,11 +260,16 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         with self._count_lock:
             self._n_waiting += 1
+            self._n_waiting_seqs += len(job.seqs)
         self._q.put(job)
 
     def waiting(self) -> int:
         """Requests submitted and not yet in slots."""
         return self._n_waiting
+
+    def waiting_sequences(self) -> int:
+        """Their sequences (a request with a list of prompts has one per prompt)."""
+        return self._n_waiting_seqs
 
     def running(self) -> int:
         return self.stats.running
@@ -271,17 +278,15 @@ class Scheduler:
         return self.max_batch - len(self._free)
 
     # ---- the model thread
-    def _left_queue(self, n: int = 1) -> None:
+    def _left_queue(self, job: Job) -> None:
         with self._count_lock:
-            self._n_waiting -= n
+            self._n_waiting -= 1
+            self._n_waiting_seqs -= len(job.seqs)
 
     def _take(self, block: bool) -> None:
-        """Move submitted jobs into the waiting list (block: sleep until one comes or a deadline passes)."""
+        """Move submitted jobs into the waiting list (block: sleep until one comes)."""
         try:
-            timeout = None
-            if block and self._waiting:
-                timeout = max(0.0, min(j.deadline for j in self._waiting) - time.monotonic())
-            job = self._q.get(timeout=timeout) if block else self._q.get_nowait()
+            job = self._q.get() if block else self._q.get_nowait()
             while True:
                 if job is not None:
                     self._waiting.append(job)
@@ -294,7 +299,7 @@ class Scheduler:
             from . import _C
             _C.set_num_threads(self.threads)
         while not self._closing:
-            self._take(block=not self._running)
+            self._take(block=not self._running and not self._waiting)
             if self._closing:
                 break
             try:
@@ -318,9 +323,9 @@ class Scheduler:
         for job in self._waiting:
             if job.cancelled:
                 self.stats.cancelled += len(job.seqs)
-                self._left_queue()
+                self._left_queue(job)
             elif now >= job.deadline:
-                self._left_queue()
+                self._left_queue(job)
                 for i in range(len(job.seqs)):
                     self.stats.timed_out += 1
                     job.emit(("done", i, "timeout", 0))
@@ -338,7 +343,7 @@ class Scheduler:
     def _admit(self) -> None:
         while self._waiting and len(self._waiting[0].seqs) <= len(self._free):
             job = self._waiting.popleft()
-            self._left_queue()
+            self._left_queue(job)
             for i, p in enumerate(job.seqs):
                 s = _Seq(job, i, p)
                 if p.echo:

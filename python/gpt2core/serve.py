@@ -269,6 +269,8 @@ class Metrics:
         pc.Gauge("gpt2core_sequences_running", "Sequences in KV-cache slots", registry=r).set_function(
             sched.running)
         pc.Gauge("gpt2core_requests_waiting", "Requests queued for a slot", registry=r).set_function(sched.waiting)
+        pc.Gauge("gpt2core_sequences_waiting", "Their sequences (one per prompt)", registry=r).set_function(
+            sched.waiting_sequences)
         pc.Gauge("gpt2core_slots_used", "KV-cache slots in use", registry=r).set_function(sched.slots_used)
         pc.Gauge("gpt2core_slots", "KV-cache slots (--max-batch)", registry=r).set(engine_slots)
         self.ttft = pc.Histogram("gpt2core_time_to_first_token_seconds", "From a request's arrival to its first "
