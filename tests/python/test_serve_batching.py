@@ -187,6 +187,37 @@ def test_seeded_texts_under_load_and_clients_that_leave(server, reference):
     assert h["largest_batch"] == 4
 
 
+def test_scheduler_admits_waiting_requests_when_slots_free_up(model_file):
+    """The model thread alone (no HTTP): one slot, three requests submitted at once, the first prompt longer than
+    the prefill chunk. Each finishes in turn (the next admitted when the slot frees, with no new arrival to wake
+    the thread), its events in order: text, then done with the tokens it made."""
+    from gpt2core.scheduler import Job, Scheduler, SeqParams, SlotEngine
+    model = load_model(model_file)
+    sched = Scheduler(SlotEngine(model, 1, 64), max_batch=1, prefill_chunk=4, threads=1)
+    events, done = [], threading.Event()
+
+    def emit(ev):
+        events.append(ev)
+        if sum(e[0] == "done" for e in events) == 3:
+            done.set()
+
+    prompts = [tokenizer.encode("a prompt of more than four tokens"), [1, 2], [3]]
+    jobs = [Job([SeqParams(p, 3 + k, 0.0, 1.0, 7, [])], lambda ev, k=k: emit((ev[0], k) + ev[1:]))
+            for k, p in enumerate(prompts)]
+    sched.start()
+    try:
+        for j in jobs:
+            sched.submit(j)
+        assert done.wait(60), events
+    finally:
+        sched.close()
+    for k in range(3):
+        mine = [e for e in events if e[1] == k]
+        assert mine[-1][0] == "done" and all(e[0] == "text" for e in mine[:-1]), mine
+        assert mine[-1][4] == 3 + k or mine[-1][3] == "stop", mine
+    assert sched.stats.admitted == 3 and sched.waiting() == 0 and sched.slots_used() == 0
+
+
 # ---------------------------------------------------------------------------------------------- limits and keys
 KEYS = ["key-from-file-1", "key-from-file-2"]
 ENV_KEY = "key-from-env"
