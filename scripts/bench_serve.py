@@ -57,25 +57,24 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600) -> None:
     raise RuntimeError(f"the server at {url} did not become ready in {timeout:.0f} s")
 
 
-def stream_one(url: str, body: dict, out: dict) -> None:
-    """One streamed completion: out["ttft"] (s to the first chunk with text), out["tokens"], out["end"]."""
-    import httpx
+def stream_one(client, url: str, body: dict, out: dict) -> None:
+    """One streamed completion through an httpx.Client made beforehand (its set-up is not timed): out["ttft"] (s to
+    the first chunk with text), out["tokens"], out["end"]."""
     t0 = time.monotonic()
     chunks, usage = 0, None
-    with httpx.Client(timeout=600) as c:
-        with c.stream("POST", url + "/v1/completions", json=dict(body, stream=True,
-                                                                  stream_options={"include_usage": True})) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                ev = json.loads(line[6:])
-                if ev.get("usage"):
-                    usage = ev["usage"].get("completion_tokens")
-                for ch in ev.get("choices") or []:
-                    if ch.get("text"):
-                        out.setdefault("ttft", time.monotonic() - t0)
-                        chunks += 1
+    with client.stream("POST", url + "/v1/completions", json=dict(body, stream=True,
+                                                                   stream_options={"include_usage": True})) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if ev.get("usage"):
+                usage = ev["usage"].get("completion_tokens")
+            for ch in ev.get("choices") or []:
+                if ch.get("text"):
+                    out.setdefault("ttft", time.monotonic() - t0)
+                    chunks += 1
     out["end"] = time.monotonic()
     out["tokens"] = usage if usage is not None else chunks  # llama-server streams one token per chunk
 
@@ -83,22 +82,36 @@ def stream_one(url: str, body: dict, out: dict) -> None:
 def run_round(url: str, bodies: list[dict], delays: list[float] | None = None) -> tuple[list[dict], float]:
     outs = [{} for _ in bodies]
     delays = delays or [0.0] * len(bodies)
-    t0 = time.monotonic()
+
+    import httpx
+    clients = [httpx.Client(timeout=600) for _ in bodies]
+    ready = threading.Barrier(len(bodies) + 1)
 
     def go(i):
+        ready.wait()
         time.sleep(delays[i])
         outs[i]["start"] = time.monotonic()
-        stream_one(url, bodies[i], outs[i])
+        try:
+            stream_one(clients[i], url, bodies[i], outs[i])
+        except Exception as e:  # noqa: BLE001 - reported below, from the main thread
+            outs[i]["error"] = f"{type(e).__name__}: {e}"
 
     ts = [threading.Thread(target=go, args=(i,)) for i in range(len(bodies))]
     for t in ts:
         t.start()
+    ready.wait()
+    t0 = time.monotonic()
     for t in ts:
         t.join()
+    for c in clients:
+        c.close()
+    failed = [o["error"] for o in outs if "error" in o]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(outs)} requests failed: {failed[0]}")
     return outs, time.monotonic() - t0
 
 
-def measure(url: str, prompt: list[int], clients: list[int], new: int, log=print) -> dict:
+def measure(url: str, prompt: list[int], clients: list[int], new: int, block: int, log=print) -> dict:
     body = dict(prompt=prompt, max_tokens=new, temperature=0)
     run_round(url, [body])  # warm-up
     res = {"clients": {}}
@@ -109,7 +122,7 @@ def measure(url: str, prompt: list[int], clients: list[int], new: int, log=print
                              "ttft_p95": float(np.percentile(ttft, 95))}
         log(f"    {n:>2} clients: {res['clients'][n]['tok_s']:7.1f} tok/s, first token p50 "
             f"{1e3 * res['clients'][n]['ttft_p50']:6.0f} ms, p95 {1e3 * res['clients'][n]['ttft_p95']:6.0f} ms")
-    long = dict(prompt=prompt, max_tokens=HOL_LONG, temperature=0)
+    long = dict(prompt=prompt, max_tokens=min(HOL_LONG, block - len(prompt)), temperature=0)
     short = dict(prompt=prompt, max_tokens=HOL_SHORT, temperature=0)
     outs, _ = run_round(url, [long] + [short] * HOL_N, [0.0] + [HOL_DELAY] * HOL_N)
     sh = [o["ttft"] for o in outs[1:]]
@@ -199,7 +212,7 @@ def serve_bench(args) -> dict:
             print(f"gpt2core-serve, {w} weights, {threads} threads, {slots} slots:", flush=True)
             proc, url = start_gpt2core(model_file, w, threads, slots)
             try:
-                results[f"gpt2core {w}"] = measure(url, prompt, clients, args.new_tokens)
+                results[f"gpt2core {w}"] = measure(url, prompt, clients, args.new_tokens, model.config.block_size)
             finally:
                 stop(proc)
         if args.llama_server:
@@ -220,7 +233,7 @@ def serve_bench(args) -> dict:
                 print(f"llama-server {t.upper()}, {threads} threads, -np {slots}:", flush=True)
                 proc, url = start_llama(args.llama_server, p, threads, slots, model.config.block_size)
                 try:
-                    results[f"llama-server {t.upper()}"] = measure(url, prompt, clients, args.new_tokens)
+                    results[f"llama-server {t.upper()}"] = measure(url, prompt, clients, args.new_tokens, model.config.block_size)
                 finally:
                     stop(proc)
     print(format_table(results, clients))
