@@ -446,7 +446,14 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
                                        f"{max_queue}); retry after {retry} s", None, "rate_limit_exceeded",
                                   "rate_limit_error"), headers={"Retry-After": str(retry)})
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        job = Job(req.sequences(), lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev), request_timeout)
+
+        def emit(ev) -> None:  # from the model thread
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, ev)
+            except RuntimeError:  # the loop has closed (the server is stopping): nobody reads it
+                job.cancelled = True
+
+        job = Job(req.sequences(), emit, request_timeout)
         sched.submit(job)
         t0 = time.monotonic()
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
