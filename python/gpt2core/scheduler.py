@@ -203,8 +203,11 @@ class _Seq:
         self.finished = False
         self.t_last = 0.0
         self.offset = 0                # text_offset of the next token's logprobs entry
-        # an echoed prompt with logprobs: its first n-1 tokens go in with every position's logits
+        # an echoed prompt with logprobs: its first n-1 tokens go in with every position's logits; its text and
+        # entries wait in echo_text / pending_lp until the first generated token's (or the prompt's end)
         self.echo_lp = p.echo and p.logprobs is not None
+        self.echo_text: str | None = None
+        self.pending_lp: _LogprobsPiece | None = None
 
     def chunk_end(self, chunk: int) -> int:
         """Where the next prefill chunk of the prompt ends: chunks at multiples of `chunk` (an echoed prompt's
@@ -229,7 +232,8 @@ class Stats:
 
 class Scheduler:
     """The model thread (policy in the module docstring). submit(job) from any thread; the job's events come
-    back through job.emit. `metrics` (optional) gets observe_ttft / observe_itl / tokens calls."""
+    back through job.emit. `metrics` (optional) gets observe_ttft, observe_itl, generated_tokens and prompt_tokens
+    calls (serve.Metrics)."""
 
     def __init__(self, engine: SlotEngine, max_batch: int = 8, prefill_chunk: int = 256, threads: int | None = None,
                  metrics=None):
@@ -433,10 +437,10 @@ class Scheduler:
             self._done(s, "length", release=True)
 
     def _flush_echo(self, s: _Seq) -> None:
-        piece = getattr(s, "pending_lp", None)
+        piece = s.pending_lp
         if piece is not None:
             s.job.emit(("text", s.i, s.echo_text, piece.as_dict()))
-            s.pending_lp = None
+            s.pending_lp = s.echo_text = None
 
     # ---- decode
     def _decode(self) -> None:
@@ -478,7 +482,7 @@ class Scheduler:
         self.stats.tokens += 1
         piece = None
         if lp_row is not None:
-            piece = getattr(s, "pending_lp", None) or _LogprobsPiece()
+            piece = s.pending_lp or _LogprobsPiece()
             s.pending_lp = None
             piece.add(token_text(t), float(lp_row[t]), top_alternatives(lp_row, s.p.logprobs), s.offset)
         if t == tokenizer.EOT:
@@ -495,7 +499,7 @@ class Scheduler:
             self._finish(s, "length")
 
     def _emit(self, s: _Seq, text: str, piece) -> None:
-        echo = getattr(s, "echo_text", None)
+        echo = s.echo_text
         if echo is not None:  # the echoed prompt leaves with the first token's entry
             text, s.echo_text = echo + text, None
         if text or piece is not None:
