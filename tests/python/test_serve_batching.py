@@ -238,6 +238,23 @@ def guarded(model_file, tmp_path_factory):
     assert "Traceback" not in "".join(s.lines), "".join(s.lines)
 
 
+def test_key_file_and_loopback_rules(tmp_path):
+    from gpt2core.errors import ArgError
+    from gpt2core.serve import is_loopback, read_api_keys
+    f = tmp_path / "keys"
+    f.write_text("# a comment\n\n  k1  \nk2\n")
+    assert read_api_keys(str(f), env={}) == ["k1", "k2"]
+    assert read_api_keys(str(f), env={"GPT2CORE_API_KEY": " k3 "}) == ["k1", "k2", "k3"]
+    assert read_api_keys(None, env={}) == []
+    f.write_text("# only a comment\n")
+    with pytest.raises(ArgError, match="--api-key-file.*no key"):
+        read_api_keys(str(f), env={})
+    with pytest.raises(ArgError, match="--api-key-file"):
+        read_api_keys(str(tmp_path / "missing"), env={})
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("192.168.1.4")
+
+
 def test_api_keys_and_cors(guarded):
     url = guarded.url
     routes = [("POST", "/v1/completions"), ("GET", "/v1/models"), ("GET", "/metrics"), ("GET", "/nowhere")]
