@@ -288,7 +288,7 @@ def test_queue_bound_timeouts_and_metrics(guarded):
     them by status and holds no prompt text."""
     secret = "Zanzibar-marmalade"
     a, b = {}, {}
-    ta = threading.Thread(target=stream_timed, args=(guarded.url, dict(prompt=secret, max_tokens=3000),
+    ta = threading.Thread(target=stream_timed, args=(guarded.url, dict(prompt=secret, max_tokens=4000),
                                                      a, dict(guarded.client.headers)))
     ta.start()
     deadline = time.monotonic() + 30
