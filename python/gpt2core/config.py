@@ -5,6 +5,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from . import cli
+from .trackers import LogKinds
 from .errors import ArgError
 
 # the largest model shapes the core takes (its int32 index arithmetic and a sane memory footprint)
@@ -354,6 +355,16 @@ class TrainConfig:
     sample_tokens: int = _opt(48, "tokens per text sample", "evaluation and output")
     sample_prompt: str = _opt("\n", "text the samples continue", "evaluation and output")
     output_dir: str = _opt("out", "metrics.jsonl and model.bin go here", "evaluation and output")
+    log: str | None = _opt(None, "also send every metrics.jsonl record to tensorboard (event files in "
+                                 "<output-dir>/tensorboard), wandb, or both (tensorboard,wandb); a tracker that fails "
+                                 "is one warning (gpt2core.trackers)", "evaluation and output",
+                           check=cli.Optional(LogKinds()))
+    wandb_project: str = _opt("gpt2core", "W&B project (--log wandb)", "evaluation and output")
+    wandb_run_name: str | None = _opt(None, "W&B run name (default: the output folder's name)",
+                                      "evaluation and output")
+    wandb_mode: str = _opt("offline", "W&B mode: offline (no account needed; upload later with wandb sync "
+                                      "<output-dir>/wandb/offline-run-*) or online", "evaluation and output",
+                           check=cli.Choice("offline", "online"), choices=["offline", "online"])
     seed: int = _opt(1337, "weights init, data order and sampling", "evaluation and output")
     threads: int | None = _opt(None, "CPU threads (default: all cores)", "evaluation and output")
     # data parallel
