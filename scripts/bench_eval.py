@@ -15,7 +15,6 @@ alternation-free sequence, is the figure to quote, with that caveat.
 """
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -42,23 +41,11 @@ def time_core(model, task, batch_tokens: int) -> float:
 
 
 def write_lm_eval_task(items, folder: Path) -> str:
-    data = folder / "items.jsonl"
-    data.write_text("".join(json.dumps({"ctx": it["ctx"], "endings": it["endings"], "label": it["label"]}) + "\n"
-                            for it in items), encoding="utf-8")
-    (folder / "task.yaml").write_text(f"""task: gpt2core_bench_hellaswag
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{ctx}}}}"
-doc_to_choice: "{{{{endings}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-""")
-    return "gpt2core_bench_hellaswag"
+    """The same items as a local lm-eval task (gpt2core.lm_eval.write_multiple_choice_task)."""
+    from gpt2core.lm_eval import write_multiple_choice_task
+    return write_multiple_choice_task(folder, "gpt2core_bench_hellaswag",
+                                      [{"text": it["ctx"], "choices": it["endings"], "label": it["label"]}
+                                       for it in items])
 
 
 def time_lm_eval(lm, task_name: str, folder: Path) -> float:

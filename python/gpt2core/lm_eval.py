@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 try:
     from lm_eval.api.model import TemplateLM
@@ -154,6 +155,23 @@ class GPT2CoreLM(TemplateLM):
         return out
 
 
+def write_multiple_choice_task(folder, name: str, docs) -> str:
+    """A local lm-eval task over your own data: docs (dicts with "text", "choices" (a list of strings) and "label"
+    (the index of the right choice)) go to folder/<name>.jsonl and the task to folder/<name>.yaml (multiple choice,
+    acc and acc_norm; context = text, continuation = " " + choice). Run it with --include_path folder --tasks name
+    (TaskManager(include_path=folder) in Python). Returns the task name."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / f"{name}.jsonl"
+    data.write_text("".join(json.dumps({k: d[k] for k in ("text", "choices", "label")}, ensure_ascii=False) + "\n"
+                            for d in docs), encoding="utf-8")
+    (folder / f"{name}.yaml").write_text(
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {json.dumps(str(data))}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: \"{{text}}\"\ndoc_to_choice: \"{{choices}}\"\n"
+        "doc_to_target: \"{{label}}\"\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n", encoding="utf-8")
+    return name
+
+
 def main(argv=None) -> int:
     """lm-eval's command line with gpt2core registered; --model-path PATH = --model gpt2core --model_args path=PATH."""
     from lm_eval.__main__ import cli_evaluate
@@ -189,7 +207,7 @@ def main(argv=None) -> int:
 
 console = cli.entry("gpt2core.lm_eval", main)
 
-__all__ = ["GPT2CoreLM", "main", "console"]
+__all__ = ["GPT2CoreLM", "write_multiple_choice_task", "main", "console"]
 
 if __name__ == "__main__":
     sys.exit(console())

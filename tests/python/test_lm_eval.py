@@ -108,23 +108,11 @@ def _rolling_numpy(p, ids, block, arch):
 
 @pytest.fixture()
 def local_task(tmp_path):
-    data = tmp_path / "docs.jsonl"
-    data.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in DOCS), encoding="utf-8")
+    """DOCS as a task in a local YAML file over a local jsonl (gpt2core.lm_eval.write_multiple_choice_task)."""
+    from gpt2core.lm_eval import write_multiple_choice_task
     tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    (tasks / "local.yaml").write_text(f"""task: gpt2core_local_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-""")
+    write_multiple_choice_task(tasks, "gpt2core_local_mc",
+                               [{"text": d["question"], "choices": d["choices"], "label": d["label"]} for d in DOCS])
     return tasks
 
 
@@ -144,7 +132,7 @@ def test_local_yaml_task_through_the_harness_equals_numpy(local_task, monkeypatc
     for s in samples:
         doc = s["doc"]
         lls = [r[0][0] for r in s["resps"]]
-        want = [numpy_loglikelihood(p, doc["question"], " " + c, 32)[0] for c in doc["choices"]]
+        want = [numpy_loglikelihood(p, doc["text"], " " + c, 32)[0] for c in doc["choices"]]
         np.testing.assert_allclose(lls, want, rtol=1e-10)
         hits += int(np.argmax(want) == doc["label"])
     assert out["results"]["gpt2core_local_mc"]["acc,none"] == pytest.approx(hits / len(DOCS))

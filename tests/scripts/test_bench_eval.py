@@ -22,10 +22,11 @@ def test_eval_bench_runs_and_prints_the_core_row(capsys):
 
 
 def test_lm_eval_task_holds_the_items_core_scores(tmp_path):
+    pytest.importorskip("lm_eval")
     items, task = be.load_task(be.DEFAULT_DATA, 3)
     name = be.write_lm_eval_task(items, tmp_path)
-    rows = [json.loads(line) for line in (tmp_path / "items.jsonl").read_text().splitlines()]
-    assert [(r["ctx"], r["endings"], r["label"]) for r in rows] == \
+    rows = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    assert [(r["text"], r["choices"], r["label"]) for r in rows] == \
         [(t["query"], t["choices"], t["gold"]) for t in task.items]
-    assert f"task: {name}" in (tmp_path / "task.yaml").read_text()
+    assert f"task: {name}" in (tmp_path / f"{name}.yaml").read_text()
     assert (task.task_type, task.num_fewshot, task.delimiter) == ("multiple_choice", 0, " ")
