@@ -349,6 +349,15 @@ class TrainConfig:
     hellaswag_path: str | None = _opt(None, "HellaSwag val set: rendered .npz, rowanz .jsonl or 6-line .txt "
                                             "(default: download)", "evaluation and output")
     hellaswag_limit: int | None = _opt(None, "score only the first N HellaSwag items", "evaluation and output")
+    core_every: int = _opt(0, "CORE (DCLM's score, gpt2core.core_eval) every N steps and at the end (0: never; needs "
+                              "--core-bundle)", "evaluation and output", check=cli.Int(0, what="an integer >= 0 "
+                                                                                         "(0: never)"))
+    core_bundle: str | None = _opt(None, "the CORE eval bundle: its folder or zip (core.yaml, eval_meta_data.csv, "
+                                         "eval_data/)", "evaluation and output",
+                                   check=cli.Optional(cli.existing_path))
+    core_max_per_task: int | None = _opt(500, "CORE during training scores the first N items of each task (none: "
+                                              "all; nanochat uses 500)", "evaluation and output",
+                                         check=cli.Optional(cli.Int(1)))
     no_progress: bool = _opt(False, "no progress bars for HellaSwag (they show only on a terminal, on rank 0, on "
                                     "stderr)", "evaluation and output")
     sample_every: int = _opt(0, "print a text sample every M steps (0: only at the end)", "evaluation and output")

@@ -179,6 +179,8 @@ def plot_runs(runs, path=None, log_x: bool = False, references: str | bool = "au
         ax_loss.plot(*run.curve("loss", by_tokens), color=c, lw=0.8, alpha=0.6, label=f"{run.name} train")
         ax_loss.plot(*run.curve("val_loss", by_tokens), color=c, marker="o", ms=3, label=f"{run.name} val")
         ax_hs.plot(*run.curve("hellaswag_acc_norm", by_tokens), color=c, marker="o", ms=3, label=run.name)
+        if "core" in run.series:
+            ax_hs.plot(*run.curve("core", by_tokens), color=c, ls="--", marker="^", ms=3, label=f"{run.name} CORE")
         ax_lr.plot(*run.curve("lr", by_tokens), color=c, label=run.name)
         ax_norm.plot(*run.curve("grad_norm", by_tokens), color=c, lw=0.8, label=run.name)
     if any("val_bpb" in r.series for r in runs):  # tokenizer-independent: its own axis beside the nats
@@ -199,10 +201,11 @@ def plot_runs(runs, path=None, log_x: bool = False, references: str | bool = "au
         hi = np.percentile(losses, 98)
         ax_loss.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
     ax_loss.set(title="loss", ylabel="cross-entropy (nats/token)")
-    ax_hs.set(title="HellaSwag", ylabel="acc_norm")
+    ax_hs.set(title="HellaSwag" + (" and CORE (dashed)" if any("core" in r.series for r in runs) else ""),
+              ylabel="acc_norm / CORE")
     ax_lr.set(title="learning rate", ylabel="lr")
     ax_norm.set(title="gradient norm (before clipping)", ylabel="global L2 norm", yscale="log")
-    if not any("hellaswag_acc_norm" in r.series for r in runs):
+    if not any("hellaswag_acc_norm" in r.series or "core" in r.series for r in runs):
         ax_hs.text(0.5, 0.5, "no HellaSwag evaluations\n(gpt2core-train --hellaswag-every N)",
                    transform=ax_hs.transAxes, ha="center", va="center", color="gray")
     for ax in (ax_loss, ax_hs):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _C, batchfit, cli, distributed, progress, runfolder, tokenizer, trackers
+from . import _C, batchfit, cli, core_eval, distributed, progress, runfolder, tokenizer, trackers
 from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints,
                          load_checkpoint, prune_checkpoints, remove_stale_temporaries, save_checkpoint)
 from .config import _CHECKS, RECIPE_SWITCHES, RECIPES, TrainConfig, negated_flag
@@ -185,6 +185,7 @@ class Trainer:
         self.progress = self.dist.is_master and not cfg.no_progress
         self.hellaswag = (hellaswag.load(cfg.hellaswag_path, cfg.hellaswag_limit, progress=self.progress)
                           if cfg.hellaswag_every else None)
+        self.core_tasks = self._core_tasks(cfg)
         self._check_plan(model)
         self.flops_per_token = self.config.flops_per_token(T)
         self.start_step = 0
@@ -492,6 +493,25 @@ class Trainer:
         n, c, cn = (int(round(v)) for v in counts)
         return {"n": n, "acc": c / n, "acc_norm": cn / n}
 
+    @staticmethod
+    def _core_tasks(cfg: TrainConfig):
+        """--core-every: the bundle's tasks, read once before training (a bad bundle fails the run at its start)."""
+        if not cfg.core_every:
+            return None
+        if not cfg.core_bundle:
+            raise ArgError("--core-every needs --core-bundle: the eval bundle's folder or zip (nanochat's is "
+                           f"{core_eval.BUNDLE_URL})")
+        return core_eval.load_bundle(cfg.core_bundle)
+
+    def core_metrics(self) -> dict:
+        """{"core", "core_tasks": {label: centered}}: each rank scores items i % world_size == rank of the first
+        --core-max-per-task items of every task, in forwards of one training micro-batch's tokens."""
+        cfg = self.cfg
+        r = core_eval.evaluate_core(self.model, self.core_tasks, max_per_task=cfg.core_max_per_task,
+                                    batch_tokens=cfg.batch_size * cfg.seq_len, rank=self.dist.rank,
+                                    world_size=self.dist.world_size, comm=self.comm, progress=self.progress)
+        return {"core": r["core"], "core_tasks": {k: v["centered"] for k, v in r["tasks"].items()}}
+
     def sample(self) -> str:
         prompt = tokenizer.encode(self.cfg.sample_prompt) or [tokenizer.EOT]
         out = self.model.generate(np.array([prompt]), self.cfg.sample_tokens, top_k=50, seed=self.cfg.seed)
@@ -544,8 +564,8 @@ class Trainer:
         return rec
 
     def evaluate(self, step: int, last: dict) -> None:
-        """Validation loss and HellaSwag after `step` updates, each when due: every --val-every /
-        --hellaswag-every steps, and after the last update."""
+        """Validation loss and bits per byte, HellaSwag and CORE after `step` updates, each when due: every
+        --val-every / --hellaswag-every / --core-every steps, and after the last update."""
         cfg, final = self.cfg, step == self.cfg.steps
         if cfg.val_every and (step % cfg.val_every == 0 or final):
             v = self.val_metrics()
@@ -558,6 +578,11 @@ class Trainer:
                      f"({hs['n']} items)")
             self.write_metrics({"step": step, "hellaswag_acc": hs["acc"], "hellaswag_acc_norm": hs["acc_norm"]})
             last["hellaswag_acc"], last["hellaswag_acc_norm"] = hs["acc"], hs["acc_norm"]
+        if cfg.core_every and (step % cfg.core_every == 0 or final):
+            c = self.core_metrics()
+            self.log(f"step {step:5d} | CORE {c['core']:.4f} ({len(c['core_tasks'])} tasks)")
+            self.write_metrics({"step": step, **c})
+            last["core"] = c["core"]
 
     def _stop_now(self, stop: GracefulStop) -> tuple[bool, bool]:
         """(whether any rank got SIGTERM/SIGINT, whether any rank failed to write its metrics): all ranks stop after

@@ -97,20 +97,32 @@ def test_train_logs_to_tensorboard_and_survives_a_broken_wandb(tmp_path, monkeyp
     d = tmp_path / "data"
     write_shard(d / "x_val_000000.bin", np.array(ids[:1200]))
     write_shard(d / "x_train_000001.bin", np.array(ids[1200:]))
+    from test_core_eval import write_bundle
+    bundle = write_bundle(tmp_path)  # CORE too, on two of its tasks, two items each
+    (bundle / "core.yaml").write_text("icl_tasks:\n- {label: mc_zeroshot, dataset_uri: world/mc.jsonl, num_fewshot: "
+                                      "[0], icl_task_type: multiple_choice}\n- {label: lm, dataset_uri: sym/lm.jsonl, "
+                                      "num_fewshot: [1], icl_task_type: language_modeling}\n")
     out = tmp_path / "out"
     train.main(["--preset", "tiny", "--data-dir", str(d), "-B", "2", "-T", "32", "--steps", "3", "--val-every", "2",
-                "--val-steps", "2", "--sample-tokens", "1", "--output-dir", str(out), "--log", "tensorboard,wandb"])
+                "--val-steps", "2", "--sample-tokens", "1", "--output-dir", str(out), "--log", "tensorboard,wandb",
+                "--core-every", "3", "--core-bundle", str(bundle), "--core-max-per-task", "2"])
     log = capsys.readouterr().out
     assert log.count("warning: --log wandb") == 1
     recs = [json.loads(line) for line in open(out / "metrics.jsonl")]
     vals = [r for r in recs if "val_loss" in r]
     assert [r["step"] for r in vals] == [0, 2, 3] and all(0 < r["val_bpb"] < 20 for r in vals)
+    cores = [r for r in recs if "core" in r]
+    assert [r["step"] for r in cores] == [0, 3] and all(set(r["core_tasks"]) == {"mc_zeroshot", "lm"} for r in cores)
+    for r in cores:  # the mean of the centered scores; accuracies are counts out of 2 items
+        assert r["core"] == pytest.approx(sum(r["core_tasks"].values()) / 2)
+        assert r["core_tasks"]["lm"] * 2 == int(r["core_tasks"]["lm"] * 2)
     got = read_tensorboard(out / "tensorboard")
     want = {}
     for r in recs:
         for tag, v in trackers.scalars(r).items() if "step" in r else ():
             want.setdefault(tag, {})[r["step"]] = v
-    assert {"train/loss", "train/lr", "train/grad_norm", "train/tok_per_s", "eval/val_loss", "eval/val_bpb"} <= set(want)
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/tok_per_s", "eval/val_loss", "eval/val_bpb",
+            "eval/core"} <= set(want)
     assert set(got) == set(want)
     for tag, pts in want.items():
         assert sorted(got[tag]) == sorted(pts)
