@@ -234,6 +234,11 @@ def test_lm_task_counts_greedy_reproductions():
              [{"context": "1 plus 1 equals", "continuation": "2"}, {"context": "1 plus 2 equals", "continuation": "3"},
               {"context": "x", "continuation": "2 2"}])
     assert [r["correct"] for r in core_eval.score_items(model, t, range(3))] == [True, False, True]
+    # a training model (the full forward, arg max from its logits on the host: CORE during training) agrees
+    train_model = GPT2(model.config, dtype="float64", init=False)
+    for k, v in model.params.items():
+        train_model.params[k][...] = v
+    assert [r["correct"] for r in core_eval.score_items(train_model, t, range(3))] == [True, False, True]
 
 
 def test_hellaswag_in_core_format_predicts_as_evaluate_hellaswag():
