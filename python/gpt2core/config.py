@@ -354,7 +354,7 @@ class TrainConfig:
                                                                                          "(0: never)"))
     core_bundle: str | None = _opt(None, "the CORE eval bundle: its folder or zip (core.yaml, eval_meta_data.csv, "
                                          "eval_data/)", "evaluation and output",
-                                   check=cli.Optional(cli.existing_path))
+                                   check=cli.Optional(cli.existing_path), metavar="PATH")
     core_max_per_task: int | None = _opt(500, "CORE during training scores the first N items of each task (none: "
                                               "all; nanochat uses 500)", "evaluation and output",
                                          check=cli.Optional(cli.Int(1)))
@@ -367,7 +367,7 @@ class TrainConfig:
     log: str | None = _opt(None, "also send every metrics.jsonl record to tensorboard (event files in "
                                  "<output-dir>/tensorboard), wandb, or both (tensorboard,wandb); a tracker that fails "
                                  "is one warning (gpt2core.trackers)", "evaluation and output",
-                           check=cli.Optional(LogKinds()))
+                           check=cli.Optional(LogKinds()), metavar="TRACKERS")
     wandb_project: str = _opt("gpt2core", "W&B project (--log wandb)", "evaluation and output")
     wandb_run_name: str | None = _opt(None, "W&B run name (default: the output folder's name)",
                                       "evaluation and output")
