@@ -46,11 +46,13 @@ GPT-2" target).
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
 import random
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -233,15 +235,40 @@ def load_bundle(path, tasks=None) -> list[Task]:
 
 
 # ------------------------------------------------------------------------------------------------ the rules
+@functools.lru_cache(maxsize=8)
+def _shuffled(n: int) -> tuple[list[int], list[int]]:
+    """(order, position): order[p] = the file index at position p of random.Random(1337).shuffle, position[i] = p."""
+    order = list(range(n))
+    random.Random(SHUFFLE_SEED).shuffle(order)
+    position = [0] * n
+    for p, i in enumerate(order):
+        position[i] = p
+    return order, position
+
+
+class _AllBut(Sequence):
+    """range(n) without p, as a sequence (random.sample reads only len and items: the same draws as the list, without
+    building n - 1 numbers per item)."""
+
+    def __init__(self, n: int, p: int):
+        self.n, self.p = n, p
+
+    def __len__(self) -> int:
+        return self.n - 1
+
+    def __getitem__(self, j: int) -> int:
+        if not 0 <= j < self.n - 1:
+            raise IndexError(j)
+        return j if j < self.p else j + 1
+
+
 def fewshot_indices(n: int, i: int, k: int) -> list[int]:
     """The file indices of the k few-shot examples of item i of a task of n items (see the module doc)."""
     if k == 0:
         return []
-    order = list(range(n))
-    random.Random(SHUFFLE_SEED).shuffle(order)  # order[p] = the file index at position p
-    p = order.index(i)
-    picks = random.Random(FEWSHOT_SEED + p).sample([j for j in range(n) if j != p], k)
-    return [order[j] for j in picks]
+    order, position = _shuffled(n)
+    p = position[i]
+    return [order[j] for j in random.Random(FEWSHOT_SEED + p).sample(_AllBut(n, p), k)]
 
 
 def fewshot_prefix(task: Task, examples: list[dict]) -> str:
