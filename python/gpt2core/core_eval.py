@@ -221,7 +221,8 @@ def load_bundle(path, tasks=None) -> list[Task]:
         k = e["num_fewshot"]
         k = k[0] if isinstance(k, list) and k else k  # DCLM lists the shot counts; CORE uses the first
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise BundleError(f"{where}: num_fewshot must be an integer >= 0 or a list of them, got {e['num_fewshot']!r}")
+            raise BundleError(f"{where}: num_fewshot must be an integer >= 0 or a list of them, got "
+                              f"{e['num_fewshot']!r}")
         label = str(e["label"])
         if label not in baselines:
             raise BundleError(f"{files.where('eval_meta_data.csv')}: no 'Random baseline' for task {label!r}")

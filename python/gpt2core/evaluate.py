@@ -193,8 +193,8 @@ def _cmd_val(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     r = evaluate_val(model, loader, args.steps)
-    print(f"val loss {r['val_loss']:.4f} | val bpb {r['val_bpb']:.4f} over {min(args.steps, loader.batches_per_epoch)} batches of "
-          f"{args.batch_size}x{T} tokens")
+    print(f"val loss {r['val_loss']:.4f} | val bpb {r['val_bpb']:.4f} over "
+          f"{min(args.steps, loader.batches_per_epoch)} batches of {args.batch_size}x{T} tokens")
     return 0
 
 
@@ -257,7 +257,8 @@ def main(argv=None) -> int:
 
 console = cli.entry("gpt2core-eval", main)
 
-__all__ = ["evaluate_loss", "evaluate_val", "bpb_counts", "bits_per_byte", "score_hellaswag", "hellaswag_losses", "hellaswag_batches", "main", "console"]
+__all__ = ["evaluate_loss", "evaluate_val", "bpb_counts", "bits_per_byte", "score_hellaswag", "hellaswag_losses",
+           "hellaswag_batches", "main", "console"]
 
 if __name__ == "__main__":
     sys.exit(console())

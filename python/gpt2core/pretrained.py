@@ -259,7 +259,8 @@ def config_to_hf(c: GPT2Config) -> dict:
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_ctx": c.block_size,
         "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head, "n_inner": None,
-        "activation_function": "relu2" if c.activation == "relu2" else "gelu_new", "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+        "activation_function": "relu2" if c.activation == "relu2" else "gelu_new", "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
         "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "summary_type": "cls_index",
         "summary_use_proj": True, "summary_activation": None, "summary_proj_to_labels": True,
         "summary_first_dropout": 0.1, "scale_attn_weights": True, "use_cache": True,
@@ -457,5 +458,6 @@ def save_pretrained(model, path) -> Path:
     return p
 
 
-__all__ = ["HF_UNREPRESENTABLE", "read_weights", "read_hf", "save_pretrained", "read_safetensors", "write_safetensors", "read_torch_bin",
-           "config_from_hf", "config_to_hf", "state_dict_to_params", "params_to_state_dict"]
+__all__ = ["HF_UNREPRESENTABLE", "read_weights", "read_hf", "save_pretrained", "read_safetensors",
+           "write_safetensors", "read_torch_bin", "config_from_hf", "config_to_hf", "state_dict_to_params",
+           "params_to_state_dict"]

@@ -54,8 +54,8 @@ def numpy_row(p, row, v=SV, arch=None, NH=2):
 
 # ------------------------------------------------------------------------------------------------ a bundle
 ITEMS = {
-    "mc": [{"query": f"Question {i}: which is {w}? Answer:", "choices": [f"the {w}", f"the {w}s", "a café ☕", "none"],
-            "gold": i % 4} for i, w in enumerate(["cat", "dog", "tree", "sun", "river", "naïve idea", "東京"])],
+    "mc": [{"query": f"Question {i}: which is {w}? Answer:",
+            "choices": [f"the {w}", f"the {w}s", "a café ☕", "none"], "gold": i % 4} for i, w in enumerate(["cat", "dog", "tree", "sun", "river", "naïve idea", "東京"])],
     "schema": [{"context_options": [f"The {a} fell because it", f"The {b} fell because it"],
                 "continuation": f"was {c}.", "gold": i % 2}
                for i, (a, b, c) in enumerate([("vase", "table", "fragile"), ("ball", "glass", "round"),
