@@ -10,7 +10,8 @@ metrics.jsonl stays the source of truth: a tracker gets each record after it was
 cannot be imported, started or written to prints one warning and is switched off; the run goes on (only rank 0
 writes, as for metrics.jsonl). What is logged: every number of a record under its key, "train/<key>" for the per-step
 records (loss, lr, grad_norm, tok_per_s, dt_ms, ...) and "eval/<key>" for the evaluations (val_loss, val_bpb,
-hellaswag_acc, hellaswag_acc_norm, core...), at the record's step; the run record ({"run": {...}}) is W&B's config.
+hellaswag_acc, hellaswag_acc_norm, core, and each task's centered score as eval/core_tasks/<label>), at the record's
+step; the run record ({"run": {...}}) is W&B's config.
 
 Libraries: TensorBoard through the `tensorboard` package's own numpy-only writer (tensorboard.summary.Writer): no
 TensorFlow or PyTorch, and the package that shows the runs (and reads the files back) is the one that writes them;
@@ -56,10 +57,20 @@ def tag(key: str) -> str:
     return ("eval/" if key.startswith(EVAL_PREFIXES) else "train/") + key
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def scalars(rec: dict) -> dict[str, float]:
-    """The finite numbers of a metrics record other than its step, by tag."""
-    return {tag(k): float(v) for k, v in rec.items() if k != "step" and isinstance(v, (int, float))
-            and not isinstance(v, bool) and math.isfinite(v)}
+    """The finite numbers of a metrics record other than its step, by tag; a dict of numbers (CORE's per-task
+    scores, "core_tasks") gives one tag per member, <key>/<member>."""
+    out = {}
+    for k, v in rec.items():
+        if k != "step" and _number(v):
+            out[tag(k)] = float(v)
+        elif isinstance(v, dict):
+            out.update({f"{tag(k)}/{m}": float(x) for m, x in v.items() if _number(x)})
+    return out
 
 
 class _Tracker:

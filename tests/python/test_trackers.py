@@ -122,7 +122,7 @@ def test_train_logs_to_tensorboard_and_survives_a_broken_wandb(tmp_path, monkeyp
         for tag, v in trackers.scalars(r).items() if "step" in r else ():
             want.setdefault(tag, {})[r["step"]] = v
     assert {"train/loss", "train/lr", "train/grad_norm", "train/tok_per_s", "eval/val_loss", "eval/val_bpb",
-            "eval/core"} <= set(want)
+            "eval/core", "eval/core_tasks/lm", "eval/core_tasks/mc_zeroshot"} <= set(want)
     assert set(got) == set(want)
     for tag, pts in want.items():
         assert sorted(got[tag]) == sorted(pts)
@@ -172,6 +172,8 @@ def test_log_flag_values():
         trackers.parse_kinds("tensorboard,mlflow")
     assert trackers.scalars({"step": 3, "loss": 2.0, "skipped": True, "grad_norm": None, "val_bpb": 1.25}) == \
         {"train/loss": 2.0, "eval/val_bpb": 1.25}
+    assert trackers.scalars({"step": 3, "core": 0.1, "core_tasks": {"a": 0.2, "b": float("nan")}}) == \
+        {"eval/core": 0.1, "eval/core_tasks/a": 0.2}
     from gpt2core import train
     with pytest.raises(SystemExit):
         train.parse_args(["--log", "mlflow"])
