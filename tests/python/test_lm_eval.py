@@ -163,14 +163,19 @@ def test_exported_model_through_lm_evals_hf_model_agrees(local_task, tmp_path, m
     pytest.importorskip("transformers")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     from lm_eval.tasks import TaskManager
+    import shutil
     model, _ = tiny_model(block=32, seed=2, vocab=(V, VP))
     model.save_pretrained(tmp_path / "hf")
+    shutil.copyfile(tokenizer.ASSETS / "encoder.json", tmp_path / "hf" / "vocab.json")  # GPT-2's tokenizer files,
+    shutil.copyfile(tokenizer.ASSETS / "vocab.bpe", tmp_path / "hf" / "merges.txt")      # which transformers reads
+    torch.set_num_threads(1)
     tm = TaskManager(include_path=str(local_task), include_defaults=False)
-    ours = lm_eval.simple_evaluate(model=GPT2CoreLM(model=model), tasks=["gpt2core_local_mc"], task_manager=tm,
-                                   log_samples=True)
+    # both read the exported fp32 weights: gpt2core's load_model of the HF folder, transformers' GPT2LMHeadModel
+    ours = lm_eval.simple_evaluate(model="gpt2core", model_args=f"path={tmp_path / 'hf'}",
+                                   tasks=["gpt2core_local_mc"], task_manager=tm, log_samples=True)
     theirs = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={tmp_path / 'hf'},dtype=float32",
                                      tasks=["gpt2core_local_mc"], task_manager=tm, log_samples=True, device="cpu")
-    torch.set_num_threads(1)
     a = [r[0][0] for s in ours["samples"]["gpt2core_local_mc"] for r in s["resps"]]
     b = [r[0][0] for s in theirs["samples"]["gpt2core_local_mc"] for r in s["resps"]]
-    np.testing.assert_allclose(a, b, atol=1e-4)  # fp32 in transformers vs float64 here
+    assert len(a) == sum(len(d["choices"]) for d in DOCS)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)  # fp32 both, other op orders
