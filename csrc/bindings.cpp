@@ -458,7 +458,8 @@ void bind_model(py::module_& m, const char* cls_name) {
       throw py::value_error("muon_weight_decay must be finite and >= 0");
     if (ns_steps < 0 || ns_steps > 100) throw py::value_error("muon_ns_steps must be in [0, 100]");
     for (const auto& [name, v] : {std::pair{"embedding_lr", embedding_lr}, std::pair{"head_lr", head_lr}})
-      if (v && (!(*v >= 0) || !std::isfinite(*v))) throw py::value_error(std::string(name) + " must be finite and >= 0");
+      if (v && (!(*v >= 0) || !std::isfinite(*v)))
+        throw py::value_error(std::string(name) + " must be finite and >= 0");
     typename M::MuonStep s;
     s.embedding_lr = embedding_lr.value_or(-1.0f), s.head_lr = head_lr.value_or(-1.0f);
     s.lr = lr, s.beta = beta, s.args.weight_decay = weight_decay, s.args.ns_steps = ns_steps;

@@ -1,20 +1,34 @@
 """Recipe benchmark (a benchmark, never a timed test): training recipes side by side on the same data and model
-size, validation loss against tokens, the tokens the modern recipe needs to reach the GPT-2 recipe's final
-validation loss (and the ratio), and an ablation: the GPT-2 recipe, then each ingredient added one at a time.
+size, over several seeds and at two scales; validation loss against tokens, the tokens each row needs to reach the
+GPT-2 recipe's final validation loss (and the ratio: how many times fewer), loss spikes; and the sweep that chose
+the modern recipe's learning rates and warm-up.
 
-Data (real English text, larger than tiny Shakespeare, so that no run repeats its data): the Linux kernel's
-documentation as Debian ships it, package `linux-doc-6.12` (GPL-2; ~40 MB .deb, 31 MB of reStructuredText/plain
-text once unpacked, 11.3M GPT-2 tokens). Its origin (Debian version, archive URL, sha256), licence and how it is
-prepared: docs/DATA_SOURCES.md.
+Data (real English text, larger than tiny Shakespeare, so that no run repeats its data), both from Debian's
+documentation packages (origin, version, archive URL, sha256, licence and preparation: docs/DATA_SOURCES.md):
+  - linux-doc-6.12, the Linux kernel's documentation (GPL-2; 11.3M GPT-2 tokens): the sweep's data;
+  - python3.11-doc, the Python documentation (PSF License; 3.6M tokens; --html-sources): the held-out text the
+    benchmark is measured on, never swept on.
 
     apt-get download linux-doc-6.12 && dpkg-deb -x linux-doc-6.12_*.deb linux-doc
-    nice -n 5 python scripts/recipe_bench.py --docs linux-doc --out runs/recipe_bench \\
-        --preset s4 --steps 48 -B 2 -T 256 --val-every 8 --val-steps 4 --warmup 5
+    apt-get download python3.11-doc && dpkg-deb -x python3.11-doc_*.deb pydoc
+    # the sweep: --recipe modern with one flag at a time changed (-> <out>/recipe_sweep.md)
+    nice python scripts/recipe_bench.py --docs linux-doc --out runs/sweep --preset s4 -B 2 -T 128 --steps 32 \
+        --val-every 8 --val-steps 8 --sweep embedding-lr=0.02,0.06 head-lr=0.002,0.02 muon-lr=0.01,0.04 warmup=5
+    # the benchmark: every row over --seeds at each of --scales (-> <out>/recipe_bench.md)
+    nice python scripts/recipe_bench.py --docs pydoc --html-sources --data-name pydoc --shard-tokens 250000 \
+        --out runs/recipe_bench --only gpt2 modern --seeds 1337 1338 1339 --scales 1 4
 
-prepares the shards once (GPT-2 BPE, llm.c's shard format; the first shard is validation), trains each row of the
-ablation with gpt2core-train (the same data order, seed and tokens), and writes <out>/recipe_bench.md (the table)
-and <out>/recipe_bench.json after every row (a partial run is not lost; a rerun reuses the rows that finished),
-then <out>/recipe_bench.png (gpt2core-plot). The rows (each adds its flags to the row above):
+prepares the shards once (GPT-2 BPE, llm.c's shard format; the first shard is validation), trains each run with
+gpt2core-train (per seed the same data order and initialisation for every row), and writes <out>/recipe_bench.md
+and <out>/recipe_bench.json after every run (a partial benchmark is not lost; a rerun reuses the runs that
+finished), then <out>/recipe_bench.png (gpt2core-plot, the first seed and scale).
+
+Scale k trains k times the batch (tokens per step) for k times the steps, evaluating every k * --val-every steps
+(the same tokens apart). For each scale and row: the final val loss, the tokens to the GPT-2 row's final val loss
+of the same seed (linear between evaluations) and the ratio, each as mean ± standard deviation over the seeds; how
+many seeds reached it; spikes: steps whose training loss is above the median training loss of the evaluation
+interval before them by more than --spike-margin (2 nats; spikes() says why not against the val loss). The rows
+(each adds its flags to the row above; --only picks some: gpt2, control, modern, or labels):
 
     gpt2                                  --recipe gpt2 (AdamW lr 1e-3, cosine, GPT-2's architecture)
     AdamW at lr 6e-3 (control)            --lr 6e-3 --beta1 0.8 --weight-decay 0 (the modern recipe's AdamW)
@@ -23,7 +37,8 @@ then <out>/recipe_bench.png (gpt2core-plot). The rows (each adds its flags to th
     + ReLU²                               --activation relu2
     + untied head, zero-init proj, soft-cap 15   --untied --zero-init-proj --logit-softcap 15
     + Muon                                --optimizer muon (Muon's settings from --recipe modern)
-    + WSD, no warm-up (= --recipe modern) --recipe modern itself
+    + AdamW group LRs                     --embedding-lr, --head-lr (the recipe's)
+    + WSD, warm-up (= --recipe modern)    --recipe modern itself
 
 On a GPU the same script runs at d12 on FineWeb (--data-dir of FineWeb shards, --preset d12 --extra --device cuda).
 """
@@ -142,17 +157,30 @@ def train_tok_per_s(run: Path) -> float:
     return v[len(v) // 2] if v else float("nan")
 
 
-def spikes(run: Path, margin: float) -> list[dict]:
-    """The steps whose training loss is above the previous validation loss by more than margin (a loss spike), from
-    a run's metrics.jsonl: [{"step", "loss", "prev_val", "excess"}]."""
-    prev, out = None, []
+def spikes(run: Path, margin: float, window: int) -> list[dict]:
+    """The steps whose training loss is above the median training loss of the `window` steps before them (the
+    evaluation interval; the first steps: against the initial val loss) by more than margin, from a run's
+    metrics.jsonl: [{"step", "loss", "ref", "excess"}]. Not against the val loss itself: the few validation batches
+    sit 1-2 nats below the typical training batch on this text, which would make every step a spike."""
+    losses, out, first_val = [], [], None
     for line in (run / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
-        if "val_loss" in r:
-            prev = r["val_loss"]
-        elif "loss" in r and prev is not None and r["loss"] > prev + margin:
-            out.append({"step": r["step"], "loss": r["loss"], "prev_val": prev, "excess": r["loss"] - prev})
+        if "val_loss" in r and first_val is None:
+            first_val = r["val_loss"]
+        elif "loss" in r and "val_loss" not in r:
+            prev = losses[-window:]
+            ref = statistics.median(prev) if len(prev) == window else first_val
+            if ref is not None and r["loss"] > ref + margin:
+                out.append({"step": r["step"], "loss": r["loss"], "ref": ref, "excess": r["loss"] - ref})
+            losses.append(r["loss"])
     return out
+
+
+def max_grad_norm(run: Path) -> tuple[float, int]:
+    """The largest pre-clip gradient norm of a run's steps, and its step."""
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"grad_norm"' in line]
+    r = max((r for r in recs if r.get("grad_norm") is not None), key=lambda r: r["grad_norm"])
+    return r["grad_norm"], r["step"]
 
 
 def mean_sd(xs) -> tuple[float, float]:
@@ -197,9 +225,9 @@ def write_report(a, results: list[dict]) -> list[dict]:
     runs so far; returns the summary."""
     summary = summarize(results)
     lines = [f"Data {a.data_name}, {a.preset}, T={a.seq_len}; scale k: B={a.batch_size}k, {a.steps}k steps, "
-             f"validation every {a.val_every}k steps ({a.val_steps} batches); seeds {', '.join(map(str, a.seeds))}. "
+             f"validation every {a.val_every}k steps ({a.val_steps}/k batches); seeds {', '.join(map(str, a.seeds))}. "
              f"Target: the GPT-2 row's final val loss of the same seed. Spike: a step's training loss above the "
-             f"previous validation loss by more than {a.spike_margin:g}.", ""]
+             f"median training loss of the evaluation interval before it by more than {a.spike_margin:g}.", ""]
     for scale in dict.fromkeys(s["scale"] for s in summary):
         rows_ = [s for s in summary if s["scale"] == scale]
         lines += [f"### scale {scale}x: B={a.batch_size * scale}, {a.steps * scale} steps, "
@@ -214,7 +242,7 @@ def write_report(a, results: list[dict]) -> list[dict]:
                 + ("not reached" if math.isnan(tm) else f"{tm:,.0f} ± {ts:,.0f}") + " | "
                 + ("-" if math.isnan(rm) else f"{rm:.2f}x ± {rs:.2f} ({s['ratio_min']:.2f}–{s['ratio_max']:.2f})")
                 + f" | {s['reached']}/{len(s['seeds'])} | {s['spikes']}"
-                + (f" (step {w['step']}: {w['loss']:.2f} vs {w['prev_val']:.2f})" if w else "")
+                + (f" (step {w['step']}: {w['loss']:.2f} vs {w['ref']:.2f})" if w else "")
                 + f" | {s['tok_per_s']:.0f} |")
         lines.append("")
     (a.out / "recipe_bench.md").write_text("\n".join(lines))
@@ -223,12 +251,18 @@ def write_report(a, results: list[dict]) -> list[dict]:
     return summary
 
 
+def val_steps(a, scale: int) -> int:
+    """Validation batches at scale k: --val-steps / k (at least 1), so that every scale scores about the same
+    validation tokens (the batch is k times larger)."""
+    return max(1, -(-a.val_steps // scale))
+
+
 def run_row(a, data: Path, run: Path, flags: list[str], scale: int, seed: int) -> dict:
     """One row at one scale and seed with gpt2core-train; a run that finished already (metrics.jsonl up to its
     last step) is read back instead."""
     steps, B = a.steps * scale, a.batch_size * scale
     cmd = [sys.executable, "-m", "gpt2core.train", "--preset", a.preset, "--steps", str(steps), "-B", str(B),
-           "-T", str(a.seq_len), "--val-every", str(a.val_every * scale), "--val-steps", str(a.val_steps),
+           "-T", str(a.seq_len), "--val-every", str(a.val_every * scale), "--val-steps", str(val_steps(a, scale)),
            "--data-dir", str(data), "--output-dir", str(run), "--sample-tokens", "0", "--seed", str(seed),
            *(["--threads", str(a.threads)] if a.threads else []), *flags, *a.extra]
     row = {"flags": flags, "command": " ".join(cmd[2:]), "run": str(run), "scale": scale, "seed": seed}
@@ -248,14 +282,15 @@ def run_row(a, data: Path, run: Path, flags: list[str], scale: int, seed: int) -
         row.update(seconds=time.perf_counter() - t0, tok_per_s=train_tok_per_s(run))
         (run / "row.json").write_text(json.dumps({"seconds": row["seconds"], "tok_per_s": row["tok_per_s"]}))
     curve = val_curve(run)
-    row.update(curve=curve, final_val=curve[-1][1], tokens=curve[-1][0], spikes=spikes(run, a.spike_margin))
+    row.update(curve=curve, final_val=curve[-1][1], tokens=curve[-1][0],
+               spikes=spikes(run, a.spike_margin, a.val_every * scale))
     return row
 
 
 def sweep(a, data: Path, specs: list[str]) -> list[dict]:
     """--recipe modern at scale 1 and the first seed, one flag at a time set to each of its values (the others at
     the recipe's and --extra's): <out>/recipe_sweep.md and .json, the final and best val loss and spikes per point."""
-    points = [("recipe", "-", [])]
+    points = [] if a.no_base else [("recipe", "-", [])]
     for spec in specs:
         flag, _, values = spec.partition("=")
         if not values:
@@ -265,7 +300,8 @@ def sweep(a, data: Path, specs: list[str]) -> list[dict]:
     lines = [f"--recipe modern on {a.data_name}, {a.preset}, B={a.batch_size}, T={a.seq_len}, {a.steps} steps, seed "
              f"{a.seeds[0]}, validation every {a.val_every} steps ({a.val_steps} batches); one flag changed per "
              f"row{', with ' + ' '.join(a.extra) if a.extra else ''}.", "",
-             "| flag | value | final val loss | best val loss | spikes (worst) |", "|---|---|---|---|---|"]
+             "| flag | value | final val loss | best val loss | spikes (worst) | largest grad norm (step) |",
+             "|---|---|---|---|---|---|"]
     for flag, value, flags in points:
         slug = "".join(c if c.isalnum() else "_" for c in f"{flag}_{value}")
         r = run_row(a, data, a.out / "sweep" / slug, ["--recipe", "modern", *flags], 1, a.seeds[0])
@@ -273,8 +309,8 @@ def sweep(a, data: Path, specs: list[str]) -> list[dict]:
         res.append(r)
         w = max(r["spikes"], key=lambda s: s["excess"]) if r["spikes"] else None
         lines.append(f"| {flag} | {value} | {r['final_val']:.4f} | {min(v for _, v in r['curve']):.4f} | "
-                     f"{len(r['spikes'])}" + (f" (step {w['step']}: {w['loss']:.2f} vs {w['prev_val']:.2f})" if w
-                                              else "") + " |")
+                     f"{len(r['spikes'])}" + (f" (step {w['step']}: {w['loss']:.2f} vs {w['ref']:.2f})" if w
+                                              else "") + " | %.1f (%d) |" % max_grad_norm(Path(r["run"])))
         (a.out / "recipe_sweep.md").write_text("\n".join(lines) + "\n")
         (a.out / "recipe_sweep.json").write_text(json.dumps(res, indent=1))
         print(lines[-1], flush=True)
@@ -296,14 +332,15 @@ def main(argv=None) -> int:
     ap.add_argument("-T", "--seq-len", type=int, default=256)
     ap.add_argument("--val-every", type=int, default=4, help="steps between evaluations at scale 1 (scale k: k "
                     "times as many, the same tokens apart)")
-    ap.add_argument("--val-steps", type=int, default=4)
+    ap.add_argument("--val-steps", type=int, default=4, help="validation batches at scale 1 (scale k: 1/k as many "
+                    "of k times the size: the same validation tokens)")
     ap.add_argument("--warmup", type=int, default=5, help="LR warm-up steps of every row but --recipe modern "
                     "(which has its own)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338, 1339])
     ap.add_argument("--scales", type=int, nargs="+", default=[1, 4], help="k: B*k and steps*k (4: four times the "
                     "tokens per step and four times the steps)")
-    ap.add_argument("--spike-margin", type=float, default=1.0, help="a step's training loss above the previous "
-                    "validation loss by more than this is a spike")
+    ap.add_argument("--spike-margin", type=float, default=2.0, help="a step's training loss above the median "
+                    "training loss of the evaluation interval before it by more than this (nats) is a spike")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--shard-tokens", type=int, default=10**6, help="tokens per shard (shard 0: validation)")
     ap.add_argument("--only", nargs="*", help="run only these rows: labels, or gpt2 / control / modern "
@@ -311,6 +348,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", nargs="+", metavar="FLAG=V1,V2", help="instead of the rows: --recipe modern at scale "
                     "1 and the first seed with one flag at a time set to each value (e.g. embedding-lr=0.006,0.02 "
                     "warmup=0,10); the table goes to <out>/recipe_sweep.md")
+    ap.add_argument("--no-base", action="store_true", help="--sweep: leave out the recipe's own point (run by "
+                    "another sweep)")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more gpt2core-train flags for every row")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)

@@ -207,9 +207,12 @@ def arch_flags(arch: dict) -> dict:
 
 RECIPES: dict[str, dict] = {
     "gpt2": {},
-    "modern": {**arch_flags(MODERN_ARCH), "optimizer": "muon", "muon_lr": 0.02, "muon_momentum": 0.95,
-               "muon_momentum_warmup": 300, "muon_weight_decay": 0.0, "lr": 6e-3, "beta1": 0.8, "beta2": 0.95,
-               "weight_decay": 0.0, "schedule": "wsd", "cooldown_frac": 0.4, "warmup": 0, "min_lr_frac": 0.0},
+    # AdamW's group LRs, Muon's LR and the warm-up: swept on linux-doc-6.12 at s4 (README "AdamW's learning rates by
+    # group"; issue 35): the embedding's LR well above the head's, as in modded-nanogpt and nanochat
+    "modern": {**arch_flags(MODERN_ARCH), "optimizer": "muon", "muon_lr": 0.01, "muon_momentum": 0.95,
+               "muon_momentum_warmup": 300, "muon_weight_decay": 0.0, "lr": 6e-3, "embedding_lr": 0.1,
+               "head_lr": 6e-3, "beta1": 0.8, "beta2": 0.95, "weight_decay": 0.0, "schedule": "wsd",
+               "cooldown_frac": 0.4, "warmup": 5, "min_lr_frac": 0.0},
 }
 # the switches a recipe turns on, which a command line can turn off again (--no-qk-norm, --bias, --no-untied, ...)
 RECIPE_SWITCHES = sorted({k for r in RECIPES.values() for k, v in r.items() if isinstance(v, bool)})

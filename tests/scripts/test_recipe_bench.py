@@ -38,8 +38,11 @@ def test_ablation_rows_add_one_ingredient_at_a_time(rb):
     modern = config.RECIPES["modern"]
     groups = sorted(k for k in rb.GROUP_LRS if modern.get(k) is not None)
     assert groups  # the recipe sets AdamW's group LRs
+    # Muon's row: the optimizer, and Muon's settings where the recipe's differ from TrainConfig's defaults
+    muon = sorted(["optimizer"] + [k for k in ("muon_lr", "muon_momentum", "muon_momentum_warmup", "muon_weight_decay")
+                                   if modern[k] != getattr(config.TrainConfig, k)])
     assert diffs == [["beta1", "lr", "weight_decay"], ["position"], ["no_bias", "norm", "qk_norm"], ["activation"],
-                     ["logit_softcap", "untied", "zero_init_proj"], ["optimizer"], groups,
+                     ["logit_softcap", "untied", "zero_init_proj"], muon, groups,
                      sorted(["min_lr_frac", "schedule"] + (["warmup"] if modern["warmup"] != 5 else []))]
     assert rows[-1][1] == ["--recipe", "modern"] and cfgs[-1]["recipe"] == "modern"
     assert cfgs[0]["warmup"] == 5 and cfgs[-1]["warmup"] == modern["warmup"]
@@ -49,24 +52,19 @@ def test_ablation_rows_add_one_ingredient_at_a_time(rb):
     assert rb.row_label(rows[-1][0]) == "modern"
 
 
-def _run(tmp_path, name, val, train_losses):
-    """A fake run folder: metrics.jsonl with a header, (step, val loss) pairs and per-step training losses."""
-    d = tmp_path / name
+def test_spikes_are_steps_above_the_recent_median(rb, tmp_path):
+    """A spike: a step's training loss above the median of the `window` steps before it (the first steps: above the
+    initial val loss) by more than the margin; a single low batch does not make the next step a spike."""
+    d = tmp_path / "a"
     d.mkdir()
-    recs = [{"run": {"tokens_per_step": 100}}]
-    for step, v in val:
-        recs.append({"step": step, "val_loss": v})
-        recs += [{"step": s, "loss": train_losses[s - 1], "tok_per_s": 10.0}
-                 for s in range(step + 1, min(step + 2, len(train_losses) + 1))]
+    losses = [10.5, 9.0, 8.0, 7.0, 2.0, 7.2, 9.5, 7.0]
+    recs = [{"run": {}}, {"step": 0, "val_loss": 10.0}] + [{"step": i + 1, "loss": v} for i, v in enumerate(losses)]
+    recs.insert(5, {"step": 3, "val_loss": 6.5})
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
-    return d
-
-
-def test_spikes_are_steps_above_the_previous_evaluation(rb, tmp_path):
-    d = _run(tmp_path, "a", [(0, 10.0), (1, 8.0), (2, 7.0)], [9.5, 9.2, 6.0])
-    got = rb.spikes(d, margin=1.0)
-    assert [(s["step"], s["prev_val"]) for s in got] == [(2, 8.0)] and got[0]["excess"] == pytest.approx(1.2)
-    assert rb.spikes(d, margin=1.5) == []
+    got = rb.spikes(d, margin=2.0, window=3)
+    assert [(s["step"], s["ref"]) for s in got] == [(7, 7.0)] and got[0]["excess"] == pytest.approx(2.5)
+    assert [s["step"] for s in rb.spikes(d, margin=0.4, window=3)] == [1, 7]
+    assert rb.spikes(d, margin=3.0, window=3) == []
 
 
 def test_report_over_seeds_and_scales(rb, tmp_path):
@@ -82,7 +80,7 @@ def test_report_over_seeds_and_scales(rb, tmp_path):
 
     res = [run("gpt2", 1, [(0, 11.0), (512, 9.0), (1024, 8.0)]), run("gpt2", 2, [(0, 11.0), (1024, 7.0)]),
            run("m", 1, [(0, 11.0), (256, 8.0), (1024, 6.0)],
-               [{"step": 3, "loss": 9.5, "prev_val": 8.0, "excess": 1.5}]),
+               [{"step": 3, "loss": 9.5, "ref": 8.0, "excess": 1.5}]),
            run("m", 2, [(0, 11.0), (1024, 7.5)]),
            {**run("gpt2", 1, [(0, 11.0), (4096, 7.0)]), "scale": 4}]
     summary = rb.write_report(a, res)

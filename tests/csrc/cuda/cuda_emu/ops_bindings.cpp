@@ -597,7 +597,8 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              gpt2::LossScaler scaler;
              scaler.scale = loss_scale;
              o.be->set_loss_scaler(scaler);
-             o.be->set_step_args(gpt2::StepArgs{lr, bc1, bc2, 1.0f, seed, clip, 0.0f, 0.0f, lr, lr, -1.0});  // sumsq poisoned
+             // sumsq poisoned: the update must compute it
+             o.be->set_step_args(gpt2::StepArgs{lr, bc1, bc2, 1.0f, seed, clip, 0.0f, 0.0f, lr, lr, -1.0});
              auto r = o.adamw(param, grad, m, v, 0, {{0, n / 2, 0.1f}, {n / 2, n, 0.0f}}, 0.9f, 0.95f, 1e-8f, true);
              o.be->set_loss_scaler(gpt2::LossScaler{});
              return r;
