@@ -26,8 +26,8 @@ finished), then <out>/recipe_bench.png (gpt2core-plot, the first seed and scale)
 Scale k trains k times the batch (tokens per step) for k times the steps, evaluating every k * --val-every steps
 (the same tokens apart). For each scale and row: the final val loss, the tokens to the GPT-2 row's final val loss
 of the same seed (linear between evaluations) and the ratio, each as mean ± standard deviation over the seeds; how
-many seeds reached it; spikes: steps whose training loss is above the median training loss of the evaluation
-interval before them by more than --spike-margin (2 nats; spikes() says why not against the val loss). The rows
+many seeds reached it; spikes: steps whose training loss is above the median training loss of the --spike-window
+steps before them by more than --spike-margin (2 nats; spikes() says why not against the val loss). The rows
 (each adds its flags to the row above; --only picks some: gpt2, control, modern, or labels):
 
     gpt2                                  --recipe gpt2 (AdamW lr 1e-3, cosine, GPT-2's architecture)
@@ -159,7 +159,7 @@ def train_tok_per_s(run: Path) -> float:
 
 def spikes(run: Path, margin: float, window: int) -> list[dict]:
     """The steps whose training loss is above the median training loss of the `window` steps before them (the
-    evaluation interval; the first steps: against the initial val loss) by more than margin, from a run's
+    first `window` steps: against the initial val loss) by more than margin, from a run's
     metrics.jsonl: [{"step", "loss", "ref", "excess"}]. Not against the val loss itself: the few validation batches
     sit 1-2 nats below the typical training batch on this text, which would make every step a spike."""
     losses, out, first_val = [], [], None
@@ -227,7 +227,7 @@ def write_report(a, results: list[dict]) -> list[dict]:
     lines = [f"Data {a.data_name}, {a.preset}, T={a.seq_len}; scale k: B={a.batch_size}k, {a.steps}k steps, "
              f"validation every {a.val_every}k steps ({a.val_steps}/k batches); seeds {', '.join(map(str, a.seeds))}. "
              f"Target: the GPT-2 row's final val loss of the same seed. Spike: a step's training loss above the "
-             f"median training loss of the evaluation interval before it by more than {a.spike_margin:g}.", ""]
+             f"median training loss of the {a.spike_window}k steps before it by more than {a.spike_margin:g}.", ""]
     for scale in dict.fromkeys(s["scale"] for s in summary):
         rows_ = [s for s in summary if s["scale"] == scale]
         lines += [f"### scale {scale}x: B={a.batch_size * scale}, {a.steps * scale} steps, "
@@ -283,7 +283,7 @@ def run_row(a, data: Path, run: Path, flags: list[str], scale: int, seed: int) -
         (run / "row.json").write_text(json.dumps({"seconds": row["seconds"], "tok_per_s": row["tok_per_s"]}))
     curve = val_curve(run)
     row.update(curve=curve, final_val=curve[-1][1], tokens=curve[-1][0],
-               spikes=spikes(run, a.spike_margin, a.val_every * scale))
+               spikes=spikes(run, a.spike_margin, a.spike_window * scale))
     return row
 
 
@@ -340,7 +340,9 @@ def main(argv=None) -> int:
     ap.add_argument("--scales", type=int, nargs="+", default=[1, 4], help="k: B*k and steps*k (4: four times the "
                     "tokens per step and four times the steps)")
     ap.add_argument("--spike-margin", type=float, default=2.0, help="a step's training loss above the median "
-                    "training loss of the evaluation interval before it by more than this (nats) is a spike")
+                    "training loss of the --spike-window steps before it by more than this (nats) is a spike")
+    ap.add_argument("--spike-window", type=int, default=8, help="steps at scale 1 (scale k: k times as many) whose "
+                    "median training loss a step is compared with")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--shard-tokens", type=int, default=10**6, help="tokens per shard (shard 0: validation)")
     ap.add_argument("--only", nargs="*", help="run only these rows: labels, or gpt2 / control / modern "
