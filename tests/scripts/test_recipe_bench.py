@@ -72,7 +72,8 @@ def test_report_over_seeds_and_scales(rb, tmp_path):
     GPT-2 row's final val loss of the same seed and of the ratio; a seed that never reaches it; the spikes."""
     import argparse
     a = argparse.Namespace(preset="s4", batch_size=2, seq_len=256, steps=4, out=tmp_path, data_name="d",
-                           val_every=1, val_steps=1, seeds=[1, 2], spike_margin=1.0)
+                           val_every=1, val_steps=1, seeds=[1, 2], spike_margin=1.0,
+                           spike_window=8)
 
     def run(label, seed, curve, spikes=()):
         return {"label": label, "scale": 1, "seed": seed, "curve": curve, "final_val": curve[-1][1],
