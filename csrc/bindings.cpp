@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "cpu/backend_cpu.h"
 #include "backends.h"
@@ -448,13 +450,18 @@ void bind_model(py::module_& m, const char* cls_name) {
            "csrc/model/optimizer.h) to grad_clip (0: no clipping) by the global norm sqrt(sum_squares): pass the sum "
            "of squares of ALL gradients (every rank's shard). Nothing is written when that norm is not finite.");
   // ------------------------------------------------------------------------------------------------ Muon
-  auto muon_step = [](float lr, float beta, float weight_decay, int ns_steps, bool nesterov, int mat_lo, int mat_hi) {
+  auto muon_step = [](float lr, float beta, float weight_decay, int ns_steps, bool nesterov, int mat_lo, int mat_hi,
+                      std::optional<float> embedding_lr = std::nullopt, std::optional<float> head_lr = std::nullopt) {
     if (!(lr >= 0) || !std::isfinite(lr)) throw py::value_error("muon_lr must be finite and >= 0");
     if (!(beta >= 0 && beta < 1)) throw py::value_error("muon_momentum must be in [0, 1)");
     if (!(weight_decay >= 0) || !std::isfinite(weight_decay))
       throw py::value_error("muon_weight_decay must be finite and >= 0");
     if (ns_steps < 0 || ns_steps > 100) throw py::value_error("muon_ns_steps must be in [0, 100]");
+    for (const auto& [name, v] : {std::pair{"embedding_lr", embedding_lr}, std::pair{"head_lr", head_lr}})
+      if (v && (!(*v >= 0) || !std::isfinite(*v)))
+        throw py::value_error(std::string(name) + " must be finite and >= 0");
     typename M::MuonStep s;
+    s.embedding_lr = embedding_lr.value_or(-1.0f), s.head_lr = head_lr.value_or(-1.0f);
     s.lr = lr, s.beta = beta, s.args.weight_decay = weight_decay, s.args.ns_steps = ns_steps;
     s.args.nesterov = nesterov, s.mat_lo = mat_lo, s.mat_hi = mat_hi;
     return s;
@@ -472,12 +479,14 @@ void bind_model(py::module_& m, const char* cls_name) {
       .def("muon_optimizer_step",
            [muon_step](M& self, float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                        double grad_clip, float muon_lr, float muon_momentum, float muon_weight_decay, int ns_steps,
-                       bool nesterov, int mat_lo, int mat_hi) {
+                       bool nesterov, int mat_lo, int mat_hi, std::optional<float> embedding_lr,
+                       std::optional<float> head_lr) {
              if (!(lr >= 0)) throw py::value_error("lr must be >= 0");
              if (!(grad_clip >= 0) || !std::isfinite(grad_clip))
                throw py::value_error("grad_clip must be finite and >= 0");
              if (step < 1) throw py::value_error("step counts from 1");
-             const auto s = muon_step(muon_lr, muon_momentum, muon_weight_decay, ns_steps, nesterov, mat_lo, mat_hi);
+             const auto s = muon_step(muon_lr, muon_momentum, muon_weight_decay, ns_steps, nesterov, mat_lo, mat_hi,
+                                      embedding_lr, head_lr);
              py::gil_scoped_release nogil;
              return self.muon_optimizer_step(lr, beta1, beta2, eps, weight_decay, step, grad_clip, s);
            },
@@ -485,14 +494,17 @@ void bind_model(py::module_& m, const char* cls_name) {
            py::arg("eps") = gpt2::kAdamEps, py::arg("weight_decay") = gpt2::kWeightDecay, py::arg("step"),
            py::arg("grad_clip") = 1.0, py::arg("muon_lr") = 0.02f, py::arg("muon_momentum") = gpt2::kMuonBeta,
            py::arg("muon_weight_decay") = 0.0f, py::arg("ns_steps") = gpt2::kMuonNsSteps, py::arg("nesterov") = true,
-           py::arg("mat_lo") = 0, py::arg("mat_hi") = -1,
+           py::arg("mat_lo") = 0, py::arg("mat_hi") = -1, py::arg("embedding_lr") = py::none(),
+           py::arg("head_lr") = py::none(),
            "optimizer_step with Muon (csrc/model/optimizer.h) on the hidden matrices and AdamW on the rest; "
            "matrices [mat_lo, mat_hi) of muon_matrices are orthogonalised and applied (mat_hi -1: all), the "
-           "momentum of every Muon tensor is updated. Returns the pre-clip norm.")
+           "momentum of every Muon tensor is updated. AdamW's LR: embedding_lr for wte and wpe, head_lr for an "
+           "untied lm_head (None: lr), lr for the rest. Returns the pre-clip norm.")
       .def("muon_update_range",
            [muon_step](M& self, size_t lo, size_t hi, py::array m, py::array v, float lr, float beta1, float beta2,
                        float eps, float weight_decay, int step, double grad_clip, double sum_squares, float muon_lr,
-                       float muon_momentum, float muon_weight_decay, int ns_steps, bool nesterov) {
+                       float muon_momentum, float muon_weight_decay, int ns_steps, bool nesterov,
+                       std::optional<float> embedding_lr, std::optional<float> head_lr) {
              if (lo > hi || hi > self.num_parameters())
                throw py::value_error("need 0 <= lo <= hi <= num_parameters");
              for (auto* a : {&m, &v}) {
@@ -504,7 +516,8 @@ void bind_model(py::module_& m, const char* cls_name) {
              if (!(lr >= 0)) throw py::value_error("lr must be >= 0");
              if (!(grad_clip >= 0) || !std::isfinite(grad_clip)) throw py::value_error("grad_clip must be finite and >= 0");
              if (step < 1) throw py::value_error("step counts from 1");
-             const auto s = muon_step(muon_lr, muon_momentum, muon_weight_decay, ns_steps, nesterov, 0, 0);
+             const auto s = muon_step(muon_lr, muon_momentum, muon_weight_decay, ns_steps, nesterov, 0, 0,
+                                      embedding_lr, head_lr);
              F* mp = static_cast<F*>(m.mutable_data());
              F* vp = static_cast<F*>(v.mutable_data());
              py::gil_scoped_release nogil;
@@ -513,8 +526,9 @@ void bind_model(py::module_& m, const char* cls_name) {
            py::arg("lo"), py::arg("hi"), py::arg("m"), py::arg("v"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
            py::arg("eps"), py::arg("weight_decay"), py::arg("step"), py::arg("grad_clip"), py::arg("sum_squares"),
            py::arg("muon_lr"), py::arg("muon_momentum"), py::arg("muon_weight_decay"), py::arg("ns_steps"),
-           py::arg("nesterov"),
-           "ZeRO-1 with Muon, part 1: AdamW on the AdamW tensors' part of flat [lo, hi) and Muon's momentum on the "
+           py::arg("nesterov"), py::arg("embedding_lr") = py::none(), py::arg("head_lr") = py::none(),
+           "ZeRO-1 with Muon, part 1: AdamW on the AdamW tensors' part of flat [lo, hi) (embedding_lr, head_lr as "
+           "muon_optimizer_step's) and Muon's momentum on the "
            "Muon tensors' part (m: its slots), the update written over the gradients there; all-gather the "
            "gradient buffer, then muon_update_matrices.")
       .def("muon_update_matrices",

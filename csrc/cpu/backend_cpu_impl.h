@@ -203,9 +203,9 @@ class CpuBackend final : public Backend<T> {
              const std::vector<AdamWSegment>& segments, float beta1, float beta2, float eps) override {
     float grad_scale = 1.0f;
     if (!update_factor(step_.args, step_.scaler.scale, &grad_scale)) return;
-    const float lr = step_.args.lr, bc1 = step_.args.bc1, bc2 = step_.args.bc2;
+    const float bc1 = step_.args.bc1, bc2 = step_.args.bc2;
     for (const AdamWSegment& seg : segments) {
-      const float decay = seg.decay;
+      const float decay = seg.decay, lr = group_lr(step_.args, seg.group);
 #pragma omp parallel for
       for (size_t k = seg.begin; k < seg.end; k++) {
         const size_t i = k - base;

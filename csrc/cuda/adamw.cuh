@@ -1,8 +1,10 @@
 // AdamW (PyTorch semantics), one launch for all parameters (a table of per-tensor segments, below):
 //   g = grad * grad_scale;  m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   w -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + decay * w)
-// decay is 0 for 1-D tensors (the model's policy). The step's values come from a StepState in device memory (so a
-// step captured in a CUDA graph reads each step's values at replay): lr, the bias corrections bc1, bc2, the seed,
+// decay is 0 for 1-D tensors (the model's policy); lr is the LR of the segment's group (group_lr,
+// model/optimizer.h: under Muon the embeddings and the head have their own). The step's values come from a
+// StepState in device memory (so a step captured in a CUDA graph reads each step's values at replay): the group
+// LRs, the bias corrections bc1, bc2, the seed,
 // and grad_scale = update_factor(args, scaler.scale) = StepArgs::grad_scale * clip_factor / loss scale (the clip
 // rule of model/optimizer.h on the unscaled norm, computed by every block from the same values); if the norm is
 // not finite, nothing is written. loss_scale_update_kernel then steps the loss scaler (model/optimizer.h).
@@ -31,11 +33,12 @@ struct AdamWParams {
   const StepState* step = nullptr;  // device memory: lr, bc1, bc2, seed and the gradient scale come from here
 };
 
-// p with the values of *p.step. False when the norm is not finite: the step must write nothing.
-__device__ inline bool adamw_step_values(AdamWParams& p) {
+// p with the values of *p.step, the LR of LR group `group`. False when the norm is not finite: the step must write
+// nothing.
+__device__ inline bool adamw_step_values(AdamWParams& p, int group) {
   const StepArgs a = p.step->args;
   if (!update_factor(a, p.step->scaler.scale, &p.grad_scale)) return false;
-  p.lr = a.lr;
+  p.lr = group_lr(a, group);
   p.bc1 = a.bc1;
   p.bc2 = a.bc2;
   p.seed = a.seed;
@@ -71,6 +74,7 @@ struct AdamWTable {
   int count = 0;
   size_t begin[kAdamWMaxSegments], end[kAdamWMaxSegments];
   float decay[kAdamWMaxSegments];
+  int group[kAdamWMaxSegments];  // LrGroup: which of the step's LRs (group_lr, model/optimizer.h)
   bool vec[kAdamWMaxSegments];  // this segment's pointers are aligned for 4-value vector access
 };
 
@@ -90,8 +94,8 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(floatX* __restrict
                              AdamWTable table, AdamWParams p) {
   using P4 = Pack<floatX, 4>;
   using F4 = Pack<float, 4>;
-  if (kStep && !adamw_step_values(p)) return;
   const int s = blockIdx.y;
+  if (kStep && !adamw_step_values(p, table.group[s])) return;
   const size_t b = table.begin[s], n = table.end[s] - b;
   p.decay = table.decay[s];
   p.offset += b;
@@ -150,9 +154,10 @@ inline void loss_scale_update(StepState* state, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
-struct AdamWSpan {  // one tensor (or its part): array indices [begin, end) with its weight decay
+struct AdamWSpan {  // one tensor (or its part): array indices [begin, end) with its weight decay and LR group
   size_t begin, end;
   float decay;
+  int group = kLrRest;
 };
 
 template <class floatX, bool kStep>
@@ -169,6 +174,7 @@ void launch_adamw(floatX* param, float* master, const float* grad, float* m, flo
     t.begin[s] = b;
     t.end[s] = spans[i].end;
     t.decay[s] = spans[i].decay;
+    t.group[s] = spans[i].group;
     t.vec[s] = aligned_to<4 * sizeof(floatX)>(param + b) && (!master || aligned16(master + b)) &&
                (!kStep || aligned16(grad + b, m + b, v + b));
     most = std::max(most, t.vec[s] ? (spans[i].end - b + 3) / 4 : spans[i].end - b);

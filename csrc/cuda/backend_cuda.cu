@@ -521,7 +521,7 @@ class CudaBackend final : public Backend<T> {
   void adamw(T* param, float* master, const float* grad, float* m, float* v, size_t base,
              const std::vector<AdamWSegment>& segments, float beta1, float beta2, float eps) override {
     std::vector<AdamWSpan> spans;
-    for (const AdamWSegment& s : segments) spans.push_back({s.begin - base, s.end - base, s.decay});
+    for (const AdamWSegment& s : segments) spans.push_back({s.begin - base, s.end - base, s.decay, s.group});
     AdamWParams p{};
     p.beta1 = beta1, p.beta2 = beta2, p.eps = eps;
     p.offset = base;  // the rounding index of array element i is base + i

@@ -94,6 +94,7 @@ inline void muon_momentum(float* grad, float* mom, const AdamWSpan* spans, int c
     t.begin[s] = spans[i].begin;
     t.end[s] = spans[i].end;
     t.decay[s] = 0.0f;
+    t.group[s] = kLrRest;
     t.vec[s] = false;
     most = std::max(most, spans[i].end - spans[i].begin);
   }

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "model/optimizer.h"  // LrGroup
+
 namespace gpt2 {
 
 // The 16 parameter tensors by name, in layout order.
@@ -137,6 +139,17 @@ inline bool param_uses_muon(int i) {
   switch (i) {
     case kQkvw: case kAttprojw: case kFcw: case kFcprojw: return true;
     default: return false;
+  }
+}
+
+// AdamW's LR group of each tensor (model/optimizer.h LrGroup; only the optimizer sets them apart, under Muon): the
+// embeddings (wte, which is also a tied head, and wpe), the untied head, and the rest (gains, biases; the Muon
+// tensors are never AdamW's under Muon).
+inline int param_lr_group(int i) {
+  switch (i) {
+    case kWte: case kWpe: return kLrEmbedding;
+    case kLmHead: return kLrHead;
+    default: return kLrRest;
   }
 }
 

@@ -562,7 +562,19 @@ StepArgs GPT2Model<T>::step_args(float lr, float beta1, float beta2, int step, f
   args.grad_scale = grad_scale;
   args.seed = uint32_t(step);
   args.clip = clip;
+  args.embedding_lr = args.head_lr = lr;
   args.sumsq = sumsq;
+  return args;
+}
+
+template <typename T>
+StepArgs GPT2Model<T>::muon_step_args(float lr, float beta1, float beta2, int step, double clip, double sumsq,
+                                      const MuonStep& muon) const {
+  StepArgs args = step_args(lr, beta1, beta2, step, 1.0f, clip, sumsq);
+  args.muon_lr = muon.lr;
+  args.muon_beta = muon.beta;
+  if (muon.embedding_lr >= 0) args.embedding_lr = muon.embedding_lr;
+  if (muon.head_lr >= 0) args.head_lr = muon.head_lr;
   return args;
 }
 
@@ -618,7 +630,7 @@ void GPT2Model<T>::adamw_over(size_t lo, size_t hi, M* m, M* v, float beta1, flo
                   adamw_segments(lo, hi, weight_decay), beta1, beta2, eps);
 }
 
-// The part of each tensor inside flat [lo, hi), with its weight decay (2-D tensors only).
+// The part of each tensor inside flat [lo, hi), with its weight decay (2-D tensors only) and LR group.
 template <typename T>
 std::vector<AdamWSegment> GPT2Model<T>::adamw_segments(size_t lo, size_t hi, float weight_decay,
                                                        int with_muon) const {
@@ -626,7 +638,7 @@ std::vector<AdamWSegment> GPT2Model<T>::adamw_segments(size_t lo, size_t hi, flo
   for (int i = 0; i < kNumParamTensors; i++) {
     if (with_muon >= 0 && int(param_uses_muon(i)) != with_muon) continue;
     const size_t a = std::max(lo, offsets_[i]), b = std::min(hi, offsets_[i] + sizes_[i]);
-    if (a < b) segments.push_back({a, b, param_decays(i) ? weight_decay : 0.0f});
+    if (a < b) segments.push_back({a, b, param_decays(i) ? weight_decay : 0.0f, param_lr_group(i)});
   }
   return segments;
 }
@@ -661,10 +673,7 @@ double GPT2Model<T>::muon_optimizer_step(float lr, float beta1, float beta2, flo
   if (step < 1) throw std::invalid_argument("muon_optimizer_step: step counts from 1");
   ensure_optimizer_state();
   Backend<T>& be = *backend_;
-  StepArgs args = step_args(lr, beta1, beta2, step, 1.0f, grad_clip, 0);
-  args.muon_lr = muon.lr;
-  args.muon_beta = muon.beta;
-  be.set_step_args(args);  // outside the graph: read at replay
+  be.set_step_args(muon_step_args(lr, beta1, beta2, step, grad_clip, 0, muon));  // outside the graph: read at replay
   const std::vector<AdamWSegment> adam = adamw_segments(0, num_params_, weight_decay, 0);
   const std::vector<AdamWSegment> mom = adamw_segments(0, num_params_, 0.0f, 1);
   const bool scaling = loss_scaling_;
@@ -696,10 +705,7 @@ void GPT2Model<T>::muon_update_range(size_t lo, size_t hi, M* m, M* v, float lr,
   require_training("muon_update_range");
   if (step < 1) throw std::invalid_argument("muon_update_range: step counts from 1");
   if (lo > hi || hi > num_params_) throw std::invalid_argument("muon_update_range: bad range");
-  StepArgs args = step_args(lr, beta1, beta2, step, 1.0f, grad_clip, sumsq);
-  args.muon_lr = muon.lr;
-  args.muon_beta = muon.beta;
-  backend_->set_step_args(args);
+  backend_->set_step_args(muon_step_args(lr, beta1, beta2, step, grad_clip, sumsq, muon));
   backend_->adamw(params_ + lo, master_ ? master_ + lo : nullptr, grads_ + lo, m, v, lo,
                   adamw_segments(lo, hi, weight_decay, 0), beta1, beta2, eps);
   backend_->muon_momentum(grads_ + lo, m, lo, adamw_segments(lo, hi, 0.0f, 1), muon.args.nesterov);

@@ -155,10 +155,13 @@ class GPT2Model {
   // MuonStep: this step's Muon values and the matrices (indices [mat_lo, mat_hi) of muon_matrices()) orthogonalised
   // and applied here; mat_hi < 0 means all. Data parallel: every rank updates the momentum it holds, orthogonalises
   // its share of the matrices, and the results are all-gathered by the caller.
+  // embedding_lr, head_lr: the AdamW LR of the embedding and head groups (LrGroup, model/optimizer.h); < 0: the
+  // AdamW lr of the step, as the rest.
   struct MuonStep {
     float lr = 0.02f, beta = kMuonBeta;
     MuonArgs args;
     int mat_lo = 0, mat_hi = -1;
+    float embedding_lr = -1.0f, head_lr = -1.0f;
   };
   const std::vector<MuonMatrix>& muon_matrix_list() const { return muon_mats_; }
   // optimizer_step with Muon: the global norm and clip as optimizer_step; AdamW (lr, weight_decay) on the AdamW
@@ -248,6 +251,8 @@ class GPT2Model {
   size_t muon_scratch_n_ = 0;
   StepArgs step_args(float lr, float beta1, float beta2, int step, float grad_scale, double clip,
                      double sumsq) const;
+  StepArgs muon_step_args(float lr, float beta1, float beta2, int step, double clip, double sumsq,
+                          const MuonStep& muon) const;  // step_args with Muon's values and the group LRs
   void adamw_over(size_t lo, size_t hi, M* m, M* v, float beta1, float beta2, float eps, float weight_decay,
                   const StepArgs& args);
   // a sum of squares of the gradients in memory, divided by the square of the loss scale they carry now

@@ -63,11 +63,17 @@ GPT2CORE_HOST_DEVICE inline void loss_scale_update(LossScaler& s, double sumsq) 
 // AdamW's bias corrections 1 - beta^step, in float (every update path uses these, so their bits agree).
 inline float bias_correction(float beta, int step) { return 1.0f - std::pow(beta, float(step)); }
 
+// AdamW's learning-rate groups: under Muon the AdamW tensors take the LR of their group (modded-nanogpt and
+// nanochat give the embedding a much higher LR than the head, and the gains/biases their own): the embeddings (wte,
+// wpe; a tied head is wte), the untied head, and the rest. StepArgs carries each group's LR of the step.
+enum LrGroup : int { kLrRest = 0, kLrEmbedding = 1, kLrHead = 2 };
+
 // One tensor (or the part of it inside a ZeRO-1 shard) in an AdamW update: flat indices [begin, end) of the
-// parameters, with this tensor's weight decay.
+// parameters, with this tensor's weight decay and LR group.
 struct AdamWSegment {
   size_t begin, end;
   float decay;
+  int group = kLrRest;
 };
 
 // The values of one optimizer step that change from step to step, in backend memory (Backend::set_step_args) so
@@ -85,6 +91,8 @@ struct StepArgs {
   double clip;       // clip the global gradient norm to this (0: no clipping)
   float muon_lr;     // Muon's learning rate and momentum (beta) this step (MuonArgs; 0 when Muon is off)
   float muon_beta;
+  float embedding_lr;  // AdamW's LR of the kLrEmbedding and kLrHead groups this step (lr, the kLrRest group's,
+  float head_lr;       // unless the optimizer sets them: GPT2Model::MuonStep)
   double sumsq;      // sum of squares of all gradients (as they are in memory: scaled); LAST (see StepState)
 };
 
@@ -99,6 +107,11 @@ struct StepResult {
   double sumsq;
   LossScaler scaler;
 };
+
+// The AdamW LR of a segment's group this step.
+GPT2CORE_HOST_DEVICE inline float group_lr(const StepArgs& a, int group) {
+  return group == kLrEmbedding ? a.embedding_lr : group == kLrHead ? a.head_lr : a.lr;
+}
 
 // The factor AdamW multiplies the gradients by: grad_scale * clip_factor(unscaled sumsq, clip) / scale, in float
 // (with scale = 2^k the division is exact, so scaled and unscaled runs write the same bits). False when the sum

@@ -208,9 +208,12 @@ def arch_flags(arch: dict) -> dict:
 
 RECIPES: dict[str, dict] = {
     "gpt2": {},
-    "modern": {**arch_flags(MODERN_ARCH), "optimizer": "muon", "muon_lr": 0.02, "muon_momentum": 0.95,
-               "muon_momentum_warmup": 300, "muon_weight_decay": 0.0, "lr": 6e-3, "beta1": 0.8, "beta2": 0.95,
-               "weight_decay": 0.0, "schedule": "wsd", "cooldown_frac": 0.4, "warmup": 0, "min_lr_frac": 0.0},
+    # AdamW's group LRs, Muon's LR and the warm-up: swept on linux-doc-6.12 at s4 (README "AdamW's learning rates by
+    # group"; issue 35): the embedding's LR well above the head's, as in modded-nanogpt and nanochat
+    "modern": {**arch_flags(MODERN_ARCH), "optimizer": "muon", "muon_lr": 0.01, "muon_momentum": 0.95,
+               "muon_momentum_warmup": 300, "muon_weight_decay": 0.0, "lr": 6e-3, "embedding_lr": 0.1,
+               "head_lr": 6e-3, "beta1": 0.8, "beta2": 0.95, "weight_decay": 0.0, "schedule": "wsd",
+               "cooldown_frac": 0.4, "warmup": 5, "min_lr_frac": 0.0},
 }
 # the switches a recipe turns on, which a command line can turn off again (--no-qk-norm, --bias, --no-untied, ...)
 RECIPE_SWITCHES = sorted({k for r in RECIPES.values() for k, v in r.items() if isinstance(v, bool)})
@@ -336,6 +339,15 @@ class TrainConfig:
                                           "--muon-momentum (modded-nanogpt's warm-up; 0: none)", "optimization")
     muon_weight_decay: float = _opt(0.0, "Muon's decoupled weight decay (lr * wd per step)", "optimization")
     muon_ns_steps: int = _opt(5, "Newton-Schulz iterations per Muon step", "optimization")
+    # AdamW's LR groups under --optimizer muon (csrc/model/config.h param_lr_group), each following the --schedule
+    # as --lr does; modded-nanogpt and nanochat give the embedding a much higher LR than the head (README "Modern
+    # recipe")
+    embedding_lr: float | None = _opt(None, "--optimizer muon: AdamW's max LR for the embeddings (wte, wpe; a tied "
+                                            "head is wte) (default: --lr)", "optimization")
+    head_lr: float | None = _opt(None, "--optimizer muon: AdamW's max LR for the untied lm_head (default: --lr)",
+                                 "optimization")
+    scalar_lr: float | None = _opt(None, "--optimizer muon: AdamW's max LR for the rest: norm gains and biases "
+                                         "(default: --lr)", "optimization")
     outlier_z: float = _opt(5.0, "a step whose loss or grad norm is more than this many standard deviations above "
                                  "the previous 128 steps' is an outlier: warned about and logged in metrics.jsonl",
                             "optimization")
@@ -404,7 +416,7 @@ class TrainConfig:
                   "no_shuffle", "steps", "lr", "min_lr_frac", "warmup", "schedule", "weight_decay", "grad_clip",
                   "beta1", "beta2", "eps", "seed", "loss_scaling", "loss_scale_init", "loss_scale_interval",
                   "cooldown_frac", "optimizer", "muon_lr", "muon_momentum", "muon_momentum_warmup",
-                  "muon_weight_decay", "muon_ns_steps")
+                  "muon_weight_decay", "muon_ns_steps", "embedding_lr", "head_lr", "scalar_lr")
 
     def __post_init__(self):
         """Every argument in its range: ArgError (a ValueError) naming the flag (gpt2core-train prints it as a
@@ -418,6 +430,7 @@ class TrainConfig:
             raise ArgError(f"--recipe must be one of {', '.join(RECIPES)}, got {self.recipe!r}")
         if self.optimizer not in ("adamw", "muon"):
             raise ArgError(f"--optimizer must be adamw or muon, got {self.optimizer!r}")
+        self._check_group_lrs()
         if self.schedule not in ("cosine", "constant", "wsd"):
             raise ArgError(f"--schedule must be cosine, constant or wsd, got {self.schedule!r}")
         if self.loss_scaling not in ("auto", "on", "off"):
@@ -436,6 +449,28 @@ class TrainConfig:
             flags = [f"--{k.replace('_', '-')} {getattr(self, k)}" for k in ("block_size", "padded_vocab_size")
                      if getattr(self, k) is not None]
             raise ArgError(f"{' '.join(flags)} with --preset {self.preset}: {e}") from None
+
+    GROUP_LRS = ("embedding_lr", "head_lr", "scalar_lr")
+
+    def _check_group_lrs(self) -> None:
+        """The AdamW group LRs are Muon's optimizer's: refused with --optimizer adamw unless a recipe set them
+        (--recipe modern --optimizer adamw: every tensor then takes --lr)."""
+        if self.optimizer == "muon":
+            return
+        given = [k for k in self.GROUP_LRS if getattr(self, k) is not None
+                 and getattr(self, k) != RECIPES[self.recipe].get(k)]
+        if given:
+            raise ArgError(f"--{given[0].replace('_', '-')} is an AdamW group LR of --optimizer muon; with "
+                           f"--optimizer {self.optimizer} every tensor takes --lr")
+
+    def group_lrs(self, lr: float) -> dict:
+        """The step's AdamW LRs by group, given the schedule's LR of the step (lr; each group's max LR is scaled by
+        lr / --lr): with --optimizer muon step()'s lr (the rest: --scalar-lr), embedding_lr and head_lr, each lr
+        itself where its flag is unset; with AdamW alone, {"lr": lr}."""
+        if self.optimizer != "muon":
+            return {"lr": lr}
+        at = lambda v: lr if v is None else v * (lr / self.lr)  # noqa: E731
+        return {"lr": at(self.scalar_lr), "embedding_lr": at(self.embedding_lr), "head_lr": at(self.head_lr)}
 
     @property
     def loss_scaling_on(self) -> bool | None:
@@ -518,6 +553,8 @@ _CHECKS = {
     "muon_momentum": _F(0, 1, hi_open=True, float32=True, what="a number in [0, 1)"),
     "muon_momentum_warmup": _I(0), "muon_weight_decay": _F(0, float32=True, what="a finite number >= 0"),
     "muon_ns_steps": _I(0, 100),
+    **{k: cli.Optional(_F(0, float32=True, what="a finite number >= 0")) for k in ("embedding_lr", "head_lr",
+                                                                                   "scalar_lr")},
     "position": cli.Choice("learned", "rope"), "norm": cli.Choice("layernorm", "rmsnorm"),
     "activation": cli.Choice("gelu", "relu2"), "rope_base": _F(1, lo_open=True, float32=True, what="a finite number > 1"),
     "logit_softcap": _F(0, float32=True, what="a finite number >= 0 (0: none)"),

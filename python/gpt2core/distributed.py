@@ -49,7 +49,7 @@ import numpy as np
 
 from . import _C
 from .config import TrainConfig
-from .model import check_muon_args, check_step_args
+from .model import check_group_lrs, check_muon_args, check_step_args
 
 DEFAULT_PORT = 29500
 DEFAULT_TIMEOUT = 300.0  # seconds a collective may wait for the other ranks
@@ -291,7 +291,8 @@ class DataParallel:
              grad_clip: float = TrainConfig.grad_clip, optimizer: str = "adamw",
              muon_lr: float = TrainConfig.muon_lr, muon_momentum: float = TrainConfig.muon_momentum,
              muon_weight_decay: float = TrainConfig.muon_weight_decay,
-             muon_ns_steps: int = TrainConfig.muon_ns_steps) -> float:
+             muon_ns_steps: int = TrainConfig.muon_ns_steps, *, embedding_lr: float | None = None,
+             head_lr: float | None = None) -> float:
         """Average the gradients over ranks and take one clipped AdamW step (see the module doc); returns
         the pre-clip global grad norm, the same on every rank. optimizer="muon" as GPT2.step: each rank
         orthogonalises its share of the matrices (muon_share) and the results are all-gathered, as modded-nanogpt
@@ -299,10 +300,11 @@ class DataParallel:
         check_step_args(lr, weight_decay, beta1, beta2, eps, grad_clip)
         if optimizer not in ("adamw", "muon"):
             raise ValueError(f"optimizer must be 'adamw' or 'muon', got {optimizer!r}")
+        check_group_lrs(optimizer, embedding_lr, head_lr)
         if optimizer == "muon":
             check_muon_args(muon_lr, muon_momentum, muon_weight_decay, muon_ns_steps)
             return self._muon_step(lr, weight_decay, beta1, beta2, eps, grad_clip, muon_lr, muon_momentum,
-                                   muon_weight_decay, muon_ns_steps)
+                                   muon_weight_decay, muon_ns_steps, dict(embedding_lr=embedding_lr, head_lr=head_lr))
         m = self.model
         norm = self.grad_norm() if self.zero else None  # ZeRO-1: reduce-scatter + one allreduce of sum(g**2)
         self._finish()
@@ -364,7 +366,7 @@ class DataParallel:
                 at += r * c
 
     def _muon_step(self, lr, weight_decay, beta1, beta2, eps, grad_clip, muon_lr, muon_momentum, muon_weight_decay,
-                   muon_ns_steps) -> float:
+                   muon_ns_steps, group_lrs: dict) -> float:
         m = self.model
         norm = self.grad_norm() if self.zero else None
         self._finish()
@@ -378,7 +380,8 @@ class DataParallel:
             comm_ms += (time.perf_counter() - t0) * 1e3
             norm = m.step(lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, eps=eps, grad_clip=grad_clip,
                           optimizer="muon", muon_lr=muon_lr, muon_momentum=muon_momentum,
-                          muon_weight_decay=muon_weight_decay, muon_ns_steps=muon_ns_steps, muon_matrices=share)
+                          muon_weight_decay=muon_weight_decay, muon_ns_steps=muon_ns_steps, muon_matrices=share,
+                          **group_lrs)
             if math.isfinite(norm):
                 t1 = time.perf_counter()
                 self._gather_muon()
@@ -394,7 +397,7 @@ class DataParallel:
         m._m.muon_update_range(self.lo, self.hi, self.m, self.v, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                                weight_decay=weight_decay, step=step, grad_clip=clip, sum_squares=self._sumsq,
                                muon_lr=muon_lr, muon_momentum=muon_momentum, muon_weight_decay=muon_weight_decay,
-                               ns_steps=muon_ns_steps, nesterov=True)
+                               ns_steps=muon_ns_steps, nesterov=True, **group_lrs)
         t1 = time.perf_counter()
         if math.isfinite(norm):
             self.comm.all_gather(m.flat_grads())

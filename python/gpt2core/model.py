@@ -394,14 +394,17 @@ class GPT2:
              grad_clip: float = TrainConfig.grad_clip, optimizer: str = "adamw",
              muon_lr: float = TrainConfig.muon_lr, muon_momentum: float = TrainConfig.muon_momentum,
              muon_weight_decay: float = TrainConfig.muon_weight_decay,
-             muon_ns_steps: int = TrainConfig.muon_ns_steps, *, muon_matrices: tuple[int, int] | None = None) -> float:
+             muon_ns_steps: int = TrainConfig.muon_ns_steps, *, muon_matrices: tuple[int, int] | None = None,
+             embedding_lr: float | None = None, head_lr: float | None = None) -> float:
         """Clip the global gradient norm to grad_clip (0 disables), take one AdamW step, return the
         pre-clip norm.
 
         optimizer="muon": Muon (csrc/model/optimizer.h) for the hidden matrices (muon_params(): attention q, k, v
         and projection, the MLP's two matrices) with its own muon_lr, muon_momentum (this step's, after any
         warm-up: schedule.muon_momentum_at) and muon_weight_decay, muon_ns_steps Newton-Schulz iterations; AdamW
-        (lr, weight_decay, betas, eps) for the rest. The momentum lives in opt_state()'s first moment (m) of those
+        (lr, weight_decay, betas, eps) for the rest, with embedding_lr for the embeddings (wte, wpe; a tied head
+        is wte) and head_lr for an untied lm_head in place of lr where given (the per-group LRs of modded-nanogpt
+        and nanochat; csrc/model/config.h param_lr_group). The momentum lives in opt_state()'s first moment (m) of those
         tensors, so checkpoints carry it. Afterwards the Muon tensors' gradients hold their orthogonalised update.
         muon_matrices=(lo, hi): only matrices [lo, hi) of muon_matrix_list() are orthogonalised and applied (data
         parallel: this rank's share; the caller all-gathers the rest). A non-finite norm raises FloatingPointError and leaves the weights untouched;
@@ -420,13 +423,14 @@ class GPT2:
         # norm, clip scale, update and the loss scaler's step all in the backend (one graph with cuda_graphs): no
         # wait for the GPU until the norm is read back at the end
         clip = grad_clip if grad_clip and grad_clip > 0 else 0.0
+        check_group_lrs(optimizer, embedding_lr, head_lr)
         if optimizer == "muon":
             check_muon_args(muon_lr, muon_momentum, muon_weight_decay, muon_ns_steps)
             lo, hi = muon_matrices or (0, -1)
             norm = self._m.muon_optimizer_step(
                 lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, step=self.step_count + 1,
                 grad_clip=clip, muon_lr=muon_lr, muon_momentum=muon_momentum, muon_weight_decay=muon_weight_decay,
-                ns_steps=muon_ns_steps, mat_lo=lo, mat_hi=hi)
+                ns_steps=muon_ns_steps, mat_lo=lo, mat_hi=hi, embedding_lr=embedding_lr, head_lr=head_lr)
         elif optimizer == "adamw":
             norm = self._m.optimizer_step(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
                                           step=self.step_count + 1, grad_clip=clip)
@@ -573,6 +577,17 @@ def check_muon_args(muon_lr, muon_momentum, muon_weight_decay, muon_ns_steps) ->
     if isinstance(muon_ns_steps, bool) or not isinstance(muon_ns_steps, numbers.Integral) or \
             not 0 <= muon_ns_steps <= 100:
         raise ValueError(f"muon_ns_steps must be an integer in [0, 100], got {muon_ns_steps!r}")
+
+
+def check_group_lrs(optimizer, embedding_lr, head_lr) -> None:
+    """ValueError naming the argument unless the AdamW group LRs are None or in range (as lr), and only given with
+    optimizer="muon" (under AdamW alone every tensor takes lr)."""
+    for name, v in (("embedding_lr", embedding_lr), ("head_lr", head_lr)):
+        if v is None:
+            continue
+        if optimizer != "muon":
+            raise ValueError(f"{name} is a group LR of optimizer='muon' (with {optimizer!r} every tensor takes lr)")
+        _STEP_CHECKS["lr"].check(v, name)
 
 
 def check_loss_scale_args(init, interval) -> None:

@@ -100,6 +100,23 @@ class RunFailed(Error):
     shard that shrank under it), after a checkpoint where that was possible (the message says which)."""
 
 
+def schedule_lr(cfg: TrainConfig, step: int) -> float:
+    """The --lr schedule's LR of optimizer step `step` (0-based): warm-up, then --schedule."""
+    return lr_at(step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_frac * cfg.lr, cfg.schedule, cfg.cooldown_frac)
+
+
+def step_kwargs(cfg: TrainConfig, step: int) -> dict:
+    """GPT2.step's keywords for optimizer step `step` (0-based) of a run with cfg, lr included: AdamW's settings;
+    with --optimizer muon AdamW's group LRs (--embedding-lr, --head-lr, --scalar-lr) and --muon-lr, each scaled by
+    the schedule as --lr is (schedule_lr / --lr), and Muon's momentum warm-up."""
+    lr = schedule_lr(cfg, step)
+    kw = {**cfg.optimizer_kw(), **cfg.group_lrs(lr)}
+    if cfg.optimizer == "muon":
+        kw["muon_lr"] = cfg.muon_lr * (lr / cfg.lr)
+        kw["muon_momentum"] = muon_momentum_at(step, cfg.muon_momentum, cfg.muon_momentum_warmup)
+    return kw
+
+
 class Trainer:
     """The training loop of a TrainConfig. self.model is the GPT2, or in a multi-process run a
     distributed.DataParallel over it, which has the same methods: the loop is one path either way."""
@@ -461,18 +478,7 @@ class Trainer:
         return [float(v) for v in buf]
 
     def lr(self, step: int) -> float:
-        cfg = self.cfg
-        return lr_at(step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_frac * cfg.lr, cfg.schedule, cfg.cooldown_frac)
-
-    def optimizer_kw(self, step: int, lr: float) -> dict:
-        """step()'s keywords besides lr: AdamW's settings, and with --optimizer muon Muon's, its LR following
-        the same schedule (lr / --lr of --muon-lr) and its momentum warm-up."""
-        cfg = self.cfg
-        kw = cfg.optimizer_kw()
-        if cfg.optimizer == "muon":
-            kw["muon_lr"] = cfg.muon_lr * (lr / cfg.lr)
-            kw["muon_momentum"] = muon_momentum_at(step, cfg.muon_momentum, cfg.muon_momentum_warmup)
-        return kw
+        return schedule_lr(self.cfg, step)
 
     def val_metrics(self) -> dict:
         """{"val_loss", "val_bpb"} of --val-steps fixed validation batches (each rank reads its own rows; the loss
@@ -533,7 +539,7 @@ class Trainer:
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {step}; weights were not updated (try a lower --lr)")
         z = {"loss_z": self.outliers["loss"].update(loss)}
-        kw = self.optimizer_kw(step, lr)
+        kw = step_kwargs(cfg, step)
 
         def score_norm(norm):  # with loss scaling a non-finite norm is an overflow (a skipped step), no outlier
             if math.isfinite(norm) or not m.loss_scaling:
@@ -544,9 +550,9 @@ class Trainer:
             score_norm(norm)
             skipped = any(v > cfg.outlier_z for v in z.values())  # NaN (window not yet full) compares False
             if not skipped:
-                m.step(lr, **kw)
+                m.step(**kw)
         else:
-            norm, skipped = m.step(lr, **kw), False
+            norm, skipped = m.step(**kw), False
             score_norm(norm)
         dt = time.perf_counter() - t0
         # the LR above is the loop step's whether or not the update is skipped (GradScaler's convention, GPT2.step)

@@ -341,8 +341,10 @@ def test_data_parallel_over_thread_ranks_is_bit_identical_to_one_process(world, 
 
 # ---------------------------------------------------------------------------------------------- resume
 def test_resume_mid_run_with_muon_state_is_bit_identical(tmp_path):
-    """gpt2core-train --optimizer muon (WSD schedule, momentum warm-up): 6 steps straight == 3 steps, then a
-    resume from the step-3 checkpoint (Muon's momentum in its AdamW-moment slots), bit for bit."""
+    """gpt2core-train --optimizer muon (WSD schedule, momentum warm-up, AdamW's three group LRs on an untied head,
+    LayerNorm gains and biases): 6 steps straight == 3 steps, then a resume from the step-3 checkpoint (Muon's
+    momentum in its AdamW-moment slots), bit for bit. The group LRs are in the checkpoint's arguments and the
+    metrics header."""
     import json
     from gpt2core import train
     from gpt2core.data import shakespeare
@@ -354,7 +356,8 @@ def test_resume_mid_run_with_muon_state_is_bit_identical(tmp_path):
             train.main(["--preset", "tiny", "-B", "2", "-T", "32", "--val-every", "0", "--steps", "6", "--threads",
                         "1", "--sample-tokens", "2", "--lr", "3e-3", "--warmup", "2", "--optimizer", "muon",
                         "--muon-lr", "0.02", "--muon-momentum-warmup", "4", "--schedule", "wsd", "--cooldown-frac",
-                        "0.5", "--data-dir", str(data), "--output-dir", str(out), *extra])
+                        "0.5", "--untied", "--embedding-lr", "0.01", "--head-lr", "1e-3", "--scalar-lr", "2e-3",
+                        "--data-dir", str(data), "--output-dir", str(out), *extra])
         finally:
             _C.set_num_threads(n)
         return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
@@ -366,6 +369,10 @@ def test_resume_mid_run_with_muon_state_is_bit_identical(tmp_path):
     assert len(straight) == 6
     assert (tmp_path / "resumed" / "model.bin").read_bytes() == (tmp_path / "straight" / "model.bin").read_bytes()
     assert straight[-1]["loss"] < straight[0]["loss"]
+    groups = {"embedding_lr": 0.01, "head_lr": 1e-3, "scalar_lr": 2e-3}
+    state = json.loads((tmp_path / "straight" / "checkpoints" / "step_000003" / "state.json").read_text())
+    head = json.loads((tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()[0])["run"]["config"]
+    assert {k: state["args"][k] for k in groups} == groups == {k: head[k] for k in groups}
 
 
 # ---------------------------------------------------------------------------------------------- --recipe
@@ -428,3 +435,25 @@ def test_metrics_header_shows_the_recipe_values(tmp_path):
     assert head["config"]["qk_norm"] is False and head["config"]["lr"] == 1e-3
     assert head["model"]["qk_norm"] is False and head["model"]["position"] == "rope"
     assert head["model"]["tie_embeddings"] is False and head["model"]["logit_softcap"] == 15.0
+    for k in ("embedding_lr", "head_lr", "scalar_lr", "warmup"):  # AdamW's group LRs and the warm-up it sets
+        assert head["config"][k] == config.RECIPES["modern"].get(k), k
+
+
+def test_group_lrs_belong_to_muon():
+    """--embedding-lr / --head-lr / --scalar-lr are AdamW's group LRs under --optimizer muon: refused with AdamW
+    alone (every tensor takes --lr there), unless --recipe modern set them and --optimizer adamw overrides; out
+    of range refused naming the flag; GPT2.step refuses them without optimizer="muon"."""
+    from gpt2core import train
+    from gpt2core.errors import ArgError
+    with pytest.raises((ArgError, SystemExit)):
+        train.parse_args(["--embedding-lr", "0.1"])
+    c = train.parse_args(["--recipe", "modern", "--optimizer", "adamw"])
+    assert train.step_kwargs(c, 0).keys().isdisjoint({"embedding_lr", "head_lr"})
+    with pytest.raises((ArgError, SystemExit)):
+        train.parse_args(["--optimizer", "muon", "--head-lr", "-1"])
+    m = GPT2(CFG, seed=1)
+    m.flat_grads()[:] = 1.0
+    with pytest.raises(ValueError, match="embedding_lr"):
+        m.step(lr=1e-3, embedding_lr=1e-2)
+    with pytest.raises(ValueError, match="head_lr"):
+        m.step(lr=1e-3, optimizer="muon", head_lr=float("nan"))

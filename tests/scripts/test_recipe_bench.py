@@ -1,7 +1,9 @@
 """scripts/recipe_bench.py's bookkeeping (the benchmark itself is run by hand, never timed in a test): tokens to
-reach a target by linear interpolation between evaluations, the ablation's rows, and the prepared text."""
+reach a target by linear interpolation between evaluations, the ablation's rows, spikes, the report over seeds and
+scales, and the prepared text."""
 import gzip
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -28,44 +30,79 @@ def test_tokens_to_reach_interpolates_between_evaluations(rb):
 def test_ablation_rows_add_one_ingredient_at_a_time(rb):
     """Each row's TrainConfig differs from the previous row's in exactly its ingredient's fields, and the last row
     is --recipe modern itself (so the rows add up to the recipe)."""
-    from gpt2core import train
+    from gpt2core import config, train
     rows = rb.rows(warmup=5)
     cfgs = [train.parse_args(["--preset", "s4", *flags]).to_dict() for _, flags in rows]
     diffs = [sorted(k for k in cfgs[i] if cfgs[i][k] != cfgs[i - 1][k] and k != "recipe") for i in range(1, len(rows))]
     assert [label for label, _ in rows][0] == "gpt2" and "(control)" in rows[1][0]
+    modern = config.RECIPES["modern"]
+    groups = sorted(k for k in rb.GROUP_LRS if modern.get(k) is not None)
+    assert groups  # the recipe sets AdamW's group LRs
+    # Muon's row: the optimizer, and Muon's settings where the recipe's differ from TrainConfig's defaults
+    muon = sorted(["optimizer"] + [k for k in ("muon_lr", "muon_momentum", "muon_momentum_warmup", "muon_weight_decay")
+                                   if modern[k] != getattr(config.TrainConfig, k)])
     assert diffs == [["beta1", "lr", "weight_decay"], ["position"], ["no_bias", "norm", "qk_norm"], ["activation"],
-                     ["logit_softcap", "untied", "zero_init_proj"], ["optimizer"],
-                     ["min_lr_frac", "schedule", "warmup"]]
+                     ["logit_softcap", "untied", "zero_init_proj"], muon, groups,
+                     sorted(["min_lr_frac", "schedule"] + (["warmup"] if modern["warmup"] != 5 else []))]
     assert rows[-1][1] == ["--recipe", "modern"] and cfgs[-1]["recipe"] == "modern"
-    assert cfgs[0]["warmup"] == 5 and cfgs[-1]["warmup"] == 0
+    assert cfgs[0]["warmup"] == 5 and cfgs[-1]["warmup"] == modern["warmup"]
     models = [train.parse_args(["--preset", "s4", *flags]).model_config() for _, flags in rows]
     assert models[0].is_gpt2 and models[-2] == models[-1]
+    assert [rb.row_label(label) for label, _ in rows[:2]] == ["gpt2", "control"]
+    assert rb.row_label(rows[-1][0]) == "modern"
 
 
-def test_report_tokens_to_target_and_ratio(rb, tmp_path):
-    """write_report: the tokens each row needs to reach the GPT-2 row's and the control's final val loss, the
-    ratios, a row that never reaches them, and the JSON beside the table."""
+def test_spikes_are_steps_above_the_recent_median(rb, tmp_path):
+    """A spike: a step's training loss above the median of the `window` steps before it (the first steps: above the
+    initial val loss) by more than the margin; a single low batch does not make the next step a spike."""
+    d = tmp_path / "a"
+    d.mkdir()
+    losses = [10.5, 9.0, 8.0, 7.0, 2.0, 7.2, 9.5, 7.0]
+    recs = [{"run": {}}, {"step": 0, "val_loss": 10.0}] + [{"step": i + 1, "loss": v} for i, v in enumerate(losses)]
+    recs.insert(5, {"step": 3, "val_loss": 6.5})
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    got = rb.spikes(d, margin=2.0, window=3)
+    assert [(s["step"], s["ref"]) for s in got] == [(7, 7.0)] and got[0]["excess"] == pytest.approx(2.5)
+    assert [s["step"] for s in rb.spikes(d, margin=0.4, window=3)] == [1, 7]
+    assert rb.spikes(d, margin=3.0, window=3) == []
+
+
+def test_report_over_seeds_and_scales(rb, tmp_path):
+    """write_report: per scale and row, the mean and spread over seeds of the final val loss, of the tokens to the
+    GPT-2 row's final val loss of the same seed and of the ratio; a seed that never reaches it; the spikes."""
     import argparse
-    import json
-    a = argparse.Namespace(preset="s4", batch_size=2, seq_len=256, steps=4, out=tmp_path)
-    res = [{"label": "gpt2", "curve": [(0, 11.0), (512, 9.0), (1024, 8.0)], "final_val": 8.0, "tokens": 1024,
-            "tok_per_s": 100.0, "seconds": 10.0},
-           {"label": "x (control)", "curve": [(0, 11.0), (512, 8.0), (1024, 7.0)], "final_val": 7.0, "tokens": 1024},
-           {"label": "never", "curve": [(0, 11.0), (1024, 8.5)], "final_val": 8.5, "tokens": 1024}]
-    rb.write_report(a, res)
-    assert res[0]["ratio"] == 1.0 and res[1]["tokens_to_target"] == 512 and res[1]["ratio"] == 2.0
-    assert res[1]["ratio_to_control"] == 1.0 and res[0]["tokens_to_control"] is None
-    assert res[2]["tokens_to_target"] is None and res[2]["ratio"] is None
+    a = argparse.Namespace(preset="s4", batch_size=2, seq_len=256, steps=4, out=tmp_path, data_name="d",
+                           val_every=1, val_steps=1, seeds=[1, 2], spike_margin=1.0,
+                           spike_window=8)
+
+    def run(label, seed, curve, spikes=()):
+        return {"label": label, "scale": 1, "seed": seed, "curve": curve, "final_val": curve[-1][1],
+                "tokens": curve[-1][0], "spikes": list(spikes), "tok_per_s": 100.0}
+
+    res = [run("gpt2", 1, [(0, 11.0), (512, 9.0), (1024, 8.0)]), run("gpt2", 2, [(0, 11.0), (1024, 7.0)]),
+           run("m", 1, [(0, 11.0), (256, 8.0), (1024, 6.0)],
+               [{"step": 3, "loss": 9.5, "ref": 8.0, "excess": 1.5}]),
+           run("m", 2, [(0, 11.0), (1024, 7.5)]),
+           {**run("gpt2", 1, [(0, 11.0), (4096, 7.0)]), "scale": 4}]
+    summary = rb.write_report(a, res)
+    m = next(s for s in summary if s["label"] == "m")
+    assert res[2]["tokens_to_target"] == 256 and res[2]["ratio"] == 4.0 and res[3]["ratio"] is None
+    assert m["reached"] == 1 and m["ratio"] == (4.0, 0.0) and m["final_val"] == (6.75, pytest.approx(1.0607, 1e-4))
+    g = next(s for s in summary if s["label"] == "gpt2" and s["scale"] == 1)
+    assert g["ratio"] == (1.0, 0.0) and g["reached"] == 2 and m["spikes"] == 1
+    assert [s["scale"] for s in summary] == [1, 1, 4]
     md = (tmp_path / "recipe_bench.md").read_text()
-    assert "| x (control) | 7.0000 | 512 (2.00x) | 1,024 (1.00x) | - | - |" in md
-    assert "| never | 8.5000 | not reached | not reached |" in md and "| 100 | 10 |" in md
-    assert json.loads((tmp_path / "recipe_bench.json").read_text())[1]["ratio"] == 2.0
+    assert "| m | 6.7500 ± 1.0607 | 256 ± 0 | 4.00x ± 0.00 (4.00–4.00) | 1/2 | 1 (step 3: 9.50 vs 8.00) |" in md
+    assert "### scale 4x: B=8, 16 steps, 4,096 tokens per run" in md
+    assert json.loads((tmp_path / "recipe_bench.json").read_text())["runs"][2]["ratio"] == 4.0
 
 
 def test_iter_docs_reads_gzipped_rst_and_skips_html(rb, tmp_path):
     (tmp_path / "Documentation").mkdir()
     (tmp_path / "Documentation" / "a.rst.gz").write_bytes(gzip.compress("Linux kernel release 6.x\n".encode()))
     (tmp_path / "Documentation" / "b.txt").write_text("plain text\n")
-    (tmp_path / "html").mkdir()
+    (tmp_path / "html" / "_sources").mkdir(parents=True)
     (tmp_path / "html" / "c.txt").write_text("html copy\n")
+    (tmp_path / "html" / "_sources" / "d.rst.txt").write_text("sphinx source\n")
     assert sorted(rb.iter_docs(tmp_path)) == ["Linux kernel release 6.x", "plain text"]
+    assert list(rb.iter_docs(tmp_path, html_sources=True)) == ["sphinx source"]

@@ -32,8 +32,9 @@ def step_both(emu, cls, steps=2):
         before, dev_before = ref.flat_params().copy(), dev.flat_params().copy()
         for m in (ref, dev):
             m.flat_grads()[:] = g
+        # the embeddings (wte, wpe) at their own AdamW LR (LrGroup, the adamw kernel's per-segment group)
         kw = dict(lr=1e-3, weight_decay=0.1, step=s + 1, grad_clip=1.0, muon_lr=0.02, muon_momentum=0.9,
-                  muon_weight_decay=0.01)
+                  muon_weight_decay=0.01, embedding_lr=5e-3, head_lr=2e-4)
         nr, nd = ref.muon_optimizer_step(**kw), dev.muon_optimizer_step(**kw)
         assert nd == pytest.approx(nr, rel=1e-6)
         updates.append((before, ref.flat_params().copy(), dev_before, dev.flat_params().copy()))

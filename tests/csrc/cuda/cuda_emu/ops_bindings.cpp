@@ -584,7 +584,7 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
            [](O& o, F param, F grad, F m, F v, float lr, float beta1, float beta2, float eps, float decay,
               float grad_scale, float bc1, float bc2, uint32_t seed, size_t offset) {
              const size_t n = param.size();
-             o.be->set_step_args(gpt2::StepArgs{lr, bc1, bc2, grad_scale, seed, 0.0, 0.0f, 0.0f, 0.0});
+             o.be->set_step_args(gpt2::StepArgs{lr, bc1, bc2, grad_scale, seed, 0.0, 0.0f, 0.0f, lr, lr, 0.0});
              return o.adamw(param, grad, m, v, offset, {{offset, offset + n, decay}}, beta1, beta2, eps, false);
            },
            py::arg("param"), py::arg("grad"), py::arg("m"), py::arg("v"), py::arg("lr"), py::arg("beta1"),
@@ -597,7 +597,8 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              gpt2::LossScaler scaler;
              scaler.scale = loss_scale;
              o.be->set_loss_scaler(scaler);
-             o.be->set_step_args(gpt2::StepArgs{lr, bc1, bc2, 1.0f, seed, clip, 0.0f, 0.0f, -1.0});  // sumsq poisoned
+             // sumsq poisoned: the update must compute it
+             o.be->set_step_args(gpt2::StepArgs{lr, bc1, bc2, 1.0f, seed, clip, 0.0f, 0.0f, lr, lr, -1.0});
              auto r = o.adamw(param, grad, m, v, 0, {{0, n / 2, 0.1f}, {n / 2, n, 0.0f}}, 0.9f, 0.95f, 1e-8f, true);
              o.be->set_loss_scaler(gpt2::LossScaler{});
              return r;
@@ -609,7 +610,7 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              gpt2::LossScaler s;
              s.scale = scale, s.interval = interval, s.clean = clean, s.skipped = skipped;
              o.be->set_loss_scaler(s);
-             o.be->set_step_args(gpt2::StepArgs{0.0f, 1.0f, 1.0f, 1.0f, 0, 0.0, 0.0f, 0.0f, sumsq});
+             o.be->set_step_args(gpt2::StepArgs{0.0f, 1.0f, 1.0f, 1.0f, 0, 0.0, 0.0f, 0.0f, 0.0f, 0.0f, sumsq});
              o.be->loss_scale_update();
              const gpt2::StepResult r = o.be->step_result();
              o.be->set_loss_scaler(gpt2::LossScaler{});
