@@ -3,6 +3,9 @@ gpt2core[serve]: Starlette + uvicorn).
 
     POST /v1/completions   {"prompt": "Hello", "max_tokens": 16, "temperature": 1.0, "top_p": 1.0,
                             "stream": false, "stop": null, "seed": null}
+    POST /v1/chat/completions  {"messages": [{"role": "user", "content": "Hi"}], ...the same fields}: a model
+                            fine-tuned on conversations (gpt2core-train --sft); the messages are rendered by
+                            gpt2core.chat and the reply generated on the completions path up to <|assistant_end|>
     GET  /health           {"status": "ok", ...} with the scheduler's counters
     GET  /                 a page to type a prompt and watch the text stream
 
@@ -57,7 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cli, tokenizer
+from . import chat, cli, tokenizer
 from .errors import ArgError, Error
 
 PAGE = Path(__file__).resolve().parent / "assets" / "serve.html"
@@ -68,6 +71,7 @@ SEED_MAX = 2**63 - 1
 
 KNOWN_FIELDS = {"prompt", "max_tokens", "temperature", "top_p", "stream", "stop", "seed", "model", "n", "user",
                 "stream_options"}
+CHAT_FIELDS = (KNOWN_FIELDS - {"prompt"}) | {"messages", "max_completion_tokens"}
 
 
 # ------------------------------------------------------------------------------------------------ request parsing
@@ -126,8 +130,7 @@ def _token_list(v, vocab_size: int, param: str) -> list[int] | None:
     return v
 
 
-def parse_completion(raw: bytes, block_size: int, vocab_size: int, max_batch: int) -> Completion:
-    """The body of POST /v1/completions -> Completion, or APIError (400, 413) saying which field is wrong."""
+def _json_body(raw: bytes) -> dict:
     if len(raw) > MAX_BODY:
         raise APIError(413, f"request body of {len(raw)} bytes is over the limit of {MAX_BODY} bytes", None,
                        "request_too_large")
@@ -137,6 +140,46 @@ def parse_completion(raw: bytes, block_size: int, vocab_size: int, max_batch: in
         raise _bad(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
     if not isinstance(body, dict):
         raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None)
+    return body
+
+
+def parse_chat_completion(raw: bytes, block_size: int, vocab_size: int, max_batch: int) -> Completion:
+    """The body of POST /v1/chat/completions -> Completion: the messages rendered for a reply (gpt2core.chat.prompt:
+    one prompt of token ids, ending in <|assistant_start|>), every other field as /v1/completions reads it
+    (max_completion_tokens is max_tokens; neither given: up to the end of the context). APIError as there; a bad
+    message names its field (param "messages[1].role")."""
+    body = _json_body(raw)
+    unknown = sorted(set(body) - CHAT_FIELDS)
+    if unknown:
+        raise _bad(f"unrecognized request argument supplied: {unknown[0]} (this endpoint takes "
+                   f"{', '.join(sorted(CHAT_FIELDS))})", unknown[0])
+    if vocab_size < chat.CHAT_VOCAB_SIZE:
+        raise _bad("this model has no chat format (its vocabulary has no chat tokens): fine-tune it on "
+                   "conversations (gpt2core-train --sft), or use /v1/completions", "messages", "model_not_chat")
+    if "messages" not in body:
+        raise _bad("messages is required: a list of {\"role\", \"content\"} objects", "messages")
+    try:
+        ids = chat.prompt(body["messages"]).tolist()
+    except chat.ChatFormatError as e:
+        raise _bad(str(e), e.field) from None
+    rest = {k: v for k, v in body.items() if k not in ("messages", "max_completion_tokens")}
+    if body.get("max_completion_tokens") is not None:
+        rest["max_tokens"] = body["max_completion_tokens"]
+    elif rest.get("max_tokens") is None:
+        rest["max_tokens"] = max(1, block_size - len(ids))
+    rest["prompt"] = ids
+    try:
+        return parse_completion(rest, block_size, vocab_size, max_batch)
+    except APIError as e:
+        if e.param == "prompt":
+            e.param = "messages"
+        raise
+
+
+def parse_completion(raw: bytes | dict, block_size: int, vocab_size: int, max_batch: int) -> Completion:
+    """The body of POST /v1/completions (bytes, or the decoded object) -> Completion, or APIError (400, 413)
+    saying which field is wrong."""
+    body = raw if isinstance(raw, dict) else _json_body(raw)
     unknown = sorted(set(body) - KNOWN_FIELDS)
     if unknown:
         raise _bad(f"unrecognized request argument supplied: {unknown[0]} (this server takes "
@@ -427,7 +470,7 @@ class Scheduler:
                         finish(b, "length")
                         continue
                     made[b] += 1
-                    if t == tokenizer.EOT:
+                    if t in tokenizer.END_IDS:
                         finish(b, "stop")
                         continue
                     text = texts[b].feed(t)
@@ -450,6 +493,50 @@ class Scheduler:
 
 
 # ------------------------------------------------------------------------------------------------ the app
+class TextShape:
+    """/v1/completions' answer: objects, a choice, a streamed chunk's choice (the chat shape below differs only
+    here)."""
+    prefix, object, chunk_object = "cmpl-", "text_completion", "text_completion"
+
+    @staticmethod
+    def choice(i: int, text: str, reason) -> dict:
+        return {"text": text, "index": i, "logprobs": None, "finish_reason": reason}
+
+    chunk = choice
+
+    @staticmethod
+    def opening(i: int) -> dict | None:
+        return None
+
+
+class ChatShape:
+    """/v1/chat/completions' answer (OpenAI's chat.completion and chat.completion.chunk): the reply as an assistant
+    message; streamed, a first delta with the role, then the content, then an empty delta with the finish reason."""
+    prefix, object, chunk_object = "chatcmpl-", "chat.completion", "chat.completion.chunk"
+
+    @staticmethod
+    def choice(i: int, text: str, reason) -> dict:
+        return {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": reason}
+
+    @staticmethod
+    def chunk(i: int, text: str, reason) -> dict:
+        return {"index": i, "delta": {"content": text} if text else {}, "logprobs": None, "finish_reason": reason}
+
+    @staticmethod
+    def opening(i: int) -> dict | None:
+        return {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+
+
+def check_vocab(vocab_size: int) -> str | None:
+    """Why a model with this vocab_size cannot be served (None: it can): the server speaks GPT-2's tokens, and the
+    chat tokens (gpt2core.chat) of a fine-tuned model."""
+    if vocab_size in (tokenizer.VOCAB_SIZE, chat.CHAT_VOCAB_SIZE):
+        return None
+    return (f"its vocab_size is {vocab_size}, but the server speaks GPT-2's tokenizer ({tokenizer.VOCAB_SIZE} tokens, "
+            f"{chat.CHAT_VOCAB_SIZE} with the chat tokens): serve a model trained on GPT-2 tokens")
+
+
 def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_window_ms: float = 10.0,
                threads: int | None = None, on_ready=None):
     """The Starlette app over `model` (a GPT2). threads: OpenMP threads of the model thread (None: OpenMP's
@@ -463,9 +550,8 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
         raise ImportError("gpt2core-serve needs Starlette and uvicorn: pip install 'gpt2core[serve]'") from e
     import contextlib
 
-    if model.config.vocab_size != tokenizer.VOCAB_SIZE:
-        raise ValueError(f"the model's vocab_size is {model.config.vocab_size}, but the server speaks GPT-2's "
-                         f"tokenizer ({tokenizer.VOCAB_SIZE} tokens): serve a model trained on GPT-2 tokens")
+    if check_vocab(model.config.vocab_size):
+        raise ValueError(f"the model: {check_vocab(model.config.vocab_size)}")
     engine = Engine(model)
     sched = Scheduler(engine, max_batch=max_batch, batch_window_ms=batch_window_ms, threads=threads)
     tokenizer.get_encoding()  # build the BPE tables now, not in the first request
@@ -484,20 +570,27 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
                              "cancelled": s.cancelled, "tokens": s.tokens, "recent_batch_sizes": s.batch_sizes[-10:]})
 
     async def completions(request):
+        return await answer(request, parse_completion, TextShape)
+
+    async def chat_completions(request):
+        return await answer(request, parse_chat_completion, ChatShape)
+
+    async def answer(request, parse, shape):
         raw = await request.body()
         try:
-            req = await run_in_threadpool(parse_completion, raw, engine.block_size, engine.vocab_size, max_batch)
+            req = await run_in_threadpool(parse, raw, engine.block_size, engine.vocab_size, max_batch)
         except APIError as e:
             return error(e)
         job = Job(req, asyncio.get_running_loop(), asyncio.Queue())
         sched.submit(job)
-        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        head = {"id": cid, "object": "text_completion", "created": created, "model": model_name}
+        cid, created = f"{shape.prefix}{uuid.uuid4().hex}", int(time.time())
+        head = {"id": cid, "object": shape.object, "created": created, "model": model_name}
         n = len(req.prompts)
         usage = lambda made: {"prompt_tokens": sum(map(len, req.prompts)), "completion_tokens": sum(made),
                               "total_tokens": sum(map(len, req.prompts)) + sum(made)}
         if req.stream:
-            return StreamingResponse(sse(job, head, n, usage), media_type="text/event-stream",
+            return StreamingResponse(sse(job, {**head, "object": shape.chunk_object}, n, usage, shape),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         texts, reasons, made = [""] * n, [None] * n, [0] * n
 
@@ -527,25 +620,26 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
             watcher.cancel()
             if any(r is None for r in reasons):
                 job.cancelled = True
-        choices = [{"text": texts[i], "index": i, "logprobs": None, "finish_reason": reasons[i]} for i in range(n)]
+        choices = [shape.choice(i, texts[i], reasons[i]) for i in range(n)]
         return JSONResponse({**head, "choices": choices, "usage": usage(made)})
 
-    async def sse(job: Job, head: dict, n: int, usage):
+    async def sse(job: Job, head: dict, n: int, usage, shape=TextShape):
         def chunk(obj) -> str:
             return f"data: {json.dumps(obj)}\n\n"
 
         made, left = [0] * n, n
         try:
+            for i in range(n):
+                if shape.opening(i) is not None:
+                    yield chunk({**head, "choices": [shape.opening(i)]})
             while left:
                 ev = await job.events.get()
                 if ev[0] == "text":
-                    yield chunk({**head, "choices": [{"text": ev[2], "index": ev[1], "logprobs": None,
-                                                      "finish_reason": None}]})
+                    yield chunk({**head, "choices": [shape.chunk(ev[1], ev[2], None)]})
                 elif ev[0] == "done":
                     made[ev[1]] = ev[3]
                     left -= 1
-                    yield chunk({**head, "choices": [{"text": "", "index": ev[1], "logprobs": None,
-                                                      "finish_reason": ev[2]}]})
+                    yield chunk({**head, "choices": [shape.chunk(ev[1], "", ev[2])]})
                 else:
                     yield chunk(APIError(500, ev[1], None, None, "server_error").body())
                     return
@@ -568,14 +662,16 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
 
     async def not_found(request, exc):
         return error(APIError(404, f"no route {request.method} {request.url.path} (this server has POST "
-                                   "/v1/completions, GET /health and GET /)", None, "not_found"))
+                                   "/v1/completions, POST /v1/chat/completions, GET /health and GET /)", None,
+                              "not_found"))
 
     async def bad_method(request, exc):
         return error(APIError(405, f"{request.method} is not allowed on {request.url.path}", None,
                               "method_not_allowed"))
 
     app = Starlette(routes=[Route("/", page), Route("/health", health),
-                            Route("/v1/completions", completions, methods=["POST"])],
+                            Route("/v1/completions", completions, methods=["POST"]),
+                            Route("/v1/chat/completions", chat_completions, methods=["POST"])],
                     lifespan=lifespan, exception_handlers={404: not_found, 405: bad_method})
     app.state.scheduler = sched
     return app
@@ -633,14 +729,14 @@ def main(argv=None) -> int:
     # bind before loading: a taken port fails in a second, not after the model has loaded
     sock = _listen(args.host, 0 if args.port == "auto" else args.port)
     model = load_model(args.model, training=False, device=args.device)
-    if model.config.vocab_size != tokenizer.VOCAB_SIZE:
-        raise ArgError(f"--model {args.model}: its vocab_size is {model.config.vocab_size}, but the server speaks "
-                       f"GPT-2's tokenizer ({tokenizer.VOCAB_SIZE} tokens): serve a model trained on GPT-2 tokens")
+    if check_vocab(model.config.vocab_size):
+        raise ArgError(f"--model {args.model}: {check_vocab(model.config.vocab_size)}")
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
     def ready():
-        print(f"gpt2core-serve: {args.model} listening on {url} (POST /v1/completions, GET /health, page at /)",
+        print(f"gpt2core-serve: {args.model} listening on {url} (POST /v1/completions, /v1/chat/completions, GET "
+              "/health, page at /)",
               flush=True)
 
     app = create_app(model, os.path.basename(os.path.normpath(str(args.model))), max_batch=args.max_batch,
