@@ -600,7 +600,8 @@ class Trainer:
 
     def run(self) -> dict:
         cfg, m = self.cfg, self.model
-        self.log(f"gpt2core {_C.build_info()['version']} | preset {cfg.preset}: {m.num_parameters:,} params | "
+        shape = f"--init {cfg.init}" if cfg.init else f"preset {cfg.preset}"
+        self.log(f"gpt2core {_C.build_info()['version']} | {shape}: {m.num_parameters:,} params | "
                  f"device {cfg.device} | threads {_C.get_num_threads()}")
         if self.config.non_gpt2_fields() or self.config.zero_init_proj:
             self.log("architecture: " + ", ".join(self.config.non_gpt2_fields()

@@ -1,6 +1,6 @@
 """POST /v1/chat/completions as OpenAI's own Python client meets it: gpt2core-serve started as a process on
 127.0.0.1 over the model fine-tuned on the synthetic task (chat_task.py), so the answers are the trained behaviour
-(the sum of the two digits): plain, streamed, stopped by a stop string or max_tokens; a bad role is a 400 naming the
+(the two digits reversed): plain, streamed, stopped by a stop string or max_tokens; a bad role is a 400 naming the
 field; a model without the chat tokens says so."""
 import pytest
 
@@ -27,34 +27,31 @@ def client(server):
 
 
 def ask(q):
-    return [{"role": "system", "content": "Add."}, {"role": "user", "content": q}]
+    return [{"role": "user", "content": q}]
 
 
 def test_plain_reply_is_the_trained_answer(client):
-    r = client.chat.completions.create(model="m", messages=ask("3+4"), temperature=0)
+    r = client.chat.completions.create(model="m", messages=ask("3,4"), temperature=0)
     assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
     c = r.choices[0]
-    assert (c.message.role, c.message.content, c.finish_reason) == ("assistant", "7", "stop")
-    assert r.usage.completion_tokens == 2 and r.usage.prompt_tokens == 11  # "7" and <|assistant_end|>
-    two_turns = [{"role": "user", "content": "1+2"}, {"role": "assistant", "content": "3"},
-                 {"role": "user", "content": "5+5"}]
-    assert client.chat.completions.create(model="m", messages=two_turns, temperature=0).choices[0].message.content \
-        == "10"
+    assert (c.message.role, c.message.content, c.finish_reason) == ("assistant", "4,3", "stop")
+    # <|endoftext|><|user_start|>3,4<|user_end|><|assistant_start|>; "4", ",", "3", <|assistant_end|>
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (7, 4)
 
 
 def test_streamed_reply_arrives_as_deltas(client):
-    chunks = list(client.chat.completions.create(model="m", messages=ask("9+8"), temperature=0, stream=True))
+    chunks = list(client.chat.completions.create(model="m", messages=ask("9,8"), temperature=0, stream=True))
     assert all(c.object == "chat.completion.chunk" for c in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "17"
-    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "8,9"
+    assert len(chunks) >= 4 and chunks[-1].choices[0].finish_reason == "stop"
 
 
 def test_stop_string_and_max_tokens_end_the_reply(client):
-    r = client.chat.completions.create(model="m", messages=ask("9+9"), temperature=0, stop=["8"])
-    assert (r.choices[0].message.content, r.choices[0].finish_reason) == ("1", "stop")  # "18" cut before "8"
-    r = client.chat.completions.create(model="m", messages=ask("9+9"), temperature=0, max_tokens=1)
-    assert (r.choices[0].message.content, r.choices[0].finish_reason) == ("18", "length")
+    r = client.chat.completions.create(model="m", messages=ask("9,8"), temperature=0, stop=[","])
+    assert (r.choices[0].message.content, r.choices[0].finish_reason) == ("8", "stop")
+    r = client.chat.completions.create(model="m", messages=ask("9,8"), temperature=0, max_tokens=2)
+    assert (r.choices[0].message.content, r.choices[0].finish_reason) == ("8,", "length")
 
 
 def test_bad_role_is_a_400_naming_the_field(client):
@@ -70,9 +67,9 @@ def test_a_model_without_chat_tokens_refuses_chat_but_completes_text(tmp_path):
     from gpt2core import GPT2
     s = Server(GPT2(chat_task.CONFIG, seed=0).save(tmp_path / "base.bin"))
     try:
-        r = s.client.post("/v1/chat/completions", json={"messages": ask("1+1")})
+        r = s.client.post("/v1/chat/completions", json={"messages": ask("1,2")})
         assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_chat"
-        assert s.post(prompt="1+1", max_tokens=2).status_code == 200
+        assert s.post(prompt="1,2", max_tokens=2).status_code == 200
     finally:
         s.client.close()
         s.stop()
