@@ -14,6 +14,7 @@ import sys
 
 from . import chat, cli
 from .errors import ArgError
+from .generate import add_sampling_flags
 from .model import load_model
 
 
@@ -25,12 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--system", default=None, metavar="TEXT", help="a system message that opens every conversation")
     ap.add_argument("--max-new-tokens", type=cli.positive_int, default=256,
                     help="longest reply in tokens (default 256; never past the model's context)")
-    ap.add_argument("--top-k", type=cli.non_negative_int, default=50,
-                    help="sample from the k most likely tokens (default 50; 0: all; 1: greedy)")
-    ap.add_argument("--top-p", type=cli.Float(0, 1, lo_open=True), default=None,
-                    help="nucleus sampling: the smallest set of tokens whose probability reaches P (default: off)")
-    ap.add_argument("--temperature", type=cli.positive_float, default=0.8, help="softmax temperature > 0 "
-                                                                                 "(default 0.8)")
+    add_sampling_flags(ap, temperature=0.8)
     ap.add_argument("--seed", type=cli.seed, default=42, help="sampling seed of the first reply; the n-th reply uses "
                                                               "seed + n (default 42)")
     ap.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")

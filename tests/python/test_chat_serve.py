@@ -8,16 +8,12 @@ pytest.importorskip("starlette", reason="gpt2core[serve] (starlette) is not inst
 openai = pytest.importorskip("openai", reason="openai (requirements-dev.txt) is not installed")
 
 import chat_task  # noqa: E402
-from test_serve import Server  # noqa: E402
+from test_serve import Server, running  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server(chat_task.trained() / "run" / "model.bin")
-    yield s
-    s.client.close()
-    s.stop()
-    assert s.proc.returncode in (0, -15) and "Traceback" not in "".join(s.lines), "".join(s.lines)
+    yield from running(chat_task.trained() / "run" / "model.bin")
 
 
 @pytest.fixture(scope="module")

@@ -195,12 +195,13 @@ def test_sft_run_validates_on_held_out_conversations_and_resumes_exactly(tmp_pat
     from gpt2core.train import main
     base = GPT2(GPT2Config(block_size=32, n_layer=1, n_head=1, n_embd=16), seed=0).save(tmp_path / "base.bin")
     data = chat_task.write_conversations(tmp_path / "c.jsonl", 40, seed=1)
-    args = ["--sft", str(data), "--init", str(base), "-B", "2", "-T", "24", "--epochs", "2", "--val-every", "3",
+    args = ["--sft", str(data), "--init", str(base), "-B", "2", "-T", "24", "--epochs", "1", "--val-every", "3",
             "--sample-tokens", "0", "--checkpoint-every", "3", "--sft-val-frac", "0.1"]
     full = main(args + ["--output-dir", str(tmp_path / "a")])
     recs = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in recs if "loss" in r]
-    assert recs[0]["run"]["steps"] == len(steps) > 3  # --epochs 2 set the steps
+    train_rows = sft.load(data, 24, 0.1, seed=1337)[0].rows  # the run's split and packing (its default seed)
+    assert recs[0]["run"]["steps"] == len(steps) == -(-train_rows // 2) > 3  # --epochs 1: one pass over the rows
     vals = [r["val_loss"] for r in recs if "val_loss" in r]
     assert len(vals) >= 2 and all(np.isfinite(vals)) and vals[-1] == full["val_loss"]
     m = GPT2.from_pretrained(tmp_path / "a" / "model.bin")
