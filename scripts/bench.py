@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="time SFT steps (packed conversation rows, masked targets) against pre-training steps at the "
                          "same shape, alternating --rounds rounds")
     ap.add_argument("--sft-data", metavar="JSONL", default=None,
-                    help="--sft: conversations to pack (default: random ones, 20 to 400 tokens per turn)")
+                    help="--sft: conversations to pack (default: random ones, 4 to T/8 tokens per turn)")
     gen = ap.add_argument_group("generation (KV cache; scripts/bench_generate.py)")
     gen.add_argument("--generate", action="store_true",
                      help="prefill ms and decode tokens/s for each prompt length and batch, the weight-streaming "
@@ -304,11 +304,12 @@ def single(args):
     return {"ms_per_step": dt * 1e3, "tok_per_s": tps, "gflops": gflops}
 
 
-def random_conversations(n: int, seed: int = 0) -> list:
-    """n conversations of 1 to 3 exchanges, each turn 20 to 400 random BPE tokens of text (bench data, --sft)."""
+def random_conversations(n: int, T: int, seed: int = 0) -> list:
+    """n conversations of 1 to 3 exchanges, each turn 4 to T/8 random BPE tokens of text (bench data, --sft: most
+    fit a row of T)."""
     from gpt2core import tokenizer
     rng = np.random.default_rng(seed)
-    text = lambda: tokenizer.decode(rng.integers(0, 50000, rng.integers(20, 400)))  # noqa: E731
+    text = lambda: tokenizer.decode(rng.integers(0, 50000, rng.integers(4, max(5, T // 8))))  # noqa: E731
     return [[{"role": r, "content": text()} for _ in range(rng.integers(1, 4)) for r in ("user", "assistant")]
             for _ in range(n)]
 
@@ -324,7 +325,7 @@ def sft_vs_pretrain(args):
     cfg = chat.chat_config(bench_config(args))
     model = GPT2(cfg, device=args.device, seed=0, precision=args.precision, attention=args.attention)
     B, T = args.batch_size, args.seq_len
-    convs = sft.read_conversations(args.sft_data) if args.sft_data else random_conversations(max(64, 4 * B))
+    convs = sft.read_conversations(args.sft_data) if args.sft_data else random_conversations(max(64, 4 * B), T)
     packed = sft.pack([chat.render(m) for m in convs], T)
     loader = sft.SFTLoader(packed, "train", B, T, seed=0)
     times = {"pre-training": [], "sft": []}
