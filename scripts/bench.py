@@ -35,6 +35,10 @@ preset, B and T, in alternating rounds (--rounds) so that both see the same mach
 --generate benchmarks KV-cache generation instead (scripts/bench_generate.py: prefill ms, decode tokens/s, the
 weight-streaming bound, Hugging Face transformers and llama.cpp side by side when installed, greedy ids compared):
     python scripts/bench.py --generate --preset d12 --threads 2 --prompts 8 200 --batches 1
+
+--eval benchmarks scoring instead (scripts/bench_eval.py: CORE items/s, lm-eval with --model gpt2core, and lm-eval's
+--model hf on the HF export when torch and transformers are installed, with the ratio):
+    python scripts/bench.py --eval --preset d12 --threads 2 --eval-items 64
 """
 from __future__ import annotations
 
@@ -167,6 +171,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--generate: a llama.cpp source folder whose convert_hf_to_gguf.py converts the model "
                           "(default: the one in the installed llama-cpp-python's sdist, fetched once into "
                           "~/.cache/gpt2core/bench)")
+    ev = ap.add_argument_group("evaluation speed (CORE, lm-eval; scripts/bench_eval.py)")
+    ev.add_argument("--eval", action="store_true",
+                    help="benchmark CORE's and lm-eval's scoring instead, beside lm-eval's hf model when installed")
+    ev.add_argument("--eval-items", type=cli.positive_int, default=64, help="--eval: HellaSwag items scored")
+    ev.add_argument("--eval-data", default=None, metavar="PATH",
+                    help="--eval: HellaSwag jsonl / 6-line txt (default: tests/data/hellaswag_val_120.jsonl)")
+    ev.add_argument("--eval-batch-tokens", type=cli.positive_int, default=4096, help="--eval: positions per forward")
+    ev.add_argument("--eval-hf-batch", type=cli.positive_int, default=16, help="--eval: lm-eval hf batch size")
+    ev.add_argument("--eval-harness", choices=["lm-eval", "none"], default="lm-eval",
+                    help="--eval: none measures CORE alone")
     sv = ap.add_argument_group("serving (gpt2core-serve vs llama-server; scripts/bench_serve.py)")
     sv.add_argument("--serve", action="store_true",
                     help="generated tokens/s and time to first token at --clients concurrent streaming clients, and "
@@ -643,6 +657,10 @@ def main(argv=None):
         return generate_bench(args)
     if args.sft:
         return sft_vs_pretrain(args)
+    if args.eval:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_eval import eval_bench
+        return eval_bench(args)
     if args.nproc > 1 or args.scaling:
         return data_parallel(args, argv)
     if not args.ladder:

@@ -359,6 +359,7 @@ class Scheduler:
                 s.slot = self._free.pop(0)
                 self._running.append(s)
                 self.stats.admitted += 1
+                self.stats.running = len(self._running)  # before its first token goes out (/health, /metrics)
 
     def _echo_prompt(self, s: _Seq) -> None:
         """echo: the prompt's text leaves first; with logprobs it waits for its tokens' entries (the first token has

@@ -25,6 +25,8 @@ from gpt2core.model import load_model  # noqa: E402
 from test_serve import CONFIG, Server, sse_events  # noqa: E402
 
 SEED_MAX = 2**63 - 1
+# plain HTTP on the loopback address: no TLS context to build per client (~0.1 s each on a busy machine)
+HTTP = dict(timeout=120, verify=False)
 LONG = 300       # tokens of the long stream in the head-of-line test (seed 1 runs them all: no <|endoftext|>)
 
 
@@ -76,7 +78,7 @@ def stream_timed(url: str, body: dict, record: dict, headers=None, leave_after: 
     record["events"]. leave_after: close the connection after that many events."""
     t0 = time.monotonic()
     text, n = "", 0
-    with httpx.Client(base_url=url, timeout=120, headers=headers) as c:
+    with httpx.Client(base_url=url, headers=headers, **HTTP) as c:
         with c.stream("POST", "/v1/completions", json=dict(body, stream=True)) as resp:
             record["status"] = resp.status_code
             for line in resp.iter_lines():
@@ -152,7 +154,8 @@ def test_seeded_texts_under_load_and_clients_that_leave(server, reference):
         if i % 2:
             stream_timed(server.url, reqs[i], results[i])
         else:
-            results[i]["json"] = httpx.post(server.url + "/v1/completions", json=reqs[i], timeout=120).json()
+            with httpx.Client(**HTTP) as c:
+                results[i]["json"] = c.post(server.url + "/v1/completions", json=reqs[i]).json()
 
     leavers = [{} for _ in range(2)]
     threads = [threading.Thread(target=send, args=(i,)) for i in range(len(reqs))]
@@ -238,25 +241,43 @@ def guarded(model_file, tmp_path_factory):
     assert "Traceback" not in "".join(s.lines), "".join(s.lines)
 
 
+def test_key_file_and_loopback_rules(tmp_path):
+    from gpt2core.errors import ArgError
+    from gpt2core.serve import is_loopback, read_api_keys
+    f = tmp_path / "keys"
+    f.write_text("# a comment\n\n  k1  \nk2\n")
+    assert read_api_keys(str(f), env={}) == ["k1", "k2"]
+    assert read_api_keys(str(f), env={"GPT2CORE_API_KEY": " k3 "}) == ["k1", "k2", "k3"]
+    assert read_api_keys(None, env={}) == []
+    f.write_text("# only a comment\n")
+    with pytest.raises(ArgError, match="--api-key-file.*no key"):
+        read_api_keys(str(f), env={})
+    with pytest.raises(ArgError, match="--api-key-file"):
+        read_api_keys(str(tmp_path / "missing"), env={})
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("192.168.1.4")
+
+
 def test_api_keys_and_cors(guarded):
     url = guarded.url
+    http = httpx.Client(**HTTP)
     routes = [("POST", "/v1/completions"), ("GET", "/v1/models"), ("GET", "/metrics"), ("GET", "/nowhere")]
     for method, path in routes:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEYS[0]}):  # no "Bearer "
-            r = httpx.request(method, url + path, headers=headers, json={"prompt": "hi"} if method == "POST" else None)
+            r = http.request(method, url + path, headers=headers, json={"prompt": "hi"} if method == "POST" else None)
             assert r.status_code == 401, (method, path, headers, r.text)
             err = r.json()["error"]
             assert err["code"] == "invalid_api_key" and set(err) == {"message", "type", "param", "code"}
-    assert httpx.get(url + "/health").status_code == 200          # open: load balancers probe it
-    assert "API key" in httpx.get(url + "/").text                  # the page asks for the key
+    assert http.get(url + "/health").status_code == 200          # open: load balancers probe it
+    assert "API key" in http.get(url + "/").text                  # the page asks for the key
     for key in KEYS + [ENV_KEY]:
-        r = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"})
+        r = http.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 200 and r.json()["data"][0]["object"] == "model", r.text
-    pre = httpx.options(url + "/v1/completions", headers={"Origin": "http://app.example",
+    pre = http.options(url + "/v1/completions", headers={"Origin": "http://app.example",
                                                           "Access-Control-Request-Method": "POST",
                                                           "Access-Control-Request-Headers": "authorization"})
     assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://app.example"
-    r = httpx.get(url + "/v1/models", headers={"Origin": "http://other.example",
+    r = http.get(url + "/v1/models", headers={"Origin": "http://other.example",
                                                "Authorization": f"Bearer {ENV_KEY}"})
     assert "access-control-allow-origin" not in r.headers
 
@@ -267,7 +288,7 @@ def test_queue_bound_timeouts_and_metrics(guarded):
     them by status and holds no prompt text."""
     secret = "Zanzibar-marmalade"
     a, b = {}, {}
-    ta = threading.Thread(target=stream_timed, args=(guarded.url, dict(prompt=secret, max_tokens=3000),
+    ta = threading.Thread(target=stream_timed, args=(guarded.url, dict(prompt=secret, max_tokens=4000),
                                                      a, dict(guarded.client.headers)))
     ta.start()
     deadline = time.monotonic() + 30
@@ -300,7 +321,8 @@ def test_queue_bound_timeouts_and_metrics(guarded):
 
 def test_openai_client(guarded):
     openai = pytest.importorskip("openai", reason="openai (requirements-dev.txt) is not installed")
-    client = openai.OpenAI(base_url=guarded.url + "/v1", api_key=ENV_KEY, max_retries=0)
+    client = openai.OpenAI(base_url=guarded.url + "/v1", api_key=ENV_KEY, max_retries=0,
+                           http_client=httpx.Client(**HTTP))
     [m] = client.models.list().data
     c = client.completions.create(model=m.id, prompt="The quick brown", max_tokens=6, temperature=0, logprobs=2)
     want = guarded.post(prompt="The quick brown", max_tokens=6, temperature=0).json()["choices"][0]["text"]
@@ -313,7 +335,8 @@ def test_openai_client(guarded):
         client.completions.create(model=m.id, prompt="x", max_tokens=6, top_p=0)
     assert e.value.body["param"] == "top_p"
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=guarded.url + "/v1", api_key="nope", max_retries=0).models.list()
+        openai.OpenAI(base_url=guarded.url + "/v1", api_key="nope", max_retries=0,
+                      http_client=httpx.Client(**HTTP)).models.list()
 
 
 # ---------------------------------------------------------------------------------------------- logprobs and echo
@@ -367,9 +390,10 @@ def check_logprobs(lp: dict, ids: list, ref: np.ndarray, k: int, text: str, tol:
 
 def test_logprobs_and_echo_equal_a_float64_forward(f64_server):
     model, url = f64_server
+    http = httpx.Client(**HTTP)
     prompt = "The capital of France is a city of many lights and"   # longer than the 8-token prefill chunk
     ids = tokenizer.encode(prompt)
-    r = httpx.post(url + "/v1/completions", json=dict(prompt=prompt, max_tokens=5, temperature=0, logprobs=3,
+    r = http.post(url + "/v1/completions", json=dict(prompt=prompt, max_tokens=5, temperature=0, logprobs=3,
                                                       echo=True), timeout=60).json()
     ch = r["choices"][0]
     gen = tokenizer.encode(ch["text"][len(prompt):])
@@ -378,24 +402,24 @@ def test_logprobs_and_echo_equal_a_float64_forward(f64_server):
     assert [int(np.argmax(ref[len(ids) - 1 + j])) for j in range(len(gen))] == gen  # greedy
     check_logprobs(ch["logprobs"], ids + gen, ref, 3, ch["text"], 1e-9, first_none=True)
     # max_tokens 0 + echo: the prompt's log-probabilities alone (lm-eval's loglikelihood request)
-    r0 = httpx.post(url + "/v1/completions", json=dict(prompt=ids, max_tokens=0, logprobs=1, echo=True)).json()
+    r0 = http.post(url + "/v1/completions", json=dict(prompt=ids, max_tokens=0, logprobs=1, echo=True)).json()
     c0 = r0["choices"][0]
     assert c0["text"] == prompt and c0["finish_reason"] == "length" and r0["usage"]["completion_tokens"] == 0
     check_logprobs(c0["logprobs"], ids, ref, 1, prompt, 1e-9, first_none=True)
     # without echo: the generated tokens' entries, as streamed chunks too
     body = dict(prompt=prompt, max_tokens=4, temperature=0.9, seed=4, logprobs=0)
-    r1 = httpx.post(url + "/v1/completions", json=body).json()["choices"][0]
+    r1 = http.post(url + "/v1/completions", json=body).json()["choices"][0]
     gen1 = tokenizer.encode(prompt + r1["text"])[len(ids):]
     ref1 = full_logprobs(model, ids + gen1)
     lp1 = r1["logprobs"]
     assert lp1["top_logprobs"] == [{}] * len(gen1)
     assert np.allclose(lp1["token_logprobs"], [ref1[len(ids) - 1 + j, t] for j, t in enumerate(gen1)], atol=1e-9)
-    with httpx.stream("POST", url + "/v1/completions", json=dict(body, stream=True)) as resp:
+    with http.stream("POST", url + "/v1/completions", json=dict(body, stream=True)) as resp:
         events = sse_events(resp)
     streamed = [e["choices"][0]["logprobs"] for e in events[:-1] if e["choices"][0]["logprobs"]]
     assert sum((p["token_logprobs"] for p in streamed), []) == lp1["token_logprobs"]
     # --max-tokens-cap 20: a larger max_tokens is lowered to it (even past the 128-token context)
-    capped = httpx.post(url + "/v1/completions", json=dict(prompt="Go", max_tokens=500, temperature=0)).json()
+    capped = http.post(url + "/v1/completions", json=dict(prompt="Go", max_tokens=500, temperature=0)).json()
     assert capped["usage"]["completion_tokens"] <= 20 and capped["choices"][0]["finish_reason"] in ("length", "stop")
 
 
