@@ -23,6 +23,11 @@ thread split the model's matmuls use), once per CPU model, thread count and BLAS
 $XDG_CACHE_HOME/gpt2core/cpu_peak.json (~/.cache/gpt2core/...); --measure-peak measures again,
 --peak-gflops overrides it. GPU peaks are the dense bf16 / fp16 / tf32 tensor-core figures.
 
+--sft times supervised fine-tuning steps (conversation rows packed by gpt2core.data.sft, the targets outside the
+assistant's turns ignored, each batch read through its loader) against pre-training steps (random tokens) at the same
+preset, B and T, in alternating rounds (--rounds) so that both see the same machine load:
+    python scripts/bench.py --sft --preset s4 -B 4 -T 256 --threads 2 --rounds 3
+
 --serve benchmarks the completions server under concurrent streaming clients, beside llama.cpp's llama-server
 (scripts/bench_serve.py):
     python scripts/bench.py --serve --preset d12 --threads 2 --clients 1 4 8 16 --llama-server PATH
@@ -142,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="replay each micro-step and the optimizer step from CUDA graphs (--breakdown then times "
                          "forward and backward together)")
+    ap.add_argument("--sft", action="store_true",
+                    help="time SFT steps (packed conversation rows, masked targets) against pre-training steps at the "
+                         "same shape, alternating --rounds rounds")
+    ap.add_argument("--sft-data", metavar="JSONL", default=None,
+                    help="--sft: conversations to pack (default: random ones, 4 to T/8 tokens per turn)")
     gen = ap.add_argument_group("generation (KV cache; scripts/bench_generate.py)")
     gen.add_argument("--generate", action="store_true",
                      help="prefill ms and decode tokens/s for each prompt length and batch, the weight-streaming "
@@ -187,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = ap.add_argument_group("portable vs native CPU code")
     c.add_argument("--compare-native", action="store_true",
                    help="time this install against a -march=native build of the CPU core, alternating rounds")
-    c.add_argument("--rounds", type=cli.positive_int, default=3, help="--compare-native: rounds of (portable, native)")
+    c.add_argument("--rounds", type=cli.positive_int, default=3, help="--compare-native: rounds of (portable, native); --sft: of (pre-training, sft)")
     c.add_argument("--native-module", default=None,
                    help="--compare-native: an already built native _C module instead of building build/native-cpu")
     g = ap.add_argument_group("data parallel (processes started through gpt2core.launch; Gloo on CPU, NCCL on CUDA)")
@@ -203,9 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def timed_steps(model, ddp, rng, vocab, B, T, accum, warmup, steps):
-    """Run warmup + steps optimizer steps of `accum` micro-steps each on random tokens; returns the timed
-    steps' wall times and their forward / backward / optimizer parts (seconds) and comm times (ms)."""
+def timed_steps(model, ddp, rng, vocab, B, T, accum, warmup, steps, next_batch=None):
+    """Run warmup + steps optimizer steps of `accum` micro-steps each on random tokens (or each on next_batch()'s
+    (x, y), read inside the timed step); returns the timed steps' wall times and their forward / backward /
+    optimizer parts (seconds) and comm times (ms)."""
     x = rng.integers(0, vocab, size=(B, T), dtype=np.int32)
     y = rng.integers(0, vocab, size=(B, T), dtype=np.int32)
     parts = {"fwd": [], "bwd": [], "opt": []}
@@ -217,6 +228,8 @@ def timed_steps(model, ddp, rng, vocab, B, T, accum, warmup, steps):
         net.zero_grad()
         for _ in range(accum):
             ta = time.perf_counter()
+            if next_batch is not None:
+                x, y = next_batch()
             if model.cuda_graphs:  # one graph launch for forward and backward: no split to time
                 net.forward_backward(x, y, 1.0 / accum)
                 tb = ta
@@ -303,6 +316,47 @@ def single(args):
     if args.profile and args.device.startswith("cuda"):
         modelled_vs_measured(args, cfg, dt)
     return {"ms_per_step": dt * 1e3, "tok_per_s": tps, "gflops": gflops}
+
+
+def random_conversations(n: int, T: int, seed: int = 0) -> list:
+    """n conversations of 1 to 3 exchanges, each turn 4 to T/8 random BPE tokens of text (bench data, --sft: most
+    fit a row of T)."""
+    from gpt2core import tokenizer
+    rng = np.random.default_rng(seed)
+    text = lambda: tokenizer.decode(rng.integers(0, 50000, rng.integers(4, max(5, T // 8))))  # noqa: E731
+    return [[{"role": r, "content": text()} for _ in range(rng.integers(1, 4)) for r in ("user", "assistant")]
+            for _ in range(n)]
+
+
+def sft_vs_pretrain(args):
+    """--sft: SFT steps (conversations packed into B x T rows, targets -1 outside the assistant's turns, each batch
+    from the SFT loader) against pre-training steps (random tokens) on the same model, alternating rounds."""
+    from gpt2core import GPT2, _C, chat
+    from gpt2core.data import sft
+
+    if args.threads:
+        _C.set_num_threads(args.threads)
+    cfg = chat.chat_config(bench_config(args))
+    model = GPT2(cfg, device=args.device, seed=0, precision=args.precision, attention=args.attention)
+    B, T = args.batch_size, args.seq_len
+    convs = sft.read_conversations(args.sft_data) if args.sft_data else random_conversations(max(64, 4 * B), T)
+    packed = sft.pack([chat.render(m) for m in convs], T)
+    loader = sft.SFTLoader(packed, "train", B, T, seed=0)
+    times = {"pre-training": [], "sft": []}
+    for _ in range(args.rounds):
+        times["pre-training"] += timed_steps(model, None, np.random.default_rng(0), cfg.vocab_size, B, T, 1,
+                                             args.warmup, args.steps)[0]
+        times["sft"] += timed_steps(model, None, np.random.default_rng(0), cfg.vocab_size, B, T, 1, args.warmup,
+                                    args.steps, next_batch=loader.next_batch)[0]
+    print(f"preset {args.preset} | {args.device} | threads {_C.get_num_threads()} | B={B} T={T} | {args.rounds} "
+          f"rounds of {args.steps} steps each | sft rows: {loader.describe()}")
+    tps = {}
+    for k, v in times.items():
+        tps[k] = B * T / float(np.median(v))
+        print(f"{k:>12}: ms/step {np.median(v) * 1e3:.1f} (median of {len(v)}) | tokens/s {tps[k]:,.0f}")
+    print(f"sft / pre-training tokens/s: {tps['sft'] / tps['pre-training']:.3f} (positions per second, padding "
+          "included; targets trained on per epoch: " f"{loader.trained_tokens:,} of {packed.rows * T:,})")
+    return {"pretrain_tok_per_s": tps["pre-training"], "sft_tok_per_s": tps["sft"]}
 
 
 def gpu_model_module():
@@ -601,6 +655,8 @@ def main(argv=None):
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from bench_generate import generate_bench
         return generate_bench(args)
+    if args.sft:
+        return sft_vs_pretrain(args)
     if args.eval:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from bench_eval import eval_bench

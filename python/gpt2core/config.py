@@ -219,6 +219,13 @@ RECIPES: dict[str, dict] = {
 RECIPE_SWITCHES = sorted({k for r in RECIPES.values() for k, v in r.items() if isinstance(v, bool)})
 
 
+# Supervised fine-tuning's own defaults (--sft): a tenth of pre-training's LR, no warmup, a linear decay to zero over
+# the run (wsd with the whole run as its cool-down, as nanochat's SFT decays), no weight decay (nanochat's SFT), three
+# passes over the conversations. Any flag given explicitly overrides them; --steps given replaces --epochs.
+SFT_DEFAULTS = {"lr": 1e-4, "warmup": 0, "schedule": "wsd", "cooldown_frac": 1.0, "min_lr_frac": 0.0,
+                "weight_decay": 0.0, "epochs": 3}
+
+
 def negated_flag(name: str) -> str:
     """The switch that turns a recipe's bool field off: --no-<name>, or --<rest> for a no_<rest> field."""
     return "--" + (name[3:] if name.startswith("no_") else "no_" + name).replace("_", "-")
@@ -313,6 +320,21 @@ class TrainConfig:
     total_batch_tokens: int | None = _opt(None, "tokens per optimizer step; gradient accumulation makes up the "
                                                 "difference (default: B*T*world; with -B auto 8*T*world)", "data")
     no_shuffle: bool = _opt(False, "read shards and windows sequentially", "data")
+    # supervised fine-tuning on conversations (gpt2core.data.sft, gpt2core.chat)
+    sft: str | None = _opt(None, "fine-tune on conversations: a .jsonl file of {\"messages\": [{\"role\", "
+                                 "\"content\"}, ...]} lines, or a folder of them, rendered in the chat format "
+                                 "(gpt2core.chat), packed into rows of -T, the loss on the assistant's tokens only. "
+                                 "Its defaults, unless given as flags: "
+                                 + ", ".join(f"{k}={v}" for k, v in SFT_DEFAULTS.items()),
+                           "supervised fine-tuning", metavar="CONVERSATIONS")
+    init: str | None = _opt(None, "start from this model's weights (an llm.c model file such as out/model.bin, a "
+                                  "training checkpoint or a Hugging Face GPT-2): its shape replaces --preset and the "
+                                  "architecture flags; with --sft its vocab gains the chat tokens", "supervised "
+                                  "fine-tuning", metavar="MODEL")
+    epochs: int | None = _opt(None, "--sft: passes over the training conversations; sets --steps (default with "
+                                    "--sft: 3, unless --steps is given)", "supervised fine-tuning")
+    sft_val_frac: float = _opt(0.05, "--sft: the fraction of conversations held out for the validation loss "
+                                     "(seeded; 0: none)", "supervised fine-tuning")
     # optimization: AdamW (decoupled weight decay on 2-D weights only) with warmup + cosine LR
     steps: int = _opt(120, "optimizer steps", "optimization")
     lr: float = _opt(1e-3, "max learning rate (the whole schedule scales with it)", "optimization")
@@ -416,12 +438,18 @@ class TrainConfig:
                   "no_shuffle", "steps", "lr", "min_lr_frac", "warmup", "schedule", "weight_decay", "grad_clip",
                   "beta1", "beta2", "eps", "seed", "loss_scaling", "loss_scale_init", "loss_scale_interval",
                   "cooldown_frac", "optimizer", "muon_lr", "muon_momentum", "muon_momentum_warmup",
-                  "muon_weight_decay", "muon_ns_steps", "embedding_lr", "head_lr", "scalar_lr")
+                  "muon_weight_decay", "muon_ns_steps", "embedding_lr", "head_lr", "scalar_lr", "sft", "init",
+                  "epochs", "sft_val_frac")
 
     def __post_init__(self):
         """Every argument in its range: ArgError (a ValueError) naming the flag (gpt2core-train prints it as a
         one-line error and exits 2)."""
         cli.check_fields(self, checks=_CHECKS)
+        if self.sft and self.data_dir:
+            raise ArgError(f"--sft {self.sft} trains on conversations and --data-dir {self.data_dir} on token "
+                           "shards: give one of them")
+        if self.epochs is not None and not self.sft:
+            raise ArgError("--epochs counts passes over --sft conversations: give --sft, or --steps for shards")
         if self.overwrite and self.resume:
             raise ArgError(f"--overwrite starts over and --resume {self.resume} continues: give one of them")
         if self.val_every and not self.val_steps:
@@ -502,10 +530,14 @@ class TrainConfig:
 
     @classmethod
     def from_recipe(cls, recipe: str = "gpt2", **explicit) -> "TrainConfig":
-        """The recipe's values, overridden by the explicit ones."""
+        """The recipe's values, then with sft given SFT_DEFAULTS (--steps given: no --epochs), overridden by the
+        explicit ones."""
         if recipe not in RECIPES:
             raise ArgError(f"--recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
-        return cls(**{**RECIPES[recipe], **explicit, "recipe": recipe})
+        sft = dict(SFT_DEFAULTS) if explicit.get("sft") else {}
+        if "steps" in explicit:
+            sft.pop("epochs", None)
+        return cls(**{**RECIPES[recipe], **sft, **explicit, "recipe": recipe})
 
     def optimizer_kw(self) -> dict:
         """The keywords of GPT2.step / DataParallel.step besides lr (and muon_lr, muon_momentum, which follow the
@@ -546,6 +578,8 @@ _CHECKS = {
     "loss_scale_interval": _I(1, 2**31 - 1, "an integer >= 1"),
     "checkpoint_every": _I(0, what="an integer >= 0 (0: never)"), "keep_last": _I(0, what="an integer >= 0 (0: all)"),
     "data_dir": cli.Optional(cli.existing_dir), "output_dir": cli.output_dir,
+    "sft": cli.Optional(cli.existing_path),
+    "epochs": _I(1, 1 << 20), "sft_val_frac": _F(0, 0.5, hi_open=True, what="a fraction in [0, 0.5)"),
     "hellaswag_path": cli.Optional(cli.existing_file),
     "recipe": cli.Choice(*RECIPES), "optimizer": cli.Choice("adamw", "muon"),
     "schedule": cli.Choice("cosine", "constant", "wsd"), "cooldown_frac": _F(0, 1, what="a fraction in [0, 1]"),

@@ -26,6 +26,16 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
+def add_sampling_flags(ap, temperature: float = 1.0) -> None:
+    """--top-k, --top-p and --temperature (gpt2core-generate's, gpt2core-chat's)."""
+    ap.add_argument("--top-k", type=cli.non_negative_int, default=50,
+                    help="sample from the k most likely tokens (default 50; 0: all; 1: greedy)")
+    ap.add_argument("--top-p", type=cli.Float(0, 1, lo_open=True), default=None,
+                    help="nucleus sampling: the smallest set of tokens whose probability reaches P (default: off)")
+    ap.add_argument("--temperature", type=cli.positive_float, default=temperature,
+                    help=f"softmax temperature > 0 (default {temperature:g})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(prog="gpt2core-generate", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -36,12 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts-file", default=None, metavar="FILE",
                     help="one prompt per line ('-': standard input), generated together as one batch")
     ap.add_argument("--max-new-tokens", type=cli.non_negative_int, default=64, help="tokens to add (default 64)")
-    ap.add_argument("--top-k", type=cli.non_negative_int, default=50,
-                    help="sample from the k most likely tokens (default 50; 0: all; 1: greedy)")
-    ap.add_argument("--top-p", type=cli.Float(0, 1, lo_open=True), default=None,
-                    help="nucleus sampling: the smallest set of tokens whose probability reaches P (default: off)")
-    ap.add_argument("--temperature", type=cli.positive_float, default=1.0, help="softmax temperature > 0 "
-                                                                                 "(default 1)")
+    add_sampling_flags(ap)
     ap.add_argument("--stop", action="append", default=None, metavar="TEXT",
                     help="end a sequence once its text contains TEXT (repeatable; the text is cut before it)")
     ap.add_argument("--num-samples", type=cli.positive_int, default=1, help="samples per prompt (default 1)")

@@ -5,8 +5,9 @@ The loop, per batch of prompts (which may differ in length):
      sequence's cache slot; the language-model head runs on the last position only;
   2. sample: temperature, top-k, top-p from those logits where they are (only the ids come back);
   3. decode: the sampled token of every still-running sequence, one query per sequence against its cache;
-  4. repeat 2-3 until each sequence has stopped: at <|endoftext|> (when the vocabulary has it), after its
-     max_new_tokens, or once its generated text contains one of the stop strings.
+  4. repeat 2-3 until each sequence has stopped: at <|endoftext|> or the chat format's <|assistant_end|> (where the
+     vocabulary has them: tokenizer.END_IDS), after its max_new_tokens, or once its generated text contains one of
+     the stop strings.
 
 Every architecture the config describes runs this loop (csrc/model/gpt2_infer.h follows forward_ops: rotary
 positions at each sequence's own position, QK-norm after the rotation, RMSNorm, ReLU², no biases, the untied head,
@@ -224,7 +225,7 @@ def _prepare(model, idx, max_new_tokens, top_k, temperature, seed, top_p, stop):
 def _loop(model, seqs: list[_Seq], stops: list[str]) -> Iterator[np.ndarray]:
     cfg = model.config
     block = cfg.block_size
-    eot = EOT if cfg.vocab_size > EOT else None
+    ends = {t for t in tokenizer.END_IDS if t < cfg.vocab_size}
     B = len(seqs)
     for s in seqs:
         s.done = s.max_new == 0
@@ -254,7 +255,7 @@ def _loop(model, seqs: list[_Seq], stops: list[str]) -> Iterator[np.ndarray]:
                 s = seqs[b]
                 s.out.append(int(t))
                 step[b] = t
-                if len(s.out) >= s.max_new or (eot is not None and t == eot):
+                if len(s.out) >= s.max_new or t in ends:
                     s.done = True
                 elif stops and _hit_stop(s.out, stops):
                     s.done = True

@@ -501,7 +501,8 @@ class GPT2:
         """Sample continuations of prompts through the KV-cache inference path (gpt2core.inference).
 
         idx: int ids (T,) or (B, T), or a list of prompts of different lengths (lists of ids). Each sequence
-        stops after max_new_tokens, at <|endoftext|> (50256, when the vocabulary has it), or once its generated
+        stops after max_new_tokens, at <|endoftext|> (50256) or the chat format's <|assistant_end|> (50260) when the
+        vocabulary has them, or once its generated
         text contains one of `stop` (a string or a list; the ids up to the token completing it are kept).
         Sampling: logits / temperature (> 0), the top_k most likely (0 or None: all; 1: greedy), then the
         smallest set whose probability reaches top_p (None: off). Seeded: the same seed gives the same ids.
@@ -513,6 +514,17 @@ class GPT2:
         from . import inference
         return inference.generate(self, idx, max_new_tokens, top_k=top_k, temperature=temperature, seed=seed,
                                   top_p=top_p, stop=stop, stream=stream)
+
+    def chat(self, messages, max_new_tokens: int = 256, top_k: int | None = 50, temperature: float = 1.0,
+             top_p: float | None = None, seed: int = 0, stream: bool = False):
+        """The assistant's reply to a conversation (OpenAI's messages: [{"role": "system" | "user" | "assistant",
+        "content": str}, ...]), rendered by gpt2core.chat and generated up to the model's <|assistant_end|> (at most
+        max_new_tokens, and no further than the context holds). Sampling as generate. Returns the reply's text, or
+        with stream=True an iterator of its pieces as they are made. The model must have been fine-tuned on the chat
+        format (gpt2core-train --sft): a vocabulary without the chat tokens is refused (ArgError)."""
+        from . import chat
+        return chat.generate_reply(self, messages, max_new_tokens, top_k=top_k, temperature=temperature,
+                                   top_p=top_p, seed=seed, stream=stream)
 
     @property
     def inference_weights(self) -> str:

@@ -486,7 +486,7 @@ class Scheduler:
             piece = s.pending_lp or _LogprobsPiece()
             s.pending_lp = None
             piece.add(token_text(t), float(lp_row[t]), top_alternatives(lp_row, s.p.logprobs), s.offset)
-        if t == tokenizer.EOT:
+        if t in tokenizer.END_IDS:  # <|endoftext|>, or a chat model's <|assistant_end|>
             self._emit(s, "", piece)
             self._finish(s, "stop")
             return

@@ -3,6 +3,9 @@ gpt2core[serve]: Starlette, uvicorn, prometheus-client).
 
     POST /v1/completions   {"prompt": "Hello", "max_tokens": 16, "temperature": 1.0, "top_p": 1.0,
                             "stream": false, "stop": null, "seed": null, "logprobs": null, "echo": false}
+    POST /v1/chat/completions  {"messages": [{"role": "user", "content": "Hi"}], and the sampling fields above}: a
+                           model fine-tuned on conversations (gpt2core-train --sft); the messages are rendered by
+                           gpt2core.chat and the reply generated on the completions path up to <|assistant_end|>
     GET  /v1/models        the one model served
     GET  /health           {"status": "ok", ...} with the scheduler's counters (never needs a key)
     GET  /metrics          (--metrics) Prometheus' text format: requests by status, prompt and generated tokens,
@@ -59,7 +62,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cli, tokenizer
+from . import chat, cli, tokenizer
 from .errors import ArgError, Error
 from .scheduler import Job, Scheduler, SeqParams, SlotEngine, TextStream  # noqa: F401  (TextStream: tests, chat)
 
@@ -72,6 +75,8 @@ SEED_MAX = 2**63 - 1
 KNOWN_FIELDS = {"prompt", "max_tokens", "temperature", "top_p", "stream", "stop", "seed", "model", "n", "user",
                 "stream_options", "logprobs", "echo"}
 MAX_LOGPROBS = 5          # alternatives per token (OpenAI's limit for completions)
+# /v1/chat/completions: messages instead of prompt; no legacy logprobs / echo (the chat API's logprobs differ)
+CHAT_FIELDS = (KNOWN_FIELDS - {"prompt", "logprobs", "echo"}) | {"messages", "max_completion_tokens"}
 
 
 # ------------------------------------------------------------------------------------------------ request parsing
@@ -136,11 +141,7 @@ def _token_list(v, vocab_size: int, param: str) -> list[int] | None:
     return v
 
 
-def parse_completion(raw: bytes, block_size: int, vocab_size: int, max_batch: int,
-                     max_tokens_cap: int | None = None) -> Completion:
-    """The body of POST /v1/completions -> Completion, or APIError (400, 413) saying which field is wrong.
-    max_tokens_cap (--max-tokens-cap): max_tokens above it is lowered to it (the completion then ends with
-    finish_reason "length" there)."""
+def _json_body(raw: bytes) -> dict:
     if len(raw) > MAX_BODY:
         raise APIError(413, f"request body of {len(raw)} bytes is over the limit of {MAX_BODY} bytes", None,
                        "request_too_large")
@@ -150,6 +151,49 @@ def parse_completion(raw: bytes, block_size: int, vocab_size: int, max_batch: in
         raise _bad(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
     if not isinstance(body, dict):
         raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None)
+    return body
+
+
+def parse_chat_completion(raw: bytes, block_size: int, vocab_size: int, max_batch: int,
+                          max_tokens_cap: int | None = None) -> Completion:
+    """The body of POST /v1/chat/completions -> Completion: the messages rendered for a reply (gpt2core.chat.prompt:
+    one prompt of token ids, ending in <|assistant_start|>), every other field as /v1/completions reads it
+    (max_completion_tokens is max_tokens; neither given: up to the end of the context). APIError as there; a bad
+    message names its field (param "messages[1].role")."""
+    body = _json_body(raw)
+    unknown = sorted(set(body) - CHAT_FIELDS)
+    if unknown:
+        raise _bad(f"unrecognized request argument supplied: {unknown[0]} (this endpoint takes "
+                   f"{', '.join(sorted(CHAT_FIELDS))})", unknown[0])
+    if vocab_size < chat.CHAT_VOCAB_SIZE:
+        raise _bad("this model has no chat format (its vocabulary has no chat tokens): fine-tune it on "
+                   "conversations (gpt2core-train --sft), or use /v1/completions", "messages", "model_not_chat")
+    if "messages" not in body:
+        raise _bad("messages is required: a list of {\"role\", \"content\"} objects", "messages")
+    try:
+        ids = chat.prompt(body["messages"]).tolist()
+    except chat.ChatFormatError as e:
+        raise _bad(str(e), e.field) from None
+    rest = {k: v for k, v in body.items() if k not in ("messages", "max_completion_tokens")}
+    if body.get("max_completion_tokens") is not None:
+        rest["max_tokens"] = body["max_completion_tokens"]
+    elif rest.get("max_tokens") is None:
+        rest["max_tokens"] = max(1, block_size - len(ids))
+    rest["prompt"] = ids
+    try:
+        return parse_completion(rest, block_size, vocab_size, max_batch, max_tokens_cap)
+    except APIError as e:
+        if e.param == "prompt":
+            e.param = "messages"
+        raise
+
+
+def parse_completion(raw: bytes | dict, block_size: int, vocab_size: int, max_batch: int,
+                     max_tokens_cap: int | None = None) -> Completion:
+    """The body of POST /v1/completions (bytes, or the decoded object) -> Completion, or APIError (400, 413) saying
+    which field is wrong. max_tokens_cap (--max-tokens-cap): max_tokens above it is lowered to it (the completion
+    then ends with finish_reason "length" there)."""
+    body = raw if isinstance(raw, dict) else _json_body(raw)
     unknown = sorted(set(body) - KNOWN_FIELDS)
     if unknown:
         raise _bad(f"unrecognized request argument supplied: {unknown[0]} (this server takes "
@@ -378,6 +422,49 @@ class _Answer:
             self.logprobs[i][k] += v
 
 
+class TextShape:
+    """/v1/completions' answer: its objects, a choice, a streamed chunk's choice (the chat shape differs only here)."""
+    prefix, object, chunk_object = "cmpl-", "text_completion", "text_completion"
+
+    @staticmethod
+    def choice(i: int, text: str, reason, logprobs=None) -> dict:
+        return {"text": text, "index": i, "logprobs": logprobs, "finish_reason": reason}
+
+    chunk = choice
+
+    @staticmethod
+    def opening(i: int) -> dict | None:
+        return None
+
+
+class ChatShape:
+    """/v1/chat/completions' answer (OpenAI's chat.completion and chat.completion.chunk): the reply as an assistant
+    message; streamed, a first delta with the role, then the content, then an empty delta with the finish reason."""
+    prefix, object, chunk_object = "chatcmpl-", "chat.completion", "chat.completion.chunk"
+
+    @staticmethod
+    def choice(i: int, text: str, reason, logprobs=None) -> dict:
+        return {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": reason}
+
+    @staticmethod
+    def chunk(i: int, text: str, reason, logprobs=None) -> dict:
+        return {"index": i, "delta": {"content": text} if text else {}, "logprobs": None, "finish_reason": reason}
+
+    @staticmethod
+    def opening(i: int) -> dict | None:
+        return {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+
+
+def check_vocab(vocab_size: int) -> str | None:
+    """Why a model with this vocab_size cannot be served (None: it can): the server speaks GPT-2's tokens, and the
+    chat tokens (gpt2core.chat) of a fine-tuned model."""
+    if vocab_size in (tokenizer.VOCAB_SIZE, chat.CHAT_VOCAB_SIZE):
+        return None
+    return (f"its vocab_size is {vocab_size}, but the server speaks GPT-2's tokenizer ({tokenizer.VOCAB_SIZE} tokens, "
+            f"{chat.CHAT_VOCAB_SIZE} with the chat tokens): serve a model trained on GPT-2 tokens")
+
+
 def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_chunk: int = 256,
                threads: int | None = None, on_ready=None, max_queue: int = 64, request_timeout: float | None = None,
                max_tokens_cap: int | None = None, api_keys=(), cors_origin: str | None = None,
@@ -399,9 +486,8 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
         raise ImportError("gpt2core-serve needs Starlette and uvicorn: pip install 'gpt2core[serve]'") from e
     import contextlib
 
-    if model.config.vocab_size != tokenizer.VOCAB_SIZE:
-        raise ValueError(f"the model's vocab_size is {model.config.vocab_size}, but the server speaks GPT-2's "
-                         f"tokenizer ({tokenizer.VOCAB_SIZE} tokens): serve a model trained on GPT-2 tokens")
+    if check_vocab(model.config.vocab_size):
+        raise ValueError(f"the model: {check_vocab(model.config.vocab_size)}")
     block_size, vocab_size = model.config.block_size, model.config.vocab_size
     engine = SlotEngine(model, max_batch, block_size)
     sched = Scheduler(engine, max_batch=max_batch, prefill_chunk=prefill_chunk, threads=threads)
@@ -434,9 +520,15 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
         return Response(mx.render(), media_type=mx.pc.CONTENT_TYPE_LATEST)
 
     async def completions(request):
+        return await answer(request, parse_completion, TextShape)
+
+    async def chat_completions(request):
+        return await answer(request, parse_chat_completion, ChatShape)
+
+    async def answer(request, parse, shape):
         raw = await request.body()
         try:
-            req = await run_in_threadpool(parse_completion, raw, block_size, vocab_size, max_batch, max_tokens_cap)
+            req = await run_in_threadpool(parse, raw, block_size, vocab_size, max_batch, max_tokens_cap)
         except APIError as e:
             return error(e)
         waiting = sched.waiting()
@@ -456,8 +548,8 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
         job = Job(req.sequences(), emit, request_timeout)
         sched.submit(job)
         t0 = time.monotonic()
-        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        head = {"id": cid, "object": "text_completion", "created": created, "model": model_name}
+        cid, created = f"{shape.prefix}{uuid.uuid4().hex}", int(time.time())
+        head = {"id": cid, "object": shape.object, "created": created, "model": model_name}
         n = len(req.prompts)
         ans = _Answer(n)
         usage = lambda: {"prompt_tokens": sum(map(len, req.prompts)), "completion_tokens": sum(ans.made),
@@ -469,7 +561,8 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
         if req.stream:
             if mx is not None:
                 mx.answered(200)
-            return StreamingResponse(sse(job, events, head, ans, usage, req, took), media_type="text/event-stream",
+            return StreamingResponse(sse(job, events, {**head, "object": shape.chunk_object}, ans, usage, req, took,
+                                         shape), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
         async def watch():  # the body has been read: the next ASGI message is the client going away
@@ -503,28 +596,28 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
         if "timeout" in ans.reasons:
             return error(APIError(408, f"the request ran past the server's --request-timeout of {request_timeout:g} "
                                        "s", None, "request_timeout", "timeout_error"))
-        choices = [{"text": ans.texts[i], "index": i, "logprobs": ans.logprobs[i], "finish_reason": ans.reasons[i]}
-                   for i in range(n)]
+        choices = [shape.choice(i, ans.texts[i], ans.reasons[i], ans.logprobs[i]) for i in range(n)]
         if mx is not None:
             mx.answered(200)
         return JSONResponse({**head, "choices": choices, "usage": usage()})
 
-    async def sse(job: Job, events, head: dict, ans: _Answer, usage, req: Completion, took):
+    async def sse(job: Job, events, head: dict, ans: _Answer, usage, req: Completion, took, shape=TextShape):
         def chunk(obj) -> str:
             return f"data: {json.dumps(obj)}\n\n"
 
         left = len(ans.made)
         try:
+            for i in range(left):
+                if shape.opening(i) is not None:
+                    yield chunk({**head, "choices": [shape.opening(i)]})
             while left:
                 ev = await events.get()
                 if ev[0] == "text":
-                    yield chunk({**head, "choices": [{"text": ev[2], "index": ev[1], "logprobs": ev[3],
-                                                      "finish_reason": None}]})
+                    yield chunk({**head, "choices": [shape.chunk(ev[1], ev[2], None, ev[3])]})
                 elif ev[0] == "done":
                     ans.made[ev[1]] = ev[3]
                     left -= 1
-                    yield chunk({**head, "choices": [{"text": "", "index": ev[1], "logprobs": None,
-                                                      "finish_reason": ev[2]}]})
+                    yield chunk({**head, "choices": [shape.chunk(ev[1], "", ev[2])]})
                 else:
                     yield chunk(APIError(500, ev[1], None, None, "server_error").body())
                     return
@@ -546,7 +639,7 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
         finally:
             sched.close()
 
-    routes = ["POST /v1/completions", "GET /v1/models", "GET /health", "GET /"] + (["GET /metrics"] if mx else [])
+    routes = ["POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "GET /health", "GET /"] + (["GET /metrics"] if mx else [])
 
     async def not_found(request, exc):
         return error(APIError(404, f"no route {request.method} {request.url.path} (this server has "
@@ -564,7 +657,8 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
     if api_keys:
         middleware.append(Middleware(APIKeyGate, keys=list(api_keys)))
     app = Starlette(routes=[Route("/", page), Route("/health", health), Route("/v1/models", models),
-                            Route("/v1/completions", completions, methods=["POST"])] +
+                            Route("/v1/completions", completions, methods=["POST"]),
+                            Route("/v1/chat/completions", chat_completions, methods=["POST"])] +
                            ([Route("/metrics", metrics_route)] if mx else []),
                     middleware=middleware, lifespan=lifespan, exception_handlers={404: not_found, 405: bad_method})
     app.state.scheduler = sched
@@ -653,14 +747,14 @@ def main(argv=None) -> int:
         print(f"gpt2core-serve: warning: listening on {args.host} without an API key: anyone who reaches the port "
               f"can generate (--api-key-file or {API_KEY_ENV})", file=sys.stderr, flush=True)
     model = load_model(args.model, training=False, device=args.device, inference_weights=args.weights)
-    if model.config.vocab_size != tokenizer.VOCAB_SIZE:
-        raise ArgError(f"--model {args.model}: its vocab_size is {model.config.vocab_size}, but the server speaks "
-                       f"GPT-2's tokenizer ({tokenizer.VOCAB_SIZE} tokens): serve a model trained on GPT-2 tokens")
+    if check_vocab(model.config.vocab_size):
+        raise ArgError(f"--model {args.model}: {check_vocab(model.config.vocab_size)}")
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
     def ready():
-        print(f"gpt2core-serve: {args.model} listening on {url} (POST /v1/completions, GET /v1/models, GET /health"
+        print(f"gpt2core-serve: {args.model} listening on {url} (POST /v1/completions, /v1/chat/completions, GET /v1/models, "
+              f"GET /health"
               f"{', GET /metrics' if args.metrics else ''}, page at /{'; API key required' if keys else ''})",
               flush=True)
 

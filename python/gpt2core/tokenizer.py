@@ -15,6 +15,17 @@ import numpy as np
 ASSETS = Path(__file__).resolve().parent / "assets"
 EOT = 50256          # <|endoftext|>
 VOCAB_SIZE = 50257
+# The chat format's special tokens (nanochat's names, and a system pair), in GPT-2's padded vocabulary rows:
+# 50257..50303 exist in every gpt2core model (padded_vocab_size 50304) and the BPE never produces them, so they
+# change no weight shape. encode() never makes them from text; decode() shows their names. gpt2core.chat renders
+# conversations with them.
+CHAT_TOKENS = {"<|user_start|>": 50257, "<|user_end|>": 50258, "<|assistant_start|>": 50259,
+               "<|assistant_end|>": 50260, "<|system_start|>": 50261, "<|system_end|>": 50262}
+CHAT_VOCAB_SIZE = max(CHAT_TOKENS.values()) + 1  # the vocab_size a model needs to read and write them
+ASSISTANT_END = CHAT_TOKENS["<|assistant_end|>"]
+# the ids that end a generated sequence (where the model's vocabulary has them): end of text, end of the
+# assistant's turn
+END_IDS = (EOT, ASSISTANT_END)
 # OpenAI's r50k/gpt2 pre-tokenization pattern (tiktoken_ext/openai_public.py)
 _PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 
@@ -37,14 +48,15 @@ def get_encoding():
         else:
             os.environ["TIKTOKEN_CACHE_DIR"] = old
     return tiktoken.Encoding(name="gpt2", pat_str=_PAT, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": EOT})
+                             special_tokens={"<|endoftext|>": EOT, **CHAT_TOKENS})
 
 
 def encode(text: str, allow_special: bool = False) -> list[int]:
-    """Token ids of `text`. With allow_special, the literal "<|endoftext|>" becomes token 50256."""
+    """Token ids of `text`. With allow_special, the literal "<|endoftext|>" becomes token 50256. The chat tokens
+    (CHAT_TOKENS) are never made from text: "<|user_start|>" in a message is the BPE of that string."""
     enc = get_encoding()
     if allow_special:
-        return enc.encode(text, allowed_special="all")
+        return enc.encode(text, allowed_special={"<|endoftext|>"}, disallowed_special=())
     return enc.encode_ordinary(text)
 
 

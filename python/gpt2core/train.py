@@ -27,17 +27,19 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _C, batchfit, cli, core_eval, distributed, progress, runfolder, tokenizer, trackers
+from . import _C, batchfit, chat, cli, core_eval, distributed, progress, runfolder, tokenizer, trackers
 from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints,
                          load_checkpoint, prune_checkpoints, remove_stale_temporaries, save_checkpoint)
-from .config import _CHECKS, RECIPE_SWITCHES, RECIPES, TrainConfig, negated_flag
-from .data import hellaswag, shakespeare
+from .config import _CHECKS, RECIPE_SWITCHES, RECIPES, SFT_DEFAULTS, TrainConfig, negated_flag
+from .data import hellaswag, sft, shakespeare
 from .data.loader import DataLoader
 from .data.shards import ShardError
 from .errors import ArgError, Error, Preempted, WriteError
 from .evaluate import bits_per_byte, evaluate_val, score_hellaswag
+from .llmc import fill_params
 from .model import GPT2
 from .outliers import WINDOW, OutlierDetector
+from .pretrained import read_weights
 from .preemption import EXIT_PREEMPTED, GracefulStop
 from .runfolder import RunFolderError
 from .runlock import RunLock, RunLockedError
@@ -86,6 +88,8 @@ def parse_args(argv=None) -> TrainConfig:
     try:
         recipe = values.pop("recipe")
         sets = RECIPES.get(recipe, {})
+        if values.get("sft"):  # its defaults, and --steps only when given (else --epochs sets it)
+            sets = {**sets, **SFT_DEFAULTS, "steps": None}
         return TrainConfig.from_recipe(recipe, **{k: v for k, v in values.items() if k in explicit or k not in sets})
     except ValueError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")
@@ -129,7 +133,7 @@ class Trainer:
         self._check_process_flags()
         if cfg.threads:
             _C.set_num_threads(cli.threads(cfg.threads, "--threads"))
-        self.config = cfg.model_config()
+        self.config, self._init = self._model_config(cfg)
         self.grad_accum, self.total = self._batch_plan()
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -190,14 +194,18 @@ class Trainer:
         self.ckpt_root = self.out / "checkpoints"
         self.run_record = self._claim()
         self._open_trackers(cfg)
-        data_dir = cfg.data_dir or self._shakespeare()
+        data_dir = None if cfg.sft else cfg.data_dir or self._shakespeare()
         model = self._make_model(cfg)
         cfg = self.cfg  # with the micro-batch chosen (--batch-size auto) or checked against the GPU's memory
         B, T, W, rank = cfg.batch_size, cfg.seq_len, self.dist.world_size, self.dist.rank
         V = self.config.vocab_size  # every shard's ids are checked against it when first opened
-        self.train_loader = DataLoader(data_dir, "train", B, T, rank=rank, world_size=W, shuffle=not cfg.no_shuffle,
-                                       seed=cfg.seed, vocab_size=V)
-        self.val_loader = DataLoader(data_dir, "val", B, T, rank=rank, world_size=W, shuffle=False, vocab_size=V)
+        if cfg.sft:
+            self._sft_loaders(cfg)
+            cfg = self.cfg  # --steps from --epochs
+        else:
+            self.train_loader = DataLoader(data_dir, "train", B, T, rank=rank, world_size=W,
+                                           shuffle=not cfg.no_shuffle, seed=cfg.seed, vocab_size=V)
+            self.val_loader = DataLoader(data_dir, "val", B, T, rank=rank, world_size=W, shuffle=False, vocab_size=V)
         self.outliers = {"loss": OutlierDetector(WINDOW), "grad_norm": OutlierDetector(WINDOW)}
         self.progress = self.dist.is_master and not cfg.no_progress
         self.hellaswag = (hellaswag.load(cfg.hellaswag_path, cfg.hellaswag_limit, progress=self.progress)
@@ -218,6 +226,36 @@ class Trainer:
             overlap = False if cfg.no_overlap_comm or cfg.cuda_graphs else None
             self.model = distributed.DataParallel(model, self.comm, zero=cfg.zero, resume_from=ck, overlap=overlap,
                                                   grad_accum=self.grad_accum)
+
+    def _model_config(self, cfg: TrainConfig):
+        """(the model's config, (flat weights, source) of --init or None). --init: the file's shape and architecture;
+        with --sft the vocab gains the chat tokens (gpt2core.chat.with_chat_vocab)."""
+        if not cfg.init:
+            c = cfg.model_config()
+            return (chat.chat_config(c) if cfg.sft else c), None
+        config, flat, source = read_weights(cfg.init)
+        if cfg.sft:
+            config, flat = chat.with_chat_vocab(config, flat, seed=cfg.seed)
+        return config, (flat, source)
+
+    def _sft_loaders(self, cfg: TrainConfig) -> None:
+        """--sft: the conversation loaders (gpt2core.data.sft), --steps from --epochs, validation within the held-out
+        rows (--val-steps at most their batches; none without held-out conversations)."""
+        B, T, W, rank = cfg.batch_size, cfg.seq_len, self.dist.world_size, self.dist.rank
+        train, val = sft.load(cfg.sft, T, cfg.sft_val_frac, cfg.seed)
+        self.train_loader = sft.SFTLoader(train, "train", B, T, rank=rank, world_size=W, shuffle=not cfg.no_shuffle,
+                                          seed=cfg.seed)
+        self.val_loader = sft.SFTLoader(val, "val", B, T, rank=rank, world_size=W, shuffle=False) if val else None
+        self.log(f"sft: train {self.train_loader.describe()}; "
+                 + (f"val {self.val_loader.describe()}" if val else "no validation conversations"))
+        changes = {}
+        if cfg.epochs:
+            changes["steps"] = math.ceil(cfg.epochs * self.train_loader.batches_per_epoch / self.grad_accum)
+        if self.val_loader is None:
+            changes["val_every"] = 0
+        elif cfg.val_steps > self.val_loader.batches_per_epoch:
+            changes["val_steps"] = self.val_loader.batches_per_epoch
+        self.cfg = dataclasses.replace(cfg, **changes)
 
     def _lock(self) -> RunLock | None:
         """Rank 0 locks the output folder for the whole run (RunLockedError naming the holder, on every rank)."""
@@ -315,6 +353,9 @@ class Trainer:
             raise ArgError(f"--preset {cfg.preset} does not fit {self.device}: its weights, gradients and optimizer "
                            f"state need more than the {batchfit.mib(free_before)} free ({e}); choose a smaller "
                            "--preset") from None
+        if self._init is not None:  # --init: its weights (a resumed run then restores its checkpoint's)
+            fill_params(model, *self._init)
+            self._init = None
         model.recompute_gelu = cfg.recompute_gelu
         model.cuda_graphs = cfg.cuda_graphs
         T, W = cfg.seq_len, self.dist.world_size
@@ -600,14 +641,15 @@ class Trainer:
 
     def run(self) -> dict:
         cfg, m = self.cfg, self.model
-        self.log(f"gpt2core {_C.build_info()['version']} | preset {cfg.preset}: {m.num_parameters:,} params | "
+        shape = f"--init {cfg.init}" if cfg.init else f"preset {cfg.preset}"
+        self.log(f"gpt2core {_C.build_info()['version']} | {shape}: {m.num_parameters:,} params | "
                  f"device {cfg.device} | threads {_C.get_num_threads()}")
         if self.config.non_gpt2_fields() or self.config.zero_init_proj:
             self.log("architecture: " + ", ".join(self.config.non_gpt2_fields()
                                                   + (["zero_init_proj=True"] if self.config.zero_init_proj else [])))
         self.log(f"batch: B={cfg.batch_size} T={cfg.seq_len} world={self.dist.world_size} "
                  f"grad_accum={self.grad_accum} -> {self.total:,} tokens/step | train tokens "
-                 f"{self.train_loader.n_tokens:,} | val tokens {self.val_loader.n_tokens:,}")
+                 f"{self.train_loader.n_tokens:,} | val tokens {self.val_loader.n_tokens if self.val_loader else 0:,}")
         mem = m.memory_report(cfg.batch_size, cfg.seq_len)
         self.log("memory: " + " | ".join(f"{k} {v / 2**20:,.1f} MiB" for k, v in mem.items()) +
                  (" (GELU recomputed in backward)" if m.recompute_gelu else ""))

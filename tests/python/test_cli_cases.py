@@ -201,6 +201,8 @@ SCRIPTS = [
     ([sys.executable, str(BENCH)], ["--warmup", "-1"], "argument --warmup: must be an integer >= 0, got '-1'"),
     ([sys.executable, str(BENCH)], ["--nproc", "0"], "argument --nproc: must be a positive integer, got '0'"),
     ([sys.executable, str(BENCH)], ["--peak-gflops", "nan"], "argument --peak-gflops: must be a finite number > 0"),
+    ([sys.executable, "-m", "gpt2core.chat_cli"], ["--model", "m.bin", "--temperature", "0"],
+     "gpt2core-chat: error: argument --temperature: must be a finite number > 0, got '0'"),
 ]
 
 

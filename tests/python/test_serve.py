@@ -75,14 +75,19 @@ class Server:
                 self.proc.wait()
 
 
-@pytest.fixture(scope="module")
-def server(model_file):
-    s = Server(model_file)
+def running(model_file, *args):
+    """A Server for a fixture to yield from: stopped afterwards, which must be a clean shutdown."""
+    s = Server(model_file, *args)
     yield s
     s.client.close()
     s.stop()
     # SIGTERM: a clean shutdown (uvicorn re-raises the signal once it has shut down)
     assert s.proc.returncode in (0, -15) and "Traceback" not in "".join(s.lines), "".join(s.lines)
+
+
+@pytest.fixture(scope="module")
+def server(model_file):
+    yield from running(model_file)
 
 
 @pytest.fixture(scope="module")
