@@ -55,14 +55,7 @@ if (( tokens % per_step )); then
   echo "train_gpt2_large.sh: $tokens tokens per step is not a multiple of B*T*NGPU = $B*$T*$NGPU" >&2
   exit 2
 fi
-if [[ "$LAUNCHER" == auto ]]; then
-  if command -v torchrun >/dev/null 2>&1; then LAUNCHER=torchrun; else LAUNCHER=gpt2core; fi
-fi
-case "$LAUNCHER" in
-  torchrun) launch=(torchrun --standalone --nproc_per_node="$NGPU" -m gpt2core.train) ;;
-  gpt2core) launch=("$PYTHON" -m gpt2core.launch --nproc-per-node "$NGPU" --master-port auto -m gpt2core.train) ;;
-  *) echo "train_gpt2_large.sh: LAUNCHER must be auto, torchrun or gpt2core, got $LAUNCHER" >&2; exit 2 ;;
-esac
+source "$(dirname "$0")/launch_cmd.sh" train_gpt2_large.sh
 
 args=(--preset "$PRESET" --device "$DEVICE" --precision bf16 -B "$B" -T "$T" --total-batch-tokens "$tokens"
       --recompute "$RECOMPUTE" --zero "$ZERO")
