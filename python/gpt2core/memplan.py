@@ -129,8 +129,11 @@ def _workspace(c: GPT2Config, B: int, T: int, o: Options) -> int:
     elif o.attention != "cudnn":
         floats.append(B * NH * T)
     fixed += 256 * 8 + 64  # the global norm's partials (kNormBlocks doubles) and the step state
-    if c.position == "rope":
-        fixed += T * c.head_size * 4  # the rotary table (cos, sin per position and frequency)
+    if c.position == "rope":  # the rotary table: cos, sin per position and frequency, for at least 1024 positions,
+        rows = 1024           # doubled until T fits (backend_cuda.cu rope_table)
+        while rows < T:
+            rows *= 2
+        fixed += rows * c.head_size * 4
     return fixed + 4 * max(floats, default=0) + o.library_workspace
 
 
