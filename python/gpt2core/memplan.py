@@ -279,7 +279,7 @@ class Plan:
                  + (", the CUDA context taken off)" if self.budget < self.gpu_memory * (1 - SAFETY) - 1 else ")")]
         for k in PARTS:
             lines.append(f"  {k:<15}{gib(self.per_gpu_bytes[k]):>12}")
-        lines.append(f"  {'total per GPU':<15}{gib(total(self.per_gpu_bytes)):>12}")
+        lines.append(f"  {'total per GPU' if o.device == 'cuda' else 'total':<15}{gib(total(self.per_gpu_bytes)):>12}")
         if self.host_bytes:
             lines.append(f"  {'host (pinned)':<15}{gib(self.host_bytes):>12} per rank")
         for k, v in self.costs.items():
