@@ -23,9 +23,17 @@ thread split the model's matmuls use), once per CPU model, thread count and BLAS
 $XDG_CACHE_HOME/gpt2core/cpu_peak.json (~/.cache/gpt2core/...); --measure-peak measures again,
 --peak-gflops overrides it. GPU peaks are the dense bf16 / fp16 / tf32 tensor-core figures.
 
+--serve benchmarks the completions server under concurrent streaming clients, beside llama.cpp's llama-server
+(scripts/bench_serve.py):
+    python scripts/bench.py --serve --preset d12 --threads 2 --clients 1 4 8 16 --llama-server PATH
+
 --generate benchmarks KV-cache generation instead (scripts/bench_generate.py: prefill ms, decode tokens/s, the
 weight-streaming bound, Hugging Face transformers and llama.cpp side by side when installed, greedy ids compared):
     python scripts/bench.py --generate --preset d12 --threads 2 --prompts 8 200 --batches 1
+
+--eval benchmarks scoring instead (scripts/bench_eval.py: CORE items/s, lm-eval with --model gpt2core, and lm-eval's
+--model hf on the HF export when torch and transformers are installed, with the ratio):
+    python scripts/bench.py --eval --preset d12 --threads 2 --eval-items 64
 """
 from __future__ import annotations
 
@@ -140,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "bound, and Hugging Face transformers side by side when installed")
     gen.add_argument("--prompts", type=int, nargs="+", default=[8, 512], help="--generate: prompt lengths")
     gen.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="--generate: batch sizes")
-    gen.add_argument("--new-tokens", type=int, default=32, help="--generate: decode steps timed")
+    gen.add_argument("--new-tokens", type=int, default=32,
+                     help="--generate: decode steps timed; --serve: new tokens per request")
     gen.add_argument("--weights", nargs="+", choices=["fp32", "bf16", "fp16", "int8"], default=["fp32", "bf16"],
                      help="--generate: the weights decode reads (16-bit: widened to fp32 in registers), each measured")
     gen.add_argument("--load", metavar="PATH", default=None,
@@ -152,6 +161,29 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--generate: a llama.cpp source folder whose convert_hf_to_gguf.py converts the model "
                           "(default: the one in the installed llama-cpp-python's sdist, fetched once into "
                           "~/.cache/gpt2core/bench)")
+    ev = ap.add_argument_group("evaluation speed (CORE, lm-eval; scripts/bench_eval.py)")
+    ev.add_argument("--eval", action="store_true",
+                    help="benchmark CORE's and lm-eval's scoring instead, beside lm-eval's hf model when installed")
+    ev.add_argument("--eval-items", type=cli.positive_int, default=64, help="--eval: HellaSwag items scored")
+    ev.add_argument("--eval-data", default=None, metavar="PATH",
+                    help="--eval: HellaSwag jsonl / 6-line txt (default: tests/data/hellaswag_val_120.jsonl)")
+    ev.add_argument("--eval-batch-tokens", type=cli.positive_int, default=4096, help="--eval: positions per forward")
+    ev.add_argument("--eval-hf-batch", type=cli.positive_int, default=16, help="--eval: lm-eval hf batch size")
+    ev.add_argument("--eval-harness", choices=["lm-eval", "none"], default="lm-eval",
+                    help="--eval: none measures CORE alone")
+    sv = ap.add_argument_group("serving (gpt2core-serve vs llama-server; scripts/bench_serve.py)")
+    sv.add_argument("--serve", action="store_true",
+                    help="generated tokens/s and time to first token at --clients concurrent streaming clients, and "
+                         "the head-of-line case, for gpt2core-serve and llama-server (--llama-server) side by side")
+    sv.add_argument("--clients", type=cli.positive_int, nargs="+", default=[1, 4, 8, 16],
+                    help="--serve: concurrent clients per round")
+    sv.add_argument("--serve-weights", nargs="+", choices=["fp32", "bf16", "fp16", "int8"], default=["fp32", "int8"],
+                    help="--serve: gpt2core-serve --weights, each measured (llama-server: F32 beside fp32, Q8_0 "
+                         "beside int8)")
+    sv.add_argument("--serve-prompt", type=cli.positive_int, default=32, help="--serve: prompt tokens per request")
+    sv.add_argument("--llama-server", metavar="PATH", default=None,
+                    help="--serve: a llama-server binary (built from the llama.cpp sources llama-cpp-python's sdist "
+                         "vendors) to measure on the same weights")
     c = ap.add_argument_group("portable vs native CPU code")
     c.add_argument("--compare-native", action="store_true",
                    help="time this install against a -march=native build of the CPU core, alternating rounds")
@@ -294,7 +326,7 @@ def modelled_vs_measured(args, cfg, measured_s):
         print(f"--profile: no model of '{name}' (gpu_model.GPUS: {', '.join(gm.GPUS)})")
         return
     target = gm.Config(B=args.batch_size, T=args.seq_len, C=cfg.n_embd, NH=cfg.n_head, L=cfg.n_layer,
-                       V=cfg.vocab_size, Vp=cfg.padded_vocab_size, maxT=cfg.max_seq_len)
+                       V=cfg.vocab_size, Vp=cfg.padded_vocab_size, maxT=cfg.block_size)
     gpu = gm.GPUS[key]  # a GPU without bf16 runs fp16, and cuDNN's fused attention needs sm_80+
     att = "cudnn" if args.attention in (None, "auto", "cudnn") and gpu.bf16 else "flash"
     counts = gm.launch_counts(att, gm.ROOT / "build" / "model", target, reuse=True, precision=gpu.precision)
@@ -561,10 +593,18 @@ def main(argv=None):
         return worker(args) or True  # one rank under a launcher (ours, or torchrun scripts/bench.py ...)
     if args.compare_native:
         return compare_native(args, argv)
+    if args.serve:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_serve import serve_bench
+        return serve_bench(args)
     if args.generate:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from bench_generate import generate_bench
         return generate_bench(args)
+    if args.eval:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_eval import eval_bench
+        return eval_bench(args)
     if args.nproc > 1 or args.scaling:
         return data_parallel(args, argv)
     if not args.ladder:

@@ -5,6 +5,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from . import cli
+from .trackers import LogKinds
 from .errors import ArgError
 
 # the largest model shapes the core takes (its int32 index arithmetic and a sane memory footprint)
@@ -356,12 +357,31 @@ class TrainConfig:
     hellaswag_path: str | None = _opt(None, "HellaSwag val set: rendered .npz, rowanz .jsonl or 6-line .txt "
                                             "(default: download)", "evaluation and output")
     hellaswag_limit: int | None = _opt(None, "score only the first N HellaSwag items", "evaluation and output")
+    core_every: int = _opt(0, "CORE (DCLM's score, gpt2core.core_eval) every N steps and at the end (0: never; needs "
+                              "--core-bundle)", "evaluation and output", check=cli.Int(0, what="an integer >= 0 "
+                                                                                         "(0: never)"))
+    core_bundle: str | None = _opt(None, "the CORE eval bundle: its folder or zip (core.yaml, eval_meta_data.csv, "
+                                         "eval_data/)", "evaluation and output",
+                                   check=cli.Optional(cli.existing_path), metavar="PATH")
+    core_max_per_task: int | None = _opt(500, "CORE during training scores the first N items of each task (none: "
+                                              "all; nanochat uses 500)", "evaluation and output",
+                                         check=cli.Optional(cli.Int(1)))
     no_progress: bool = _opt(False, "no progress bars for HellaSwag (they show only on a terminal, on rank 0, on "
                                     "stderr)", "evaluation and output")
     sample_every: int = _opt(0, "print a text sample every M steps (0: only at the end)", "evaluation and output")
     sample_tokens: int = _opt(48, "tokens per text sample", "evaluation and output")
     sample_prompt: str = _opt("\n", "text the samples continue", "evaluation and output")
     output_dir: str = _opt("out", "metrics.jsonl and model.bin go here", "evaluation and output")
+    log: str | None = _opt(None, "also send every metrics.jsonl record to tensorboard (event files in "
+                                 "<output-dir>/tensorboard), wandb, or both (tensorboard,wandb); a tracker that fails "
+                                 "is one warning (gpt2core.trackers)", "evaluation and output",
+                           check=cli.Optional(LogKinds()), metavar="TRACKERS")
+    wandb_project: str = _opt("gpt2core", "W&B project (--log wandb)", "evaluation and output")
+    wandb_run_name: str | None = _opt(None, "W&B run name (default: the output folder's name)",
+                                      "evaluation and output")
+    wandb_mode: str = _opt("offline", "W&B mode: offline (no account needed; upload later with wandb sync "
+                                      "<output-dir>/wandb/offline-run-*) or online", "evaluation and output",
+                           check=cli.Choice("offline", "online"), choices=["offline", "online"])
     seed: int = _opt(1337, "weights init, data order and sampling", "evaluation and output")
     threads: int | None = _opt(None, "CPU threads (default: all cores)", "evaluation and output")
     # data parallel

@@ -1,4 +1,4 @@
-"""Evaluation: validation loss over fixed batches, and HellaSwag completion scoring.
+"""Evaluation: validation loss and bits per byte over fixed batches, HellaSwag completion scoring, CORE.
 
 Both work with any model object that has the GPT2 interface:
 ``forward(idx, targets)`` -> mean loss over targets != -1, ``token_losses()`` -> (B, T) per-token losses
@@ -7,7 +7,9 @@ of that forward (0 where targets == -1), and ``config.block_size``.
     python -m gpt2core.evaluate hellaswag --checkpoint out/model.bin      # or out/checkpoints/step_019073
         [--data data/hellaswag/hellaswag_val.npz | hellaswag_val.jsonl | hellaswag_val_full.txt]
     python -m gpt2core.evaluate val --checkpoint out/model.bin --data-dir data/edu_fineweb10B
-        [--batch-size 8 --seq-len 1024 --steps 20]
+        [--batch-size 8 --seq-len 1024 --steps 20]            # val loss and bits per byte
+    python -m gpt2core.evaluate core --model out/model.bin --bundle eval_bundle.zip
+        [--max-per-task 100 --json core.json --csv core.csv]  # DCLM's CORE (gpt2core.core_eval)
 
 GPT-2 124M (OpenAI's weights) scores acc 0.2859 / acc_norm 0.2955 on the 10,042 HellaSwag val items;
 random guessing gives 0.25.
@@ -21,17 +23,36 @@ import warnings
 
 import numpy as np
 
-from . import cli
+from . import cli, tokenizer
 from .data import hellaswag as _hs
 from .model import load_model
 from .progress import bar
 
 
-# ------------------------------------------------------------------------------------ val loss
-def evaluate_loss(model, loader, steps: int) -> float:
-    """Mean of model.forward(x, y) over the first `steps` batches of `loader` (reset first, so the
-    same batches every call). With several ranks each gets its own part; average the result across
-    ranks (all-reduce) to get the loss of the global batches."""
+# ------------------------------------------------------------------------------------ val loss, bits per byte
+def bpb_counts(losses, targets, token_bytes=None) -> tuple[float, int]:
+    """(nats, bytes) of one batch for bits per byte, as nanochat's loss_eval defines it: each target token counts
+    its UTF-8 bytes (tokenizer.token_bytes; a token holding part of a multi-byte character counts the bytes it
+    holds) and its loss; targets that are ignored (< 0) or special (<|endoftext|>: 0 bytes, and any id beyond the
+    GPT-2 vocabulary) count in neither."""
+    tb = tokenizer.token_bytes() if token_bytes is None else np.asarray(token_bytes)
+    y = np.asarray(targets)
+    nb = np.zeros(y.shape, dtype=np.int64)
+    ok = (y >= 0) & (y < len(tb))
+    nb[ok] = tb[y[ok]]
+    return float(np.asarray(losses, dtype=np.float64)[nb > 0].sum()), int(nb.sum())
+
+
+def bits_per_byte(nats: float, nbytes: int) -> float:
+    """nats / (ln 2 * bytes): the tokenizer-independent loss (NaN with no bytes)."""
+    return nats / (math.log(2) * nbytes) if nbytes else float("nan")
+
+
+def evaluate_val(model, loader, steps: int, bpb: bool = True) -> dict:
+    """{"val_loss": the mean of model.forward(x, y) over the first `steps` batches of `loader` (reset first, so the
+    same batches every call), "val_bpb": bits per byte over the same tokens (bpb_counts), with "val_nats" and
+    "val_bytes" for summing over ranks}. With several ranks each gets its own part: average val_loss and sum
+    val_nats / val_bytes across ranks (all-reduce), then bits_per_byte of the sums."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     n = getattr(loader, "batches_per_epoch", steps)
@@ -40,12 +61,25 @@ def evaluate_loss(model, loader, steps: int) -> float:
                       f"batches; evaluating on those {n}", stacklevel=2)
         steps = n
     loader.reset()
-    total = 0.0
+    total, nats, nbytes = 0.0, 0.0, 0
     for _ in range(steps):
         x, y = loader.next_batch()
         total += float(model.forward(x, y))
+        if bpb:
+            a, b = bpb_counts(model.token_losses(), y)
+            nats, nbytes = nats + a, nbytes + b
     loader.reset()
-    return total / steps
+    out = {"val_loss": total / steps}
+    if bpb:
+        out.update(val_bpb=bits_per_byte(nats, nbytes), val_nats=nats, val_bytes=nbytes)
+    return out
+
+
+def evaluate_loss(model, loader, steps: int) -> float:
+    """Mean of model.forward(x, y) over the first `steps` batches of `loader` (reset first, so the
+    same batches every call). With several ranks each gets its own part; average the result across
+    ranks (all-reduce) to get the loss of the global batches."""
+    return evaluate_val(model, loader, steps, bpb=False)["val_loss"]
 
 
 # ------------------------------------------------------------------------------------ HellaSwag
@@ -158,9 +192,28 @@ def _cmd_val(args) -> int:
     except (ValueError, OSError) as e:      # CheckpointError, ShardError, no val shard
         print(f"error: {e}", file=sys.stderr)
         return 1
-    loss = evaluate_loss(model, loader, args.steps)
-    print(f"val loss {loss:.4f} over {min(args.steps, loader.batches_per_epoch)} batches of "
-          f"{args.batch_size}x{T} tokens")
+    r = evaluate_val(model, loader, args.steps)
+    print(f"val loss {r['val_loss']:.4f} | val bpb {r['val_bpb']:.4f} over "
+          f"{min(args.steps, loader.batches_per_epoch)} batches of {args.batch_size}x{T} tokens")
+    return 0
+
+
+def _cmd_core(args) -> int:
+    from . import core_eval, distributed
+    env, comm, device = distributed.setup(args.device)
+    say = print if env.is_master else (lambda *a, **k: None)
+    tasks = core_eval.load_bundle(args.bundle, args.tasks)
+    model = load_model(args.model, device=device)
+    t0 = time.perf_counter()
+    r = core_eval.evaluate_core(model, tasks, max_per_task=args.max_per_task, batch_tokens=args.batch_tokens,
+                                rank=env.rank, world_size=env.world_size, comm=comm,
+                                progress=env.is_master and not args.no_progress, log=say)
+    say(f"CORE {r['core']:.4f} over {len(r['tasks'])} tasks ({sum(t['n'] for t in r['tasks'].values())} items, "
+        f"{time.perf_counter() - t0:.1f} s)")
+    if env.is_master:
+        for path, write in ((args.json, core_eval.write_json), (args.csv, core_eval.write_csv)):
+            if path:
+                say(f"wrote {write(r, path)}")
     return 0
 
 
@@ -183,13 +236,29 @@ def main(argv=None) -> int:
     v.add_argument("--seq-len", "-T", type=cli.positive_int, default=None, help="default: the model's block_size")
     v.add_argument("--steps", type=cli.positive_int, default=20)
     v.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:N")
+    c = sub.add_parser("core", help="DCLM's CORE score over an eval bundle (gpt2core.core_eval)")
+    c.add_argument("--model", "-m", required=True,
+                   help="model file (llm.c .bin), training checkpoint directory or Hugging Face model")
+    c.add_argument("--bundle", required=True, type=cli.existing_path,
+                   help="the eval bundle: its folder or zip (core.yaml, eval_meta_data.csv, eval_data/); nanochat's "
+                        "is https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip")
+    c.add_argument("--max-per-task", type=cli.positive_int, help="only the first N items of each task (file order)")
+    c.add_argument("--tasks", nargs="+", metavar="LABEL", help="only these tasks of core.yaml")
+    c.add_argument("--batch-tokens", type=cli.positive_int, default=4096,
+                   help="positions per forward (rows of one batch x their longest length; default 4096)")
+    c.add_argument("--json", type=cli.output_file, help="write {core, tasks: {label: {accuracy, centered, "
+                                                        "random_baseline, n}}} here")
+    c.add_argument("--csv", type=cli.output_file, help="write the per-task table here")
+    c.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:N")
+    c.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    return {"hellaswag": _cmd_hellaswag, "val": _cmd_val}[args.cmd](args)
+    return {"hellaswag": _cmd_hellaswag, "val": _cmd_val, "core": _cmd_core}[args.cmd](args)
 
 
 console = cli.entry("gpt2core-eval", main)
 
-__all__ = ["evaluate_loss", "score_hellaswag", "hellaswag_losses", "hellaswag_batches", "main", "console"]
+__all__ = ["evaluate_loss", "evaluate_val", "bpb_counts", "bits_per_byte", "score_hellaswag", "hellaswag_losses",
+           "hellaswag_batches", "main", "console"]
 
 if __name__ == "__main__":
     sys.exit(console())

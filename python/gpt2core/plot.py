@@ -40,7 +40,7 @@ REF_VAL_LOSS = [(3.2924, "GPT-2 124M (val, llm.c)", "--")]
 REF_HELLASWAG = [(0.2955, "GPT-2 124M", "--"), (0.337, "GPT-3 124M", ":")]
 
 TRAIN_KEYS = ("loss", "lr", "grad_norm")                          # per optimizer step
-EVAL_KEYS = ("val_loss", "hellaswag_acc", "hellaswag_acc_norm")   # per evaluation
+EVAL_KEYS = ("val_loss", "val_bpb", "hellaswag_acc", "hellaswag_acc_norm", "core")   # per evaluation
 # llm.c's main.log: "s:<step> trl:<loss> lr:<lr> norm:<norm>" (step 0-based, before it ran),
 # "s:<step> tel:<val loss>", "s:<step> eval:<HellaSwag acc_norm>"
 _LLMC_KEYS = {"trl": "loss", "lr": "lr", "norm": "grad_norm", "tel": "val_loss", "eval": "hellaswag_acc_norm"}
@@ -179,8 +179,16 @@ def plot_runs(runs, path=None, log_x: bool = False, references: str | bool = "au
         ax_loss.plot(*run.curve("loss", by_tokens), color=c, lw=0.8, alpha=0.6, label=f"{run.name} train")
         ax_loss.plot(*run.curve("val_loss", by_tokens), color=c, marker="o", ms=3, label=f"{run.name} val")
         ax_hs.plot(*run.curve("hellaswag_acc_norm", by_tokens), color=c, marker="o", ms=3, label=run.name)
+        if "core" in run.series:
+            ax_hs.plot(*run.curve("core", by_tokens), color=c, ls="--", marker="^", ms=3, label=f"{run.name} CORE")
         ax_lr.plot(*run.curve("lr", by_tokens), color=c, label=run.name)
         ax_norm.plot(*run.curve("grad_norm", by_tokens), color=c, lw=0.8, label=run.name)
+    if any("val_bpb" in r.series for r in runs):  # tokenizer-independent: its own axis beside the nats
+        ax_bpb = ax_loss.twinx()
+        for i, run in enumerate(runs):
+            ax_bpb.plot(*run.curve("val_bpb", by_tokens), color=f"C{i % 10}", ls=":", marker="s", ms=3,
+                        label=f"{run.name} val bpb")
+        ax_bpb.set_ylabel("val bits per byte (dotted)")
     if references:
         for ax, refs in ((ax_loss, REF_VAL_LOSS), (ax_hs, REF_HELLASWAG)):
             for y, label, ls in refs:
@@ -193,10 +201,11 @@ def plot_runs(runs, path=None, log_x: bool = False, references: str | bool = "au
         hi = np.percentile(losses, 98)
         ax_loss.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
     ax_loss.set(title="loss", ylabel="cross-entropy (nats/token)")
-    ax_hs.set(title="HellaSwag", ylabel="acc_norm")
+    ax_hs.set(title="HellaSwag" + (" and CORE (dashed)" if any("core" in r.series for r in runs) else ""),
+              ylabel="acc_norm / CORE")
     ax_lr.set(title="learning rate", ylabel="lr")
     ax_norm.set(title="gradient norm (before clipping)", ylabel="global L2 norm", yscale="log")
-    if not any("hellaswag_acc_norm" in r.series for r in runs):
+    if not any("hellaswag_acc_norm" in r.series or "core" in r.series for r in runs):
         ax_hs.text(0.5, 0.5, "no HellaSwag evaluations\n(gpt2core-train --hellaswag-every N)",
                    transform=ax_hs.transAxes, ha="center", va="center", color="gray")
     for ax in (ax_loss, ax_hs):
@@ -284,13 +293,14 @@ def main(argv=None) -> int:
 
 
 def summary(run: Run) -> str:
-    """One line: steps, tokens, last train loss, last val loss, last HellaSwag acc_norm."""
+    """One line: steps, tokens, last train loss, last val loss and bpb, last HellaSwag acc_norm, last CORE."""
     parts = [run.name]
     steps, loss = run.series.get("loss", ((), ()))
     if len(steps):
         tok = f" ({_tokens(steps[-1] * run.tokens_per_step)} tokens)" if run.tokens_per_step else ""
         parts.append(f"step {int(steps[-1])}{tok} | train loss {loss[-1]:.4f}")
-    for key, label in (("val_loss", "val loss"), ("hellaswag_acc_norm", "HellaSwag acc_norm")):
+    for key, label in (("val_loss", "val loss"), ("val_bpb", "val bpb"), ("hellaswag_acc_norm", "HellaSwag acc_norm"),
+                       ("core", "CORE")):
         s, v = run.series.get(key, ((), ()))
         if len(s):
             parts.append(f"{label} {v[-1]:.4f} (step {int(s[-1])})")

@@ -220,9 +220,9 @@ def config_from_hf(cfg: dict, path, padded_vocab_size: int | None = None) -> GPT
     if cfg.get("model_type", "gpt2") != "gpt2":
         raise CheckpointError(f"{path}: model_type is {cfg.get('model_type')!r}, only 'gpt2' is supported")
     act = cfg.get("activation_function", "gelu_new")
-    if act not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise CheckpointError(f"{path}: activation_function {act!r} is not supported (gpt2core uses the tanh "
-                              "GELU, 'gelu_new')")
+    if act not in ("gelu_new", "gelu_pytorch_tanh", "relu2"):
+        raise CheckpointError(f"{path}: activation_function {act!r} is not supported (gpt2core has the tanh "
+                              "GELU, 'gelu_new', and relu(x)^2, 'relu2')")
     try:
         n_embd = int(cfg["n_embd"])
         n_inner = cfg.get("n_inner")
@@ -231,16 +231,27 @@ def config_from_hf(cfg: dict, path, padded_vocab_size: int | None = None) -> GPT
         if float(cfg.get("layer_norm_epsilon", 1e-5)) != 1e-5:
             warnings.warn(f"{path}: layer_norm_epsilon={cfg['layer_norm_epsilon']}, gpt2core uses 1e-5",
                           stacklevel=3)
-        if cfg.get("tie_word_embeddings", True) is False:
-            raise CheckpointError(f"{path}: tie_word_embeddings is false; gpt2core ties lm_head to wte")
         V = int(cfg["vocab_size"])
         return GPT2Config(block_size=int(cfg.get("n_positions", cfg.get("n_ctx", 1024))), vocab_size=V,
                           padded_vocab_size=int(padded_vocab_size or _pad(V)), n_layer=int(cfg["n_layer"]),
-                          n_head=int(cfg["n_head"]), n_embd=n_embd)
+                          n_head=int(cfg["n_head"]), n_embd=n_embd,
+                          activation="relu2" if act == "relu2" else "gelu",
+                          tie_embeddings=cfg.get("tie_word_embeddings", True) is not False)
     except KeyError as e:
         raise CheckpointError(f"{path}: config.json lacks {e.args[0]!r}") from None
     except (TypeError, ValueError, OverflowError) as e:
         raise CheckpointError(f"{path}: config.json describes an invalid model: {e}") from None
+
+
+# the modern fields GPT2LMHeadModel cannot express, and why; bias=False (zero biases), an untied head
+# (tie_word_embeddings false + lm_head.weight) and relu2 (transformers' activation "relu2") it can
+HF_UNREPRESENTABLE = {
+    "position": "GPT-2's positions are the learned wpe table, with no rotary embedding",
+    "rope_base": "GPT-2's positions are the learned wpe table, with no rotary embedding",
+    "norm": "GPT-2's norms are LayerNorms (mean subtracted), not a gain-less RMSNorm",
+    "qk_norm": "GPT-2's attention normalises neither q nor k",
+    "logit_softcap": "GPT-2's head has no soft-cap of the logits",
+}
 
 
 def config_to_hf(c: GPT2Config) -> dict:
@@ -248,11 +259,13 @@ def config_to_hf(c: GPT2Config) -> dict:
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_ctx": c.block_size,
         "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head, "n_inner": None,
-        "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+        "activation_function": "relu2" if c.activation == "relu2" else "gelu_new", "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
         "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "summary_type": "cls_index",
         "summary_use_proj": True, "summary_activation": None, "summary_proj_to_labels": True,
         "summary_first_dropout": 0.1, "scale_attn_weights": True, "use_cache": True,
-        "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": True, "torch_dtype": "float32",
+        "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": bool(c.tie_embeddings),
+        "torch_dtype": "float32",
     }
 
 
@@ -302,22 +315,31 @@ def state_dict_to_params(sd: dict, config: GPT2Config, path) -> np.ndarray:
         out[ours] = np.stack(stack)
     out["lnfw"] = get("ln_f.weight", (C,))
     out["lnfb"] = get("ln_f.bias", (C,))
-    if "lm_head.weight" in sd:
+    names = list(_C.param_names())
+    if not c.tie_embeddings:  # config.json's tie_word_embeddings false: the head is its own tensor, last
+        head = np.zeros((c.padded_vocab_size, C), dtype=np.float32)
+        head[:V] = get("lm_head.weight", (V, C))
+        out["lm_head"] = head
+        names.append("lm_head")
+    elif "lm_head.weight" in sd:
         lm = np.asarray(sd["lm_head.weight"])
         if lm.shape != (V, C) or not np.array_equal(lm.astype(np.float32), wte[:V]):
-            raise CheckpointError(f"{path}: lm_head.weight differs from wte.weight; gpt2core needs them tied")
+            raise CheckpointError(f"{path}: lm_head.weight differs from wte.weight, and config.json ties them "
+                                  "(tie_word_embeddings true)")
         used.add("lm_head.weight")
     extra = [k for k in sd if k not in used and not _IGNORED.match(k)]
     if extra:
         raise CheckpointError(f"{path}: unexpected tensors {extra[:5]}{' ...' if len(extra) > 5 else ''}; "
                               f"is this a GPT-2 with n_layer={L}?")
-    return np.concatenate([out[n].reshape(-1) for n in _C.param_names()])
+    return np.concatenate([out[n].reshape(-1) for n in names])
 
 
 def params_to_state_dict(model) -> dict[str, np.ndarray]:
     """Our parameters -> a HF GPT2LMHeadModel state dict (prefix 'transformer.', Conv1D (in, out), the
     padded vocab rows dropped, lm_head omitted since it is tied)."""
-    p, c = model.params, model.config
+    c = model.config
+    shapes = c.replace(bias=True).param_shapes()  # a bias-free model: zero biases
+    p = {k: model.params[k] if k in model.params else np.zeros(shapes[k], np.float32) for k in shapes}
     sd = {"transformer.wte.weight": p["wte"][:c.vocab_size], "transformer.wpe.weight": p["wpe"]}
     for i in range(c.n_layer):
         for ours, theirs, transposed in _LAYER_MAP:
@@ -325,6 +347,8 @@ def params_to_state_dict(model) -> dict[str, np.ndarray]:
             sd[f"transformer.h.{i}.{theirs}"] = a.T if transposed else a
     sd["transformer.ln_f.weight"] = p["lnfw"]
     sd["transformer.ln_f.bias"] = p["lnfb"]
+    if not c.tie_embeddings:
+        sd["lm_head.weight"] = model.params["lm_head"][:c.vocab_size]
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
 
 
@@ -414,14 +438,18 @@ def read_weights(path, padded_vocab_size: int | None = None) -> tuple[GPT2Config
 
 
 def save_pretrained(model, path) -> Path:
-    """Write config.json + model.safetensors that transformers' GPT2LMHeadModel.from_pretrained loads. GPT-2's
-    format has learned positions, LayerNorm, GELU, biases, a tied head and no soft-cap: a model with any other
-    architecture is refused, naming the fields (no weights are written)."""
+    """Write config.json + model.safetensors that transformers' GPT2LMHeadModel.from_pretrained loads. Of the
+    modern fields GPT-2's format holds bias=False (as zero biases), an untied head (tie_word_embeddings false and
+    lm_head.weight) and activation relu2 (transformers' "relu2"); rotary positions, RMSNorm, QK-norm and the logit
+    soft-cap it cannot (HF_UNREPRESENTABLE says why): such a model is refused, naming the fields (no weights are
+    written)."""
     p = Path(path)
-    unrepresentable = model.config.non_gpt2_fields()
+    c = model.config
+    unrepresentable = [f for f in c.non_gpt2_fields() if f.split("=")[0] in HF_UNREPRESENTABLE]
     if unrepresentable:
-        raise ValueError(f"{p}: the Hugging Face GPT-2 format cannot represent {', '.join(unrepresentable)}; save "
-                         "this model with GPT2.save (gpt2core's model file) instead")
+        why = sorted({HF_UNREPRESENTABLE[f.split("=")[0]] for f in unrepresentable})
+        raise ValueError(f"{p}: the Hugging Face GPT-2 format cannot represent {', '.join(unrepresentable)} "
+                         f"({'; '.join(why)}); save this model with GPT2.save (gpt2core's model file) instead")
     p.mkdir(parents=True, exist_ok=True)
     write_safetensors(p / "model.safetensors", params_to_state_dict(model), metadata={"format": "pt"})
     with open(p / "config.json", "w") as f:
@@ -430,5 +458,6 @@ def save_pretrained(model, path) -> Path:
     return p
 
 
-__all__ = ["read_weights", "read_hf", "save_pretrained", "read_safetensors", "write_safetensors", "read_torch_bin",
-           "config_from_hf", "config_to_hf", "state_dict_to_params", "params_to_state_dict"]
+__all__ = ["HF_UNREPRESENTABLE", "read_weights", "read_hf", "save_pretrained", "read_safetensors",
+           "write_safetensors", "read_torch_bin", "config_from_hf", "config_to_hf", "state_dict_to_params",
+           "params_to_state_dict"]

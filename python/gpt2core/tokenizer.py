@@ -54,3 +54,13 @@ def encode_batch(texts: list[str], num_threads: int = 8) -> list[list[int]]:
 
 def decode(tokens) -> str:
     return get_encoding().decode([int(t) for t in np.asarray(tokens).reshape(-1)])
+
+
+@functools.lru_cache(maxsize=1)
+def token_bytes() -> np.ndarray:
+    """(VOCAB_SIZE,) int32: the number of UTF-8 bytes each token stands for (a token may hold part of a multi-byte
+    character: its own bytes count), 0 for the special <|endoftext|>. Bits per byte divide by these."""
+    enc = get_encoding()
+    out = np.array([len(enc.decode_single_token_bytes(i)) for i in range(VOCAB_SIZE)], dtype=np.int32)
+    out[EOT] = 0
+    return out

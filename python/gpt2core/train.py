@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _C, batchfit, cli, distributed, memplan, progress, runfolder, tokenizer
+from . import _C, batchfit, cli, core_eval, distributed, memplan, progress, runfolder, tokenizer, trackers
 from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints,
                          load_checkpoint, prune_checkpoints, remove_stale_temporaries, save_checkpoint)
 from .config import _CHECKS, RECIPE_SWITCHES, RECIPES, TrainConfig, negated_flag
@@ -35,7 +35,7 @@ from .data import hellaswag, shakespeare
 from .data.loader import DataLoader
 from .data.shards import ShardError
 from .errors import ArgError, Error, Preempted, WriteError
-from .evaluate import score_hellaswag
+from .evaluate import bits_per_byte, evaluate_val, score_hellaswag
 from .model import GPT2
 from .outliers import WINDOW, OutlierDetector
 from .preemption import EXIT_PREEMPTED, GracefulStop
@@ -141,6 +141,7 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         self.lock = self._lock()
         self.write_failure: WriteError | None = None  # the first failed metrics append (rank 0)
+        self.trackers = trackers.Trackers()  # --log: opened in _setup, after the folder is claimed
         if cfg.warmup > cfg.steps:
             self.log(f"warning: --warmup {cfg.warmup} is longer than the run (--steps {cfg.steps}): the learning "
                      f"rate never reaches --lr {cfg.lr:g}")
@@ -198,6 +199,7 @@ class Trainer:
         self.metrics_path = self.out / "metrics.jsonl"
         self.ckpt_root = self.out / "checkpoints"
         self.run_record = self._claim()
+        self._open_trackers(cfg)
         data_dir = cfg.data_dir or self._shakespeare()
         model = self._make_model(cfg)
         cfg = self.cfg  # with the micro-batch chosen (--batch-size auto) or checked against the GPU's memory
@@ -210,6 +212,7 @@ class Trainer:
         self.progress = self.dist.is_master and not cfg.no_progress
         self.hellaswag = (hellaswag.load(cfg.hellaswag_path, cfg.hellaswag_limit, progress=self.progress)
                           if cfg.hellaswag_every else None)
+        self.core_tasks = self._core_tasks(cfg)
         self._check_plan(model)
         self.flops_per_token = self.config.flops_per_token(T)
         self.start_step = 0
@@ -254,8 +257,16 @@ class Trainer:
             raise error or RunFolderError(f"{self.out} holds another run (see rank 0's message)")
         return record
 
+    def _open_trackers(self, cfg: TrainConfig) -> None:
+        """--log: TensorBoard / W&B beside metrics.jsonl, on rank 0 (gpt2core.trackers; a failing one is a warning)."""
+        if cfg.log and self.dist.is_master:
+            self.trackers = trackers.open_trackers(cfg.log, self.out, project=cfg.wandb_project,
+                                                   run_name=cfg.wandb_run_name or self.out.resolve().name,
+                                                   mode=cfg.wandb_mode, warn=self.log)
+
     def close(self) -> None:
-        """Release the output folder (also released by the kernel if the process dies)."""
+        """Release the output folder (also released by the kernel if the process dies) and close the trackers."""
+        self.trackers.close()
         if self.lock is not None:
             self.lock.release()
             self.lock = None
@@ -465,6 +476,8 @@ class Trainer:
                 runfolder.append_line(self.metrics_path, json.dumps(rec))
             except WriteError as e:
                 self.write_failure = e
+                return
+            self.trackers.log(rec)
 
     def _fail(self, error, steps_done: int) -> RunFailed:
         """The RunFailed for `error` after `steps_done` steps, with a checkpoint of them first when one is due
@@ -501,14 +514,12 @@ class Trainer:
             kw["muon_momentum"] = muon_momentum_at(step, cfg.muon_momentum, cfg.muon_momentum_warmup)
         return kw
 
-    def val_loss(self) -> float:
-        """Mean loss of --val-steps fixed validation batches (each rank reads its own rows; averaged over ranks)."""
-        self.val_loader.reset()
-        losses = []
-        for _ in range(self.cfg.val_steps):
-            x, y = self.val_loader.next_batch()
-            losses.append(self.model.forward(x, y))
-        return self.over_ranks("avg", float(np.mean(losses)))[0]
+    def val_metrics(self) -> dict:
+        """{"val_loss", "val_bpb"} of --val-steps fixed validation batches (each rank reads its own rows; the loss
+        averaged over ranks, bits per byte from the nats and bytes summed over ranks)."""
+        v = evaluate_val(self.model, self.val_loader, self.cfg.val_steps)
+        loss, nats, nbytes = self.over_ranks("sum", v["val_loss"], v["val_nats"], v["val_bytes"])
+        return {"val_loss": loss / self.dist.world_size, "val_bpb": bits_per_byte(nats, nbytes)}
 
     def hellaswag_eval(self) -> dict:
         """HellaSwag accuracy: each rank scores items i % world_size == rank, counts summed over ranks."""
@@ -521,6 +532,25 @@ class Trainer:
         counts = self.over_ranks("sum", r["n"], r["correct"], r["correct_norm"])  # float32: exact below 2**24
         n, c, cn = (int(round(v)) for v in counts)
         return {"n": n, "acc": c / n, "acc_norm": cn / n}
+
+    @staticmethod
+    def _core_tasks(cfg: TrainConfig):
+        """--core-every: the bundle's tasks, read once before training (a bad bundle fails the run at its start)."""
+        if not cfg.core_every:
+            return None
+        if not cfg.core_bundle:
+            raise ArgError("--core-every needs --core-bundle: the eval bundle's folder or zip (nanochat's is "
+                           f"{core_eval.BUNDLE_URL})")
+        return core_eval.load_bundle(cfg.core_bundle)
+
+    def core_metrics(self) -> dict:
+        """{"core", "core_tasks": {label: centered}}: each rank scores items i % world_size == rank of the first
+        --core-max-per-task items of every task, in forwards of one training micro-batch's tokens."""
+        cfg = self.cfg
+        r = core_eval.evaluate_core(self.model, self.core_tasks, max_per_task=cfg.core_max_per_task,
+                                    batch_tokens=cfg.batch_size * cfg.seq_len, rank=self.dist.rank,
+                                    world_size=self.dist.world_size, comm=self.comm, progress=self.progress)
+        return {"core": r["core"], "core_tasks": {k: v["centered"] for k, v in r["tasks"].items()}}
 
     def sample(self) -> str:
         prompt = tokenizer.encode(self.cfg.sample_prompt) or [tokenizer.EOT]
@@ -574,20 +604,25 @@ class Trainer:
         return rec
 
     def evaluate(self, step: int, last: dict) -> None:
-        """Validation loss and HellaSwag after `step` updates, each when due: every --val-every /
-        --hellaswag-every steps, and after the last update."""
+        """Validation loss and bits per byte, HellaSwag and CORE after `step` updates, each when due: every
+        --val-every / --hellaswag-every / --core-every steps, and after the last update."""
         cfg, final = self.cfg, step == self.cfg.steps
         if cfg.val_every and (step % cfg.val_every == 0 or final):
-            vl = self.val_loss()
-            self.log(f"step {step:5d} | val loss {vl:.4f}")
-            self.write_metrics({"step": step, "val_loss": vl})
-            last["val_loss"] = vl
+            v = self.val_metrics()
+            self.log(f"step {step:5d} | val loss {v['val_loss']:.4f} | val bpb {v['val_bpb']:.4f}")
+            self.write_metrics({"step": step, **v})
+            last.update(v)
         if cfg.hellaswag_every and (step % cfg.hellaswag_every == 0 or final):
             hs = self.hellaswag_eval()
             self.log(f"step {step:5d} | hellaswag acc {hs['acc']:.4f} acc_norm {hs['acc_norm']:.4f} "
                      f"({hs['n']} items)")
             self.write_metrics({"step": step, "hellaswag_acc": hs["acc"], "hellaswag_acc_norm": hs["acc_norm"]})
             last["hellaswag_acc"], last["hellaswag_acc_norm"] = hs["acc"], hs["acc_norm"]
+        if cfg.core_every and (step % cfg.core_every == 0 or final):
+            c = self.core_metrics()
+            self.log(f"step {step:5d} | CORE {c['core']:.4f} ({len(c['core_tasks'])} tasks)")
+            self.write_metrics({"step": step, **c})
+            last["core"] = c["core"]
 
     def _stop_now(self, stop: GracefulStop) -> tuple[bool, bool]:
         """(whether any rank got SIGTERM/SIGINT, whether any rank failed to write its metrics): all ranks stop after

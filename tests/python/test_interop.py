@@ -352,3 +352,26 @@ def test_generate_and_eval_accept_every_format(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     vals = [ln for ln in lines if ln.startswith("val loss")]
     assert len(vals) == 3 and vals[1] == vals[2]
+
+
+def test_save_pretrained_holds_the_modern_fields_gpt2s_format_can(tmp_path):
+    """bias=False (zero biases), an untied head (tie_word_embeddings false + lm_head.weight) and relu2
+    (activation_function "relu2") export and read back to the same logits; rotary positions, RMSNorm, QK-norm and
+    the soft-cap are refused with the reason."""
+    cfg = GPT2Config(block_size=NPOS, vocab_size=V, padded_vocab_size=128, n_layer=L, n_head=NH, n_embd=C,
+                     bias=False, tie_embeddings=False, activation="relu2")
+    src = GPT2(cfg, seed=5)
+    out = src.save_pretrained(tmp_path / "out")
+    hc = json.loads((out / "config.json").read_text())
+    assert hc["activation_function"] == "relu2" and hc["tie_word_embeddings"] is False
+    sd = pretrained.read_safetensors(out / "model.safetensors")
+    np.testing.assert_array_equal(sd["lm_head.weight"], src.params["lm_head"][:V])
+    assert not sd["transformer.h.1.mlp.c_fc.bias"].any() and not sd["transformer.ln_f.bias"].any()
+    back = GPT2.from_pretrained(out)
+    assert (back.config.activation, back.config.tie_embeddings) == ("relu2", False)
+    np.testing.assert_array_equal(our_logits(back)[..., :V], our_logits(src)[..., :V])
+    for field, value, why in (("position", "rope", "learned wpe"), ("norm", "rmsnorm", "gain-less RMSNorm"),
+                              ("qk_norm", True, "neither q nor k"), ("logit_softcap", 30.0, "soft-cap")):
+        m = GPT2(cfg.replace(**{field: value}), seed=0)
+        with pytest.raises(ValueError, match=f"cannot represent {field}={value!r} .*{why}"):
+            m.save_pretrained(tmp_path / field)
