@@ -151,6 +151,16 @@ ModelConfig make_config(int max_seq_len, int vocab_size, int padded_vocab_size, 
   return c;
 }
 
+gpt2::Recompute parse_recompute(const std::string& r) {
+  if (r == "none") return gpt2::Recompute::None;
+  if (r == "gelu") return gpt2::Recompute::Gelu;
+  if (r == "layer") return gpt2::Recompute::Layer;
+  arg_error("recompute must be 'none', 'gelu' or 'layer', got '" + r + "'");
+}
+std::string recompute_name(gpt2::Recompute r) {
+  return r == gpt2::Recompute::Layer ? "layer" : r == gpt2::Recompute::Gelu ? "gelu" : "none";
+}
+
 // The backend's options from the constructor's arguments (GPT2(precision=..., attention=..., fused=...,
 // matmul_tuning=..., deterministic=...)).
 gpt2::BackendOptions backend_options(bool tf32, const std::string& attention, bool fused, bool matmul_tuning,
@@ -220,8 +230,17 @@ void bind_model(py::module_& m, const char* cls_name) {
            "algorithms once per shape (CUDA); deterministic: the same bits for the same inputs (CUDA: cuDNN's "
            "SDPA backward without atomics). See csrc/model/backend_options.h.")
       .def_property_readonly("num_parameters", &M::num_parameters)
+      .def_property_readonly("backend_bytes_in_use", [](M& self) { return self.backend().bytes_in_use(); },
+                             "Bytes the backend has allocated and not freed (the CPU backend counts them; 0 on "
+                             "CUDA, whose cudaMemGetInfo serves): what the memory plan's tests measure.")
       .def_property("recompute_gelu", &M::recompute_gelu, &M::set_recompute_gelu,
-                    "Recompute GELU outputs in backward instead of keeping one per layer (saves memory).")
+                    "Recompute GELU outputs in backward instead of keeping one per layer (saves memory); "
+                    "the recompute='gelu' level.")
+      .def_property(
+          "recompute", [](M& self) { return recompute_name(self.recompute()); },
+          [](M& self, const std::string& r) { self.set_recompute(parse_recompute(r)); },
+          "What backward recomputes instead of keeping: 'none', 'gelu' (the activation's output) or 'layer' (each "
+          "block from its input, one block at a time).")
       .def("memory_bytes",
            [](M& self, int B, int Tn) {
              if (B <= 0 || Tn <= 0) throw py::value_error("memory_bytes: B and T must be positive");
@@ -552,6 +571,27 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
 #if GPT2CORE_BACKEND_CUDA
   gpt2::cuda_plugin() = gpt2::cuda::plugin();  // linked in: no module to load
 #endif
+  m.def(
+      "activation_counts",
+      [](int max_seq_len, int vocab_size, int padded_vocab_size, int n_layer, int n_head, int n_embd, int B, int Tn,
+         size_t att_size, const std::string& recompute, const std::string& position, const std::string& norm,
+         bool qk_norm, const std::string& activation, bool bias, bool tie_embeddings) {
+        if (B <= 0 || Tn <= 0) arg_error("activation_counts: B and T must be positive");
+        const Arch arch{position, norm, activation, 10000.0f, qk_norm, bias, tie_embeddings, 0.0f};
+        const auto c = make_config(max_seq_len, vocab_size, padded_vocab_size, n_layer, n_head, n_embd, arch);
+        const gpt2::ActivationCounts n = gpt2::activation_counts(c, B, Tn, att_size, parse_recompute(recompute));
+        py::dict d;
+        d["t"] = n.t, d["logits"] = n.logits, d["m"] = n.m;
+        return d;
+      },
+      py::arg("max_seq_len"), py::arg("vocab_size"), py::arg("padded_vocab_size"), py::arg("n_layer"),
+      py::arg("n_head"), py::arg("n_embd"), py::arg("B"), py::arg("T"), py::arg("att_size"), py::arg("recompute"),
+      py::arg("position") = "learned", py::arg("norm") = "layernorm", py::arg("qk_norm") = false,
+      py::arg("activation") = "gelu", py::arg("bias") = true, py::arg("tie_embeddings") = true,
+      "Elements of the training activations a model of this config lays out for (B, T), allocating nothing: 't' "
+      "(storage type, logits aside), 'logits' (storage type), 'm' (fp32 statistics; float64 in a float64 model). "
+      "att_size: the backend's attention state per layer (CPU and the naive CUDA rung: B*NH*T*T; flash and cuDNN: "
+      "B*NH*T). The memory plan's activations (gpt2core.memplan).");
   m.def("build_info", []() {
     py::dict d;
     d["version"] = GPT2CORE_VERSION;

@@ -49,14 +49,7 @@ fi
 # val loss over the same ~10M tokens whatever the GPU count: 20 batches of 8 x 64 x 1024 tokens
 VAL_STEPS=${VAL_STEPS:-$(( (20 * 8 * 64 * 1024 + per_step - 1) / per_step ))}
 
-if [[ "$LAUNCHER" == auto ]]; then
-  if command -v torchrun >/dev/null 2>&1; then LAUNCHER=torchrun; else LAUNCHER=gpt2core; fi
-fi
-case "$LAUNCHER" in
-  torchrun) launch=(torchrun --standalone --nproc_per_node="$NGPU" -m gpt2core.train) ;;
-  gpt2core) launch=("$PYTHON" -m gpt2core.launch --nproc-per-node "$NGPU" --master-port auto -m gpt2core.train) ;;
-  *) echo "train_gpt2_124m.sh: LAUNCHER must be auto, torchrun or gpt2core, got $LAUNCHER" >&2; exit 2 ;;
-esac
+source "$(dirname "$0")/launch_cmd.sh" train_gpt2_124m.sh
 
 mkdir -p "$OUT"
 set -x

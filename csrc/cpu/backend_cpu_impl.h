@@ -12,6 +12,7 @@
 #include <new>
 #include <sys/mman.h>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "cpu/blas.h"
@@ -44,12 +45,13 @@ class CpuBackend final : public Backend<T> {
   const char* name() const override { return "cpu"; }
 
   T* alloc(size_t n) override { return static_cast<T*>(zeroed(n * sizeof(T))); }
-  void free(T* p) override { std::free(p); }
+  void free(T* p) override { release(p); }
+  size_t bytes_in_use() const override { return in_use_; }
   // CPU models are float or double: the master type is T itself
   T* alloc_master(size_t n) override { return alloc(n); }
-  void free_master(T* p) override { std::free(p); }
+  void free_master(T* p) override { release(p); }
   int32_t* alloc_i32(size_t n) override { return static_cast<int32_t*>(zeroed(n * sizeof(int32_t))); }
-  void free_i32(int32_t* p) override { std::free(p); }
+  void free_i32(int32_t* p) override { release(p); }
   void zero(T* p, size_t n) override {
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) p[i] = 0;
@@ -156,7 +158,7 @@ class CpuBackend final : public Backend<T> {
   }
   bool has_w16() const override { return true; }
   uint16_t* alloc_u16(size_t n) override { return static_cast<uint16_t*>(zeroed(n * sizeof(uint16_t))); }
-  void free_u16(uint16_t* p) override { std::free(p); }
+  void free_u16(uint16_t* p) override { release(p); }
   void round_w16(uint16_t* dst, T* src, size_t n, bool bf16) override {
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
@@ -171,7 +173,7 @@ class CpuBackend final : public Backend<T> {
   }
   bool has_q8() const override { return true; }
   int8_t* alloc_i8(size_t n) override { return static_cast<int8_t*>(zeroed(n)); }
-  void free_i8(int8_t* p) override { std::free(p); }
+  void free_i8(int8_t* p) override { release(p); }
   void quantize_q8(int8_t* q, float* scales, T* w, long rows, int C) override {
     ops::quantize_q8(q, scales, w, rows, C);
   }
@@ -288,7 +290,26 @@ class CpuBackend final : public Backend<T> {
   // Buffers of 2 MiB and more start on a 2 MiB boundary and are advised as transparent huge pages (where the
   // kernel has them, in "madvise" mode as on most distributions): decode streams every weight once per token,
   // and with 4 KiB pages a TLB miss every 4 KiB cost it ~6% (d12 decode GEMVs, 2 threads: 26.5 -> 24.8 ms).
-  static void* zeroed(size_t bytes) {
+  // the bytes asked for by live allocations (bytes_in_use), by pointer: allocations and frees come from the
+  // model's thread
+  std::unordered_map<void*, size_t> sizes_;
+  size_t in_use_ = 0;
+  void* zeroed(size_t bytes) {
+    void* p = zeroed_block(bytes);
+    sizes_[p] = bytes;
+    in_use_ += bytes;
+    return p;
+  }
+  void release(void* p) {
+    if (!p) return;
+    const auto it = sizes_.find(p);
+    if (it != sizes_.end()) {
+      in_use_ -= it->second;
+      sizes_.erase(it);
+    }
+    std::free(p);
+  }
+  static void* zeroed_block(size_t bytes) {
     constexpr size_t kHuge = size_t(2) << 20;
     if (bytes >= kHuge) {
       const size_t n = (bytes + kHuge - 1) / kHuge * kHuge;

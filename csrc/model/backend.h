@@ -51,6 +51,9 @@ class Backend {
   // memory: allocations are zero-filled; host<->device copies
   virtual T* alloc(size_t n) = 0;
   virtual void free(T* p) = 0;
+  // Bytes this backend has allocated and not freed (the CPU's count; 0 where the device's own accounting serves,
+  // as cudaMemGetInfo does): what the memory plan's tests measure.
+  virtual size_t bytes_in_use() const { return 0; }
   virtual M* alloc_master(size_t n) = 0;
   virtual void free_master(M* p) = 0;
   virtual int32_t* alloc_i32(size_t n) = 0;

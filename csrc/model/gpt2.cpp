@@ -76,43 +76,53 @@ void GPT2Model<T>::refresh_params() {
   params_stale_ = false;
 }
 
-// (pointer, count) of every activation buffer for (B, Tn), in layout order. With recompute_gelu the GELU
-// output is one (B, T, 4C) buffer, refilled per layer in backward, instead of one per layer.
+// (pointer, count) of every activation buffer for (B, Tn), in layout order. Recompute::Gelu: the activation's
+// output is one (B, T, 4C) buffer, refilled per layer in backward, instead of one per layer. Recompute::Layer: the
+// per-layer buffers hold one block (the one running), except residual3, each block's output (the next one's
+// input, and lnf's): what backward rebuilds each block from.
 template <typename T>
-typename GPT2Model<T>::Slots GPT2Model<T>::activation_slots(int B, int Tn) {
-  const size_t L = config_.n_layer, C = config_.n_embd, NH = config_.n_head, Vp = config_.padded_vocab_size;
+typename GPT2Model<T>::Slots GPT2Model<T>::activation_slots(Activations<T>& a, const ModelConfig& c, int B, int Tn,
+                                                            size_t att_size, Recompute r) {
+  const size_t L = c.n_layer, C = c.n_embd, NH = c.n_head, Vp = c.padded_vocab_size;
   const size_t BT = size_t(B) * Tn;
-  const size_t att_size = backend_->attention_state_size(B, int(NH), Tn);  // per layer
-  const size_t gelu_layers = recompute_gelu_ ? 1 : L;
-  const size_t mean_rows = config_.norm == ModelConfig::Norm::LayerNorm ? BT : 0;  // RMSNorm keeps no mean
-  const size_t qk_rows = config_.qk_norm ? BT * 2 * NH : 0;
+  const size_t K = r == Recompute::Layer ? 1 : L;        // blocks whose activations are kept
+  const size_t gelu_layers = r == Recompute::None ? L : 1;
+  const size_t mean_rows = c.norm == ModelConfig::Norm::LayerNorm ? BT : 0;  // RMSNorm keeps no mean
+  const size_t qk_rows = c.qk_norm ? BT * 2 * NH : 0;
   Slots s;
-  s.t = {{&a_.encoded, BT * C}, {&a_.ln1, L * BT * C}, {&a_.qkv, L * BT * 3 * C}, {&a_.atty, L * BT * C},
-         {&a_.attproj, L * BT * C}, {&a_.residual2, L * BT * C}, {&a_.ln2, L * BT * C}, {&a_.fch, L * BT * 4 * C},
-         {&a_.fch_gelu, gelu_layers * BT * 4 * C}, {&a_.fcproj, L * BT * C}, {&a_.residual3, L * BT * C},
-         {&a_.lnf, BT * C}, {&a_.logits, BT * Vp},
-         {&a_.dres, BT * C}, {&a_.dln, BT * C}, {&a_.datty, BT * C}, {&a_.dqkv, BT * 3 * C},
-         {&a_.dfch, BT * 4 * C}, {&a_.dfch_gelu, BT * 4 * C}};
-  s.m = {{&a_.ln1_mean, L * mean_rows}, {&a_.ln1_rstd, L * BT}, {&a_.att, L * att_size},
-         {&a_.ln2_mean, L * mean_rows}, {&a_.ln2_rstd, L * BT}, {&a_.lnf_mean, mean_rows}, {&a_.lnf_rstd, BT},
-         {&a_.losses, BT}, {&a_.lse, BT}, {&a_.qk_rstd, L * qk_rows}};
+  s.t = {{&a.encoded, BT * C}, {&a.ln1, K * BT * C}, {&a.qkv, K * BT * 3 * C}, {&a.atty, K * BT * C},
+         {&a.attproj, K * BT * C}, {&a.residual2, K * BT * C}, {&a.ln2, K * BT * C}, {&a.fch, K * BT * 4 * C},
+         {&a.fch_gelu, gelu_layers * BT * 4 * C}, {&a.fcproj, K * BT * C}, {&a.residual3, L * BT * C},
+         {&a.lnf, BT * C}, {&a.logits, BT * Vp},
+         {&a.dres, BT * C}, {&a.dln, BT * C}, {&a.datty, BT * C}, {&a.dqkv, BT * 3 * C},
+         {&a.dfch, BT * 4 * C}, {&a.dfch_gelu, BT * 4 * C}};
+  s.m = {{&a.ln1_mean, K * mean_rows}, {&a.ln1_rstd, K * BT}, {&a.att, K * att_size},
+         {&a.ln2_mean, K * mean_rows}, {&a.ln2_rstd, K * BT}, {&a.lnf_mean, mean_rows}, {&a.lnf_rstd, BT},
+         {&a.losses, BT}, {&a.lse, BT}, {&a.qk_rstd, K * qk_rows}};
   return s;
+}
+
+ActivationCounts activation_counts(const ModelConfig& c, int B, int Tn, size_t att_size, Recompute r) {
+  Activations<float> a{};
+  const auto s = GPT2Model<float>::activation_slots(a, c, B, Tn, att_size, r);
+  ActivationCounts n;
+  for (auto& x : s.t) (x.first == &a.logits ? n.logits : n.t) += x.second;
+  for (auto& x : s.m) n.m += x.second;
+  return n;
 }
 
 template <typename T>
 size_t GPT2Model<T>::activation_bytes_for(int B, int Tn) {
-  const Slots s = activation_slots(B, Tn);
-  size_t t = 0, m = 0;
-  for (auto& x : s.t) t += x.second;
-  for (auto& x : s.m) m += x.second;
-  return t * sizeof(T) + m * sizeof(M);
+  const ActivationCounts n =
+      activation_counts(config_, B, Tn, backend_->attention_state_size(B, config_.n_head, Tn), recompute_);
+  return (n.t + n.logits) * sizeof(T) + n.m * sizeof(M);
 }
 
 template <typename T>
-void GPT2Model<T>::set_recompute_gelu(bool on) {
+void GPT2Model<T>::set_recompute(Recompute r) {
   backend_->make_current();
-  if (on == recompute_gelu_) return;
-  recompute_gelu_ = on;
+  if (r == recompute_) return;
+  recompute_ = r;
   release_activations();  // laid out again at the next forward
 }
 
@@ -133,7 +143,7 @@ void GPT2Model<T>::ensure_activations(int B, int Tn) {
   release_activations();
   att_size_ = backend_->attention_state_size(B, config_.n_head, Tn);
   const size_t BT = size_t(B) * Tn;
-  auto slots = activation_slots(B, Tn);
+  auto slots = activation_slots(a_, config_, B, Tn, att_size_, recompute_);
   size_t nt = 0, nm = 0;
   for (auto& s : slots.t) nt += s.second;
   for (auto& s : slots.m) nm += s.second;
@@ -208,50 +218,59 @@ void GPT2Model<T>::norm_backward(T* dinp, M* dw, M* db, const T* dout, const T* 
 template <typename T>
 void GPT2Model<T>::forward_ops(int B, int Tn) {
   Backend<T>& be = *backend_;
-  const ModelConfig& c = config_;
-  const int L = c.n_layer, C = c.n_embd, NH = c.n_head;
-  const int Vp = c.padded_vocab_size;
+  const int C = config_.n_embd, Vp = config_.padded_vocab_size;
   const int N = B * Tn;
-  const size_t NC = size_t(N) * C;
-  const bool rope = c.position == ModelConfig::Position::Rope, relu2 = c.activation == ModelConfig::Activation::Relu2;
   be.encoder_forward(a_.encoded, inputs_, param(kWte), param(kWpe), B, Tn, C);  // wpe null with rope
   const LayerTensors<T> first = layer(params_, 0);
   norm_forward(a_.ln1, a_.ln1_mean, a_.ln1_rstd, a_.encoded, first.ln1w, first.ln1b, N);
-  for (int l = 0; l < L; l++) {
-    const LayerTensors<T> p = layer(params_, l);
-    const T* x = l == 0 ? a_.encoded : a_.residual3 + (l - 1) * NC;
-    T* ln1 = a_.ln1 + l * NC;  // norm(x): written by the previous layer's fused residual + norm
-    T* qkv = a_.qkv + l * NC * 3;
-    T* atty = a_.atty + l * NC;
-    M* att = a_.att + l * att_size_;
-    T* attproj = a_.attproj + l * NC;
-    T* res2 = a_.residual2 + l * NC;
-    T* ln2 = a_.ln2 + l * NC;
-    T* fch = a_.fch + l * NC * 4;
-    T* fch_gelu = recompute_gelu_ ? a_.fch_gelu : a_.fch_gelu + l * NC * 4;  // the activation's output
-    T* fcproj = a_.fcproj + l * NC;
-    T* res3 = a_.residual3 + l * NC;
-    be.matmul_forward(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
-    // q and k rotated, then normalised, in place: qkv is what attention (and its backward) reads
-    if (rope) be.rope_forward(qkv, B, Tn, C, NH, 0, c.rope_base);
-    if (c.qk_norm) be.qk_norm_forward(qkv, a_.qk_rstd + size_t(l) * N * 2 * NH, B, Tn, C, NH);
-    be.attention_forward(atty, att, qkv, B, Tn, C, NH);
-    be.matmul_forward(attproj, atty, p.attprojw, p.attprojb, N, C, C);
-    residual_norm_forward(res2, ln2, a_.ln2_mean + l * N, a_.ln2_rstd + l * N, x, attproj, p.ln2w, p.ln2b, N);
-    // fch = ln2 @ fcw^T + fcb, fch_gelu = act(fch): one op so that a backend can fuse the activation into the matmul
-    if (relu2) be.matmul_relu2_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C);
-    else be.matmul_gelu_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C);
-    be.matmul_forward(fcproj, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
-    // residual3 = residual2 + fcproj, normalised by the next layer's ln1 (or, after the last layer, by lnf)
-    if (l + 1 < L) {
-      const LayerTensors<T> next = layer(params_, l + 1);
-      residual_norm_forward(res3, a_.ln1 + (l + 1) * NC, a_.ln1_mean + (l + 1) * N, a_.ln1_rstd + (l + 1) * N, res2,
-                            fcproj, next.ln1w, next.ln1b, N);
-    } else {
-      residual_norm_forward(res3, a_.lnf, a_.lnf_mean, a_.lnf_rstd, res2, fcproj, param(kLnfw), param(kLnfb), N);
-    }
-  }
+  for (int l = 0; l < config_.n_layer; l++) block_forward_ops(l, false);
   be.matmul_forward(a_.logits, a_.lnf, param(head()), nullptr, N, C, Vp);  // lm_head: wte when tied
+}
+
+template <typename T>
+void GPT2Model<T>::block_forward_ops(int l, bool rebuild) {
+  Backend<T>& be = *backend_;
+  const ModelConfig& c = config_;
+  const int B = B_, Tn = T_, L = c.n_layer, C = c.n_embd, NH = c.n_head;
+  const int N = B * Tn;
+  const size_t NC = size_t(N) * C, s = slot(l);
+  const bool rope = c.position == ModelConfig::Position::Rope, relu2 = c.activation == ModelConfig::Activation::Relu2;
+  const LayerTensors<T> p = layer(params_, l);
+  const T* x = l == 0 ? a_.encoded : a_.residual3 + (l - 1) * NC;
+  T* ln1 = a_.ln1 + s * NC;  // norm(x): written by the previous layer's fused residual + norm (or rebuilt here)
+  T* qkv = a_.qkv + s * NC * 3;
+  T* atty = a_.atty + s * NC;
+  M* att = a_.att + s * att_size_;
+  T* attproj = a_.attproj + s * NC;
+  T* res2 = a_.residual2 + s * NC;
+  T* ln2 = a_.ln2 + s * NC;
+  T* fch = a_.fch + s * NC * 4;
+  T* fch_gelu = recompute_ == Recompute::None ? a_.fch_gelu + s * NC * 4 : a_.fch_gelu;  // the activation's output
+  T* fcproj = a_.fcproj + s * NC;
+  if (rebuild)  // bit for bit what the fused residual + norm wrote (Backend: "then the forward on the ROUNDED sum")
+    norm_forward(ln1, a_.ln1_mean + s * N, a_.ln1_rstd + s * N, x, p.ln1w, p.ln1b, N);
+  be.matmul_forward(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
+  // q and k rotated, then normalised, in place: qkv is what attention (and its backward) reads
+  if (rope) be.rope_forward(qkv, B, Tn, C, NH, 0, c.rope_base);
+  if (c.qk_norm) be.qk_norm_forward(qkv, a_.qk_rstd + s * N * 2 * NH, B, Tn, C, NH);
+  be.attention_forward(atty, att, qkv, B, Tn, C, NH);
+  be.matmul_forward(attproj, atty, p.attprojw, p.attprojb, N, C, C);
+  residual_norm_forward(res2, ln2, a_.ln2_mean + s * N, a_.ln2_rstd + s * N, x, attproj, p.ln2w, p.ln2b, N);
+  // fch = ln2 @ fcw^T + fcb, fch_gelu = act(fch): one op so that a backend can fuse the activation into the matmul
+  if (relu2) be.matmul_relu2_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C);
+  else be.matmul_gelu_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C);
+  be.matmul_forward(fcproj, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
+  if (rebuild) return;  // the block's output is kept (residual3), and the next norm is not needed again
+  // residual3 = residual2 + fcproj, normalised by the next layer's ln1 (or, after the last layer, by lnf)
+  T* res3 = a_.residual3 + l * NC;
+  if (l + 1 < L) {
+    const LayerTensors<T> next = layer(params_, l + 1);
+    const size_t n = slot(l + 1);
+    residual_norm_forward(res3, a_.ln1 + n * NC, a_.ln1_mean + n * N, a_.ln1_rstd + n * N, res2, fcproj, next.ln1w,
+                          next.ln1b, N);
+  } else {
+    residual_norm_forward(res3, a_.lnf, a_.lnf_mean, a_.lnf_rstd, res2, fcproj, param(kLnfw), param(kLnfb), N);
+  }
 }
 
 template <typename T>
@@ -370,35 +389,38 @@ void GPT2Model<T>::backward_ops(bool report) {
   if (report) grad_hook_(head_grad_ranges());
   // a_.dres now holds d(loss)/d(output of the last layer); walk the layers backwards.
   for (int l = L - 1; l >= 0; l--) {
+    if (recompute_ == Recompute::Layer) block_forward_ops(l, true);  // this block's activations, from its input
+    const size_t s = slot(l);
     const T* x = l == 0 ? a_.encoded : a_.residual3 + (l - 1) * NC;
     const LayerTensors<T> p = layer(params_, l);
     const LayerTensors<M> g = layer(grads_, l);
-    T* qkv = a_.qkv + l * NC * 3;
+    T* qkv = a_.qkv + s * NC * 3;
+    T* fch = a_.fch + s * NC * 4;
     // residual3 = residual2 + fcproj(act(fc(ln2(residual2))))
-    const T* fch_gelu = a_.fch_gelu + l * NC * 4;
-    if (recompute_gelu_) {  // the forward kept only fch; rebuild act(fch) for this layer
-      if (relu2) be.relu2_forward(a_.fch_gelu, a_.fch + l * NC * 4, NC * 4);
-      else be.gelu_forward(a_.fch_gelu, a_.fch + l * NC * 4, NC * 4);
+    const T* fch_gelu = a_.fch_gelu + s * NC * 4;
+    if (recompute_ == Recompute::Gelu) {  // the forward kept only fch; rebuild act(fch) for this layer
+      if (relu2) be.relu2_forward(a_.fch_gelu, fch, NC * 4);
+      else be.gelu_forward(a_.fch_gelu, fch, NC * 4);
       fch_gelu = a_.fch_gelu;
     }
     // dfch = (dres @ fcprojw) * act'(fch) (written; a_.dfch_gelu is the op's scratch), fcprojw/fcprojb grads +=
     if (relu2)
-      be.relu2_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, a_.fch + l * NC * 4, fch_gelu, p.fcprojw,
-                               a_.dfch_gelu, N, 4 * C, C);
+      be.relu2_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, fch, fch_gelu, p.fcprojw, a_.dfch_gelu, N,
+                               4 * C, C);
     else
-      be.gelu_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, a_.fch + l * NC * 4, fch_gelu, p.fcprojw,
-                              a_.dfch_gelu, N, 4 * C, C);
-    be.matmul_backward(a_.dln, g.fcw, g.fcb, a_.dfch, a_.ln2 + l * NC, p.fcw, N, C, 4 * C, kWrite);
-    norm_backward(a_.dres, g.ln2w, g.ln2b, a_.dln, a_.residual2 + l * NC, p.ln2w, a_.ln2_mean + l * N,
-                  a_.ln2_rstd + l * N, N, kAdd);
+      be.gelu_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, fch, fch_gelu, p.fcprojw, a_.dfch_gelu, N,
+                              4 * C, C);
+    be.matmul_backward(a_.dln, g.fcw, g.fcb, a_.dfch, a_.ln2 + s * NC, p.fcw, N, C, 4 * C, kWrite);
+    norm_backward(a_.dres, g.ln2w, g.ln2b, a_.dln, a_.residual2 + s * NC, p.ln2w, a_.ln2_mean + s * N,
+                  a_.ln2_rstd + s * N, N, kAdd);
     // residual2 = x + attproj(attention(qk_norm(rope(qkv(ln1(x))))))
-    be.matmul_backward(a_.datty, g.attprojw, g.attprojb, a_.dres, a_.atty + l * NC, p.attprojw, N, C, C, kWrite);
-    be.attention_backward(a_.dqkv, a_.datty, qkv, a_.atty + l * NC, a_.att + l * att_size_, B, Tn, C, NH, kWrite);
+    be.matmul_backward(a_.datty, g.attprojw, g.attprojb, a_.dres, a_.atty + s * NC, p.attprojw, N, C, C, kWrite);
+    be.attention_backward(a_.dqkv, a_.datty, qkv, a_.atty + s * NC, a_.att + s * att_size_, B, Tn, C, NH, kWrite);
     // in place, in the reverse order of forward: through the QK-norm, then the rotation
-    if (c.qk_norm) be.qk_norm_backward(a_.dqkv, qkv, a_.qk_rstd + size_t(l) * N * 2 * NH, B, Tn, C, NH);
+    if (c.qk_norm) be.qk_norm_backward(a_.dqkv, qkv, a_.qk_rstd + s * N * 2 * NH, B, Tn, C, NH);
     if (rope) be.rope_backward(a_.dqkv, B, Tn, C, NH, 0, c.rope_base);
-    be.matmul_backward(a_.dln, g.qkvw, g.qkvb, a_.dqkv, a_.ln1 + l * NC, p.qkvw, N, C, 3 * C, kWrite);
-    norm_backward(a_.dres, g.ln1w, g.ln1b, a_.dln, x, p.ln1w, a_.ln1_mean + l * N, a_.ln1_rstd + l * N, N, kAdd);
+    be.matmul_backward(a_.dln, g.qkvw, g.qkvb, a_.dqkv, a_.ln1 + s * NC, p.qkvw, N, C, 3 * C, kWrite);
+    norm_backward(a_.dres, g.ln1w, g.ln1b, a_.dln, x, p.ln1w, a_.ln1_mean + s * N, a_.ln1_rstd + s * N, N, kAdd);
     if (report) grad_hook_(layer_grad_ranges(l));  // ln1w .. fcprojb of layer l
   }
   be.encoder_backward(grad(kWte), grad(kWpe), a_.dres, inputs_, B, Tn, C);  // dwpe null with rope

@@ -27,6 +27,23 @@ struct Activations {
   T *dres, *dln, *datty, *dqkv, *dfch, *dfch_gelu;
 };
 
+// What backward rebuilds instead of keeping it from forward (--recompute):
+//   None:  every layer's activations are kept;
+//   Gelu:  one activation-output buffer (B, T, 4C), refilled per layer from the kept pre-activation;
+//   Layer: only each block's input (the residual stream between blocks) and what the loss needs (final norm,
+//          logits) are kept; one block's activations are laid out once and backward runs the block's forward
+//          again, one block at a time, just before its backward. The forward is deterministic, so the rebuilt
+//          activations, and so the gradients, have the same bits as without recompute.
+enum class Recompute { None, Gelu, Layer };
+
+// Element counts of the activation buffers for (B, Tn): the T-typed ones (the logits separately) and the Master<T>
+// ones (statistics), from the same layout the model allocates (activation_slots). att_size: the backend's
+// attention state per layer (Backend::attention_state_size). For the memory plan, which allocates nothing.
+struct ActivationCounts {
+  size_t t = 0, logits = 0, m = 0;
+};
+ActivationCounts activation_counts(const ModelConfig& c, int B, int Tn, size_t att_size, Recompute r);
+
 // One layer's slice of each per-layer tensor, by name (as llm.c's ParameterTensors): of the parameters (P = T) or
 // of their gradients (P = Master<T>). A tensor the config does not have is null.
 template <typename P>
@@ -76,9 +93,12 @@ class GPT2Model {
   void set_param_round_seed(uint32_t seed) { round_seed_ = seed; params_changed(); }
   // bytes of the activations for (B, Tn), without allocating them
   size_t activation_bytes_for(int B, int Tn);
-  // keep one GELU output buffer and recompute it per layer in backward (saves (L-1)*B*T*4C values)
-  void set_recompute_gelu(bool on);
-  bool recompute_gelu() const { return recompute_gelu_; }
+  // what backward recomputes instead of keeping (Recompute); a change lays the activations out again
+  void set_recompute(Recompute r);
+  Recompute recompute() const { return recompute_; }
+  // the Gelu level's old switch: on = Gelu, off = None
+  void set_recompute_gelu(bool on) { set_recompute(on ? Recompute::Gelu : Recompute::None); }
+  bool recompute_gelu() const { return recompute_ == Recompute::Gelu; }
 
   // inp, targets: host arrays of B*Tn ints, already validated (ids in range, targets -1 or in range).
   // Returns the mean loss over non-ignored targets (NaN without targets).
@@ -229,6 +249,12 @@ class GPT2Model {
   };
   void ensure_activations(int B, int Tn);
   void forward_ops(int B, int Tn);          // embeddings to logits
+  // block l's forward from its input (the residual stream) to fcproj; with write_output also the block's output
+  // (residual3) and the next norm (the next block's ln1, or lnf). rebuild: first ln1 = norm(input) (Recompute::
+  // Layer's backward: the fused residual + norm that wrote it in forward is the previous block's)
+  void block_forward_ops(int l, bool rebuild);
+  // the slot of layer l in the per-layer activations: l, or 0 when one block is kept (Recompute::Layer)
+  size_t slot(int l) const { return recompute_ == Recompute::Layer ? 0 : size_t(l); }
   void backward_ops(bool report);           // from dlogits (in a_.logits) to the embedding gradients
   void forward_backward_ops(float grad_scale);
   // One captured sequence of ops (see set_graphs): the graph, and the key of the run that sized its buffers.
@@ -240,7 +266,9 @@ class GPT2Model {
   void run_graphed(GraphSlot& g, std::vector<double> key, Ops&& ops);
   void drop_graph(GraphSlot& g);
   void release_activations();
-  Slots activation_slots(int B, int Tn);
+  // (pointer in a, count) of every activation buffer for (B, Tn): the one layout (activation_counts sums it)
+  static Slots activation_slots(Activations<T>& a, const ModelConfig& c, int B, int Tn, size_t att_size, Recompute r);
+  friend ActivationCounts activation_counts(const ModelConfig& c, int B, int Tn, size_t att_size, Recompute r);
   void ensure_optimizer_state();
   void refresh_params();
   // with_muon: which tensors' parts to list (-1: every tensor; 0: the AdamW ones under Muon; 1: the Muon ones)
@@ -348,7 +376,7 @@ class GPT2Model {
   int32_t* targets_ = nullptr;
   int B_ = 0, T_ = 0;           // shape the activations are laid out for
   size_t att_size_ = 0;         // per-layer attention state, sized by the backend
-  bool recompute_gelu_ = false;
+  Recompute recompute_ = Recompute::None;
   GradReadyHook grad_hook_;
   bool have_targets_ = false;   // last forward had targets and its logits are intact
   long n_valid_ = 0;            // non-ignored targets of the last forward, counted on the host

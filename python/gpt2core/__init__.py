@@ -23,6 +23,7 @@ _preload_blas()
 from . import _build_config, _C, _cuda, _plugins  # noqa: E402  (_C: no CUDA library; _cuda loads it on use)
 from .config import GPT2Config, PRESETS  # noqa: E402
 from .model import GPT2, load_model  # noqa: E402
+from .memplan import plan  # noqa: E402  (the memory plan: bytes per GPU by part, allocating nothing)
 
 __version__ = _C.build_info()["version"]
 
@@ -77,4 +78,4 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY_SUBMODULES))
 
 
-__all__ = ["GPT2", "GPT2Config", "PRESETS", "build_info", "load_model", "__version__"]
+__all__ = ["GPT2", "GPT2Config", "PRESETS", "build_info", "load_model", "plan", "__version__"]

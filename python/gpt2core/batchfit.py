@@ -4,13 +4,13 @@ first step, naming the B that would.
 
 The memory a micro-batch of B sequences needs is modelled as
 
-    need(B) = memory_report(B, T)["total"] + margin(B),   margin(B) = m1 + (B - 1) * m_seq
+    need(B) = total(memplan.memory(config, B, T, options)) + margin(B),   margin(B) = m1 + (B - 1) * m_seq
 
-where memory_report counts what the model knows it holds (weights, their fp32 master copy, gradients, AdamW
-moments, activations) and the margin is what it does not (library workspaces and handles, scratch buffers, the
-allocator's rounding), MEASURED on the device: the device memory in use after one micro-step at B = 1 and at B = 2
-(cudaMemGetInfo, before and after), minus memory_report's figures for the same B; m1 is the first difference and
-m_seq its growth per sequence (never below 0). B fits when need(B) <= (1 - SAFETY) * the memory that was free before
+where the memory plan (gpt2core.memplan, the one function that computes it: `--plan` prints the same) counts what
+the run holds (weights, their fp32 master copy, gradients, AdamW moments, activations, logits, the backend's
+workspace) and the margin is what it does not (library handles, the allocator's rounding), MEASURED on the device:
+the device memory in use after one micro-step at B = 1 and at B = 2 (cudaMemGetInfo, before and after), minus the
+plan's figures for the same B; m1 is the first difference and m_seq its growth per sequence (never below 0). B fits when need(B) <= (1 - SAFETY) * the memory that was free before
 the model was made: SAFETY keeps a share back for what a later step may add (fragmentation, another process's
 growth).
 
@@ -109,26 +109,32 @@ def measure(model, T: int, vocab_size: int, free_now, free_before: int) -> tuple
 
 
 def plan(model, B, T: int, world: int, total_tokens: int, vocab_size: int, free_now, free_before: int,
-         where: str = "cuda") -> tuple[int, MemoryModel]:
+         where: str = "cuda", options=None) -> tuple[int, MemoryModel]:
     """B for a CUDA run: `auto` (B == "auto") the largest divisor of the sequences per step that fits, an explicit
-    B checked. Raises ArgError when nothing fits, or the explicit B does not (naming the B that would)."""
+    B checked. Raises ArgError when nothing fits, or the explicit B does not (naming the B that would). options:
+    the run's memplan.Options (default: those of the model's precision, one rank)."""
+    from . import memplan
     from .errors import ArgError
 
+    if options is None:
+        options = memplan.Options(device="cuda", precision=model.precision, world_size=world)
     seqs = sequences_per_step(total_tokens, T, world)
-    report1 = model.memory_report(1, T)
-    fixed = sum(v for k, v in report1.items() if k not in ("activations", "total"))
+    report1 = memplan.memory(model.config, 1, T, options)
+    report1.pop("host")
+    fixed = sum(report1[k] for k in ("weights", "master_weights", "gradients", "optimizer"))
     used1, used2 = measure(model, T, vocab_size, free_now, free_before)
-    r1, r2 = report1["total"], model.memory_report(2, T)["total"]
+    r1 = memplan.total(report1)
+    r2 = memplan.total(memplan.memory(model.config, 2, T, options))
     have = f"{mib(free_before)} free on {where} before the model, {int(SAFETY * 100)}% kept back"
     if used1 is None:  # one sequence ran out of memory
         raise ArgError(f"no micro-batch fits: -B 1 -T {T} ran out of memory ({have}); lower -T or --preset, or use "
-                       "--recompute-gelu")
+                       "--recompute layer (gpt2core-train --plan shows what fits)")
     budget = budget_of(free_before)
     mem = from_measurements(r1, r2, fixed, used1, used2 if used2 is not None else budget + 1)
     fit = largest_fitting(seqs, budget, mem.need)
     if fit is None:
         raise ArgError(f"no micro-batch fits: -B 1 -T {T} needs {mib(mem.need(1))} ({have}); lower -T or "
-                       "--preset, or use --recompute-gelu")
+                       "--preset, or use --recompute layer (gpt2core-train --plan shows what fits)")
     if B == "auto":
         return fit, mem
     if mem.need(B) > budget:

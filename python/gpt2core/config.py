@@ -303,8 +303,16 @@ class TrainConfig:
                                        "zero", "model")
     logit_softcap: float | None = _opt(None, "soft-cap the logits: cap * tanh(logits / cap) (default: the preset's; "
                                              "0: none)", "model")
-    recompute_gelu: bool = _opt(False, "recompute GELU outputs in backward instead of storing one per layer "
-                                       "(less memory)", "model")
+    recompute: str = _opt("none", "what backward recomputes instead of keeping from forward: none; gelu (the MLP "
+                                  "activation's output: one buffer instead of one per layer); layer (only each "
+                                  "block's input is kept and backward runs the block's forward again, one block at a "
+                                  "time: about a third more compute for most of the activations' memory). The "
+                                  "gradients are bit for bit the same. See --plan", "model",
+                          choices=["none", "gelu", "layer"])
+    recompute_gelu: bool = _opt(False, "the same as --recompute gelu", "model")
+    offload: str = _opt("none", "optimizer: keep the fp32 master weights and AdamW moments in pinned host memory "
+                                "(planned: --plan models it; training with it is not implemented yet)", "model",
+                        choices=["none", "optimizer"])
     cuda_graphs: bool = _opt(False, "CUDA: capture each micro-step's forward and backward, and the optimizer step, "
                                     "in CUDA graphs and replay them (one launch instead of hundreds); with data "
                                     "parallel, gradients are then averaged after backward", "model")
@@ -411,8 +419,10 @@ class TrainConfig:
     seed: int = _opt(1337, "weights init, data order and sampling", "evaluation and output")
     threads: int | None = _opt(None, "CPU threads (default: all cores)", "evaluation and output")
     # data parallel
-    zero: int = _opt(0, "1: ZeRO-1, each rank keeps and updates only its shard of the AdamW state",
-                     "data parallel (under torchrun, python -m gpt2core.launch, srun or mpirun)", choices=[0, 1])
+    zero: int = _opt(0, "1: ZeRO-1, each rank keeps and updates only its shard of the AdamW state; 2: ZeRO-2, "
+                        "the gradients sharded too (planned: --plan models it; training with it is not "
+                        "implemented yet)",
+                     "data parallel (under torchrun, python -m gpt2core.launch, srun or mpirun)", choices=[0, 1, 2])
     no_overlap_comm: bool = _opt(False, "average gradients in one allreduce after backward instead of overlapping "
                                         "it with the last micro-step's backward (for measurements; ZeRO-1 never "
                                         "overlaps)", "data parallel (under torchrun, python -m gpt2core.launch, srun "
@@ -463,6 +473,13 @@ class TrainConfig:
             raise ArgError(f"--schedule must be cosine, constant or wsd, got {self.schedule!r}")
         if self.loss_scaling not in ("auto", "on", "off"):
             raise ArgError(f"--loss-scaling must be auto, on or off, got {self.loss_scaling!r}")
+        if self.recompute_gelu:  # the old switch is the gelu level
+            if self.recompute not in ("none", "gelu"):
+                raise ArgError(f"--recompute-gelu and --recompute {self.recompute} disagree: give one of them")
+            object.__setattr__(self, "recompute", "gelu")
+        object.__setattr__(self, "recompute_gelu", self.recompute == "gelu")
+        if self.device == "cpu" and self.offload != "none":
+            raise ArgError("--offload optimizer needs --device cuda (on the CPU the optimizer is in host memory)")
         if self.device == "cpu" and self.precision not in (None, "fp32"):
             raise ArgError(f"--precision {self.precision} needs --device cuda (the CPU backend computes in fp32)")
         if self.device == "cpu" and self.attention in ("flash", "cudnn"):
@@ -576,6 +593,7 @@ _CHECKS = {
     "dist_timeout": _F(0, 1e9, lo_open=True, what="a finite number of seconds > 0"),
     "loss_scale_init": _F(0, lo_open=True, float32=True, what="a finite number > 0 that fits in float32 (e.g. 65536)"),
     "loss_scale_interval": _I(1, 2**31 - 1, "an integer >= 1"),
+    "recompute": cli.Choice("none", "gelu", "layer"), "offload": cli.Choice("none", "optimizer"),
     "checkpoint_every": _I(0, what="an integer >= 0 (0: never)"), "keep_last": _I(0, what="an integer >= 0 (0: all)"),
     "data_dir": cli.Optional(cli.existing_dir), "output_dir": cli.output_dir,
     "sft": cli.Optional(cli.existing_path),

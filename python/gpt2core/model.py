@@ -287,9 +287,22 @@ class GPT2:
                                  skipped=int(state["skipped"]))
 
     @property
+    def recompute(self) -> str:
+        """What backward recomputes instead of keeping from forward: 'none'; 'gelu' (one activation-output buffer,
+        refilled per layer: saves (L-1)*B*T*4C values for one extra GELU per layer); 'layer' (only each block's
+        input is kept, and backward runs each block's forward again just before its backward: one more forward of
+        the blocks). The gradients have the same bits whichever is chosen."""
+        return self._m.recompute
+
+    @recompute.setter
+    def recompute(self, level: str) -> None:
+        if level not in ("none", "gelu", "layer"):
+            raise ValueError(f"recompute must be 'none', 'gelu' or 'layer', got {level!r}")
+        self._m.recompute = level
+
+    @property
     def recompute_gelu(self) -> bool:
-        """Keep one GELU output buffer and recompute it per layer in backward: saves (L-1)*B*T*4C
-        activations for one extra GELU per layer."""
+        """recompute == 'gelu' (the older switch for that level)."""
         return self._m.recompute_gelu
 
     @recompute_gelu.setter

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _C, batchfit, chat, cli, core_eval, distributed, progress, runfolder, tokenizer, trackers
+from . import _C, batchfit, chat, cli, core_eval, distributed, memplan, progress, runfolder, tokenizer, trackers
 from .checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints,
                          load_checkpoint, prune_checkpoints, remove_stale_temporaries, save_checkpoint)
 from .config import _CHECKS, RECIPE_SWITCHES, RECIPES, SFT_DEFAULTS, TrainConfig, negated_flag
@@ -72,14 +72,36 @@ def build_parser() -> argparse.ArgumentParser:
         # the checker parses the text; TrainConfig checks the range, naming the flag
         g.add_argument(*flags, dest=f.name, type=check.parser() if check else kind, default=f.default, help=help,
                        **kw)
+    g = ap.add_argument_group("memory plan (gpt2core.memplan: allocates nothing, needs no GPU)")
+    g.add_argument("--plan", action="store_true",
+                   help="print the bytes per GPU by part for this command's preset, precision, B, T, ranks and "
+                        "memory options, the largest micro-batch that fits --gpu-memory and which option "
+                        "combinations fit, then exit: 0 when it fits, 2 (one line naming the smallest change that "
+                        "fits) when it does not")
+    g.add_argument("--json", action="store_true", help="--plan: print the plan as one JSON object")
+    g.add_argument("--gpu-memory", metavar="SIZE", default=None,
+                   help="--plan: one GPU's memory, e.g. 24GiB, 10GiB, 80GB (default: the GPU's free memory)")
+    g.add_argument("--world-size", metavar="N", type=cli.Int(1, 1 << 16, "an integer >= 1").parser(), default=None,
+                   help="--plan: ranks (default: the launcher's environment, else 1)")
     return ap
+
+
+PLAN_FLAGS = ("plan", "json", "gpu_memory", "world_size")
 
 
 def parse_args(argv=None) -> TrainConfig:
     """The TrainConfig of a command line; a value out of range is a one-line error naming the flag (exit 2)."""
+    return parse_command(argv)[0]
+
+
+def parse_command(argv=None) -> tuple[TrainConfig, dict]:
+    """The TrainConfig of a command line and its --plan flags (PLAN_FLAGS)."""
     ap = build_parser()
     values = vars(ap.parse_args(argv))
     values.pop("debug", None)  # cli.entry's switch
+    planned = {k: values.pop(k) for k in PLAN_FLAGS}
+    if not planned["plan"] and (planned["json"] or planned["gpu_memory"] or planned["world_size"]):
+        ap.exit(2, f"{ap.prog}: error: --json, --gpu-memory and --world-size go with --plan\n")
     # --recipe sets its values unless a flag gave them: the flags given are those a parser without defaults sees
     bare = build_parser()
     for a in bare._actions:
@@ -90,7 +112,8 @@ def parse_args(argv=None) -> TrainConfig:
         sets = RECIPES.get(recipe, {})
         if values.get("sft"):  # its defaults, and --steps only when given (else --epochs sets it)
             sets = {**sets, **SFT_DEFAULTS, "steps": None}
-        return TrainConfig.from_recipe(recipe, **{k: v for k, v in values.items() if k in explicit or k not in sets})
+        cfg = TrainConfig.from_recipe(recipe, **{k: v for k, v in values.items() if k in explicit or k not in sets})
+        return cfg, planned
     except ValueError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")
 
@@ -151,8 +174,12 @@ class Trainer:
 
     def _check_process_flags(self) -> None:
         """Data-parallel switches in a run of one process would do nothing: --zero 1 is refused, the others warned
-        about."""
+        about. The planned options (--zero 2, --offload optimizer) are refused: --plan models them."""
         cfg = self.cfg
+        if cfg.zero == 2 or cfg.offload != "none":
+            flag = "--zero 2" if cfg.zero == 2 else f"--offload {cfg.offload}"
+            raise ArgError(f"{flag} is planned (issue 37) but not implemented yet: --plan shows what it would hold; "
+                           "train with --recompute layer and --zero 1 (see --plan's table of what fits)")
         if self.comm is None:
             if cfg.zero:
                 raise ArgError("--zero 1 shards the AdamW state over the processes of a data-parallel run, and this "
@@ -342,6 +369,8 @@ class Trainer:
         self._check_weights_fit()
         cuda = self.device != "cpu"
         free_before = _C.cuda_mem_info(self._cuda_index())[0] if cuda else 0
+        if cuda:  # the plan first: a run that cannot fit one sequence is refused before anything is allocated
+            self._check_plan_fits(cfg, free_before)
         try:
             model = GPT2(self.config, device=self.device, seed=cfg.seed, precision=cfg.precision,
                          attention=cfg.attention, matmul_tuning=cfg.matmul_tuning,
@@ -356,14 +385,15 @@ class Trainer:
         if self._init is not None:  # --init: its weights (a resumed run then restores its checkpoint's)
             fill_params(model, *self._init)
             self._init = None
-        model.recompute_gelu = cfg.recompute_gelu
+        model.recompute = cfg.recompute
         model.cuda_graphs = cfg.cuda_graphs
         T, W = cfg.seq_len, self.dist.world_size
         seqs = self.total // (T * W)
         B = cfg.batch_size
         if cuda:
             B, mem = batchfit.plan(model, B, T, W, self.total, self.config.vocab_size,
-                                   lambda: _C.cuda_mem_info(self._cuda_index())[0], free_before, self.device)
+                                   lambda: _C.cuda_mem_info(self._cuda_index())[0], free_before, self.device,
+                                   plan_options(cfg, W, 0, model.precision))
             if cfg.batch_size == "auto":
                 # every rank the same B: the smallest any rank chose (each is a divisor of seqs, so it is one too)
                 divs = batchfit.divisors_descending(seqs)
@@ -378,6 +408,16 @@ class Trainer:
             self.cfg = dataclasses.replace(cfg, batch_size=B)
             self.grad_accum = seqs // B
         return model
+
+    def _check_plan_fits(self, cfg: TrainConfig, free_before: int) -> None:
+        """ArgError naming the smallest change that fits (memplan) when not even -B 1 fits the GPU's free memory."""
+        o = plan_options(cfg, self.dist.world_size, 0)  # a lower bound: the library's workspace is measured later
+        budget = memplan.budget_of(free_before, measured=True)
+        if memplan.largest_batch(self.config, cfg.seq_len, o, budget, [1]) is None:
+            p = memplan.plan(self.config, 1, cfg.seq_len, free_before, o, measured=True)
+            p.config = f"--preset {cfg.preset}"
+            raise ArgError(f"would run out of memory on {self.device} ({batchfit.mib(free_before)} free): "
+                           + p.refusal())
 
     def _cuda_index(self) -> int:
         return int(self.device.partition(":")[2] or 0)
@@ -652,7 +692,8 @@ class Trainer:
                  f"{self.train_loader.n_tokens:,} | val tokens {self.val_loader.n_tokens if self.val_loader else 0:,}")
         mem = m.memory_report(cfg.batch_size, cfg.seq_len)
         self.log("memory: " + " | ".join(f"{k} {v / 2**20:,.1f} MiB" for k, v in mem.items()) +
-                 (" (GELU recomputed in backward)" if m.recompute_gelu else ""))
+                 (" (GELU recomputed in backward)" if cfg.recompute == "gelu" else
+                  " (each block recomputed in backward)" if cfg.recompute == "layer" else ""))
         if self.comm is not None:
             self.log(m.describe())
         # what gpt2core.plot needs to put runs on a tokens axis and to know a 124M run
@@ -718,10 +759,59 @@ def _physical_memory() -> int | None:
         return None
 
 
+def plan_options(cfg: TrainConfig, world_size: int, library_workspace: int = memplan.CUBLASLT_WORKSPACE,
+                 precision: str | None = None) -> memplan.Options:
+    """The memory plan's options of a TrainConfig: CUDA's default precision is bf16 (an sm_80+ GPU's). A run
+    passes library_workspace=0 and its model's precision: the probe of batchfit measures the library's workspace."""
+    cuda = cfg.device != "cpu"
+    precision = precision or cfg.precision or ("bf16" if cuda else "fp32")
+    return memplan.Options(device="cuda" if cuda else "cpu", precision=precision, world_size=world_size,
+                           zero=cfg.zero, recompute=cfg.recompute, offload=cfg.offload,
+                           attention="flash" if cfg.attention in (None, "auto") else cfg.attention,
+                           library_workspace=library_workspace)
+
+
+def run_plan(cfg: TrainConfig, flags: dict) -> dict:
+    """--plan: the memory plan of this command (memplan.plan), printed as text or JSON. Exit 0 when it fits, 2
+    with one line naming the smallest change that fits when it does not (JSON: the object, then exit 2)."""
+    world = flags["world_size"] or distributed.from_env().world_size
+    measured = False
+    gpu_memory = flags["gpu_memory"]
+    if gpu_memory is None:
+        if cfg.device == "cpu":
+            gpu_memory = _physical_memory()
+        elif _C.cuda_status():
+            raise ArgError(f"--plan needs --gpu-memory (e.g. 24GiB) without a usable GPU ({_C.cuda_status()})")
+        else:
+            gpu_memory = _C.cuda_mem_info(int(cfg.device.partition(":")[2] or 0))[0]
+            measured = True
+    else:
+        gpu_memory = memplan.parse_bytes(gpu_memory)
+    B = None if cfg.batch_size == "auto" else cfg.batch_size
+    p = memplan.plan(cfg.model_config(), B, cfg.seq_len, gpu_memory, plan_options(cfg, world), measured=measured,
+                     total_batch_tokens=cfg.total_batch_tokens if B is None else None)
+    p.config = cfg.preset
+    if flags["json"]:
+        print(json.dumps(p.to_json()), flush=True)
+        if not p.fits:
+            raise SystemExit(2)
+    elif not p.fits:
+        raise ArgError(p.refusal())
+    else:
+        print(p.report(), flush=True)
+    return p.to_json()
+
+
 def main(argv=None) -> dict:
     """gpt2core-train. Exits with a one-line message on a file, disk, lock or divergence problem (status 1),
     and with EXIT_PREEMPTED (75) after a checkpoint when stopped by SIGTERM/SIGINT."""
-    cfg = parse_args(argv)
+    cfg, flags = parse_command(argv)
+    if flags["plan"]:
+        try:
+            return run_plan(cfg, flags)
+        except BaseException as e:
+            cli.reraise_as_exit("gpt2core-train", e)
+            raise
     try:
         with Trainer(cfg) as trainer:
             return trainer.run()

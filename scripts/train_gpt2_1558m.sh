@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+# GPT-2 1558M, GPT-2 XL (d48), with llm.c's hyperparameters: see scripts/train_gpt2_large.sh (knobs, sources, plans).
+exec "$(dirname "$0")/train_gpt2_large.sh" d48 "$@"
