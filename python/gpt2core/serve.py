@@ -46,7 +46,9 @@ import math
 import numbers
 import os
 import queue
+import re
 import secrets
+import signal
 import socket
 import sys
 import threading
@@ -63,6 +65,8 @@ from .errors import ArgError, Error
 PAGE = Path(__file__).resolve().parent / "assets" / "serve.html"
 log = logging.getLogger("gpt2core.serve")
 MAX_BODY = 1 << 20        # bytes of a request body
+MAX_DEPTH = 32            # nesting of JSON arrays / objects in a body (a request needs 3)
+BODY_TIMEOUT = 30.0       # seconds a client has to send the whole body once its headers are in
 MAX_STOP = 4              # stop strings per request (OpenAI's limit)
 SEED_MAX = 2**63 - 1
 
@@ -126,11 +130,64 @@ def _token_list(v, vocab_size: int, param: str) -> list[int] | None:
     return v
 
 
+def _too_large(size: str) -> APIError:
+    return APIError(413, f"request body of {size} bytes is over the limit of {MAX_BODY} bytes", None,
+                    "request_too_large")
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request body was in."""
+
+
+async def read_body(request, limit: int = MAX_BODY, timeout: float = BODY_TIMEOUT) -> bytes:
+    """The request's body, read with the limits enforced WHILE reading: a Content-Length over `limit` is refused
+    before a byte of the body is read, and a body without one (chunked) is counted chunk by chunk and refused as
+    soon as it passes `limit` (APIError 413); a body that is not all in within `timeout` seconds gets 408. A client
+    that disconnects meanwhile raises ClientGone (nobody is left to answer)."""
+    from starlette.requests import ClientDisconnect
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.strip().isdigit():
+            raise _bad(f"Content-Length must be a number of bytes, got {length!r}", None, "invalid_request")
+        if int(length) > limit:
+            raise _too_large(f"{int(length)}")
+
+    async def collect() -> bytes:
+        parts, n = [], 0
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > limit:
+                raise _too_large(f"more than {limit}")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    try:
+        return await asyncio.wait_for(collect(), timeout)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout:g} s", None, "request_timeout") from None
+    except ClientDisconnect:
+        raise ClientGone() from None
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in JSON text (brackets inside strings do not count)."""
+    b = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
+    if not b.size:
+        return 0
+    step = (b == ord("[")).astype(np.int32) + (b == ord("{")) - (b == ord("]")) - (b == ord("}"))
+    return int(np.cumsum(step).max(initial=0))
+
+
 def parse_completion(raw: bytes, block_size: int, vocab_size: int, max_batch: int) -> Completion:
     """The body of POST /v1/completions -> Completion, or APIError (400, 413) saying which field is wrong."""
     if len(raw) > MAX_BODY:
-        raise APIError(413, f"request body of {len(raw)} bytes is over the limit of {MAX_BODY} bytes", None,
-                       "request_too_large")
+        raise _too_large(f"{len(raw)}")
+    depth = json_depth(raw)
+    if depth > MAX_DEPTH:
+        raise _bad(f"the request body nests arrays / objects {depth} deep: at most {MAX_DEPTH}", None, "invalid_json")
     try:
         body = json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as e:
@@ -287,6 +344,9 @@ class Engine:
 
 
 # ------------------------------------------------------------------------------------------------ the scheduler
+SHUTDOWN = "the server is shutting down"
+
+
 @dataclass
 class Job:
     """One request in flight: its sequences' events go to `events` (an asyncio.Queue on the server's loop)."""
@@ -330,13 +390,34 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
+    def stop(self) -> None:
+        """End the running batch at its next step and answer every waiting request with a 503 (the server is
+        shutting down). Only sets a flag: safe from a signal handler."""
+        self._closing = True
+
     def close(self) -> None:
         self._closing = True
         self._q.put(None)
         self._thread.join(timeout=30)
+        self._refuse_waiting()
 
     def submit(self, job: Job) -> None:
+        if self._closing:
+            job.emit("error", SHUTDOWN, 503)
+            return
         self._q.put(job)
+
+    def _refuse_waiting(self) -> None:
+        held, self._held = self._held, None
+        jobs = [held] if held is not None else []
+        while True:
+            try:
+                jobs.append(self._q.get_nowait())
+            except queue.Empty:
+                break
+        for job in jobs:
+            if job is not None:
+                job.emit("error", SHUTDOWN, 503)
 
     def waiting(self) -> int:
         return self._q.qsize() + (self._held is not None)
@@ -384,6 +465,7 @@ class Scheduler:
                     log.exception("gpt2core-serve: a batch of %d requests failed", len(live))
                     for j in live:
                         j.emit("error", f"generation failed: {type(e).__name__}: {e}")
+        self._refuse_waiting()
 
     def _run_batch(self, jobs: list[Job]) -> None:
         seqs = [(j, i, p) for j in jobs for i, p in enumerate(j.req.prompts)]
@@ -444,20 +526,35 @@ class Scheduler:
             if close is not None:
                 close()  # stops the engine's loop (and frees its cache) when we leave early
             st.running = 0
+        stopped = set()
         for b in range(B):
-            if not finished[b] and not seqs[b][0].cancelled:
+            j = seqs[b][0]
+            if finished[b] or j.cancelled:
+                continue
+            if self._closing:  # the server is shutting down: the request ends with an error, not a cut text
+                if id(j) not in stopped:
+                    stopped.add(id(j))
+                    j.emit("error", SHUTDOWN, 503)
+            else:
                 finish(b, "length")
 
 
 # ------------------------------------------------------------------------------------------------ the app
+def _event_error(ev) -> APIError:
+    """The answer to an ("error", message[, status]) event of the scheduler: 503 while shutting down, else 500."""
+    status = ev[2] if len(ev) > 2 else 500
+    return APIError(status, ev[1], None, "server_shutdown" if status == 503 else None, "server_error")
+
+
 def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_window_ms: float = 10.0,
-               threads: int | None = None, on_ready=None):
+               threads: int | None = None, on_ready=None, body_timeout: float = BODY_TIMEOUT):
     """The Starlette app over `model` (a GPT2). threads: OpenMP threads of the model thread (None: OpenMP's
-    default). on_ready(): called once the worker thread is running."""
+    default). on_ready(): called once the worker thread is running. body_timeout: seconds a client has to send
+    its request body (408 after)."""
     try:
         from starlette.applications import Starlette
         from starlette.concurrency import run_in_threadpool
-        from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
+        from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
         from starlette.routing import Route
     except ImportError as e:  # pragma: no cover - the [serve] extra is missing
         raise ImportError("gpt2core-serve needs Starlette and uvicorn: pip install 'gpt2core[serve]'") from e
@@ -470,8 +567,8 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
     sched = Scheduler(engine, max_batch=max_batch, batch_window_ms=batch_window_ms, threads=threads)
     tokenizer.get_encoding()  # build the BPE tables now, not in the first request
 
-    def error(e: APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+    def error(e: APIError, close: bool = False) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status, headers={"Connection": "close"} if close else None)
 
     async def page(request):
         return HTMLResponse(PAGE.read_text(encoding="utf-8"))
@@ -484,11 +581,14 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
                              "cancelled": s.cancelled, "tokens": s.tokens, "recent_batch_sizes": s.batch_sizes[-10:]})
 
     async def completions(request):
-        raw = await request.body()
         try:
+            raw = await read_body(request, MAX_BODY, body_timeout)
             req = await run_in_threadpool(parse_completion, raw, engine.block_size, engine.vocab_size, max_batch)
         except APIError as e:
-            return error(e)
+            return error(e, close=e.status in (408, 413))  # the rest of that body is never read
+        except ClientGone:
+            log.debug("gpt2core-serve: client left before its request body was in")
+            return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
         job = Job(req, asyncio.get_running_loop(), asyncio.Queue())
         sched.submit(job)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -522,7 +622,7 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
                     reasons[ev[1]], made[ev[1]] = ev[2], ev[3]
                     left -= 1
                 else:
-                    return error(APIError(500, ev[1], None, None, "server_error"))
+                    return error(_event_error(ev))
         finally:
             watcher.cancel()
             if any(r is None for r in reasons):
@@ -547,7 +647,7 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
                     yield chunk({**head, "choices": [{"text": "", "index": ev[1], "logprobs": None,
                                                       "finish_reason": ev[2]}]})
                 else:
-                    yield chunk(APIError(500, ev[1], None, None, "server_error").body())
+                    yield chunk(_event_error(ev).body())
                     return
             if job.req.include_usage:
                 yield chunk({**head, "choices": [], "usage": usage(made)})
@@ -598,7 +698,26 @@ def build_parser():
                     help="most sequences generated together in one batch (default 8)")
     ap.add_argument("--batch-window-ms", type=cli.Float(0, 60000), default=10.0,
                     help="how long an idle server waits after a request for others to batch with it (default 10)")
+    ap.add_argument("--body-timeout", type=cli.Float(0, 3600, lo_open=True), default=BODY_TIMEOUT,
+                    help=f"seconds a client has to send its request body once its headers are in (default "
+                         f"{BODY_TIMEOUT:g}; 408 after)")
     return ap
+
+
+def graceful_server(app, sched: "Scheduler", **config):
+    """A uvicorn.Server whose SIGINT / SIGTERM ends the running streams (each gets a 503 error event), answers
+    waiting requests with 503, lets the responses finish and returns normally: exit 0, no traceback (uvicorn
+    itself would raise the signal again once shut down). A second SIGINT quits without waiting."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:  # a signal handler: only sets flags
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            sched.stop()
+            self.should_exit = True
+
+    return Server(uvicorn.Config(app, **config))
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -644,8 +763,9 @@ def main(argv=None) -> int:
               flush=True)
 
     app = create_app(model, os.path.basename(os.path.normpath(str(args.model))), max_batch=args.max_batch,
-                     batch_window_ms=args.batch_window_ms, threads=args.threads, on_ready=ready)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+                     batch_window_ms=args.batch_window_ms, threads=args.threads, on_ready=ready,
+                     body_timeout=args.body_timeout)
+    server = graceful_server(app, app.state.scheduler, log_level="warning", timeout_graceful_shutdown=5)
     server.run(sockets=[sock])
     return 0
 
