@@ -22,7 +22,7 @@ BODY_TIMEOUT = 1.5  # --body-timeout of the server under test (seconds)
 
 @pytest.fixture(scope="module")
 def edge_server(model_file):  # noqa: F811
-    s = Server(model_file, "--body-timeout", str(BODY_TIMEOUT))
+    s = Server(model_file, "--body-timeout", str(BODY_TIMEOUT), "--max-batch", "1")
     yield s
     s.client.close()
     s.stop()
@@ -144,37 +144,45 @@ def test_json_depth_ignores_brackets_in_strings():
     assert json_depth(b"") == 0
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_during_a_stream_ends_it_and_exits_0(model_file, sig):  # noqa: F811
+def signal_during_a_stream(s, sig):
     """A long stream is running and a second request waits behind it (max batch 1); the signal ends the stream with
     a server_shutdown error event, answers the waiting request 503, and the process exits 0 without a traceback."""
+    with connect(s) as a, connect(s) as b:
+        body = json.dumps(dict(prompt="A long story", max_tokens=LONG, stream=True)).encode()
+        a.sendall(HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        a.settimeout(60)
+        first = a.recv(65536)
+        assert b" 200 " in first.split(b"\r\n")[0], first
+        body2 = json.dumps(dict(prompt="waiting", max_tokens=3)).encode()
+        b.sendall(HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(body2), body2))
+        deadline = time.monotonic() + 30
+        while s.health()["waiting"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s.proc.send_signal(sig)
+        rest = first
+        while True:
+            part = a.recv(65536)
+            if not part:
+                break
+            rest += part
+        status_b, _, body_b = read_response(b)
+    assert s.proc.wait(30) == 0
+    text = rest.decode(errors="replace")
+    assert '"code": "server_shutdown"' in text, text[-2000:]
+    assert status_b == 503 and json.loads(body_b)["error"]["code"] == "server_shutdown"
+    log = "".join(s.lines)
+    assert "Traceback" not in log and "Error" not in log, log
+
+
+def test_sigint_during_a_stream_ends_it_and_exits_0(model_file):  # noqa: F811
     s = Server(model_file, "--max-batch", "1")
     try:
-        with connect(s) as a, connect(s) as b:
-            body = json.dumps(dict(prompt="A long story", max_tokens=LONG, stream=True)).encode()
-            a.sendall(HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-            a.settimeout(60)
-            first = a.recv(65536)
-            assert b" 200 " in first.split(b"\r\n")[0], first
-            body2 = json.dumps(dict(prompt="waiting", max_tokens=3)).encode()
-            b.sendall(HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(body2), body2))
-            deadline = time.monotonic() + 30
-            while s.health()["waiting"] < 1 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            s.proc.send_signal(sig)
-            rest = first
-            while True:
-                part = a.recv(65536)
-                if not part:
-                    break
-                rest += part
-            status_b, _, body_b = read_response(b)
-        assert s.proc.wait(30) == 0
-        text = rest.decode(errors="replace")
-        assert '"code": "server_shutdown"' in text, text[-2000:]
-        assert status_b == 503 and json.loads(body_b)["error"]["code"] == "server_shutdown"
+        signal_during_a_stream(s, signal.SIGINT)
     finally:
         s.client.close()
         s.stop()
-    log = "".join(s.lines)
-    assert "Traceback" not in log and "Error" not in log, log
+
+
+def test_sigterm_during_a_stream_ends_it_and_exits_0(edge_server):
+    """The last test of the module: it stops the module's server (the fixture then checks its exit and output)."""
+    signal_during_a_stream(edge_server, signal.SIGTERM)
