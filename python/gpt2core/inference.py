@@ -134,8 +134,9 @@ def _check_real(v, name: str, lo: float, hi: float, text: str) -> float:
 
 
 def _check_int(v, name: str, lo: int, hi: int, text: str) -> int:
+    """v as an int in [lo, hi] (hi: what the core stores), else ArgError naming `name` and the range."""
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= int(v) <= hi:
-        raise ArgError(f"{name} must be an integer in [{lo}, {hi}] {text}, got {v!r}")
+        raise ArgError(f"{name} must be an integer >= {lo}, got {v!r} ({text}; at most {hi:,}, what the core stores)")
     return int(v)
 
 
@@ -212,15 +213,15 @@ def _prepare(model, idx, max_new_tokens, top_k, temperature, seed, top_p, stop):
     for b, (p, mx, k, t, tp, s) in enumerate(zip(
             prompts, _per_seq(max_new_tokens, B, "max_new_tokens"), _per_seq(top_k, B, "top_k"),
             _per_seq(temperature, B, "temperature"), _per_seq(top_p, B, "top_p"), _per_seq(seed, B, "seed"))):
-        mx = _check_int(mx, "max_new_tokens", 0, INT32_MAX, "(tokens to add)")
-        k = 0 if k is None else _check_int(k, "top_k", 0, INT32_MAX, "(0 or None: the whole vocabulary; 1: greedy)")
+        mx = _check_int(mx, "max_new_tokens", 0, INT32_MAX, "tokens to add")
+        k = 0 if k is None else _check_int(k, "top_k", 0, INT32_MAX, "0 or None: the whole vocabulary; 1: greedy")
         t = _check_real(t, "temperature", 0.0, float("inf"), "(0, inf) (for greedy decoding use top_k=1)")
         if t == 0:
             raise ArgError("temperature must be > 0 (for greedy decoding use top_k=1), got 0")
         tp = 1.0 if tp is None else _check_real(tp, "top_p", 0.0, 1.0, "(0, 1] (None: off)")
         if tp == 0:
             raise ArgError("top_p must be a number in (0, 1] (None: off), got 0")
-        s = _check_int(s, "seed", 0, SEED_MAX, "(an unsigned 64-bit integer)")
+        s = _check_int(s, "seed", 0, SEED_MAX, "an unsigned 64-bit integer")
         # a scalar seed: sequence b draws from stream b; one seed per sequence: stream 0 (a request's own seed
         # gives the same ids whatever batch it runs in)
         seqs.append(_Seq(p, mx, t, k, tp, s, 0 if seed_list else b, []))

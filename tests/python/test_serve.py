@@ -81,8 +81,8 @@ def server(model_file):
     yield s
     s.client.close()
     s.stop()
-    # SIGTERM: a clean shutdown (uvicorn re-raises the signal once it has shut down)
-    assert s.proc.returncode in (0, -15) and "Traceback" not in "".join(s.lines), "".join(s.lines)
+    # SIGTERM: a clean shutdown, exit 0 (test_serve_edges.py: streams ended, waiting requests answered)
+    assert s.proc.returncode == 0 and "Traceback" not in "".join(s.lines), "".join(s.lines)
 
 
 @pytest.fixture(scope="module")
