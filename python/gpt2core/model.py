@@ -563,7 +563,10 @@ class GPT2:
 
         Returns (B, T + max_new_tokens) int32 ids for an array idx (a sequence that stopped early is padded with
         <|endoftext|>), a list of 1-D arrays (prompt + generated) for a list of prompts; with stream=True an
-        iterator that yields, per step, the (B,) ids just made (-1 for a sequence that had already stopped)."""
+        inference.Stream, an iterator that yields, per step, the (B,) ids just made (-1 for a sequence that had
+        already stopped); it owns its KV-cache slots until it ends, close() or garbage collection, so live streams
+        and other calls on the model do not disturb each other (see `lock`; inference.KVCacheFull beyond
+        kv_cache_limit)."""
         from . import inference
         return inference.generate(self, idx, max_new_tokens, top_k=top_k, temperature=temperature, seed=seed,
                                   top_p=top_p, stop=stop, stream=stream)
