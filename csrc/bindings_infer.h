@@ -69,7 +69,7 @@ void bind_kv(Cls& cls) {
            }, py::arg("slot"), "Tokens in the slot's cache.")
       .def_property_readonly("kv_bytes", &M::kv_bytes, "Bytes of the KV cache and the inference activations.")
       .def("kv_prefill",
-           [](M& self, py::object tokens, py::object lengths, py::object slots, bool all_logits) {
+           [](M& self, py::object tokens, py::object lengths, py::object slots, bool all_logits, py::object start) {
              auto x = int32_array(tokens, "tokens", 2);
              auto len = int32_array(lengths, "lengths", 1);
              auto sl = int32_array(slots, "slots", 1);
@@ -81,17 +81,46 @@ void bind_kv(Cls& cls) {
                throw py::value_error("tokens: T=" + std::to_string(Tq) + " exceeds the cache's max_len=" +
                                      std::to_string(self.kv_max_len()) + " (kv_reserve a larger one)");
              check_ids(x.data(), size_t(x.size()), self.config().vocab_size, "tokens");
+             std::vector<int32_t> seen(self.kv_slots(), 0);
              for (int i = 0; i < n; i++) {
                if (len.data()[i] < 1 || len.data()[i] > Tq) throw py::value_error("lengths must be in [1, T]");
                if (sl.data()[i] < 0 || sl.data()[i] >= self.kv_slots())
                  throw py::value_error("slots must be in [0, kv_slots=" + std::to_string(self.kv_slots()) + ")");
+               if (seen[sl.data()[i]]++) throw py::value_error("slots: slot " + std::to_string(sl.data()[i]) + " appears twice");
              }
+             py::array_t<int32_t> st;
+             if (!start.is_none()) {
+               st = int32_array(start, "start", 1);
+               if (st.shape(0) != n) throw py::value_error("start must have one entry per row of tokens");
+               for (int i = 0; i < n; i++) {
+                 const int s = st.data()[i], slot = sl.data()[i];
+                 if (s < 0 || s > self.kv_pos(slot))
+                   throw py::value_error("start[" + std::to_string(i) + "]=" + std::to_string(s) + " must be in [0, kv_pos(" +
+                                         std::to_string(slot) + ")=" + std::to_string(self.kv_pos(slot)) +
+                                         "]: a prefill continues the tokens already in the slot");
+                 if (s + Tq > self.kv_max_len())
+                   throw py::value_error("start[" + std::to_string(i) + "]=" + std::to_string(s) + " + T=" + std::to_string(Tq) +
+                                         " exceeds the cache's max_len=" + std::to_string(self.kv_max_len()) +
+                                         " (every row's T positions are written, padding included)");
+               }
+             }
+             const int32_t* sp = start.is_none() ? nullptr : st.data();
              py::gil_scoped_release nogil;
-             self.kv_prefill(x.data(), len.data(), sl.data(), n, Tq, all_logits);
+             self.kv_prefill(x.data(), len.data(), sl.data(), n, Tq, all_logits, sp);
            },
            py::arg("tokens"), py::arg("lengths"), py::arg("slots"), py::arg("all_logits") = false,
-           "Prefill: row i of tokens (n, T) (its first lengths[i] ids) into cache slot slots[i] from position 0; "
-           "logits of each row's last token (or of every position with all_logits), read by kv_logits/kv_sample.")
+           py::arg("start") = py::none(),
+           "Prefill: row i of tokens (n, T) (its first lengths[i] ids) into cache slot slots[i] from position start[i] "
+           "(None: 0; above 0 it continues the slot's cache, a prompt in chunks: start[i] <= kv_pos(slot) and "
+           "start[i] + T <= max_len); logits of each row's last token (or of every position with all_logits), read by "
+           "kv_logits/kv_sample.")
+      .def("kv_free",
+           [](M& self, int slot) {
+             if (slot < 0 || slot >= self.kv_slots())
+               throw py::value_error("slot must be in [0, kv_slots=" + std::to_string(self.kv_slots()) + ")");
+             self.kv_free(slot);
+           },
+           py::arg("slot"), "Release a slot: kv_pos(slot) becomes 0; the next sequence there is prefilled from 0.")
       .def("kv_decode",
            [](M& self, py::object tokens, py::object slots) {
              auto x = int32_array(tokens, "tokens", 1);

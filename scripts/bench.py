@@ -23,6 +23,10 @@ thread split the model's matmuls use), once per CPU model, thread count and BLAS
 $XDG_CACHE_HOME/gpt2core/cpu_peak.json (~/.cache/gpt2core/...); --measure-peak measures again,
 --peak-gflops overrides it. GPU peaks are the dense bf16 / fp16 / tf32 tensor-core figures.
 
+--serve benchmarks the completions server under concurrent streaming clients, beside llama.cpp's llama-server
+(scripts/bench_serve.py):
+    python scripts/bench.py --serve --preset d12 --threads 2 --clients 1 4 8 16 --llama-server PATH
+
 --generate benchmarks KV-cache generation instead (scripts/bench_generate.py: prefill ms, decode tokens/s, the
 weight-streaming bound, Hugging Face transformers and llama.cpp side by side when installed, greedy ids compared):
     python scripts/bench.py --generate --preset d12 --threads 2 --prompts 8 200 --batches 1
@@ -140,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "bound, and Hugging Face transformers side by side when installed")
     gen.add_argument("--prompts", type=int, nargs="+", default=[8, 512], help="--generate: prompt lengths")
     gen.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="--generate: batch sizes")
-    gen.add_argument("--new-tokens", type=int, default=32, help="--generate: decode steps timed")
+    gen.add_argument("--new-tokens", type=int, default=32,
+                     help="--generate: decode steps timed; --serve: new tokens per request")
     gen.add_argument("--weights", nargs="+", choices=["fp32", "bf16", "fp16", "int8"], default=["fp32", "bf16"],
                      help="--generate: the weights decode reads (16-bit: widened to fp32 in registers), each measured")
     gen.add_argument("--load", metavar="PATH", default=None,
@@ -152,6 +157,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--generate: a llama.cpp source folder whose convert_hf_to_gguf.py converts the model "
                           "(default: the one in the installed llama-cpp-python's sdist, fetched once into "
                           "~/.cache/gpt2core/bench)")
+    sv = ap.add_argument_group("serving (gpt2core-serve vs llama-server; scripts/bench_serve.py)")
+    sv.add_argument("--serve", action="store_true",
+                    help="generated tokens/s and time to first token at --clients concurrent streaming clients, and "
+                         "the head-of-line case, for gpt2core-serve and llama-server (--llama-server) side by side")
+    sv.add_argument("--clients", type=cli.positive_int, nargs="+", default=[1, 4, 8, 16],
+                    help="--serve: concurrent clients per round")
+    sv.add_argument("--serve-weights", nargs="+", choices=["fp32", "bf16", "fp16", "int8"], default=["fp32", "int8"],
+                    help="--serve: gpt2core-serve --weights, each measured (llama-server: F32 beside fp32, Q8_0 "
+                         "beside int8)")
+    sv.add_argument("--serve-prompt", type=cli.positive_int, default=32, help="--serve: prompt tokens per request")
+    sv.add_argument("--llama-server", metavar="PATH", default=None,
+                    help="--serve: a llama-server binary (built from the llama.cpp sources llama-cpp-python's sdist "
+                         "vendors) to measure on the same weights")
     c = ap.add_argument_group("portable vs native CPU code")
     c.add_argument("--compare-native", action="store_true",
                    help="time this install against a -march=native build of the CPU core, alternating rounds")
@@ -294,7 +312,7 @@ def modelled_vs_measured(args, cfg, measured_s):
         print(f"--profile: no model of '{name}' (gpu_model.GPUS: {', '.join(gm.GPUS)})")
         return
     target = gm.Config(B=args.batch_size, T=args.seq_len, C=cfg.n_embd, NH=cfg.n_head, L=cfg.n_layer,
-                       V=cfg.vocab_size, Vp=cfg.padded_vocab_size, maxT=cfg.max_seq_len)
+                       V=cfg.vocab_size, Vp=cfg.padded_vocab_size, maxT=cfg.block_size)
     gpu = gm.GPUS[key]  # a GPU without bf16 runs fp16, and cuDNN's fused attention needs sm_80+
     att = "cudnn" if args.attention in (None, "auto", "cudnn") and gpu.bf16 else "flash"
     counts = gm.launch_counts(att, gm.ROOT / "build" / "model", target, reuse=True, precision=gpu.precision)
@@ -565,6 +583,10 @@ def main(argv=None):
         return worker(args) or True  # one rank under a launcher (ours, or torchrun scripts/bench.py ...)
     if args.compare_native:
         return compare_native(args, argv)
+    if args.serve:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_serve import serve_bench
+        return serve_bench(args)
     if args.generate:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from bench_generate import generate_bench

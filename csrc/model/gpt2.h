@@ -192,12 +192,17 @@ class GPT2Model {
   int kv_pos(int slot) const { return kv_pos_.at(slot); }
   size_t kv_bytes() const;  // cache + inference activations now allocated
   // Prefill: n sequences (tokens (n, Tq), host), row i's first lengths[i] ids real (the rest any ids), into slots
-  // slots[i] from position 0; afterwards kv_pos(slot) = lengths[i]. Logits into the inference logits buffer: of
-  // each row's last real position (n, Vp), or with all_logits of every position (n * Tq, Vp).
+  // slots[i] from position start[i] (null: 0); afterwards kv_pos(slot) = start[i] + lengths[i]. A start above 0
+  // extends a running cache (a prompt prefilled in chunks, the server's scheduler): it must be at most
+  // kv_pos(slot) (positions up to it hold that sequence's K and V), and start[i] + Tq at most kv_max_len (the
+  // padded rows are written too). Logits into the inference logits buffer: of each row's last real position
+  // (n, Vp), or with all_logits of every position (n * Tq, Vp).
   void kv_prefill(const int32_t* tokens, const int32_t* lengths, const int32_t* slots, int n, int Tq,
-                  bool all_logits = false);
+                  bool all_logits = false, const int32_t* start = nullptr);
   // Decode: one token per sequence (n), at position kv_pos(slot) (< kv_max_len), then kv_pos += 1; logits (n, Vp).
   void kv_decode(const int32_t* tokens, const int32_t* slots, int n);
+  // Release a slot: its positions are forgotten (kv_pos = 0) and it takes a new sequence by a prefill from 0.
+  void kv_free(int slot);
   // One id per row of the last prefill/decode's logits (rows: n settings, n = that call's sequences), to the host.
   void kv_sample(int32_t* ids, const SampleRow* rows, int n);
   int kv_logit_rows() const { return kv_rows_; }

@@ -257,18 +257,28 @@ void GPT2Model<T>::kv_head(const T* in, int rows) {
 
 template <typename T>
 void GPT2Model<T>::kv_prefill(const int32_t* tokens, const int32_t* lengths, const int32_t* slots, int n, int Tq,
-                              bool all_logits) {
+                              bool all_logits, const int32_t* start) {
   if (n <= 0 || Tq <= 0) throw std::invalid_argument("kv_prefill: need at least one sequence of one token");
   backend_->make_current();
   if (!kv_S_) throw std::logic_error("kv_prefill: no KV cache (kv_reserve first)");
   if (Tq > kv_T_)
     throw std::invalid_argument("kv_prefill: " + std::to_string(Tq) + " tokens do not fit the cache's " +
                                 std::to_string(kv_T_) + " positions");
-  std::vector<int32_t> seen(kv_S_, 0), rows(n), zeros(n, 0);
+  std::vector<int32_t> seen(kv_S_, 0), rows(n), pos(n, 0);
   for (int i = 0; i < n; i++) {
     if (slots[i] < 0 || slots[i] >= kv_S_) throw std::invalid_argument("kv_prefill: slot out of range");
     if (seen[slots[i]]++) throw std::invalid_argument("kv_prefill: a slot appears twice");
     if (lengths[i] < 1 || lengths[i] > Tq) throw std::invalid_argument("kv_prefill: lengths must be in [1, T]");
+    if (start) {
+      pos[i] = start[i];
+      if (pos[i] < 0 || pos[i] > kv_pos_[slots[i]])
+        throw std::invalid_argument("kv_prefill: start " + std::to_string(pos[i]) + " of slot " +
+                                    std::to_string(slots[i]) + " is outside [0, kv_pos=" +
+                                    std::to_string(kv_pos_[slots[i]]) + "]");
+      if (pos[i] + Tq > kv_T_)
+        throw std::invalid_argument("kv_prefill: start " + std::to_string(pos[i]) + " + T " + std::to_string(Tq) +
+                                    " runs past the cache's " + std::to_string(kv_T_) + " positions");
+    }
     rows[i] = i * Tq + lengths[i] - 1;
   }
   const int N = n * Tq;
@@ -279,7 +289,7 @@ void GPT2Model<T>::kv_prefill(const int32_t* tokens, const int32_t* lengths, con
   kv_refresh_w16();
   be.to_device_i32(kv_ids_, tokens, size_t(N));
   be.to_device_i32(kv_slot_, slots, size_t(n));
-  be.to_device_i32(kv_posd_, zeros.data(), size_t(n));
+  be.to_device_i32(kv_posd_, pos.data(), size_t(n));
   kv_layers(n, Tq);
   if (all_logits) {
     kv_head(kv_.ln, N);
@@ -288,7 +298,7 @@ void GPT2Model<T>::kv_prefill(const int32_t* tokens, const int32_t* lengths, con
     be.gather_rows(kv_.last, kv_.ln, kv_gather_, n, config_.n_embd);
     kv_head(kv_.last, n);
   }
-  for (int i = 0; i < n; i++) kv_pos_[slots[i]] = lengths[i];
+  for (int i = 0; i < n; i++) kv_pos_[slots[i]] = pos[i] + lengths[i];
   kv_rows_ = logit_rows;
   kv_forward_ = false;
 }
@@ -333,6 +343,12 @@ void GPT2Model<T>::kv_decode(const int32_t* tokens, const int32_t* slots, int n)
   for (int i = 0; i < n; i++) kv_pos_[slots[i]]++;
   kv_rows_ = n;
   kv_forward_ = false;
+}
+
+template <typename T>
+void GPT2Model<T>::kv_free(int slot) {
+  if (slot < 0 || slot >= kv_S_) throw std::invalid_argument("kv_free: slot out of range");
+  kv_pos_[slot] = 0;
 }
 
 template <typename T>

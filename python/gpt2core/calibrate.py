@@ -44,6 +44,7 @@ GPU_STEPS = [s[0] for s in STEPS if s[0] != "doctor"]
 PRESET = "d12"
 SHAPES = {"step": (64, 1024), "bgradb": (8, 256), "bitwise": (4, 256), "vs_cpu": (2, 128)}
 COUNTS = {"timing": 5, "bitwise": 3, "vs_cpu": 20}  # timed steps (after 2 warm-up ones), steps per run
+MODEL_SECONDS = 120  # d12_step: the modelled side's share of the step's 300 s
 
 
 def _d12_timing(attention: str, B: int | None = None, T: int | None = None, steps: int | None = None) -> dict:
@@ -96,11 +97,18 @@ def step_gpu_tests() -> dict:
 
 def step_d12_step() -> dict:
     out = {"runs": [_d12_timing(a) for a in ("cudnn", "flash")]}
+    # The model's side (scripts/gpu_model.py) compiles the CUDA emulator first where build/model is missing: minutes
+    # of CPU, which on the first GPU (2026-11-28, H100) ran past the step's bound and lost the timings above. It now
+    # gets what is left of the step's time, and a timeout keeps the measured rows.
     model = ROOT / "scripts" / "gpu_model.py"
     if model.exists():
-        r = subprocess.run([sys.executable, str(model), "--reproduce-llmc"], capture_output=True, text=True,
-                           timeout=240)
-        out["model"] = (r.stdout + r.stderr)[-3000:]
+        try:
+            r = subprocess.run([sys.executable, str(model), "--reproduce-llmc"], capture_output=True, text=True,
+                               timeout=MODEL_SECONDS)
+            out["model"] = (r.stdout + r.stderr)[-3000:]
+        except subprocess.TimeoutExpired:
+            out["model"] = (f"skipped: scripts/gpu_model.py --reproduce-llmc took over {MODEL_SECONDS} s (it compiles "
+                            "the CUDA emulator first); run it on any machine, it needs no GPU")
     return out
 
 

@@ -283,9 +283,14 @@ class SlotPool:
         return 2 * cfg.n_layer * slots * max_len * cfg.n_embd * elem
 
     def _drain(self) -> None:
+        free = getattr(self.core, "kv_free", None)
         while self._returned:
-            self.owned.difference_update(self._returned.popleft())
+            slots = self._returned.popleft()
+            self.owned.difference_update(slots)
             self.holders -= 1
+            if free is not None:  # its positions forgotten: a later growth of the cache does not copy its rows
+                for slot in slots:
+                    free(int(slot))
 
     def acquire(self, n: int, max_len: int, cfg) -> list[int]:
         """n free slots of at least max_len positions (the cache grown if needed)."""

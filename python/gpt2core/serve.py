@@ -1,36 +1,41 @@
 """An OpenAI-style completions server over the model: `gpt2core-serve --model out/model.bin` (pip install
-gpt2core[serve]: Starlette + uvicorn).
+gpt2core[serve]: Starlette, uvicorn, prometheus-client).
 
     POST /v1/completions   {"prompt": "Hello", "max_tokens": 16, "temperature": 1.0, "top_p": 1.0,
-                            "stream": false, "stop": null, "seed": null}
-    GET  /health           {"status": "ok", ...} with the scheduler's counters
-    GET  /                 a page to type a prompt and watch the text stream
+                            "stream": false, "stop": null, "seed": null, "logprobs": null, "echo": false}
+    GET  /v1/models        the one model served
+    GET  /health           {"status": "ok", ...} with the scheduler's counters (never needs a key)
+    GET  /metrics          (--metrics) Prometheus' text format: requests by status, prompt and generated tokens,
+                           running and waiting sequences, slots in use, time to first token and inter-token latency
+    GET  /                 a page to type a prompt (and the API key, when the server has one) and watch the text
 
 Requests are validated before they reach the model; a bad one gets a 4xx answer in OpenAI's error shape
 ({"error": {"message", "type", "param", "code"}}) and nothing else happens. The model runs in ONE worker thread
-(the scheduler below), never on the event loop, so the server keeps answering (health, new requests, other
-streams) while it generates.
+(gpt2core.scheduler: continuous batching over KV-cache slots, --max-batch of them, prompts prefilled in chunks of
+--prefill-chunk tokens between decode steps), never on the event loop, so the server keeps answering (health, new
+requests, other streams) while it generates. A request with a seed gets the same text whatever else runs.
 
-Batching policy (static batches, gathered from the queue):
-  - the worker takes the oldest waiting request, then every request already waiting, in arrival order, while the
-    batch holds at most `max_batch` sequences (a request's prompt list is one sequence per prompt and is never
-    split);
-  - when the queue is empty it waits up to `batch_window_ms` (default 10 ms) for more, so that requests sent at
-    the same moment to an idle server share one batch; a batch that is full starts at once. 10 ms is small next
-    to one decode step of d12 on a CPU (~20 ms) and a prefill (hundreds of ms), so a lone request barely pays it;
-  - under load nothing waits for the window: requests that arrive while a batch runs queue up and form the next
-    batch together;
-  - every sequence keeps its own max_tokens, temperature, top_p, seed and stop strings (the engine takes one
-    value per sequence), so any requests can share a batch, and a request with a seed gets the same text whatever
-    batch it runs in;
-  - a batch runs until each of its sequences has finished (max_tokens, <|endoftext|>, a stop string) or lost its
-    client; then the next batch starts. This is static batching: a request arriving during a long batch waits for
-    it (at most block_size decode steps, since prompt + max_tokens must fit the context). Admitting new
-    sequences between decode steps (continuous batching) would need the engine to take new prompts mid-run.
+Limits: at most --max-queue requests wait for a slot; one more gets 429 (type "rate_limit_error") with a
+Retry-After header (seconds: the recent mean time of a request times the queue over the slots). --request-timeout S
+ends a request S seconds after it arrived (waiting or running): a stream gets the text made so far, then a final
+chunk with finish_reason "timeout" and [DONE]; a JSON request gets 408 (type "timeout_error", code
+"request_timeout"). --max-tokens-cap N lowers a larger max_tokens to N.
 
-A client that disconnects mid-stream is marked cancelled: its sequence emits nothing more, and when every
-sequence of its batch is finished or cancelled the generation stops at once (a lone stream stops the model
-within one step); a cancelled sequence that shares a batch with live ones is decoded until they finish.
+API keys (--api-key-file, one a line, and the environment variable GPT2CORE_API_KEY): every route but GET /health
+and the page at / (a static file that asks for the key) needs "Authorization: Bearer <key>" (401 otherwise,
+compared in constant time). Without a key the server listens on the loopback address by default and warns when
+bound to another. CORS is off unless --cors-origin names the one origin allowed.
+
+logprobs (0..5) and echo as OpenAI's legacy completions: {"tokens", "token_logprobs", "top_logprobs",
+"text_offset"} per choice, the log-probabilities of the model's own distribution (soft-capped logits where the
+config caps them; no temperature or top_p), the chosen token's and the `logprobs` most likely alternatives; token
+names are the token's text, or "bytes:\\xNN" for a token that is part of a UTF-8 character; text_offset counts
+characters of the returned text (echoed prompt included) from each token's decoded text. echo returns the prompt
+before the completion; with logprobs its first token has null entries. max_tokens 0 is allowed with echo: the
+prompt's log-probabilities alone (what lm-evaluation-harness's local-completions model asks for). With a stop
+string the tokens listed run to the one that completed it; the text stops before it.
+
+A client that disconnects is marked cancelled: its sequences leave their slots at the next step.
 
 Prompt length rule (OpenAI's): prompt tokens + max_tokens must fit the model's context (block_size); a request
 that does not fit gets 400 with code "context_length_exceeded". The server never slides the window past
@@ -39,28 +44,28 @@ block_size.
 from __future__ import annotations
 
 import asyncio
-import codecs
+import hmac
+import ipaddress
 import json
 import logging
 import math
 import numbers
 import os
-import queue
 import re
 import secrets
 import signal
 import socket
 import sys
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from . import cli, tokenizer
 from .errors import ArgError, Error
+from .scheduler import Job, Scheduler, SeqParams, SlotEngine, TextStream  # noqa: F401  (TextStream: tests, chat)
 
 PAGE = Path(__file__).resolve().parent / "assets" / "serve.html"
 log = logging.getLogger("gpt2core.serve")
@@ -71,7 +76,8 @@ MAX_STOP = 4              # stop strings per request (OpenAI's limit)
 SEED_MAX = 2**63 - 1
 
 KNOWN_FIELDS = {"prompt", "max_tokens", "temperature", "top_p", "stream", "stop", "seed", "model", "n", "user",
-                "stream_options"}
+                "stream_options", "logprobs", "echo"}
+MAX_LOGPROBS = 5          # alternatives per token (OpenAI's limit for completions)
 
 
 # ------------------------------------------------------------------------------------------------ request parsing
@@ -98,6 +104,12 @@ class Completion:
     stop: list[str]
     seed: int
     include_usage: bool = False
+    logprobs: int | None = None   # alternatives per token (0..5); None: no log-probabilities
+    echo: bool = False            # the prompt comes back before the completion
+
+    def sequences(self) -> list[SeqParams]:
+        return [SeqParams(p, self.max_tokens, self.temperature, self.top_p, self.seed, self.stop, self.logprobs,
+                          self.echo) for p in self.prompts]
 
 
 def _bad(msg: str, param: str | None, code: str | None = None) -> APIError:
@@ -181,8 +193,11 @@ def json_depth(raw: bytes) -> int:
     return int(np.cumsum(step).max(initial=0))
 
 
-def parse_completion(raw: bytes, block_size: int, vocab_size: int, max_batch: int) -> Completion:
-    """The body of POST /v1/completions -> Completion, or APIError (400, 413) saying which field is wrong."""
+def parse_completion(raw: bytes, block_size: int, vocab_size: int, max_batch: int,
+                     max_tokens_cap: int | None = None) -> Completion:
+    """The body of POST /v1/completions -> Completion, or APIError (400, 413) saying which field is wrong.
+    max_tokens_cap (--max-tokens-cap): max_tokens above it is lowered to it (the completion then ends with
+    finish_reason "length" there)."""
     if len(raw) > MAX_BODY:
         raise _too_large(f"{len(raw)}")
     depth = json_depth(raw)
@@ -233,13 +248,25 @@ def parse_completion(raw: bytes, block_size: int, vocab_size: int, max_batch: in
                        f"{json.dumps(item)[:80]}", "prompt")
         prompts.append(t)
 
+    echo = body.get("echo", False)
+    if echo is None:
+        echo = False
+    if not isinstance(echo, bool):
+        raise _bad(f"echo must be true or false, got {json.dumps(echo)}", "echo")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or
+                                 not 0 <= logprobs <= MAX_LOGPROBS):
+        raise _bad(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (alternatives per token) or null, got "
+                   f"{json.dumps(logprobs)}", "logprobs")
     mt = body.get("max_tokens", 16)
     if mt is None:
         mt = 16
-    if isinstance(mt, bool) or not isinstance(mt, int):
-        raise _bad(f"max_tokens must be an integer >= 1, got {json.dumps(mt)}", "max_tokens")
-    if mt < 1:
-        raise _bad(f"max_tokens must be an integer >= 1, got {mt}", "max_tokens")
+    lowest = 0 if echo else 1  # 0 with echo: the prompt (and its log-probabilities) alone
+    if isinstance(mt, bool) or not isinstance(mt, int) or mt < lowest:
+        raise _bad(f"max_tokens must be an integer >= {lowest}{' (0 only with echo)' if not echo else ''}, got "
+                   f"{json.dumps(mt)}", "max_tokens")
+    if max_tokens_cap is not None:
+        mt = min(mt, max_tokens_cap)
     longest = max(len(q) for q in prompts)
     if longest + mt > block_size:
         param = "prompt" if longest >= block_size else "max_tokens"
@@ -279,281 +306,159 @@ def parse_completion(raw: bytes, block_size: int, vocab_size: int, max_batch: in
         seed = secrets.randbits(63)  # no seed: a fresh one (OpenAI: not reproducible unless a seed is given)
     elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise _bad(f"seed must be an integer in [0, {SEED_MAX}], got {json.dumps(seed)}", "seed")
-    return Completion(prompts, mt, temperature, top_p, stream, stop, seed, include_usage)
+    return Completion(prompts, mt, temperature, top_p, stream, stop, seed, include_usage, logprobs, echo)
 
 
-# ------------------------------------------------------------------------------------------------ text streams
-class TextStream:
-    """Token ids -> text, incrementally: bytes that end inside a UTF-8 character wait for the rest, and text that
-    could be the start of a stop string is held back until it is known not to be one. The text returned never
-    contains a stop string (OpenAI's rule)."""
+# ------------------------------------------------------------------------------------------------ metrics
+class Metrics:
+    """GET /metrics (--metrics) in Prometheus' text format through prometheus-client, in a registry of this app's
+    own: counts and timings only, never a prompt's or a completion's text."""
 
-    def __init__(self, stop: list[str]):
-        self.stop = stop
-        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._pending = ""   # decoded, not yet returned (a possible stop-string start)
-        self.stopped = False
-
-    def feed(self, token: int) -> str:
-        self._pending += self._dec.decode(tokenizer.get_encoding().decode_single_token_bytes(token))
-        return self._release()
-
-    def _release(self, final: bool = False) -> str:
-        text = self._pending
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
-        if cut >= 0:
-            self.stopped = True
-            self._pending = ""
-            return text[:cut]
-        hold = 0
-        if not final:
-            for s in self.stop:  # the longest tail of text that begins some stop string
-                for k in range(min(len(s) - 1, len(text)), hold, -1):
-                    if text.endswith(s[:k]):
-                        hold = k
-                        break
-        self._pending = text[len(text) - hold:]
-        return text[:len(text) - hold]
-
-    def finish(self) -> str:
-        """What is left when the sequence ends for another reason (max_tokens, <|endoftext|>)."""
-        if self.stopped:
-            return ""
-        self._pending += self._dec.decode(b"", final=True)
-        return self._release(final=True)
-
-
-# ------------------------------------------------------------------------------------------------ the engine
-class Engine:
-    """What the scheduler needs from a model: `stream(prompts, max_new, temperature, top_p, seed)` yields, per
-    step, the (B,) ids made (-1 for a sequence that has stopped), each argument one value per sequence: the KV-cache
-    inference path of GPT2.generate(stream=True), sampling from the whole vocabulary (top_k=0) as OpenAI's API
-    does. One seed per sequence: a sequence's ids depend on its seed alone, not on the batch it runs in."""
-
-    def __init__(self, model):
-        self.model = model
-        self.block_size = model.config.block_size
-        self.vocab_size = model.config.vocab_size
-
-    def stream(self, prompts, max_new, temperature, top_p, seed):
-        # OpenAI's temperature 0 is greedy decoding: top_k=1 (GPT2.generate's greedy), else the whole vocabulary
-        return self.model.generate([np.asarray(p, np.int32) for p in prompts], list(max_new),
-                                   top_k=[1 if t == 0 else 0 for t in temperature],
-                                   temperature=[t if t > 0 else 1.0 for t in temperature], top_p=list(top_p),
-                                   seed=list(seed), stream=True)
-
-
-# ------------------------------------------------------------------------------------------------ the scheduler
-SHUTDOWN = "the server is shutting down"
-
-
-@dataclass
-class Job:
-    """One request in flight: its sequences' events go to `events` (an asyncio.Queue on the server's loop)."""
-    req: Completion
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue
-    cancelled: bool = False   # set by the HTTP side when the client has gone
-
-    def emit(self, *event) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-
-
-@dataclass
-class Stats:
-    batches: int = 0
-    sequences: int = 0
-    largest_batch: int = 0
-    cancelled: int = 0
-    tokens: int = 0           # ids the engine made, all batches
-    running: int = 0
-    batch_sizes: list = field(default_factory=list)  # the last 100 batches' sizes (sequences)
-
-
-class Scheduler:
-    """The one worker thread that owns the model: gathers waiting jobs into a batch (policy in the module
-    docstring), runs it, and sends each sequence's text as events: ("text", i, str), ("done", i, finish_reason,
-    completion_tokens), ("error", message)."""
-
-    def __init__(self, engine: Engine, max_batch: int = 8, batch_window_ms: float = 10.0,
-                 threads: int | None = None):
-        self.engine = engine
-        self.threads = threads
-        self.max_batch = max_batch
-        self.window = batch_window_ms / 1000.0
-        self.stats = Stats()
-        self._q: queue.Queue = queue.Queue()
-        self._held: Job | None = None  # a job taken from the queue that did not fit the last batch
-        self._thread = threading.Thread(target=self._run, name="gpt2core-serve-model", daemon=True)
-        self._closing = False
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """End the running batch at its next step and answer every waiting request with a 503 (the server is
-        shutting down). Only sets a flag: safe from a signal handler."""
-        self._closing = True
-
-    def close(self) -> None:
-        self._closing = True
-        self._q.put(None)
-        self._thread.join(timeout=30)
-        self._refuse_waiting()
-
-    def submit(self, job: Job) -> None:
-        if self._closing:
-            job.emit("error", SHUTDOWN, 503)
-            return
-        self._q.put(job)
-
-    def _refuse_waiting(self) -> None:
-        held, self._held = self._held, None
-        jobs = [held] if held is not None else []
-        while True:
-            try:
-                jobs.append(self._q.get_nowait())
-            except queue.Empty:
-                break
-        for job in jobs:
-            if job is not None:
-                job.emit("error", SHUTDOWN, 503)
-
-    def waiting(self) -> int:
-        return self._q.qsize() + (self._held is not None)
-
-    def _next(self, timeout: float | None) -> Job | None:
-        if self._held is not None:
-            job, self._held = self._held, None
-            return job
+    def __init__(self, sched, engine_slots: int):
         try:
-            return self._q.get(timeout=timeout) if timeout is None or timeout > 0 else self._q.get_nowait()
-        except queue.Empty:
-            return None
+            import prometheus_client as pc
+        except ImportError:  # pragma: no cover - the [serve] extra is missing
+            raise Error("--metrics needs prometheus-client: pip install 'gpt2core[serve]'") from None
+        self.pc = pc
+        self.registry = r = pc.CollectorRegistry()
+        self.requests = pc.Counter("gpt2core_requests", "Completion requests answered, by HTTP status",
+                                   ["status"], registry=r)
+        self.prompt = pc.Counter("gpt2core_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.generated = pc.Counter("gpt2core_generation_tokens", "Tokens generated", registry=r)
+        pc.Gauge("gpt2core_sequences_running", "Sequences in KV-cache slots", registry=r).set_function(
+            sched.running)
+        pc.Gauge("gpt2core_requests_waiting", "Requests queued for a slot", registry=r).set_function(sched.waiting)
+        pc.Gauge("gpt2core_sequences_waiting", "Their sequences (one per prompt)", registry=r).set_function(
+            sched.waiting_sequences)
+        pc.Gauge("gpt2core_slots_used", "KV-cache slots in use", registry=r).set_function(sched.slots_used)
+        pc.Gauge("gpt2core_slots", "KV-cache slots (--max-batch)", registry=r).set(engine_slots)
+        self.ttft = pc.Histogram("gpt2core_time_to_first_token_seconds", "From a request's arrival to its first "
+                                 "token", registry=r, buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
+        self.itl = pc.Histogram("gpt2core_inter_token_latency_seconds", "Between a sequence's successive tokens",
+                                registry=r, buckets=(.005, .01, .02, .04, .08, .16, .32, .64, 1.28, 2.56))
 
-    def _gather(self) -> list[Job]:
-        first = self._next(None)
-        if first is None:
-            return []
-        batch, n = [first], len(first.req.prompts)
-        deadline = time.monotonic() + self.window
-        while n < self.max_batch and not self._closing:
-            job = self._next(max(0.0, deadline - time.monotonic()))
-            if job is None:
-                break
-            if n + len(job.req.prompts) > self.max_batch:
-                self._held = job  # first in the next batch: arrival order is kept
-                break
-            batch.append(job)
-            n += len(job.req.prompts)
-        return batch
+    def observe_ttft(self, s: float) -> None:
+        self.ttft.observe(s)
 
-    def _run(self) -> None:
-        if self.threads:  # OpenMP's thread count is per calling thread: set it in the one that runs the model
-            from . import _C
-            _C.set_num_threads(self.threads)
-        while not self._closing:
-            batch = self._gather()
-            if not batch:
-                continue
-            live = [j for j in batch if not j.cancelled]
-            self.stats.cancelled += sum(len(j.req.prompts) for j in batch if j.cancelled)  # left while waiting
-            if live:
-                try:
-                    self._run_batch(live)
-                except Exception as e:  # a bug or a backend failure: answer these requests, keep serving
-                    log.exception("gpt2core-serve: a batch of %d requests failed", len(live))
-                    for j in live:
-                        j.emit("error", f"generation failed: {type(e).__name__}: {e}")
-        self._refuse_waiting()
+    def observe_itl(self, s: float) -> None:
+        self.itl.observe(s)
 
-    def _run_batch(self, jobs: list[Job]) -> None:
-        seqs = [(j, i, p) for j in jobs for i, p in enumerate(j.req.prompts)]
-        B = len(seqs)
-        st = self.stats
-        st.batches += 1
-        st.sequences += B
-        st.largest_batch = max(st.largest_batch, B)
-        st.batch_sizes = (st.batch_sizes + [B])[-100:]
-        st.running = B
-        texts = [TextStream(j.req.stop) for j, _, _ in seqs]
-        made = [0] * B
-        finished = [False] * B
-        # prompt i of a request draws from its own seed (seed + i, mixed): a request's text depends on its seed
-        # alone, never on the batch around it
-        gen = self.engine.stream([p for _, _, p in seqs], [j.req.max_tokens for j, _, _ in seqs],
-                                 [j.req.temperature for j, _, _ in seqs], [j.req.top_p for j, _, _ in seqs],
-                                 [(j.req.seed + i * 0x9E3779B97F4A7C15) % (SEED_MAX + 1) for j, i, _ in seqs])
+    def generated_tokens(self, n: int) -> None:
+        self.generated.inc(n)
 
-        def finish(b: int, reason: str) -> None:
-            j, i, _ = seqs[b]
-            tail = texts[b].finish()
-            if tail:
-                j.emit("text", i, tail)
-            j.emit("done", i, reason, made[b])
-            finished[b] = True
+    def prompt_tokens(self, n: int) -> None:
+        self.prompt.inc(n)
 
+    def answered(self, status: int) -> None:
+        self.requests.labels(str(status)).inc()
+
+    def render(self) -> bytes:
+        return self.pc.generate_latest(self.registry)
+
+
+# ------------------------------------------------------------------------------------------------ API keys
+API_KEY_ENV = "GPT2CORE_API_KEY"
+
+
+def read_api_keys(path: str | None, env: dict | None = None) -> list[str]:
+    """The keys the server accepts: one a line of `path` (--api-key-file; blank lines and lines starting with #
+    skipped) and the environment variable GPT2CORE_API_KEY (a key on the command line would show in `ps`)."""
+    keys = []
+    if path is not None:
         try:
-            for step in gen:
-                st.tokens += int((np.asarray(step) >= 0).sum())
-                for b, t in enumerate(step):
-                    j, i, _ = seqs[b]
-                    if finished[b]:
-                        continue
-                    if j.cancelled:
-                        finished[b] = True
-                        st.cancelled += 1
-                        continue
-                    t = int(t)
-                    if t < 0:  # the engine stopped it (its max_tokens)
-                        finish(b, "length")
-                        continue
-                    made[b] += 1
-                    if t == tokenizer.EOT:
-                        finish(b, "stop")
-                        continue
-                    text = texts[b].feed(t)
-                    if text:
-                        j.emit("text", i, text)
-                    if texts[b].stopped:
-                        finish(b, "stop")
-                    elif made[b] >= j.req.max_tokens:
-                        finish(b, "length")
-                if all(finished) or self._closing:
-                    break
-        finally:
-            close = getattr(gen, "close", None)
-            if close is not None:
-                close()  # stops the engine's loop (and frees its cache) when we leave early
-            st.running = 0
-        stopped = set()
-        for b in range(B):
-            j = seqs[b][0]
-            if finished[b] or j.cancelled:
-                continue
-            if self._closing:  # the server is shutting down: the request ends with an error, not a cut text
-                if id(j) not in stopped:
-                    stopped.add(id(j))
-                    j.emit("error", SHUTDOWN, 503)
-            else:
-                finish(b, "length")
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ArgError(f"--api-key-file {path}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
+        keys = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+        if not keys:
+            raise ArgError(f"--api-key-file {path}: no key in it (one key a line)")
+    env_key = (os.environ if env is None else env).get(API_KEY_ENV, "").strip()
+    if env_key:
+        keys.append(env_key)
+    return keys
+
+
+class APIKeyGate:
+    """ASGI middleware: every route but GET /health and the page at GET / (a static file; it asks for the key and
+    sends it with its requests, as a browser cannot on a page load) needs `Authorization: Bearer <key>`, compared
+    with each key in constant time; otherwise 401 in OpenAI's error shape."""
+
+    OPEN = {("GET", "/health"), ("HEAD", "/health"), ("GET", "/"), ("HEAD", "/")}
+
+    def __init__(self, app, keys: list[str]):
+        self.app = app
+        self.keys = [k.encode() for k in keys]
+
+    def allowed(self, header: bytes | None) -> bool:
+        if header is None or not header[:7].lower() == b"bearer ":
+            return False
+        given = header[7:].strip()
+        ok = False
+        for k in self.keys:  # every key compared, whatever matched: the time does not say which
+            ok |= hmac.compare_digest(given, k)
+        return ok
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or (scope["method"], scope["path"]) in self.OPEN or scope["method"] == "OPTIONS":
+            return await self.app(scope, receive, send)
+        header = dict(scope["headers"]).get(b"authorization")
+        if self.allowed(header):
+            return await self.app(scope, receive, send)
+        msg = "a valid API key is required: send Authorization: Bearer <key>" if header is None else \
+            "incorrect API key provided"
+        body = json.dumps(APIError(401, msg, None, "invalid_api_key").body()).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 # ------------------------------------------------------------------------------------------------ the app
-def _event_error(ev) -> APIError:
-    """The answer to an ("error", message[, status]) event of the scheduler: 503 while shutting down, else 500."""
+class _Answer:
+    """A request's events gathered (a JSON answer), or turned into SSE chunks (a stream)."""
+
+    def __init__(self, n: int):
+        self.texts, self.reasons, self.made = [""] * n, [None] * n, [0] * n
+        self.logprobs = [None] * n
+
+    def add_logprobs(self, i: int, piece: dict | None) -> None:
+        if piece is None:
+            return
+        if self.logprobs[i] is None:
+            self.logprobs[i] = {k: [] for k in piece}
+        for k, v in piece.items():
+            self.logprobs[i][k] += v
+
+
+def event_error(ev) -> APIError:
+    """The answer to the scheduler's ("error", message[, status]) event: 503 while shutting down, else 500."""
     status = ev[2] if len(ev) > 2 else 500
     return APIError(status, ev[1], None, "server_shutdown" if status == 503 else None, "server_error")
 
 
-def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_window_ms: float = 10.0,
-               threads: int | None = None, on_ready=None, body_timeout: float = BODY_TIMEOUT):
+def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_chunk: int = 256,
+               threads: int | None = None, on_ready=None, max_queue: int = 64, request_timeout: float | None = None,
+               max_tokens_cap: int | None = None, api_keys=(), cors_origin: str | None = None,
+               metrics: bool = False, body_timeout: float = BODY_TIMEOUT):
     """The Starlette app over `model` (a GPT2). threads: OpenMP threads of the model thread (None: OpenMP's
-    default). on_ready(): called once the worker thread is running. body_timeout: seconds a client has to send
-    its request body (408 after)."""
+    default). on_ready(): called once the worker thread is running. max_batch: KV-cache slots; prefill_chunk:
+    prompt tokens per prefill call; max_queue: requests waiting for a slot beyond which a request gets 429;
+    request_timeout: seconds after which a request ends (None: never); max_tokens_cap: the largest max_tokens;
+    api_keys: the keys one of which every route but /health and / needs (none: open); cors_origin: the one origin
+    browsers may call from (None: CORS off); metrics: serve GET /metrics; body_timeout: seconds a client has to
+    send its request body (408 after)."""
     try:
         from starlette.applications import Starlette
         from starlette.concurrency import run_in_threadpool
+        from starlette.middleware import Middleware
+        from starlette.middleware.cors import CORSMiddleware
         from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
         from starlette.routing import Route
     except ImportError as e:  # pragma: no cover - the [serve] extra is missing
@@ -563,43 +468,78 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
     if model.config.vocab_size != tokenizer.VOCAB_SIZE:
         raise ValueError(f"the model's vocab_size is {model.config.vocab_size}, but the server speaks GPT-2's "
                          f"tokenizer ({tokenizer.VOCAB_SIZE} tokens): serve a model trained on GPT-2 tokens")
-    engine = Engine(model)
-    sched = Scheduler(engine, max_batch=max_batch, batch_window_ms=batch_window_ms, threads=threads)
+    block_size, vocab_size = model.config.block_size, model.config.vocab_size
+    engine = SlotEngine(model, max_batch, block_size)
+    sched = Scheduler(engine, max_batch=max_batch, prefill_chunk=prefill_chunk, threads=threads)
+    mx = Metrics(sched, max_batch) if metrics else None
+    sched.metrics = mx
     tokenizer.get_encoding()  # build the BPE tables now, not in the first request
+    seconds_per_request = [1.0]  # a running mean, for Retry-After
 
-    def error(e: APIError, close: bool = False) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status, headers={"Connection": "close"} if close else None)
+    def error(e: APIError, headers: dict | None = None) -> JSONResponse:
+        if mx is not None:
+            mx.answered(e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
     async def page(request):
         return HTMLResponse(PAGE.read_text(encoding="utf-8"))
 
     async def health(request):
-        s = sched.stats
-        return JSONResponse({"status": "ok", "model": model_name, "block_size": engine.block_size,
-                             "max_batch": max_batch, "waiting": sched.waiting(), "running": s.running,
-                             "batches": s.batches, "sequences": s.sequences, "largest_batch": s.largest_batch,
-                             "cancelled": s.cancelled, "tokens": s.tokens, "recent_batch_sizes": s.batch_sizes[-10:]})
+        st = sched.stats
+        return JSONResponse({"status": "ok", "model": model_name, "block_size": block_size, "max_batch": max_batch,
+                             "waiting": sched.waiting(), "running": st.running, "slots_used": sched.slots_used(),
+                             "admitted": st.admitted, "cancelled": st.cancelled, "timed_out": st.timed_out,
+                             "tokens": st.tokens, "prompt_tokens": st.prompt_tokens, "decode_steps": st.steps,
+                             "prefills": st.prefills, "largest_batch": st.largest_batch})
+
+    async def models(request):
+        return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model", "created": created_at,
+                                                         "owned_by": "gpt2core"}]})
+
+    async def metrics_route(request):
+        return Response(mx.render(), media_type=mx.pc.CONTENT_TYPE_LATEST)
 
     async def completions(request):
         try:
             raw = await read_body(request, MAX_BODY, body_timeout)
-            req = await run_in_threadpool(parse_completion, raw, engine.block_size, engine.vocab_size, max_batch)
-        except APIError as e:
-            return error(e, close=e.status in (408, 413))  # the rest of that body is never read
+            req = await run_in_threadpool(parse_completion, raw, block_size, vocab_size, max_batch, max_tokens_cap)
+        except APIError as e:  # 408 / 413: the rest of that body is never read, so the connection closes
+            return error(e, headers={"Connection": "close"} if e.status in (408, 413) else None)
         except ClientGone:
             log.debug("gpt2core-serve: client left before its request body was in")
             return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
-        job = Job(req, asyncio.get_running_loop(), asyncio.Queue())
+        waiting = sched.waiting()
+        if waiting >= max_queue:
+            retry = max(1, math.ceil(seconds_per_request[0] * (waiting + 1) / max_batch))
+            return error(APIError(429, f"the server is busy: {waiting} requests are waiting (--max-queue "
+                                       f"{max_queue}); retry after {retry} s", None, "rate_limit_exceeded",
+                                  "rate_limit_error"), headers={"Retry-After": str(retry)})
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+
+        def emit(ev) -> None:  # from the model thread
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, ev)
+            except RuntimeError:  # the loop has closed (the server is stopping): nobody reads it
+                job.cancelled = True
+
+        job = Job(req.sequences(), emit, request_timeout)
         sched.submit(job)
+        t0 = time.monotonic()
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "object": "text_completion", "created": created, "model": model_name}
         n = len(req.prompts)
-        usage = lambda made: {"prompt_tokens": sum(map(len, req.prompts)), "completion_tokens": sum(made),
-                              "total_tokens": sum(map(len, req.prompts)) + sum(made)}
+        ans = _Answer(n)
+        usage = lambda: {"prompt_tokens": sum(map(len, req.prompts)), "completion_tokens": sum(ans.made),
+                         "total_tokens": sum(map(len, req.prompts)) + sum(ans.made)}
+
+        def took():
+            seconds_per_request[0] = 0.9 * seconds_per_request[0] + 0.1 * (time.monotonic() - t0)
+
         if req.stream:
-            return StreamingResponse(sse(job, head, n, usage), media_type="text/event-stream",
+            if mx is not None:
+                mx.answered(200)
+            return StreamingResponse(sse(job, events, head, ans, usage, req, took), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        texts, reasons, made = [""] * n, [None] * n, [0] * n
 
         async def watch():  # the body has been read: the next ASGI message is the client going away
             while (await request.receive())["type"] != "http.disconnect":
@@ -610,47 +550,56 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
         try:
             left = n
             while left:
-                get = asyncio.ensure_future(job.events.get())
+                get = asyncio.ensure_future(events.get())
                 await asyncio.wait({get, watcher}, return_when=asyncio.FIRST_COMPLETED)
                 if not get.done():
                     get.cancel()
-                    return JSONResponse({}, status_code=499)  # nobody reads it (nginx's "client closed request")
+                    return error(APIError(499, "the client closed the request", None, "client_closed"))
                 ev = get.result()
                 if ev[0] == "text":
-                    texts[ev[1]] += ev[2]
+                    ans.texts[ev[1]] += ev[2]
+                    ans.add_logprobs(ev[1], ev[3])
                 elif ev[0] == "done":
-                    reasons[ev[1]], made[ev[1]] = ev[2], ev[3]
+                    ans.reasons[ev[1]], ans.made[ev[1]] = ev[2], ev[3]
                     left -= 1
                 else:
-                    return error(_event_error(ev))
+                    return error(event_error(ev))
         finally:
             watcher.cancel()
-            if any(r is None for r in reasons):
+            if any(r is None for r in ans.reasons):
                 job.cancelled = True
-        choices = [{"text": texts[i], "index": i, "logprobs": None, "finish_reason": reasons[i]} for i in range(n)]
-        return JSONResponse({**head, "choices": choices, "usage": usage(made)})
+        took()
+        if "timeout" in ans.reasons:
+            return error(APIError(408, f"the request ran past the server's --request-timeout of {request_timeout:g} "
+                                       "s", None, "request_timeout", "timeout_error"))
+        choices = [{"text": ans.texts[i], "index": i, "logprobs": ans.logprobs[i], "finish_reason": ans.reasons[i]}
+                   for i in range(n)]
+        if mx is not None:
+            mx.answered(200)
+        return JSONResponse({**head, "choices": choices, "usage": usage()})
 
-    async def sse(job: Job, head: dict, n: int, usage):
+    async def sse(job: Job, events, head: dict, ans: _Answer, usage, req: Completion, took):
         def chunk(obj) -> str:
             return f"data: {json.dumps(obj)}\n\n"
 
-        made, left = [0] * n, n
+        left = len(ans.made)
         try:
             while left:
-                ev = await job.events.get()
+                ev = await events.get()
                 if ev[0] == "text":
-                    yield chunk({**head, "choices": [{"text": ev[2], "index": ev[1], "logprobs": None,
+                    yield chunk({**head, "choices": [{"text": ev[2], "index": ev[1], "logprobs": ev[3],
                                                       "finish_reason": None}]})
                 elif ev[0] == "done":
-                    made[ev[1]] = ev[3]
+                    ans.made[ev[1]] = ev[3]
                     left -= 1
                     yield chunk({**head, "choices": [{"text": "", "index": ev[1], "logprobs": None,
                                                       "finish_reason": ev[2]}]})
                 else:
-                    yield chunk(_event_error(ev).body())
+                    yield chunk(event_error(ev).body())
                     return
-            if job.req.include_usage:
-                yield chunk({**head, "choices": [], "usage": usage(made)})
+            took()
+            if req.include_usage:
+                yield chunk({**head, "choices": [], "usage": usage()})
             yield "data: [DONE]\n\n"
         finally:
             if left:  # the client went away (or the server is stopping): free its sequences
@@ -666,17 +615,27 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, batch_wi
         finally:
             sched.close()
 
+    routes = ["POST /v1/completions", "GET /v1/models", "GET /health", "GET /"] + (["GET /metrics"] if mx else [])
+
     async def not_found(request, exc):
-        return error(APIError(404, f"no route {request.method} {request.url.path} (this server has POST "
-                                   "/v1/completions, GET /health and GET /)", None, "not_found"))
+        return error(APIError(404, f"no route {request.method} {request.url.path} (this server has "
+                                   f"{', '.join(routes)})", None, "not_found"))
 
     async def bad_method(request, exc):
         return error(APIError(405, f"{request.method} is not allowed on {request.url.path}", None,
                               "method_not_allowed"))
 
-    app = Starlette(routes=[Route("/", page), Route("/health", health),
-                            Route("/v1/completions", completions, methods=["POST"])],
-                    lifespan=lifespan, exception_handlers={404: not_found, 405: bad_method})
+    created_at = int(time.time())
+    middleware = []
+    if cors_origin is not None:  # outermost: a browser's preflight (OPTIONS) carries no key
+        middleware.append(Middleware(CORSMiddleware, allow_origins=[cors_origin], allow_methods=["GET", "POST"],
+                                     allow_headers=["Authorization", "Content-Type"]))
+    if api_keys:
+        middleware.append(Middleware(APIKeyGate, keys=list(api_keys)))
+    app = Starlette(routes=[Route("/", page), Route("/health", health), Route("/v1/models", models),
+                            Route("/v1/completions", completions, methods=["POST"])] +
+                           ([Route("/metrics", metrics_route)] if mx else []),
+                    middleware=middleware, lifespan=lifespan, exception_handlers={404: not_found, 405: bad_method})
     app.state.scheduler = sched
     return app
 
@@ -694,20 +653,42 @@ def build_parser():
     ap.add_argument("--device", type=cli.device, default="cpu", help="cpu (default), cuda or cuda:N")
     ap.add_argument("--threads", type=cli.positive_int, default=None,
                     help="OpenMP threads of the CPU backend (default: all cores)")
+    ap.add_argument("--weights", choices=["fp32", "bf16", "fp16", "int8"], default="fp32",
+                    help="decode from 16-bit or 8-bit copies of the weights (as gpt2core-generate --weights; CPU; "
+                         "the weights are rounded)")
     ap.add_argument("--max-batch", type=cli.positive_int, default=8,
-                    help="most sequences generated together in one batch (default 8)")
-    ap.add_argument("--batch-window-ms", type=cli.Float(0, 60000), default=10.0,
-                    help="how long an idle server waits after a request for others to batch with it (default 10)")
-    ap.add_argument("--body-timeout", type=cli.Float(0, 3600, lo_open=True), default=BODY_TIMEOUT,
+                    help="KV-cache slots: most sequences generated together (default 8)")
+    ap.add_argument("--prefill-chunk", type=cli.positive_int, default=256,
+                    help="prompt tokens per prefill call: a longer prompt goes in chunks, with decode steps of the "
+                         "running streams between them (default 256)")
+    ap.add_argument("--max-queue", type=cli.non_negative_int, default=64,
+                    help="requests that may wait for a slot; beyond them a request gets 429 with Retry-After "
+                         "(default 64)")
+    ap.add_argument("--request-timeout", type=cli.Float(0, None, lo_open=True), default=None, metavar="S",
+                    help="end a request that has run S seconds (a stream ends with finish_reason \"timeout\", a "
+                         "JSON request gets 408; default: no limit)")
+    ap.add_argument("--max-tokens-cap", type=cli.positive_int, default=None, metavar="N",
+                    help="the largest max_tokens: a larger request is lowered to N (default: the context)")
+    ap.add_argument("--api-key-file", default=None, metavar="PATH",
+                    help=f"keys, one a line: every route but GET /health (and the page at /) needs "
+                         f"'Authorization: Bearer <key>'; the environment variable {API_KEY_ENV} adds one (default: "
+                         "no key)")
+    ap.add_argument("--cors-origin", default=None, metavar="ORIGIN",
+                    help="let browser pages from ORIGIN (e.g. https://example.org) call the server (default: CORS "
+                         "off)")
+    ap.add_argument("--metrics", action="store_true",
+                    help="serve GET /metrics in Prometheus' text format (counts and latencies, never text)")
+    ap.add_argument("--body-timeout", type=cli.Float(0, 3600, lo_open=True), default=BODY_TIMEOUT, metavar="S",
                     help=f"seconds a client has to send its request body once its headers are in (default "
                          f"{BODY_TIMEOUT:g}; 408 after)")
     return ap
 
 
-def graceful_server(app, sched: "Scheduler", **config):
-    """A uvicorn.Server whose SIGINT / SIGTERM ends the running streams (each gets a 503 error event), answers
-    waiting requests with 503, lets the responses finish and returns normally: exit 0, no traceback (uvicorn
-    itself would raise the signal again once shut down). A second SIGINT quits without waiting."""
+def graceful_server(app, sched: Scheduler, **config):
+    """A uvicorn.Server whose SIGINT / SIGTERM ends the running requests (each gets a 503 error, code
+    server_shutdown: a stream as its last event), answers waiting requests with 503, lets the responses finish and
+    returns normally: exit 0, no traceback (uvicorn itself would raise the signal again once shut down). A second
+    SIGINT quits without waiting."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -743,15 +724,24 @@ def main(argv=None) -> int:
         cli.threads(args.threads, "--threads")
     try:
         import starlette  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError:
         raise Error("needs Starlette and uvicorn: pip install 'gpt2core[serve]'") from None
     from .model import load_model
 
+    keys = read_api_keys(args.api_key_file)
+    if args.metrics:
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            raise Error("--metrics needs prometheus-client: pip install 'gpt2core[serve]'") from None
     cli.check_device_available(args.device)
     # bind before loading: a taken port fails in a second, not after the model has loaded
     sock = _listen(args.host, 0 if args.port == "auto" else args.port)
-    model = load_model(args.model, training=False, device=args.device)
+    if not keys and not is_loopback(sock.getsockname()[0]):
+        print(f"gpt2core-serve: warning: listening on {args.host} without an API key: anyone who reaches the port "
+              f"can generate (--api-key-file or {API_KEY_ENV})", file=sys.stderr, flush=True)
+    model = load_model(args.model, training=False, device=args.device, inference_weights=args.weights)
     if model.config.vocab_size != tokenizer.VOCAB_SIZE:
         raise ArgError(f"--model {args.model}: its vocab_size is {model.config.vocab_size}, but the server speaks "
                        f"GPT-2's tokenizer ({tokenizer.VOCAB_SIZE} tokens): serve a model trained on GPT-2 tokens")
@@ -759,12 +749,15 @@ def main(argv=None) -> int:
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
     def ready():
-        print(f"gpt2core-serve: {args.model} listening on {url} (POST /v1/completions, GET /health, page at /)",
+        print(f"gpt2core-serve: {args.model} listening on {url} (POST /v1/completions, GET /v1/models, GET /health"
+              f"{', GET /metrics' if args.metrics else ''}, page at /{'; API key required' if keys else ''})",
               flush=True)
 
     app = create_app(model, os.path.basename(os.path.normpath(str(args.model))), max_batch=args.max_batch,
-                     batch_window_ms=args.batch_window_ms, threads=args.threads, on_ready=ready,
-                     body_timeout=args.body_timeout)
+                     prefill_chunk=args.prefill_chunk, threads=args.threads, on_ready=ready,
+                     max_queue=args.max_queue, request_timeout=args.request_timeout,
+                     max_tokens_cap=args.max_tokens_cap, api_keys=keys, cors_origin=args.cors_origin,
+                     metrics=args.metrics, body_timeout=args.body_timeout)
     server = graceful_server(app, app.state.scheduler, log_level="warning", timeout_graceful_shutdown=5)
     server.run(sockets=[sock])
     return 0

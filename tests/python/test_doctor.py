@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,22 @@ def test_calibrate_bounds_each_step_in_time(tmp_path):
     assert time.perf_counter() - t0 < 30
     j = json.loads((tmp_path / "r.json").read_text())
     assert status == 1 and j["steps"]["doctor"]["status"] == "timeout" and j["steps"]["doctor"]["limit_s"] == 0.01
+
+
+def test_calibrate_d12_step_keeps_its_timings_when_the_model_side_times_out(monkeypatch):
+    """On the first H100 the d12_step's modelled side (scripts/gpu_model.py, which compiles the CUDA emulator first)
+    ran past the step's bound, and the kill took the measured rows with it. The measured rows must survive a model
+    timeout, and the report must say why the model is missing."""
+    from gpt2core import calibrate
+
+    monkeypatch.setattr(calibrate, "_d12_timing", lambda att: {"attention": att, "ms_per_step": 1.0})
+    monkeypatch.setattr(calibrate, "ROOT", Path(__file__).resolve().parents[2])  # the checkout: scripts/gpu_model.py
+
+    def slow(cmd, **kw):
+        assert kw["timeout"] == calibrate.MODEL_SECONDS
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"])
+
+    monkeypatch.setattr(calibrate.subprocess, "run", slow)
+    out = calibrate.step_d12_step()
+    assert [r["attention"] for r in out["runs"]] == ["cudnn", "flash"]
+    assert out["model"].startswith("skipped:") and "gpu_model.py" in out["model"]

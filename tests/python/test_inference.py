@@ -102,6 +102,55 @@ def test_cached_logits_equal_full_forward_every_step(dtype, C, NH, arch):
 
 
 @pytest.mark.parametrize("arch", [None, MODERN], ids=arch_id)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_prefill_in_chunks_into_running_slots(dtype, arch):
+    """kv_prefill's start (the server's chunked prefill): prompts fed in chunks of 4 at each slot's position, in calls
+    that mix slots at different positions (and one slot decoding between its chunks) give the full forward's logits,
+    each chunk's every position with all_logits too. kv_free forgets a slot (a decode there is refused; a prefill
+    from 0 takes it again); a start past the slot's tokens or running past the cache is refused."""
+    m = make_model(dtype, arch=arch, block=24)
+    rng = np.random.default_rng(4)
+    core = m._m
+    core.kv_reserve(3, 24)
+    seqs = {0: list(rng.integers(0, 97, 11)), 2: list(rng.integers(0, 97, 6))}
+    fed = {0: 0, 2: 0}
+    while any(fed[s] < len(seqs[s]) for s in seqs):
+        slots = [s for s in seqs if fed[s] < len(seqs[s])]
+        chunks = [seqs[s][fed[s]:fed[s] + 4] for s in slots]
+        Tq = max(map(len, chunks))
+        x = rng.integers(0, 97, (len(slots), Tq)).astype(np.int32)  # padding: random ids, never attended
+        for i, c in enumerate(chunks):
+            x[i, :len(c)] = c
+        core.kv_prefill(x, np.array([len(c) for c in chunks], np.int32), np.array(slots, np.int32), True,
+                        np.array([fed[s] for s in slots], np.int32))
+        lg = core.kv_logits().reshape(len(slots), Tq, -1)
+        for i, (s, c) in enumerate(zip(slots, chunks)):
+            for t in range(len(c)):
+                assert rel(lg[i, t], full_last_logits(m, seqs[s][:fed[s] + t + 1])) < tol(dtype, arch), (s, t)
+            fed[s] += len(c)
+            assert core.kv_pos(s) == fed[s]
+        if fed[2] == len(seqs[2]) and len(seqs[2]) < 8:  # slot 2 decodes while slot 0 is still in its prompt
+            seqs[2].append(5)
+            core.kv_decode(np.array([5], np.int32), np.array([2], np.int32))
+            assert rel(core.kv_logits()[0], full_last_logits(m, seqs[2])) < tol(dtype, arch)
+            fed[2] += 1
+    core.kv_free(0)
+    assert core.kv_pos(0) == 0 and core.kv_pos(2) == fed[2]
+    with pytest.raises(Exception, match="never prefilled"):
+        core.kv_decode(np.array([1], np.int32), np.array([0], np.int32))
+    with pytest.raises(ValueError, match="start"):  # past the tokens in the slot
+        core.kv_prefill(np.ones((1, 2), np.int32), np.array([2], np.int32), np.array([0], np.int32), False,
+                        np.array([1], np.int32))
+    with pytest.raises(ValueError, match="max_len"):  # the padded rows would run past the cache
+        core.kv_prefill(np.ones((1, 25 - fed[2]), np.int32), np.array([1], np.int32), np.array([2], np.int32),
+                        False, np.array([fed[2]], np.int32))
+    with pytest.raises(ValueError, match="slot"):
+        core.kv_free(3)
+    core.kv_prefill(np.array([seqs[0][:3]], np.int32), np.array([3], np.int32), np.array([0], np.int32))
+    assert rel(core.kv_logits()[0], full_last_logits(m, seqs[0][:3])) < tol(dtype, arch)
+
+
+@pytest.mark.parametrize("arch", [None, MODERN], ids=arch_id)
 @pytest.mark.parametrize("dtype,C,NH,weights", [("float64", 48, 3, "fp32"), ("float32", 48, 3, "fp32"),
                                                 ("float32", 64, 4, "fp32"), ("float32", 48, 3, "bf16"),
                                                 ("float32", 64, 4, "bf16"), ("float32", 64, 4, "fp16"),

@@ -72,3 +72,33 @@ def test_precision_follows_the_gpu_generation():
             pick_precision(p, 75)
     with pytest.raises(DeviceError, match=r"precision='fp16' needs fp16 tensor cores \(sm_70\+.* sm_60: use precision='fp32'"):
         pick_precision("fp16", 60)
+
+
+def test_bench_profile_maps_the_config_onto_the_gpu_model(monkeypatch, capsys):
+    """`bench.py --profile` on a GPU builds gpu_model's Config from the preset. It read `cfg.max_seq_len`, which
+    does not exist (the first H100 run crashed there), and no GPU-free test reached it. Here the emulator-backed
+    parts of gpu_model (launch counts, the per-kernel model) are replaced by recorders. The real Config must be
+    built from the real preset, and the modelled step printed beside the measured one."""
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    gm = bench.gpu_model_module()
+    seen = {}
+
+    def launch_counts(att, logdir, target, reuse=False, precision="bf16"):
+        seen["att"], seen["target"] = att, target
+        return {}
+
+    monkeypatch.setattr(gm, "launch_counts", launch_counts)
+    monkeypatch.setattr(gm, "model", lambda counts, cfg, gpu, ptxas, es: [SimpleNamespace(seconds=0.05)])
+    monkeypatch.setattr(bench, "gpu_model_module", lambda: gm)  # it loads the file anew on every call
+    monkeypatch.setattr(_C, "cuda_device_name", lambda i: "NVIDIA H100 80GB HBM3")
+    cfg = bench.bench_config(SimpleNamespace(preset="d12", padded_vocab_size=None))
+    args = SimpleNamespace(batch_size=8, seq_len=256, attention="auto")
+    bench.modelled_vs_measured(args, cfg, 0.1)
+    t = seen["target"]
+    assert (t.B, t.T, t.C, t.NH, t.L, t.V, t.Vp, t.maxT) == (8, 256, 768, 12, 12, 50257, 50304, 1024)
+    assert seen["att"] == "cudnn"
+    assert "measured 100.00 ms | MODELLED 50.00 ms" in capsys.readouterr().out

@@ -214,6 +214,44 @@ def test_cached_logits_match_cpu_at_every_step(emu, cls, tol, arch, max_len):  #
     assert max(errs) <= tol, errs
 
 
+@pytest.mark.parametrize("arch,max_len", [({}, 24), (MODERN, 24), ({}, SPLIT)], ids=["fp32", "modern", "split"])
+def test_prefill_in_chunks_at_a_start_matches_cpu(emu, arch, max_len):  # noqa: F811
+    """kv_prefill's start (the server's chunked prefill) and kv_free on the CUDA backend: two prompts fed in chunks
+    of 4 at their slots' positions (calls mixing positions, the last one with every position's logits), then a
+    decode step, give the CPU backend's logits of the same calls within fp32's 1e-5 and leave the same positions;
+    a freed slot takes a new prompt from 0."""
+    cfg = dict(CFG, max_seq_len=max(CFG["max_seq_len"], max_len))
+    cpu, gpu = _models(emu, "Model", cfg, **arch)
+    seqs = {1: rng.integers(0, CFG["vocab_size"], 11).astype(np.int32),
+            0: rng.integers(0, CFG["vocab_size"], 6).astype(np.int32)}
+    for m in (cpu, gpu):
+        m.kv_reserve(2, max_len)
+    fed, errs = {1: 0, 0: 0}, []
+    while any(fed[s] < len(seqs[s]) for s in seqs):
+        slots = [s for s in seqs if fed[s] < len(seqs[s])]
+        chunks = [seqs[s][fed[s]:fed[s] + 4] for s in slots]
+        x = np.zeros((len(slots), max(map(len, chunks))), np.int32)
+        for i, c in enumerate(chunks):
+            x[i, :len(c)] = c
+        last = all(fed[s] + len(c) == len(seqs[s]) for s, c in zip(slots, chunks)) or len(slots) == 1
+        for m in (cpu, gpu):
+            m.kv_prefill(x, np.array([len(c) for c in chunks], np.int32), np.array(slots, np.int32), last,
+                         np.array([fed[s] for s in slots], np.int32))
+        errs.append(normwise(gpu.kv_logits(), cpu.kv_logits()))
+        for s, c in zip(slots, chunks):
+            fed[s] += len(c)
+    tok = np.array([3, 4], np.int32)
+    for m in (cpu, gpu):
+        m.kv_decode(tok, np.array([1, 0], np.int32))
+    errs.append(normwise(gpu.kv_logits(), cpu.kv_logits()))
+    assert [gpu.kv_pos(s) for s in (0, 1)] == [cpu.kv_pos(s) for s in (0, 1)] == [7, 12]
+    for m in (cpu, gpu):
+        m.kv_free(1)
+        m.kv_prefill(seqs[0][None, :5], np.array([5], np.int32), np.array([1], np.int32))
+    errs.append(normwise(gpu.kv_logits(), cpu.kv_logits()))
+    assert gpu.kv_pos(1) == 5 and max(errs) <= 1e-5, errs
+
+
 def test_graphed_decode_is_bitwise_the_direct_run(emu):  # noqa: F811
     """cuda_graphs on: kv_decode's step (layers and head) is run directly once per batch size, then captured, then
     replayed, reading each step's tokens, slots and positions from device memory. Every step's logits and sampled

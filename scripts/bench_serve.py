@@ -1,0 +1,242 @@
+"""`scripts/bench.py --serve`: gpt2core-serve under concurrent streaming clients, and llama.cpp's llama-server on the
+same weights side by side when --llama-server PATH is given (one server after the other, never both at once).
+
+    python scripts/bench.py --serve --preset d12 --threads 2 --serve-weights fp32 int8 \
+        --clients 1 4 8 16 --llama-server ~/llama.cpp/build/bin/llama-server
+
+Per server and weights: for each number of clients N, N clients each send one streamed request at the same moment
+(the same prompt of --serve-prompt tokens, --new-tokens new tokens, greedy); reported: generated tokens/s over the
+wall time of the round, and time to first token (the first SSE chunk that carries text) p50 / p95 over the N
+requests. Then the head-of-line case: one request for 400 tokens, and 1 s later 4 short ones (8 tokens); reported:
+the short ones' time to first token p50 / p95 and its ratio to an idle server's (1 client) p50, and when the long
+one finished. A round of 1 client runs first, untimed (warm-up).
+
+The gpt2core server gets the model as an llm.c file (saved from the preset's random weights or --load), --max-batch
+= the largest client count, --threads. llama-server gets the same weights converted to GGUF by llama.cpp's own
+converter (bench_llamacpp.py: F32 beside fp32, Q8_0 beside int8; it needs llama-cpp-python's sdist converter, as
+--generate), -np = the largest client count, continuous batching, the same threads. llama-server itself is built
+from the llama.cpp sources llama-cpp-python's sdist vendors (vendor/llama.cpp):
+    cmake -S vendor/llama.cpp -B build -DLLAMA_CURL=OFF -DGGML_NATIVE=ON && cmake --build build --target llama-server
+Figures are wall-clock on whatever else the machine runs: on a shared machine compare ratios from one run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+HOL_LONG, HOL_SHORT, HOL_N, HOL_DELAY = 400, 8, 4, 1.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+    import httpx
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the server at {url} did not become ready in {timeout:.0f} s")
+
+
+def stream_one(client, url: str, body: dict, out: dict) -> None:
+    """One streamed completion through an httpx.Client made beforehand (its set-up is not timed): out["ttft"] (s to
+    the first chunk with text), out["tokens"], out["end"]."""
+    t0 = time.monotonic()
+    chunks, usage = 0, None
+    with client.stream("POST", url + "/v1/completions", json=dict(body, stream=True,
+                                                                   stream_options={"include_usage": True})) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if ev.get("usage"):
+                usage = ev["usage"].get("completion_tokens")
+            for ch in ev.get("choices") or []:
+                if ch.get("text"):
+                    out.setdefault("ttft", time.monotonic() - t0)
+                    chunks += 1
+    out["end"] = time.monotonic()
+    out["tokens"] = usage if usage is not None else chunks  # llama-server streams one token per chunk
+
+
+def run_round(url: str, bodies: list[dict], delays: list[float] | None = None) -> tuple[list[dict], float]:
+    outs = [{} for _ in bodies]
+    delays = delays or [0.0] * len(bodies)
+
+    import httpx
+    clients = [httpx.Client(timeout=600) for _ in bodies]
+    ready = threading.Barrier(len(bodies) + 1)
+
+    def go(i):
+        ready.wait()
+        time.sleep(delays[i])
+        outs[i]["start"] = time.monotonic()
+        try:
+            stream_one(clients[i], url, bodies[i], outs[i])
+        except Exception as e:  # noqa: BLE001 - reported below, from the main thread
+            outs[i]["error"] = f"{type(e).__name__}: {e}"
+
+    ts = [threading.Thread(target=go, args=(i,)) for i in range(len(bodies))]
+    for t in ts:
+        t.start()
+    ready.wait()
+    t0 = time.monotonic()
+    for t in ts:
+        t.join()
+    for c in clients:
+        c.close()
+    failed = [o["error"] for o in outs if "error" in o]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(outs)} requests failed: {failed[0]}")
+    return outs, time.monotonic() - t0
+
+
+def measure(url: str, prompt: list[int], clients: list[int], new: int, block: int, log=print) -> dict:
+    body = dict(prompt=prompt, max_tokens=new, temperature=0)
+    run_round(url, [body])  # warm-up
+    res = {"clients": {}}
+    for n in clients:
+        outs, wall = run_round(url, [body] * n)
+        ttft = [o["ttft"] for o in outs if "ttft" in o]
+        res["clients"][n] = {"tok_s": sum(o["tokens"] for o in outs) / wall, "ttft_p50": float(np.median(ttft)),
+                             "ttft_p95": float(np.percentile(ttft, 95))}
+        log(f"    {n:>2} clients: {res['clients'][n]['tok_s']:7.1f} tok/s, first token p50 "
+            f"{1e3 * res['clients'][n]['ttft_p50']:6.0f} ms, p95 {1e3 * res['clients'][n]['ttft_p95']:6.0f} ms")
+    long = dict(prompt=prompt, max_tokens=min(HOL_LONG, block - len(prompt)), temperature=0)
+    short = dict(prompt=prompt, max_tokens=HOL_SHORT, temperature=0)
+    outs, _ = run_round(url, [long] + [short] * HOL_N, [0.0] + [HOL_DELAY] * HOL_N)
+    sh = [o["ttft"] for o in outs[1:]]
+    idle = res["clients"].get(1, {}).get("ttft_p50") or run_round(url, [body])[0][0]["ttft"]
+    res["hol"] = {"short_ttft_p50": float(np.median(sh)), "short_ttft_p95": float(np.percentile(sh, 95)),
+                  "idle_ttft": idle, "long_s": outs[0]["end"] - outs[0]["start"],
+                  "shorts_done_first": all(o["end"] < outs[0]["end"] for o in outs[1:])}
+    h = res["hol"]
+    log(f"    head of line: shorts' first token p50 {1e3 * h['short_ttft_p50']:.0f} ms, p95 "
+        f"{1e3 * h['short_ttft_p95']:.0f} ms ({h['short_ttft_p95'] / idle:.1f}x idle {1e3 * idle:.0f} ms); the long "
+        f"one took {h['long_s']:.1f} s; shorts done first: {h['shorts_done_first']}")
+    return res
+
+
+def start_gpt2core(model_file: str, weights: str, threads: int, slots: int, log=print):
+    port = _free_port()
+    cmd = [sys.executable, "-m", "gpt2core.serve", "--model", model_file, "--port", str(port), "--threads",
+           str(threads), "--max-batch", str(slots), "--weights", weights, "--max-queue", "1000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    _wait_ready(url, proc)
+    return proc, url
+
+
+def start_llama(binary: str, gguf: Path, threads: int, slots: int, ctx: int):
+    port = _free_port()
+    cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots), "-c",
+           str(ctx * slots), "--threads", str(threads), "--threads-batch", str(threads), "-cb"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    _wait_ready(url, proc)
+    return proc, url
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def format_table(results: dict, clients: list[int]) -> str:
+    """One row per workload; a column pair per (engine, weights); ratios gpt2core / llama-server where both ran."""
+    cols = list(results)
+    lines = ["| workload | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for n in clients:
+        cells = [f"{r['clients'][n]['tok_s']:.1f} tok/s · {1e3 * r['clients'][n]['ttft_p50']:.0f} ms "
+                 f"(p95 {1e3 * r['clients'][n]['ttft_p95']:.0f})" for r in results.values()]
+        lines.append(f"| {n} client{'s' * (n > 1)} | " + " | ".join(cells) + " |")
+    cells = [f"shorts p95 {1e3 * r['hol']['short_ttft_p95']:.0f} ms = {r['hol']['short_ttft_p95'] / r['hol']['idle_ttft']:.1f}x "
+             f"idle" for r in results.values()]
+    lines.append(f"| head of line ({HOL_LONG} then {HOL_N}x{HOL_SHORT}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def ratios(results: dict, clients: list[int]) -> list[str]:
+    out = []
+    for w in ("fp32", "int8"):
+        ours, theirs = results.get(f"gpt2core {w}"), results.get(f"llama-server {'F32' if w == 'fp32' else 'Q8_0'}")
+        if not (ours and theirs):
+            continue
+        for n in clients:
+            a, b = ours["clients"][n], theirs["clients"][n]
+            out.append(f"{w} {n:>2} clients: throughput x{a['tok_s'] / b['tok_s']:.2f}, first token p50 "
+                       f"x{a['ttft_p50'] / b['ttft_p50']:.2f} (gpt2core / llama-server)")
+    return out
+
+
+def serve_bench(args) -> dict:
+    from gpt2core import GPT2, load_model, tokenizer
+    from gpt2core.config import get_preset
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    threads = args.threads or os.cpu_count()
+    clients = sorted(set(args.clients))
+    slots = max(clients + [HOL_N + 1])
+    model = load_model(args.load) if args.load else GPT2(get_preset(args.preset), seed=0, training=False)
+    text = ("The history of the region is long and full of changes, from the first settlers to the cities of "
+            "today. ") * 20
+    prompt = tokenizer.encode(text)[:args.serve_prompt]
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_file = args.load or str(model.save(Path(tmp) / "model.bin"))
+        for w in args.serve_weights:
+            print(f"gpt2core-serve, {w} weights, {threads} threads, {slots} slots:", flush=True)
+            proc, url = start_gpt2core(model_file, w, threads, slots)
+            try:
+                results[f"gpt2core {w}"] = measure(url, prompt, clients, args.new_tokens, model.config.block_size)
+            finally:
+                stop(proc)
+        if args.llama_server:
+            import bench_llamacpp as lc
+            try:
+                import llama_cpp
+                version = getattr(llama_cpp, "__version__", "unknown")
+            except ImportError:
+                version = "unknown"
+            types = [{"fp32": "f32", "int8": "q8_0"}[w] for w in args.serve_weights if w in ("fp32", "int8")]
+            try:
+                conv = lc.find_converter(version, args.llama_cpp_dir)
+                paths = lc.convert(model, lc.model_key(model.config, model.flat_params()), types, conv, version)
+            except Exception as e:
+                print(f"llama-server not measured: the GGUF conversion failed ({type(e).__name__}: {e})")
+                paths = {}
+            for t, p in paths.items():
+                print(f"llama-server {t.upper()}, {threads} threads, -np {slots}:", flush=True)
+                proc, url = start_llama(args.llama_server, p, threads, slots, model.config.block_size)
+                try:
+                    results[f"llama-server {t.upper()}"] = measure(url, prompt, clients, args.new_tokens, model.config.block_size)
+                finally:
+                    stop(proc)
+    print(format_table(results, clients))
+    for line in ratios(results, clients):
+        print(line)
+    return results
