@@ -223,7 +223,9 @@ def test_client_that_leaves_mid_stream_stops_its_sequence(server):
         assert first.startswith("data: ") and "error" not in json.loads(first[6:])
     client.close()
     deadline = time.monotonic() + 60
-    while (h := server.health())["running"] and time.monotonic() < deadline:
+    # until the model thread has seen the cancel (running alone can read 0 before its first iteration ends)
+    while ((h := server.health())["running"] or h["cancelled"] == before["cancelled"]) and \
+            time.monotonic() < deadline:
         time.sleep(0.02)
     log = "".join(server.lines)
     assert h["running"] == 0 and h["cancelled"] == before["cancelled"] + 1, (h, log)
