@@ -280,7 +280,8 @@ class SlotPool:
 
     def _cache_bytes(self, slots: int, max_len: int, cfg) -> int:
         elem = self._ELEM.get(type(self.core).__name__, 4)
-        return 2 * cfg.n_layer * slots * max_len * cfg.n_embd * elem
+        L, C = getattr(cfg, "n_layer", None), getattr(cfg, "n_embd", None)
+        return 0 if L is None or C is None else 2 * L * slots * max_len * C * elem  # 0: a config without sizes
 
     def _drain(self) -> None:
         free = getattr(self.core, "kv_free", None)

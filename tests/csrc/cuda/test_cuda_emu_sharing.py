@@ -1,8 +1,9 @@
 """One model shared by threads and live streams on the emulated CUDA backend (issue 38): the GPT2 wrapper (its lock,
-its KV slot pool) over the emulated CUDA core. Each OS thread has its own current device and emulator state, so a
-model used from several threads must still run every call on its device: 3 threads x mixed calls (generate,
-stream, forward with logits, forward + token losses) equal the same calls run alone, and three live streams
-advanced in random order (a generate between their steps, the cache growing under them) equal their solo runs."""
+its KV slot pool) over the emulated CUDA core (inference-only). Each OS thread has its own current device and
+emulator state, so a model used from several threads must still run every call on its device: 2 threads x mixed
+calls (generate, stream, forward with logits, forward + token losses) equal the same calls run alone, and three
+live streams advanced in random order (a generate between their steps, the cache growing under them as the third
+joins) equal their solo runs."""
 import threading
 
 import numpy as np
@@ -43,18 +44,18 @@ def run_call(m, call):
 def test_threads_and_streams_share_an_emulated_cuda_model(emu):  # noqa: F811
     rng = np.random.default_rng(3)
     V = CFG["vocab_size"]
-    per_thread = []
-    for _ in range(3):
+    per_thread = []  # the emulator is slow: 2 threads x 3 short calls (test_sharing.py runs the big mix on the CPU)
+    for kinds in (["generate", "forward", "losses"], ["stream", "losses", "generate"]):
         cs = []
-        for kind in rng.permutation(["generate", "stream", "forward", "losses"]):
-            x = rng.integers(0, V, (int(rng.integers(1, 3)), int(rng.integers(2, 9)))).astype(np.int32)
-            cs.append((str(kind), x, rng.integers(0, V, x.shape).astype(np.int32), int(rng.integers(1, 6)),
+        for kind in kinds:
+            x = rng.integers(0, V, (int(rng.integers(1, 3)), int(rng.integers(2, 6)))).astype(np.int32)
+            cs.append((kind, x, rng.integers(0, V, x.shape).astype(np.int32), int(rng.integers(1, 4)),
                        int(rng.integers(0, 2**63))))
         per_thread.append(cs)
-    for training in (False, True):
+    for training in (False,):
         want = [[run_call(emulated(emu, training), c) for c in cs] for cs in per_thread]
         shared = emulated(emu, training)
-        results, errors = [None] * 3, []
+        results, errors = [None] * len(per_thread), []
 
         def work(i):
             try:
@@ -62,18 +63,18 @@ def test_threads_and_streams_share_an_emulated_cuda_model(emu):  # noqa: F811
             except BaseException as e:  # noqa: BLE001
                 errors.append(e)
 
-        ts = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(len(per_thread))]
         for t in ts:
             t.start()
         for t in ts:
             t.join(300)
         assert not errors, errors
-        for i in range(3):
+        for i in range(len(per_thread)):
             for c, g, w in zip(per_thread[i], results[i], want[i]):
                 np.testing.assert_array_equal(g, w, err_msg=f"training={training} thread {i} {c[0]}")
 
     # live streams in random order, a generate between steps, later streams longer (the cache grows under them)
-    specs = [([list(rng.integers(0, V, n))], new, int(rng.integers(0, 2**63))) for n, new in ((3, 5), (6, 9), (2, 14))]
+    specs = [([list(rng.integers(0, V, n))], new, int(rng.integers(0, 2**63))) for n, new in ((3, 3), (4, 4), (2, 7))]
     alone = emulated(emu, False)
     solo = [np.stack(list(alone.generate(p, n, seed=s, stream=True))) for p, n, s in specs]
     m = emulated(emu, False)
@@ -90,6 +91,6 @@ def test_threads_and_streams_share_an_emulated_cuda_model(emu):  # noqa: F811
         else:
             got[i].append(step)
         if rng.random() < 0.3:
-            m.generate(rng.integers(0, V, (1, 4)), 2)
+            m.generate(rng.integers(0, V, (1, 3)), 1)
     for g, w in zip(got, solo):
         np.testing.assert_array_equal(np.stack(g), w)
