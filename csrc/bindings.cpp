@@ -297,18 +297,30 @@ void bind_model(py::module_& m, const char* cls_name) {
              return view(s.grads(), {py::ssize_t(s.num_parameters())}, self);
            })
       .def("forward",
-           [](M& self, py::object idx, py::object targets) {
+           [](M& self, py::object idx, py::object targets, py::object slots) {
              const auto& c = self.config();
              auto x = check_tokens(idx, "idx", -1, -1, false, c.vocab_size, c.max_seq_len);
              const int B = int(x.shape(0)), Tn = int(x.shape(1));
-             py::array_t<int32_t> y;
+             py::array_t<int32_t> y, sl;
              if (!targets.is_none()) y = check_tokens(targets, "targets", B, Tn, true, c.vocab_size, c.max_seq_len);
              const int32_t* yp = targets.is_none() ? nullptr : y.data();
+             if (!slots.is_none()) {
+               sl = gpt2_bind::int32_array(slots, "slots", 1);
+               if (sl.shape(0) != B) throw py::value_error("slots must have one entry per row of idx");
+               std::vector<char> seen;
+               for (int b = 0; b < B; b++) {
+                 const int s = sl.data()[b];
+                 if (s < 0 || s >= (1 << 20)) throw py::value_error("slots must be in [0, 2**20)");
+                 if (size_t(s) >= seen.size()) seen.resize(size_t(s) + 1, 0);
+                 if (seen[size_t(s)]++) throw py::value_error("slots: a slot appears twice");
+               }
+             }
+             const int32_t* sp = slots.is_none() ? nullptr : sl.data();
              py::gil_scoped_release nogil;
-             return self.forward(x.data(), yp, B, Tn);
+             return self.forward(x.data(), yp, B, Tn, sp);
            },
-           py::arg("idx"), py::arg("targets") = py::none(),
-           "Forward pass. idx, targets: int32 (B, T), targets[b, t] the token after idx[b, t]; targets -1 or -100 are ignored. Returns the mean loss (NaN without targets).")
+           py::arg("idx"), py::arg("targets") = py::none(), py::arg("slots") = py::none(),
+           "Forward pass. idx, targets: int32 (B, T), targets[b, t] the token after idx[b, t]; targets -1 or -100 are ignored. Returns the mean loss (NaN without targets). slots: an inference-only model's KV-cache slots to run in (int32 (B,), default 0..B-1).")
       .def("logits",
            [](M& self) {
              py::array_t<F> out({self.last_B(), self.last_T(), self.config().padded_vocab_size});

@@ -639,8 +639,12 @@ def main(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
     check_switches(ap, args)
-    if args.model:
+    if not args.generate:
         cfg = bench_config(args)
+        if args.seq_len > cfg.block_size:  # a usage error naming both numbers, not the core's refusal mid-run
+            raise cli.ArgError(f"-T/--seq-len {args.seq_len} is more than preset {args.preset}'s block_size "
+                               f"{cfg.block_size}: use -T {cfg.block_size} or less")
+    if args.model:
         return gpu_model_module().main(["--gpu", args.model, "-B", str(args.batch_size), "-T", str(args.seq_len),
                                         "--layers", str(cfg.n_layer)]) == 0
     if args.result_json or ("WORLD_SIZE" in os.environ and args.nproc == 1 and not args.scaling):

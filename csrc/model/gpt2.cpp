@@ -159,13 +159,13 @@ void GPT2Model<T>::ensure_activations(int B, int Tn) {
 }
 
 template <typename T>
-double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, int Tn) {
+double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, int Tn, const int32_t* kv_slots) {
   backend_->make_current();
   if (B <= 0 || Tn <= 0 || Tn > config_.max_seq_len)
     throw std::invalid_argument("forward: need B > 0 and 0 < T <= max_seq_len");
   // inference-only: the KV-cache prefill with every position's logits (no per-layer activations kept); a backend
   // without the KV ops runs the forward below (its activations, no gradients)
-  if (!training_ && backend_->has_kv()) return kv_forward(inp, targets, B, Tn);
+  if (!training_ && backend_->has_kv()) return kv_forward(inp, targets, B, Tn, kv_slots);
   kv_forward_ = false;
   ensure_activations(B, Tn);
   Backend<T>& be = *backend_;

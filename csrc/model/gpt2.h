@@ -101,8 +101,9 @@ class GPT2Model {
   bool recompute_gelu() const { return recompute_ == Recompute::Gelu; }
 
   // inp, targets: host arrays of B*Tn ints, already validated (ids in range, targets -1 or in range).
-  // Returns the mean loss over non-ignored targets (NaN without targets).
-  double forward(const int32_t* inp, const int32_t* targets, int B, int Tn);
+  // Returns the mean loss over non-ignored targets (NaN without targets). An inference-only model runs it as a
+  // prefill into KV-cache slots kv_slots[0..B) (nullptr: 0..B-1), the caller's scratch slots.
+  double forward(const int32_t* inp, const int32_t* targets, int B, int Tn, const int32_t* kv_slots = nullptr);
   // Copies logits (B, Tn, Vp) and per-token losses of the last forward to the host.
   void logits_to_host(M* dst) const;
   void losses_to_host(M* dst) const;
@@ -205,8 +206,9 @@ class GPT2Model {
   // is attended and no mask is needed (prefill pads rows on the right only, into cache positions that a
   // later decode overwrites before any query reaches them).
   //
-  // kv_reserve: a cache for `slots` sequences of up to max_len tokens (<= max_seq_len); a larger one replaces it
-  // (positions forgotten), a smaller or equal request keeps it.
+  // kv_reserve: a cache for `slots` sequences of up to max_len tokens (<= max_seq_len); a larger one replaces it,
+  // keeping every slot's cached positions (a live sequence continues as if nothing happened), a smaller or equal
+  // request keeps it.
   void kv_reserve(int slots, int max_len);
   int kv_slots() const { return kv_S_; }
   int kv_max_len() const { return kv_T_; }
@@ -308,7 +310,7 @@ class GPT2Model {
   GradRanges head_grad_ranges() const;
 
   void require_training(const char* what) const;
-  double kv_forward(const int32_t* inp, const int32_t* targets, int B, int Tn);
+  double kv_forward(const int32_t* inp, const int32_t* targets, int B, int Tn, const int32_t* kv_slots);
   void kv_ensure_rows(int rows, int logit_rows);
   void kv_release();
   // the layers over n * Tq rows whose inputs are in kv_.ids, slots/positions in kv_slot_/kv_posd_; leaves the

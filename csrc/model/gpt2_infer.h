@@ -25,6 +25,7 @@ void GPT2Model<T>::set_weights16(int kind) {
   if (kind && training_)
     throw std::logic_error("16-bit and 8-bit weights are for inference-only models (training=False): they round the "
                            "weights");
+  backend_->make_current();
   if (w16_ && (kind == 0 || kind == 3)) { backend_->free_u16(w16_); w16_ = nullptr; }
   if (kind != 3) free_q8();
   if ((kind == 1 || kind == 2) && !w16_) w16_ = backend_->alloc_u16(num_params_);
@@ -110,20 +111,48 @@ void GPT2Model<T>::kv_reserve(int slots, int max_len) {
   if (!backend_->has_kv())
     throw std::logic_error(std::string("backend ") + backend_->name() + " has no KV-cache inference ops");
   if (slots <= kv_S_ && max_len <= kv_T_) return;
+  backend_->make_current();  // the calling thread's device may be another (CUDA's current device is per thread)
   drop_graph(decode_graph_);
   slots = std::max(slots, kv_S_);
   max_len = std::max(max_len, kv_T_);
   Backend<T>& be = *backend_;
+  const size_t L = size_t(config_.n_layer), C = size_t(config_.n_embd);
+  const size_t n = L * slots * max_len * C;
+  T* knew = be.alloc(n);
+  T* vnew = nullptr;
+  try {
+    vnew = be.alloc(n);
+  } catch (...) {
+    be.free(knew);  // the old cache stays as it was
+    throw;
+  }
+  // the live slots' rows move to the new layout (L, slots, max_len, C): row (l, s, t) of the new cache is row
+  // (l, s, t) of the old one where that exists; the other rows are copied from row 0, garbage that no query reads
+  // before a prefill or decode writes it (a slot's positions past kv_pos are never attended)
+  const bool live = std::any_of(kv_pos_.begin(), kv_pos_.end(), [](int p) { return p > 0; });
+  const size_t rows = L * slots * max_len;
+  if (live && rows <= size_t(std::numeric_limits<int32_t>::max())) {
+    std::vector<int32_t> idx(rows, 0);
+    for (size_t l = 0; l < L; l++)
+      for (int s = 0; s < kv_S_; s++)
+        for (int t = 0; t < kv_pos_[s]; t++)
+          idx[(l * slots + s) * max_len + t] = int32_t((l * kv_S_ + s) * kv_T_ + t);
+    int32_t* didx = be.alloc_i32(rows);
+    be.to_device_i32(didx, idx.data(), rows);
+    be.gather_rows(knew, kcache_, didx, int(rows), int(C));
+    be.gather_rows(vnew, vcache_, didx, int(rows), int(C));
+    be.synchronize();
+    be.free_i32(didx);
+  } else if (live) {
+    throw std::length_error("kv_reserve: a cache of " + std::to_string(rows) + " rows is too large to grow in place");
+  }
   if (kcache_) be.free(kcache_);
   if (vcache_) be.free(vcache_);
-  kcache_ = vcache_ = nullptr;
-  kv_S_ = kv_T_ = 0;
-  const size_t n = size_t(config_.n_layer) * slots * max_len * config_.n_embd;
-  kcache_ = be.alloc(n);
-  vcache_ = be.alloc(n);
+  kcache_ = knew;
+  vcache_ = vnew;
   kv_S_ = slots;
   kv_T_ = max_len;
-  kv_pos_.assign(slots, 0);
+  kv_pos_.resize(size_t(slots), 0);
   kv_forward_ = false;
 }
 
@@ -230,6 +259,7 @@ template <typename T>
 void GPT2Model<T>::kv_prefill(const int32_t* tokens, const int32_t* lengths, const int32_t* slots, int n, int Tq,
                               bool all_logits, const int32_t* start) {
   if (n <= 0 || Tq <= 0) throw std::invalid_argument("kv_prefill: need at least one sequence of one token");
+  backend_->make_current();
   if (!kv_S_) throw std::logic_error("kv_prefill: no KV cache (kv_reserve first)");
   if (Tq > kv_T_)
     throw std::invalid_argument("kv_prefill: " + std::to_string(Tq) + " tokens do not fit the cache's " +
@@ -276,6 +306,7 @@ void GPT2Model<T>::kv_prefill(const int32_t* tokens, const int32_t* lengths, con
 template <typename T>
 void GPT2Model<T>::kv_decode(const int32_t* tokens, const int32_t* slots, int n) {
   if (n <= 0) throw std::invalid_argument("kv_decode: need at least one sequence");
+  backend_->make_current();
   if (!kv_S_) throw std::logic_error("kv_decode: no KV cache (kv_reserve first)");
   std::vector<int32_t> seen(kv_S_, 0), pos(n);
   for (int i = 0; i < n; i++) {
@@ -325,12 +356,14 @@ void GPT2Model<T>::kv_sample(int32_t* ids, const SampleRow* rows, int n) {
   if (n != kv_rows_ || n <= 0)
     throw std::invalid_argument("kv_sample: " + std::to_string(n) + " settings for " + std::to_string(kv_rows_) +
                                 " rows of logits (one per sequence of the last prefill / decode)");
+  backend_->make_current();
   backend_->sample_tokens(ids, kv_.logits, rows, n, config_.vocab_size, config_.padded_vocab_size);
 }
 
 template <typename T>
 void GPT2Model<T>::kv_logits_to_host(M* dst) const {
   if (!kv_rows_) throw std::runtime_error("kv_logits: no prefill or decode has run yet");
+  backend_->make_current();
   const size_t n = size_t(kv_rows_) * config_.padded_vocab_size;
   if constexpr (kHasMasterCopy<T>) {
     std::vector<T> tmp(n);
@@ -344,10 +377,16 @@ void GPT2Model<T>::kv_logits_to_host(M* dst) const {
 // forward() of an inference-only model: a prefill of B sequences of Tn tokens with every position's logits, then
 // the loss over them as forward computes it.
 template <typename T>
-double GPT2Model<T>::kv_forward(const int32_t* inp, const int32_t* targets, int B, int Tn) {
-  kv_reserve(std::max(B, kv_S_), std::max(Tn, kv_T_));
+double GPT2Model<T>::kv_forward(const int32_t* inp, const int32_t* targets, int B, int Tn,
+                                const int32_t* kv_slots) {
   std::vector<int32_t> lengths(B, Tn), slots(B);
-  for (int b = 0; b < B; b++) slots[b] = b;
+  int top = B;
+  for (int b = 0; b < B; b++) {
+    slots[b] = kv_slots ? kv_slots[b] : b;
+    if (slots[b] < 0) throw std::invalid_argument("forward: slots must be >= 0");
+    top = std::max(top, slots[b] + 1);
+  }
+  kv_reserve(std::max(top, kv_S_), std::max(Tn, kv_T_));
   kv_prefill(inp, lengths.data(), slots.data(), B, Tn, true);
   Backend<T>& be = *backend_;
   const int N = B * Tn, V = config_.vocab_size, Vp = config_.padded_vocab_size;

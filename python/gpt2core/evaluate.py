@@ -16,6 +16,7 @@ random guessing gives 0.25.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -128,9 +129,11 @@ def hellaswag_losses(model, data, items_per_batch: int = 4, item_ids=None, progr
         it = bar(it, total=math.ceil(len(item_ids) / items_per_batch), unit="batch", desc="hellaswag")
     done = 0
     for ids, idx, tgt in it:
-        model.forward(idx, tgt)
+        with getattr(model, "lock", None) or contextlib.nullcontext():  # the forward and ITS token losses
+            model.forward(idx, tgt)
+            token_losses = np.asarray(model.token_losses(), dtype=np.float64)
         mask = tgt != -1
-        losses = np.where(mask, np.asarray(model.token_losses(), dtype=np.float64), 0.0)
+        losses = np.where(mask, token_losses, 0.0)
         k = len(ids)
         sums[done:done + k] = losses.sum(axis=1)[:4 * k].reshape(k, 4)
         counts[done:done + k] = mask.sum(axis=1)[:4 * k].reshape(k, 4)
@@ -154,8 +157,14 @@ def score_hellaswag(model, data=None, items_per_batch: int = 4, rank: int = 0, w
     if limit is not None:
         cli.positive_int.check(limit, "limit")  # limit=0 would score nothing and report acc nan
     if not isinstance(data, _hs.Rendered):
+        where = data if data is not None else "the downloaded HellaSwag set"
         data = _hs.load(data, limit)
         limit = None
+    else:
+        where = "the rendered HellaSwag set"
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if vocab is not None:
+        _hs.check_vocab(data, int(vocab), where)
     n_items = len(data) if limit is None else min(limit, len(data))
     item_ids = np.arange(rank, n_items, world_size)
     sums, counts = hellaswag_losses(model, data, items_per_batch, item_ids, progress)
@@ -172,6 +181,7 @@ def _cmd_hellaswag(args) -> int:
     try:
         data = _hs.load(args.data, args.limit)
         model = load_model(args.checkpoint, device=args.device)
+        _hs.check_vocab(data, int(model.config.vocab_size), args.data or "the downloaded HellaSwag set")
     except (ValueError, OSError) as e:      # HellaSwagError, CheckpointError, missing files
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -187,8 +197,16 @@ def _cmd_val(args) -> int:
     from .data.loader import DataLoader
     try:
         model = load_model(args.checkpoint, device=args.device)
-        T = args.seq_len or int(model.config.block_size)
-        loader = DataLoader(args.data_dir, "val", args.batch_size, T, shuffle=False)
+    except (ValueError, OSError) as e:      # CheckpointError
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    T = args.seq_len or int(model.config.block_size)
+    if T > model.config.block_size:  # a usage error (exit 2), named with both numbers
+        raise cli.ArgError(f"--seq-len/-T {T} is more than the model's block_size {model.config.block_size} "
+                           f"(--checkpoint {args.checkpoint}): use -T {model.config.block_size} or less")
+    try:
+        loader = DataLoader(args.data_dir, "val", args.batch_size, T, shuffle=False,
+                            vocab_size=int(model.config.vocab_size))  # an id beyond it: ShardError naming the shard
     except (ValueError, OSError) as e:      # CheckpointError, ShardError, no val shard
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -14,12 +14,28 @@ import sys
 import time
 
 from . import cli, tokenizer
+from .errors import FileFormatError
 from .inference import truncate_at_stop
 from .model import load_model
 
 
 def read_prompts(path: str) -> list[str]:
-    text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+    """The prompts of --prompts-file: the bytes of the file (or of standard input for '-'), UTF-8 text, one prompt
+    per line. Bytes that are not UTF-8 are refused the same way from either (FileFormatError naming the source)."""
+    where = "standard input" if path == "-" else path
+    if path == "-":
+        raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
+    else:
+        with open(path, "rb") as f:
+            raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise FileFormatError(f"--prompts-file {path}: {where} is not UTF-8 text (byte 0x{raw[e.start]:02x} on "
+                              f"line {line})") from None
+    if "\0" in text:
+        raise FileFormatError(f"--prompts-file {path}: {where} holds a NUL byte: not a text file of prompts")
     prompts = [line.replace("\\n", "\n") for line in text.splitlines() if line.strip()]
     if not prompts:
         raise cli.ArgError(f"--prompts-file {path}: no prompts (one per line)")
@@ -28,7 +44,7 @@ def read_prompts(path: str) -> list[str]:
 
 def add_sampling_flags(ap, temperature: float = 1.0) -> None:
     """--top-k, --top-p and --temperature (gpt2core-generate's, gpt2core-chat's)."""
-    ap.add_argument("--top-k", type=cli.non_negative_int, default=50,
+    ap.add_argument("--top-k", type=cli.Int(0, 2**31 - 1), default=50,
                     help="sample from the k most likely tokens (default 50; 0: all; 1: greedy)")
     ap.add_argument("--top-p", type=cli.Float(0, 1, lo_open=True), default=None,
                     help="nucleus sampling: the smallest set of tokens whose probability reaches P (default: off)")
@@ -45,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "directory, a Hugging Face GPT-2 directory, or a Hub name such as gpt2")
     ap.add_argument("--prompts-file", default=None, metavar="FILE",
                     help="one prompt per line ('-': standard input), generated together as one batch")
-    ap.add_argument("--max-new-tokens", type=cli.non_negative_int, default=64, help="tokens to add (default 64)")
+    ap.add_argument("--max-new-tokens", type=cli.Int(0, 2**31 - 1), default=64, help="tokens to add (default 64)")
     add_sampling_flags(ap)
     ap.add_argument("--stop", action="append", default=None, metavar="TEXT",
                     help="end a sequence once its text contains TEXT (repeatable; the text is cut before it)")

@@ -26,17 +26,23 @@ tests compare the core's sampler with).
 """
 from __future__ import annotations
 
+import collections
 import numbers
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from . import tokenizer
-from .errors import ArgError
+from .errors import ArgError, Error
 
 EOT = tokenizer.EOT
 _MASK64 = (1 << 64) - 1
+# what the core stores: top_k and the token counts as int32, seeds as uint64
+INT32_MAX = 2**31 - 1
+SEED_MAX = _MASK64
 
 
 # ----------------------------------------------------------------------------------------------- random numbers
@@ -128,9 +134,10 @@ def _check_real(v, name: str, lo: float, hi: float, text: str) -> float:
     return float(v)
 
 
-def _check_int(v, name: str, lo: int, text: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or int(v) < lo:
-        raise ArgError(f"{name} must be an integer {text}, got {v!r}")
+def _check_int(v, name: str, lo: int, hi: int, text: str) -> int:
+    """v as an int in [lo, hi] (hi: what the core stores), else ArgError naming `name` and the range."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= int(v) <= hi:
+        raise ArgError(f"{name} must be an integer >= {lo}, got {v!r} ({text}; at most {hi:,}, what the core stores)")
     return int(v)
 
 
@@ -189,12 +196,12 @@ def truncate_at_stop(text: str, stop) -> str:
 
 # ----------------------------------------------------------------------------------------------- the loop
 def generate_stream(model, idx, max_new_tokens, top_k=50, temperature=1.0, seed=0, top_p=None,
-                    stop=None) -> Iterator[np.ndarray]:
-    """Yields, per step, an int32 array (B,) of the token each sequence made in that step (-1 for a sequence that
-    had already stopped). Arguments as GPT2.generate; max_new_tokens, top_k, temperature, top_p and seed may
-    also be one value per prompt. Validates everything before the first yield's work starts."""
+                    stop=None) -> "Stream":
+    """A Stream that yields, per step, an int32 array (B,) of the token each sequence made in that step (-1 for a
+    sequence that had already stopped). Arguments as GPT2.generate; max_new_tokens, top_k, temperature, top_p and
+    seed may also be one value per prompt. Validates everything, and takes its KV-cache slots, before returning."""
     seqs, stops = _prepare(model, idx, max_new_tokens, top_k, temperature, seed, top_p, stop)
-    return _loop(model, seqs, stops)
+    return Stream(model, seqs, stops)
 
 
 def _prepare(model, idx, max_new_tokens, top_k, temperature, seed, top_p, stop):
@@ -207,33 +214,190 @@ def _prepare(model, idx, max_new_tokens, top_k, temperature, seed, top_p, stop):
     for b, (p, mx, k, t, tp, s) in enumerate(zip(
             prompts, _per_seq(max_new_tokens, B, "max_new_tokens"), _per_seq(top_k, B, "top_k"),
             _per_seq(temperature, B, "temperature"), _per_seq(top_p, B, "top_p"), _per_seq(seed, B, "seed"))):
-        mx = _check_int(mx, "max_new_tokens", 0, ">= 0")
-        k = 0 if k is None else _check_int(k, "top_k", 0, ">= 0 (0 or None: the whole vocabulary; 1: greedy)")
+        mx = _check_int(mx, "max_new_tokens", 0, INT32_MAX, "tokens to add")
+        k = 0 if k is None else _check_int(k, "top_k", 0, INT32_MAX, "0 or None: the whole vocabulary; 1: greedy")
         t = _check_real(t, "temperature", 0.0, float("inf"), "(0, inf) (for greedy decoding use top_k=1)")
         if t == 0:
             raise ArgError("temperature must be > 0 (for greedy decoding use top_k=1), got 0")
         tp = 1.0 if tp is None else _check_real(tp, "top_p", 0.0, 1.0, "(0, 1] (None: off)")
         if tp == 0:
             raise ArgError("top_p must be a number in (0, 1] (None: off), got 0")
-        s = _check_int(s, "seed", 0, ">= 0")
+        s = _check_int(s, "seed", 0, SEED_MAX, "an unsigned 64-bit integer")
         # a scalar seed: sequence b draws from stream b; one seed per sequence: stream 0 (a request's own seed
         # gives the same ids whatever batch it runs in)
         seqs.append(_Seq(p, mx, t, k, tp, s, 0 if seed_list else b, []))
     return seqs, stops
 
 
-def _loop(model, seqs: list[_Seq], stops: list[str]) -> Iterator[np.ndarray]:
+# ----------------------------------------------------------------------------------------------- sharing a model
+def model_lock(model) -> threading.RLock:
+    """The lock every entry point that uses the model's buffers holds (GPT2.lock; created on first use for objects
+    that only look like a GPT2, such as the tests' wrappers of a bare core model)."""
+    lock = getattr(model, "lock", None)
+    if lock is None:
+        lock = model.__dict__.setdefault("_lock", threading.RLock())
+    return lock
+
+
+class KVCacheFull(Error, MemoryError):
+    """The KV cache cannot grow for another stream: more sequences are live than memory (or GPT2.kv_cache_limit)
+    holds. The message says how many are live and what the cache would need."""
+
+
+def _available_bytes() -> int | None:
+    """The memory the kernel says a new allocation can take (MemAvailable), None where it does not say."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class SlotPool:
+    """The KV-cache slots of one core model and who owns them. A generation (a stream, a generate call, an
+    inference-only forward) takes its slots with acquire() and gives them back with release(); a slot is never
+    shared, so sequences in different slots cannot see each other's cache. When no free slot is left the cache
+    grows (the core keeps every slot's contents, GPT2Model::kv_reserve), up to `limit` bytes (None: what the
+    machine has free, checked on the CPU backend; a GPU's own allocation fails cleanly), beyond which acquire
+    raises KVCacheFull. acquire() runs under the model's lock; release() may run anywhere (a finaliser during
+    garbage collection, another thread): it only queues the slots, which the next acquire() takes back."""
+
+    _ELEM = {"ModelF64": 8, "ModelBF16": 2, "ModelF16": 2}
+
+    def __init__(self, core):
+        self.core = core
+        self.owned: set[int] = set()
+        self.holders = 0                # generations holding slots now
+        self.limit: int | None = None   # bytes of K and V cache at most (None: the machine's free memory)
+        self._returned = collections.deque()  # (slots,) given back, not yet taken off `owned`
+
+    @classmethod
+    def of(cls, model) -> "SlotPool":
+        pool = model.__dict__.get("_kv_pool")
+        return pool if pool is not None else model.__dict__.setdefault("_kv_pool", cls(model._m))
+
+    def _cache_bytes(self, slots: int, max_len: int, cfg) -> int:
+        elem = self._ELEM.get(type(self.core).__name__, 4)
+        L, C = getattr(cfg, "n_layer", None), getattr(cfg, "n_embd", None)
+        return 0 if L is None or C is None else 2 * L * slots * max_len * C * elem  # 0: a config without sizes
+
+    def _drain(self) -> None:
+        free = getattr(self.core, "kv_free", None)
+        while self._returned:
+            slots = self._returned.popleft()
+            self.owned.difference_update(slots)
+            self.holders -= 1
+            if free is not None:  # its positions forgotten: a later growth of the cache does not copy its rows
+                for slot in slots:
+                    free(int(slot))
+
+    def acquire(self, n: int, max_len: int, cfg) -> list[int]:
+        """n free slots of at least max_len positions (the cache grown if needed)."""
+        self._drain()
+        S, T = self.core.kv_slots, self.core.kv_max_len
+        free = [i for i in range(S) if i not in self.owned]
+        if len(free) < n or max_len > T:
+            S2, T2 = max(S, len(self.owned) + n), max(T, max_len)
+            need, have = self._cache_bytes(S2, T2, cfg), self._cache_bytes(S, T, cfg)
+            limit = self.limit
+            if limit is None and getattr(self.core, "device", "cpu") == "cpu":
+                avail = _available_bytes()
+                limit = None if avail is None else have + avail * 9 // 10
+            if limit is not None and need > limit:
+                raise self._full(n, max_len, S2, T2, need, limit)
+            try:
+                self.core.kv_reserve(S2, T2)
+            except MemoryError as e:  # std::bad_alloc, a GPU out of memory
+                raise self._full(n, max_len, S2, T2, need, None, e) from None
+            free = [i for i in range(S2) if i not in self.owned]
+        take = free[:n]
+        self.owned.update(take)
+        self.holders += 1
+        return take
+
+    def _full(self, n, max_len, S2, T2, need, limit, why=None) -> KVCacheFull:
+        lim = (f"over the limit of {limit / 2**20:,.1f} MiB (GPT2.kv_cache_limit, else 90% of the memory free)"
+               if limit is not None else f"which failed ({why})")
+        return KVCacheFull(
+            f"the KV cache cannot take {n} more sequence{'s' * (n > 1)} of up to {max_len} tokens: "
+            f"{self.holders} live generation{'s' * (self.holders != 1)} (streams, generate calls) hold "
+            f"{len(self.owned)} slot{'s' * (len(self.owned) != 1)}, and a cache of {S2} slots x {T2} positions "
+            f"needs {need / 2**20:,.1f} MiB, {lim}; close() the streams you no longer read, or let them finish")
+
+    def release(self, slots) -> None:
+        self._returned.append(tuple(slots))
+
+    def in_use(self) -> int:
+        """Slots owned now (call under the model's lock)."""
+        self._drain()
+        return len(self.owned)
+
+
+class Stream:
+    """What generate(..., stream=True) returns: an iterator over the steps of one generation (each an int32 array
+    (B,) of the ids just made, -1 for a sequence that had already stopped). It owns its KV-cache slots from
+    creation until it ends, close() is called or it is garbage collected, so several live streams of one model
+    (and generate / forward calls between their steps) each give exactly what they give alone. Each step runs
+    under the model's lock: a stream may be advanced from any thread. Also a context manager (closes on exit)."""
+
+    def __init__(self, model, seqs: list[_Seq], stops: list[str]):
+        for s in seqs:
+            s.done = s.max_new == 0
+        block = model.config.block_size
+        live = [s for s in seqs if not s.done]
+        self._lock = model_lock(model)
+        self._eng = None
+        if live:
+            longest = max(min(len(s.prompt), block) + s.max_new for s in live)
+            with self._lock:
+                self._eng = model._inference_engine(len(seqs), min(block, longest))
+        eng = self._eng
+        self._free = weakref.finalize(self, eng.close if eng is not None and hasattr(eng, "close") else _nothing)
+        self._gen = _loop(model, seqs, stops, eng) if live else _no_steps()
+        self.seqs = seqs
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> np.ndarray:
+        with self._lock:
+            try:
+                return next(self._gen)
+            except BaseException:
+                self.close()  # finished (StopIteration) or failed: the slots go back now
+                raise
+
+    def close(self) -> None:
+        """Stop generating and give the KV-cache slots back (idempotent)."""
+        with self._lock:
+            self._gen.close()
+        self._free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _nothing() -> None:
+    pass
+
+
+def _no_steps() -> Iterator[np.ndarray]:
+    return
+    yield
+
+
+def _loop(model, seqs: list[_Seq], stops: list[str], eng) -> Iterator[np.ndarray]:
     cfg = model.config
     block = cfg.block_size
     ends = {t for t in tokenizer.END_IDS if t < cfg.vocab_size}
     B = len(seqs)
-    for s in seqs:
-        s.done = s.max_new == 0
     live = [b for b in range(B) if not seqs[b].done]
-    if not live:
-        return
-    longest = max(min(len(seqs[b].prompt), block) + seqs[b].max_new for b in live)
-    eng = model._inference_engine(B, min(block, longest))
     ctx_len = [0] * B
     groups = [("prefill", live)]
     while True:
@@ -279,14 +443,22 @@ def generate(model, idx, max_new_tokens, top_k=50, temperature=1.0, seed=0, top_
     """GPT2.generate (see there)."""
     seqs, stops = _prepare(model, idx, max_new_tokens, top_k, temperature, seed, top_p, stop)
     if stream:
-        return _loop(model, seqs, stops)
-    for _ in _loop(model, seqs, stops):
-        pass
+        return Stream(model, seqs, stops)
     prompts, rect = as_prompts(idx, model.config.vocab_size)
+    out = None
+    if rect:  # the result (B, T + max_new_tokens) exists before the work starts, or the call is refused
+        width = max(len(s.prompt) + s.max_new for s in seqs)
+        nbytes, avail = 4 * len(seqs) * width, _available_bytes()
+        if avail is not None and nbytes > avail:
+            raise ArgError(f"max_new_tokens: the result array ({len(seqs)}, {width}) would need "
+                           f"{nbytes / 2**30:,.1f} GiB, more than the {avail / 2**30:,.1f} GiB free; ask for fewer "
+                           "tokens, or use stream=True or a list of prompts (whose results are as long as made)")
+        out = np.full((len(seqs), width), EOT, dtype=np.int32)
+    with Stream(model, seqs, stops) as steps:
+        for _ in steps:
+            pass
     if not rect:
         return [np.concatenate([s.prompt, np.array(s.out, dtype=np.int32)]) for s in seqs]
-    width = max(len(s.prompt) + s.max_new for s in seqs)
-    out = np.full((len(seqs), width), EOT, dtype=np.int32)
     for b, s in enumerate(seqs):
         row = np.concatenate([s.prompt, np.array(s.out, dtype=np.int32)])
         out[b, :len(row)] = row
@@ -331,24 +503,32 @@ class ForwardEngine:
 
 
 class KVEngine:
-    """The core's KV-cache path: sequence b lives in cache slot b; prefill pads the prompts of one call on the right
-    to the longest (the core attends no padding: per-sequence positions), decode runs one token per sequence,
-    sampling happens in the core (only the ids come back)."""
+    """The core's KV-cache path: sequence b lives in cache slot self.slots[b], taken from the model's SlotPool for
+    the engine's lifetime (close() gives them back); prefill pads the prompts of one call on the right to the
+    longest (the core attends no padding: per-sequence positions), decode runs one token per sequence, sampling
+    happens in the core (only the ids come back). Create and use it under the model's lock (model_lock)."""
 
     def __init__(self, model, batch: int, max_len: int):
         self.m = model._m
         self.V = model.config.vocab_size
-        self.m.kv_reserve(batch, max_len)
+        self.pool = SlotPool.of(model)
+        self.slots = np.asarray(self.pool.acquire(batch, max_len, model.config), dtype=np.int32)
+
+    def close(self) -> None:
+        """Give the slots back (once; safe from a finaliser)."""
+        slots, self.slots = self.slots, None
+        if slots is not None:
+            self.pool.release(slots.tolist())
 
     def prefill(self, slots, prompts):
         Tq = max(len(p) for p in prompts)
         x = np.zeros((len(prompts), Tq), dtype=np.int32)
         for i, p in enumerate(prompts):
             x[i, :len(p)] = p
-        self.m.kv_prefill(x, np.array([len(p) for p in prompts], dtype=np.int32), np.asarray(slots, dtype=np.int32))
+        self.m.kv_prefill(x, np.array([len(p) for p in prompts], dtype=np.int32), self.slots[np.asarray(slots)])
 
     def decode(self, slots, tokens):
-        self.m.kv_decode(np.asarray(tokens, dtype=np.int32), np.asarray(slots, dtype=np.int32))
+        self.m.kv_decode(np.asarray(tokens, dtype=np.int32), self.slots[np.asarray(slots)])
 
     def last_logits(self, slots) -> np.ndarray:
         return self.m.kv_logits()[:, :self.V]

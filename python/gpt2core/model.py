@@ -5,8 +5,10 @@ is the (padded_vocab_size, n_embd) token embedding, and writing into it changes 
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+import threading
 
 import numpy as np
 
@@ -49,6 +51,15 @@ class _Views(dict):
                         "in place")
 
     update = setdefault = pop = popitem = clear = _refuse
+
+
+def _locked(method):
+    """The method runs under the model's lock (GPT2.lock): one call at a time on the model's buffers."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+    return run
 
 
 def _check_device(device: str) -> str:
@@ -206,18 +217,44 @@ class GPT2:
         if init:
             self.init_weights(seed)
 
+    # ------------------------------------------------------------------ sharing between threads
+    @property
+    def lock(self) -> threading.RLock:
+        """The model's lock. Every call that uses the model's buffers (forward, backward, forward_backward, step,
+        zero_grad, take_loss, token_losses, init_weights, params_changed, each step of generate, evaluation) holds
+        it, so threads sharing one model run their calls one after another, each with the result it would have
+        alone; a second thread waits. Hold it yourself to make a sequence of calls atomic, e.g. a forward and the
+        token_losses() of that forward: `with model.lock: model.forward(x, y); l = model.token_losses()`
+        (re-entrant). Writing into self.params from one thread while another computes is a race, as in PyTorch."""
+        lock = self.__dict__.get("_lock")
+        return lock if lock is not None else self.__dict__.setdefault("_lock", threading.RLock())
+
+    @property
+    def kv_cache_limit(self) -> int | None:
+        """Bytes the KV cache (keys and values of every live stream and generate call) may grow to; None (default):
+        90% of the memory free when it grows (CPU), what the GPU can allocate (CUDA). Beyond it a new stream raises
+        inference.KVCacheFull naming the live streams: close() the ones no longer read."""
+        from . import inference
+        return inference.SlotPool.of(self).limit
+
+    @kv_cache_limit.setter
+    def kv_cache_limit(self, nbytes: int | None) -> None:
+        from . import inference
+        inference.SlotPool.of(self).limit = None if nbytes is None else cli.Int(0).check(nbytes, "kv_cache_limit")
+
     # ------------------------------------------------------------------ parameters
     @property
     def num_parameters(self) -> int:
         return self._m.num_parameters
 
+    @_locked
     def init_weights(self, seed: int = 0) -> None:
         """GPT-2 init: N(0, 0.02) matrices and embeddings (an untied lm_head too), residual projections scaled
         by 1/sqrt(2*n_layer), zero biases, LayerNorm weight 1 and bias 0, padded vocab rows zero; with
         zero_init_proj the residual projections and an untied lm_head start at zero (their random draws are still
         taken, so the other tensors get the same weights either way).
         Reproducible: the same seed gives the same weights on every machine (numpy's PCG64)."""
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(cli.non_negative_int.check(seed, "seed"))
         std_resid = 0.02 / math.sqrt(2 * self.config.n_layer)
         for name, p in self.params.items():  # layout order, fixed, so the random stream is stable
             if name in _MATRICES:
@@ -235,6 +272,7 @@ class GPT2:
         self.params_changed()
         self.step_count = 0
 
+    @_locked
     def params_changed(self) -> None:
         """Call after writing into self.params in place. In bf16 / fp16 the ops read a 16-bit copy of these (fp32
         master) weights, rebuilt from them before the next forward; in fp32 this does nothing."""
@@ -276,6 +314,7 @@ class GPT2:
         d = self._m.loss_scaler
         return {"scale": d["scale"], "clean": d["clean"], "skipped": d["skipped"]}
 
+    @_locked
     def load_loss_scaler_state(self, state: dict | None) -> None:
         """Continue from a saved loss_scaler_state(). With loss scaling off the state is ignored (an fp16 run's
         checkpoint continuing in fp32 needs no scale); None (a checkpoint of a run without scaling) leaves the
@@ -356,20 +395,33 @@ class GPT2:
         Positions whose target is -1 or -100 (Hugging Face's ignore index) are left out of the mean."""
         x = as_tokens(idx, "idx")
         y = None if targets is None else as_tokens(targets, "targets")
-        loss = self._m.forward(x, y)
-        if return_logits:
-            return loss, self._m.logits()
+        with self.lock:
+            if self.training or not getattr(self._m, "kv_supported", False):
+                loss = self._m.forward(x, y)
+            else:  # inference-only: a prefill into KV-cache slots no stream owns (gpt2_infer.h kv_forward)
+                from . import inference
+                pool = inference.SlotPool.of(self)
+                slots = pool.acquire(x.shape[0], x.shape[1], self.config)
+                try:
+                    loss = self._m.forward(x, y, slots=np.asarray(slots, dtype=np.int32))
+                finally:
+                    pool.release(slots)
+            if return_logits:
+                return loss, self._m.logits()
         return loss
 
+    @_locked
     def token_losses(self) -> np.ndarray:
         """(B, T) per-token losses of the last forward with targets (0 at ignored positions)."""
         return self._m.token_losses()
 
+    @_locked
     def backward(self, grad_scale: float = 1.0) -> None:
         """Accumulate d(grad_scale * loss)/d(params) into self.grads."""
         self._m.backward(_grad_scale(grad_scale))
         self._has_grads = True
 
+    @_locked
     def forward_backward(self, idx, targets, grad_scale: float = 1.0) -> None:
         """One training micro-step: forward(idx, targets) then backward(grad_scale), without waiting for the
         GPU (no loss is read back). grad_scale * loss is added to a sum that take_loss() returns. With
@@ -378,6 +430,7 @@ class GPT2:
         self._m.forward_backward(as_tokens(idx, "idx"), as_tokens(targets, "targets"), _grad_scale(grad_scale))
         self._has_grads = True
 
+    @_locked
     def take_loss(self) -> float:
         """The sum of grad_scale * loss over forward_backward calls since the last take_loss (then reset)."""
         return self._m.take_loss()
@@ -395,13 +448,16 @@ class GPT2:
             raise ValueError("cuda_graphs needs device='cuda': the CPU backend runs each op as it is called")
         self._m.cuda_graphs = bool(on)
 
+    @_locked
     def zero_grad(self) -> None:
         self._m.zero_grad()
         self._has_grads = False
 
+    @_locked
     def grad_norm(self) -> float:
         return self._m.grad_norm()
 
+    @_locked
     def step(self, lr: float, weight_decay: float = TrainConfig.weight_decay, beta1: float = TrainConfig.beta1,
              beta2: float = TrainConfig.beta2, eps: float = TrainConfig.eps,
              grad_clip: float = TrainConfig.grad_clip, optimizer: str = "adamw",
@@ -477,6 +533,7 @@ class GPT2:
         """All gradients as one vector (a view, the layout of flat_params)."""
         return self._m.flat_grads()
 
+    @_locked
     def grad_sum_squares(self, lo: int, hi: int) -> float:
         """sum(g**2) over flat_grads()[lo:hi], accumulated in float64."""
         if isinstance(self._m, _C.ModelF64):  # the core's routine serves float32 master gradients
@@ -493,6 +550,7 @@ class GPT2:
             return np.zeros(n, dtype=np.float64)
         return _C.dist.alloc_state(self._m, n)
 
+    @_locked
     def adamw_range(self, lo: int, hi: int, m: np.ndarray, v: np.ndarray, lr: float, beta1: float, beta2: float,
                     eps: float, weight_decay: float, step: int, grad_clip: float, sum_squares: float) -> None:
         """AdamW on parameters [lo, hi) of flat_params() only, with moments m, v of length hi - lo (ZeRO-1's
@@ -523,7 +581,10 @@ class GPT2:
 
         Returns (B, T + max_new_tokens) int32 ids for an array idx (a sequence that stopped early is padded with
         <|endoftext|>), a list of 1-D arrays (prompt + generated) for a list of prompts; with stream=True an
-        iterator that yields, per step, the (B,) ids just made (-1 for a sequence that had already stopped)."""
+        inference.Stream, an iterator that yields, per step, the (B,) ids just made (-1 for a sequence that had
+        already stopped); it owns its KV-cache slots until it ends, close() or garbage collection, so live streams
+        and other calls on the model do not disturb each other (see `lock`; inference.KVCacheFull beyond
+        kv_cache_limit)."""
         from . import inference
         return inference.generate(self, idx, max_new_tokens, top_k=top_k, temperature=temperature, seed=seed,
                                   top_p=top_p, stop=stop, stream=stream)
@@ -556,7 +617,8 @@ class GPT2:
         if kind != "fp32" and (self.training or self.device != "cpu"):
             raise ValueError(f"inference_weights={kind!r} needs an inference-only CPU model (load_model(path, "
                              "training=False) or GPT2(..., training=False)): it rounds the weights")
-        self._m.weights16 = kinds[kind]
+        with self.lock:
+            self._m.weights16 = kinds[kind]
 
     def _inference_engine(self, batch: int, max_len: int):
         """The engine generate runs on: the core's KV cache where the backend has it, else the full forward."""

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from . import cli
+from .errors import FileFormatError
 
 # (value, label, line style) of each panel's reference lines
 REF_VAL_LOSS = [(3.2924, "GPT-2 124M (val, llm.c)", "--")]
@@ -94,7 +95,14 @@ def read_run(path, name: str | None = None, tokens_per_step: int | None = None) 
     if not file.is_file():
         raise FileNotFoundError(f"{file}: no metrics file (give a run directory holding metrics.jsonl, "
                                 "a metrics.jsonl file or an llm.c main.log)")
-    lines = file.read_text(encoding="utf-8").split("\n")
+    raw = file.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise FileFormatError(f"{file}: not UTF-8 text (byte 0x{raw[e.start]:02x} on line {line}): give a "
+                              "metrics.jsonl or an llm.c main.log") from None
+    lines = text.split("\n")
     info: dict = {}
     points: dict[str, dict[int, float]] = {k: {} for k in TRAIN_KEYS + EVAL_KEYS}
     for lineno, line in enumerate(lines, start=1):

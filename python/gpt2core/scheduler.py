@@ -48,20 +48,27 @@ from . import tokenizer
 
 log = logging.getLogger("gpt2core.serve")
 SEED_MAX = 2**63 - 1
+SHUTDOWN = "the server is shutting down"
 _GOLDEN = 0x9E3779B97F4A7C15
 
 
 # ------------------------------------------------------------------------------------------------ the engine
 class SlotEngine:
-    """The core's KV-cache slot API for the scheduler: `slots` sequences of up to `max_len` tokens, reserved once."""
+    """The core's KV-cache slot API for the scheduler: `slots` sequences of up to `max_len` tokens, reserved once.
+    The slots are taken from the model's SlotPool (gpt2core.inference: the scheduler's slot i is the core's slot
+    self.core_slots[i]), so that streams, generate calls or forwards of the same model elsewhere never share one;
+    `lock` is the model's lock, held by the scheduler around each iteration."""
 
     def __init__(self, model, slots: int, max_len: int):
+        from . import inference
         self.m = model._m
         if not (hasattr(self.m, "kv_free") and self.m.kv_supported):
             raise ValueError(f"the {model.device} backend of this model has no KV-cache inference ops: the server "
                              "needs them")
         self.V = model.config.vocab_size
-        self.m.kv_reserve(slots, max_len)
+        self.lock = inference.model_lock(model)
+        with self.lock:
+            self.core_slots = np.asarray(inference.SlotPool.of(model).acquire(slots, max_len, model.config), np.int32)
         self.slots, self.max_len = slots, max_len
 
     def prefill(self, slots, chunks, starts, all_logits: bool = False) -> None:
@@ -69,11 +76,11 @@ class SlotEngine:
         x = np.zeros((len(chunks), Tq), dtype=np.int32)
         for i, c in enumerate(chunks):
             x[i, :len(c)] = c
-        self.m.kv_prefill(x, np.array([len(c) for c in chunks], np.int32), np.asarray(slots, np.int32),
+        self.m.kv_prefill(x, np.array([len(c) for c in chunks], np.int32), self.core_slots[np.asarray(slots)],
                           all_logits, np.asarray(starts, np.int32))
 
     def decode(self, slots, tokens) -> None:
-        self.m.kv_decode(np.asarray(tokens, np.int32), np.asarray(slots, np.int32))
+        self.m.kv_decode(np.asarray(tokens, np.int32), self.core_slots[np.asarray(slots)])
 
     def sample(self, temperature, top_k, top_p, seed, step) -> np.ndarray:
         n = len(temperature)
@@ -85,7 +92,7 @@ class SlotEngine:
         return np.asarray(self.m.kv_logits()[:, :self.V], dtype=np.float64)
 
     def free(self, slot: int) -> None:
-        self.m.kv_free(int(slot))
+        self.m.kv_free(int(self.core_slots[slot]))
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:
@@ -135,7 +142,7 @@ class SeqParams:
 class Job:
     """One request: its sequences, and `emit(event)` that hands the HTTP side an event (thread-safe). Events:
     ("text", i, text, logprobs or None), ("done", i, finish_reason, completion_tokens) with finish_reason "stop",
-    "length" or "timeout", ("error", message)."""
+    "length" or "timeout", ("error", message[, http status: 503 when the server is shutting down, else 500])."""
     seqs: list
     emit: object
     timeout: float | None = None        # seconds from submission
@@ -256,12 +263,22 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
+    def stop(self) -> None:
+        """Shutting down (SIGINT / SIGTERM): the model thread leaves its loop at the next iteration, answering every
+        running and waiting request with a 503 error event. Only sets a flag: safe in a signal handler."""
+        self._closing = True
+
     def close(self) -> None:
         self._closing = True
         self._q.put(None)
         self._thread.join(30)
+        if not self._thread.is_alive():
+            self._refuse_all()  # anything submitted while the thread was leaving
 
     def submit(self, job: Job) -> None:
+        if self._closing:
+            job.emit(("error", SHUTDOWN, 503))
+            return
         with self._count_lock:
             self._n_waiting += 1
             self._n_waiting_seqs += len(job.seqs)
@@ -307,12 +324,31 @@ class Scheduler:
             if self._closing:
                 break
             try:
-                self._iteration()
+                with self.engine.lock:  # the model's lock: other users of the model wait for this iteration
+                    self._iteration()
             except Exception as e:  # a bug or a backend failure: answer the running requests, keep serving
                 log.exception("gpt2core-serve: a model step failed")
                 for s in list(self._running):
                     s.job.emit(("error", f"generation failed: {type(e).__name__}: {e}"))
                     self._release(s)
+        self._refuse_all()
+
+    def _refuse_all(self) -> None:
+        """Every running and waiting request ends with a 503 error event (once per request); slots freed."""
+        answered = set()
+        with self.engine.lock:
+            for s in list(self._running):
+                if not s.job.cancelled and id(s.job) not in answered:
+                    answered.add(id(s.job))
+                    s.job.emit(("error", SHUTDOWN, 503))
+                self._release(s)
+        self._take(block=False)
+        while self._waiting:
+            job = self._waiting.popleft()
+            self._left_queue(job)
+            if not job.cancelled and id(job) not in answered:
+                answered.add(id(job))
+                job.emit(("error", SHUTDOWN, 503))
 
     def _iteration(self) -> None:
         now = time.monotonic()

@@ -54,13 +54,17 @@ import logging
 import math
 import numbers
 import os
+import re
 import secrets
+import signal
 import socket
 import sys
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from . import chat, cli, tokenizer
 from .errors import ArgError, Error
@@ -69,6 +73,8 @@ from .scheduler import Job, Scheduler, SeqParams, SlotEngine, TextStream  # noqa
 PAGE = Path(__file__).resolve().parent / "assets" / "serve.html"
 log = logging.getLogger("gpt2core.serve")
 MAX_BODY = 1 << 20        # bytes of a request body
+MAX_DEPTH = 32            # nesting of JSON arrays / objects in a body (a request needs 3)
+BODY_TIMEOUT = 30.0       # seconds a client has to send the whole body once its headers are in
 MAX_STOP = 4              # stop strings per request (OpenAI's limit)
 SEED_MAX = 2**63 - 1
 
@@ -141,10 +147,64 @@ def _token_list(v, vocab_size: int, param: str) -> list[int] | None:
     return v
 
 
+def _too_large(size: str) -> APIError:
+    return APIError(413, f"request body of {size} bytes is over the limit of {MAX_BODY} bytes", None,
+                    "request_too_large")
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request body was in."""
+
+
+async def read_body(request, limit: int = MAX_BODY, timeout: float = BODY_TIMEOUT) -> bytes:
+    """The request's body, read with the limits enforced WHILE reading: a Content-Length over `limit` is refused
+    before a byte of the body is read, and a body without one (chunked) is counted chunk by chunk and refused as
+    soon as it passes `limit` (APIError 413); a body that is not all in within `timeout` seconds gets 408. A client
+    that disconnects meanwhile raises ClientGone (nobody is left to answer)."""
+    from starlette.requests import ClientDisconnect
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.strip().isdigit():
+            raise _bad(f"Content-Length must be a number of bytes, got {length!r}", None, "invalid_request")
+        if int(length) > limit:
+            raise _too_large(f"{int(length)}")
+
+    async def collect() -> bytes:
+        parts, n = [], 0
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > limit:
+                raise _too_large(f"more than {limit}")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    try:
+        return await asyncio.wait_for(collect(), timeout)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout:g} s", None, "request_timeout") from None
+    except ClientDisconnect:
+        raise ClientGone() from None
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in JSON text (brackets inside strings do not count)."""
+    b = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
+    if not b.size:
+        return 0
+    step = (b == ord("[")).astype(np.int32) + (b == ord("{")) - (b == ord("]")) - (b == ord("}"))
+    return int(np.cumsum(step).max(initial=0))
+
+
 def _json_body(raw: bytes) -> dict:
+    """A request body (already read within the limits, read_body) -> its JSON object, or APIError (400, 413)."""
     if len(raw) > MAX_BODY:
-        raise APIError(413, f"request body of {len(raw)} bytes is over the limit of {MAX_BODY} bytes", None,
-                       "request_too_large")
+        raise _too_large(f"{len(raw)}")
+    depth = json_depth(raw)
+    if depth > MAX_DEPTH:
+        raise _bad(f"the request body nests arrays / objects {depth} deep: at most {MAX_DEPTH}", None, "invalid_json")
     try:
         body = json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as e:
@@ -465,16 +525,23 @@ def check_vocab(vocab_size: int) -> str | None:
             f"{chat.CHAT_VOCAB_SIZE} with the chat tokens): serve a model trained on GPT-2 tokens")
 
 
+def event_error(ev) -> APIError:
+    """The answer to the scheduler's ("error", message[, status]) event: 503 while shutting down, else 500."""
+    status = ev[2] if len(ev) > 2 else 500
+    return APIError(status, ev[1], None, "server_shutdown" if status == 503 else None, "server_error")
+
+
 def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_chunk: int = 256,
                threads: int | None = None, on_ready=None, max_queue: int = 64, request_timeout: float | None = None,
                max_tokens_cap: int | None = None, api_keys=(), cors_origin: str | None = None,
-               metrics: bool = False):
+               metrics: bool = False, body_timeout: float = BODY_TIMEOUT):
     """The Starlette app over `model` (a GPT2). threads: OpenMP threads of the model thread (None: OpenMP's
     default). on_ready(): called once the worker thread is running. max_batch: KV-cache slots; prefill_chunk:
     prompt tokens per prefill call; max_queue: requests waiting for a slot beyond which a request gets 429;
     request_timeout: seconds after which a request ends (None: never); max_tokens_cap: the largest max_tokens;
     api_keys: the keys one of which every route but /health and / needs (none: open); cors_origin: the one origin
-    browsers may call from (None: CORS off); metrics: serve GET /metrics."""
+    browsers may call from (None: CORS off); metrics: serve GET /metrics; body_timeout: seconds a client has to
+    send its request body (408 after)."""
     try:
         from starlette.applications import Starlette
         from starlette.concurrency import run_in_threadpool
@@ -526,11 +593,14 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
         return await answer(request, parse_chat_completion, ChatShape)
 
     async def answer(request, parse, shape):
-        raw = await request.body()
         try:
+            raw = await read_body(request, MAX_BODY, body_timeout)
             req = await run_in_threadpool(parse, raw, block_size, vocab_size, max_batch, max_tokens_cap)
-        except APIError as e:
-            return error(e)
+        except APIError as e:  # 408 / 413: the rest of that body is never read, so the connection closes
+            return error(e, headers={"Connection": "close"} if e.status in (408, 413) else None)
+        except ClientGone:
+            log.debug("gpt2core-serve: client left before its request body was in")
+            return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
         waiting = sched.waiting()
         if waiting >= max_queue:
             retry = max(1, math.ceil(seconds_per_request[0] * (waiting + 1) / max_batch))
@@ -587,7 +657,7 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
                     ans.reasons[ev[1]], ans.made[ev[1]] = ev[2], ev[3]
                     left -= 1
                 else:
-                    return error(APIError(500, ev[1], None, None, "server_error"))
+                    return error(event_error(ev))
         finally:
             watcher.cancel()
             if any(r is None for r in ans.reasons):
@@ -619,7 +689,7 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
                     left -= 1
                     yield chunk({**head, "choices": [shape.chunk(ev[1], "", ev[2])]})
                 else:
-                    yield chunk(APIError(500, ev[1], None, None, "server_error").body())
+                    yield chunk(event_error(ev).body())
                     return
             took()
             if req.include_usage:
@@ -703,7 +773,27 @@ def build_parser():
                          "off)")
     ap.add_argument("--metrics", action="store_true",
                     help="serve GET /metrics in Prometheus' text format (counts and latencies, never text)")
+    ap.add_argument("--body-timeout", type=cli.Float(0, 3600, lo_open=True), default=BODY_TIMEOUT, metavar="S",
+                    help=f"seconds a client has to send its request body once its headers are in (default "
+                         f"{BODY_TIMEOUT:g}; 408 after)")
     return ap
+
+
+def graceful_server(app, sched: Scheduler, **config):
+    """A uvicorn.Server whose SIGINT / SIGTERM ends the running requests (each gets a 503 error, code
+    server_shutdown: a stream as its last event), answers waiting requests with 503, lets the responses finish and
+    returns normally: exit 0, no traceback (uvicorn itself would raise the signal again once shut down). A second
+    SIGINT quits without waiting."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:  # a signal handler: only sets flags
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            sched.stop()
+            self.should_exit = True
+
+    return Server(uvicorn.Config(app, **config))
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -729,7 +819,7 @@ def main(argv=None) -> int:
         cli.threads(args.threads, "--threads")
     try:
         import starlette  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError:
         raise Error("needs Starlette and uvicorn: pip install 'gpt2core[serve]'") from None
     from .model import load_model
@@ -762,8 +852,8 @@ def main(argv=None) -> int:
                      prefill_chunk=args.prefill_chunk, threads=args.threads, on_ready=ready,
                      max_queue=args.max_queue, request_timeout=args.request_timeout,
                      max_tokens_cap=args.max_tokens_cap, api_keys=keys, cors_origin=args.cors_origin,
-                     metrics=args.metrics)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+                     metrics=args.metrics, body_timeout=args.body_timeout)
+    server = graceful_server(app, app.state.scheduler, log_level="warning", timeout_graceful_shutdown=5)
     server.run(sockets=[sock])
     return 0
 

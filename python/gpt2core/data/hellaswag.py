@@ -280,6 +280,15 @@ def load_rendered(path) -> Rendered:
     return Rendered(r.tokens, r.offsets, r.ctx_lens.astype(np.int32), r.labels.astype(np.int8))
 
 
+def check_vocab(rendered: Rendered, vocab_size: int, path) -> None:
+    """HellaSwagError naming `path` unless every token id of the set is below the model's vocab_size (a set
+    rendered with another tokenizer, or a damaged .npz)."""
+    if rendered.tokens.size and int(rendered.tokens.max()) >= vocab_size:
+        i = int(np.argmax(rendered.tokens >= vocab_size))
+        raise HellaSwagError(f"{path}: token id {int(rendered.tokens[i])} (position {i}) is not below the model's "
+                             f"vocabulary size {vocab_size}; render the set with the model's tokenizer")
+
+
 def load(path=None, limit: int | None = None, progress: bool = False) -> Rendered:
     """A rendered set from a .npz made by `prepare`, or rendered now from a jsonl / text file (or the
     downloaded val set when path is None). `limit` keeps the first items; progress: see render."""
