@@ -22,6 +22,9 @@ namespace gpt2::cpu::GPT2CORE_CPU_ISA {
 // Rows of input at most for which matmul_forward takes the GEMV path (a decode batch of up to 8 sequences: the
 // weights are read from memory once for all rows, where BLAS's GEMM would pack them first).
 constexpr int kGemvMaxRows = 8;
+// Input rows per GEMV call of the 16/8-bit weights' matmuls, which take the GEMV for any row count (a prefill's
+// too): a block's inputs stay in L2 while the weights stream once per block.
+constexpr int kGemvChunkRows = 32;
 
 // 8-bit weights: each row of a matrix (rows, C) in blocks of kQ8Block inputs (the last one shorter when C is not a
 // multiple), one fp32 scale per block (see quantize_q8).
@@ -95,23 +98,28 @@ inline void gemv_block4_avx2(float* out, const float* inp, const Ld& ld, const f
     for (int r = 0; r < 4; r++) out[size_t(n) * OC + o + r] = hsum256(acc[n][r]) + (bias ? bias[o + r] : 0.0f);
 }
 
-// out[0, o] for o in [o0, o1), one input row (batch-1 decode): each weight row read front to back with four
-// accumulators, so that the weights stream as one sequential read per thread. Against gemv_block4_avx2's four
-// interleaved rows, on this machine's Zen cores (2 threads, d12's decode matrices, huge pages): 16-bit weights
-// 14.8 -> 12.1 ms (bf16), 13.9 -> 12.2 ms (fp16); fp32 within noise (22-23 ms either way).
+// out[0, o] for o in [o0, o1), one input row (batch-1 decode): two weight rows at a time, each read front to back
+// (sequential streams), one accumulator each. Each output is gemv_block4_avx2's arithmetic exactly (one accumulator,
+// inputs in order, then hsum256 + bias), so that a row's result does not depend on how many rows a call has (a
+// seeded request's text then does not depend on the batch it decodes in). (Four accumulators per weight row read
+// the same way were ~10% faster at batch 1 with 16-bit weights, but summed in another order.)
 template <typename Ld>
 inline void gemv_row1_avx2(float* out, const float* x, const Ld& ld, const float* bias, int C, int o0, int o1) {
-  for (int o = o0; o < o1; o++) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int i = 0;
-    for (; i + 32 <= C; i += 32) {
-      a0 = _mm256_fmadd_ps(ld.load8(o, i), _mm256_loadu_ps(x + i), a0);
-      a1 = _mm256_fmadd_ps(ld.load8(o, i + 8), _mm256_loadu_ps(x + i + 8), a1);
-      a2 = _mm256_fmadd_ps(ld.load8(o, i + 16), _mm256_loadu_ps(x + i + 16), a2);
-      a3 = _mm256_fmadd_ps(ld.load8(o, i + 24), _mm256_loadu_ps(x + i + 24), a3);
+  int o = o0;
+  for (; o + 2 <= o1; o += 2) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    for (int i = 0; i < C; i += 8) {
+      const __m256 xv = _mm256_loadu_ps(x + i);
+      a0 = _mm256_fmadd_ps(ld.load8(o, i), xv, a0);
+      a1 = _mm256_fmadd_ps(ld.load8(o + 1, i), xv, a1);
     }
-    for (; i < C; i += 8) a0 = _mm256_fmadd_ps(ld.load8(o, i), _mm256_loadu_ps(x + i), a0);
-    out[o] = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + (bias ? bias[o] : 0.0f);
+    out[o] = hsum256(a0) + (bias ? bias[o] : 0.0f);
+    out[o + 1] = hsum256(a1) + (bias ? bias[o + 1] : 0.0f);
+  }
+  for (; o < o1; o++) {
+    __m256 a0 = _mm256_setzero_ps();
+    for (int i = 0; i < C; i += 8) a0 = _mm256_fmadd_ps(ld.load8(o, i), _mm256_loadu_ps(x + i), a0);
+    out[o] = hsum256(a0) + (bias ? bias[o] : 0.0f);
   }
 }
 
@@ -182,8 +190,9 @@ inline void gemv_block4_q8i_avx2(float* out, const int8_t* xq, const float* xs, 
     for (int r = 0; r < 4; r++) out[size_t(n) * OC + o + r] = hsum256(acc[n][r]) + (bias ? bias[o + r] : 0.0f);
 }
 
-// One input row (batch-1 decode): each int8 weight row read front to back (one sequential stream per thread, as
-// gemv_row1_avx2), two accumulators over alternate blocks. C % 32 == 0.
+// One input row (batch-1 decode): two int8 weight rows at a time, each read front to back (sequential streams, as
+// gemv_row1_avx2), one accumulator each over the blocks in order: gemv_block4_q8i_avx2's arithmetic exactly, so that
+// a row's result does not depend on the call's row count. C % 32 == 0.
 inline void gemv_row1_q8i_avx2(float* out, const int8_t* xq, const float* xs, const int8_t* q, const float* scales,
                                const float* bias, int C, int o0, int o1) {
   const int nb = C / kQ8Block;
@@ -195,17 +204,22 @@ inline void gemv_row1_q8i_avx2(float* out, const int8_t* xq, const float* xs, co
         _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sr[b] * xs[b]), acc);
   };
-  for (int o = o0; o < o1; o++) {
-    const int8_t* wr = q + size_t(o) * C;
-    const float* sr = scales + size_t(o) * nb;
+  int o = o0;
+  for (; o + 2 <= o1; o += 2) {
+    const int8_t* w0 = q + size_t(o) * C;
+    const float* s0 = scales + size_t(o) * nb;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-    int b = 0;
-    for (; b + 2 <= nb; b += 2) {
-      a0 = block(wr, sr, b, a0);
-      a1 = block(wr, sr, b + 1, a1);
+    for (int b = 0; b < nb; b++) {
+      a0 = block(w0, s0, b, a0);
+      a1 = block(w0 + C, s0 + nb, b, a1);
     }
-    if (b < nb) a0 = block(wr, sr, b, a0);
-    out[o] = hsum256(_mm256_add_ps(a0, a1)) + (bias ? bias[o] : 0.0f);
+    out[o] = hsum256(a0) + (bias ? bias[o] : 0.0f);
+    out[o + 1] = hsum256(a1) + (bias ? bias[o + 1] : 0.0f);
+  }
+  for (; o < o1; o++) {
+    __m256 a0 = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) a0 = block(q + size_t(o) * C, scales + size_t(o) * nb, b, a0);
+    out[o] = hsum256(a0) + (bias ? bias[o] : 0.0f);
   }
 }
 #endif
@@ -381,7 +395,9 @@ void gemv_forward_q8i(T* out, const T* inp, const int8_t* q, const float* scales
       const int o0 = blk * 16, o1 = std::min(OC, o0 + 16);
 #if defined(GPT2CORE_CPU_AVX2)
       if constexpr (std::is_same_v<T, float>) {
-        if (C % kQ8Block == 0 && N == 1) {
+        // (a partial last block of 16 outputs takes the plain loop whatever N is: a row's result is the same in
+        // a call of any row count)
+        if (C % kQ8Block == 0 && o1 - o0 == 16 && N == 1) {
           gemv_row1_q8i_avx2(out, xq.data(), xs.data(), q, scales, bias, C, o0, o1);
           continue;
         }
