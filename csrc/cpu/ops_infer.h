@@ -248,8 +248,10 @@ inline void gemv_rows_plain(T* out, const T* inp, const W* w, const T* bias, int
   }
 }
 
-// out (N, OC) = inp (N, C) @ w^T + bias for few rows (decode; N <= kGemvMaxRows from matmul_forward), the output
-// rows split over the threads in blocks of 16 (each thread reads its own part of w once). w: T, or 16-bit bits
+// out (N, OC) = inp (N, C) @ w^T + bias for few rows (fp32 decode: N <= kGemvMaxRows from matmul_forward; 16/8-bit
+// weights: any N, in blocks of kGemvChunkRows), the output rows split over the threads in blocks of 16 (each thread
+// reads its own part of w once). Each output is computed by one thread in an order that depends on neither N nor
+// the thread count: a row's result is the same bits in a call of any row count. w: T, or 16-bit bits
 // (W = uint16_t: bf16 = true for bf16, else fp16) widened to fp32 in registers.
 template <typename T, typename W>
 void gemv_forward(T* out, const T* inp, const W* w, const T* bias, int N, int C, int OC, bool bf16 = false) {
@@ -288,7 +290,7 @@ inline float quantize_block_q8(int8_t* q, const T* x, int n) {
 
 // Backend::quantize_q8: w (rows, C) -> q (rows, C) int8 and scales (rows, nb = ceil(C / kQ8Block)) fp32, per block
 // of kQ8Block inputs of a row: s = max|w| / 127 (as float), q = w / s rounded to nearest (ties to even), in
-// [-127, 127] (s = 0: q = 0); then w = q * s, so that the fp32 weights (prefill's GEMMs) are the ones decode reads.
+// [-127, 127] (s = 0: q = 0); then w = q * s, so that the fp32 weights (the forward's) are the ones decode reads.
 template <typename T>
 void quantize_q8(int8_t* q, float* scales, T* w, long rows, int C) {
   const int nb = (C + kQ8Block - 1) / kQ8Block;

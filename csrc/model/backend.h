@@ -266,7 +266,7 @@ class Backend {
   }
   // 8-bit weights for inference (has_q8): quantize_q8 turns a matrix w (rows, C) into int8 q (rows, C) and one fp32
   // scale per block of 32 inputs of a row (scales: rows x ceil(C / 32)): s = max|w| / 127, q = w / s rounded to
-  // nearest even, then writes w = q * s (the weights prefill's GEMMs read). matmul_forward_q8 is matmul_forward with
+  // nearest even, then writes w = q * s (the weights the fp32 forward reads). matmul_forward_q8 is matmul_forward with
   // w = q * s: int_dot quantises inp's rows the same way (per block of 32) and sums s_w s_x times each block's exact
   // integer dot product (llama.cpp's Q8_0 x Q8_0); else w is widened to fp32 in registers against the fp32 inp.
   // Any N, each row's result independent of the other rows (as matmul_forward_w16).
