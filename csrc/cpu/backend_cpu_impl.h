@@ -167,9 +167,13 @@ class CpuBackend final : public Backend<T> {
       src[i] = T(bf16 ? bf16_to_float(gpt2::bf16{dst[i]}) : f16_to_float(gpt2::f16{dst[i]}));
     }
   }
+  // The 16/8-bit GEMVs over blocks of kGemvChunkRows input rows (a prefill's many rows: each block's inputs stay
+  // in cache while the weights stream once per block); a row's arithmetic is the same in any block.
   void matmul_forward_w16(T* out, const T* inp, const uint16_t* w, const T* bias, int N, int C, int OC,
                           bool bf16) override {
-    ops::gemv_forward(out, inp, w, bias, N, C, OC, bf16);
+    for (int n0 = 0; n0 < N; n0 += ops::kGemvChunkRows)
+      ops::gemv_forward(out + size_t(n0) * OC, inp + size_t(n0) * C, w, bias, std::min(ops::kGemvChunkRows, N - n0),
+                        C, OC, bf16);
   }
   bool has_q8() const override { return true; }
   int8_t* alloc_i8(size_t n) override { return static_cast<int8_t*>(zeroed(n)); }
@@ -179,8 +183,13 @@ class CpuBackend final : public Backend<T> {
   }
   void matmul_forward_q8(T* out, const T* inp, const int8_t* q, const float* scales, const T* bias, int N, int C,
                          int OC, bool int_dot) override {
-    if (int_dot) ops::gemv_forward_q8i(out, inp, q, scales, bias, N, C, OC);
-    else ops::gemv_forward_q8(out, inp, q, scales, bias, N, C, OC);
+    for (int n0 = 0; n0 < N; n0 += ops::kGemvChunkRows) {
+      const int n = std::min(ops::kGemvChunkRows, N - n0);
+      T* y = out + size_t(n0) * OC;
+      const T* x = inp + size_t(n0) * C;
+      if (int_dot) ops::gemv_forward_q8i(y, x, q, scales, bias, n, C, OC);
+      else ops::gemv_forward_q8(y, x, q, scales, bias, n, C, OC);
+    }
   }
   void sample_tokens(int32_t* ids, const T* logits, const SampleRow* rows, int n, int V, int Vp) override {
 #pragma omp parallel

@@ -22,6 +22,9 @@ namespace gpt2::cpu::GPT2CORE_CPU_ISA {
 // Rows of input at most for which matmul_forward takes the GEMV path (a decode batch of up to 8 sequences: the
 // weights are read from memory once for all rows, where BLAS's GEMM would pack them first).
 constexpr int kGemvMaxRows = 8;
+// Input rows per GEMV call of the 16/8-bit weights' matmuls, which take the GEMV for any row count (a prefill's
+// too): a block's inputs stay in L2 while the weights stream once per block.
+constexpr int kGemvChunkRows = 32;
 
 // 8-bit weights: each row of a matrix (rows, C) in blocks of kQ8Block inputs (the last one shorter when C is not a
 // multiple), one fp32 scale per block (see quantize_q8).
@@ -70,143 +73,86 @@ struct LoadQ8 : LoadBase<int8_t> {
   }
 };
 
-// out[n, o..o+3] = dot(inp[n, :], w[o+r, :]) (+ bias) for n < NB (NB <= 4), w0 = w + o * C, C % 8 == 0: each loaded
-// weight vector is used by every input row. The next four weight rows are prefetched meanwhile (one line per 64
-// bytes): with several input rows the FMAs take longer than the read, and without the prefetch the two did not
-// overlap (8 rows x 768 x 12288 on this machine's Zen core, one thread: 6.4 ms without, 4.7 with; 1 row: 3.2).
+// out[n, o] = dot(inp[n, :], w[o, :]) (+ bias) for n < NB (NB <= 3), C % 8 == 0: weight row o read front to back
+// once (a sequential stream) and each loaded weight vector used by the NB input rows. Each dot product in four
+// accumulators (inputs i with i / 8 % 4 == k into accumulator k, a last part of C % 32 into the first), then
+// ((a0 + a1) + (a2 + a3)) summed across lanes, + bias: the same arithmetic for a row whatever NB is and whatever
+// rows a call has (a seeded request's text does not depend on its batch). On this machine's Zen cores (2 threads,
+// d12's decode matrices, huge pages), one row read this way against four weight rows interleaved with one
+// accumulator each: 16-bit weights 14.8 -> 12.1 ms (bf16), 13.9 -> 12.2 ms (fp16); fp32 within noise (22-23 ms).
+// NB = 3 at most: 12 accumulators, a weight vector and an input vector fit AVX2's 16 registers.
 template <int NB, typename Ld>
-inline void gemv_block4_avx2(float* out, const float* inp, const Ld& ld, const float* bias, int C, int OC, int o) {
-  __m256 acc[NB][4];
+inline void gemv_rowgroup_avx2(float* out, const float* inp, const Ld& ld, const float* bias, int C, int OC, int o) {
+  __m256 a[NB][4];
   for (int n = 0; n < NB; n++)
-    for (int r = 0; r < 4; r++) acc[n][r] = _mm256_setzero_ps();
-  for (int i = 0; i < C; i += 8) {
-    if (NB > 1 && (i * sizeof(*ld.w)) % 64 == 0)
-      for (int r = 4; r < 8; r++) _mm_prefetch(ld.addr(o + r, i), _MM_HINT_T0);
-    const __m256 a0 = ld.load8(o, i), a1 = ld.load8(o + 1, i), a2 = ld.load8(o + 2, i), a3 = ld.load8(o + 3, i);
-    for (int n = 0; n < NB; n++) {
-      const __m256 x = _mm256_loadu_ps(inp + size_t(n) * C + i);
-      acc[n][0] = _mm256_fmadd_ps(a0, x, acc[n][0]);
-      acc[n][1] = _mm256_fmadd_ps(a1, x, acc[n][1]);
-      acc[n][2] = _mm256_fmadd_ps(a2, x, acc[n][2]);
-      acc[n][3] = _mm256_fmadd_ps(a3, x, acc[n][3]);
+    for (int k = 0; k < 4; k++) a[n][k] = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= C; i += 32)
+    for (int k = 0; k < 4; k++) {
+      const __m256 w = ld.load8(o, i + 8 * k);
+      for (int n = 0; n < NB; n++)
+        a[n][k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(inp + size_t(n) * C + i + 8 * k), a[n][k]);
     }
+  for (; i < C; i += 8) {
+    const __m256 w = ld.load8(o, i);
+    for (int n = 0; n < NB; n++) a[n][0] = _mm256_fmadd_ps(w, _mm256_loadu_ps(inp + size_t(n) * C + i), a[n][0]);
   }
   for (int n = 0; n < NB; n++)
-    for (int r = 0; r < 4; r++) out[size_t(n) * OC + o + r] = hsum256(acc[n][r]) + (bias ? bias[o + r] : 0.0f);
+    out[size_t(n) * OC + o] = hsum256(_mm256_add_ps(_mm256_add_ps(a[n][0], a[n][1]), _mm256_add_ps(a[n][2], a[n][3]))) +
+                              (bias ? bias[o] : 0.0f);
 }
 
-// out[0, o] for o in [o0, o1), one input row (batch-1 decode): each weight row read front to back with four
-// accumulators, so that the weights stream as one sequential read per thread. Against gemv_block4_avx2's four
-// interleaved rows, on this machine's Zen cores (2 threads, d12's decode matrices, huge pages): 16-bit weights
-// 14.8 -> 12.1 ms (bf16), 13.9 -> 12.2 ms (fp16); fp32 within noise (22-23 ms either way).
-template <typename Ld>
-inline void gemv_row1_avx2(float* out, const float* x, const Ld& ld, const float* bias, int C, int o0, int o1) {
-  for (int o = o0; o < o1; o++) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int i = 0;
-    for (; i + 32 <= C; i += 32) {
-      a0 = _mm256_fmadd_ps(ld.load8(o, i), _mm256_loadu_ps(x + i), a0);
-      a1 = _mm256_fmadd_ps(ld.load8(o, i + 8), _mm256_loadu_ps(x + i + 8), a1);
-      a2 = _mm256_fmadd_ps(ld.load8(o, i + 16), _mm256_loadu_ps(x + i + 16), a2);
-      a3 = _mm256_fmadd_ps(ld.load8(o, i + 24), _mm256_loadu_ps(x + i + 24), a3);
-    }
-    for (; i < C; i += 8) a0 = _mm256_fmadd_ps(ld.load8(o, i), _mm256_loadu_ps(x + i), a0);
-    out[o] = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + (bias ? bias[o] : 0.0f);
-  }
-}
-
-// out[n, o] for o in [o0, o1), any N: four weight rows at a time, the input rows in groups of up to 4 against the
-// same four weight rows (read from memory once, then from L1 for the next group).
+// out[n, o] for o in [o0, o1), any N: each weight row against the input rows in groups of up to 3 (read from
+// memory once, then from L1 for the next group).
 template <typename Ld>
 inline void gemv_rows_avx2(float* out, const float* inp, const Ld& ld, const float* bias, int N, int C, int OC, int o0,
                            int o1) {
-  if (N == 1) return gemv_row1_avx2(out, inp, ld, bias, C, o0, o1);
-  int o = o0;
-  for (; o + 4 <= o1; o += 4) {
-    for (int n0 = 0; n0 < N; n0 += 4) {
+  for (int o = o0; o < o1; o++)
+    for (int n0 = 0; n0 < N; n0 += 3) {
       float* y = out + size_t(n0) * OC;
       const float* x = inp + size_t(n0) * C;
-      switch (std::min(4, N - n0)) {
-        case 1: gemv_block4_avx2<1>(y, x, ld, bias, C, OC, o); break;
-        case 2: gemv_block4_avx2<2>(y, x, ld, bias, C, OC, o); break;
-        case 3: gemv_block4_avx2<3>(y, x, ld, bias, C, OC, o); break;
-        default: gemv_block4_avx2<4>(y, x, ld, bias, C, OC, o); break;
+      switch (std::min(3, N - n0)) {
+        case 1: gemv_rowgroup_avx2<1>(y, x, ld, bias, C, OC, o); break;
+        case 2: gemv_rowgroup_avx2<2>(y, x, ld, bias, C, OC, o); break;
+        default: gemv_rowgroup_avx2<3>(y, x, ld, bias, C, OC, o); break;
       }
     }
-  }
-  for (; o < o1; o++) {
-    for (int n = 0; n < N; n++) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int i = 0; i < C; i += 8)
-        acc = _mm256_fmadd_ps(ld.load8(o, i), _mm256_loadu_ps(inp + size_t(n) * C + i), acc);
-      out[size_t(n) * OC + o] = hsum256(acc) + (bias ? bias[o] : 0.0f);
-    }
-  }
 }
 
 // The integer-dot form (llama.cpp's Q8_0 x Q8_0): the input rows quantised like the weights (xq, xs: one scale
 // per block), each block's dot product exact in int32 -- |w| (u8) times x * sign(w) (i8) by maddubs into 16 pairs,
 // madd into 8 int32 lanes -- then widened to fp32 and multiplied by the two scales. 7 instructions per 32 weights
-// and input row, where dequantising takes 4 per 8. NB <= 2 input rows against 4 weight rows (8 accumulators: more
-// would spill). C % 32 == 0.
+// and input row, where dequantising takes 4 per 8. out[n, o] for n < NB (NB <= 4): int8 weight row o read front to
+// back once (one sequential stream per thread), its |w| used by the NB input rows; two accumulators per row over
+// alternate blocks, then (a0 + a1) summed across lanes, + bias: the same arithmetic for a row whatever NB is and
+// whatever rows a call has. C % 32 == 0.
 template <int NB>
-inline void gemv_block4_q8i_avx2(float* out, const int8_t* xq, const float* xs, const int8_t* w0, const float* s0,
-                                 const float* bias, int C, int OC, int o, int nb) {
-  __m256 acc[NB][4];
-  for (int n = 0; n < NB; n++)
-    for (int r = 0; r < 4; r++) acc[n][r] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int b = 0; b < nb; b++) {
-    const int i = b * kQ8Block;
-    if (i % 64 == 0)
-      for (int r = 4; r < 8; r++)
-        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w0 + i) + size_t(r) * C), _MM_HINT_T0);
-    __m256i xv[NB];
-    float xsb[NB];
-    for (int n = 0; n < NB; n++) {
-      xv[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + size_t(n) * C + i));
-      xsb[n] = xs[size_t(n) * nb + b];
-    }
-    for (int r = 0; r < 4; r++) {
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + size_t(r) * C + i));
-      const __m256i aw = _mm256_sign_epi8(wv, wv);  // |w| <= 127: an unsigned byte
-      const float sw = s0[size_t(r) * nb + b];
-      for (int n = 0; n < NB; n++) {
-        // |w| * (x * sign(w)) = w * x, pairs summed in int16 (|.| <= 2 * 127 * 127 < 2^15), then in int32
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[n], wv)), ones);
-        acc[n][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sw * xsb[n]), acc[n][r]);
-      }
-    }
-  }
-  for (int n = 0; n < NB; n++)
-    for (int r = 0; r < 4; r++) out[size_t(n) * OC + o + r] = hsum256(acc[n][r]) + (bias ? bias[o + r] : 0.0f);
-}
-
-// One input row (batch-1 decode): each int8 weight row read front to back (one sequential stream per thread, as
-// gemv_row1_avx2), two accumulators over alternate blocks. C % 32 == 0.
-inline void gemv_row1_q8i_avx2(float* out, const int8_t* xq, const float* xs, const int8_t* q, const float* scales,
-                               const float* bias, int C, int o0, int o1) {
+inline void gemv_rowgroup_q8i_avx2(float* out, const int8_t* xq, const float* xs, const int8_t* q, const float* scales,
+                                   const float* bias, int C, int OC, int o) {
   const int nb = C / kQ8Block;
+  const int8_t* wr = q + size_t(o) * C;
+  const float* sr = scales + size_t(o) * nb;
   const __m256i ones = _mm256_set1_epi16(1);
-  auto block = [&](const int8_t* wr, const float* sr, int b, __m256 acc) {
+  __m256 a[NB][2];
+  for (int n = 0; n < NB; n++) a[n][0] = a[n][1] = _mm256_setzero_ps();
+  auto block = [&](int b, int k) {  // block b into accumulator k
     const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + b * kQ8Block));
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kQ8Block));
-    const __m256i p =
-        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sr[b] * xs[b]), acc);
-  };
-  for (int o = o0; o < o1; o++) {
-    const int8_t* wr = q + size_t(o) * C;
-    const float* sr = scales + size_t(o) * nb;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-    int b = 0;
-    for (; b + 2 <= nb; b += 2) {
-      a0 = block(wr, sr, b, a0);
-      a1 = block(wr, sr, b + 1, a1);
+    const __m256i aw = _mm256_sign_epi8(wv, wv);  // |w| <= 127: an unsigned byte
+    for (int n = 0; n < NB; n++) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + size_t(n) * C + b * kQ8Block));
+      // |w| * (x * sign(w)) = w * x, pairs summed in int16 (|.| <= 2 * 127 * 127 < 2^15), then in int32
+      const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones);
+      a[n][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sr[b] * xs[size_t(n) * nb + b]), a[n][k]);
     }
-    if (b < nb) a0 = block(wr, sr, b, a0);
-    out[o] = hsum256(_mm256_add_ps(a0, a1)) + (bias ? bias[o] : 0.0f);
+  };
+  int b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    block(b, 0);
+    block(b + 1, 1);
   }
+  if (b < nb) block(b, 0);
+  for (int n = 0; n < NB; n++)
+    out[size_t(n) * OC + o] = hsum256(_mm256_add_ps(a[n][0], a[n][1])) + (bias ? bias[o] : 0.0f);
 }
 #endif
 
@@ -234,8 +180,10 @@ inline void gemv_rows_plain(T* out, const T* inp, const W* w, const T* bias, int
   }
 }
 
-// out (N, OC) = inp (N, C) @ w^T + bias for few rows (decode; N <= kGemvMaxRows from matmul_forward), the output
-// rows split over the threads in blocks of 16 (each thread reads its own part of w once). w: T, or 16-bit bits
+// out (N, OC) = inp (N, C) @ w^T + bias for few rows (fp32 decode: N <= kGemvMaxRows from matmul_forward; 16/8-bit
+// weights: any N, in blocks of kGemvChunkRows), the output rows split over the threads in blocks of 16 (each thread
+// reads its own part of w once). Each output is computed by one thread in an order that depends on neither N nor
+// the thread count: a row's result is the same bits in a call of any row count. w: T, or 16-bit bits
 // (W = uint16_t: bf16 = true for bf16, else fp16) widened to fp32 in registers.
 template <typename T, typename W>
 void gemv_forward(T* out, const T* inp, const W* w, const T* bias, int N, int C, int OC, bool bf16 = false) {
@@ -274,7 +222,7 @@ inline float quantize_block_q8(int8_t* q, const T* x, int n) {
 
 // Backend::quantize_q8: w (rows, C) -> q (rows, C) int8 and scales (rows, nb = ceil(C / kQ8Block)) fp32, per block
 // of kQ8Block inputs of a row: s = max|w| / 127 (as float), q = w / s rounded to nearest (ties to even), in
-// [-127, 127] (s = 0: q = 0); then w = q * s, so that the fp32 weights (prefill's GEMMs) are the ones decode reads.
+// [-127, 127] (s = 0: q = 0); then w = q * s, so that the fp32 weights (the forward's) are the ones decode reads.
 template <typename T>
 void quantize_q8(int8_t* q, float* scales, T* w, long rows, int C) {
   const int nb = (C + kQ8Block - 1) / kQ8Block;
@@ -381,21 +329,18 @@ void gemv_forward_q8i(T* out, const T* inp, const int8_t* q, const float* scales
       const int o0 = blk * 16, o1 = std::min(OC, o0 + 16);
 #if defined(GPT2CORE_CPU_AVX2)
       if constexpr (std::is_same_v<T, float>) {
-        if (C % kQ8Block == 0 && N == 1) {
-          gemv_row1_q8i_avx2(out, xq.data(), xs.data(), q, scales, bias, C, o0, o1);
-          continue;
-        }
-        if (C % kQ8Block == 0 && o1 - o0 == 16) {
-          for (int o = o0; o < o1; o += 4)
-            for (int n0 = 0; n0 < N; n0 += 2) {
+        if (C % kQ8Block == 0) {
+          for (int o = o0; o < o1; o++)
+            for (int n0 = 0; n0 < N; n0 += 4) {
+              float* y = out + size_t(n0) * OC;
               const int8_t* x = xq.data() + size_t(n0) * C;
               const float* sx = xs.data() + size_t(n0) * nb;
-              if (N - n0 >= 2)
-                gemv_block4_q8i_avx2<2>(out + size_t(n0) * OC, x, sx, q + size_t(o) * C, scales + size_t(o) * nb,
-                                        bias, C, OC, o, nb);
-              else
-                gemv_block4_q8i_avx2<1>(out + size_t(n0) * OC, x, sx, q + size_t(o) * C, scales + size_t(o) * nb,
-                                        bias, C, OC, o, nb);
+              switch (std::min(4, N - n0)) {
+                case 1: gemv_rowgroup_q8i_avx2<1>(y, x, sx, q, scales, bias, C, OC, o); break;
+                case 2: gemv_rowgroup_q8i_avx2<2>(y, x, sx, q, scales, bias, C, OC, o); break;
+                case 3: gemv_rowgroup_q8i_avx2<3>(y, x, sx, q, scales, bias, C, OC, o); break;
+                default: gemv_rowgroup_q8i_avx2<4>(y, x, sx, q, scales, bias, C, OC, o); break;
+              }
             }
           continue;
         }

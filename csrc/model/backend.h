@@ -253,7 +253,9 @@ class Backend {
   // 16-bit weights for inference (has_w16): a copy of fp32 weights as bf16 or fp16 bits that matmul_forward_w16
   // reads, widened to fp32 in registers (decode reads half the bytes). round_w16 writes dst[i] = src[i] rounded to
   // nearest even (bf16 or fp16 bits) and src[i] = that value widened back, so that the fp32 copy (what GEMMs of
-  // many rows read) holds the same weights. matmul_forward_w16 is matmul_forward with w as those bits.
+  // many rows read) holds the same weights. matmul_forward_w16 is matmul_forward with w as those bits, for any N,
+  // each row's result independent of the other rows of the call (the model's KV inference relies on it: a seeded
+  // request's text must not depend on the batch).
   virtual bool has_w16() const { return false; }
   virtual uint16_t* alloc_u16(size_t /*n*/) {
     no_kv();
@@ -267,9 +269,10 @@ class Backend {
   }
   // 8-bit weights for inference (has_q8): quantize_q8 turns a matrix w (rows, C) into int8 q (rows, C) and one fp32
   // scale per block of 32 inputs of a row (scales: rows x ceil(C / 32)): s = max|w| / 127, q = w / s rounded to
-  // nearest even, then writes w = q * s (the weights prefill's GEMMs read). matmul_forward_q8 is matmul_forward with
+  // nearest even, then writes w = q * s (the weights the fp32 forward reads). matmul_forward_q8 is matmul_forward with
   // w = q * s: int_dot quantises inp's rows the same way (per block of 32) and sums s_w s_x times each block's exact
   // integer dot product (llama.cpp's Q8_0 x Q8_0); else w is widened to fp32 in registers against the fp32 inp.
+  // Any N, each row's result independent of the other rows (as matmul_forward_w16).
   // alloc_i8: n bytes of backend memory (the scales too, as floats).
   virtual bool has_q8() const { return false; }
   virtual int8_t* alloc_i8(size_t /*n*/) {

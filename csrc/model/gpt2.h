@@ -231,8 +231,8 @@ class GPT2Model {
   int kv_logit_rows() const { return kv_rows_; }
   // Decode with 16-bit or 8-bit weights (0: off, fp32; 1: bf16; 2: fp16, backends with has_w16; 3: int8, backends
   // with has_q8, Backend::quantize_q8): the matrices (wte, qkvw, attprojw, fcw, fcprojw, an untied lm_head) are
-  // rounded to that type, in the fp32 parameters too (so prefill's GEMMs and the decode GEMVs read the same
-  // weights), and decode reads the 16-bit / 8-bit copy. Written parameters
+  // rounded to that type, in the fp32 parameters too (the forward reads the same weights), and prefill and decode
+  // read the 16-bit / 8-bit copy (each row's logits independent of the batch: kv_matmul). Written parameters
   // (params_changed) are rounded again before the next prefill / decode.
   void set_weights16(int kind);
   int weights16() const { return w16_kind_; }

@@ -59,13 +59,14 @@ void GPT2Model<T>::kv_refresh_w16() {
   w16_stale_ = false;
 }
 
-// Rows at most that read the 16-bit / 8-bit copy (a decode batch; the CPU backend's GEMV covers 8 rows). More rows
-// (a prefill) read the fp32 weights, which hold the same rounded values, through the GEMM.
-constexpr int kW16MaxRows = 8;
-
+// With 16-bit / 8-bit weights every call, a decode step's or a prefill's, reads that copy (the backend's GEMV, whose
+// arithmetic for one row does not depend on the other rows of the call): a row's logits are then the same bits
+// whatever else is prefilled or decoded beside it, so that a seeded request's text does not depend on the load.
+// (Prefill through the fp32 GEMM of the rounded weights was faster, but its rows' rounding depended on the call's
+// row count, and int8's GEMV quantises its inputs where the GEMM does not.)
 template <typename T>
 void GPT2Model<T>::kv_matmul(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) {
-  if (w16_kind_ == 3 && N <= kW16MaxRows) {
+  if (w16_kind_ == 3) {
     const size_t off = size_t(w - params_);
     for (ParamTensor i : {kWte, kQkvw, kAttprojw, kFcw, kFcprojw, kLmHead}) {
       if (!sizes_[i] || off < offsets_[i] || off >= offsets_[i] + sizes_[i]) continue;
@@ -76,7 +77,7 @@ void GPT2Model<T>::kv_matmul(T* out, const T* inp, const T* w, const T* bias, in
       return;
     }
     throw std::logic_error("kv_matmul: not a quantised matrix");
-  } else if (w16_kind_ && N <= kW16MaxRows) {
+  } else if (w16_kind_) {
     backend_->matmul_forward_w16(out, inp, w16_ + (w - params_), bias, N, C, OC, w16_kind_ == 1);
   } else {
     backend_->matmul_forward(out, inp, w, bias, N, C, OC);
@@ -231,7 +232,7 @@ void GPT2Model<T>::kv_layers(int n, int Tq) {
                             kv_posd_, n, Tq, C, NH, kv_T_);
     kv_matmul(kv_.proj, kv_.atty, p.attprojw, p.attprojb, N, C, C);
     residual_norm_forward(kv_.res2, kv_.ln, kv_.mean, kv_.rstd, kv_.x, kv_.proj, p.ln2w, p.ln2b, N);
-    if (w16_kind_ && N <= kW16MaxRows) {  // the activation after the 16-bit GEMV (the fused ops read fp32 weights)
+    if (w16_kind_) {  // the activation after the 16/8-bit GEMV (the fused ops read fp32 weights)
       kv_matmul(kv_.fch, kv_.ln, p.fcw, p.fcb, N, C, 4 * C);
       if (relu2) be.relu2_forward(kv_.fch_gelu, kv_.fch, size_t(N) * 4 * C);
       else be.gelu_forward(kv_.fch_gelu, kv_.fch, size_t(N) * 4 * C);

@@ -24,8 +24,9 @@ prefill_chunk whatever else runs, so a seeded request gets the same text alone o
 sequences change is only the rounding of the float32 arithmetic around it (the BLAS blocks a GEMM by its row count:
 a sequence's logits move by ~1e-7 relative with the rows beside it), which changes a drawn id only when its uniform
 number falls that close to a boundary of the cumulative distribution; float64 models are exact to ~1e-15. With
---weights bf16/fp16/int8 a call of more than 8 rows reads the fp32 copy of the rounded weights instead of the
-16/8-bit one (int8's quantised inputs then differ): there a seeded text can depend on the load.
+--weights bf16/fp16/int8 every call reads the 16/8-bit weights through the CPU backend's GEMV, whose arithmetic for
+a row does not depend on the other rows: a sequence's logits, and so a seeded text, are the same bits whatever runs
+(tests/python/test_determinism.py).
 
 Log-probabilities (a request's logprobs / echo): log-softmax in float64 of the logits the model defines (soft-capped
 where the config caps, no temperature or top_p), read from the core for the rows that need them. An echoed prompt's

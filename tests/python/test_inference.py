@@ -160,8 +160,9 @@ def test_prefill_in_chunks_into_running_slots(dtype, arch):
                                                 ("float32", 128, 2, "fp32"), ("float32", 96, 3, "bf16")])
 def test_decode_batches_up_to_nine_rows(dtype, C, NH, weights, arch):
     """Decode of 1 .. 9 sequences at once (the GEMV takes up to 8 rows, in groups of 4 against each block of weight
-    rows; 9 goes to the GEMM), fp32 and 16-bit weights: every row's logits equal the full forward's of its own
-    sequence (float32 full forward on the rounded weights for 16-bit and 8-bit)."""
+    rows; with fp32 weights 9 goes to the GEMM, with 16/8-bit ones to the GEMV too), fp32 and 16-bit weights:
+    every row's logits equal the full forward's of its own sequence (float32 full forward on the rounded weights
+    for 16-bit and 8-bit)."""
     m = refm = make_model(dtype, C=C, NH=NH, arch=arch)
     if weights != "fp32":  # the inference-only model decodes; the training model (rounded weights) is the reference
         m = GPT2(refm.config, dtype=dtype, init=False, training=False)
