@@ -77,3 +77,12 @@ def _size(n: int) -> str:
 
 
 __all__ = ["Error", "ArgError", "Preempted", "DeviceUnavailable", "FileFormatError", "WriteError", "write_error"]
+
+
+def utf8_text(raw: bytes, what: str) -> str:
+    """raw decoded as UTF-8, or FileFormatError "<what> is not UTF-8 text (byte 0x.. on line N)"."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise FileFormatError(f"{what} is not UTF-8 text (byte 0x{raw[e.start]:02x} on line {line})") from None

@@ -14,7 +14,7 @@ import sys
 import time
 
 from . import cli, tokenizer
-from .errors import FileFormatError
+from .errors import FileFormatError, utf8_text
 from .inference import truncate_at_stop
 from .model import load_model
 
@@ -28,12 +28,7 @@ def read_prompts(path: str) -> list[str]:
     else:
         with open(path, "rb") as f:
             raw = f.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise FileFormatError(f"--prompts-file {path}: {where} is not UTF-8 text (byte 0x{raw[e.start]:02x} on "
-                              f"line {line})") from None
+    text = utf8_text(raw, f"--prompts-file {path}: {where}")
     if "\0" in text:
         raise FileFormatError(f"--prompts-file {path}: {where} holds a NUL byte: not a text file of prompts")
     prompts = [line.replace("\\n", "\n") for line in text.splitlines() if line.strip()]

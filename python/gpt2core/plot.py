@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from . import cli
-from .errors import FileFormatError
+from .errors import FileFormatError, utf8_text
 
 # (value, label, line style) of each panel's reference lines
 REF_VAL_LOSS = [(3.2924, "GPT-2 124M (val, llm.c)", "--")]
@@ -97,11 +97,9 @@ def read_run(path, name: str | None = None, tokens_per_step: int | None = None) 
                                 "a metrics.jsonl file or an llm.c main.log)")
     raw = file.read_bytes()
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise FileFormatError(f"{file}: not UTF-8 text (byte 0x{raw[e.start]:02x} on line {line}): give a "
-                              "metrics.jsonl or an llm.c main.log") from None
+        text = utf8_text(raw, str(file))
+    except FileFormatError as e:
+        raise FileFormatError(f"{e}: give a metrics.jsonl or an llm.c main.log") from None
     lines = text.split("\n")
     info: dict = {}
     points: dict[str, dict[int, float]] = {k: {} for k in TRAIN_KEYS + EVAL_KEYS}

@@ -125,6 +125,16 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _flag(body: dict, name: str) -> bool:
+    """A true/false field (absent or null: false)."""
+    v = body.get(name)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise _bad(f"{name} must be true or false, got {json.dumps(v)}", name)
+    return v
+
+
 def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool, text: str) -> float:
     v = body.get(name)
     if v is None:
@@ -293,11 +303,7 @@ def parse_completion(raw: bytes | dict, block_size: int, vocab_size: int, max_ba
                        f"{json.dumps(item)[:80]}", "prompt")
         prompts.append(t)
 
-    echo = body.get("echo", False)
-    if echo is None:
-        echo = False
-    if not isinstance(echo, bool):
-        raise _bad(f"echo must be true or false, got {json.dumps(echo)}", "echo")
+    echo = _flag(body, "echo")
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or
                                  not 0 <= logprobs <= MAX_LOGPROBS):
@@ -321,11 +327,7 @@ def parse_completion(raw: bytes | dict, block_size: int, vocab_size: int, max_ba
 
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0, False, "[0, 2] (0: greedy)")
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, True, "(0, 1]")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise _bad(f"stream must be true or false, got {json.dumps(stream)}", "stream")
+    stream = _flag(body, "stream")
     opts = body.get("stream_options")
     include_usage = False
     if opts is not None:

@@ -91,7 +91,7 @@ def test_plot_names_a_log_that_is_not_utf8(tmp_path, capsys):
     log = tmp_path / "main.log"
     log.write_bytes(b"s:0 trl:10.9\n\xff\xfe s:1 trl:10.1\n")
     assert plot.console([str(log), "-o", str(tmp_path / "p.png")]) == 1
-    assert one_line_error(capsys) == f"gpt2core-plot: {log}: not UTF-8 text (byte 0xff on line 2): give a " \
+    assert one_line_error(capsys) == f"gpt2core-plot: {log} is not UTF-8 text (byte 0xff on line 2): give a " \
                                      "metrics.jsonl or an llm.c main.log"
 
 

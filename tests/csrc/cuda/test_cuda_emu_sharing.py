@@ -4,12 +4,11 @@ emulator state, so a model used from several threads must still run every call o
 calls (generate, stream, forward with logits, forward + token losses) equal the same calls run alone, and three
 live streams advanced in random order (a generate between their steps, the cache growing under them as the third
 joins) equal their solo runs."""
-import threading
-
 import numpy as np
 
 from gpt2core import GPT2, GPT2Config
 from test_cuda_emu import CFG, emu, init_params  # noqa: F401  (emu: fixture)
+from test_sharing import hammer, run_call  # the CPU test's calls and threads, here over the emulated core
 
 CONFIG = GPT2Config(block_size=CFG["max_seq_len"], vocab_size=CFG["vocab_size"],
                     padded_vocab_size=CFG["padded_vocab_size"], n_layer=CFG["n_layer"], n_head=CFG["n_head"],
@@ -27,20 +26,6 @@ def emulated(emu_module, training):
     return m
 
 
-def run_call(m, call):
-    kind, x, y, new, seed = call
-    if kind == "generate":
-        return m.generate(x, new, seed=seed)
-    if kind == "stream":
-        return np.stack(list(m.generate(x, new, seed=seed, stream=True)))
-    if kind == "forward":
-        loss, logits = m.forward(x, y, return_logits=True)
-        return np.append(logits.ravel(), loss)
-    with m.lock:
-        m.forward(x, y)
-        return m.token_losses().copy()
-
-
 def test_threads_and_streams_share_an_emulated_cuda_model(emu):  # noqa: F811
     rng = np.random.default_rng(3)
     V = CFG["vocab_size"]
@@ -54,21 +39,7 @@ def test_threads_and_streams_share_an_emulated_cuda_model(emu):  # noqa: F811
         per_thread.append(cs)
     for training in (False,):
         want = [[run_call(emulated(emu, training), c) for c in cs] for cs in per_thread]
-        shared = emulated(emu, training)
-        results, errors = [None] * len(per_thread), []
-
-        def work(i):
-            try:
-                results[i] = [run_call(shared, c) for c in per_thread[i]]
-            except BaseException as e:  # noqa: BLE001
-                errors.append(e)
-
-        ts = [threading.Thread(target=work, args=(i,)) for i in range(len(per_thread))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(300)
-        assert not errors, errors
+        results = hammer(emulated(emu, training), per_thread, 7)
         for i in range(len(per_thread)):
             for c, g, w in zip(per_thread[i], results[i], want[i]):
                 np.testing.assert_array_equal(g, w, err_msg=f"training={training} thread {i} {c[0]}")
