@@ -539,9 +539,6 @@ def run_schedules(m, line, build_dir, schedules, timeout, stop_early, checker=Tr
     return runs, kinds[0] if kinds else "survived"
 
 
-IN_PLACE = False  # --in-place: csrc/cuda mutants too are applied to the working tree (a build of csrc, e.g. build/emu-py)
-
-
 def source_file(m):
     """The file m changes in the working tree (before any scratch copy), and how it is named in reports."""
     if m.file.startswith("py:"):
@@ -598,8 +595,7 @@ def run_tests(m, build_dir, timeout):
 def evaluate(m, build_dir, scratch, schedules, timeout, stop_early, baseline):
     """Applies m in scratch, builds, runs the schedules (or m's tests); returns a result dict."""
     sync_tree(CUDA, scratch)
-    # csrc/model, csrc/cpu (and with --in-place csrc/cuda too): mutated in place, restored below
-    in_place = m.file.startswith("../") or (IN_PLACE and not m.file.startswith("py:"))
+    in_place = m.file.startswith("../")  # csrc/model, csrc/cpu: mutated in place, restored below
     _, where = source_file(m)
     path = python_copy(build_dir) / m.file[3:] if m.file.startswith("py:") else \
         (CUDA if in_place else scratch) / m.file
@@ -697,11 +693,6 @@ def main(argv=None):
                          "(GPT2CORE_EMU_RACECHECK=0), lock-step schedules " + ",".join(BASELINE_SCHEDULES))
     ap.add_argument("--together", action="store_true",
                     help="apply the chosen threshold mutants at once (one build); each is judged by its own threshold's shapes")
-    ap.add_argument("--in-place", action="store_true",
-                    help="apply csrc/cuda mutants to the working tree too (restored after each) and build --build-dir "
-                         "as configured: reuses the tests' own build (e.g. --build-dir build/emu-py) where a first "
-                         "build of build/emu-mut would take too long (a loaded machine); check `git status` after a "
-                         "killed run")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
     args = ap.parse_args(argv)
@@ -719,8 +710,6 @@ def main(argv=None):
     if unknown:
         ap.error(f"unknown mutations: {sorted(unknown)}")
     build_dir = Path(args.build_dir).resolve()
-    global IN_PLACE
-    IN_PLACE = args.in_place
     scratch = build_dir / "src" / "cuda"
     schedules = args.schedules.split(",")
     results = []
