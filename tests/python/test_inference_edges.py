@@ -69,6 +69,69 @@ def test_every_variant_every_weight_type_decodes_the_full_forward(cpu_isa, weigh
                 assert rel(lg[i], full_last_logits(ref_m, seqs[i])) < 2e-5, (cpu_isa, weights, B, i)
 
 
+@pytest.mark.parametrize("C,NH", SHAPES, ids=[f"C{c}" for c, _ in SHAPES])
+def test_fp16_weights_in_the_subnormal_range(cpu_isa, C, NH):
+    """Matrices scaled to std 2e-5 (nearly all below fp16's smallest normal, 2^-14): their fp16 copy is numpy's
+    float16 rounding (subnormals included, bit for bit), and decode (F16C on x86-64-v3 for C % 8 == 0, the portable
+    decode elsewhere) widens those subnormals exactly: its logits equal the full forward's on the rounded weights."""
+    ref_m = make_model("float32", C=C, NH=NH, Vp=101, seed=7)
+    mats = ["wte", "qkvw", "attprojw", "fcw", "fcprojw"]
+    for k in mats:
+        ref_m.params[k][...] *= 2e-5 / ref_m.params[k].std()
+    ref_m.params_changed()
+    before = {k: ref_m.params[k].copy() for k in mats}
+    m = GPT2(ref_m.config, dtype="float32", init=False, training=False)
+    for k, v in ref_m.params.items():
+        m.params[k][...] = v
+    m.params_changed()
+    m.inference_weights = "fp16"
+    for k in mats:
+        want = before[k].astype(np.float16)
+        assert np.mean(np.abs(want) < 2.0 ** -14) > 0.8, k
+        np.testing.assert_array_equal(m.params[k], want.astype(np.float32), err_msg=k)
+        ref_m.params[k][...] = m.params[k]
+    ref_m.params_changed()
+    rng = np.random.default_rng(C)
+    seqs = [list(rng.integers(0, 97, n)) for n in (4, 1, 6)]
+    x = np.zeros((3, 6), np.int32)
+    for i, q in enumerate(seqs):
+        x[i, :len(q)] = q
+    m._m.kv_reserve(3, 13)
+    m._m.kv_prefill(x, np.array([4, 1, 6], np.int32), np.arange(3, dtype=np.int32))
+    for B in (1, 3):  # one sequence (the one-row GEMV), then all three
+        nxt = rng.integers(0, 97, B).astype(np.int32)
+        m._m.kv_decode(nxt, np.arange(B, dtype=np.int32))
+        lg = m._m.kv_logits()
+        for i in range(B):
+            seqs[i].append(int(nxt[i]))
+            assert rel(lg[i], full_last_logits(ref_m, seqs[i])) < 2e-5, (cpu_isa, B, i)
+
+
+@pytest.mark.parametrize("isa", ["baseline", "x86-64-v3"])
+def test_float64_decode_with_huge_attention_scores_matches_numpy(isa):
+    """A float64 model whose q and k weights are scaled up 40x (attention scores of hundreds: each softmax one far
+    maximum, so a maximum taken over the wrong keys overflows exp in double) decodes the float64 numpy oracle's
+    logits (tests/numpy_gpt2.py) at every step to 1e-9, on each variant."""
+    import numpy_gpt2 as ref
+    from gpt2core import _C
+    from isa import force_cpu_isa
+    before = force_cpu_isa(_C, isa)
+    try:
+        m = make_model("float64", C=48, NH=3, seed=9)
+    finally:
+        _C.set_cpu_isa(before)
+    m.params["qkvw"][:, :96] *= 40.0  # the q and k rows of every layer's (3C, C) matrix
+    m.params_changed()
+    rng = np.random.default_rng(10)
+    x = rng.integers(0, 97, (2, 9)).astype(np.int32)
+    m._m.kv_reserve(2, 13)
+    m._m.kv_prefill(np.ascontiguousarray(x[:, :5]), np.array([5, 5], np.int32), np.array([0, 1], np.int32))
+    for t in range(5, 9):
+        m._m.kv_decode(x[:, t].copy(), np.array([0, 1], np.int32))
+        _, want, _ = ref.forward(dict(m.params), x[:, :t + 1], None, V=97, NH=3)
+        assert rel(m._m.kv_logits(), np.asarray(want)[:, -1]) < 1e-9, t
+
+
 @pytest.mark.parametrize("C,OC", [(56, 101), (64, 101), (64, 48), (96, 33)])
 def test_int8_integer_dot_every_variant_with_mass_at_the_edges(cpu_isa, C, OC):
     """The integer-dot GEMV (q8_int_dot) on each variant against float64 over numpy's quantised inputs, with each
