@@ -81,6 +81,7 @@ SAMPLE_CAP = kconst("infer.cuh", "kSampleCap")
 SPLIT_MIN_KEYS, SPLIT_GROUP = kconst("infer.cuh", "kSplitMinKeys"), DEC_BLOCK // 32 * kconst("infer.cuh", "kSplitKeysPerWarp")
 INFER_ROW_BLOCK = kconst("infer.cuh", "kInferRowBlock")
 ROPE_BLOCK, RELU2_BLOCK = kconst("rope.cuh", "kRopeBlock"), kconst("relu2.cuh", "kRelu2Block")
+ROPE_TABLE_ROWS = const_int("backend_cuda.cu", r"std::max\(rope_rows_, (\d+)\)")  # the first rotary table's rows
 
 # d12 at the README's batch: B = 64, T = 1024 (N = B * T rows), C = 768
 D12_N, D12_C = 65536, 768
@@ -300,10 +301,16 @@ TABLE = [
        dict(B=3, T=7, C=40, NH=2, pos0=5, maxT=12)]),
     T("rope", "rope.positions_per_row", "rope_forward_at: row (b, t) at pos[b] + t, up to the table's last row",
       "rope_at", lambda c: c["T"], 1, [dict(pos=[0, 7, 3], T=1, maxT=8), dict(pos=[0, 5, 2], T=3, maxT=8)]),
+    T("rope", "rope.table_rows", "CudaBackend::rope_forward_at: the table covers max(pos) + T rows (the first one "
+      "1024, then doubled): positions up to its last row, and one past it (a longer table)", "rope_at",
+      lambda c: max(c["pos"]) + c["T"], ROPE_TABLE_ROWS,
+      [dict(pos=[ROPE_TABLE_ROWS - 3, 4], T=3, maxT=ROPE_TABLE_ROWS),
+       dict(pos=[ROPE_TABLE_ROWS - 2, 0], T=3, maxT=ROPE_TABLE_ROWS + 1)]),
     T("relu2", "relu2.vector_tail", "relu2_*_kernel: iv + K <= N, else the tail one value at a time",
       "relu2", lambda c: c["n"] % K32, 0, [dict(n=1024), dict(n=1025), dict(n=1027)]),
     T("relu2", "relu2.grid_blocks", "relu2_*: grid ceil(ceil(N / K) / kRelu2Block)",
-      "relu2", lambda c: cdiv(c["n"], K32) - RELU2_BLOCK, 0, [dict(n=RELU2_BLOCK * K32), dict(n=RELU2_BLOCK * K32 + 1)]),
+      "relu2", lambda c: cdiv(c["n"], K32) - RELU2_BLOCK, 0,
+      [dict(n=RELU2_BLOCK * K32), dict(n=RELU2_BLOCK * K32 + 1)]),
     T("relu2", "relu2.scalar_path", "relu2_*: vec = aligned, else one value per thread",
       "relu2", lambda c: int(c.get("misalign", False)), 0, [dict(n=1027), dict(n=1027, misalign=True)]),
 ]
