@@ -69,6 +69,23 @@ def test_every_variant_every_weight_type_decodes_the_full_forward(cpu_isa, weigh
                 assert rel(lg[i], full_last_logits(ref_m, seqs[i])) < 2e-5, (cpu_isa, weights, B, i)
 
 
+@pytest.mark.parametrize("weights", ["bf16", "fp16", "int8"])
+def test_reduced_weights_follow_params_changed(weights):
+    """The 16-bit / 8-bit copy is rebuilt after params_changed(): weights doubled (exact in bf16, fp16 and int8: the
+    same codes, twice the scale) give the full forward's logits on the doubled weights at the next decode."""
+    m, ref_m = rounded_pair(56, 4, weights, seed=4)
+    seq = [5, 17, 3]
+    m._m.kv_reserve(1, 13)
+    for step in range(2):
+        m._m.kv_prefill(np.array([seq], np.int32), np.array([3], np.int32), np.array([0], np.int32))
+        m._m.kv_decode(np.array([9], np.int32), np.array([0], np.int32))
+        assert rel(m._m.kv_logits()[0], full_last_logits(ref_m, seq + [9])) < 2e-5, (weights, step)
+        for mm in (m, ref_m):
+            for k in ("qkvw", "fcw", "wte"):
+                mm.params[k][...] *= 2
+            mm.params_changed()
+
+
 @pytest.mark.parametrize("C,NH", SHAPES, ids=[f"C{c}" for c, _ in SHAPES])
 def test_fp16_weights_in_the_subnormal_range(cpu_isa, C, NH):
     """Matrices scaled to std 2e-5 (nearly all below fp16's smallest normal, 2^-14): their fp16 copy is numpy's

@@ -234,13 +234,16 @@ class Runner:
         return normwise(self.cuda.rope_at(qkv, p, NH), self.cpu.rope_at(qkv, p, NH))
 
     def relu2(self, n, misalign=False):
-        """relu2.cuh forward, backward accumulating and writing (dinp NaN-poisoned), against float64."""
+        """relu2.cuh forward, backward accumulating, writing (dinp NaN-poisoned) and writing in place over dout (the
+        MLP backward's use), against float64."""
         x, d, g0 = self.f32(n, scale=2.0), self.f32(n), self.f32(n)
         x64 = x.astype(np.float64)
         grad = 2 * np.maximum(x64, 0) * d
         return max(normwise(self.E.k_relu2_forward(0, x, misalign=misalign), np.maximum(x64, 0) ** 2),
                    normwise(self.E.k_relu2_backward(0, g0, x, d, True, misalign=misalign), g0 + grad),
-                   normwise(self.E.k_relu2_backward(0, np.full_like(x, np.nan), x, d, False, misalign=misalign), grad))
+                   normwise(self.E.k_relu2_backward(0, np.full_like(x, np.nan), x, d, False, misalign=misalign), grad),
+                   normwise(self.E.k_relu2_backward(0, np.full_like(x, np.nan), x, d, False, inplace=True,
+                                                    misalign=misalign), grad))
 
     def run(self, th, case):
         return getattr(self, th.op)(**case)
