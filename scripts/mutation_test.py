@@ -574,8 +574,9 @@ EMU_AS_CORE = ("import sys; b = sys.argv.pop(1); sys.path.insert(0, b); import g
 
 
 def run_tests(m, build_dir, timeout):
-    """m's exposing tests on the built mutant: ("tests", detail) when one fails (killed), ("pass", detail) when all
-    pass or skip, ("harness error", ...) when pytest cannot run them (a node id that does not exist)."""
+    """m's exposing tests on the built mutant: ("tests", detail) when one fails (killed), ("error", ...) when the
+    mutant crashes the process (killed), ("pass", detail) when all pass or skip, ("harness error", ...) when pytest
+    cannot run them (a node id that does not exist, a collection error)."""
     args = ["-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", str(ROOT), *m.tests]
     env = dict(os.environ, GPT2CORE_EMU_BUILD=str(build_dir))
     if m.file.startswith("py:"):
@@ -594,6 +595,8 @@ def run_tests(m, build_dir, timeout):
     if r.returncode == 1:
         failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
         return "tests", (failed[0] if failed else last)[:300]
+    if r.returncode < 0:  # the mutant crashed the test process (e.g. a write past a buffer: glibc's abort)
+        return "error", f"the tests crashed (signal {-r.returncode}): {last[:200]}"
     return "harness error", f"pytest exit {r.returncode}: {last}"
 
 
