@@ -245,6 +245,25 @@ class Runner:
                    normwise(self.E.k_relu2_backward(0, np.full_like(x, np.nan), x, d, False, inplace=True,
                                                     misalign=misalign), grad))
 
+    def rmsnorm(self, N, C, misalign=False):
+        """rmsnorm.cuh forward (plain and with the residual add) and backward (accumulating) against the CPU backend."""
+        dev = self.dev(dict(misalign=misalign))
+        x, a2 = self.f32(N, C, scale=2.0) + 0.5, self.f32(N, C)
+        out, rstd = self.cpu.rmsnorm_forward(x)
+        e = normwise(dev.rmsnorm_forward(x), (out, rstd))
+        e = max(e, normwise(dev.residual_rmsnorm_forward(x, a2), self.cpu.residual_rmsnorm_forward(x, a2)))
+        args = (self.f32(N, C), self.f32(N, C), x, rstd, False)
+        return max(e, normwise(dev.rmsnorm_backward(*args), self.cpu.rmsnorm_backward(*args)))
+
+    def qk_norm(self, B, T, C, NH):
+        """QK-norm (rmsnorm.cuh over the q and k heads of qkv, in place) forward and backward against the CPU."""
+        qkv = self.f32(B, T, 3 * C, scale=2.0)
+        normed, rstd = self.cpu.qk_norm_forward(qkv, NH)
+        e = normwise(self.cuda.qk_norm_forward(qkv, NH), (normed, rstd))
+        d = self.f32(B, T, 3 * C)
+        return max(e, normwise(self.cuda.qk_norm_backward(d, normed, rstd, NH),
+                               self.cpu.qk_norm_backward(d, normed, rstd, NH)))
+
     def run(self, th, case):
         return getattr(self, th.op)(**case)
 

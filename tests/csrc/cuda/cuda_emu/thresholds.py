@@ -81,6 +81,7 @@ SAMPLE_CAP = kconst("infer.cuh", "kSampleCap")
 SPLIT_MIN_KEYS, SPLIT_GROUP = kconst("infer.cuh", "kSplitMinKeys"), DEC_BLOCK // 32 * kconst("infer.cuh", "kSplitKeysPerWarp")
 INFER_ROW_BLOCK = kconst("infer.cuh", "kInferRowBlock")
 ROPE_BLOCK, RELU2_BLOCK = kconst("rope.cuh", "kRopeBlock"), kconst("relu2.cuh", "kRelu2Block")
+RMS_BLOCK = kconst("rmsnorm.cuh", "kRmsBlock")
 ROPE_TABLE_ROWS = const_int("backend_cuda.cu", r"std::max\(rope_rows_, (\d+)\)")  # the first rotary table's rows
 
 # d12 at the README's batch: B = 64, T = 1024 (N = B * T rows), C = 768
@@ -306,6 +307,19 @@ TABLE = [
       lambda c: max(c["pos"]) + c["T"], ROPE_TABLE_ROWS,
       [dict(pos=[ROPE_TABLE_ROWS - 3, 4], T=3, maxT=ROPE_TABLE_ROWS),
        dict(pos=[ROPE_TABLE_ROWS - 2, 0], T=3, maxT=ROPE_TABLE_ROWS + 1)]),
+    T("rmsnorm", "rmsnorm.rows_per_block", "rmsnorm_*: one row per warp, grid ceil(N / (kRmsBlock / 32)), row < N",
+      "rmsnorm", lambda c: c["N"] - RMS_BLOCK // 32, 0,
+      [dict(N=RMS_BLOCK // 32, C=64), dict(N=RMS_BLOCK // 32 + 1, C=64)]),
+    T("rmsnorm", "rmsnorm.vector_path", "rmsnorm_*: vec = C % kVec == 0 && aligned, else one value per access",
+      "rmsnorm", lambda c: int(c["C"] % K32 != 0 or c.get("misalign", False)), 0,
+      [dict(N=5, C=96), dict(N=5, C=98), dict(N=5, C=96, misalign=True)]),
+    T("rmsnorm", "rmsnorm.vectors_per_lane", "rmsnorm_*_kernel: lane l takes vectors l, l + 32, ... < C / K",
+      "rmsnorm", lambda c: c["C"] // K32 - 32, 0, [dict(N=3, C=32 * K32), dict(N=3, C=32 * K32 + K32)]),
+    T("rmsnorm", "rmsnorm.scalar_tail", "rmsnorm_*_kernel: vec off, i = lane .. C in steps of 32 (C > 32 and a tail)",
+      "rmsnorm", lambda c: c["C"] % 32, 0, [dict(N=4, C=64, misalign=True), dict(N=4, C=67)]),
+    T("rmsnorm", "qknorm.head_vector_path", "qknorm_*: vec = HS % kVec == 0 (and 3C), groups of 2 NH heads per row",
+      "qk_norm", lambda c: int(c["C"] // c["NH"] % K32 != 0), 0,
+      [dict(B=2, T=3, C=48, NH=3), dict(B=2, T=3, C=30, NH=3), dict(B=3, T=5, C=256, NH=2)]),
     T("relu2", "relu2.vector_tail", "relu2_*_kernel: iv + K <= N, else the tail one value at a time",
       "relu2", lambda c: c["n"] % K32, 0, [dict(n=1024), dict(n=1025), dict(n=1027)]),
     T("relu2", "relu2.grid_blocks", "relu2_*: grid ceil(ceil(N / K) / kRelu2Block)",
