@@ -53,20 +53,17 @@ def test_inference_mutants_name_their_exposing_tests():
 
 @pytest.mark.slow
 def test_sample_of_the_inference_mutants_is_killed_by_its_tests(tmp_path):
-    """Issue 39's mutants in CI: two of the Python stop-string handling (a copy of the installed package, no build)
-    and the KV cache's full check (csrc/model/gpt2_infer.h: gpt2.cpp rebuilt twice into build/emu-mut, whose first
-    build the kernel sample below needs anyway: this test runs first), each killed by its exposing test."""
-    if shutil.which("cmake") is None or not any(
-            (Path(b) / "include" / "cuda_bf16.h").exists()
-            for b in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda") if b):
-        pytest.skip("needs cmake and NVIDIA's CUDA headers")
+    """Issue 39's mutants in CI: two of the Python stop-string handling (a copy of the installed package, no build:
+    ~4 s each), each killed by its exposing test. (Its C++ mutants each need a rebuild of the emulator module, 25 s to
+    minutes: they run in the full `python scripts/mutation_test.py --judged-by-tests`; here their snippets and test
+    nodes are checked statically, above.)"""
     mod = _script()
     out = tmp_path / "results.json"
-    sample = ["stop_window_in_characters", "text_stream_first_listed_stop", "kv_full_check_off_by_one"]
-    mod.main(["--only", *sample, "--json", str(out)])
+    sample = ["stop_window_in_characters", "text_stream_first_listed_stop"]
+    mod.main(["--only", *sample, "--build-dir", str(tmp_path / "build"), "--json", str(out)])
     results = {r["name"]: r for r in json.loads(out.read_text())}
-    for name in sample:  # a failed test, or (the KV check: a write past the cache) a crash of the test process
-        assert results[name]["verdict"] in ("tests", "error"), results[name]
+    for name in sample:
+        assert results[name]["verdict"] == "tests", results[name]
 
 
 @pytest.mark.slow
