@@ -2,9 +2,9 @@
 tests/isa.py) and the emulated CUDA backend's, against float64 numpy (attention) or inference.sample_reference (the
 sampler's rule in numpy, with the same uniform numbers):
 
-- decode attention whose scores have one huge maximum (+200 over the rest, a second one at +150) at every key
-  position, first and last included: a maximum taken over the wrong keys (a warp, a share, the new key left out)
-  overflows exp; head sizes 32 / 64 / 128 (the AVX2 register paths and 1 .. 4 values per CUDA lane) and 48 (the
+- decode attention whose scores have one huge maximum (+200 over the rest; alone, or with a second one at +150) at
+  every key position, first and last included: a maximum taken over the wrong keys (a warp, a share, the new key left
+  out) overflows exp; head sizes 32 / 64 / 128 (the AVX2 register paths and 1 .. 4 values per CUDA lane) and 48 (the
   portable loop), decode (Tq = 1) and prefill (Tq = 3), the one-block and the split-key CUDA kernels;
 - sampling exactly on its boundaries: flat logits whose cumulative probability lands exactly on top_p (the nucleus
   is the prefix that reaches it, not one token more), ties at the top_k cut (the lower ids kept), top_k above the
@@ -29,15 +29,16 @@ def emu_isa(emu, request):  # noqa: F811
 
 
 def huge_max_case(n, hs, Tq=1, NH=2, seed=0):
-    """B = n + Tq - 1 sequences of n keys (pos = n - Tq, so the last query sees all n); sequence b's query of head h
-    (the last query's) scores +200 against key b and +150 against key (b + 1) % n, the other keys ~N(0, 1): every
-    key position holds the maximum once (the last ones are the new tokens' keys, written from qkv). The softmax is then
-    v of key b to e^-50 (so the scores' own fp32 rounding, ~200 * hs * 2^-24, does not show); a maximum that leaves
-    key b out overflows exp (CUDA's expf: inf, NaN out), and one that leaves both out clamps both to the CPU fast_exp's
-    limit (equal weights: an error of order 1)."""
+    """B = 2n sequences of n keys (pos = n - Tq, so the last query sees all n). Sequence b < n: the last query of each
+    head scores +200 against key b, the other keys ~N(0, 1); sequence n + j: +200 against key j and +150 against key
+    (j + 1) % n. Every key position holds the maximum (the last ones are the new tokens' keys, written from qkv). The
+    softmax is then v of that key to e^-50 or better (the scores' own fp32 rounding, ~200 * hs * 2^-24, does not
+    show). A maximum that leaves that key out overflows CUDA's expf (inf, NaN out) when the rest are far below (the
+    first n); one that leaves both large keys out clamps both to the CPU fast_exp's limit (equal weights: an error of
+    order 1, the second n)."""
     g = np.random.default_rng(seed)
     C = NH * hs
-    B = n
+    B = 2 * n
     pos = n - Tq
     S, maxT = B + 1, n + 2
     slot = np.array([(b + 1) % S for b in range(B)], np.int32)
@@ -47,11 +48,11 @@ def huge_max_case(n, hs, Tq=1, NH=2, seed=0):
     for b in range(B):
         keys = g.standard_normal((n, C)) / np.sqrt(hs)
         keys[pos:] = qkv[b, :, C:2 * C]
+        big = [(b, 200.0)] if b < n else [(b - n, 200.0), ((b - n + 1) % n, 150.0)]
         for h in range(NH):
             q = qkv[b, -1, h * hs:(h + 1) * hs].astype(np.float64)
-            for j, s in ((b, 200.0), ((b + 1) % n, 150.0)):
-                k = q * (s * np.sqrt(hs) / (q @ q))  # q . k / sqrt(hs) = s
-                keys[j, h * hs:(h + 1) * hs] = k
+            for j, s in big:
+                keys[j, h * hs:(h + 1) * hs] = q * (s * np.sqrt(hs) / (q @ q))  # q . k / sqrt(hs) = s
         kcache[slot[b], :pos] = keys[:pos]
         vcache[slot[b], :pos] = g.standard_normal((pos, C))
         qkv[b, :, C:2 * C] = keys[pos:]
