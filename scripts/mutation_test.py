@@ -31,6 +31,16 @@ show it.
 applied at once, built once, and every threshold shape runs (a shape that raises counts as failed); a mutant is
 killed when a shape of its own threshold fails. Sound when the mutants change kernels that no shape of another mutant's threshold runs (choose them so:
 e.g. one per kernel family); a combined build that fails to compile or crashes gives no verdicts.
+Mutants with `tests` (issue 39: the inference, sampling and modern-op code of csrc/cuda, csrc/cpu, csrc/model and
+the Python package's stop-string handling) are judged by those pytest nodes instead, each the input that exposes the
+bug: C++ mutants are built into the emulator's test module as above (csrc/cpu and csrc/model mutated in place and
+restored), and the tests run on it, with gpt2core._C replaced by that module (it compiles the same bindings.cpp and
+CPU backend) so that the tests of the CPU kernels run the mutant too; "py:<file>" mutants change a copy of the
+installed package (<build-dir>/py) and need no build. Killed "by tests" when a node fails; a node id pytest cannot
+find is a harness error, never a kill.
+
+    python scripts/mutation_test.py --judged-by-tests       # the inference / sampling / modern-op mutants
+
 Prints one line per mutant and the score; --json writes the table. Mutants in code the emulator never compiles
 (nvcc-only: inline PTX, architecture gates, library calls; tests/csrc/cuda/test_one_code_path.py lists them) are in
 the list with the reason no emulator test can reach them: they are checked to apply, never run. A full run takes ~20 s per mutant to
@@ -67,6 +77,7 @@ class Mutation:
     why: str
     threshold: str = ""    # the threshold table entry (thresholds.py) whose far side the mutant breaks
     unreachable: str = ""  # nvcc-only code: why no emulator test can reach it (never run)
+    tests: tuple = ()      # pytest node ids whose failure kills it (the exposing inputs): judged by pytest, not the op runs
 
 
 MUTATIONS = [
@@ -284,6 +295,188 @@ MUTATIONS = [
 ]
 
 
+# ---------------------------------------------------------------- inference, sampling and the modern ops (issue 39)
+# Judged by the pytest nodes named beside each (the exposing input): C++ mutants of csrc/cuda (a scratch copy), csrc/cpu
+# and csrc/model (in place, restored) are built into the emulator's test module, which the tests then use for
+# gpt2core._C too (the same bindings.cpp: run_tests); "py:<file>" mutants change a copy of the installed package.
+PY = "tests/python/test_inference_edges.py::"
+EDGES = "tests/csrc/cuda/test_cuda_emu_infer_edges.py::"
+THRESH = "tests/csrc/cuda/test_cuda_emu_thresholds.py::test_threshold_case"
+V3 = "x86-64-v3"
+INFERENCE_MUTATIONS = [
+    # ---- CPU decode GEMVs (cpu/ops_infer.h), each variant forced
+    Mutation("gemv_tail_row_dropped", "../cpu/ops_infer.h",
+             "  for (; o < o1; o++) {\n    for (int n = 0; n < N; n++) {\n      __m256 acc",
+             "  for (; o + 1 < o1; o++) {\n    for (int n = 0; n < N; n++) {\n      __m256 acc",
+             "the AVX2 GEMV leaves the last output row of a block that is no multiple of 4 unwritten",
+             tests=(PY + f"test_every_variant_every_weight_type_decodes_the_full_forward[{V3}-fp32-C56]",)),
+    Mutation("gemv_row1_tail_chunk_dropped", "../cpu/ops_infer.h",
+             "    for (; i < C; i += 8) a0 = _mm256_fmadd_ps(ld.load8(o, i), _mm256_loadu_ps(x + i), a0);",
+             "    for (; i + 8 < C; i += 8) a0 = _mm256_fmadd_ps(ld.load8(o, i), _mm256_loadu_ps(x + i), a0);",
+             "batch-1 decode skips the last 8 inputs of a row whose length is no multiple of 32 (C = 56)",
+             tests=(PY + f"test_every_variant_every_weight_type_decodes_the_full_forward[{V3}-bf16-C56]",)),
+    Mutation("q8_load_scale_of_next_block", "../cpu/ops_infer.h",
+             "_mm256_broadcast_ss(scales + row * nb + i / kQ8Block);",
+             "_mm256_broadcast_ss(scales + row * nb + (i + 8) / kQ8Block);",
+             "the widening int8 GEMV takes the last 8 weights of each block with the next block's scale",
+             tests=(PY + f"test_every_variant_every_weight_type_decodes_the_full_forward[{V3}-int8-C56]",)),
+    Mutation("plain_gemv_fp16_as_bf16", "../cpu/ops_infer.h",
+             "for (int i = 0; i < C; i++) s += weight_as<T>(wr, i, bf16) * x[i];",
+             "for (int i = 0; i < C; i++) s += weight_as<T>(wr, i, true) * x[i];",
+             "the portable GEMV decodes fp16 weights as bf16 (a wrong fp16 decode where C % 8 != 0 or on baseline)",
+             tests=(PY + "test_every_variant_every_weight_type_decodes_the_full_forward[baseline-fp16-C56]",)),
+    Mutation("plain_q8_blocks_floor", "../cpu/ops_infer.h",
+             "                               int OC, int o0, int o1) {\n  const int nb = (C + kQ8Block - 1) / kQ8Block;",
+             "                               int OC, int o0, int o1) {\n  const int nb = C / kQ8Block;",
+             "the portable int8 GEMV counts whole blocks only: rows whose length is no multiple of 32 read the scales "
+             "of the row before",
+             tests=(PY + "test_every_variant_every_weight_type_decodes_the_full_forward[baseline-int8-C56]",)),
+    Mutation("q8i_row1_odd_block_dropped", "../cpu/ops_infer.h",
+             "    if (b < nb) a0 = block(wr, sr, b, a0);\n",
+             "",
+             "batch-1 integer-dot decode drops the last block of an odd block count (C = 96: 3 blocks)",
+             tests=(PY + f"test_int8_integer_dot_every_variant_with_mass_at_the_edges[{V3}-96-33]",)),
+    Mutation("avx2_attention_max_not_subtracted", "../cpu/ops_infer.h",
+             "  float sum = 0;\n  for (int t2 = 0; t2 < n; t2++) { p[t2] = fast_exp(p[t2] - maxv); sum += p[t2]; }",
+             "  float sum = 0;\n  for (int t2 = 0; t2 < n; t2++) { p[t2] = fast_exp(p[t2]); sum += p[t2]; }",
+             "the AVX2 decode attention's softmax without its maximum subtracted (scores of +200 overflow)",
+             tests=(EDGES + f"test_cpu_decode_attention_huge_maximum_at_every_key[{V3}-hs64-n12-Tq1]",)),
+    Mutation("plain_attention_sum_skips_new_key", "../cpu/ops_infer.h",
+             "          T sum = 0;\n          for (int t2 = 0; t2 < n; t2++) {",
+             "          T sum = 0;\n          for (int t2 = 0; t2 + 1 < n; t2++) {",
+             "the portable attention leaves the newest key's probability unnormalised (the last key, an edge)",
+             tests=(EDGES + "test_cpu_decode_attention_huge_maximum_at_every_key[baseline-hs48-n9-Tq1]",)),
+    Mutation("rope_at_row_offset_dropped", "../cpu/ops_infer.h",
+             "rope_table_row(cs.data(), sn.data(), long(pos[b]) + t, hs, base, +1);",
+             "rope_table_row(cs.data(), sn.data(), long(pos[b]), hs, base, +1);",
+             "CPU rotary at per-sequence positions rotates every prefill row by the sequence's first position",
+             tests=(PY + "test_decode_to_the_last_cache_position_and_generate_past_block_size[bf16]",)),
+    # ---- the variant dispatch (cpu/backend_cpu.cpp)
+    Mutation("isas_lists_variants_cpu_lacks", "../cpu/backend_cpu.cpp",
+             "    if (v.runs_here()) names.emplace_back(v.name);",
+             "    names.emplace_back(v.name);",
+             "cpu_isas() offers variants this CPU cannot run (x86-64-v4 without AVX-512): forcing one fails",
+             tests=(PY + "test_every_variant_every_weight_type_decodes_the_full_forward",)),
+    # ---- the host sampler (model/sampling.h: the CPU backend's, and the CUDA backend's host fallback)
+    Mutation("sampler_top_p_strict", "../model/sampling.h",
+             "      if (c >= want) { m = j + 1; break; }",
+             "      if (c > want) { m = j + 1; break; }",
+             "the nucleus takes one token more when its cumulative sum lands exactly on top_p",
+             tests=(EDGES + "test_flat_logits_top_p_exactly_on_the_cumulative_boundary[8-0.5-4]",)),
+    Mutation("sampler_ties_to_higher_id", "../model/sampling.h",
+             "    return za > zb || (za == zb && a < b);",
+             "    return za > zb || (za == zb && a > b);",
+             "tied logits ordered towards the higher id (the top_k cut keeps the wrong tokens)",
+             tests=(EDGES + "test_ties_at_the_top_k_cut_keep_the_lower_ids",)),
+    Mutation("sampler_greedy_tie_last", "../model/sampling.h",
+             "      if (v > bv) { bv = v; best = i; }",
+             "      if (v >= bv) { bv = v; best = i; }",
+             "greedy decoding picks the last of tied maxima instead of the lowest id",
+             tests=(EDGES + "test_ties_at_the_top_k_cut_keep_the_lower_ids",)),
+    Mutation("sampler_nucleus_not_renormalised", "../model/sampling.h",
+             "    total = 0;\n    for (size_t j = 0; j < m; j++) total += p[j];",
+             "",
+             "the draw inside the nucleus uses the mass of every kept token (the nucleus's last token over-drawn)",
+             tests=(EDGES + "test_flat_logits_top_p_exactly_on_the_cumulative_boundary[8-0.5-4]",)),
+    # ---- KV bookkeeping (model/gpt2_infer.h)
+    Mutation("kv_full_check_off_by_one", "../model/gpt2_infer.h",
+             "    if (pos[i] >= kv_T_)",
+             "    if (pos[i] > kv_T_)",
+             "decode at a full cache writes one position past it instead of refusing",
+             tests=(PY + "test_decode_to_the_last_cache_position_and_generate_past_block_size[int8]",)),
+    # ---- CUDA decode attention and sampler (infer.cuh)
+    Mutation("decode_block_max_skips_last_warp", "infer.cuh",
+             "  for (int w = 1; w < kDecodeWarps; w++) mx = fmaxf(mx, wmax[w]);",
+             "  for (int w = 1; w < kDecodeWarps - 1; w++) mx = fmaxf(mx, wmax[w]);",
+             "the decode softmax's maximum leaves out the last warp's keys: exp overflows when the maximum is there",
+             tests=(EDGES + "test_cuda_decode_attention_huge_maximum_at_every_key[hs64-n12-Tq1]",)),
+    Mutation("split_combine_max_skips_last_share", "infer.cuh",
+             "  for (int s = 0; s < splits; s++) M = fmaxf(M, part_ml[2 * (p0 + s)]);",
+             "  for (int s = 0; s + 1 < splits; s++) M = fmaxf(M, part_ml[2 * (p0 + s)]);",
+             "the split-key combine's maximum leaves out the last share: overflow when the maximum is there",
+             tests=(EDGES + "test_cuda_decode_attention_huge_maximum_at_every_key[hs32-n9-Tq1]",)),
+    Mutation("split_share_past_n", "infer.cuh",
+             "const int k0 = min(n, s * chunk), nk = min(n, k0 + chunk) - k0;",
+             "const int k0 = min(n, s * chunk), nk = k0 + chunk - k0;",
+             "each split share takes a whole chunk: the last ones read keys past the sequence (a read past the cache)",
+             tests=(EDGES + "test_cuda_decode_attention_huge_maximum_at_every_key[hs32-n9-Tq1]",)),
+    Mutation("sample_chunk_past_v", "infer.cuh",
+             "const int i0 = min(V, tid * per), i1 = min(V, i0 + per);",
+             "const int i0 = min(V, tid * per), i1 = i0 + per;",
+             "the unsorted inverse CDF's idle threads read the padding columns past V",
+             tests=(EDGES + "test_all_the_mass_in_the_first_or_last_id[97]",)),
+    Mutation("sample_kernel_top_p_strict", "infer.cuh",
+             "        if (c >= want) {\n          mm = j + 1;",
+             "        if (c > want) {\n          mm = j + 1;",
+             "the device nucleus takes one token more when its cumulative sum lands exactly on top_p",
+             tests=(EDGES + "test_flat_logits_top_p_exactly_on_the_cumulative_boundary[8-0.5-4]",)),
+    Mutation("sample_key_ties_to_higher_id", "infer.cuh",
+             "return (uint64_t(o) << 32) | uint64_t(0xffffffffu - uint32_t(i));",
+             "return (uint64_t(o) << 32) | uint64_t(uint32_t(i));",
+             "the device sampler orders tied logits towards the higher id",
+             tests=(EDGES + "test_ties_at_the_top_k_cut_keep_the_lower_ids",)),
+    Mutation("sample_kept_total_over_all_v", "infer.cuh",
+             "      if (sample_key(zi, i) >= thr_m) local += exp_nonpositive((double(zi) - zmax) * inv_t);",
+             "      local += exp_nonpositive((double(zi) - zmax) * inv_t);",
+             "top_k above the sorted candidates with top_p: the nucleus is measured against all V tokens",
+             tests=(EDGES + "test_top_k_above_the_device_candidates_with_top_p",)),
+    # ---- rotary (rope.cuh), ReLU^2 (relu2.cuh), Muon (muon.cuh)
+    Mutation("rope_at_row_offset_dropped_cuda", "rope.cuh",
+             "const int p = (pos ? pos[bt / T] : pos0) + int(bt % T);",
+             "const int p = pos ? pos[bt / T] : pos0 + int(bt % T);",
+             "CUDA rotary at per-sequence positions rotates every prefill row by the sequence's first position",
+             tests=(EDGES + "test_decode_to_the_last_position_of_the_context[fp32-modern]",)),
+    Mutation("rope_table_one_past", "rope.cuh",
+             "  if (idx >= maxT * h) return;",
+             "  if (idx > maxT * h) return;",
+             "the rotary table kernel writes one row entry past the table",
+             tests=(THRESH + "[rope.grid_tail[0]]",)),
+    Mutation("rope_table_one_row_short", "backend_cuda.cu",
+             "rope_table(most + Tn, C / NH, base)",
+             "rope_table(most + Tn - 1, C / NH, base)",
+             "the CUDA rotary launcher sizes its table one row short: decode one past the table's rows reads past it",
+             tests=(THRESH + "[rope.table_rows[1]]",)),
+    Mutation("relu2_forward_tail_short", "relu2.cuh",
+             "    for (size_t k = iv; k < N; k++) out[k] = store_t<floatX>(relu2(load_f(inp[k])));",
+             "    for (size_t k = iv; k + 1 < N; k++) out[k] = store_t<floatX>(relu2(load_f(inp[k])));",
+             "ReLU^2's vector tail skips the last value (N % 4 != 0)",
+             tests=(THRESH + "[relu2.vector_tail[1]]",)),
+    Mutation("muon_normalize_no_eps", "muon.cuh",
+             "  const float inv = 1.0f / (float(sqrt(*sumsq)) + float(kMuonNormEps));",
+             "  const float inv = 1.0f / float(sqrt(*sumsq));",
+             "Newton-Schulz's normalisation without its epsilon: a matrix with a zero gradient gets an infinite update",
+             tests=(EDGES + "test_muon_step_with_a_zero_gradient_matrix",)),
+    # ---- the Python stop-string handling (inference.py, serve.py)
+    Mutation("stop_window_in_characters", "py:inference.py",
+             '    longest = max(len(s.encode("utf-8")) for s in stops)',
+             "    longest = max(len(s) for s in stops)",
+             "generate's stop-string window counts characters: a stop of 4-byte characters in single-byte tokens is "
+             "never seen whole",
+             tests=(PY + "test_generate_stops_at_a_stop_string_of_four_byte_characters",)),
+    Mutation("truncate_last_stop_found", "py:inference.py",
+             "            cut = min(cut, i)",
+             "            cut = i",
+             "the text is cut at the last listed stop string found, not the earliest occurrence",
+             tests=(PY + "test_several_stop_strings_the_earliest_occurrence_wins",)),
+    Mutation("generate_decodes_a_full_window", "py:inference.py",
+             '("decode", [b for b in live if ctx_len[b] < block])',
+             '("decode", [b for b in live if ctx_len[b] <= block])',
+             "generate decodes once more into a full cache instead of re-prefilling the window past block_size",
+             tests=(PY + "test_decode_to_the_last_cache_position_and_generate_past_block_size[bf16]",)),
+    Mutation("text_stream_first_listed_stop", "py:serve.py",
+             "        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)",
+             "        cut = next((i for i in (text.find(s) for s in self.stop) if i >= 0), -1)",
+             "the server cuts at the first listed stop string found, not the one that starts first",
+             tests=(PY + "test_server_stops_at_multibyte_stop_strings_and_the_earliest_wins",)),
+    Mutation("text_stream_holds_too_little", "py:serve.py",
+             "                for k in range(min(len(s) - 1, len(text)), hold, -1):",
+             "                for k in range(min(len(s) - 2, len(text)), hold, -1):",
+             "the server releases a stop string's first character before the stop is complete (and then misses it)",
+             tests=(PY + "test_server_stops_at_multibyte_stop_strings_and_the_earliest_wins",)),
+]
+MUTATIONS += INFERENCE_MUTATIONS
+
+
 def mutated_line(text, m):
     """1-based line of the mutation in the mutated file (the first changed line, or the one after a deletion)."""
     start = text.index(m.old)
@@ -351,17 +544,75 @@ def run_schedules(m, line, build_dir, schedules, timeout, stop_early, checker=Tr
     return runs, kinds[0] if kinds else "survived"
 
 
+def source_file(m):
+    """The file m changes in the working tree (before any scratch copy), and how it is named in reports."""
+    if m.file.startswith("py:"):
+        return ROOT / "python" / "gpt2core" / m.file[3:], "python/gpt2core/" + m.file[3:]
+    return CUDA / m.file, m.file.replace("../", "")
+
+
+def python_copy(build_dir):
+    """A fresh copy of the installed gpt2core package (its compiled modules) under <build-dir>/py, with the working
+    tree's Python sources over it: what a "py:" mutant changes (PYTHONPATH=<build-dir>/py runs the tests on it)."""
+    r = subprocess.run([sys.executable, "-c", "import gpt2core, os; print(os.path.dirname(gpt2core.__file__))"],
+                       cwd=str(build_dir.parent), capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit("py: mutants need gpt2core installed (pip install .): " + r.stderr.strip()[-300:])
+    dst = build_dir / "py" / "gpt2core"
+    if dst.exists():
+        shutil.rmtree(dst)
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(r.stdout.strip(), dst, ignore=ignore)
+    shutil.copytree(ROOT / "python" / "gpt2core", dst, ignore=ignore, dirs_exist_ok=True)
+    return dst
+
+
+# gpt2core with its core module replaced by the emulator's test module built from the mutant (the same bindings.cpp,
+# plus the emulated CUDA backend), then pytest: the tests of gpt2core._C run on the mutant's CPU code
+EMU_AS_CORE = ("import sys; b = sys.argv.pop(1); sys.path.insert(0, b); import gpt2core_cuda_emu as E; "
+               "sys.modules['gpt2core._C'] = E; import pytest; sys.exit(pytest.main(sys.argv[1:]))")
+
+
+def run_tests(m, build_dir, timeout):
+    """m's exposing tests on the built mutant: ("tests", detail) when one fails (killed), ("error", ...) when the
+    mutant crashes the process (killed), ("pass", detail) when all pass or skip, ("harness error", ...) when pytest
+    cannot run them (a node id that does not exist, a collection error)."""
+    args = ["-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", str(ROOT), *m.tests]
+    env = dict(os.environ, GPT2CORE_EMU_BUILD=str(build_dir))
+    if m.file.startswith("py:"):
+        env["PYTHONPATH"] = str(build_dir / "py") + os.pathsep + env.get("PYTHONPATH", "")
+        cmd = [sys.executable, "-m", "pytest", *args]
+    else:
+        cmd = [sys.executable, "-c", EMU_AS_CORE, str(build_dir), *args]
+    try:
+        r = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "tests", "timed out"
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    last = lines[-1] if lines else ""
+    if r.returncode == 0:
+        return "pass", last
+    if r.returncode == 1:
+        failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+        return "tests", (failed[0] if failed else last)[:300]
+    if r.returncode < 0:  # the mutant crashed the test process (e.g. a write past a buffer: glibc's abort)
+        return "error", f"the tests crashed (signal {-r.returncode}): {last[:200]}"
+    return "harness error", f"pytest exit {r.returncode}: {last}"
+
+
 def evaluate(m, build_dir, scratch, schedules, timeout, stop_early, baseline):
-    """Applies m in scratch, builds, runs the schedules; returns a result dict."""
+    """Applies m in scratch, builds, runs the schedules (or m's tests); returns a result dict."""
     sync_tree(CUDA, scratch)
-    in_place = m.file.startswith("../")  # csrc/model: mutated in place, restored below
-    path = (CUDA if in_place else scratch) / m.file
+    in_place = m.file.startswith("../")  # csrc/model, csrc/cpu: mutated in place, restored below
+    _, where = source_file(m)
+    path = python_copy(build_dir) / m.file[3:] if m.file.startswith("py:") else \
+        (CUDA if in_place else scratch) / m.file
     text = path.read_text()
     if text.count(m.old) != 1:
-        raise SystemExit(f"mutation {m.name}: snippet found {text.count(m.old)} times in csrc/cuda/{m.file}")
+        raise SystemExit(f"mutation {m.name}: snippet found {text.count(m.old)} times in {where}")
     line = mutated_line(text, m)
-    result = {"name": m.name, "where": f"{m.file.replace('../', '')}:{line}", "why": m.why, "runs": {},
-              "threshold": m.threshold}
+    result = {"name": m.name, "where": f"{where}:{line}", "why": m.why, "runs": {},
+              "threshold": m.threshold, "tests": list(m.tests)}
     if m.unreachable:
         result.update(verdict="unreachable", detail=m.unreachable)
         return result
@@ -374,9 +625,16 @@ def evaluate(m, build_dir, scratch, schedules, timeout, stop_early, baseline):
 
 
 def run_mutant(m, line, result, build_dir, scratch, schedules, timeout, stop_early, baseline):
-    ok, log = build(build_dir, scratch)
-    if not ok:
-        result.update(verdict="build error", detail=log.strip().splitlines()[-1] if log.strip() else "")
+    if not m.file.startswith("py:"):
+        ok, log = build(build_dir, scratch)
+        if not ok:
+            result.update(verdict="build error", detail=log.strip().splitlines()[-1] if log.strip() else "")
+            return result
+    if m.tests:
+        kind, detail = run_tests(m, build_dir, timeout)
+        result["runs"] = {"tests": [kind, detail]}
+        result["verdict"] = {"pass": "survived"}.get(kind, kind)
+        result["detail"] = detail
         return result
     result["runs"], result["verdict"] = run_schedules(m, line, build_dir, schedules, timeout, stop_early)
     result["detail"] = next((d for k, d in result["runs"].values() if k != "pass"), "")
@@ -430,6 +688,8 @@ def main(argv=None):
                     help="comma-separated emulator schedules (thresholds: the threshold table's shapes)")
     ap.add_argument("--only-threshold", action="store_true",
                     help="only the threshold mutants and those of the shared optimizer policy (csrc/model)")
+    ap.add_argument("--judged-by-tests", action="store_true",
+                    help="only the mutants judged by their exposing tests (inference, sampling, modern ops: issue 39)")
     ap.add_argument("--thresholds", action="store_true",
                     help="print, per kernel family, the thresholds its tests cross, and exit")
     ap.add_argument("--build-dir", default=str(ROOT / "build" / "emu-mut"), help="build folder (reused)")
@@ -452,7 +712,8 @@ def main(argv=None):
         threshold_report()
         return 0
     chosen = [m for m in MUTATIONS if (not args.only or m.name in args.only)
-              and (not args.only_threshold or m.threshold or m.file.startswith("../"))]
+              and (not args.only_threshold or m.threshold or (m.file.startswith("../") and not m.tests))
+              and (not args.judged_by_tests or m.tests)]
     unknown = set(args.only or []) - {m.name for m in MUTATIONS}
     if unknown:
         ap.error(f"unknown mutations: {sorted(unknown)}")
@@ -528,10 +789,10 @@ def threshold_report(results=None):
 
 
 def score(title, verdicts):
-    killed = [v for v in verdicts if v not in ("survived", "build error")]
+    killed = [v for v in verdicts if v not in ("survived", "build error", "harness error")]
     print(f"{title}: {len(killed)}/{len(verdicts)} killed; {sum(v.startswith('report') for v in killed)} by an "
           f"emulator report ({killed.count('report (line)')} naming the mutated line), {killed.count('mismatch')} "
-          f"by numeric mismatch, {killed.count('error')} by another error")
+          f"by numeric mismatch, {killed.count('error')} by another error, {killed.count('tests')} by their tests")
     return len(killed)
 
 

@@ -17,6 +17,7 @@ for _sub in (("python",), ("csrc", "emu"), ("csrc", "cuda")):
     sys.path.insert(1, os.path.join(os.path.dirname(__file__), *_sub))
 
 import numpy_gpt2 as ref  # noqa: E402
+from isa import CPU_ISAS, force_cpu_isa  # noqa: E402
 from gpt2core import _C  # noqa: E402
 
 SHAPES = {
@@ -56,3 +57,13 @@ def problem(request):
 @pytest.fixture()
 def padded():
     return make_problem("padded")
+
+
+@pytest.fixture(params=CPU_ISAS)
+def cpu_isa(request):
+    """Each CPU instruction-set variant in turn (tests/isa.py; restored after the test): a test reaches every
+    variant's code (the AVX2 intrinsics of x86-64-v3 / v4, the portable loops of baseline) whatever the machine's best
+    one and whatever the shape."""
+    before = force_cpu_isa(_C, request.param)
+    yield request.param
+    _C.set_cpu_isa(before)

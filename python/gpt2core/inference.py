@@ -432,8 +432,9 @@ def _loop(model, seqs: list[_Seq], stops: list[str], eng) -> Iterator[np.ndarray
 
 
 def _hit_stop(out: list, stops: list[str]) -> bool:
-    longest = max(len(s) for s in stops)
-    # a token decodes to at least one byte: the last len(stop) + a few tokens hold any stop string just completed
+    longest = max(len(s.encode("utf-8")) for s in stops)
+    # a token decodes to at least one byte: the last len(stop in UTF-8 bytes) + a few tokens hold any stop string just
+    # completed (counted in characters, a stop of 4-byte characters generated one byte per token is never whole)
     text = tokenizer.decode(out[-(longest + 8):])
     return any(s in text for s in stops)
 

@@ -65,7 +65,8 @@ def rel(a, b):
     return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
 
 
-# C=48 takes the portable GEMV loop, C=64 the AVX2 one (C % 8 == 0, x86-64-v3/v4 variants); float64 always portable
+# on x86-64-v3 / v4 both C=48 and C=64 take the AVX2 GEMV (C % 8 == 0); float64 is always portable. Every variant
+# with every weight type, and C not a multiple of 8: test_inference_edges.py (the cpu_isa fixture forces each)
 @pytest.mark.parametrize("arch", ARCHS, ids=arch_id)
 @pytest.mark.parametrize("dtype,C,NH", [("float64", 48, 3), ("float32", 48, 3), ("float32", 64, 4)])
 def test_cached_logits_equal_full_forward_every_step(dtype, C, NH, arch):
@@ -366,9 +367,9 @@ def test_d12_inference_memory_is_a_third_of_training():
                                             ("fp16", 64, 4, MODERN)])
 def test_16bit_weights_decode_equals_full_forward_on_the_rounded_weights(kind, C, NH, arch):
     """inference_weights='bf16'/'fp16' rounds the matrices (in params too; the untied lm_head as well) and decode
-    reads the 16-bit copy (AVX2 widening for C=64, the scalar loop for C=48): its logits equal the fp32 full forward
-    on those rounded weights (fp32 tolerance), and the rounding is the round-to-nearest-even of the numpy
-    reference."""
+    reads the 16-bit copy (on x86-64-v3 the AVX2 widening: C=48 and 64 are multiples of 8): its logits equal the
+    fp32 full forward on those rounded weights (fp32 tolerance), and the rounding is the round-to-nearest-even of the
+    numpy reference."""
     m = make_model("float32", C=C, NH=NH, arch=arch)
     m2 = GPT2(m.config, dtype="float32", init=False, training=False)
     for k, v in m.params.items():
@@ -443,18 +444,6 @@ def q8_reference(w):
         q[:, 32 * b:32 * b + 32] = qb
         deq[:, 32 * b:32 * b + 32] = qb.astype(w.dtype) * scw
     return q, s, deq
-
-
-@pytest.fixture(params=["x86-64-v3", "baseline"])
-def cpu_isa(request):
-    """Each instruction-set variant this CPU runs (AVX2 intrinsics in x86-64-v3, the portable loops in baseline)."""
-    from gpt2core import _C
-    if request.param not in _C.cpu_isas():
-        pytest.skip(f"this CPU does not run {request.param}")
-    before = _C.cpu_isa()
-    _C.set_cpu_isa(request.param)
-    yield request.param
-    _C.set_cpu_isa(before)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -25,7 +25,9 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-BUILD = ROOT / "build" / "emu-py"
+# GPT2CORE_EMU_BUILD (a test-tool knob): another build of the module to test, e.g. scripts/mutation_test.py's build
+# of a mutant (build/emu-mut), whose tests then run on it
+BUILD = Path(os.environ.get("GPT2CORE_EMU_BUILD") or ROOT / "build" / "emu-py")
 CUDA_SRC = ROOT / "csrc" / "cuda"
 
 

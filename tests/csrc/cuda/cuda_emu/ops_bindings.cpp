@@ -348,6 +348,17 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              return r;
            },
            py::arg("qkv"), py::arg("NH"), py::arg("t0") = 0, py::arg("base") = 10000.0f, py::arg("backward") = false)
+      .def("rope_at",  // rope_forward_at in place on qkv (B, T, 3C): row (b, t) at position pos[b] + t
+           [](O& o, F qkv, I pos, int NH, float base) {
+             const int B = qkv.shape(0), T_ = qkv.shape(1), C = qkv.shape(2) / 3;
+             T* x = o.ut(qkv);
+             o.be->rope_forward_at(x, o.ui(pos), B, T_, C, NH, base);
+             o.be->synchronize();
+             auto r = O::dt(x, {B, T_, 3 * C});
+             o.clear();
+             return r;
+           },
+           py::arg("qkv"), py::arg("pos"), py::arg("NH"), py::arg("base") = 10000.0f)
       .def("qk_norm_forward",  // returns (qkv normed in place, rstd (B*T, 2NH))
            [](O& o, F qkv, int NH) {
              const int B = qkv.shape(0), T_ = qkv.shape(1), C = qkv.shape(2) / 3;

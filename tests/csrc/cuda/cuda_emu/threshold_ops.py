@@ -193,6 +193,77 @@ class Runner:
         args = ([1.0] * n, [top_k] * n, [top_p] * n, [3] * n, list(range(n)), [1] * n)
         return float(np.mean(self.cuda.sample_tokens(logits, V, *args) != self.cpu.sample_tokens(logits, V, *args)))
 
+    def infer_rows(self, C, NH):
+        """The row kernels of KV inference: encoder_forward_at (at the last positions of wpe) and gather_rows against
+        numpy (exact), kv_write through attention_kv against the CPU backend."""
+        B, Tn, maxT = 3, 2, 9
+        inp = self.rng.integers(0, 50, (B, Tn)).astype(np.int32)
+        pos = np.array([maxT - Tn, 0, 4], np.int32)
+        wte, wpe = self.f32(64, C), self.f32(maxT, C)
+        want = wte[inp].astype(np.float64) + np.stack([wpe[p:p + Tn] for p in pos])
+        e = normwise(self.cuda.encoder_forward_at(inp, wte, wpe, pos), want)
+        x, rows = self.f32(7, C), np.array([6, 0, 3, 6], np.int32)
+        e = max(e, normwise(self.cuda.gather_rows(x, rows), x[rows]))
+        return max(e, self.attention_kv(pos=4, C=C, NH=NH, Tq=2))
+
+    def rope(self, B, T, C, NH, pos0, maxT, misalign=False):
+        """rope.cuh's table and rotation (forward and backward) against float64 angles and rotations."""
+        qkv = self.f32(B, T, 3 * C)
+        hs, h = C // NH, C // NH // 2
+        f = 10000.0 ** (-np.arange(h) / h)
+        ang = (pos0 + np.arange(T))[:, None] * f[None, :]
+        c, s = np.cos(ang)[None, :, None, :], np.sin(ang)[None, :, None, :]
+        worst = 0.0
+        for backward, sign in ((False, 1.0), (True, -1.0)):
+            got, _ = self.E.k_rope(0, qkv, NH, maxT, pos0, 10000.0, backward, misalign=misalign)
+            want = qkv.astype(np.float64).copy()
+            for part in (0, 1):  # q, then k
+                x = want[:, :, part * C:(part + 1) * C].reshape(B, T, NH, hs)
+                x1, x2 = x[..., :h].copy(), x[..., h:].copy()
+                x[..., :h] = x1 * c - sign * x2 * s
+                x[..., h:] = x2 * c + sign * x1 * s
+                want[:, :, part * C:(part + 1) * C] = x.reshape(B, T, C)
+            worst = max(worst, normwise(got, want))
+        return worst
+
+    def rope_at(self, pos, T, maxT, C=64, NH=2):
+        """rope_forward_at: row (b, t) at position pos[b] + t (up to maxT - 1), the CUDA backend against the CPU's."""
+        qkv = self.f32(len(pos), T, 3 * C)
+        p = np.array(pos, np.int32)
+        assert p.max() + T <= maxT
+        return normwise(self.cuda.rope_at(qkv, p, NH), self.cpu.rope_at(qkv, p, NH))
+
+    def relu2(self, n, misalign=False):
+        """relu2.cuh forward, backward accumulating, writing (dinp NaN-poisoned) and writing in place over dout (the
+        MLP backward's use), against float64."""
+        x, d, g0 = self.f32(n, scale=2.0), self.f32(n), self.f32(n)
+        x64 = x.astype(np.float64)
+        grad = 2 * np.maximum(x64, 0) * d
+        return max(normwise(self.E.k_relu2_forward(0, x, misalign=misalign), np.maximum(x64, 0) ** 2),
+                   normwise(self.E.k_relu2_backward(0, g0, x, d, True, misalign=misalign), g0 + grad),
+                   normwise(self.E.k_relu2_backward(0, np.full_like(x, np.nan), x, d, False, misalign=misalign), grad),
+                   normwise(self.E.k_relu2_backward(0, np.full_like(x, np.nan), x, d, False, inplace=True,
+                                                    misalign=misalign), grad))
+
+    def rmsnorm(self, N, C, misalign=False):
+        """rmsnorm.cuh forward (plain and with the residual add) and backward (accumulating) against the CPU backend."""
+        dev = self.dev(dict(misalign=misalign))
+        x, a2 = self.f32(N, C, scale=2.0) + 0.5, self.f32(N, C)
+        out, rstd = self.cpu.rmsnorm_forward(x)
+        e = normwise(dev.rmsnorm_forward(x), (out, rstd))
+        e = max(e, normwise(dev.residual_rmsnorm_forward(x, a2), self.cpu.residual_rmsnorm_forward(x, a2)))
+        args = (self.f32(N, C), self.f32(N, C), x, rstd, False)
+        return max(e, normwise(dev.rmsnorm_backward(*args), self.cpu.rmsnorm_backward(*args)))
+
+    def qk_norm(self, B, T, C, NH):
+        """QK-norm (rmsnorm.cuh over the q and k heads of qkv, in place) forward and backward against the CPU."""
+        qkv = self.f32(B, T, 3 * C, scale=2.0)
+        normed, rstd = self.cpu.qk_norm_forward(qkv, NH)
+        e = normwise(self.cuda.qk_norm_forward(qkv, NH), (normed, rstd))
+        d = self.f32(B, T, 3 * C)
+        return max(e, normwise(self.cuda.qk_norm_backward(d, normed, rstd, NH),
+                               self.cpu.qk_norm_backward(d, normed, rstd, NH)))
+
     def run(self, th, case):
         return getattr(self, th.op)(**case)
 

@@ -79,6 +79,10 @@ ATT_DOT_LANES = kconst("attention.cuh", "kDotLanes")
 DEC_BLOCK, SAMPLE_BLOCK = kconst("infer.cuh", "kDecodeBlock"), kconst("infer.cuh", "kSampleBlock")
 SAMPLE_CAP = kconst("infer.cuh", "kSampleCap")
 SPLIT_MIN_KEYS, SPLIT_GROUP = kconst("infer.cuh", "kSplitMinKeys"), DEC_BLOCK // 32 * kconst("infer.cuh", "kSplitKeysPerWarp")
+INFER_ROW_BLOCK = kconst("infer.cuh", "kInferRowBlock")
+ROPE_BLOCK, RELU2_BLOCK = kconst("rope.cuh", "kRopeBlock"), kconst("relu2.cuh", "kRelu2Block")
+RMS_BLOCK = kconst("rmsnorm.cuh", "kRmsBlock")
+ROPE_TABLE_ROWS = const_int("backend_cuda.cu", r"std::max\(rope_rows_, (\d+)\)")  # the first rotary table's rows
 
 # d12 at the README's batch: B = 64, T = 1024 (N = B * T rows), C = 768
 D12_N, D12_C = 65536, 768
@@ -89,6 +93,13 @@ def column_chunks(N, C):
     if N <= 0 or C <= 0:
         return 0
     return min(cdiv(N, COL_MIN_ROWS), cdiv(COL_BLOCKS, cdiv(C, COL_TILE * 8)))
+
+
+def rope_threads(c):
+    """rope.cuh's rope_apply: threads of the launch, K pairs per thread on the vector path (h % K == 0, aligned)."""
+    h = c["C"] // c["NH"] // 2
+    vec = h % K32 == 0 and not c.get("misalign", False)
+    return c["B"] * c["T"] * 2 * c["NH"] * (h // K32 if vec else h)
 
 
 def column_chunk_rows(N, C):
@@ -258,6 +269,64 @@ TABLE = [
     T("infer", "infer.sample_cap", "sample_kernel: top_k <= kSampleCap sorts the top_k keys; above, the kSampleCap "
       "largest for the nucleus", "sample", lambda c: c["top_k"], SAMPLE_CAP,
       [dict(V=SAMPLE_CAP + 300, top_k=SAMPLE_CAP, top_p=0.9), dict(V=SAMPLE_CAP + 300, top_k=SAMPLE_CAP + 1, top_p=0.5)]),
+    # issue 39: the rest of infer.cuh's decisions, and the modern architecture's elementwise kernels
+    T("infer", "infer.sample_top_k_host", "sample_kernel: top_k > kSampleCap with top_p off: the row is flagged and "
+      "the backend samples it on the host (model/sampling.h)", "sample", lambda c: c["top_k"] * (c["top_p"] >= 1),
+      SAMPLE_CAP, [dict(V=SAMPLE_CAP + 300, top_k=SAMPLE_CAP, top_p=1.0),
+                   dict(V=SAMPLE_CAP + 300, top_k=SAMPLE_CAP + 1, top_p=1.0)]),
+    T("infer", "infer.sample_nucleus_host", "sample_kernel: a nucleus (top_k 0) that reaches past the kSampleCap "
+      "sorted candidates (nearly flat logits) is flagged and sampled on the host; a peaked one stays on the device",
+      "sample", lambda c: int(c["scale"] < 1), 0,
+      [dict(V=SAMPLE_CAP + 476, top_k=0, top_p=0.8, scale=6.0), dict(V=SAMPLE_CAP + 476, top_k=0, top_p=0.95,
+                                                                      scale=0.1)]),
+    T("infer", "infer.sample_idle_threads", "sample_kernel, nothing cut: V < kSampleBlock leaves threads past V with "
+      "empty chunks (i0 = min(V, tid * per))", "sample", lambda c: SAMPLE_BLOCK - c["V"], 0,
+      [dict(V=SAMPLE_BLOCK, top_k=0, top_p=1.0), dict(V=97, top_k=0, top_p=1.0)]),
+    T("infer", "infer.split_empty_shares", "attention_kv_split_kernel: nk <= 0 for shares past n = pos + 1 keys "
+      "(m = -inf, l = 0 partials)", "attention_kv", lambda c: c["splits"] - (c["pos"] + 1), 0,
+      [dict(pos=5, C=192, NH=3, splits=4, maxT=9), dict(pos=4, C=192, NH=3, splits=5, maxT=9),
+       dict(pos=1, C=192, NH=3, splits=4, maxT=9)]),
+    T("infer", "infer.split_head_values_per_lane", "attention_kv_split_kernel: lane l takes dims l, l + 32, ... < hs "
+      "(up to kDecodeMaxHs / 32)", "attention_kv", lambda c: c["C"] // c["NH"], 96,
+      [dict(pos=20, C=96, NH=1, splits=3), dict(pos=20, C=128, NH=1, splits=3), dict(pos=20, C=40, NH=1, splits=2)]),
+    T("infer", "infer.row_columns", "encoder_forward_at / kv_write / gather_rows: one row per block, columns "
+      "c = threadIdx.x, c += kInferRowBlock", "infer_rows", lambda c: c["C"], INFER_ROW_BLOCK,
+      [dict(C=INFER_ROW_BLOCK, NH=4), dict(C=INFER_ROW_BLOCK + 32, NH=3), dict(C=2 * INFER_ROW_BLOCK + 64, NH=6)]),
+    T("rope", "rope.vector_path", "rope_apply: vec = h % kVec == 0 && aligned16(qkv), else one pair per thread",
+      "rope", lambda c: int(c["C"] // c["NH"] // 2 % K32 != 0 or c.get("misalign", False)), 0,
+      [dict(B=2, T=5, C=48, NH=3, pos0=3, maxT=8), dict(B=2, T=5, C=60, NH=3, pos0=3, maxT=8),
+       dict(B=2, T=5, C=48, NH=3, pos0=3, maxT=8, misalign=True)]),
+    T("rope", "rope.grid_tail", "rope_apply: grid ceil(n / kRopeBlock), idx < n (n = B T 2 NH pairs-or-vectors)",
+      "rope", rope_threads, ROPE_BLOCK,
+      [dict(B=2, T=8, C=64, NH=2, pos0=0, maxT=8), dict(B=1, T=17, C=64, NH=2, pos0=0, maxT=17),
+       dict(B=3, T=7, C=40, NH=2, pos0=5, maxT=12)]),
+    T("rope", "rope.positions_per_row", "rope_forward_at: row (b, t) at pos[b] + t, up to the table's last row",
+      "rope_at", lambda c: c["T"], 1, [dict(pos=[0, 7, 3], T=1, maxT=8), dict(pos=[0, 5, 2], T=3, maxT=8)]),
+    T("rope", "rope.table_rows", "CudaBackend::rope_forward_at: the table covers max(pos) + T rows (the first one "
+      "1024, then doubled): positions up to its last row, and one past it (a longer table)", "rope_at",
+      lambda c: max(c["pos"]) + c["T"], ROPE_TABLE_ROWS,
+      [dict(pos=[ROPE_TABLE_ROWS - 3, 4], T=3, maxT=ROPE_TABLE_ROWS),
+       dict(pos=[ROPE_TABLE_ROWS - 2, 0], T=3, maxT=ROPE_TABLE_ROWS + 1)]),
+    T("rmsnorm", "rmsnorm.rows_per_block", "rmsnorm_*: one row per warp, grid ceil(N / (kRmsBlock / 32)), row < N",
+      "rmsnorm", lambda c: c["N"] - RMS_BLOCK // 32, 0,
+      [dict(N=RMS_BLOCK // 32, C=64), dict(N=RMS_BLOCK // 32 + 1, C=64)]),
+    T("rmsnorm", "rmsnorm.vector_path", "rmsnorm_*: vec = C % kVec == 0 && aligned, else one value per access",
+      "rmsnorm", lambda c: int(c["C"] % K32 != 0 or c.get("misalign", False)), 0,
+      [dict(N=5, C=96), dict(N=5, C=98), dict(N=5, C=96, misalign=True)]),
+    T("rmsnorm", "rmsnorm.vectors_per_lane", "rmsnorm_*_kernel: lane l takes vectors l, l + 32, ... < C / K",
+      "rmsnorm", lambda c: c["C"] // K32 - 32, 0, [dict(N=3, C=32 * K32), dict(N=3, C=32 * K32 + K32)]),
+    T("rmsnorm", "rmsnorm.scalar_tail", "rmsnorm_*_kernel: vec off, i = lane .. C in steps of 32 (C > 32 and a tail)",
+      "rmsnorm", lambda c: c["C"] % 32, 0, [dict(N=4, C=64, misalign=True), dict(N=4, C=67)]),
+    T("rmsnorm", "qknorm.head_vector_path", "qknorm_*: vec = HS % kVec == 0 (and 3C), groups of 2 NH heads per row",
+      "qk_norm", lambda c: int(c["C"] // c["NH"] % K32 != 0), 0,
+      [dict(B=2, T=3, C=48, NH=3), dict(B=2, T=3, C=30, NH=3), dict(B=3, T=5, C=256, NH=2)]),
+    T("relu2", "relu2.vector_tail", "relu2_*_kernel: iv + K <= N, else the tail one value at a time",
+      "relu2", lambda c: c["n"] % K32, 0, [dict(n=1024), dict(n=1025), dict(n=1027)]),
+    T("relu2", "relu2.grid_blocks", "relu2_*: grid ceil(ceil(N / K) / kRelu2Block)",
+      "relu2", lambda c: cdiv(c["n"], K32) - RELU2_BLOCK, 0,
+      [dict(n=RELU2_BLOCK * K32), dict(n=RELU2_BLOCK * K32 + 1)]),
+    T("relu2", "relu2.scalar_path", "relu2_*: vec = aligned, else one value per thread",
+      "relu2", lambda c: int(c.get("misalign", False)), 0, [dict(n=1027), dict(n=1027, misalign=True)]),
 ]
 
 # Code paths no emulator test can reach, and why.
