@@ -17,18 +17,7 @@ import numpy_gpt2 as ref
 from gpt2core import GPT2, GPT2Config
 
 V, VP = 97, 104  # 104: the head's last block of 16 outputs is partial (the GEMVs' tail paths)
-
-
-@pytest.fixture(params=["baseline", "x86-64-v3"])
-def cpu_isa(request):
-    """Each instruction-set variant this CPU runs (AVX2 intrinsics in x86-64-v3, the portable loops in baseline)."""
-    from gpt2core import _C
-    if request.param not in _C.cpu_isas():
-        pytest.skip(f"this CPU does not run {request.param}")
-    before = _C.cpu_isa()
-    _C.set_cpu_isa(request.param)
-    yield request.param
-    _C.set_cpu_isa(before)
+# cpu_isa: the fixture of tests/conftest.py (every variant this CPU runs; the others skip)
 
 
 def inference_model(weights, C=64, NH=4, V=V, Vp=VP, block=48, seed=0):

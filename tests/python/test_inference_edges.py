@@ -305,7 +305,7 @@ def test_server_stops_at_multibyte_stop_strings_and_the_earliest_wins():
     chain = text_chain("ab", WIDE.encode(), "cd")
     m = chain_model(chain)
     prompt = tokenizer.decode(chain[:1])
-    with TestClient(create_app(m, batch_window_ms=0)) as client:
+    with TestClient(create_app(m)) as client:
         def complete(stop, stream=False):
             body = dict(prompt=prompt, max_tokens=30, temperature=0, stop=stop, stream=stream)
             r = client.post("/v1/completions", json=body)
