@@ -348,19 +348,25 @@ def _smallest_change(c, B, T, o, budget, table, cands) -> str | None:
     best = largest_batch(c, T, o, budget, cands)
     if B and best:
         return f"-B {best}"
+    # what training runs today first; a planned option (ZeRO-2, offload) only when nothing else fits, and said so
+    table = sorted(table, key=lambda xb: not xb[0].implemented)
+
+    def planned(x) -> str:
+        return "" if x.implemented else " (planned: not implemented yet)"
+
     for x, b in table:
         if b and (not B or b >= B):
-            return x.flags() + ("" if B else f" (B <= {b})")
+            return x.flags() + ("" if B else f" (B <= {b})") + planned(x)
     for x, b in table:
         if b:
-            return f"{x.flags()} -B {b}"
+            return f"{x.flags()} -B {b}" + planned(x)
     for w in (2, 4, 8):
         if w <= o.world_size:
             continue
-        for x in combinations(replace(o, world_size=w)):
+        for x in sorted(combinations(replace(o, world_size=w)), key=lambda x: not x.implemented):
             b = largest_batch(c, T, x, budget, None)
             if b:
-                return f"--world-size {w} {x.flags()} (B <= {b})"
+                return f"--world-size {w} {x.flags()} (B <= {b})" + planned(x)
     return None
 
 
