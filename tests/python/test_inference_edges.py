@@ -28,9 +28,9 @@ WEIGHTS = ["fp32", "bf16", "fp16", "int8"]
 SHAPES = [(44, 2), (56, 4), (64, 2)]
 
 
-def rounded_pair(C, NH, weights, Vp=101, block=13, seed=0):
+def rounded_pair(C, NH, weights, Vp=101, block=13, seed=0, arch=None):
     """(inference-only model decoding from `weights`, float32 training model holding the same rounded weights)."""
-    ref_m = make_model("float32", C=C, NH=NH, Vp=Vp, block=block, seed=seed)
+    ref_m = make_model("float32", C=C, NH=NH, Vp=Vp, block=block, seed=seed, arch=arch)
     m = GPT2(ref_m.config, dtype="float32", init=False, training=False)
     for k, v in ref_m.params.items():
         m.params[k][...] = v
@@ -188,17 +188,7 @@ def test_decode_to_the_last_cache_position_and_generate_past_block_size(weights)
     forward at every step; then generate runs past block_size (each step re-prefills the last block_size tokens)
     and gives the uncached path's ids on the same weights, for a rotary model too."""
     for arch in (None, dict(position="rope")):
-        ref_m = make_model("float32", C=56, NH=4, Vp=101, block=11, seed=3, arch=arch)
-        m = GPT2(ref_m.config, dtype="float32", init=False, training=False)
-        for k, v in ref_m.params.items():
-            m.params[k][...] = v
-        m.params_changed()
-        m.inference_weights = weights
-        if weights == "int8":
-            m._m.q8_int_dot = False
-        for k, v in m.params.items():
-            ref_m.params[k][...] = v
-        ref_m.params_changed()
+        m, ref_m = rounded_pair(56, 4, weights, Vp=101, block=11, seed=3, arch=arch)
         rng = np.random.default_rng(5)
         seq = list(rng.integers(0, 97, 3))
         m._m.kv_reserve(1, 11)
