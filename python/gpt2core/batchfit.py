@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .memplan import divisors_descending, sequences_per_step  # noqa: F401  (train.py uses them from here)
+
 DEFAULT_BATCH = 8   # the micro-batch `auto` means on the CPU, and the total batch's sequences without a total given
 SAFETY = 0.05       # the share of the free memory kept back
 
@@ -51,20 +53,6 @@ def from_measurements(report1: int, report2: int, fixed: int, used1: int, used2:
     m2 = used2 - report2
     return MemoryModel(fixed=fixed, act_per_seq=per_seq, act_fixed=report1 - per_seq - fixed,
                        margin1=max(0, m1), margin_per_seq=max(0, m2 - max(0, m1)))
-
-
-def sequences_per_step(total_tokens: int, T: int, world: int) -> int:
-    """Sequences of length T per optimizer step and process; total_tokens must be a multiple of T * world."""
-    per = T * world
-    if total_tokens % per:
-        raise ValueError(f"--total-batch-tokens {total_tokens} is not a multiple of T*world_size = {T}*{world} = "
-                         f"{per}")
-    return total_tokens // per
-
-
-def divisors_descending(n: int) -> list[int]:
-    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]), reverse=True)
 
 
 def largest_fitting(seqs: int, budget: int, need) -> int | None:

@@ -96,6 +96,20 @@ class Options:
         return " ".join(out) or "(no options)"
 
 
+def sequences_per_step(total_tokens: int, T: int, world: int) -> int:
+    """Sequences of length T per optimizer step and process; total_tokens must be a multiple of T * world."""
+    per = T * world
+    if total_tokens % per:
+        raise ValueError(f"--total-batch-tokens {total_tokens} is not a multiple of T*world_size = {T}*{world} = "
+                         f"{per}")
+    return total_tokens // per
+
+
+def divisors_descending(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]), reverse=True)
+
+
 def _config(config) -> GPT2Config:
     return get_preset(config) if isinstance(config, str) else config
 
@@ -328,7 +342,6 @@ def plan(config: GPT2Config | str = "d12", B: int | None = None, T: int = 1024, 
     budget = budget_of(mem, measured, o.device)
     cands = None
     if total_batch_tokens is not None:
-        from .batchfit import divisors_descending, sequences_per_step
         cands = divisors_descending(sequences_per_step(total_batch_tokens, T, o.world_size))
     best = largest_batch(c, T, o, budget, cands)
     shown = B or best or 1

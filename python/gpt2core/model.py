@@ -202,20 +202,29 @@ class GPT2:
                       position=c.position, rope_base=float(c.rope_base),
                       norm=c.norm, qk_norm=c.qk_norm, activation=c.activation, bias=c.bias,
                       tie_embeddings=c.tie_embeddings, logit_softcap=float(c.logit_softcap or 0.0))
-        self.training = bool(training)
-        self.deterministic = bool(deterministic)
+        self._adopt(self._m, config, self.device, precision, training, deterministic)
         if loss_scaling not in (None, True, False):
             raise ValueError(f"loss_scaling must be True, False or None (on for fp16 only), got {loss_scaling!r}")
         check_loss_scale_args(loss_scale_init, loss_scale_interval)
         if loss_scaling is None:
             loss_scaling = precision == "fp16"
         self._m.set_loss_scaling(bool(loss_scaling), scale=float(loss_scale_init), interval=int(loss_scale_interval))
-        self.params: dict[str, np.ndarray] = _Views(self._m.params())
-        self.grads: dict[str, np.ndarray] = _Views(self._m.grads())
-        self._has_grads = False  # a backward since construction / zero_grad (step() refuses to apply none)
-        self.step_count = 0
         if init:
             self.init_weights(seed)
+
+    def _adopt(self, core, config: GPT2Config, device: str, precision: str, training: bool = True,
+               deterministic: bool = True) -> "GPT2":
+        """Make this GPT2 the wrapper of `core` (a backend's Model object): every attribute the methods read is
+        set here, the one place, so a test can wrap another backend's core (the CUDA emulator's) as __init__
+        wraps the compiled one: `GPT2.__new__(GPT2)._adopt(core, config, "cuda", "fp32")`."""
+        self.config, self.device, self.precision, self._m = config, device, precision, core
+        self.training = bool(training)
+        self.deterministic = bool(deterministic)
+        self.params: dict[str, np.ndarray] = _Views(core.params())
+        self.grads: dict[str, np.ndarray] = _Views(core.grads())
+        self._has_grads = False  # a backward since construction / zero_grad (step() refuses to apply none)
+        self.step_count = 0
+        return self
 
     # ------------------------------------------------------------------ sharing between threads
     @property

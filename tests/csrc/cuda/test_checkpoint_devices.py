@@ -20,17 +20,10 @@ RTOL = 2e-5
 
 def emulated_cuda_gpt2(emu_module, config, precision="fp32"):
     """A GPT2 whose core model is the emulated CUDA backend (same Python wrapper as device='cuda')."""
-    model = GPT2.__new__(GPT2)
-    model.config = config
-    model.device = "cuda"
-    model.precision = precision
-    model._m = {"fp32": emu_module.Model, "bf16": emu_module.ModelBF16, "fp16": emu_module.ModelF16}[precision](max_seq_len=config.block_size, vocab_size=config.vocab_size,
-                                padded_vocab_size=config.padded_vocab_size, n_layer=config.n_layer,
-                                n_head=config.n_head, n_embd=config.n_embd, device="cuda")
-    model.params = model._m.params()
-    model.grads = model._m.grads()
-    model.step_count = 0
-    return model
+    core = {"fp32": emu_module.Model, "bf16": emu_module.ModelBF16, "fp16": emu_module.ModelF16}[precision](
+        max_seq_len=config.block_size, vocab_size=config.vocab_size, padded_vocab_size=config.padded_vocab_size,
+        n_layer=config.n_layer, n_head=config.n_head, n_embd=config.n_embd, device="cuda")
+    return GPT2.__new__(GPT2)._adopt(core, config, "cuda", precision)
 
 
 def emulated_copy(emu_module, ref, precision):

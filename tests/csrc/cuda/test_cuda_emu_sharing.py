@@ -17,13 +17,10 @@ CONFIG = GPT2Config(block_size=CFG["max_seq_len"], vocab_size=CFG["vocab_size"],
 
 def emulated(emu_module, training):
     """A GPT2 whose core is the emulated CUDA backend's fp32 model (the wrapper as for device='cuda')."""
-    m = GPT2.__new__(GPT2)
-    m.config, m.device, m.precision, m.training, m.deterministic = CONFIG, "cuda", "fp32", training, True
-    m._m = emu_module.Model(**CFG, device="cuda", training=training)
-    init_params(m._m, 5)
-    m._m.params_changed()
-    m.params, m.grads, m._has_grads, m.step_count = m._m.params(), m._m.grads(), False, 0
-    return m
+    core = emu_module.Model(**CFG, device="cuda", training=training)
+    init_params(core, 5)
+    core.params_changed()
+    return GPT2.__new__(GPT2)._adopt(core, CONFIG, "cuda", "fp32", training)
 
 
 def test_threads_and_streams_share_an_emulated_cuda_model(emu):  # noqa: F811
