@@ -148,12 +148,91 @@ def convert(model, key: str, types, converter: Path, version: str, root: Path | 
                    "--model-name", f"gpt2core-{key}"]
             t0 = time.perf_counter()
             p = subprocess.run(cmd, capture_output=True, text=True)
-            if p.returncode != 0 or not part.is_file():
+            how = "llama.cpp's converter"
+            if p.returncode != 0 and "No module named 'torch'" in (p.stderr or ""):
+                # the converter reads checkpoints through torch; without it, its GGUF library writes the file
+                write_gguf(model, part, t, Path(converter).parent / "gguf-py")
+                how = "llama.cpp's gguf-py (its converter needs torch, not installed)"
+            elif p.returncode != 0 or not part.is_file():
                 tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-5:])
                 raise RuntimeError(f"llama.cpp's converter failed for --outtype {t} ({converter}):\n{tail}")
             part.rename(paths[t])
-            log(f"converted to GGUF {t.upper()} in {time.perf_counter() - t0:.0f} s: {paths[t]}")
+            log(f"converted to GGUF {t.upper()} by {how} in {time.perf_counter() - t0:.0f} s: {paths[t]}")
     return paths
+
+
+def write_gguf(model, path, outtype: str, gguf_py) -> Path:
+    """`model` as a GGUF file of llama.cpp's gpt2 architecture, written with llama.cpp's own GGUF library (gguf-py,
+    the `gguf_py` folder: the copy unpacked beside the converter, so file and reader are of one version). What
+    convert_hf_to_gguf.py writes for GPT-2 (conversion/gpt2.py), without the torch it needs to read a Hugging Face
+    checkpoint: the same keys, tensor names and layouts (llm.c's matrices are already (out, in), what the converter
+    transposes Conv1D's into), the GPT-2 vocabulary and merges, and the converter's choice of types (q8_0: every
+    matrix but the position embedding; f16: every matrix; norms and biases f32). The tied head is left out:
+    llama.cpp uses token_embd for it, as for a converted GPT-2."""
+    import importlib
+    if str(gguf_py) not in sys.path:
+        sys.path.insert(0, str(gguf_py))
+    gguf = importlib.import_module("gguf")
+    from gpt2core import tokenizer
+    c = model.config
+    if (c.position, c.norm, c.activation, c.bias, c.tie_embeddings, c.qk_norm) != \
+            ("learned", "layernorm", "gelu", True, True, False):
+        raise ValueError("write_gguf: llama.cpp's gpt2 architecture is the 2019 GPT-2 (learned positions, "
+                         "LayerNorm, GELU, biases, tied head); this model's configuration is another")
+    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+             "q8_0": gguf.GGMLQuantizationType.Q8_0}[outtype]
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_name("gpt2core")
+    w.add_block_count(c.n_layer)
+    w.add_context_length(c.block_size)
+    w.add_embedding_length(c.n_embd)
+    w.add_feed_forward_length(4 * c.n_embd)
+    w.add_head_count(c.n_head)
+    w.add_layer_norm_eps(1e-5)
+    w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[outtype])
+    enc = json.loads((tokenizer.ASSETS / "encoder.json").read_text(encoding="utf-8"))
+    tokens = [t for t, _ in sorted(enc.items(), key=lambda kv: kv[1])][:c.vocab_size]
+    merges = [ln for ln in (tokenizer.ASSETS / "vocab.bpe").read_text(encoding="utf-8").splitlines()[1:] if ln]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL if t == "<|endoftext|>" else gguf.TokenType.NORMAL for t in tokens])
+    w.add_token_merges(merges)
+    eot = enc["<|endoftext|>"]
+    w.add_bos_token_id(eot)
+    w.add_eos_token_id(eot)
+    P = {k: np.asarray(v, dtype=np.float32) for k, v in model.params.items()}
+
+    def add(name, a, matrix=False):
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        t = qtype if matrix else gguf.GGMLQuantizationType.F32
+        if t == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, a)
+        elif t == gguf.GGMLQuantizationType.F16:
+            w.add_tensor(name, a.astype(np.float16))
+        else:
+            try:
+                w.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
+            except gguf.QuantError:  # a row not a multiple of the block (32): f16, as the converter falls back
+                w.add_tensor(name, a.astype(np.float16))
+
+    add("token_embd.weight", P["wte"][:c.vocab_size], matrix=True)
+    add("position_embd.weight", P["wpe"], matrix=outtype == "f16")  # q8_0 keeps positions in f32 (converter)
+    layer = {"attn_norm.weight": "ln1w", "attn_norm.bias": "ln1b", "attn_qkv.weight": "qkvw", "attn_qkv.bias": "qkvb",
+             "attn_output.weight": "attprojw", "attn_output.bias": "attprojb", "ffn_norm.weight": "ln2w",
+             "ffn_norm.bias": "ln2b", "ffn_up.weight": "fcw", "ffn_up.bias": "fcb", "ffn_down.weight": "fcprojw",
+             "ffn_down.bias": "fcprojb"}
+    for i in range(c.n_layer):
+        for name, ours in layer.items():
+            add(f"blk.{i}.{name}", P[ours][i], matrix=P[ours][i].ndim == 2)
+    add("output_norm.weight", P["lnfw"])
+    add("output_norm.bias", P["lnfb"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
 
 
 def time_llamacpp(path, prompt, new: int, threads: int, warmup: bool = True):

@@ -144,3 +144,59 @@ def test_generate_bench_runs_and_prints_a_row_per_case():
     assert all(float(ms) > 0 and float(tps) > 0 for *_, ms, tps in rows), p.stdout
     assert re.search(r"^fp32: batch 2 / batch 1 tokens/s at prompt 5: [0-9.]+x$", p.stdout, re.M), p.stdout
     assert "Hugging Face" in p.stdout and "llama.cpp" in p.stdout   # measured, or why not
+
+
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+def test_gguf_written_without_torch_holds_the_model_as_llama_cpp_reads_it(tmp_path, outtype):
+    """bench_llamacpp.write_gguf (llama.cpp's converter needs torch): read back with llama.cpp's own GGUF reader,
+    every tensor is the model's under the gpt2 architecture's name and layout (f32 exact, q8_0 within its
+    rounding: half a step of each 32-value block's scale), the hyperparameters and the GPT-2 vocabulary with its
+    merges are those of the model, and q8_0 keeps what the converter keeps in f32 (positions, norms, biases)."""
+    gguf = pytest.importorskip("gguf")
+    cfg = GPT2Config(block_size=32, vocab_size=50257, padded_vocab_size=50304, n_layer=2, n_head=2, n_embd=64)
+    m = GPT2(cfg, seed=3, training=False)
+    rng = np.random.default_rng(0)
+    for k in ("ln1b", "lnfw", "qkvb"):  # not the init's constants: a swapped bias or gain must show
+        m.params[k][...] = rng.standard_normal(m.params[k].shape).astype(np.float32)
+    m.params_changed()
+    path = lc.write_gguf(m, tmp_path / "m.gguf", outtype, Path(gguf.__file__).resolve().parents[1])
+    r = gguf.GGUFReader(str(path))
+    field = lambda name: r.fields[name].contents()  # noqa: E731
+    assert field("general.architecture") == "gpt2"
+    assert (field("gpt2.block_count"), field("gpt2.context_length"), field("gpt2.embedding_length"),
+            field("gpt2.feed_forward_length"), field("gpt2.attention.head_count")) == (2, 32, 64, 256, 2)
+    tokens = field("tokenizer.ggml.tokens")
+    assert len(tokens) == 50257 and tokens[50256] == "<|endoftext|>" and tokens[198] == "Ċ"  # "\n", byte-level
+    merges = field("tokenizer.ggml.merges")
+    assert len(merges) == 50000 and merges[0] == "Ġ t"
+    assert field("tokenizer.ggml.eos_token_id") == 50256 and field("tokenizer.ggml.model") == "gpt2"
+    t = {x.name: x for x in r.tensors}
+    assert "output.weight" not in t and len(t) == 2 + 12 * 2 + 2  # the tied head: llama.cpp reuses token_embd
+
+    def read(name):
+        x = t[name]
+        if x.tensor_type == gguf.GGMLQuantizationType.Q8_0:
+            return gguf.quants.dequantize(x.data, x.tensor_type), x
+        return np.asarray(x.data, dtype=np.float32), x
+
+    ours = {"token_embd.weight": m.params["wte"][:50257], "position_embd.weight": m.params["wpe"],
+            "output_norm.weight": m.params["lnfw"], "output_norm.bias": m.params["lnfb"]}
+    names = {"attn_norm.weight": "ln1w", "attn_norm.bias": "ln1b", "attn_qkv.weight": "qkvw",
+             "attn_qkv.bias": "qkvb", "attn_output.weight": "attprojw", "attn_output.bias": "attprojb",
+             "ffn_norm.weight": "ln2w", "ffn_norm.bias": "ln2b", "ffn_up.weight": "fcw", "ffn_up.bias": "fcb",
+             "ffn_down.weight": "fcprojw", "ffn_down.bias": "fcprojb"}
+    for i in range(2):
+        ours.update({f"blk.{i}.{g}": m.params[o][i] for g, o in names.items()})
+    for name, want in ours.items():
+        got, x = read(name)
+        want = np.asarray(want, dtype=np.float32)
+        assert tuple(reversed([int(d) for d in x.shape])) == want.shape, name  # ggml lists ne0 (the row) first
+        quantized = outtype == "q8_0" and want.ndim == 2 and name != "position_embd.weight"
+        assert x.tensor_type == (gguf.GGMLQuantizationType.Q8_0 if quantized else gguf.GGMLQuantizationType.F32), name
+        got = got.reshape(want.shape)
+        if quantized:
+            step = np.abs(want.reshape(-1, 32)).max(axis=1, keepdims=True) / 127
+            # half a step, plus the scale stored in fp16 (2**-11 relative) times up to 127 steps
+            assert np.all(np.abs(got - want).reshape(-1, 32) <= step * (0.5 + 127 * 2.0**-11) + 1e-12), name
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=name)
