@@ -75,6 +75,7 @@ log = logging.getLogger("gpt2core.serve")
 MAX_BODY = 1 << 20        # bytes of a request body
 MAX_DEPTH = 32            # nesting of JSON arrays / objects in a body (a request needs 3)
 BODY_TIMEOUT = 30.0       # seconds a client has to send the whole body once its headers are in
+DRAIN_MAX = 16 << 20      # bytes of a refused (too large) body read and dropped so that the client reads the 413
 MAX_STOP = 4              # stop strings per request (OpenAI's limit)
 SEED_MAX = 2**63 - 1
 
@@ -167,30 +168,43 @@ class ClientGone(Exception):
 
 
 async def read_body(request, limit: int = MAX_BODY, timeout: float = BODY_TIMEOUT) -> bytes:
-    """The request's body, read with the limits enforced WHILE reading: a Content-Length over `limit` is refused
-    before a byte of the body is read, and a body without one (chunked) is counted chunk by chunk and refused as
-    soon as it passes `limit` (APIError 413); a body that is not all in within `timeout` seconds gets 408. A client
-    that disconnects meanwhile raises ClientGone (nobody is left to answer)."""
+    """The request's body, read with the limits enforced WHILE reading: nothing over `limit` is kept (APIError 413,
+    decided from a Content-Length over it before a byte is kept, or, chunked, as soon as the count passes it); a
+    body that is not all in within `timeout` seconds gets 408. A client that disconnects meanwhile raises ClientGone
+    (nobody is left to answer).
+
+    A refused body whose Content-Length is at most DRAIN_MAX bytes is still read to its end (within the same
+    timeout) and dropped before the 413 goes out: a server that answers and closes while the client is still
+    sending makes the kernel reset the connection, and the client sees "connection reset" instead of the 413
+    (nginx's lingering close, for the same reason). A larger one, or a chunked one, is answered at once."""
     from starlette.requests import ClientDisconnect
     length = request.headers.get("content-length")
-    if length is not None:
-        if not length.strip().isdigit():
-            raise _bad(f"Content-Length must be a number of bytes, got {length!r}", None, "invalid_request")
-        if int(length) > limit:
-            raise _too_large(f"{int(length)}")
+    if length is not None and not length.strip().isdigit():
+        raise _bad(f"Content-Length must be a number of bytes, got {length!r}", None, "invalid_request")
+    refused = None
+    if length is not None and int(length) > limit:
+        refused = _too_large(f"{int(length)}")
+        if int(length) > DRAIN_MAX:
+            raise refused
 
     async def collect() -> bytes:
         parts, n = [], 0
         async for chunk in request.stream():
+            if refused is not None:
+                continue  # drained and dropped (the Content-Length bounds it)
             n += len(chunk)
             if n > limit:
                 raise _too_large(f"more than {limit}")
             parts.append(chunk)
+        if refused is not None:
+            raise refused
         return b"".join(parts)
 
     try:
         return await asyncio.wait_for(collect(), timeout)
     except asyncio.TimeoutError:
+        if refused is not None:
+            raise refused from None
         raise APIError(408, f"the request body did not arrive within {timeout:g} s", None, "request_timeout") from None
     except ClientDisconnect:
         raise ClientGone() from None

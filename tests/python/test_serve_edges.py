@@ -111,6 +111,22 @@ def test_chunked_body_is_counted_and_cut_at_the_limit(edge_server):
         assert json.loads(body)["error"]["code"] == "request_too_large"
 
 
+def test_a_body_a_little_over_the_limit_is_read_and_then_refused(edge_server):
+    """Content-Length 2 MiB (over MAX_BODY, under serve.DRAIN_MAX), sent in pieces as a slow client does, the answer
+    read only once all is sent (as HTTP clients do): the server drains the body and then answers 413. Answering at
+    once and closing would reset the connection under the client's next piece (closing with unread data sends RST),
+    and the client would see "connection reset" instead of the 413."""
+    body = b'{"prompt": "' + b"x" * (2 << 20) + b'"}'
+    with connect(edge_server) as s:
+        s.sendall(HEAD + b"Content-Length: %d\r\n\r\n" % len(body))
+        step = len(body) // 8 + 1
+        for at in range(0, len(body), step):
+            time.sleep(0.1)
+            s.sendall(body[at:at + step])
+        status, headers, answer = read_response(s)
+        assert status == 413 and json.loads(answer)["error"]["code"] == "request_too_large"
+
+
 def test_a_body_that_never_arrives_times_out(edge_server):
     with connect(edge_server) as s:
         t0 = time.monotonic()
@@ -186,3 +202,4 @@ def test_sigint_during_a_stream_ends_it_and_exits_0(model_file):  # noqa: F811
 def test_sigterm_during_a_stream_ends_it_and_exits_0(edge_server):
     """The last test of the module: it stops the module's server (the fixture then checks its exit and output)."""
     signal_during_a_stream(edge_server, signal.SIGTERM)
+
