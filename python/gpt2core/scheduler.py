@@ -53,6 +53,55 @@ SHUTDOWN = "the server is shutting down"
 _GOLDEN = 0x9E3779B97F4A7C15
 
 
+# ------------------------------------------------------------------------------------------------ the model thread
+class ModelThread:
+    """One daemon thread that runs what it is given, in order: gpt2core-serve loads the model, reserves the KV cache
+    and runs the scheduler's loop in it, so that ONE thread makes every OpenMP call of the process.
+
+    Why: GNU OpenMP keeps a pool of worker threads per thread that has started a parallel region. Once two threads
+    have pools (the main thread loaded the model, the scheduler's thread decodes), the process holds more OpenMP
+    threads than cores, and libgomp stops letting its idle workers spin before they sleep; every small parallel
+    region of a decode step then waits for its workers to wake. Measured on 2 cores, d12, one decode step: 16.7 ms
+    (fp32) and 6.5 ms (int8) from the thread that loaded the model, 34 ms and 25 ms from another thread, 21.6 ms and
+    8.4 ms when that other thread did everything (the bench's serve numbers in the issue note)."""
+
+    def __init__(self, name: str = "gpt2core-serve-model"):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fn, future = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+                    future.set_exception(e)
+
+    def submit(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) in the thread, after what was submitted before: a concurrent.futures.Future."""
+        import concurrent.futures
+        import functools
+        future = concurrent.futures.Future()
+        self._q.put((functools.partial(fn, *args, **kwargs), future))
+        return future
+
+    def call(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) in the thread; its result here (or its exception raised here)."""
+        return self.submit(fn, *args, **kwargs).result()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self) -> None:
+        """The thread ends once what was submitted has run."""
+        self._q.put(None)
+
+
 # ------------------------------------------------------------------------------------------------ the engine
 class SlotEngine:
     """The core's KV-cache slot API for the scheduler: `slots` sequences of up to `max_len` tokens, reserved once.
@@ -244,7 +293,9 @@ class Scheduler:
     calls (serve.Metrics)."""
 
     def __init__(self, engine: SlotEngine, max_batch: int = 8, prefill_chunk: int = 256, threads: int | None = None,
-                 metrics=None):
+                 metrics=None, model_thread: ModelThread | None = None):
+        """model_thread: run the loop there (the thread that loaded the model and made the engine: see
+        ModelThread); None: a thread of its own."""
         self.engine = engine
         self.max_batch = max_batch
         self.chunk = prefill_chunk
@@ -258,11 +309,28 @@ class Scheduler:
         self._free = list(range(max_batch))
         self._running: list[_Seq] = []                           # admission order
         self._closing = False
-        self._thread = threading.Thread(target=self._run, name="gpt2core-serve-model", daemon=True)
+        self._model_thread = model_thread
+        self._loop = None  # the loop's Future in model_thread
+        self._thread = None if model_thread else threading.Thread(target=self._run, name="gpt2core-serve-model",
+                                                                  daemon=True)
 
     # ---- the HTTP side's calls
     def start(self) -> None:
-        self._thread.start()
+        if self._model_thread is not None:
+            self._loop = self._model_thread.submit(self._run)
+        else:
+            self._thread.start()
+
+    def _join(self, timeout: float) -> bool:
+        """Wait up to timeout seconds for the loop to end; True if it has."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        import concurrent.futures
+        if self._loop is None:
+            return True
+        concurrent.futures.wait([self._loop], timeout)
+        return self._loop.done()
 
     def stop(self) -> None:
         """Shutting down (SIGINT / SIGTERM): the model thread leaves its loop at the next iteration, answering every
@@ -272,8 +340,7 @@ class Scheduler:
     def close(self) -> None:
         self._closing = True
         self._q.put(None)
-        self._thread.join(30)
-        if not self._thread.is_alive():
+        if self._join(30):
             self._refuse_all()  # anything submitted while the thread was leaving
 
     def submit(self, job: Job) -> None:

@@ -68,7 +68,7 @@ import numpy as np
 
 from . import chat, cli, tokenizer
 from .errors import ArgError, Error
-from .scheduler import Job, Scheduler, SeqParams, SlotEngine, TextStream  # noqa: F401  (TextStream: tests, chat)
+from .scheduler import Job, ModelThread, Scheduler, SeqParams, SlotEngine, TextStream  # noqa: F401  (TextStream: tests, chat)
 
 PAGE = Path(__file__).resolve().parent / "assets" / "serve.html"
 log = logging.getLogger("gpt2core.serve")
@@ -550,14 +550,15 @@ def event_error(ev) -> APIError:
 def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_chunk: int = 256,
                threads: int | None = None, on_ready=None, max_queue: int = 64, request_timeout: float | None = None,
                max_tokens_cap: int | None = None, api_keys=(), cors_origin: str | None = None,
-               metrics: bool = False, body_timeout: float = BODY_TIMEOUT):
+               metrics: bool = False, body_timeout: float = BODY_TIMEOUT, model_thread=None):
     """The Starlette app over `model` (a GPT2). threads: OpenMP threads of the model thread (None: OpenMP's
     default). on_ready(): called once the worker thread is running. max_batch: KV-cache slots; prefill_chunk:
     prompt tokens per prefill call; max_queue: requests waiting for a slot beyond which a request gets 429;
     request_timeout: seconds after which a request ends (None: never); max_tokens_cap: the largest max_tokens;
     api_keys: the keys one of which every route but /health and / needs (none: open); cors_origin: the one origin
     browsers may call from (None: CORS off); metrics: serve GET /metrics; body_timeout: seconds a client has to
-    send its request body (408 after)."""
+    send its request body (408 after); model_thread: a scheduler.ModelThread that loaded the model, where the
+    KV cache is reserved and the model loop runs (None: the loop gets a thread of its own)."""
     try:
         from starlette.applications import Starlette
         from starlette.concurrency import run_in_threadpool
@@ -572,8 +573,10 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
     if check_vocab(model.config.vocab_size):
         raise ValueError(f"the model: {check_vocab(model.config.vocab_size)}")
     block_size, vocab_size = model.config.block_size, model.config.vocab_size
-    engine = SlotEngine(model, max_batch, block_size)
-    sched = Scheduler(engine, max_batch=max_batch, prefill_chunk=prefill_chunk, threads=threads)
+    engine = (model_thread.call(SlotEngine, model, max_batch, block_size) if model_thread
+              else SlotEngine(model, max_batch, block_size))
+    sched = Scheduler(engine, max_batch=max_batch, prefill_chunk=prefill_chunk, threads=threads,
+                      model_thread=model_thread)
     mx = Metrics(sched, max_batch) if metrics else None
     sched.metrics = mx
     tokenizer.get_encoding()  # build the BPE tables now, not in the first request
@@ -852,7 +855,17 @@ def main(argv=None) -> int:
     if not keys and not is_loopback(sock.getsockname()[0]):
         print(f"gpt2core-serve: warning: listening on {args.host} without an API key: anyone who reaches the port "
               f"can generate (--api-key-file or {API_KEY_ENV})", file=sys.stderr, flush=True)
-    model = load_model(args.model, training=False, device=args.device, inference_weights=args.weights)
+    # one thread loads the model, reserves its KV cache and runs the model loop: every OpenMP call in one thread
+    # (scheduler.ModelThread says why)
+    model_thread = ModelThread()
+
+    def load():
+        if args.threads is not None:
+            from . import _C
+            _C.set_num_threads(args.threads)
+        return load_model(args.model, training=False, device=args.device, inference_weights=args.weights)
+
+    model = model_thread.call(load)
     if check_vocab(model.config.vocab_size):
         raise ArgError(f"--model {args.model}: {check_vocab(model.config.vocab_size)}")
     host, port = sock.getsockname()[:2]
@@ -868,7 +881,7 @@ def main(argv=None) -> int:
                      prefill_chunk=args.prefill_chunk, threads=args.threads, on_ready=ready,
                      max_queue=args.max_queue, request_timeout=args.request_timeout,
                      max_tokens_cap=args.max_tokens_cap, api_keys=keys, cors_origin=args.cors_origin,
-                     metrics=args.metrics, body_timeout=args.body_timeout)
+                     metrics=args.metrics, body_timeout=args.body_timeout, model_thread=model_thread)
     server = graceful_server(app, app.state.scheduler, log_level="warning", timeout_graceful_shutdown=5)
     server.run(sockets=[sock])
     return 0
