@@ -5,7 +5,7 @@ same weights side by side when --llama-server PATH is given (one server after th
         --clients 1 4 8 16 --llama-server ~/llama.cpp/build/bin/llama-server
 
 Per server and weights: for each number of clients N, N clients each send one streamed request at the same moment
-(the same prompt of --serve-prompt tokens, --new-tokens new tokens, greedy); reported: generated tokens/s over the
+(a prompt of --serve-prompt tokens, --new-tokens new tokens, greedy); reported: generated tokens/s over the
 wall time of the round, and time to first token (the first SSE chunk that carries text) p50 / p95 over the N
 requests. Then the head-of-line case: one request for 400 tokens, and 1 s later 4 short ones (8 tokens); reported:
 the short ones' time to first token p50 / p95 and its ratio to an idle server's (1 client) p50, and when the long
@@ -17,6 +17,9 @@ converter (bench_llamacpp.py: F32 beside fp32, Q8_0 beside int8; it needs llama-
 --generate), -np = the largest client count, continuous batching, the same threads. llama-server itself is built
 from the llama.cpp sources llama-cpp-python's sdist vendors (vendor/llama.cpp):
     cmake -S vendor/llama.cpp -B build -DLLAMA_CURL=OFF -DGGML_NATIVE=ON && cmake --build build --target llama-server
+Every request has a prompt of its own (the next --serve-prompt tokens of tiny Shakespeare; each server gets the same
+sequence of prompts): llama-server keeps a slot's KV cache and reuses the longest common prefix of the next prompt
+(`cache_prompt`, on by default), so a repeated prompt would time one token of prefill there and all of it here.
 Figures are wall-clock on whatever else the machine runs: on a shared machine compare ratios from one run.
 """
 from __future__ import annotations
@@ -111,22 +114,36 @@ def run_round(url: str, bodies: list[dict], delays: list[float] | None = None) -
     return outs, time.monotonic() - t0
 
 
-def measure(url: str, prompt: list[int], clients: list[int], new: int, block: int, log=print) -> dict:
-    body = dict(prompt=prompt, max_tokens=new, temperature=0)
-    run_round(url, [body])  # warm-up
+class Prompts:
+    """Prompts of P tokens, each one new: consecutive slices of a long token list (wrapping around)."""
+
+    def __init__(self, tokens: list[int], P: int):
+        self.tokens, self.P, self.at = tokens, P, 0
+
+    def next(self) -> list[int]:
+        if self.at + self.P > len(self.tokens):
+            self.at = 0
+        self.at += self.P
+        return self.tokens[self.at - self.P:self.at]
+
+
+def measure(url: str, prompts: Prompts, clients: list[int], new: int, block: int, log=print) -> dict:
+    body = lambda: dict(prompt=prompts.next(), max_tokens=new, temperature=0)  # noqa: E731
+    run_round(url, [body()])  # warm-up
     res = {"clients": {}}
     for n in clients:
-        outs, wall = run_round(url, [body] * n)
+        outs, wall = run_round(url, [body() for _ in range(n)])
         ttft = [o["ttft"] for o in outs if "ttft" in o]
         res["clients"][n] = {"tok_s": sum(o["tokens"] for o in outs) / wall, "ttft_p50": float(np.median(ttft)),
                              "ttft_p95": float(np.percentile(ttft, 95))}
         log(f"    {n:>2} clients: {res['clients'][n]['tok_s']:7.1f} tok/s, first token p50 "
             f"{1e3 * res['clients'][n]['ttft_p50']:6.0f} ms, p95 {1e3 * res['clients'][n]['ttft_p95']:6.0f} ms")
-    long = dict(prompt=prompt, max_tokens=min(HOL_LONG, block - len(prompt)), temperature=0)
-    short = dict(prompt=prompt, max_tokens=HOL_SHORT, temperature=0)
-    outs, _ = run_round(url, [long] + [short] * HOL_N, [0.0] + [HOL_DELAY] * HOL_N)
+    P = prompts.P
+    long = dict(prompt=prompts.next(), max_tokens=min(HOL_LONG, block - P), temperature=0)
+    shorts = [dict(prompt=prompts.next(), max_tokens=HOL_SHORT, temperature=0) for _ in range(HOL_N)]
+    outs, _ = run_round(url, [long] + shorts, [0.0] + [HOL_DELAY] * HOL_N)
     sh = [o["ttft"] for o in outs[1:]]
-    idle = res["clients"].get(1, {}).get("ttft_p50") or run_round(url, [body])[0][0]["ttft"]
+    idle = res["clients"].get(1, {}).get("ttft_p50") or run_round(url, [body()])[0][0]["ttft"]
     res["hol"] = {"short_ttft_p50": float(np.median(sh)), "short_ttft_p95": float(np.percentile(sh, 95)),
                   "idle_ttft": idle, "long_s": outs[0]["end"] - outs[0]["start"],
                   "shorts_done_first": all(o["end"] < outs[0]["end"] for o in outs[1:])}
@@ -202,9 +219,8 @@ def serve_bench(args) -> dict:
     clients = sorted(set(args.clients))
     slots = max(clients + [HOL_N + 1])
     model = load_model(args.load) if args.load else GPT2(get_preset(args.preset), seed=0, training=False)
-    text = ("The history of the region is long and full of changes, from the first settlers to the cities of "
-            "today. ") * 20
-    prompt = tokenizer.encode(text)[:args.serve_prompt]
+    text = (tokenizer.ASSETS / "tinyshakespeare.txt").read_text(encoding="utf-8")[:200_000]
+    tokens = tokenizer.encode(text)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         model_file = args.load or str(model.save(Path(tmp) / "model.bin"))
@@ -212,7 +228,8 @@ def serve_bench(args) -> dict:
             print(f"gpt2core-serve, {w} weights, {threads} threads, {slots} slots:", flush=True)
             proc, url = start_gpt2core(model_file, w, threads, slots)
             try:
-                results[f"gpt2core {w}"] = measure(url, prompt, clients, args.new_tokens, model.config.block_size)
+                results[f"gpt2core {w}"] = measure(url, Prompts(tokens, args.serve_prompt), clients, args.new_tokens,
+                                                    model.config.block_size)
             finally:
                 stop(proc)
         if args.llama_server:
@@ -233,7 +250,8 @@ def serve_bench(args) -> dict:
                 print(f"llama-server {t.upper()}, {threads} threads, -np {slots}:", flush=True)
                 proc, url = start_llama(args.llama_server, p, threads, slots, model.config.block_size)
                 try:
-                    results[f"llama-server {t.upper()}"] = measure(url, prompt, clients, args.new_tokens, model.config.block_size)
+                    results[f"llama-server {t.upper()}"] = measure(url, Prompts(tokens, args.serve_prompt), clients, args.new_tokens,
+                                                    model.config.block_size)
                 finally:
                     stop(proc)
     print(format_table(results, clients))
