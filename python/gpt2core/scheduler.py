@@ -36,6 +36,8 @@ goes in alone, so the first generated token is sampled as for any other sequence
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import functools
 import logging
 import math
 import queue
@@ -84,8 +86,6 @@ class ModelThread:
 
     def submit(self, fn, *args, **kwargs):
         """fn(*args, **kwargs) in the thread, after what was submitted before: a concurrent.futures.Future."""
-        import concurrent.futures
-        import functools
         future = concurrent.futures.Future()
         self._q.put((functools.partial(fn, *args, **kwargs), future))
         return future
@@ -295,7 +295,7 @@ class Scheduler:
     def __init__(self, engine: SlotEngine, max_batch: int = 8, prefill_chunk: int = 256, threads: int | None = None,
                  metrics=None, model_thread: ModelThread | None = None):
         """model_thread: run the loop there (the thread that loaded the model and made the engine: see
-        ModelThread); None: a thread of its own."""
+        ModelThread); None: a ModelThread of its own, made by start() and ended by close()."""
         self.engine = engine
         self.max_batch = max_batch
         self.chunk = prefill_chunk
@@ -310,27 +310,14 @@ class Scheduler:
         self._running: list[_Seq] = []                           # admission order
         self._closing = False
         self._model_thread = model_thread
-        self._loop = None  # the loop's Future in model_thread
-        self._thread = None if model_thread else threading.Thread(target=self._run, name="gpt2core-serve-model",
-                                                                  daemon=True)
+        self._own_thread = model_thread is None  # start() makes it, close() ends it
+        self._loop = None  # the loop's Future in the model thread
 
     # ---- the HTTP side's calls
     def start(self) -> None:
-        if self._model_thread is not None:
-            self._loop = self._model_thread.submit(self._run)
-        else:
-            self._thread.start()
-
-    def _join(self, timeout: float) -> bool:
-        """Wait up to timeout seconds for the loop to end; True if it has."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-            return not self._thread.is_alive()
-        import concurrent.futures
-        if self._loop is None:
-            return True
-        concurrent.futures.wait([self._loop], timeout)
-        return self._loop.done()
+        if self._model_thread is None:
+            self._model_thread = ModelThread()
+        self._loop = self._model_thread.submit(self._run)
 
     def stop(self) -> None:
         """Shutting down (SIGINT / SIGTERM): the model thread leaves its loop at the next iteration, answering every
@@ -340,8 +327,12 @@ class Scheduler:
     def close(self) -> None:
         self._closing = True
         self._q.put(None)
-        if self._join(30):
+        if self._loop is not None:
+            concurrent.futures.wait([self._loop], 30)
+        if self._loop is None or self._loop.done():
             self._refuse_all()  # anything submitted while the thread was leaving
+            if self._own_thread and self._model_thread is not None:
+                self._model_thread.close()
 
     def submit(self, job: Job) -> None:
         if self._closing:

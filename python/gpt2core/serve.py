@@ -181,11 +181,10 @@ async def read_body(request, limit: int = MAX_BODY, timeout: float = BODY_TIMEOU
     length = request.headers.get("content-length")
     if length is not None and not length.strip().isdigit():
         raise _bad(f"Content-Length must be a number of bytes, got {length!r}", None, "invalid_request")
-    refused = None
-    if length is not None and int(length) > limit:
-        refused = _too_large(f"{int(length)}")
-        if int(length) > DRAIN_MAX:
-            raise refused
+    size = None if length is None else int(length)
+    refused = _too_large(f"{size}") if size is not None and size > limit else None
+    if refused is not None and size > DRAIN_MAX:
+        raise refused
 
     async def collect() -> bytes:
         parts, n = [], 0
