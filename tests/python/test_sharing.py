@@ -138,6 +138,30 @@ def test_gradients_in_one_thread_while_others_generate():
             np.testing.assert_array_equal(g[k], want[k], err_msg=k)
 
 
+def interleave_streams(m, specs, rng, first, join, between):
+    """Streams of `m` for specs [(prompt, max_new_tokens, seed)], the first `first` made at once, advanced one step
+    at a time in a random order (rng); the next spec's stream joins when join(steps so far) says so, or when no
+    stream is left to advance; between() runs after each step (other calls on the model). The steps each stream
+    yielded, per spec."""
+    streams = [m.generate(p, n, seed=s, stream=True) for p, n, s in specs[:first]]
+    got = [[] for _ in specs]
+    pending = list(range(len(streams)))
+    while pending or len(streams) < len(specs):
+        if len(streams) < len(specs) and (not pending or join(got)):  # a new stream joins mid-way
+            p, n, s = specs[len(streams)]
+            streams.append(m.generate(p, n, seed=s, stream=True))
+            pending.append(len(streams) - 1)
+            continue
+        i = pending[int(rng.integers(len(pending)))]
+        step = next(streams[i], None)
+        if step is None:
+            pending.remove(i)
+        else:
+            got[i].append(step)
+        between()
+    return got
+
+
 @pytest.mark.parametrize("weights", ["fp32", "bf16", "fp16", "int8"])
 @pytest.mark.parametrize("n_streams", [2, 8])
 def test_live_streams_advanced_in_random_order_equal_their_solo_runs(weights, n_streams):
@@ -153,24 +177,12 @@ def test_live_streams_advanced_in_random_order_equal_their_solo_runs(weights, n_
     m = tiny(training=False, weights=weights)
     solo = [np.stack(list(m.generate(p, n, seed=s, stream=True))) for p, n, s in specs]
     m2 = tiny(training=False, weights=weights)
-    streams = [m2.generate(p, n, seed=s, stream=True) for p, n, s in specs[: n_streams // 2]]
-    got = [[] for _ in specs]
-    pending = list(range(len(streams)))
-    while pending or len(streams) < n_streams:
-        if len(streams) < n_streams and (not pending or rng.random() < 0.3):  # a new stream joins mid-way
-            p, n, s = specs[len(streams)]
-            streams.append(m2.generate(p, n, seed=s, stream=True))
-            pending.append(len(streams) - 1)
-            continue
-        i = pending[int(rng.integers(len(pending)))]
-        step = next(streams[i], None)
-        if step is None:
-            pending.remove(i)
-        else:
-            got[i].append(step)
-        if rng.random() < 0.2:  # other calls on the model between the streams' steps
+
+    def between():  # other calls on the model between the streams' steps
+        if rng.random() < 0.2:
             m2.generate(rng.integers(0, 97, (2, 4)), 3, seed=1)
             m2.forward(rng.integers(0, 97, (2, 6)))
+    got = interleave_streams(m2, specs, rng, n_streams // 2, lambda got: rng.random() < 0.3, between)
     for i, (g, w) in enumerate(zip(got, solo)):
         np.testing.assert_array_equal(np.stack(g), w, err_msg=f"stream {i}")
 

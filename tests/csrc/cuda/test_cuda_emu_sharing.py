@@ -8,7 +8,7 @@ import numpy as np
 
 from gpt2core import GPT2, GPT2Config
 from test_cuda_emu import CFG, emu, init_params  # noqa: F401  (emu: fixture)
-from test_sharing import hammer, run_call  # the CPU test's calls and threads, here over the emulated core
+from test_sharing import hammer, interleave_streams, run_call  # the CPU test's calls, threads and stream order
 
 CONFIG = GPT2Config(block_size=CFG["max_seq_len"], vocab_size=CFG["vocab_size"],
                     padded_vocab_size=CFG["padded_vocab_size"], n_layer=CFG["n_layer"], n_head=CFG["n_head"],
@@ -46,19 +46,11 @@ def test_threads_and_streams_share_an_emulated_cuda_model(emu):  # noqa: F811
     alone = emulated(emu, False)
     solo = [np.stack(list(alone.generate(p, n, seed=s, stream=True))) for p, n, s in specs]
     m = emulated(emu, False)
-    streams = [m.generate(p, n, seed=s, stream=True) for p, n, s in specs[:2]]
-    got, live = [[] for _ in specs], [0, 1]
-    while live:
-        if len(streams) < 3 and sum(map(len, got)) >= 3:  # the longest joins late: the cache grows under the others
-            streams.append(m.generate(*specs[2][:2], seed=specs[2][2], stream=True))
-            live.append(2)
-        i = live[int(rng.integers(len(live)))]
-        step = next(streams[i], None)
-        if step is None:
-            live.remove(i)
-        else:
-            got[i].append(step)
+
+    def between():  # a generate between steps
         if rng.random() < 0.3:
             m.generate(rng.integers(0, V, (1, 3)), 1)
+    # the longest joins late: the cache grows under the others
+    got = interleave_streams(m, specs, rng, 2, lambda got: sum(map(len, got)) >= 3, between)
     for g, w in zip(got, solo):
         np.testing.assert_array_equal(np.stack(g), w)
