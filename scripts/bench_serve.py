@@ -10,7 +10,8 @@ wall time of the round, and time to first token (the first SSE chunk that carrie
 requests. Then the head-of-line case: one request for 400 tokens, and 1 s later 4 short ones (8 tokens); reported:
 the short ones' time to first token p50 / p95, its ratio to an idle server's (1 client) p50 and to the p95 of the
 same 4 short requests (new prompts, same length) sent together to the idle server (what the long one adds: 4
-prompts cost 4 prefills whatever the scheduling), and when the long one finished. A round of 1 client runs first, untimed (warm-up).
+prompts cost 4 prefills whatever the scheduling), and when the long one finished. A round of 1 client runs first,
+untimed (warm-up).
 
 The gpt2core server gets the model as an llm.c file (saved from the preset's random weights or --load), --max-batch
 = the largest client count, --threads. llama-server gets the same weights converted to GGUF by llama.cpp's own
@@ -229,6 +230,9 @@ def serve_bench(args) -> dict:
     model = load_model(args.load) if args.load else GPT2(get_preset(args.preset), seed=0, training=False)
     text = (tokenizer.ASSETS / "tinyshakespeare.txt").read_text(encoding="utf-8")[:200_000]
     tokens = tokenizer.encode(text)
+
+    def run(url):  # every server gets the same sequence of prompts
+        return measure(url, Prompts(tokens, args.serve_prompt), clients, args.new_tokens, model.config.block_size)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         model_file = args.load or str(model.save(Path(tmp) / "model.bin"))
@@ -236,8 +240,7 @@ def serve_bench(args) -> dict:
             print(f"gpt2core-serve, {w} weights, {threads} threads, {slots} slots:", flush=True)
             proc, url = start_gpt2core(model_file, w, threads, slots)
             try:
-                results[f"gpt2core {w}"] = measure(url, Prompts(tokens, args.serve_prompt), clients, args.new_tokens,
-                                                    model.config.block_size)
+                results[f"gpt2core {w}"] = run(url)
             finally:
                 stop(proc)
         if args.llama_server:
@@ -258,8 +261,7 @@ def serve_bench(args) -> dict:
                 print(f"llama-server {t.upper()}, {threads} threads, -np {slots}:", flush=True)
                 proc, url = start_llama(args.llama_server, p, threads, slots, model.config.block_size)
                 try:
-                    results[f"llama-server {t.upper()}"] = measure(url, Prompts(tokens, args.serve_prompt), clients, args.new_tokens,
-                                                    model.config.block_size)
+                    results[f"llama-server {t.upper()}"] = run(url)
                 finally:
                     stop(proc)
     print(format_table(results, clients))

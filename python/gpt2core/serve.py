@@ -68,7 +68,8 @@ import numpy as np
 
 from . import chat, cli, tokenizer
 from .errors import ArgError, Error
-from .scheduler import Job, ModelThread, Scheduler, SeqParams, SlotEngine, TextStream  # noqa: F401  (TextStream: tests, chat)
+from .scheduler import (Job, ModelThread, Scheduler, SeqParams, SlotEngine,  # noqa: F401  (TextStream: tests, chat)
+                        TextStream)
 
 PAGE = Path(__file__).resolve().parent / "assets" / "serve.html"
 log = logging.getLogger("gpt2core.serve")
