@@ -14,7 +14,7 @@ pytest.importorskip("starlette", reason="gpt2core[serve] (starlette) is not inst
 pytest.importorskip("uvicorn", reason="gpt2core[serve] (uvicorn) is not installed")
 pytest.importorskip("httpx", reason="httpx (requirements-dev.txt) is not installed")
 
-from gpt2core.serve import MAX_BODY, MAX_DEPTH, json_depth  # noqa: E402
+from gpt2core.serve import DRAIN_MAX, MAX_BODY, MAX_DEPTH, json_depth  # noqa: E402
 from test_serve import LONG, Server, model_file  # noqa: E402,F401  (model_file: fixture)
 
 BODY_TIMEOUT = 1.5  # --body-timeout of the server under test (seconds)
@@ -126,6 +126,23 @@ def test_a_body_a_little_over_the_limit_is_read_and_then_refused(edge_server):
         status, headers, answer = read_response(s)
         assert status == 413 and json.loads(answer)["error"]["code"] == "request_too_large"
 
+
+
+@pytest.mark.parametrize("announced,drained", [(DRAIN_MAX, True), (DRAIN_MAX + 1, False)])
+def test_drain_max_is_the_last_announced_size_that_is_read_first(edge_server, announced, drained):
+    """At DRAIN_MAX the server waits for the body (here: 1 kB of it, then nothing) and answers 413 when the body
+    timeout ends the wait, not 408; one byte more is refused at once, before the timeout."""
+    with connect(edge_server) as s:
+        t0 = time.monotonic()
+        s.sendall(HEAD + b"Content-Length: %d\r\n\r\n" % announced + b"x" * 1000)
+        status, headers, body = read_response(s)
+        dt = time.monotonic() - t0
+        assert status == 413 and json.loads(body)["error"]["code"] == "request_too_large", (status, body)
+        assert str(announced) in json.loads(body)["error"]["message"]
+        if drained:
+            assert BODY_TIMEOUT * 0.9 <= dt < BODY_TIMEOUT + 10, dt
+        else:
+            assert dt < BODY_TIMEOUT * 0.9, dt
 
 def test_a_body_that_never_arrives_times_out(edge_server):
     with connect(edge_server) as s:

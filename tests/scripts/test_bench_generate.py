@@ -146,14 +146,16 @@ def test_generate_bench_runs_and_prints_a_row_per_case():
     assert "Hugging Face" in p.stdout and "llama.cpp" in p.stdout   # measured, or why not
 
 
-@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
-def test_gguf_written_without_torch_holds_the_model_as_llama_cpp_reads_it(tmp_path, outtype):
+@pytest.mark.parametrize("outtype,C", [("f32", 64), ("q8_0", 64), ("q8_0", 48)])
+def test_gguf_written_without_torch_holds_the_model_as_llama_cpp_reads_it(tmp_path, outtype, C):
     """bench_llamacpp.write_gguf (llama.cpp's converter needs torch): read back with llama.cpp's own GGUF reader,
     every tensor is the model's under the gpt2 architecture's name and layout (f32 exact, q8_0 within its
     rounding: half a step of each 32-value block's scale), the hyperparameters and the GPT-2 vocabulary with its
-    merges are those of the model, and q8_0 keeps what the converter keeps in f32 (positions, norms, biases)."""
+    merges are those of the model, and q8_0 keeps what the converter keeps in f32 (positions, norms, biases). C = 48:
+    a row of 48 is no multiple of q8_0's 32-value block, and those matrices fall back to f16 as in the converter,
+    while the MLP's down projection (rows of 4C = 192) is still q8_0."""
     gguf = pytest.importorskip("gguf")
-    cfg = GPT2Config(block_size=32, vocab_size=50257, padded_vocab_size=50304, n_layer=2, n_head=2, n_embd=64)
+    cfg = GPT2Config(block_size=32, vocab_size=50257, padded_vocab_size=50304, n_layer=2, n_head=2, n_embd=C)
     m = GPT2(cfg, seed=3, training=False)
     rng = np.random.default_rng(0)
     for k in ("ln1b", "lnfw", "qkvb"):  # not the init's constants: a swapped bias or gain must show
@@ -164,7 +166,7 @@ def test_gguf_written_without_torch_holds_the_model_as_llama_cpp_reads_it(tmp_pa
     field = lambda name: r.fields[name].contents()  # noqa: E731
     assert field("general.architecture") == "gpt2"
     assert (field("gpt2.block_count"), field("gpt2.context_length"), field("gpt2.embedding_length"),
-            field("gpt2.feed_forward_length"), field("gpt2.attention.head_count")) == (2, 32, 64, 256, 2)
+            field("gpt2.feed_forward_length"), field("gpt2.attention.head_count")) == (2, 32, C, 4 * C, 2)
     tokens = field("tokenizer.ggml.tokens")
     assert len(tokens) == 50257 and tokens[50256] == "<|endoftext|>" and tokens[198] == "Ċ"  # "\n", byte-level
     merges = field("tokenizer.ggml.merges")
@@ -191,10 +193,14 @@ def test_gguf_written_without_torch_holds_the_model_as_llama_cpp_reads_it(tmp_pa
         got, x = read(name)
         want = np.asarray(want, dtype=np.float32)
         assert tuple(reversed([int(d) for d in x.shape])) == want.shape, name  # ggml lists ne0 (the row) first
-        quantized = outtype == "q8_0" and want.ndim == 2 and name != "position_embd.weight"
-        assert x.tensor_type == (gguf.GGMLQuantizationType.Q8_0 if quantized else gguf.GGMLQuantizationType.F32), name
+        packed = outtype == "q8_0" and want.ndim == 2 and name != "position_embd.weight"
+        quantized = packed and want.shape[1] % 32 == 0
+        T = gguf.GGMLQuantizationType
+        assert x.tensor_type == (T.Q8_0 if quantized else T.F16 if packed else T.F32), name
         got = got.reshape(want.shape)
-        if quantized:
+        if packed and not quantized:
+            np.testing.assert_array_equal(got, want.astype(np.float16).astype(np.float32), err_msg=name)
+        elif quantized:
             step = np.abs(want.reshape(-1, 32)).max(axis=1, keepdims=True) / 127
             # half a step, plus the scale stored in fp16 (2**-11 relative) times up to 127 steps
             assert np.all(np.abs(got - want).reshape(-1, 32) <= step * (0.5 + 127 * 2.0**-11) + 1e-12), name
