@@ -195,6 +195,15 @@ py::dict named_views(GPT2Model<T>& m, gpt2::Master<T>* base, py::handle owner) {
   return out;
 }
 
+// ZeRO-2 (set_grad_shard) keeps a shard of the gradients: the full-buffer views refuse
+template <typename T>
+void require_full_grads(GPT2Model<T>& m, const char* what) {
+  if (m.grad_sharded())
+    throw py::value_error(std::string(what) + ": the gradients are sharded (ZeRO-2): this model holds flat [" +
+                          std::to_string(m.grad_shard_lo()) + ", " + std::to_string(m.grad_shard_hi()) +
+                          ") only (grad_shard())");
+}
+
 template <typename T>
 void bind_model(py::module_& m, const char* cls_name) {
   using M = GPT2Model<T>;
@@ -281,6 +290,7 @@ void bind_model(py::module_& m, const char* cls_name) {
            "weights: after writing through views kept from an earlier call, call params_changed().")
       .def("grads", [](py::object self) {
              auto& s = self.cast<M&>();
+             require_full_grads(s, "grads");
              return s.training() ? named_views(s, s.grads(), self) : py::dict();  // inference-only: none
            })
       .def("adam_m", [](py::object self) { auto& s = self.cast<M&>(); return named_views(s, s.adam_m(), self); })
@@ -294,8 +304,79 @@ void bind_model(py::module_& m, const char* cls_name) {
       .def("flat_grads", [](py::object self) {
              auto& s = self.cast<M&>();
              if (!s.training()) throw py::value_error("flat_grads: an inference-only model (training=False) has no gradients");
+             require_full_grads(s, "flat_grads");
              return view(s.grads(), {py::ssize_t(s.num_parameters())}, self);
            })
+      .def("set_grad_shard",
+           [](M& self, size_t lo, size_t hi) {
+             if (lo > hi || hi > self.num_parameters())
+               throw py::value_error("set_grad_shard: need 0 <= lo <= hi <= num_parameters (" +
+                                     std::to_string(self.num_parameters()) + "), got lo=" + std::to_string(lo) +
+                                     " hi=" + std::to_string(hi));
+             self.set_grad_shard(lo, hi);
+           },
+           py::arg("lo"), py::arg("hi"),
+           "ZeRO-2: keep only the gradients of flat [lo, hi) (this rank's shard) plus three bucket buffers that "
+           "backward fills and hands to the bucket hook; (0, num_parameters) goes back to one full buffer.")
+      .def_property_readonly("grad_shard_range",
+                             [](M& self) { return std::make_pair(self.grad_shard_lo(), self.grad_shard_hi()); },
+                             "(lo, hi): the flat gradients this model holds ((0, num_parameters) unless sharded)")
+      .def_property_readonly("grad_sharded", &M::grad_sharded)
+      .def_property_readonly("grad_bucket_values", &M::grad_bucket_values,
+                             "values of the ZeRO-2 bucket buffers (0 unless sharded)")
+      .def("grad_shard",
+           [](py::object self) {
+             auto& s = self.cast<M&>();
+             if (!s.training()) throw py::value_error("grad_shard: an inference-only model has no gradients");
+             s.backend().synchronize();
+             return view(s.grads(), {py::ssize_t(s.grad_shard_hi() - s.grad_shard_lo())}, self);
+           },
+           "The gradients this model holds (flat [lo, hi) of grad_shard_range) as a numpy view.")
+      .def("set_grad_bucket_hook",
+           [](M& self, py::object fn) {
+             if (fn.is_none()) {
+               self.set_grad_bucket_hook({});
+               return;
+             }
+             if (!PyCallable_Check(fn.ptr())) throw py::type_error("hook must be callable or None");
+             std::shared_ptr<py::object> f(new py::object(fn), [](py::object* p) {
+               py::gil_scoped_acquire gil;
+               delete p;
+             });
+             M* model = &self;
+             self.set_grad_bucket_hook([f, model](F* bucket, const gpt2::GradRanges& ranges) {
+               size_t n = 0;
+               for (const auto& r : ranges) n += r.second - r.first;
+               model->backend().synchronize();  // the bucket is read on the host next
+               py::gil_scoped_acquire gil;
+               // a view of the bucket for the duration of the call (no owner: the model keeps the buffer)
+               py::array_t<F> v({py::ssize_t(n)}, {py::ssize_t(sizeof(F))}, bucket, py::none());
+               (*f)(v, py::cast(ranges));
+             });
+           },
+           py::arg("hook"),
+           "ZeRO-2 (set_grad_shard): hook(bucket, ranges) is called by backward each time a bucket of gradients is "
+           "final: bucket is a numpy view of the values of `ranges` (flat (lo, hi) pairs, in order) back to back, "
+           "valid during the call; fold this rank's part in with accumulate_grad_shard. DataParallel(zero=2) sets "
+           "its own (gpt2core._C.dist.GradReduceScatterer); this one is for tests and custom reductions.")
+      .def("accumulate_grad_shard",
+           [](M& self, py::array_t<F, py::array::c_style | py::array::forcecast> src, size_t flat_lo) {
+             if (src.ndim() != 1) throw py::value_error("accumulate_grad_shard: src must be 1-D");
+             const size_t n = size_t(src.shape(0));
+             if (flat_lo < self.grad_shard_lo() || flat_lo + n > self.grad_shard_hi())
+               throw py::value_error("accumulate_grad_shard: [" + std::to_string(flat_lo) + ", " +
+                                     std::to_string(flat_lo + n) + ") is not in the shard [" +
+                                     std::to_string(self.grad_shard_lo()) + ", " +
+                                     std::to_string(self.grad_shard_hi()) + ")");
+             // through a backend buffer: src is host memory, the shard is the backend's
+             F* tmp = self.backend().alloc_master(std::max<size_t>(1, n));
+             std::memcpy(tmp, src.data(), n * sizeof(F));  // backend memory is host-visible (CPU; CUDA: managed)
+             self.accumulate_grad_shard(tmp, flat_lo, n);
+             self.backend().synchronize();
+             self.backend().free_master(tmp);
+           },
+           py::arg("src"), py::arg("flat_lo"),
+           "The shard's [flat_lo, flat_lo + len(src)) += src (the first backward after zero_grad: = src).")
       .def("forward",
            [](M& self, py::object idx, py::object targets, py::object slots) {
              const auto& c = self.config();

@@ -7,9 +7,11 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/comm.h"
 #include "model/grad_allreduce.h"
+#include "model/grad_shard.h"
 #include "model/gpt2.h"
 
 #include "model/cuda_plugin.h"
@@ -20,6 +22,7 @@ namespace py = pybind11;
 using gpt2::dist::Comm;
 using gpt2::dist::ReduceOp;
 using gpt2::GradAllreducer;
+using gpt2::GradReduceScatterer;
 
 namespace {
 
@@ -108,6 +111,20 @@ void bind_dist(py::module_& m) {
            },
            py::arg("buf"), py::arg("op") = "sum",
            "In place: buf[lo:hi] (this rank's shard) = sum/mean over ranks; the rest of buf is scratch.")
+      .def("reduce_scatter_v", [](Comm& c, py::object buf, std::vector<size_t> counts, const std::string& op) {
+             auto [p, n] = float_buffer(buf, "buf");
+             size_t total = 0;
+             for (size_t k : counts) total += k;
+             if (int(counts.size()) != c.size() || total != n)
+               throw py::value_error("reduce_scatter_v: need one count per rank (" + std::to_string(c.size()) +
+                                     ") summing to len(buf) (" + std::to_string(n) + ")");
+             ReduceOp o = parse_op(op);
+             py::gil_scoped_release nogil;
+             c.reduce_scatter_v(p, counts, o);
+           },
+           py::arg("buf"), py::arg("counts"), py::arg("op") = "sum",
+           "In place, pieces of any size: rank r's piece of buf (counts[r] values after those of ranks < r) = "
+           "sum/mean over ranks, in the order reduce_scatter sums its owner's shard.")
       .def("all_gather", [](Comm& c, py::object buf) {
              auto [p, n] = float_buffer(buf, "buf");
              py::gil_scoped_release nogil;
@@ -163,6 +180,36 @@ void bind_dist(py::module_& m) {
              return d;
            },
            "Counters since construction: finish() calls, hook groups enqueued, their ranges and values.");
+
+  py::class_<GradReduceScatterer>(d, "GradReduceScatterer",
+                                  "ZeRO-2: backward(scale) is the model's backward with each bucket of gradients (the "
+                                  "head's, each layer's from the last one down, the embeddings') averaged over the "
+                                  "ranks by one reduce-scatter whose pieces are the bucket's parts in each rank's "
+                                  "shard, and this rank's part folded into the model's gradient shard "
+                                  "(set_grad_shard(lo, hi) first, with comm.shard's range). Blocking per bucket. "
+                                  "Every rank must make the same calls.")
+      .def(py::init([](Comm& comm, py::object model) {
+             if (py::isinstance<gpt2::GPT2Model<float>>(model))
+               return new GradReduceScatterer(comm, model.cast<gpt2::GPT2Model<float>&>());
+             if (py::isinstance<gpt2::GPT2Model<gpt2::bf16>>(model))
+               return new GradReduceScatterer(comm, model.cast<gpt2::GPT2Model<gpt2::bf16>&>());
+             if (py::isinstance<gpt2::GPT2Model<gpt2::f16>>(model))
+               return new GradReduceScatterer(comm, model.cast<gpt2::GPT2Model<gpt2::f16>&>());
+             throw py::type_error("GradReduceScatterer needs a Model, ModelBF16 or ModelF16 (float32 gradients)");
+           }),
+           py::arg("comm"), py::arg("model"), py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
+      .def("backward", [](GradReduceScatterer& g, float grad_scale) {
+             py::gil_scoped_release nogil;
+             g.backward(grad_scale);
+           },
+           py::arg("grad_scale") = 1.0f)
+      .def("stats", [](const GradReduceScatterer& g) {
+             auto s = g.stats();
+             py::dict d;
+             d["backwards"] = s.backwards, d["buckets"] = s.buckets, d["values"] = s.values;
+             return d;
+           },
+           "Counters since construction: backward calls, buckets reduce-scattered, and their values.");
 
   d.def("alloc_state",
         [](py::object model, size_t n) {

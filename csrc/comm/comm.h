@@ -75,6 +75,11 @@ class Comm {
   // In place: afterwards buf[shard_lo(n, rank) .. shard_hi(n, rank)) holds the sum (mean) over ranks of
   // that shard; the rest of buf is scratch (unspecified).
   virtual void reduce_scatter(float* buf, size_t n, ReduceOp op) = 0;
+  // The same with pieces of any size: rank r owns counts[r] values starting at counts[0] + .. + counts[r-1]
+  // (counts: size() entries, the same on every rank; zeros allowed). Each value is summed in the order the
+  // even-shard reduce_scatter sums the values of its owner's shard, so a value reduced here (ZeRO-2, bucket by
+  // bucket) has the bits it has when the whole buffer is reduce-scattered at once (ZeRO-1) by the same owner.
+  virtual void reduce_scatter_v(float* buf, const std::vector<size_t>& counts, ReduceOp op) = 0;
   // In place: each rank contributes its shard buf[shard_lo(n, rank) .. shard_hi(n, rank)); afterwards
   // every rank holds all n values.
   virtual void all_gather(float* buf, size_t n) = 0;

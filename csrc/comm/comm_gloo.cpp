@@ -12,6 +12,7 @@
 //                    used by one thread at a time: the blocking collectives first wait for the queue to drain.
 // Every call is bounded by the timeout; Gloo's exceptions (peer closed the connection, timed out)
 // become DistError naming the operation and this rank.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -115,21 +116,33 @@ class GlooComm final : public Comm {
   std::unique_ptr<BucketAllreduce> bucket_allreduce(float* buf, size_t n, void* stream) override;
 
   void reduce_scatter(float* buf, size_t n, ReduceOp op) override {
+    std::vector<size_t> counts(size_);
+    for (int r = 0; r < size_; r++) counts[r] = shard_hi(n, r) - shard_lo(n, r);
+    reduce_scatter_v(buf, counts, op);
+  }
+
+  void reduce_scatter_v(float* buf, const std::vector<size_t>& counts, ReduceOp op) override {
+    if (counts.size() != size_t(size_))
+      throw DistError("reduce_scatter_v: " + std::to_string(counts.size()) + " counts for " +
+                      std::to_string(size_) + " ranks");
+    std::vector<size_t> at(size_ + 1, 0);
+    for (int r = 0; r < size_; r++) at[r + 1] = at[r] + counts[r];
+    const size_t n = at[size_];
     if (size_ == 1 || n == 0) return;
     quiesce();
-    const size_t S = shard_size(n, size_);
+    const size_t S = *std::max_element(counts.begin(), counts.end());
     if (scratch_.size() < S) scratch_.resize(S);
     guarded("reduce_scatter", n, [&] {
       auto out = ctx_->createUnboundBuffer(buf, n * sizeof(float));
       auto tmp = ctx_->createUnboundBuffer(scratch_.data(), S * sizeof(float));
       const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
       for (int s = 0; s < size_ - 1; s++) {
-        // send the shard we finished adding into last step; receive the left neighbour's partial sum of
-        // the next one. At the last step the received shard is our own: it then holds the full sum.
+        // send the piece we finished adding into last step; receive the left neighbour's partial sum of
+        // the next one. At the last step the received piece is our own: it then holds the full sum.
         const int send_idx = ((rank_ - s - 1) % size_ + size_) % size_;
         const int recv_idx = ((rank_ - s - 2) % size_ + size_) % size_;
-        const size_t slo = shard_lo(n, send_idx), scount = shard_hi(n, send_idx) - slo;
-        const size_t rlo = shard_lo(n, recv_idx), rcount = shard_hi(n, recv_idx) - rlo;
+        const size_t slo = at[send_idx], scount = counts[send_idx];
+        const size_t rlo = at[recv_idx], rcount = counts[recv_idx];
         if (scount) out->send(right, kReduceScatterSlot, slo * sizeof(float), scount * sizeof(float));
         if (rcount) {
           tmp->recv(left, kReduceScatterSlot, 0, rcount * sizeof(float));
@@ -141,10 +154,7 @@ class GlooComm final : public Comm {
         if (scount) out->waitSend(timeout_);
       }
     });
-    if (op == ReduceOp::Avg) {
-      const size_t lo = shard_lo(n, rank_);
-      scale(buf + lo, shard_hi(n, rank_) - lo);
-    }
+    if (op == ReduceOp::Avg) scale(buf + at[rank_], counts[rank_]);
   }
 
   void all_gather(float* buf, size_t n) override {

@@ -3,6 +3,7 @@
 //   allreduce        ncclAllReduce (ncclAvg for Avg)
 //   reduce_scatter   ncclReduceScatter in place when size() divides n; otherwise one ncclReduce per
 //                    shard to its owner, grouped (same traffic, uneven shards)
+//   reduce_scatter_v one ncclReduce per piece to its owner, grouped (ZeRO-2's buckets)
 //   all_gather       ncclAllGather in place when size() divides n; otherwise grouped ncclBroadcast
 //   broadcast        ncclBroadcast;  barrier: an allreduce of one float
 //   (all of these on the communicator's own non-blocking stream, after an event recorded on the compute stream
@@ -158,6 +159,27 @@ class NcclComm final : public Comm {
       }
       GPT2_NCCL_CALL(*this, ncclGroupEnd());
     }
+    wait_state("reduce_scatter", comm_stream_);
+    s.finish();
+  }
+
+  void reduce_scatter_v(float* host_or_dev, const std::vector<size_t>& counts, ReduceOp op) override {
+    if (counts.size() != size_t(size_))
+      throw DistError("reduce_scatter_v: " + std::to_string(counts.size()) + " counts for " +
+                      std::to_string(size_) + " ranks");
+    size_t n = 0;
+    for (size_t c : counts) n += c;
+    if (n == 0) return;
+    Staged s(this, host_or_dev, n, "reduce_scatter");
+    float* buf = s.p;
+    GPT2_NCCL_CALL(*this, ncclGroupStart());
+    size_t lo = 0;
+    for (int r = 0; r < size_; r++) {  // one ncclReduce per piece to its owner, as reduce_scatter's uneven path
+      if (counts[r])
+        GPT2_NCCL_CALL(*this, ncclReduce(buf + lo, buf + lo, counts[r], ncclFloat, red(op), r, comm_, comm_stream_));
+      lo += counts[r];
+    }
+    GPT2_NCCL_CALL(*this, ncclGroupEnd());
     wait_state("reduce_scatter", comm_stream_);
     s.finish();
   }

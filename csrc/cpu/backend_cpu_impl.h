@@ -58,6 +58,14 @@ class CpuBackend final : public Backend<T> {
   }
   void to_device_i32(int32_t* dst, const int32_t* src, size_t n) override { std::memcpy(dst, src, n * sizeof(int32_t)); }
   void zero_master(T* p, size_t n) override { zero(p, n); }
+  void accumulate_master(T* dst, const T* src, size_t n, bool add) override {
+    if (!add) {
+      if (n) std::memcpy(dst, src, n * sizeof(T));
+      return;
+    }
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) dst[i] += src[i];
+  }
   void to_host(T* dst, const T* src, size_t n) override { std::memcpy(dst, src, n * sizeof(T)); }
   void to_host_master(T* dst, const T* src, size_t n) override { to_host(dst, src, n); }
 

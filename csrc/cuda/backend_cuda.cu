@@ -190,6 +190,11 @@ class CudaBackend final : public Backend<T> {
     if (n) CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream_));
     sync();
   }
+  void accumulate_master(float* dst, const float* src, size_t n, bool add) override {
+    if (!n) return;
+    if (add) cuda::residual_forward(dst, dst, src, n, stream_);  // fp32 in, fp32 out: one rounding, as on the CPU
+    else CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  }
   void to_device_i32(int32_t* dst, const int32_t* src, size_t n) override {
     if (dst == bucketed_) bucketed_ = nullptr;  // the token buckets no longer describe dst
     if (n) CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice));

@@ -60,6 +60,8 @@ class Backend {
   virtual void free_i32(int32_t* p) = 0;
   virtual void zero(T* p, size_t n) = 0;
   virtual void zero_master(M* p, size_t n) = 0;
+  // dst[0..n) += src[0..n) (add), or = src (copy), in stream order (ZeRO-2's gradient shard)
+  virtual void accumulate_master(M* dst, const M* src, size_t n, bool add) = 0;
   virtual void to_device_i32(int32_t* dst, const int32_t* src, size_t n) = 0;
   virtual void to_host(T* dst, const T* src, size_t n) = 0;
   virtual void to_host_master(M* dst, const M* src, size_t n) = 0;

@@ -22,6 +22,7 @@ GPT2Model<T>::GPT2Model(const ModelConfig& config, std::unique_ptr<Backend<T>> b
   params_ = backend_->alloc(num_params_);
   if constexpr (kHasMasterCopy<T>) master_ = backend_->alloc_master(num_params_);
   if (training_) grads_ = backend_->alloc_master(num_params_);
+  grad_hi_ = training_ ? num_params_ : 0;
   muon_mats_ = muon_matrices(config_);
   n_valid_dev_ = backend_->alloc_i32(1);
   loss_acc_ = backend_->alloc_master(1);
@@ -43,6 +44,7 @@ GPT2Model<T>::~GPT2Model() {
   backend_->free(params_);
   if (master_) backend_->free_master(master_);
   if (grads_) backend_->free_master(grads_);
+  free_grad_buckets();
   if (m_) backend_->free_master(m_);
   if (v_) backend_->free_master(v_);
   if (muon_scratch_) backend_->free_master(muon_scratch_);
@@ -299,7 +301,90 @@ template <typename T>
 void GPT2Model<T>::zero_grad() {
   backend_->make_current();
   require_training("zero_grad");
-  backend_->zero_master(grads_, num_params_);
+  backend_->zero_master(grads_, grad_hi_ - grad_lo_);
+  shard_fresh_ = true;
+}
+
+template <typename T>
+void GPT2Model<T>::free_grad_buckets() {
+  for (int b = 0; b < 3; b++) {
+    if (bucket_[b]) backend_->free_master(bucket_[b]);
+    bucket_[b] = nullptr;
+    bucket_n_[b] = 0;
+  }
+}
+
+template <typename T>
+void GPT2Model<T>::set_grad_shard(size_t lo, size_t hi) {
+  backend_->make_current();
+  require_training("set_grad_shard");
+  if (lo > hi || hi > num_params_)
+    throw std::invalid_argument("set_grad_shard: need 0 <= lo <= hi <= num_parameters (" +
+                                std::to_string(num_params_) + "), got lo=" + std::to_string(lo) +
+                                " hi=" + std::to_string(hi));
+  const bool shard = !(lo == 0 && hi == num_params_);
+  drop_graph(step_graph_);  // its ops wrote the old gradient buffers
+  drop_graph(optimizer_graph_);
+  backend_->free_master(grads_);
+  grads_ = nullptr;
+  free_grad_buckets();
+  grad_sharded_ = shard;
+  grad_lo_ = shard ? lo : 0;
+  grad_hi_ = shard ? hi : num_params_;
+  grads_ = backend_->alloc_master(std::max<size_t>(1, grad_hi_ - grad_lo_));
+  backend_->zero_master(grads_, grad_hi_ - grad_lo_);
+  shard_fresh_ = true;
+  if (!shard) return;
+  const size_t L = size_t(config_.n_layer);
+  for (int i = kFirstLayerTensor; i <= kLastLayerTensor; i++) bucket_n_[0] += sizes_[i] / L;
+  bucket_n_[1] = sizes_[kLnfw] + sizes_[kLnfb] + sizes_[kLmHead];
+  bucket_n_[2] = sizes_[kWte] + sizes_[kWpe];
+  for (int b = 0; b < 3; b++) bucket_[b] = backend_->alloc_master(std::max<size_t>(1, bucket_n_[b]));
+}
+
+template <typename T>
+void GPT2Model<T>::accumulate_grad_shard(const M* src, size_t flat_lo, size_t n) {
+  backend_->accumulate_master(grad_at(flat_lo, n, "accumulate_grad_shard"), src, n, !shard_fresh_);
+}
+
+template <typename T>
+typename GPT2Model<T>::M* GPT2Model<T>::grad_at(size_t flat, size_t n, const char* what) const {
+  if (flat < grad_lo_ || flat + n > grad_hi_)
+    throw std::out_of_range(std::string(what) + ": gradients [" + std::to_string(flat) + ", " +
+                            std::to_string(flat + n) + ") are not in this model's shard [" +
+                            std::to_string(grad_lo_) + ", " + std::to_string(grad_hi_) + ")");
+  return grads_ + (flat - grad_lo_);
+}
+
+template <typename T>
+void GPT2Model<T>::require_unsharded(const char* what) const {
+  if (grad_sharded_)
+    throw std::logic_error(std::string(what) + ": the gradients are sharded (ZeRO-2): this model holds [" +
+                           std::to_string(grad_lo_) + ", " + std::to_string(grad_hi_) +
+                           ") only; step over the shard (adamw_update_range) instead");
+}
+
+template <typename T>
+typename GPT2Model<T>::M* GPT2Model<T>::grad_out(ParamTensor i) const {
+  if (!sizes_[i]) return nullptr;
+  if (!grad_sharded_) return grad(i);
+  if (i == kWte || i == kWpe) return bucket_[2] + (offsets_[i] - offsets_[kWte]);
+  return bucket_[1] + (offsets_[i] - offsets_[kLnfw]);  // lnfw, lnfb, lm_head: consecutive in the layout
+}
+
+template <typename T>
+LayerTensors<typename GPT2Model<T>::M> GPT2Model<T>::layer_grads_out(int l) const {
+  if (!grad_sharded_) return layer(grads_, l);
+  // the layer bucket: each per-layer tensor's slice back to back, in the flat layout's order (layer_grad_ranges)
+  M* at[kNumParamTensors] = {};
+  size_t pos = 0;
+  for (int i = kFirstLayerTensor; i <= kLastLayerTensor; i++) {
+    const size_t per_layer = sizes_[i] / size_t(config_.n_layer);
+    at[i] = per_layer ? bucket_[0] + pos : nullptr;
+    pos += per_layer;
+  }
+  return {at[kLn1w], at[kLn1b], at[kQkvw], at[kQkvb], at[kAttprojw], at[kAttprojb],
+          at[kLn2w], at[kLn2b], at[kFcw], at[kFcb], at[kFcprojw], at[kFcprojb]};
 }
 
 template <typename T>
@@ -350,6 +435,17 @@ void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
   const int L = config_.n_layer, V = config_.vocab_size, Vp = config_.padded_vocab_size;
   const int N = B_ * T_;
   const bool report = report_grads && grad_hook_;  // call the grad-ready hook in this backward
+  if (grad_sharded_ && !bucket_hook_)
+    throw std::logic_error("backward: the gradients are sharded (ZeRO-2): backward runs through the reducer that "
+                           "set the bucket hook (DataParallel with zero=2)");
+  if (n_valid_ == 0 && grad_sharded_) {  // nothing to add, but every rank takes part in every bucket's reduction
+    for (int b = 0; b < 3; b++) backend_->zero_master(bucket_[b], bucket_n_[b]);
+    if (!head_grad_ranges().empty()) bucket_hook_(bucket_[1], head_grad_ranges());
+    for (int l = L - 1; l >= 0; l--) bucket_hook_(bucket_[0], layer_grad_ranges(l));
+    bucket_hook_(bucket_[2], tensor_grad_ranges(kWte, kWpe));
+    shard_fresh_ = false;
+    return;
+  }
   if (n_valid_ == 0) {  // every target ignored: the loss does not depend on the parameters
     if (report) {       // the gradients are final as they are; report them in the usual groups
       grad_hook_(head_grad_ranges());
@@ -365,6 +461,7 @@ void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
   else
     be.crossentropy_backward(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, N, V, Vp);
   backward_ops(report);
+  shard_fresh_ = false;
   be.synchronize();  // the gradients are read on the host next (numpy views)
 }
 
@@ -383,9 +480,15 @@ void GPT2Model<T>::backward_ops(bool report) {
   // Activation gradients: the first op to produce one writes it (InputGrad::Write: no zero fill, no read of
   // zeros); only the residual stream's gradient a_.dres is summed (+=) by the two norms of each layer.
   constexpr InputGrad kWrite = InputGrad::Write, kAdd = InputGrad::Add;
-  be.matmul_backward(a_.dln, grad(head()), nullptr, dlogits, a_.lnf, param(head()), N, C, Vp, kWrite);
-  norm_backward(a_.dres, grad(kLnfw), grad(kLnfb), a_.dln, a_.residual3 + (L - 1) * NC, param(kLnfw), a_.lnf_mean,
-                a_.lnf_rstd, N, kWrite);
+  // ZeRO-2: the gradients go to the buckets (cleared here: the ops add into them), each handed to the bucket hook
+  // when final, where a full gradient buffer would have them reported to the grad-ready hook
+  const bool sharded = grad_sharded_;
+  if (sharded)
+    for (int b = 0; b < 3; b++) be.zero_master(bucket_[b], bucket_n_[b]);
+  be.matmul_backward(a_.dln, grad_out(head()), nullptr, dlogits, a_.lnf, param(head()), N, C, Vp, kWrite);
+  norm_backward(a_.dres, grad_out(kLnfw), grad_out(kLnfb), a_.dln, a_.residual3 + (L - 1) * NC, param(kLnfw),
+                a_.lnf_mean, a_.lnf_rstd, N, kWrite);
+  if (sharded && !head_grad_ranges().empty()) bucket_hook_(bucket_[1], head_grad_ranges());
   if (report) grad_hook_(head_grad_ranges());
   // a_.dres now holds d(loss)/d(output of the last layer); walk the layers backwards.
   for (int l = L - 1; l >= 0; l--) {
@@ -393,7 +496,8 @@ void GPT2Model<T>::backward_ops(bool report) {
     const size_t s = slot(l);
     const T* x = l == 0 ? a_.encoded : a_.residual3 + (l - 1) * NC;
     const LayerTensors<T> p = layer(params_, l);
-    const LayerTensors<M> g = layer(grads_, l);
+    if (sharded && l < L - 1) be.zero_master(bucket_[0], bucket_n_[0]);  // the hook is done with layer l + 1's
+    const LayerTensors<M> g = layer_grads_out(l);
     T* qkv = a_.qkv + s * NC * 3;
     T* fch = a_.fch + s * NC * 4;
     // residual3 = residual2 + fcproj(act(fc(ln2(residual2))))
@@ -421,9 +525,11 @@ void GPT2Model<T>::backward_ops(bool report) {
     if (rope) be.rope_backward(a_.dqkv, B, Tn, C, NH, 0, c.rope_base);
     be.matmul_backward(a_.dln, g.qkvw, g.qkvb, a_.dqkv, a_.ln1 + s * NC, p.qkvw, N, C, 3 * C, kWrite);
     norm_backward(a_.dres, g.ln1w, g.ln1b, a_.dln, x, p.ln1w, a_.ln1_mean + s * N, a_.ln1_rstd + s * N, N, kAdd);
+    if (sharded) bucket_hook_(bucket_[0], layer_grad_ranges(l));
     if (report) grad_hook_(layer_grad_ranges(l));  // ln1w .. fcprojb of layer l
   }
-  be.encoder_backward(grad(kWte), grad(kWpe), a_.dres, inputs_, B, Tn, C);  // dwpe null with rope
+  be.encoder_backward(grad_out(kWte), grad_out(kWpe), a_.dres, inputs_, B, Tn, C);  // dwpe null with rope
+  if (sharded) bucket_hook_(bucket_[2], tensor_grad_ranges(kWte, kWpe));
   if (report) grad_hook_(tensor_grad_ranges(kWte, kWpe));  // wte (embedding and tied lm_head gradients), wpe
 }
 
@@ -441,6 +547,14 @@ void GPT2Model<T>::forward_backward(const int32_t* inp, const int32_t* targets, 
   be.upload_batch(inputs_, targets_, inp, targets, B, Tn);
   refresh_params();
   have_targets_ = false;  // the logits become dlogits
+  if (grad_sharded_) {  // ZeRO-2: the bucket hook runs collectives between the ops, which no graph can hold
+    if (!bucket_hook_)
+      throw std::logic_error("forward_backward: the gradients are sharded (ZeRO-2): it runs through the reducer "
+                             "that set the bucket hook");
+    forward_backward_ops(grad_scale);
+    shard_fresh_ = false;
+    return;
+  }
   run_graphed(step_graph_, {double(B), double(Tn), grad_scale}, [&] { forward_backward_ops(grad_scale); });
 }
 
@@ -553,16 +667,20 @@ template <typename T>
 double GPT2Model<T>::grad_sum_squares(size_t lo, size_t hi) {
   backend_->make_current();
   require_training("grad_sum_squares");
-  backend_->grad_sum_squares(grads_ + lo, hi - lo);
+  backend_->grad_sum_squares(grad_at(lo, hi - lo, "grad_sum_squares"), hi - lo);
   return read_step_result();
 }
 
 template <typename T>
-double GPT2Model<T>::grad_norm() { return std::sqrt(unscaled(grad_sum_squares(0, num_params_))); }
+double GPT2Model<T>::grad_norm() {
+  require_unsharded("grad_norm");
+  return std::sqrt(unscaled(grad_sum_squares(0, num_params_)));
+}
 
 template <typename T>
 void GPT2Model<T>::adamw_update(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                                 float grad_scale) {
+  require_unsharded("adamw_update");
   backend_->make_current();
   if (step < 1) throw std::invalid_argument("adamw_update: step counts from 1");
   ensure_optimizer_state();
@@ -603,6 +721,7 @@ StepArgs GPT2Model<T>::muon_step_args(float lr, float beta1, float beta2, int st
 template <typename T>
 double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                                     double grad_clip) {
+  require_unsharded("optimizer_step");
   backend_->make_current();
   if (step < 1) throw std::invalid_argument("optimizer_step: step counts from 1");
   ensure_optimizer_state();
@@ -648,8 +767,8 @@ template <typename T>
 void GPT2Model<T>::adamw_over(size_t lo, size_t hi, M* m, M* v, float beta1, float beta2, float eps,
                               float weight_decay, const StepArgs& args) {
   backend_->set_step_args(args);
-  backend_->adamw(params_ + lo, master_ ? master_ + lo : nullptr, grads_ + lo, m, v, lo,
-                  adamw_segments(lo, hi, weight_decay), beta1, beta2, eps);
+  backend_->adamw(params_ + lo, master_ ? master_ + lo : nullptr, grad_at(lo, hi - lo, "adamw_update_range"), m, v,
+                  lo, adamw_segments(lo, hi, weight_decay), beta1, beta2, eps);
 }
 
 // The part of each tensor inside flat [lo, hi), with its weight decay (2-D tensors only) and LR group.
@@ -691,6 +810,7 @@ void GPT2Model<T>::muon_matrix_ops(const MuonStep& muon) {
 template <typename T>
 double GPT2Model<T>::muon_optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                                          double grad_clip, const MuonStep& muon) {
+  require_unsharded("muon_optimizer_step");
   require_training("muon_optimizer_step");
   if (step < 1) throw std::invalid_argument("muon_optimizer_step: step counts from 1");
   ensure_optimizer_state();
@@ -724,6 +844,7 @@ template <typename T>
 void GPT2Model<T>::muon_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
                                      float weight_decay, int step, double grad_clip, double sumsq,
                                      const MuonStep& muon) {
+  require_unsharded("muon_update_range");
   require_training("muon_update_range");
   if (step < 1) throw std::invalid_argument("muon_update_range: step counts from 1");
   if (lo > hi || hi > num_params_) throw std::invalid_argument("muon_update_range: bad range");
@@ -736,6 +857,7 @@ void GPT2Model<T>::muon_update_range(size_t lo, size_t hi, M* m, M* v, float lr,
 
 template <typename T>
 void GPT2Model<T>::muon_update_matrices(int step, double sumsq, const MuonStep& muon) {
+  require_unsharded("muon_update_matrices");
   // the step's values are muon_update_range's (set_step_args), read again by these ops
   require_training("muon_update_matrices");
   muon_matrix_ops(muon);

@@ -118,6 +118,28 @@ class GPT2Model {
   // Installs the grad-ready hook (empty: none) and returns the previous one; the hook runs on the thread that
   // calls backward. Only backward(..., report_grads=true) calls it.
   GradReadyHook set_grad_ready_hook(GradReadyHook hook) { return std::exchange(grad_hook_, std::move(hook)); }
+
+  // ---- ZeRO-2: the gradients sharded over the ranks of a data-parallel run.
+  // set_grad_shard(lo, hi): this model keeps only the gradients of flat [lo, hi) (its rank's shard, as ZeRO-1's),
+  // plus three bucket buffers that backward writes into instead of a full gradient buffer: one layer's slices
+  // (reused from layer to layer), the head's (lnfw, lnfb, an untied lm_head) and the embeddings' (wte, wpe; wte
+  // also takes a tied head's gradient at the start of backward). Each time a bucket is final, backward hands it to
+  // the bucket hook (packed: the group's ranges in flat order, back to back) and reuses the buffer when the hook
+  // returns; the hook reduces it over the ranks and folds this rank's part in with accumulate_grad_shard. The full
+  // gradient buffer is freed. (0, num_parameters()) goes back to one full buffer. A sharded model's backward needs
+  // the hook, and the full-model optimizer steps refuse (adamw_update_range over the shard is ZeRO's step).
+  using BucketHook = std::function<void(M* bucket, const GradRanges& ranges)>;
+  void set_grad_shard(size_t lo, size_t hi);
+  bool grad_sharded() const { return grad_sharded_; }
+  size_t grad_shard_lo() const { return grad_lo_; }
+  size_t grad_shard_hi() const { return grad_hi_; }
+  BucketHook set_grad_bucket_hook(BucketHook hook) { return std::exchange(bucket_hook_, std::move(hook)); }
+  // The shard's [flat_lo, flat_lo + n) += src[0..n) (backend memory), in stream order; the first backward after
+  // zero_grad copies instead (the shard then holds exactly what that backward's buckets reduced to, as a full
+  // gradient buffer holds 0 + its first backward).
+  void accumulate_grad_shard(const M* src, size_t flat_lo, size_t n);
+  // values of the three bucket buffers (0 when not sharded): the memory plan's "largest bucket in flight"
+  size_t grad_bucket_values() const { return bucket_n_[0] + bucket_n_[1] + bucket_n_[2]; }
   // A training step with no host round trip until its end: forward_backward per micro-step, then optimizer_step.
   //
   // forward_backward: forward(inp, targets) and backward(grad_scale) in one call, the mean loss times grad_scale
@@ -292,6 +314,14 @@ class GPT2Model {
   // tensor i (null when the config does not have it)
   T* param(ParamTensor i) const { return sizes_[i] ? params_ + offsets_[i] : nullptr; }
   M* grad(ParamTensor i) const { return sizes_[i] ? grads_ + offsets_[i] : nullptr; }
+  // gradients at flat offset `flat` in memory: grads_ holds [grad_lo_, grad_hi_) (all of it unless sharded)
+  M* grad_at(size_t flat, size_t n, const char* what) const;
+  // where backward writes tensor i's gradient (a non-layer tensor): grad(i), or its place in a bucket (sharded)
+  M* grad_out(ParamTensor i) const;
+  // where backward writes layer l's gradients: layer(grads_, l), or the layer bucket (sharded)
+  LayerTensors<M> layer_grads_out(int l) const;
+  void require_unsharded(const char* what) const;
+  void free_grad_buckets();
   // the lm_head's weight: wte when tied
   ParamTensor head() const { return config_.tie_embeddings ? kWte : kLmHead; }
   // The config's norm (LayerNorm or RMSNorm) over rows of C; mean is unused by RMSNorm, w and b are null for it.
@@ -367,6 +397,13 @@ class GPT2Model {
   T* params_ = nullptr;
   M* master_ = nullptr;  // only when M != T
   M* grads_ = nullptr;
+  // ZeRO-2 (set_grad_shard): grads_ holds flat [grad_lo_, grad_hi_); the buckets: 0 layer, 1 head, 2 embeddings
+  bool grad_sharded_ = false;
+  size_t grad_lo_ = 0, grad_hi_ = 0;
+  bool shard_fresh_ = true;  // no backward reached the shard since zero_grad: accumulate_grad_shard copies
+  M* bucket_[3] = {nullptr, nullptr, nullptr};
+  size_t bucket_n_[3] = {0, 0, 0};
+  BucketHook bucket_hook_;
   M* m_ = nullptr;
   M* v_ = nullptr;
   T* acts_mem_ = nullptr;

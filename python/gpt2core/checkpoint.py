@@ -342,7 +342,7 @@ class Checkpoint:
         return CheckpointError(
             f"{self.path}: this checkpoint was written by a ZeRO-1 run with world size {saved} (each rank saved "
             f"its own shard of the AdamW state), but this run has world size {world_size} ({now}). Resume it with "
-            f"{saved} ranks and --zero 1, or first merge the shards into the full optimizer state with "
+            f"{saved} ranks and --zero 1 (or 2), or first merge the shards into the full optimizer state with "
             f"`python -m gpt2core.checkpoint consolidate {self.path}`; a consolidated checkpoint resumes with any "
             "world size, with or without --zero 1")
 

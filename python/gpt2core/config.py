@@ -420,8 +420,8 @@ class TrainConfig:
     threads: int | None = _opt(None, "CPU threads (default: all cores)", "evaluation and output")
     # data parallel
     zero: int = _opt(0, "1: ZeRO-1, each rank keeps and updates only its shard of the AdamW state; 2: ZeRO-2, "
-                        "the gradients sharded too (planned: --plan models it; training with it is not "
-                        "implemented yet)",
+                        "the gradients sharded too (reduce-scattered bucket by bucket in every backward; AdamW "
+                        "only)",
                      "data parallel (under torchrun, python -m gpt2core.launch, srun or mpirun)", choices=[0, 1, 2])
     no_overlap_comm: bool = _opt(False, "average gradients in one allreduce after backward instead of overlapping "
                                         "it with the last micro-step's backward (for measurements; ZeRO-1 never "

@@ -33,6 +33,14 @@ optimizer step, only the last one communicates; ``take_loss`` returns the loss a
   of per-shard sums of squares, AdamW on this rank's shard only (its moments are the only optimizer state
   this rank holds: 2·N/world floats instead of 2·N), then an all-gather of the updated parameters.
   ZeRO-1 keeps its single reduce-scatter after backward (no overlap).
+* ZeRO-2 (``zero=2``): as ZeRO-1, and the gradients are sharded too. The model keeps only this rank's shard of them
+  (GPT2.set_grad_shard) plus three bucket buffers, and every micro-step's backward runs through a
+  ``_C.dist.GradReduceScatterer``: each bucket (the head's, each layer's from the last one down, the embeddings')
+  is averaged over the ranks by one reduce-scatter into its owners' shards as soon as it is final, and folded into
+  the shard (csrc/model/grad_shard.h). So every micro-step communicates (as DeepSpeed's ZeRO-2), and with gradient
+  accumulation the shard sums the micro-steps' averages, where ZeRO-0/1 average the micro-steps' sum: bit-identical
+  to ZeRO-1 with one micro-step per optimizer step, equal to fp32 rounding with several. AdamW only (Muon
+  orthogonalises whole matrices from every rank's gradients: use zero=0 or 1).
 
 ``last_comm_ms`` is the step's time spent waiting for gradient/parameter collectives: with overlap only the
 wait in ``finish`` (the part of the all-reduce that backward did not hide).
@@ -183,10 +191,11 @@ class DataParallel:
         overlap: average the gradients during the last micro-step's backward (plain data parallel only;
         default: on for plain data parallel with a float32/bf16 model, off for ZeRO-1).
         grad_accum: micro-steps (forward_backward or backward calls) per optimizer step; the last one overlaps."""
-        if zero not in (0, 1):
-            raise ValueError(f"zero must be 0 (plain data parallel) or 1 (ZeRO-1), got {zero!r}")
+        if zero not in (0, 1, 2):
+            raise ValueError(f"zero must be 0 (plain data parallel), 1 (ZeRO-1) or 2 (ZeRO-2), got {zero!r}")
         if overlap and zero:
-            raise ValueError("overlap=True needs zero=0: ZeRO-1 keeps its single reduce-scatter after backward")
+            raise ValueError("overlap=True needs zero=0: ZeRO-1 keeps its single reduce-scatter after backward, "
+                             "ZeRO-2 reduce-scatters bucket by bucket in every backward")
         if grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {grad_accum!r}")
         if overlap is None:
@@ -208,6 +217,10 @@ class DataParallel:
         self._comm_ms = 0.0
         self._norm = None         # this step's global grad norm, once grad_norm() computed it
         self.m = self.v = None
+        self.scatterer = None
+        if zero == 2:  # this rank's shard of the gradients only, reduce-scattered into bucket by bucket
+            model._m.set_grad_shard(self.lo, self.hi)
+            self.scatterer = _C.dist.GradReduceScatterer(comm, model._m)
         if zero:  # this rank's moments, in the backend's memory (device memory on GPUs)
             S = self.hi - self.lo
             self.m, self.v = model.alloc_optimizer_state(S), model.alloc_optimizer_state(S)
@@ -250,15 +263,31 @@ class DataParallel:
 
     def forward_backward(self, idx, targets, grad_scale: float = 1.0) -> None:
         """GPT2.forward_backward; the last micro-step of the optimizer step averages the gradients over ranks
-        during its backward (with overlap), its loss then read back on the host."""
+        during its backward (with overlap), its loss then read back on the host. ZeRO-2: every micro-step
+        reduce-scatters its gradients bucket by bucket (its loss read back on the host)."""
+        if self.scatterer is not None:
+            self._micro += 1
+            self._host_loss += grad_scale * self.model.forward(idx, targets)
+            self._scattered_backward(grad_scale)
+            return
         if self._overlaps():
             self._host_loss += grad_scale * self.model.forward(idx, targets)
             self._overlapped_backward(grad_scale)
         else:
             self.model.forward_backward(idx, targets, grad_scale)
 
+    def _scattered_backward(self, grad_scale: float) -> None:
+        t0 = time.perf_counter()
+        self.scatterer.backward(float(grad_scale))
+        self.model._has_grads = True  # the scatterer ran the model's backward
+        self._comm_ms += (time.perf_counter() - t0) * 1e3  # backward and its collectives: not apart (blocking)
+
     def backward(self, grad_scale: float = 1.0) -> None:
         """GPT2.backward (after forward); as in forward_backward, the last micro-step averages as it goes."""
+        if self.scatterer is not None:
+            self._micro += 1
+            self._scattered_backward(grad_scale)
+            return
         if self._overlaps():
             self._overlapped_backward(grad_scale)
         else:
@@ -303,6 +332,9 @@ class DataParallel:
         check_group_lrs(optimizer, embedding_lr, head_lr)
         if optimizer == "muon":
             check_muon_args(muon_lr, muon_momentum, muon_weight_decay, muon_ns_steps)
+            if self.zero == 2:
+                raise ValueError("optimizer='muon' needs every rank's gradients of a whole matrix to orthogonalise "
+                                 "it: use zero=0 or zero=1 with Muon (ZeRO-2 shards the gradients)")
             return self._muon_step(lr, weight_decay, beta1, beta2, eps, grad_clip, muon_lr, muon_momentum,
                                    muon_weight_decay, muon_ns_steps, dict(embedding_lr=embedding_lr, head_lr=head_lr))
         m = self.model
@@ -417,7 +449,7 @@ class DataParallel:
     def grad_norm(self) -> float:
         """The global norm of the gradients averaged over ranks, before step() (which then reuses the
         averaging): plain data parallel averages them in full, ZeRO-1 reduce-scatters them and sums the
-        squares of each rank's range."""
+        squares of each rank's range (ZeRO-2: of the shard its backward reduced into)."""
         self._finish()
         if self._norm is None:
             t0 = time.perf_counter()
@@ -428,7 +460,8 @@ class DataParallel:
                 self._comm_ms += (time.perf_counter() - t0) * 1e3
                 self._norm = self.model.grad_norm()
             else:
-                self.comm.reduce_scatter(self.model.flat_grads(), "avg")
+                if self.zero == 1:  # ZeRO-2's shard was reduce-scattered bucket by bucket during backward
+                    self.comm.reduce_scatter(self.model.flat_grads(), "avg")
                 ss = np.array([self.model.grad_sum_squares(self.lo, self.hi)], dtype=np.float32)
                 self.comm.allreduce(ss, "sum")
                 self._comm_ms += (time.perf_counter() - t0) * 1e3
@@ -438,10 +471,13 @@ class DataParallel:
 
     # ------------------------------------------------------------------ reporting
     def optimizer_memory(self) -> dict:
-        """Bytes of AdamW state (m and v, fp32) per rank, with and without ZeRO-1."""
+        """Bytes of AdamW state (m and v, fp32) per rank, with and without ZeRO-1/2; and of the gradients (ZeRO-2:
+        the shard plus the bucket buffers)."""
         full = 2 * 4 * self.n
         ours = 2 * 4 * (self.hi - self.lo) if self.zero else full
-        return {"optimizer_bytes_per_rank": ours, "optimizer_bytes_unsharded": full, "saved_bytes": full - ours}
+        grads = 4 * (self.hi - self.lo + self.model._m.grad_bucket_values) if self.zero == 2 else 4 * self.n
+        return {"optimizer_bytes_per_rank": ours, "optimizer_bytes_unsharded": full, "saved_bytes": full - ours,
+                "gradient_bytes_per_rank": grads, "gradient_bytes_unsharded": 4 * self.n}
 
     def describe(self) -> str:
         if not self.zero:
@@ -451,9 +487,14 @@ class DataParallel:
                     f"optimizer step, {how}")
         r = self.optimizer_memory()
         mb = 1 / 2**20
-        return (f"ZeRO-1 over {self.world} ranks ({self.comm.backend}): this rank updates parameters "
+        text = (f"ZeRO-{self.zero} over {self.world} ranks ({self.comm.backend}): this rank updates parameters "
                 f"[{self.lo:,}, {self.hi:,}); AdamW state {r['optimizer_bytes_per_rank'] * mb:.1f} MiB per rank "
                 f"instead of {r['optimizer_bytes_unsharded'] * mb:.1f} MiB (saves {r['saved_bytes'] * mb:.1f} MiB)")
+        if self.zero == 2:
+            text += (f"; gradients {r['gradient_bytes_per_rank'] * mb:.1f} MiB per rank (shard + buckets) instead "
+                     f"of {r['gradient_bytes_unsharded'] * mb:.1f} MiB, reduce-scattered bucket by bucket in every "
+                     "backward")
+        return text
 
 
 def _muon_shares(mats, world: int) -> list[tuple[int, int]]:

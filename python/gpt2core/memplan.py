@@ -6,8 +6,10 @@ with it the largest micro-batch that fits a memory budget and which option combi
 auto` (gpt2core.batchfit) chooses B with it. The parts (bytes per GPU; `host` is pinned host memory per rank):
 
   weights         the parameters the ops read: n x the storage type (4 fp32, 2 bf16 / fp16, 8 float64)
-  master_weights  the fp32 master copy of a 16-bit model (n x 4); ZeRO-2 keeps this rank's shard, offload none
-  gradients       fp32 gradients (n x 4); ZeRO-2: this rank's shard plus the largest bucket in flight
+  master_weights  the fp32 master copy of a 16-bit model (n x 4), whole under ZeRO-1 and -2 (the all-gather after
+                  the update moves them); offload: none (host)
+  gradients       fp32 gradients (n x 4); ZeRO-2: this rank's shard plus the three bucket buffers backward fills
+                  (one layer's, the head's, the embeddings': GPT2Model::set_grad_shard)
   optimizer       AdamW's two fp32 moments (2 n x 4); ZeRO-1/2: this rank's shard; offload: none (host)
   activations     what forward keeps for backward and backward's scratch, from the model's own layout
                   (_C.activation_counts: the same function that lays the buffers out), logits aside
@@ -16,9 +18,9 @@ auto` (gpt2core.batchfit) chooses B with it. The parts (bytes per GPU; `host` is
                   column sums' partials (one buffer, the largest request), the matmul library's workspace
   host            offload: the fp32 master weights, AdamW moments and a gradient buffer, per rank
 
-Which options are implemented for training: recompute none / gelu / layer, ZeRO 0 / 1. ZeRO-2 and optimizer
-offload are planned here (issue 37) but `gpt2core-train` refuses them until they land: their rows in the option
-table say "planned".
+Which options are implemented for training: recompute none / gelu / layer, ZeRO 0 / 1 / 2. Optimizer offload is
+planned here (issue 37) but `gpt2core-train` refuses it until it lands: its rows in the option table say
+"planned".
 
 The numbers are checked against allocations: tests/python/test_memplan.py (CPU backend) and
 tests/csrc/cuda/test_cuda_emu_memplan.py (the emulated CUDA device's allocation accounting) within 2%."""
@@ -39,7 +41,7 @@ SAFETY = 0.05                 # the share of a budget kept back (fragmentation, 
 CUBLASLT_WORKSPACE = 32 << 20  # csrc/cuda/seams_cublaslt.cu kWorkspaceBytes (the emulator's seams allocate none)
 CUDA_CONTEXT = 512 << 20       # a card's memory the CUDA context and libraries take before the model (--gpu-memory
 #                                names the card's size; a measured free figure already lacks it)
-IMPLEMENTED = {"zero": (0, 1), "offload": ("none",)}
+IMPLEMENTED = {"zero": (0, 1, 2), "offload": ("none",)}
 _STORAGE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "float64": 8}
 # csrc/cuda/reduce.cuh (column sums' partials) and csrc/cuda/attention_tc.cuh (the 16-bit flash backward's dS)
 _COL_TILE, _COL_BLOCKS, _COL_MIN_ROWS, _TC_ROWS = 32, 1024, 32, 64
@@ -171,10 +173,8 @@ def memory(config: GPT2Config | str, B: int, T: int, options: Options = Options(
     host = 0
     if o.zero >= 1:
         moments = 2 * shard * sm
-    if o.zero >= 2:
-        per_layer = (n - c.padded_vocab_size * c.n_embd) // max(1, c.n_layer)  # the largest bucket: one layer
-        grads = shard * sm + min(n, max(per_layer, c.padded_vocab_size * c.n_embd)) * sm
-        master = shard * 4 if master else 0
+    if o.zero >= 2:  # the fp32 master weights stay whole, as under ZeRO-1 (the all-gather moves them)
+        grads = (shard + grad_bucket_values(c)) * sm
     if o.offload == "optimizer":
         own = shard if o.zero else n
         host = own * 4 * 3 + own * 4  # master weights, two moments, the gradient buffer the host reads
@@ -186,6 +186,17 @@ def memory(config: GPT2Config | str, B: int, T: int, options: Options = Options(
     return {"weights": n * st, "master_weights": master, "gradients": grads, "optimizer": moments,
             "activations": a["t"] * st + a["m"] * sm, "logits": a["logits"] * st,
             "workspace": _workspace(c, B, T, o), "host": host}
+
+
+def grad_bucket_values(c: GPT2Config) -> int:
+    """ZeRO-2's bucket buffers (GPT2Model::set_grad_shard): one layer's slice of every per-layer tensor, the head's
+    (lnfw, lnfb, an untied lm_head) and the embeddings' (wte, wpe)."""
+    shapes = c.param_shapes()
+    size = {k: math.prod(v) for k, v in shapes.items()}
+    head = sum(size.get(k, 0) for k in ("lnfw", "lnfb", "lm_head"))
+    emb = sum(size.get(k, 0) for k in ("wte", "wpe"))
+    layer = (sum(size.values()) - head - emb) // max(1, c.n_layer)
+    return layer + head + emb
 
 
 def total(parts: dict) -> int:

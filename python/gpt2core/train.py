@@ -173,18 +173,24 @@ class Trainer:
             raise
 
     def _check_process_flags(self) -> None:
-        """Data-parallel switches in a run of one process would do nothing: --zero 1 is refused, the others warned
-        about. The planned options (--zero 2, --offload optimizer) are refused: --plan models them."""
+        """Data-parallel switches in a run of one process would do nothing: --zero 1/2 is refused, the others
+        warned about. The planned option --offload optimizer is refused: --plan models it. ZeRO-2 with Muon is
+        refused (Muon orthogonalises whole matrices of every rank's gradients)."""
         cfg = self.cfg
-        if cfg.zero == 2 or cfg.offload != "none":
-            flag = "--zero 2" if cfg.zero == 2 else f"--offload {cfg.offload}"
-            raise ArgError(f"{flag} is planned (issue 37) but not implemented yet: --plan shows what it would hold; "
-                           "train with --recompute layer and --zero 1 (see --plan's table of what fits)")
+        if cfg.offload != "none":
+            raise ArgError(f"--offload {cfg.offload} is planned (issue 37) but not implemented yet: --plan shows what "
+                           "it would hold; train with --recompute layer and --zero 1 or 2 (see --plan's table of "
+                           "what fits)")
+        if cfg.zero == 2 and cfg.optimizer == "muon":
+            raise ArgError("--zero 2 shards the gradients, and --optimizer muon orthogonalises whole matrices from "
+                           "every rank's gradients: use --zero 1 with Muon (it shards the optimizer state), or "
+                           "--optimizer adamw")
         if self.comm is None:
             if cfg.zero:
-                raise ArgError("--zero 1 shards the AdamW state over the processes of a data-parallel run, and this "
-                               "run is one process: start several (python -m gpt2core.launch --nproc-per-node N, "
-                               "torchrun, srun, mpirun), or leave --zero out")
+                what = "the AdamW state" if cfg.zero == 1 else "the AdamW state and the gradients"
+                raise ArgError(f"--zero {cfg.zero} shards {what} over the processes of a data-parallel run, and "
+                               "this run is one process: start several (python -m gpt2core.launch --nproc-per-node "
+                               "N, torchrun, srun, mpirun), or leave --zero out")
             if cfg.no_overlap_comm:
                 self.log("warning: --no-overlap-comm does nothing in a run of one process (no gradients to average)")
             if cfg.dist_timeout != TrainConfig.dist_timeout:

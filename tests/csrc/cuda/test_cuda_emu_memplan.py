@@ -132,3 +132,49 @@ def test_a_run_the_plan_refuses_is_refused_first_and_its_proposal_trains(emu, tm
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "each block recomputed in backward" in r.stdout
+
+
+@pytest.mark.parametrize("precision", list(CLASSES))
+def test_zero2_sharded_gradients_bit_for_bit_and_the_memory_it_frees(emu, precision):  # noqa: F811
+    """ZeRO-2 on the emulated device (tests/python/test_zero2.py has the CPU side and the ranks): a model that keeps
+    only flat [lo, hi) of its gradients, with the one-rank bucket hook, holds the full model's gradients of that range
+    bit for bit after one micro-step, and the float32 sum of each micro-step's own gradients after two (the bucket
+    accumulation is a device op: the CUDA backend's accumulate_master); fp16 with loss scaling (the shard carries
+    the scale, as a full buffer does). The device memory it frees is the full buffer less the shard and the buckets
+    (memplan.grad_bucket_values), by the emulator's accounting."""
+    from test_zero2 import own_part_hook
+
+    config = config_of(SMALL, MODERN)
+    scaled = precision == "fp16"
+
+    def make():
+        m = getattr(emu, CLASSES[precision])(**SMALL, device="cuda", attention="flash", **MODERN)
+        init_params(m)
+        m.params_changed()
+        if scaled:
+            m.set_loss_scaling(True, scale=1024.0)
+        return m
+
+    full = make()
+    n = full.num_parameters
+    lo, hi = n // 3, n - 1000
+    free0 = emu.cuda_mem_info(0)[0]
+    sharded = make()
+    held_full = free0 - emu.cuda_mem_info(0)[0]
+    sharded.set_grad_shard(lo, hi)
+    held_sharded = free0 - emu.cuda_mem_info(0)[0]
+    assert sharded.grad_bucket_values == memplan.grad_bucket_values(config)
+    assert held_full - held_sharded == 4 * (n - (hi - lo) - memplan.grad_bucket_values(config))
+    own_part_hook(sharded, lo, hi)
+    micro = [batch(s, B, T, CFG["vocab_size"]) for s in (1, 2)]
+    own = []
+    for x, y in micro:  # each micro-step's own gradients
+        full.zero_grad()
+        full.forward_backward(x, y, 0.5)
+        own.append(full.flat_grads()[lo:hi].copy())
+    sharded.zero_grad()
+    sharded.forward_backward(*micro[0], 0.5)
+    assert np.array_equal(sharded.grad_shard(), own[0])
+    sharded.forward_backward(*micro[1], 0.5)
+    assert np.array_equal(sharded.grad_shard(), own[0] + own[1])
+    assert sharded.take_loss() > 0
