@@ -216,10 +216,19 @@ static void collectives_use_a_comm_stream(cudaStream_t compute, float* buf) {
   auto comm = make(compute);
   comm->allreduce(buf, 4, gpt2::dist::ReduceOp::Avg);
   comm->reduce_scatter(buf, 4, gpt2::dist::ReduceOp::Sum);
+  comm->reduce_scatter_v(buf, {3}, gpt2::dist::ReduceOp::Avg);  // ZeRO-2's bucket: one ncclReduce per piece
+  TEST_TRUE(fake::count("reduce") == 1, "reduce_scatter_v: %d ncclReduce calls", fake::count("reduce"));
+  comm->reduce_scatter_v(buf, {0}, gpt2::dist::ReduceOp::Avg);  // an empty bucket: no call
+  try {
+    comm->reduce_scatter_v(buf, {1, 1}, gpt2::dist::ReduceOp::Avg);
+    TEST_TRUE(false, "counts for 2 ranks in a group of 1 must be refused");
+  } catch (const DistError& e) {
+    TEST_TRUE(std::string(e.what()).find("2 counts for 1 ranks") != std::string::npos, "message: %s", e.what());
+  }
   comm->all_gather(buf, 4);
   comm->broadcast(buf, 4, 0);
   comm->barrier();
-  TEST_TRUE(fake::streams.size() == 5, "%zu collectives", fake::streams.size());
+  TEST_TRUE(fake::streams.size() == 6, "%zu collectives", fake::streams.size());
   for (cudaStream_t s : fake::streams) {
     TEST_TRUE(s != nullptr && s != cudaStreamLegacy && s != cudaStreamPerThread, "a collective on the legacy stream");
     TEST_TRUE(s != compute, "a collective on the compute stream");
