@@ -263,6 +263,10 @@ def test_zero2_kill_9_resume_and_another_world_size(tmp_path, recorder, data_dir
     run_training(tmp_path, "run", 2, recorder, data_dir, extra=extra + ["--resume", "auto"])
     np.testing.assert_array_equal(np.load(out / "params0.npy"), np.load(whole / "params0.npy"))
     assert metrics(out) == metrics(whole)
+    # ZeRO-1 ranks resume a ZeRO-2 checkpoint as it is (the same shard layout): the last step to fp32 tolerance
+    z1 = run_training(tmp_path, "z1", 2, recorder, data_dir, extra=["--zero", "1", "--resume",
+                                                                    str(whole / "checkpoints" / "step_000002")])
+    np.testing.assert_allclose(np.load(z1 / "params0.npy"), np.load(whole / "params0.npy"), rtol=0, atol=2e-5)
     # 4 ZeRO-2 ranks (micro-batch 1: the same global batch) resume it once consolidated: the 2-rank run's
     # continuation to fp32 tolerance (gradients summed in another order)
     ck_dir = tmp_path / "step_000002"
