@@ -322,6 +322,10 @@ void bind_model(py::module_& m, const char* cls_name) {
                              [](M& self) { return std::make_pair(self.grad_shard_lo(), self.grad_shard_hi()); },
                              "(lo, hi): the flat gradients this model holds ((0, num_parameters) unless sharded)")
       .def_property_readonly("grad_sharded", &M::grad_sharded)
+      .def_property("offload", &M::offload, &M::set_offload,
+                    "Optimizer offload (CUDA): the fp32 master weights and the AdamW moments in pinned host memory, "
+                    "AdamW run on the host's cores with the kernel's arithmetic (bit for bit the device update), "
+                    "the new weights written back to the device. False moves them back.")
       .def_property_readonly("grad_bucket_values", &M::grad_bucket_values,
                              "values of the ZeRO-2 bucket buffers (0 unless sharded)")
       .def("grad_shard",

@@ -45,14 +45,18 @@ __device__ inline bool adamw_step_values(AdamWParams& p, int group) {
   return true;
 }
 
-__device__ inline void adamw_one(float& w, float grad, float& m, float& v, const AdamWParams& p) {
+// One value's update. Host and device (the optimizer offload runs it on the CPU over host memory,
+// CudaBackend::adamw_host): every multiply-add is an explicit fma, so that nvcc's contraction of a * b + c in device
+// code and the host compiler's (none, or another) cannot round differently; sqrt and division are IEEE on both
+// (no fast-math), so the two write the same bits.
+__host__ __device__ inline void adamw_one(float& w, float grad, float& m, float& v, const AdamWParams& p) {
   const float g = grad * p.grad_scale;
-  const float mi = p.beta1 * m + (1.0f - p.beta1) * g;
-  const float vi = p.beta2 * v + (1.0f - p.beta2) * g * g;
+  const float mi = fmaf(p.beta1, m, (1.0f - p.beta1) * g);
+  const float vi = fmaf(p.beta2, v, ((1.0f - p.beta2) * g) * g);
   m = mi;
   v = vi;
   const float mhat = mi / p.bc1, vhat = vi / p.bc2;
-  w = w - p.lr * (mhat / (sqrtf(vhat) + p.eps) + p.decay * w);
+  w = fmaf(-p.lr, fmaf(p.decay, w, mhat / (sqrtf(vhat) + p.eps)), w);
 }
 
 // Element k: kStep: AdamW update of the master value (master[k], or param[k] when floatX = float), then the

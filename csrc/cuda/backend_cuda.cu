@@ -15,12 +15,14 @@
 // Out-of-memory is checked before allocating and reported with the size asked for.
 #include "cuda/backend_cuda.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -160,7 +162,7 @@ class CudaBackend final : public Backend<T> {
                     static_cast<void*>(sample_ids_.p)})
       if (p) check(cudaFree(p), "cudaFree");
     for (float* p : rope_tables_) check(cudaFree(p), "cudaFree");
-    for (PinnedStaging* st : {&batch_staging_, &step_staging_}) {
+    for (PinnedStaging* st : {&batch_staging_, &step_staging_, &offload_staging_}) {
       if (st->p) check(cudaFreeHost(st->p), "cudaFreeHost");
       if (st->copied) check(cudaEventDestroy(st->copied), "cudaEventDestroy");
     }
@@ -553,6 +555,58 @@ class CudaBackend final : public Backend<T> {
                   float scale) override {
     cuda::muon_apply(k(param), master, x, n, base, decay, scale, step_dev_, stream_);
   }
+  // Optimizer offload: pinned host memory, and AdamW on the host's cores with adamw_one, the kernel's own per-value
+  // function (cuda/adamw.cuh: explicit fmas, so device and host round alike), the rounding of the storage-type
+  // copy with round_param (the kernel's); the new parameters go back through pinned staging in one copy.
+  bool has_offload() const override { return true; }
+  float* alloc_pinned(size_t n) override {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(1, n) * sizeof(float)));
+    std::memset(p, 0, std::max<size_t>(1, n) * sizeof(float));
+    return static_cast<float*>(p);
+  }
+  void free_pinned(float* p) override {
+    if (p && cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
+  }
+  void adamw_host(T* param, float* master, const float* grad, float* grad_host, float* m, float* v, size_t base,
+                  const std::vector<AdamWSegment>& segments, float beta1, float beta2, float eps,
+                  const StepArgs& args, float scale) override {
+    if (segments.empty()) return;
+    float factor = 0.0f;
+    if (!update_factor(args, scale, &factor)) return;  // a non-finite norm writes nothing
+    size_t hi = base;
+    for (const AdamWSegment& sg : segments) hi = std::max(hi, sg.end);
+    const size_t n = hi - base;
+    CUDA_CHECK(cudaMemcpyAsync(grad_host, grad, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    sync();
+    K* out = static_cast<K*>(offload_staging_.reserve(n * sizeof(K)));
+    const unsigned threads = std::max(1u, std::min(64u, std::thread::hardware_concurrency()));
+    for (const AdamWSegment& sg : segments) {
+      AdamWParams p{};
+      p.beta1 = beta1, p.beta2 = beta2, p.eps = eps, p.decay = sg.decay, p.grad_scale = factor;
+      p.lr = group_lr(args, sg.group), p.bc1 = args.bc1, p.bc2 = args.bc2, p.seed = args.seed;
+      const size_t lo = sg.begin - base, len = sg.end - sg.begin, chunk = (len + threads - 1) / threads;
+      std::vector<std::thread> pool;
+      for (unsigned t = 0; t < threads && t * chunk < len; t++)
+        pool.emplace_back([&, t] {
+          const size_t a = lo + t * chunk, b = lo + std::min(len, (t + 1) * chunk);
+          for (size_t i = a; i < b; i++) {
+            float w = master[i];
+            cuda::adamw_one(w, grad_host[i], m[i], v[i], p);
+            master[i] = w;
+            out[i] = cuda::round_param<K>(w, p.seed, base + i);
+          }
+        });
+      for (std::thread& th : pool) th.join();
+    }
+    CUDA_CHECK(cudaMemcpyAsync(k(param), out, n * sizeof(K), cudaMemcpyHostToDevice, stream_));
+    offload_staging_.sent(stream_);
+    sync();
+  }
+  void params_to_host(T* dst, const T* src, size_t n) override {
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream_));
+    sync();
+  }
   // sumsq and the scaler behind it (StepArgs ends with sumsq, StepState puts the scaler next): one copy
   StepResult step_result() override {
     static_assert(offsetof(StepArgs, sumsq) + sizeof(double) == sizeof(StepArgs), "sumsq must end StepArgs");
@@ -808,6 +862,7 @@ class CudaBackend final : public Backend<T> {
   PinnedStaging batch_staging_;     // upload_batch's
   StepState* step_dev_ = nullptr;   // the optimizer step's values (set_step_args) and the loss scaler, device memory
   PinnedStaging step_staging_;
+  PinnedStaging offload_staging_;  // adamw_host's new parameters, on their way to the device
 };
 
 }  // namespace

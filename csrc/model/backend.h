@@ -309,6 +309,24 @@ class Backend {
   // have finished when it returns).
   virtual void set_step_args(const StepArgs& args) = 0;
   virtual void grad_sum_squares(const M* grad, size_t n) = 0;
+  // Optimizer offload (GPT2Model::set_offload; backends with has_offload, CUDA): the fp32 master weights and the
+  // AdamW moments in pinned host memory (alloc_pinned: zeroed), and adamw_host, the update on the host's cores:
+  // the gradients (backend memory, flat [base, ...) as adamw's) are copied into grad_host (pinned), then over each
+  // segment the same per-value arithmetic as adamw's kernel with the step's `args` (their sumsq: read back after
+  // grad_sum_squares) and the loss scale `scale`, master (host) updated in place, and param (backend memory)
+  // written from it with adamw's rounding through pinned staging. Nothing is written when the norm is not finite.
+  virtual bool has_offload() const { return false; }
+  virtual M* alloc_pinned(size_t /*n*/) {
+    throw std::logic_error(std::string("backend ") + name() + " has no optimizer offload (its memory is the host's)");
+  }
+  virtual void free_pinned(M* /*p*/) {}
+  virtual void adamw_host(T* /*param*/, M* /*master*/, const M* /*grad*/, M* /*grad_host*/, M* /*m*/, M* /*v*/,
+                          size_t /*base*/, const std::vector<AdamWSegment>& /*segments*/, float /*beta1*/,
+                          float /*beta2*/, float /*eps*/, const StepArgs& /*args*/, float /*scale*/) {
+    throw std::logic_error(std::string("backend ") + name() + " has no optimizer offload");
+  }
+  // backend memory -> host memory, n values of the storage type (fp32 models: the weights into the host master)
+  virtual void params_to_host(T* dst, const T* src, size_t n) { to_host(dst, src, n); }
   virtual void adamw(T* param, M* master, const M* grad, M* m, M* v, size_t base,
                      const std::vector<AdamWSegment>& segments, float beta1, float beta2, float eps) = 0;
   // Muon (model/optimizer.h), in three ops that read the step's values (StepArgs: muon_lr, muon_beta, and the

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 
@@ -43,6 +44,14 @@ GPT2Model<T>::~GPT2Model() {
   backend_->free_master(loss_acc_);
   backend_->free(params_);
   if (master_) backend_->free_master(master_);
+  if (offload_) {  // pinned host memory, returned as such
+    if constexpr (kHasMasterCopy<T>) backend_->free_pinned(master_);
+    master_ = nullptr;
+    for (M** p : {&m_, &v_, &host_master_, &grad_host_}) {
+      backend_->free_pinned(*p);
+      *p = nullptr;
+    }
+  }
   if (grads_) backend_->free_master(grads_);
   free_grad_buckets();
   if (m_) backend_->free_master(m_);
@@ -65,8 +74,90 @@ template <typename T>
 void GPT2Model<T>::ensure_optimizer_state() {
   backend_->make_current();
   require_training("optimizer state");
-  if (!m_) m_ = backend_->alloc_master(num_params_);
-  if (!v_) v_ = backend_->alloc_master(num_params_);
+  if (!m_) m_ = offload_ ? backend_->alloc_pinned(num_params_) : backend_->alloc_master(num_params_);
+  if (!v_) v_ = offload_ ? backend_->alloc_pinned(num_params_) : backend_->alloc_master(num_params_);
+}
+
+template <typename T>
+void GPT2Model<T>::set_offload(bool on) {
+  backend_->make_current();
+  require_training("set_offload");
+  if (on == offload_) return;
+  if (on && !backend_->has_offload())
+    throw std::invalid_argument(std::string("set_offload: the ") + backend_->name() + " backend's memory is the "
+                                "host's already: optimizer offload is for a GPU (device 'cuda')");
+  if (grad_sharded_)
+    throw std::logic_error("set_offload: the gradients are sharded (ZeRO-2): offload with ZeRO is not supported");
+  Backend<T>& be = *backend_;
+  drop_graph(optimizer_graph_);  // the update moves to the host (or back): no captured step holds
+  const size_t n = num_params_;
+  // move one buffer of n fp32 values between backend and pinned host memory (null stays null)
+  auto move = [&](M*& p, bool to_host) {
+    if (!p) return;
+    M* q = to_host ? be.alloc_pinned(n) : be.alloc_master(n);
+    if (to_host) {
+      be.to_host_master(q, p, n);
+      be.free_master(p);
+    } else {
+      M* staged = q;  // backend memory is host-addressable (CPU; CUDA: managed), pinned memory is host memory
+      std::memcpy(staged, p, n * sizeof(M));
+      be.free_pinned(p);
+    }
+    p = q;
+  };
+  be.synchronize();
+  if constexpr (kHasMasterCopy<T>) move(master_, on);
+  move(m_, on);
+  move(v_, on);
+  if (on) {
+    if constexpr (!kHasMasterCopy<T>) {
+      host_master_ = be.alloc_pinned(n);
+      be.params_to_host(host_master_, params_, n);
+    }
+    grad_host_ = be.alloc_pinned(n);
+  } else {
+    be.free_pinned(host_master_);
+    be.free_pinned(grad_host_);
+    host_master_ = grad_host_ = nullptr;
+  }
+  offload_ = on;
+  host_master_stale_ = false;
+}
+
+template <typename T>
+void GPT2Model<T>::require_no_offload(const char* what) const {
+  if (offload_)
+    throw std::logic_error(std::string(what) + ": the optimizer is offloaded to the host (--offload optimizer), "
+                           "which runs AdamW in optimizer_step only");
+}
+
+template <typename T>
+double GPT2Model<T>::offload_optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay,
+                                            int step, double grad_clip) {
+  Backend<T>& be = *backend_;
+  ensure_optimizer_state();
+  const size_t n = num_params_;
+  if constexpr (!kHasMasterCopy<T>) {
+    if (host_master_stale_) {  // an fp32 model's weights were written from outside: the host copy follows
+      be.params_to_host(host_master_, params_, n);
+      host_master_stale_ = false;
+    }
+  }
+  be.set_step_args(step_args(lr, beta1, beta2, step, 1.0f, grad_clip, 0));
+  be.grad_sum_squares(grads_, n);  // on the device, as the device update sums them
+  const StepResult r = be.step_result();
+  const float carried = r.scaler.scale;  // the scale these gradients carry (the scaler's update may change it)
+  M* master = kHasMasterCopy<T> ? master_ : host_master_;
+  be.adamw_host(params_, master, grads_, grad_host_, m_, v_, 0, adamw_segments(0, n, weight_decay), beta1, beta2,
+                eps, step_args(lr, beta1, beta2, step, 1.0f, grad_clip, r.sumsq), carried);
+  if (loss_scaling_) be.loss_scale_update();
+  const double sumsq = read_step_result();
+  const double norm = std::sqrt(sumsq / (double(carried) * double(carried)));
+  if (std::isfinite(norm)) {
+    round_seed_ = uint32_t(step);
+    params_stale_ = false;
+  }
+  return norm;
 }
 
 template <typename T>
@@ -318,6 +409,8 @@ template <typename T>
 void GPT2Model<T>::set_grad_shard(size_t lo, size_t hi) {
   backend_->make_current();
   require_training("set_grad_shard");
+  if (offload_)
+    throw std::logic_error("set_grad_shard: the optimizer is offloaded: ZeRO with offload is not supported");
   if (lo > hi || hi > num_params_)
     throw std::invalid_argument("set_grad_shard: need 0 <= lo <= hi <= num_parameters (" +
                                 std::to_string(num_params_) + "), got lo=" + std::to_string(lo) +
@@ -680,6 +773,7 @@ double GPT2Model<T>::grad_norm() {
 template <typename T>
 void GPT2Model<T>::adamw_update(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                                 float grad_scale) {
+  require_no_offload("adamw_update");
   require_unsharded("adamw_update");
   backend_->make_current();
   if (step < 1) throw std::invalid_argument("adamw_update: step counts from 1");
@@ -724,6 +818,7 @@ double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float ep
   require_unsharded("optimizer_step");
   backend_->make_current();
   if (step < 1) throw std::invalid_argument("optimizer_step: step counts from 1");
+  if (offload_) return offload_optimizer_step(lr, beta1, beta2, eps, weight_decay, step, grad_clip);
   ensure_optimizer_state();
   Backend<T>& be = *backend_;
   be.set_step_args(step_args(lr, beta1, beta2, step, 1.0f, grad_clip, 0));  // outside the graph: read at replay
@@ -748,6 +843,7 @@ template <typename T>
 void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2,
                                       float eps, float weight_decay, int step, float grad_scale, double grad_clip,
                                       double sumsq) {
+  require_no_offload("adamw_update_range");
   backend_->make_current();
   if (step < 1) throw std::invalid_argument("adamw_update_range: step counts from 1");
   require_training("adamw_update_range");
@@ -810,6 +906,7 @@ void GPT2Model<T>::muon_matrix_ops(const MuonStep& muon) {
 template <typename T>
 double GPT2Model<T>::muon_optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                                          double grad_clip, const MuonStep& muon) {
+  require_no_offload("muon_optimizer_step");
   require_unsharded("muon_optimizer_step");
   require_training("muon_optimizer_step");
   if (step < 1) throw std::invalid_argument("muon_optimizer_step: step counts from 1");
@@ -844,6 +941,7 @@ template <typename T>
 void GPT2Model<T>::muon_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
                                      float weight_decay, int step, double grad_clip, double sumsq,
                                      const MuonStep& muon) {
+  require_no_offload("muon_update_range");
   require_unsharded("muon_update_range");
   require_training("muon_update_range");
   if (step < 1) throw std::invalid_argument("muon_update_range: step counts from 1");
@@ -857,6 +955,7 @@ void GPT2Model<T>::muon_update_range(size_t lo, size_t hi, M* m, M* v, float lr,
 
 template <typename T>
 void GPT2Model<T>::muon_update_matrices(int step, double sumsq, const MuonStep& muon) {
+  require_no_offload("muon_update_matrices");
   require_unsharded("muon_update_matrices");
   // the step's values are muon_update_range's (set_step_args), read again by these ops
   require_training("muon_update_matrices");

@@ -85,6 +85,7 @@ class GPT2Model {
   void params_changed() {
     params_stale_ = kHasMasterCopy<T>;
     w16_stale_ = true;
+    host_master_stale_ = offload_ && !kHasMasterCopy<T>;  // an fp32 model's weights: the host copy is re-read
   }
   // Seed of the stochastic rounding that produced the ops' copy: the step of the last AdamW update (0: round
   // to nearest). A resumed run sets it to its step so the rebuilt copy has the same bits as a run that never
@@ -140,6 +141,15 @@ class GPT2Model {
   void accumulate_grad_shard(const M* src, size_t flat_lo, size_t n);
   // values of the three bucket buffers (0 when not sharded): the memory plan's "largest bucket in flight"
   size_t grad_bucket_values() const { return bucket_n_[0] + bucket_n_[1] + bucket_n_[2]; }
+
+  // ---- Optimizer offload (--offload optimizer; backends with has_offload: CUDA). On: the fp32 master weights (an
+  // fp32 model: a host copy of its weights) and the AdamW moments move to pinned host memory, and optimizer_step
+  // sums the gradients' squares on the device as always, copies the gradients to the host, runs AdamW there
+  // (Backend::adamw_host: the kernel's own per-value arithmetic) and writes the storage-type weights back: the bits
+  // of the device update. The device keeps the weights it computes with and the gradients. AdamW only (Muon and the
+  // ZeRO range updates refuse); off moves everything back.
+  void set_offload(bool on);
+  bool offload() const { return offload_; }
   // A training step with no host round trip until its end: forward_backward per micro-step, then optimizer_step.
   //
   // forward_backward: forward(inp, targets) and backward(grad_scale) in one call, the mean loss times grad_scale
@@ -321,6 +331,9 @@ class GPT2Model {
   // where backward writes layer l's gradients: layer(grads_, l), or the layer bucket (sharded)
   LayerTensors<M> layer_grads_out(int l) const;
   void require_unsharded(const char* what) const;
+  void require_no_offload(const char* what) const;
+  double offload_optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
+                                double grad_clip);
   void free_grad_buckets();
   // the lm_head's weight: wte when tied
   ParamTensor head() const { return config_.tie_embeddings ? kWte : kLmHead; }
@@ -404,6 +417,12 @@ class GPT2Model {
   M* bucket_[3] = {nullptr, nullptr, nullptr};
   size_t bucket_n_[3] = {0, 0, 0};
   BucketHook bucket_hook_;
+  // optimizer offload (set_offload): m_, v_ and (16-bit) master_ are pinned host memory; an fp32 model's host copy
+  // of its weights (stale after the device's were written from outside), and the gradients' host copy
+  bool offload_ = false;
+  M* host_master_ = nullptr;
+  M* grad_host_ = nullptr;
+  bool host_master_stale_ = false;
   M* m_ = nullptr;
   M* v_ = nullptr;
   T* acts_mem_ = nullptr;

@@ -16,11 +16,12 @@ auto` (gpt2core.batchfit) chooses B with it. The parts (bytes per GPU; `host` is
   logits          (B T, padded vocab) in the storage type: the largest single activation at small C
   workspace       the backend's scratch: the token ids and targets, the attention backward's scratch and the
                   column sums' partials (one buffer, the largest request), the matmul library's workspace
-  host            offload: the fp32 master weights, AdamW moments and a gradient buffer, per rank
+  host            offload: the fp32 master weights, AdamW moments, the gradients' host copy and the new weights'
+                  staging (the storage type), per rank (GPT2Model::set_offload, CudaBackend::adamw_host)
 
-Which options are implemented for training: recompute none / gelu / layer, ZeRO 0 / 1 / 2. Optimizer offload is
-planned here (issue 37) but `gpt2core-train` refuses it until it lands: its rows in the option table say
-"planned".
+Which options are implemented for training: recompute none / gelu / layer, ZeRO 0 / 1 / 2, and optimizer offload
+in a run of one process. Offload with several ranks (each offloading its ZeRO shard) is planned here (issue 37)
+but `gpt2core-train` refuses it: its rows in the option table say "planned".
 
 The numbers are checked against allocations: tests/python/test_memplan.py (CPU backend) and
 tests/csrc/cuda/test_cuda_emu_memplan.py (the emulated CUDA device's allocation accounting) within 2%."""
@@ -41,7 +42,7 @@ SAFETY = 0.05                 # the share of a budget kept back (fragmentation, 
 CUBLASLT_WORKSPACE = 32 << 20  # csrc/cuda/seams_cublaslt.cu kWorkspaceBytes (the emulator's seams allocate none)
 CUDA_CONTEXT = 512 << 20       # a card's memory the CUDA context and libraries take before the model (--gpu-memory
 #                                names the card's size; a measured free figure already lacks it)
-IMPLEMENTED = {"zero": (0, 1, 2), "offload": ("none",)}
+IMPLEMENTED = {"zero": (0, 1, 2), "offload": ("none", "optimizer")}
 _STORAGE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "float64": 8}
 # csrc/cuda/reduce.cuh (column sums' partials) and csrc/cuda/attention_tc.cuh (the 16-bit flash backward's dS)
 _COL_TILE, _COL_BLOCKS, _COL_MIN_ROWS, _TC_ROWS = 32, 1024, 32, 64
@@ -83,8 +84,9 @@ class Options:
 
     @property
     def implemented(self) -> bool:
-        """Whether gpt2core-train can train with these options today (the rest are planned)."""
-        return self.zero in IMPLEMENTED["zero"] and self.offload in IMPLEMENTED["offload"]
+        """Whether gpt2core-train can train with these options today (the rest are planned): offload with one
+        process (several ranks offloading their shards is planned)."""
+        return self.zero in IMPLEMENTED["zero"] and (self.offload == "none" or self.world_size == 1)
 
     def flags(self) -> str:
         """The options as gpt2core-train flags (the non-default ones)."""
@@ -177,7 +179,8 @@ def memory(config: GPT2Config | str, B: int, T: int, options: Options = Options(
         grads = (shard + grad_bucket_values(c)) * sm
     if o.offload == "optimizer":
         own = shard if o.zero else n
-        host = own * 4 * 3 + own * 4  # master weights, two moments, the gradient buffer the host reads
+        # master weights, two moments, the gradients' host copy, and the new weights' staging on their way back
+        host = own * 4 * 3 + own * 4 + own * st
         master, moments = 0, 0
     a = _C.activation_counts(c.block_size, c.vocab_size, c.padded_vocab_size, c.n_layer, c.n_head, c.n_embd, B, T,
                              attention_state(c, B, T, o), o.recompute, position=c.position, norm=c.norm,

@@ -178,3 +178,56 @@ def test_zero2_sharded_gradients_bit_for_bit_and_the_memory_it_frees(emu, precis
     sharded.forward_backward(*micro[1], 0.5)
     assert np.array_equal(sharded.grad_shard(), own[0] + own[1])
     assert sharded.take_loss() > 0
+
+
+@pytest.mark.parametrize("precision", list(CLASSES))
+def test_optimizer_offload_is_bit_identical_and_frees_the_optimizer_state(emu, precision):  # noqa: F811
+    """--offload optimizer on the emulated device: the fp32 master weights and the AdamW moments in pinned host
+    memory, AdamW on the host (CudaBackend::adamw_host) with the kernel's own per-value arithmetic. Against the
+    update on the device: losses, gradients, weights and moments bit for bit over optimizer steps of two micro-steps
+    each with clipping active (fp16 with dynamic loss scaling); the device memory it frees is the master copy (16-bit
+    models) and the moments, by the emulator's accounting, as the plan says; off moves them back and training goes
+    on, the same bits as a model never offloaded."""
+    scaled = precision == "fp16"
+    runs, held = {}, {}
+    for offload in (False, True):
+        free0 = emu.cuda_mem_info(0)[0]
+        m = getattr(emu, CLASSES[precision])(**SMALL, device="cuda", attention="flash", **MODERN)
+        init_params(m)
+        m.params_changed()
+        m.offload = offload
+        assert m.offload == offload
+        runs[offload] = run_steps(m, "none", scaled, steps=3)
+        runs[offload] += [m.adam_m()["qkvw"].copy(), m.adam_v()["fcw"].copy()]
+        held[offload] = free0 - emu.cuda_mem_info(0)[0]
+        if offload:  # back on the device: one more step, as the model that never left
+            m.offload = False
+            runs["back"] = run_steps(m, "none", scaled, steps=1)
+        else:
+            runs["stay"] = run_steps(m, "none", scaled, steps=1)
+        del m
+    for a, b in zip(runs[False], runs[True]):
+        assert np.array_equal(np.asarray(a), np.asarray(b)), precision
+    for a, b in zip(runs["stay"], runs["back"]):
+        assert np.array_equal(np.asarray(a), np.asarray(b)), precision
+    n = config_of(SMALL, MODERN).num_parameters()
+    master = 4 * n if precision != "fp32" else 0
+    assert held[False] - held[True] == master + 8 * n
+    plan = {o: memplan.memory(config_of(SMALL, MODERN), B, T, memplan.Options(
+        device="cuda", precision=precision, offload=o, attention="flash", library_workspace=0))
+        for o in ("none", "optimizer")}
+    assert memplan.total(plan["none"]) - memplan.total(plan["optimizer"]) == master + 8 * n
+    assert plan["optimizer"]["host"] == 16 * n + (4 if precision == "fp32" else 2) * n
+
+
+def test_offload_refusals(emu):  # noqa: F811
+    m = emu.ModelBF16(**SMALL, device="cuda", attention="flash", **MODERN)
+    m.offload = True
+    with pytest.raises(RuntimeError, match="offloaded"):
+        m.set_grad_shard(0, 10)
+    with pytest.raises(RuntimeError, match="offloaded to the host"):
+        m.adamw_update(lr=1e-3, step=1)
+    m.offload = False
+    m.set_grad_shard(0, 10)
+    with pytest.raises(RuntimeError, match="sharded"):
+        m.offload = True
