@@ -43,7 +43,6 @@ GPT2Model<T>::~GPT2Model() {
   backend_->free_i32(n_valid_dev_);
   backend_->free_master(loss_acc_);
   backend_->free(params_);
-  if (master_) backend_->free_master(master_);
   if (offload_) {  // pinned host memory, returned as such
     if constexpr (kHasMasterCopy<T>) backend_->free_pinned(master_);
     master_ = nullptr;
@@ -52,6 +51,7 @@ GPT2Model<T>::~GPT2Model() {
       *p = nullptr;
     }
   }
+  if (master_) backend_->free_master(master_);
   if (grads_) backend_->free_master(grads_);
   free_grad_buckets();
   if (m_) backend_->free_master(m_);

@@ -219,7 +219,7 @@ class DataParallel:
         self.m = self.v = None
         self.scatterer = None
         if zero == 2:  # this rank's shard of the gradients only, reduce-scattered into bucket by bucket
-            model._m.set_grad_shard(self.lo, self.hi)
+            model.shard_grads(self.lo, self.hi)
             self.scatterer = _C.dist.GradReduceScatterer(comm, model._m)
         if zero:  # this rank's moments, in the backend's memory (device memory on GPUs)
             S = self.hi - self.lo

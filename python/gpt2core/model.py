@@ -33,6 +33,18 @@ class NoGradientsError(Error, RuntimeError):
     """step() with no gradients to apply (no backward since construction or zero_grad)."""
 
 
+class _ShardedGrads(dict):
+    """grads of a model whose gradients are sharded (ZeRO-2): no full views to give."""
+
+    def __init__(self, lo: int, hi: int):
+        super().__init__()
+        self.range = (lo, hi)
+
+    def __getitem__(self, name):
+        raise ValueError(f"the gradients are sharded (ZeRO-2): this model holds flat {list(self.range)} only "
+                         "(model._m.grad_shard())")
+
+
 class _Views(dict):
     """params / grads: numpy views into the core's buffers. Writing into a view changes the model
     (`params["wte"][...] = w`); replacing an entry would only detach the name from the model, so it is refused."""
@@ -363,6 +375,14 @@ class GPT2:
             raise ValueError("offload is for a GPU (device 'cuda'): on the CPU the optimizer state is in host "
                              "memory already")
         self._m.offload = bool(on)
+        self.params = _Views(self._m.params())  # a 16-bit model's master weights moved: views of where they are
+
+    def shard_grads(self, lo: int, hi: int) -> None:
+        """ZeRO-2 (DataParallel(zero=2) calls it): keep only the gradients of flat [lo, hi) plus the bucket buffers
+        backward fills (the core's set_grad_shard); self.grads then refuses, naming the shard (the core's
+        grad_shard() is its view). (0, num_parameters) goes back to one full buffer."""
+        self._m.set_grad_shard(lo, hi)
+        self.grads = _Views(self._m.grads()) if not self._m.grad_sharded else _ShardedGrads(lo, hi)
 
     @property
     def recompute_gelu(self) -> bool:

@@ -124,7 +124,9 @@ def test_the_sharded_model_frees_what_the_plan_says_and_refuses_full_buffer_call
         assert p["gradients"] == 4 * (-(-n // 4) + memplan.grad_bucket_values(config))
     x, y = batch(0, 1, 16, 97)
     m = GPT2(TINY, device="cpu")
-    m._m.set_grad_shard(10, 20)
+    m.shard_grads(10, 20)
+    with pytest.raises(ValueError, match=r"sharded \(ZeRO-2\): this model holds flat \[10, 20\] only"):
+        m.grads["wte"]  # the wrapper's views of the freed full buffer are gone
     for call in (m.flat_grads, lambda: m.params and m._m.grads()):
         with pytest.raises(ValueError, match=r"sharded \(ZeRO-2\): this model holds flat \[10, 20\) only"):
             call()
@@ -137,8 +139,8 @@ def test_the_sharded_model_frees_what_the_plan_says_and_refuses_full_buffer_call
         m._m.accumulate_grad_shard(np.ones(5, np.float32), 18)
     with pytest.raises(ValueError, match="need 0 <= lo <= hi"):
         m._m.set_grad_shard(5, 4)
-    m._m.set_grad_shard(0, m.num_parameters)  # back to one full buffer
-    assert not m._m.grad_sharded
+    m.shard_grads(0, m.num_parameters)  # back to one full buffer
+    assert not m._m.grad_sharded and m.grads["wte"].shape == (TINY.padded_vocab_size, TINY.n_embd)
     m.forward(x, y)
     m.backward()
     assert m.flat_grads().shape == (m.num_parameters,)
