@@ -206,7 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run 1 process with the same per-process settings and print the scaling efficiency")
     g.add_argument("--total-batch-tokens", type=cli.positive_int, default=None,
                    help="tokens per optimizer step; gradient accumulation makes up the rest (default B*T*processes)")
-    g.add_argument("--zero", type=int, choices=[0, 1], default=0, help="1: ZeRO-1 (sharded AdamW state)")
+    g.add_argument("--zero", type=int, choices=[0, 1, 2], default=0,
+                   help="1: ZeRO-1 (sharded AdamW state); 2: ZeRO-2 (gradients sharded too)")
+    g.add_argument("--offload", action="store_true",
+                   help="--offload optimizer: master weights and AdamW moments in pinned host memory, AdamW on the "
+                        "host (CUDA, one process)")
     g.add_argument("--no-overlap-comm", action="store_true", help="one gradient allreduce after backward")
     g.add_argument("--dist-timeout", type=cli.seconds, default=300.0, help="seconds a collective waits for the others")
     g.add_argument("--result-json", default=None, help=argparse.SUPPRESS)  # rank 0 writes its figures here
@@ -482,6 +486,7 @@ def worker(args):
     model = GPT2(cfg, device=device, seed=0, precision=args.precision, attention=args.attention,
                  fused=not args.no_fused, matmul_tuning=args.matmul_tuning, deterministic=not args.no_deterministic)
     model.recompute_gelu = args.recompute_gelu
+    model.offload = args.offload
     model.cuda_graphs = args.cuda_graphs
     ddp = None
     if comm is not None:
@@ -625,11 +630,13 @@ def data_parallel(args, argv):
 def check_switches(ap, args) -> None:
     """Switches that would do nothing here are usage errors (exit 2), not silently ignored."""
     if args.device == "cpu":
-        for flag in ("matmul_tuning", "cuda_graphs"):
+        for flag in ("matmul_tuning", "cuda_graphs", "offload"):
             if getattr(args, flag):
                 ap.error(f"--{flag.replace('_', '-')} needs --device cuda (it does nothing on the CPU)")
+    if args.offload and (args.nproc > 1 or args.zero):
+        ap.error("--offload is for one process (offload with ZeRO ranks is not implemented)")
     if args.nproc == 1 and not args.scaling and "WORLD_SIZE" not in os.environ and not args.result_json:
-        for flag, on in (("--zero 1", args.zero), ("--no-overlap-comm", args.no_overlap_comm)):
+        for flag, on in ((f"--zero {args.zero}", args.zero), ("--no-overlap-comm", args.no_overlap_comm)):
             if on:
                 ap.error(f"{flag} needs a data-parallel run (--nproc N > 1 or --scaling)")
 
