@@ -19,13 +19,16 @@
 # part, the largest micro-batch that fits this GPU's free memory, which memory options fit) and stops with its
 # one-line suggestion when the run does not fit. The plans for common cards are in the README ("Memory: what
 # fits"). Environment knobs (defaults in brackets):
-#   NGPU [8]  B [llm.c's]  T [1024]  RECOMPUTE [none]  ZERO [1 with NGPU > 1, else 0]  DATA  HELLASWAG  OUT
+#   NGPU [8]  B [llm.c's]  T [1024]  RECOMPUTE [none]  ZERO [1 with NGPU > 1, else 0]  OFFLOAD [none]  DATA
+#   HELLASWAG  OUT
 #   LAUNCHER [auto: torchrun if installed, else python -m gpt2core.launch]  PYTHON [python]  DEVICE [cuda]
 #   GPU_MEMORY [the GPU's free memory]: the plan's budget per GPU, e.g. 24GiB
 # Examples:
 #   scripts/train_gpt2_350m.sh                                   # 8 GPUs, llm.c's run
 #   NGPU=1 B=8 RECOMPUTE=layer scripts/train_gpt2_350m.sh        # one RTX 3080 10 GB (see the README's plan)
 #   NGPU=2 B=4 RECOMPUTE=layer scripts/train_gpt2_1558m.sh       # two RTX 4090 24 GB, ZeRO-1
+#   NGPU=2 B=8 RECOMPUTE=layer ZERO=2 scripts/train_gpt2_1558m.sh   # the same with ZeRO-2 (gradients sharded)
+#   NGPU=1 B=16 RECOMPUTE=layer OFFLOAD=optimizer scripts/train_gpt2_1558m.sh   # one RTX 4090: AdamW on the host
 # Fewer GPUs or a smaller B keep the tokens per step through gradient accumulation. Rerunning resumes from the
 # newest complete checkpoint (--resume auto). These are llm.c's figures, not measurements of gpt2core.
 set -euo pipefail
@@ -45,6 +48,7 @@ DATA=${DATA:-$data}
 HELLASWAG=${HELLASWAG:-data/hellaswag/hellaswag_val.npz}
 OUT=${OUT:-runs/gpt2_$name}
 RECOMPUTE=${RECOMPUTE:-none}
+OFFLOAD=${OFFLOAD:-none}
 if (( NGPU > 1 )); then ZERO=${ZERO:-1}; else ZERO=${ZERO:-0}; fi
 DEVICE=${DEVICE:-cuda}
 LAUNCHER=${LAUNCHER:-auto}
@@ -58,7 +62,7 @@ fi
 source "$(dirname "$0")/launch_cmd.sh" train_gpt2_large.sh
 
 args=(--preset "$PRESET" --device "$DEVICE" --precision bf16 -B "$B" -T "$T" --total-batch-tokens "$tokens"
-      --recompute "$RECOMPUTE" --zero "$ZERO")
+      --recompute "$RECOMPUTE" --zero "$ZERO" --offload "$OFFLOAD")
 # the plan first, in this process (no GPU memory is allocated): exit 2 with its suggestion when it does not fit
 "$PYTHON" -m gpt2core.train "${args[@]}" --plan --world-size "$NGPU" ${GPU_MEMORY:+--gpu-memory "$GPU_MEMORY"}
 
