@@ -152,12 +152,7 @@ double GPT2Model<T>::offload_optimizer_step(float lr, float beta1, float beta2, 
                 eps, step_args(lr, beta1, beta2, step, 1.0f, grad_clip, r.sumsq), carried);
   if (loss_scaling_) be.loss_scale_update();
   const double sumsq = read_step_result();
-  const double norm = std::sqrt(sumsq / (double(carried) * double(carried)));
-  if (std::isfinite(norm)) {
-    round_seed_ = uint32_t(step);
-    params_stale_ = false;
-  }
-  return norm;
+  return step_norm(sumsq, carried, step);
 }
 
 template <typename T>
@@ -744,6 +739,16 @@ double GPT2Model<T>::read_step_result() {
 }
 
 template <typename T>
+double GPT2Model<T>::step_norm(double sumsq, float carried, int step) {
+  const double norm = std::sqrt(sumsq / (double(carried) * double(carried)));
+  if (std::isfinite(norm)) {  // else nothing was written
+    round_seed_ = uint32_t(step);
+    params_stale_ = false;
+  }
+  return norm;
+}
+
+template <typename T>
 void GPT2Model<T>::set_loss_scaling(bool on, const LossScaler& state) {
   backend_->make_current();
   if (on && !(state.scale > 0 && std::isfinite(state.scale) && state.interval >= 1 && state.growth >= 1 &&
@@ -830,13 +835,7 @@ double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float ep
     if (scaling) be.loss_scale_update();
   });
   const float carried = scaler_.scale;  // the scale these gradients carry (the update may change it)
-  const double sumsq = read_step_result();
-  const double norm = std::sqrt(sumsq / (double(carried) * double(carried)));
-  if (std::isfinite(norm)) {  // else nothing was written
-    round_seed_ = uint32_t(step);
-    params_stale_ = false;
-  }
-  return norm;
+  return step_norm(read_step_result(), carried, step);
 }
 
 template <typename T>
@@ -929,12 +928,7 @@ double GPT2Model<T>::muon_optimizer_step(float lr, float beta1, float beta2, flo
               });
   const float carried = scaler_.scale;
   const double sumsq = read_step_result();
-  const double norm = std::sqrt(sumsq / (double(carried) * double(carried)));
-  if (std::isfinite(norm)) {
-    round_seed_ = uint32_t(step);
-    params_stale_ = false;
-  }
-  return norm;
+  return step_norm(sumsq, carried, step);
 }
 
 template <typename T>

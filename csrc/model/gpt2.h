@@ -321,6 +321,9 @@ class GPT2Model {
   double unscaled(double sumsq) const { return sumsq / (double(scaler_.scale) * double(scaler_.scale)); }
   // The step's one read (Backend::step_result): refreshes the host's scaler copy, returns the sum of squares.
   double read_step_result();
+  // The pre-clip norm of a step whose gradients carried loss scale `carried` and summed to sumsq; when it is finite
+  // (the update was written) the ops' copy is now the update's, rounded with the step's seed.
+  double step_norm(double sumsq, float carried, int step);
   // tensor i (null when the config does not have it)
   T* param(ParamTensor i) const { return sizes_[i] ? params_ + offsets_[i] : nullptr; }
   M* grad(ParamTensor i) const { return sizes_[i] ? grads_ + offsets_[i] : nullptr; }

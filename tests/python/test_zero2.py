@@ -28,6 +28,7 @@ import pytest
 
 from gpt2core import GPT2, GPT2Config, _C, memplan
 from test_distributed import B, T, metrics, needs_gloo, run_training, start_ranks, wait_all
+from test_distributed import data_dir, recorder, single  # noqa: F401  (fixtures)
 
 TINY = GPT2Config(block_size=32, vocab_size=97, padded_vocab_size=128, n_layer=2, n_head=2, n_embd=64)
 MODERN = GPT2Config.modern(2, 64, n_head=2, block_size=32, vocab_size=97, padded_vocab_size=128)
@@ -183,25 +184,6 @@ def test_zero2_with_accumulation_matches_zero1_to_fp32(tmp_path, single, recorde
     p0 = np.load(z2 / "params0.npy")
     np.testing.assert_array_equal(np.load(z2 / "params1.npy"), p0)
     np.testing.assert_allclose(p0, np.load(single / "params0.npy"), rtol=0, atol=2e-5)
-
-
-@pytest.fixture(scope="module")
-def single(tmp_path_factory, recorder, data_dir):
-    return run_training(tmp_path_factory.mktemp("single"), "single", 1, recorder, data_dir)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    from gpt2core.data import shakespeare
-    return shakespeare.ensure(tmp_path_factory.mktemp("shakespeare"))
-
-
-@pytest.fixture(scope="module")
-def recorder(tmp_path_factory):
-    from test_distributed import RECORDER
-    p = tmp_path_factory.mktemp("rec") / "record_train.py"
-    p.write_text(RECORDER)
-    return p
 
 
 # Each rank: a ZeRO-2 DataParallel over two micro-steps of its own batches, then its gradient shard; and, from a
