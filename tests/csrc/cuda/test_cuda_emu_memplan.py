@@ -190,7 +190,7 @@ def test_optimizer_offload_is_bit_identical_and_frees_the_optimizer_state(emu, p
     models) and the moments, by the emulator's accounting, as the plan says; off moves them back and training goes
     on, the same bits as a model never offloaded."""
     scaled = precision == "fp16"
-    runs, held = {}, {}
+    runs, held, scalers = {}, {}, {}
     for offload in (False, True):
         free0 = emu.cuda_mem_info(0)[0]
         m = getattr(emu, CLASSES[precision])(**SMALL, device="cuda", attention="flash", **MODERN)
@@ -200,6 +200,7 @@ def test_optimizer_offload_is_bit_identical_and_frees_the_optimizer_state(emu, p
         assert m.offload == offload
         runs[offload] = run_steps(m, "none", scaled, steps=3)
         runs[offload] += [m.adam_m()["qkvw"].copy(), m.adam_v()["fcw"].copy()]
+        scalers[offload] = m.loss_scaler  # the scaler stepped on the device after the host's update, as always
         held[offload] = free0 - emu.cuda_mem_info(0)[0]
         if offload:  # back on the device: one more step, as the model that never left
             m.offload = False
@@ -209,6 +210,7 @@ def test_optimizer_offload_is_bit_identical_and_frees_the_optimizer_state(emu, p
         del m
     for a, b in zip(runs[False], runs[True]):
         assert np.array_equal(np.asarray(a), np.asarray(b)), precision
+    assert scalers[True] == scalers[False] and scalers[True]["clean"] == (3 if scaled else 0)
     for a, b in zip(runs["stay"], runs["back"]):
         assert np.array_equal(np.asarray(a), np.asarray(b)), precision
     n = config_of(SMALL, MODERN).num_parameters()
