@@ -207,9 +207,11 @@ void bind_dist(py::module_& m) {
              auto s = g.stats();
              py::dict d;
              d["backwards"] = s.backwards, d["buckets"] = s.buckets, d["values"] = s.values;
+             d["seconds"] = s.seconds;
              return d;
            },
-           "Counters since construction: backward calls, buckets reduce-scattered, and their values.");
+           "Counters since construction: backward calls, buckets reduce-scattered, their values, and the seconds "
+           "spent reducing them (the bucket hook: collectives and folding in, the backward's ops apart).");
 
   d.def("alloc_state",
         [](py::object model, size_t n) {

@@ -15,6 +15,7 @@
 // overlap in memory, not in time. Depends on the communicator interface (comm/comm.h), not on an implementation.
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -31,6 +32,7 @@ class GradReduceScatterer {
  public:
   struct Stats {
     size_t backwards = 0, buckets = 0, values = 0;
+    double seconds = 0;  // in the bucket hook (the collectives and the folding in), the backward's ops apart
   };
 
   template <typename T>
@@ -45,6 +47,7 @@ class GradReduceScatterer {
                                   std::to_string(comm.shard_hi(n, rank)) + "): call set_grad_shard first");
     backward_ = [&comm, &m, n, world, rank, this](float grad_scale) {
       auto hook = [&](float* bucket, const GradRanges& ranges) {
+        const auto t0 = std::chrono::steady_clock::now();
         // ranges are in flat order and packed back to back, so each rank's part of the bucket is one run
         std::vector<size_t> counts(size_t(world), 0);
         size_t total = 0;
@@ -67,6 +70,7 @@ class GradReduceScatterer {
         }
         stats_.buckets++;
         stats_.values += total;
+        stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       };
       auto prev = m.set_grad_bucket_hook(hook);
       try {

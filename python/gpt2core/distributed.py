@@ -277,10 +277,10 @@ class DataParallel:
             self.model.forward_backward(idx, targets, grad_scale)
 
     def _scattered_backward(self, grad_scale: float) -> None:
-        t0 = time.perf_counter()
+        before = self.scatterer.stats()["seconds"]
         self.scatterer.backward(float(grad_scale))
         self.model._has_grads = True  # the scatterer ran the model's backward
-        self._comm_ms += (time.perf_counter() - t0) * 1e3  # backward and its collectives: not apart (blocking)
+        self._comm_ms += (self.scatterer.stats()["seconds"] - before) * 1e3  # its buckets' collectives only
 
     def backward(self, grad_scale: float = 1.0) -> None:
         """GPT2.backward (after forward); as in forward_backward, the last micro-step averages as it goes."""

@@ -209,7 +209,8 @@ SHARD_SCRIPT = textwrap.dedent("""
     for x in xs:
         dp.forward_backward(x, x, grad_scale=0.5)
     np.savez(sys.argv[1] + f"/rank{env.rank}.npz", shard=dp.model._m.grad_shard(), lo=dp.lo, hi=dp.hi,
-             own=np.stack(own), stats=np.array(list(dp.scatterer.stats().values())))
+             own=np.stack(own), stats=np.array([dp.scatterer.stats()[k] for k in ("backwards", "buckets", "values")]),
+             seconds=dp.scatterer.stats()["seconds"])
 """)
 
 
@@ -231,7 +232,7 @@ def test_zero2_accumulates_the_micro_steps_averages_bit_for_bit(tmp_path):
                                    rtol=1e-5, atol=1e-7)
         backwards, buckets, values = z[r]["stats"]
         n = want.size
-        assert (backwards, buckets, values) == (2, 2 * (3 + 2), 2 * n)
+        assert (backwards, buckets, values) == (2, 2 * (3 + 2), 2 * n) and z[r]["seconds"] > 0
 
 
 @needs_gloo
