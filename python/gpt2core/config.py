@@ -311,7 +311,8 @@ class TrainConfig:
                           choices=["none", "gelu", "layer"])
     recompute_gelu: bool = _opt(False, "the same as --recompute gelu", "model")
     offload: str = _opt("none", "optimizer: keep the fp32 master weights and AdamW moments in pinned host memory "
-                                "(planned: --plan models it; training with it is not implemented yet)", "model",
+                                "and run AdamW on the host (CUDA, one process, AdamW; the same bits as on the GPU)",
+                        "model",
                         choices=["none", "optimizer"])
     cuda_graphs: bool = _opt(False, "CUDA: capture each micro-step's forward and backward, and the optimizer step, "
                                     "in CUDA graphs and replay them (one launch instead of hundreds); with data "
