@@ -248,13 +248,19 @@ def step_cost_rank(o: Options) -> tuple:
 
 # ------------------------------------------------------------------------------------------- step-time costs
 PCIE_GBS = 25.0  # PCIe 4.0 x16, one direction, as measured by bandwidthTest on pinned memory (~25 of 32 GB/s)
+# The host's memory bandwidth for offload's AdamW (a streaming pass, bound by memory, not by the cores): this
+# project's CPU machine moved 34 GB/s copying and 45 GB/s scaling in place with numpy (2026-11-28, 400 MB arrays).
+HOST_GBS = 30.0
 
 
 def step_costs(config, B: int, T: int, options: Options) -> dict:
     """What an option costs in step time, modelled (not measured): layer recompute runs each block's forward again
     (its FLOPs as a share of the step's 6N + 6LCT per token, so ~1/3 of the block matmuls); offload moves the
     gradients to the host and the new 16-bit weights back over PCIe each optimizer step (bytes and ms at
-    PCIE_GBS, to be set against the step's compute time)."""
+    PCIE_GBS, to be set against the step's compute time), and its AdamW on the host streams every parameter's
+    state through host memory (CudaBackend::adamw_host: the gradient copy written, then gradient, master and two
+    moments read, those three written and the new weight written to staging, which the upload reads: 32 + 2 x the
+    storage type's bytes a parameter; ms at HOST_GBS)."""
     c = _config(config)
     n = c.num_parameters()
     emb = c.padded_vocab_size * c.n_embd
@@ -269,6 +275,8 @@ def step_costs(config, B: int, T: int, options: Options) -> dict:
         moved = own * 4 + n * st  # fp32 gradients down, the updated storage-type weights up
         out["offload_pcie_bytes"] = moved
         out["offload_pcie_ms"] = moved / (PCIE_GBS * 1e9) * 1e3
+        out["offload_host_bytes"] = own * (32 + 2 * st)
+        out["offload_host_ms"] = out["offload_host_bytes"] / (HOST_GBS * 1e9) * 1e3
     return out
 
 
@@ -317,6 +325,10 @@ class Plan:
             elif k == "offload_pcie_ms":
                 lines.append(f"  cost: --offload optimizer moves {self.costs['offload_pcie_bytes'] / 1e9:.2f} GB "
                              f"over PCIe per optimizer step: {v:.0f} ms at {PCIE_GBS:g} GB/s (PCIe 4.0 x16)")
+            elif k == "offload_host_ms":
+                lines.append(f"  cost: its AdamW on the host streams {self.costs['offload_host_bytes'] / 1e9:.1f} GB "
+                             f"through host memory per optimizer step: {v:.0f} ms at {HOST_GBS:g} GB/s (not "
+                             "overlapped with the GPU yet)")
         lines.append("  option combinations (largest B that fits; cheapest step first):")
         for x, b in self.table:
             note = "" if x.implemented else "  (planned: not implemented yet)"

@@ -86,6 +86,9 @@ def test_per_parameter_bytes_and_shards_are_the_arithmetic():
     assert z2["gradients"] == 4 * (-(-n // 2) + memplan.grad_bucket_values(get_preset("d48"))) < 4 * n
     off = memplan.memory("d48", 1, 1024, memplan.Options(precision="bf16", offload="optimizer"))
     assert off["optimizer"] == off["master_weights"] == 0 and off["host"] == 16 * n + 2 * n  # + the bf16 staging
+    cost = memplan.step_costs("d48", 1, 1024, memplan.Options(precision="bf16", offload="optimizer"))
+    assert cost["offload_pcie_bytes"] == 6 * n and cost["offload_host_bytes"] == 36 * n
+    assert cost["offload_host_ms"] == pytest.approx(36 * n / (memplan.HOST_GBS * 1e9) * 1e3)
 
 
 def test_the_issue_goals_as_planned():
