@@ -11,13 +11,14 @@ A checkpoint is a directory `<output-dir>/checkpoints/step_NNNNNN/`:
     metrics.jsonl    a copy of the run's metrics up to this step
     manifest.json    written last: format, version, step, and the size and sha256 of every other file
 
-A ZeRO-1 run (`--zero 1`, W ranks) writes no adam_m.npy / adam_v.npy: every rank r writes its own shard
+A ZeRO-1 or ZeRO-2 run (`--zero 1|2`, W ranks; the same layout: "stage" 1 names it, the sharded optimizer state,
+whichever stage wrote it) writes no adam_m.npy / adam_v.npy: every rank r writes its own shard
 `optim_shard_r{r}_of_{W}.npz` (lo, hi, num_parameters, step_count, and m, v of parameters [lo, hi)), state.json
 records {"zero": {"stage": 1, "world_size": W, "shards": [{"file", "lo", "hi"}, ...]}}, and the manifest
 (version 2, with "zero": {"stage": 1, "world_size": W}) is written by rank 0 only after every rank's shard is
 on disk, and lists the shards like any other file: a missing or corrupt shard makes the checkpoint
 incomplete. No rank holds the full optimizer state while saving or loading. Such a checkpoint resumes
-only with W ranks and --zero 1 (CheckpointError otherwise, naming the way out):
+only with W ranks and --zero 1 or 2 (CheckpointError otherwise, naming the way out):
 `python -m gpt2core.checkpoint consolidate DIR` merges the shards into adam_m.npy / adam_v.npy (version 1),
 which resumes with any world size; a ZeRO-1 run resuming a full checkpoint reads only its slice of it.
 
