@@ -281,3 +281,28 @@ def test_zero2_refusals(tmp_path, data_dir):
     from gpt2core.distributed import DataParallel
     with pytest.raises(ValueError, match=r"zero must be 0 .* 1 .* or 2"):
         DataParallel(GPT2(TINY), None, zero=3)  # checked before the communicator is touched
+
+
+@needs_gloo
+def test_reducer_and_collective_refuse_bad_input_in_a_one_rank_group():
+    """In a group of one: reduce_scatter_v is the identity and checks its counts; the reducer refuses a model whose
+    gradients are not this rank's shard, or a float64 one; a CPU model refuses offload."""
+    from test_distributed import free_port
+    c = _C.dist.init_gloo(0, 1, "127.0.0.1", free_port(), timeout=5)
+    a = np.arange(5, dtype=np.float32)
+    c.reduce_scatter_v(a, [5], "avg")
+    np.testing.assert_array_equal(a, np.arange(5))
+    with pytest.raises(ValueError, match=r"one count per rank \(1\) summing to len\(buf\) \(5\)"):
+        c.reduce_scatter_v(a, [4], "avg")
+    with pytest.raises(ValueError, match="one count per rank"):
+        c.reduce_scatter_v(a, [2, 3], "avg")
+    m = GPT2(TINY, device="cpu", seed=2)
+    with pytest.raises(ValueError, match="set_grad_shard first"):
+        _C.dist.GradReduceScatterer(c, m._m)
+    m.shard_grads(0, m.num_parameters - 1)  # one rank's shard is everything: refused as not its ZeRO shard
+    with pytest.raises(ValueError, match=r"this rank's ZeRO shard \[0, \d+\)"):
+        _C.dist.GradReduceScatterer(c, m._m)
+    with pytest.raises(TypeError, match="Model, ModelBF16 or ModelF16"):
+        _C.dist.GradReduceScatterer(c, GPT2(TINY, device="cpu", dtype="float64")._m)
+    with pytest.raises(ValueError, match="offload is for a GPU"):
+        m.offload = True
