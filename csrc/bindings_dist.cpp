@@ -203,6 +203,10 @@ void bind_dist(py::module_& m) {
              g.backward(grad_scale);
            },
            py::arg("grad_scale") = 1.0f)
+      .def("run", [](GradReduceScatterer& g, py::function fn) { g.run([&] { fn(); }); },
+           py::arg("fn"),
+           "fn() with the bucket hook installed: fn calls the model's forward_backward (or backward), whose buckets "
+           "are then reduce-scattered as they are final (the GIL is held around fn; the model's call releases it).")
       .def("stats", [](const GradReduceScatterer& g) {
              auto s = g.stats();
              py::dict d;

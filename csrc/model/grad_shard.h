@@ -16,6 +16,7 @@
 #pragma once
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -45,36 +46,38 @@ class GradReduceScatterer {
       throw std::invalid_argument("GradReduceScatterer: the model's gradient shard must be this rank's ZeRO shard [" +
                                   std::to_string(comm.shard_lo(n, rank)) + ", " +
                                   std::to_string(comm.shard_hi(n, rank)) + "): call set_grad_shard first");
-    backward_ = [&comm, &m, n, world, rank, this](float grad_scale) {
-      auto hook = [&](float* bucket, const GradRanges& ranges) {
-        const auto t0 = std::chrono::steady_clock::now();
-        // ranges are in flat order and packed back to back, so each rank's part of the bucket is one run
-        std::vector<size_t> counts(size_t(world), 0);
-        size_t total = 0;
-        for (const auto& [lo, hi] : ranges) {
-          total += hi - lo;
-          for (int r = 0; r < world; r++) {
-            const size_t a = std::max(lo, comm.shard_lo(n, r)), b = std::min(hi, comm.shard_hi(n, r));
-            if (a < b) counts[size_t(r)] += b - a;
-          }
+    // the bucket hook: reduce-scatter the bucket, fold this rank's piece into the shard
+    hook_ = [&comm, &m, n, world, rank, this](float* bucket, const GradRanges& ranges) {
+      const auto t0 = std::chrono::steady_clock::now();
+      // ranges are in flat order and packed back to back, so each rank's part of the bucket is one run
+      std::vector<size_t> counts(size_t(world), 0);
+      size_t total = 0;
+      for (const auto& [lo, hi] : ranges) {
+        total += hi - lo;
+        for (int r = 0; r < world; r++) {
+          const size_t a = std::max(lo, comm.shard_lo(n, r)), b = std::min(hi, comm.shard_hi(n, r));
+          if (a < b) counts[size_t(r)] += b - a;
         }
-        comm.reduce_scatter_v(bucket, counts, dist::ReduceOp::Avg);
-        size_t at = 0;
-        for (int r = 0; r < rank; r++) at += counts[size_t(r)];
-        const size_t mine_lo = comm.shard_lo(n, rank), mine_hi = comm.shard_hi(n, rank);
-        for (const auto& [lo, hi] : ranges) {
-          const size_t a = std::max(lo, mine_lo), b = std::min(hi, mine_hi);
-          if (a >= b) continue;
-          m.accumulate_grad_shard(bucket + at, a, b - a);
-          at += b - a;
-        }
-        stats_.buckets++;
-        stats_.values += total;
-        stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      };
-      auto prev = m.set_grad_bucket_hook(hook);
+      }
+      comm.reduce_scatter_v(bucket, counts, dist::ReduceOp::Avg);
+      size_t at = 0;
+      for (int r = 0; r < rank; r++) at += counts[size_t(r)];
+      const size_t mine_lo = comm.shard_lo(n, rank), mine_hi = comm.shard_hi(n, rank);
+      for (const auto& [lo, hi] : ranges) {
+        const size_t a = std::max(lo, mine_lo), b = std::min(hi, mine_hi);
+        if (a >= b) continue;
+        m.accumulate_grad_shard(bucket + at, a, b - a);
+        at += b - a;
+      }
+      stats_.buckets++;
+      stats_.values += total;
+      stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    // fn (the model's backward, or its forward_backward) with the hook installed, the previous one back afterwards
+    with_hook_ = [&m, this](const std::function<void()>& fn) {
+      auto prev = m.set_grad_bucket_hook(hook_);
       try {
-        m.backward(grad_scale, /*report_grads=*/false);
+        fn();
       } catch (...) {
         m.set_grad_bucket_hook(std::move(prev));
         throw;
@@ -82,12 +85,18 @@ class GradReduceScatterer {
       m.set_grad_bucket_hook(std::move(prev));
       stats_.backwards++;
     };
+    backward_ = [&m, this](float grad_scale) { with_hook_([&] { m.backward(grad_scale, /*report_grads=*/false); }); };
   }
   // the model's backward (after its forward), its gradients reduce-scattered into the shard bucket by bucket
   void backward(float grad_scale) { backward_(grad_scale); }
+  // fn with the bucket hook installed: fn runs the model's backward or forward_backward (DataParallel runs the
+  // fused micro-step this way, as ZeRO-0/1 do)
+  void run(const std::function<void()>& fn) { with_hook_(fn); }
   Stats stats() const { return stats_; }
 
  private:
+  std::function<void(float*, const GradRanges&)> hook_;
+  std::function<void(const std::function<void()>&)> with_hook_;
   std::function<void(float)> backward_;
   Stats stats_;
 };

@@ -34,8 +34,8 @@ optimizer step, only the last one communicates; ``take_loss`` returns the loss a
   this rank holds: 2·N/world floats instead of 2·N), then an all-gather of the updated parameters.
   ZeRO-1 keeps its single reduce-scatter after backward (no overlap).
 * ZeRO-2 (``zero=2``): as ZeRO-1, and the gradients are sharded too. The model keeps only this rank's shard of them
-  (GPT2.set_grad_shard) plus three bucket buffers, and every micro-step's backward runs through a
-  ``_C.dist.GradReduceScatterer``: each bucket (the head's, each layer's from the last one down, the embeddings')
+  (GPT2.shard_grads) plus three bucket buffers, and every micro-step (forward_backward, or backward) runs with the
+  bucket hook of a ``_C.dist.GradReduceScatterer``: each bucket (the head's, each layer's from the last one down, the embeddings')
   is averaged over the ranks by one reduce-scatter into its owners' shards as soon as it is final, and folded into
   the shard (csrc/model/grad_shard.h). So every micro-step communicates (as DeepSpeed's ZeRO-2), and with gradient
   accumulation the shard sums the micro-steps' averages, where ZeRO-0/1 average the micro-steps' sum: bit-identical
@@ -264,11 +264,10 @@ class DataParallel:
     def forward_backward(self, idx, targets, grad_scale: float = 1.0) -> None:
         """GPT2.forward_backward; the last micro-step of the optimizer step averages the gradients over ranks
         during its backward (with overlap), its loss then read back on the host. ZeRO-2: every micro-step
-        reduce-scatters its gradients bucket by bucket (its loss read back on the host)."""
-        if self.scatterer is not None:
+        reduce-scatters its gradients bucket by bucket (its loss added to the device-side sum)."""
+        if self.scatterer is not None:  # the fused micro-step, its buckets reduce-scattered as they are final
             self._micro += 1
-            self._host_loss += grad_scale * self.model.forward(idx, targets)
-            self._scattered_backward(grad_scale)
+            self._scattered(lambda: self.model.forward_backward(idx, targets, grad_scale))
             return
         if self._overlaps():
             self._host_loss += grad_scale * self.model.forward(idx, targets)
@@ -276,17 +275,17 @@ class DataParallel:
         else:
             self.model.forward_backward(idx, targets, grad_scale)
 
-    def _scattered_backward(self, grad_scale: float) -> None:
+    def _scattered(self, micro_step) -> None:
+        """ZeRO-2: micro_step (the model's forward_backward or backward) with the bucket hook installed."""
         before = self.scatterer.stats()["seconds"]
-        self.scatterer.backward(float(grad_scale))
-        self.model._has_grads = True  # the scatterer ran the model's backward
+        self.scatterer.run(micro_step)
         self._comm_ms += (self.scatterer.stats()["seconds"] - before) * 1e3  # its buckets' collectives only
 
     def backward(self, grad_scale: float = 1.0) -> None:
         """GPT2.backward (after forward); as in forward_backward, the last micro-step averages as it goes."""
         if self.scatterer is not None:
             self._micro += 1
-            self._scattered_backward(grad_scale)
+            self._scattered(lambda: self.model.backward(grad_scale))
             return
         if self._overlaps():
             self._overlapped_backward(grad_scale)
