@@ -3,8 +3,8 @@
 for the test suite (a d12-wide layer takes ~20 s of CPU per step under the emulator). tests/csrc/cuda/
 test_cuda_emu_memplan.py runs the same comparison at small shapes.
 
-For each precision, recompute level and offload setting: a model of the shape on the emulated device (build/emu-py, built by the
-tests' fixture: `pytest tests/csrc/cuda/test_cuda_emu.py -k reports_cuda` builds it), one forward + backward and
+For each precision, recompute level and offload setting: a model of the shape on the emulated device (build/emu-py,
+built by the tests' fixture: `pytest tests/csrc/cuda/test_cuda_emu.py -k reports_cuda` builds it), one forward + backward and
 one optimizer step, then the device memory in use (the emulator's cudaMemGetInfo: every cudaMalloc, scratch
 included) beside the plan (library_workspace=0: the emulator's matmul seam allocates no cuBLASLt workspace).
 
@@ -65,7 +65,8 @@ def main(argv=None) -> int:
             planned = memplan.total(memplan.memory(config, args.B, args.T, o))
             rel = (planned - used) / used
             worst = max(worst, abs(rel))
-            print(f"{precision:5} {level:6} {offload:9} planned {planned:>14,} allocated {used:>14,} ({rel:+.4%})", flush=True)
+            print(f"{precision:5} {level:6} {offload:9} planned {planned:>14,} allocated {used:>14,} ({rel:+.4%})",
+                  flush=True)
             del m
     return 0 if worst <= 0.02 else 1
 
