@@ -4,9 +4,9 @@ for the test suite (a d12-wide layer takes ~20 s of CPU per step under the emula
 test_cuda_emu_memplan.py runs the same comparison at small shapes.
 
 For each precision, recompute level and offload setting: a model of the shape on the emulated device (build/emu-py,
-built by the tests' fixture: `pytest tests/csrc/cuda/test_cuda_emu.py -k reports_cuda` builds it), one forward + backward and
-one optimizer step, then the device memory in use (the emulator's cudaMemGetInfo: every cudaMalloc, scratch
-included) beside the plan (library_workspace=0: the emulator's matmul seam allocates no cuBLASLt workspace).
+built by the tests' fixture: `pytest tests/csrc/cuda/test_cuda_emu.py -k reports_cuda` builds it), one forward +
+backward and one optimizer step, then the device memory in use (the emulator's cudaMemGetInfo: every cudaMalloc,
+scratch included) beside the plan (library_workspace=0: the emulator's matmul seam allocates no cuBLASLt workspace).
 
     python scripts/memplan_check.py                                   # d12 width (C=768, 12 heads), 2 layers, T=128
     python scripts/memplan_check.py --n-layer 12 -T 1024 --precision bf16 --recompute none layer
