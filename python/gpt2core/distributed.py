@@ -37,10 +37,10 @@ optimizer step, only the last one communicates; ``take_loss`` returns the loss a
   (GPT2.shard_grads) plus three bucket buffers, and every micro-step (forward_backward, or backward) runs with the
   bucket hook of a ``_C.dist.GradReduceScatterer``: each bucket (the head's, each layer's from the last one down,
   the embeddings') is averaged over the ranks by one reduce-scatter into its owners' shards as soon as it is final,
-  and folded into the shard (csrc/model/grad_shard.h). So every micro-step communicates (as DeepSpeed's ZeRO-2), and with gradient
-  accumulation the shard sums the micro-steps' averages, where ZeRO-0/1 average the micro-steps' sum: bit-identical
-  to ZeRO-1 with one micro-step per optimizer step, equal to fp32 rounding with several. AdamW only (Muon
-  orthogonalises whole matrices from every rank's gradients: use zero=0 or 1).
+  and folded into the shard (csrc/model/grad_shard.h). So every micro-step communicates (as DeepSpeed's ZeRO-2), and
+  with gradient accumulation the shard sums the micro-steps' averages, where ZeRO-0/1 average the micro-steps' sum:
+  bit-identical to ZeRO-1 with one micro-step per optimizer step, equal to fp32 rounding with several. AdamW only
+  (Muon orthogonalises whole matrices from every rank's gradients: use zero=0 or 1).
 
 ``last_comm_ms`` is the step's time spent waiting for gradient/parameter collectives: with overlap only the
 wait in ``finish`` (the part of the all-reduce that backward did not hide).
