@@ -182,10 +182,11 @@ void bind_dist(py::module_& m) {
            "Counters since construction: finish() calls, hook groups enqueued, their ranges and values.");
 
   py::class_<GradReduceScatterer>(d, "GradReduceScatterer",
-                                  "ZeRO-2: backward(scale) is the model's backward with each bucket of gradients (the "
-                                  "head's, each layer's from the last one down, the embeddings') averaged over the "
-                                  "ranks by one reduce-scatter whose pieces are the bucket's parts in each rank's "
-                                  "shard, and this rank's part folded into the model's gradient shard "
+                                  "ZeRO-2: run(fn) calls fn (the model's forward_backward or backward) with each "
+                                  "bucket of gradients (the head's, each layer's from the last one down, the "
+                                  "embeddings') averaged over the ranks by one reduce-scatter whose pieces are the "
+                                  "bucket's parts in each rank's shard, and this rank's part folded into the "
+                                  "model's gradient shard "
                                   "(set_grad_shard(lo, hi) first, with comm.shard's range). Blocking per bucket. "
                                   "Every rank must make the same calls.")
       .def(py::init([](Comm& comm, py::object model) {
@@ -198,11 +199,6 @@ void bind_dist(py::module_& m) {
              throw py::type_error("GradReduceScatterer needs a Model, ModelBF16 or ModelF16 (float32 gradients)");
            }),
            py::arg("comm"), py::arg("model"), py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
-      .def("backward", [](GradReduceScatterer& g, float grad_scale) {
-             py::gil_scoped_release nogil;
-             g.backward(grad_scale);
-           },
-           py::arg("grad_scale") = 1.0f)
       .def("run", [](GradReduceScatterer& g, py::function fn) { g.run([&] { fn(); }); },
            py::arg("fn"),
            "fn() with the bucket hook installed: fn calls the model's forward_backward (or backward), whose buckets "

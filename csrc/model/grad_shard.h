@@ -1,9 +1,9 @@
 // ZeRO-2: the gradients of one float32 / bf16 / fp16 model reduce-scattered over the ranks of a communicator bucket
 // by bucket while backward runs, so that no rank ever holds more than its shard of the gradients plus the buckets
-// in flight (GPT2Model::set_grad_shard). backward() runs the model's backward with its bucket hook set: each bucket
-// (the head's, then each layer's from the last one down, then the embeddings') is averaged over the ranks with one
-// reduce_scatter_v whose pieces are the bucket's parts in each rank's ZeRO shard, and this rank's piece is folded
-// into its shard (GPT2Model::accumulate_grad_shard) before backward reuses the bucket.
+// in flight (GPT2Model::set_grad_shard). run(fn) runs fn (the model's forward_backward or backward) with the model's
+// bucket hook set: each bucket (the head's, then each layer's from the last one down, then the embeddings') is
+// averaged over the ranks with one reduce_scatter_v whose pieces are the bucket's parts in each rank's ZeRO shard,
+// and this rank's piece is folded into its shard (GPT2Model::accumulate_grad_shard) before backward reuses the bucket.
 //
 // Which bits: every value is averaged by the same owner, in the same order, as ZeRO-1's one reduce-scatter of the
 // full gradient buffer (Comm::reduce_scatter_v), so one micro-step per optimizer step gives ZeRO-1's gradients bit
@@ -85,10 +85,7 @@ class GradReduceScatterer {
       m.set_grad_bucket_hook(std::move(prev));
       stats_.backwards++;
     };
-    backward_ = [&m, this](float grad_scale) { with_hook_([&] { m.backward(grad_scale, /*report_grads=*/false); }); };
   }
-  // the model's backward (after its forward), its gradients reduce-scattered into the shard bucket by bucket
-  void backward(float grad_scale) { backward_(grad_scale); }
   // fn with the bucket hook installed: fn runs the model's backward or forward_backward (DataParallel runs the
   // fused micro-step this way, as ZeRO-0/1 do)
   void run(const std::function<void()>& fn) { with_hook_(fn); }
@@ -97,7 +94,6 @@ class GradReduceScatterer {
  private:
   std::function<void(float*, const GradRanges&)> hook_;
   std::function<void(const std::function<void()>&)> with_hook_;
-  std::function<void(float)> backward_;
   Stats stats_;
 };
 
