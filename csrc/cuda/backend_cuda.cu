@@ -580,25 +580,30 @@ class CudaBackend final : public Backend<T> {
     CUDA_CHECK(cudaMemcpyAsync(grad_host, grad, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     sync();
     K* out = static_cast<K*>(offload_staging_.reserve(n * sizeof(K)));
+    std::vector<AdamWParams> params(segments.size());  // each segment's values, as the kernel reads them
+    for (size_t s = 0; s < segments.size(); s++) {
+      AdamWParams& p = params[s];
+      p.beta1 = beta1, p.beta2 = beta2, p.eps = eps, p.decay = segments[s].decay, p.grad_scale = factor;
+      p.lr = group_lr(args, segments[s].group), p.bc1 = args.bc1, p.bc2 = args.bc2, p.seed = args.seed;
+    }
+    // one pool for the step: thread t takes the t-th of `threads` equal parts of every segment
     const unsigned threads = std::max(1u, std::min(64u, std::thread::hardware_concurrency()));
-    for (const AdamWSegment& sg : segments) {
-      AdamWParams p{};
-      p.beta1 = beta1, p.beta2 = beta2, p.eps = eps, p.decay = sg.decay, p.grad_scale = factor;
-      p.lr = group_lr(args, sg.group), p.bc1 = args.bc1, p.bc2 = args.bc2, p.seed = args.seed;
-      const size_t lo = sg.begin - base, len = sg.end - sg.begin, chunk = (len + threads - 1) / threads;
-      std::vector<std::thread> pool;
-      for (unsigned t = 0; t < threads && t * chunk < len; t++)
-        pool.emplace_back([&, t] {
-          const size_t a = lo + t * chunk, b = lo + std::min(len, (t + 1) * chunk);
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; t++)
+      pool.emplace_back([&, t] {
+        for (size_t s = 0; s < segments.size(); s++) {
+          const size_t lo = segments[s].begin - base, len = segments[s].end - segments[s].begin;
+          const size_t chunk = (len + threads - 1) / threads, a = lo + std::min(len, t * chunk);
+          const size_t b = lo + std::min(len, (t + 1) * chunk);
           for (size_t i = a; i < b; i++) {
             float w = master[i];
-            cuda::adamw_one(w, grad_host[i], m[i], v[i], p);
+            cuda::adamw_one(w, grad_host[i], m[i], v[i], params[s]);
             master[i] = w;
-            out[i] = cuda::round_param<K>(w, p.seed, base + i);
+            out[i] = cuda::round_param<K>(w, params[s].seed, base + i);
           }
-        });
-      for (std::thread& th : pool) th.join();
-    }
+        }
+      });
+    for (std::thread& th : pool) th.join();
     CUDA_CHECK(cudaMemcpyAsync(k(param), out, n * sizeof(K), cudaMemcpyHostToDevice, stream_));
     offload_staging_.sent(stream_);
     sync();

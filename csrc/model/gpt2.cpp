@@ -98,9 +98,8 @@ void GPT2Model<T>::set_offload(bool on) {
     if (to_host) {
       be.to_host_master(q, p, n);
       be.free_master(p);
-    } else {
-      M* staged = q;  // backend memory is host-addressable (CPU; CUDA: managed), pinned memory is host memory
-      std::memcpy(staged, p, n * sizeof(M));
+    } else {  // backend memory is host-addressable (CPU; CUDA: managed), pinned memory is host memory
+      std::memcpy(q, p, n * sizeof(M));
       be.free_pinned(p);
     }
     p = q;
