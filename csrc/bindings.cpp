@@ -195,6 +195,16 @@ py::dict named_views(GPT2Model<T>& m, gpt2::Master<T>* base, py::handle owner) {
   return out;
 }
 
+// A hook set from Python: fn (callable), shared so that copies of the C++ hook never touch Python reference counts;
+// the last one lets go of fn under the GIL. The hooks run in backward, without the GIL: they take it to call fn.
+inline std::shared_ptr<py::object> python_hook(const py::object& fn) {
+  if (!PyCallable_Check(fn.ptr())) throw py::type_error("hook must be callable or None");
+  return std::shared_ptr<py::object>(new py::object(fn), [](py::object* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
 // ZeRO-2 (set_grad_shard) keeps a shard of the gradients: the full-buffer views refuse
 template <typename T>
 void require_full_grads(GPT2Model<T>& m, const char* what) {
@@ -342,11 +352,7 @@ void bind_model(py::module_& m, const char* cls_name) {
                self.set_grad_bucket_hook({});
                return;
              }
-             if (!PyCallable_Check(fn.ptr())) throw py::type_error("hook must be callable or None");
-             std::shared_ptr<py::object> f(new py::object(fn), [](py::object* p) {
-               py::gil_scoped_acquire gil;
-               delete p;
-             });
+             auto f = python_hook(fn);
              M* model = &self;
              self.set_grad_bucket_hook([f, model](F* bucket, const gpt2::GradRanges& ranges) {
                size_t n = 0;
@@ -455,12 +461,7 @@ void bind_model(py::module_& m, const char* cls_name) {
                self.set_grad_ready_hook({});
                return;
              }
-             if (!PyCallable_Check(fn.ptr())) throw py::type_error("hook must be callable or None");
-             // shared, so copies of the hook never touch Python reference counts; the last one lets go under the GIL
-             std::shared_ptr<py::object> f(new py::object(fn), [](py::object* p) {
-               py::gil_scoped_acquire gil;
-               delete p;
-             });
+             auto f = python_hook(fn);
              self.set_grad_ready_hook([f](const gpt2::GradRanges& ranges) {
                py::gil_scoped_acquire gil;  // backward runs without the GIL
                (*f)(py::cast(ranges));
