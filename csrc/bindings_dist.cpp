@@ -28,11 +28,13 @@ namespace {
 
 // f(model) for a model whose gradients and optimizer state are float32: Model (fp32), ModelBF16 or ModelF16.
 template <class F>
-auto with_float_master(py::handle model, F&& f) {
+auto with_float_master(py::handle model, F&& f,
+                       const char* refusal = "expected a float32, bf16 or fp16 gpt2core._C model (Model, ModelBF16 "
+                                             "or ModelF16)") {
   if (py::isinstance<gpt2::GPT2Model<float>>(model)) return f(model.cast<gpt2::GPT2Model<float>&>());
   if (py::isinstance<gpt2::GPT2Model<gpt2::bf16>>(model)) return f(model.cast<gpt2::GPT2Model<gpt2::bf16>&>());
   if (py::isinstance<gpt2::GPT2Model<gpt2::f16>>(model)) return f(model.cast<gpt2::GPT2Model<gpt2::f16>&>());
-  throw py::type_error("expected a float32, bf16 or fp16 gpt2core._C model (Model, ModelBF16 or ModelF16)");
+  throw py::type_error(refusal);
 }
 
 // Where and how long the ranks meet; shared by the Gloo and NCCL groups.
@@ -155,13 +157,8 @@ void bind_dist(py::module_& m) {
                              "Gloo, a comm stream over NCCL. finish() waits for all of it (raises DistError if a "
                              "rank failed, within the timeout). Every rank must make the same calls.")
       .def(py::init([](Comm& comm, py::object model) {
-             if (py::isinstance<gpt2::GPT2Model<float>>(model))
-               return new GradAllreducer(comm, model.cast<gpt2::GPT2Model<float>&>());
-             if (py::isinstance<gpt2::GPT2Model<gpt2::bf16>>(model))
-               return new GradAllreducer(comm, model.cast<gpt2::GPT2Model<gpt2::bf16>&>());
-             if (py::isinstance<gpt2::GPT2Model<gpt2::f16>>(model))
-               return new GradAllreducer(comm, model.cast<gpt2::GPT2Model<gpt2::f16>&>());
-             throw py::type_error("GradAllreducer needs a Model, ModelBF16 or ModelF16 (float32 gradients)");
+             return with_float_master(model, [&](auto& m) { return new GradAllreducer(comm, m); },
+                                      "GradAllreducer needs a Model, ModelBF16 or ModelF16 (float32 gradients)");
            }),
            py::arg("comm"), py::arg("model"), py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
       .def("backward", [](GradAllreducer& g, float grad_scale) {
@@ -190,13 +187,8 @@ void bind_dist(py::module_& m) {
                                   "(set_grad_shard(lo, hi) first, with comm.shard's range). Blocking per bucket. "
                                   "Every rank must make the same calls.")
       .def(py::init([](Comm& comm, py::object model) {
-             if (py::isinstance<gpt2::GPT2Model<float>>(model))
-               return new GradReduceScatterer(comm, model.cast<gpt2::GPT2Model<float>&>());
-             if (py::isinstance<gpt2::GPT2Model<gpt2::bf16>>(model))
-               return new GradReduceScatterer(comm, model.cast<gpt2::GPT2Model<gpt2::bf16>&>());
-             if (py::isinstance<gpt2::GPT2Model<gpt2::f16>>(model))
-               return new GradReduceScatterer(comm, model.cast<gpt2::GPT2Model<gpt2::f16>&>());
-             throw py::type_error("GradReduceScatterer needs a Model, ModelBF16 or ModelF16 (float32 gradients)");
+             return with_float_master(model, [&](auto& m) { return new GradReduceScatterer(comm, m); },
+                                      "GradReduceScatterer needs a Model, ModelBF16 or ModelF16 (float32 gradients)");
            }),
            py::arg("comm"), py::arg("model"), py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
       .def("run", [](GradReduceScatterer& g, py::function fn) { g.run([&] { fn(); }); },
