@@ -344,8 +344,17 @@ void GPT2Model<T>::block_forward_ops(int l, bool rebuild) {
   be.matmul_forward(attproj, atty, p.attprojw, p.attprojb, N, C, C);
   residual_norm_forward(res2, ln2, a_.ln2_mean + s * N, a_.ln2_rstd + s * N, x, attproj, p.ln2w, p.ln2b, N);
   // fch = ln2 @ fcw^T + fcb, fch_gelu = act(fch): one op so that a backend can fuse the activation into the matmul
-  if (relu2) be.matmul_relu2_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C);
-  else be.matmul_gelu_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C);
+  // Recompute::Gelu: act from the stored (rounded) fch, the value backward rebuilds it from. A fused epilogue
+  // (cuBLASLt's GELU_AUX) applies GELU to the fp32 sum before rounding: in 16-bit its act is not gelu(fch), so the
+  // recomputed one would differ in the last bit from what this forward used (measured on an H200).
+  if (relu2) {
+    be.matmul_relu2_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C);
+  } else if (recompute_ == Recompute::Gelu) {
+    be.matmul_forward(fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
+    be.gelu_forward(fch_gelu, fch, size_t(N) * 4 * C);
+  } else {
+    be.matmul_gelu_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C);
+  }
   be.matmul_forward(fcproj, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
   if (rebuild) return;  // the block's output is kept (residual3), and the next norm is not needed again
   // residual3 = residual2 + fcproj, normalised by the next layer's ln1 (or, after the last layer, by lnf)

@@ -166,31 +166,36 @@ def check_correctness(out, devices: list[str]) -> bool:
     return ok
 
 
-def speed_probe(out, device: str, seconds: float) -> None:
-    """GPT-2 124M (d12), B=8 T=1024, as many steps as fit in `seconds` after two warm-up steps."""
+def speed_probe(out, device: str, seconds: float, preset: str = "d12", B: int = 8, T: int = 1024) -> int:
+    """GPT-2 124M (d12), B=8 T=1024, as many steps as fit in `seconds` after two warm-up steps. Returns the timed
+    steps."""
     from gpt2core import GPT2, PRESETS, _C
     from gpt2core.perf import gpu_peak_tflops
-    cfg = PRESETS["d12"]
-    B, T = 8, 1024
+    cfg = PRESETS[preset]
     m = GPT2(cfg, device=device, seed=0)
     x = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, T), dtype=np.int32)
-    steps, t0 = 0, None
+    warmup, steps, t0 = 2, 0, None
     while t0 is None or time.perf_counter() - t0 < seconds:
         m.zero_grad()
-        m.forward(x, x)
+        m.forward(x, x)  # returns the loss: each step ends synchronised with the GPU
         m.backward()
         m.step(lr=1e-4)
         steps += 1
-        if steps == 2:  # forward returns the loss: each step ends synchronised with the GPU
-            steps, t0 = 0, time.perf_counter()
-    dt = (time.perf_counter() - t0) / steps
+        if t0 is None and steps == warmup:  # the clock starts once, after the warm-up (it restarted every 2 steps:
+            steps, t0 = 0, time.perf_counter()  # a probe that never ended, found on an H200)
+    dt = (time.perf_counter() - t0) / max(steps, 1)
     tps = B * T / dt
     tflops = tps * cfg.flops_per_token(T) / 1e12
-    name = _C.cuda_device_name(int(device.partition(":")[2] or 0))
-    peak = gpu_peak_tflops(name, m.precision)
-    mfu = f"MFU {100 * tflops / peak[0]:.1f}% of {peak[0]:.0f} TFLOP/s ({peak[1]} {m.precision})" if peak else "MFU ?"
-    out(f"speed {device}: d12 B={B} T={T} {m.precision}: {dt * 1e3:.1f} ms/step, {tps:,.0f} tokens/s, "
+    if device.startswith("cuda"):
+        name = _C.cuda_device_name(int(device.partition(":")[2] or 0))
+        peak = gpu_peak_tflops(name, m.precision)
+        mfu = f"MFU {100 * tflops / peak[0]:.1f}% of {peak[0]:.0f} TFLOP/s ({peak[1]} {m.precision})" if peak \
+            else "MFU ?"
+    else:
+        mfu = "MFU: CPU"
+    out(f"speed {device}: {preset} B={B} T={T} {m.precision}: {dt * 1e3:.1f} ms/step, {tps:,.0f} tokens/s, "
         f"{tflops:.1f} TFLOP/s, {mfu}")
+    return steps
 
 
 def main(argv=None) -> int:

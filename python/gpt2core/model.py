@@ -351,7 +351,9 @@ class GPT2:
         """What backward recomputes instead of keeping from forward: 'none'; 'gelu' (one activation-output buffer,
         refilled per layer: saves (L-1)*B*T*4C values for one extra GELU per layer); 'layer' (only each block's
         input is kept, and backward runs each block's forward again just before its backward: one more forward of
-        the blocks). The gradients have the same bits whichever is chosen."""
+        the blocks). 'layer' gives 'none''s bits; so does 'gelu', except on CUDA with fused=True and GPT-2's GELU,
+        where its forward uses gpt2core's GELU kernel instead of cuBLASLt's epilogue (which backward could not
+        rebuild): the last bits differ from 'none''s (README: Memory)."""
         return self._m.recompute
 
     @recompute.setter

@@ -38,6 +38,20 @@ def test_a_failing_check_exits_1(monkeypatch, capsys):
     assert "FAIL" in out and out.rstrip().endswith("SOME CHECKS FAILED")
 
 
+def test_the_speed_probe_ends_after_its_seconds():
+    """The probe's clock starts once, after two warm-up steps (it restarted every two steps, so the doctor never
+    ended on a GPU: found on an H200). On the CPU with the tiny preset: 0.5 s of steps, then one line."""
+    code = ("import time; from gpt2core import doctor; t = time.perf_counter(); "
+            "n = doctor.speed_probe(print, 'cpu', 0.5, preset='tiny', B=2, T=32); "
+            "print('steps', n, 'seconds', time.perf_counter() - t)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    speed, end = p.stdout.strip().splitlines()
+    assert speed.startswith("speed cpu: tiny B=2 T=32 fp32:") and "tokens/s" in speed and "MFU: CPU" in speed
+    steps, seconds = int(end.split()[1]), float(end.split()[3])
+    assert steps >= 2 and 0.5 <= seconds < 30
+
+
 @pytest.mark.skipif(not _C.cuda_status() == "", reason="needs a GPU")
 def test_doctor_checks_and_times_the_gpu():
     p = subprocess.run([sys.executable, "-m", "gpt2core.doctor", "--seconds", "3"], capture_output=True, text=True,
