@@ -72,7 +72,8 @@ ReduceOp parse_op(const std::string& op) {
 
 void bind_dist(py::module_& m) {
   auto d = m.def_submodule("dist", "Process groups for data-parallel training (Gloo on CPU).");
-  py::register_exception<gpt2::dist::DistError>(d, "DistError", PyExc_RuntimeError);
+  // module_local (types and exception): the test-only emulated module binds the same C++ types in the same interpreter
+  py::register_local_exception<gpt2::dist::DistError>(d, "DistError", PyExc_RuntimeError);
   d.def("have_gloo", &gpt2::dist::have_gloo, "Whether Gloo (CPU collectives) is compiled in.");
   d.def("have_nccl", []() {
     try {
@@ -85,7 +86,8 @@ void bind_dist(py::module_& m) {
 
   py::class_<Comm>(d, "Comm",
                    "A process group. Collectives are blocking, in place on float32 numpy arrays, bounded by "
-                   "the timeout; a failure (dead or hung peer) raises DistError and breaks the group.")
+                   "the timeout; a failure (dead or hung peer) raises DistError and breaks the group.",
+                   py::module_local())
       .def_property_readonly("rank", &Comm::rank)
       .def_property_readonly("size", &Comm::size)
       .def_property_readonly("backend", &Comm::backend)
@@ -155,7 +157,8 @@ void bind_dist(py::module_& m) {
                              "is the model's backward, with each group of final gradients (a layer's, from the "
                              "last layer down) averaged over the ranks in the background: a worker thread over "
                              "Gloo, a comm stream over NCCL. finish() waits for all of it (raises DistError if a "
-                             "rank failed, within the timeout). Every rank must make the same calls.")
+                             "rank failed, within the timeout). Every rank must make the same calls.",
+                             py::module_local())
       .def(py::init([](Comm& comm, py::object model) {
              return with_float_master(model, [&](auto& m) { return new GradAllreducer(comm, m); },
                                       "GradAllreducer needs a Model, ModelBF16 or ModelF16 (float32 gradients)");
@@ -185,7 +188,8 @@ void bind_dist(py::module_& m) {
                                   "bucket's parts in each rank's shard, and this rank's part folded into the "
                                   "model's gradient shard "
                                   "(set_grad_shard(lo, hi) first, with comm.shard's range). Blocking per bucket. "
-                                  "Every rank must make the same calls.")
+                                  "Every rank must make the same calls.",
+                                  py::module_local())
       .def(py::init([](Comm& comm, py::object model) {
              return with_float_master(model, [&](auto& m) { return new GradReduceScatterer(comm, m); },
                                       "GradReduceScatterer needs a Model, ModelBF16 or ModelF16 (float32 gradients)");
@@ -206,26 +210,36 @@ void bind_dist(py::module_& m) {
            "spent reducing them (the bucket hook: collectives and folding in, the backward's ops apart).");
 
   d.def("alloc_state",
-        [](py::object model, size_t n) {
+        [](py::object model, size_t n, py::object pinned_arg) {
           return with_float_master(model, [&](auto& m) {
-            float* p = m.backend().alloc_master(n);
+            // the model's optimizer state lives where it does: pinned host memory when offloaded
+            const bool pinned = pinned_arg.is_none() ? m.offload() : pinned_arg.cast<bool>();
+            if (pinned && !m.backend().has_offload())
+              throw py::value_error("alloc_state: pinned host memory is for a GPU model (the CPU backend's memory "
+                                    "is the host's)");
+            float* p = pinned ? m.backend().alloc_pinned(n) : m.backend().alloc_master(n);
             // the capsule keeps the model (and so its backend) alive for as long as the array lives
             struct Owner {
               py::object model;
               float* p;
+              bool pinned;
             };
-            auto* owner = new Owner{model, p};
+            auto* owner = new Owner{model, p, pinned};
             py::capsule cap(owner, [](void* o) {
               auto* ow = static_cast<Owner*>(o);
-              with_float_master(ow->model, [&](auto& mm) { mm.backend().free_master(ow->p); });
+              with_float_master(ow->model, [&](auto& mm) {
+                if (ow->pinned) mm.backend().free_pinned(ow->p);
+                else mm.backend().free_master(ow->p);
+              });
               delete ow;
             });
             return py::array_t<float>({py::ssize_t(n)}, {py::ssize_t(sizeof(float))}, p, cap);
           });
         },
-        py::arg("model"), py::arg("n"),
+        py::arg("model"), py::arg("n"), py::arg("pinned") = py::none(),
         "n zero-filled float32 values in a float32 or bf16 Model's backend memory (host memory on the CPU, "
-        "managed device memory on GPUs, readable from numpy either way): ZeRO-1's moment shards.");
+        "managed device memory on GPUs, readable from numpy either way): ZeRO-1's moment shards. pinned: in pinned "
+        "host memory instead (default: when the model's optimizer is offloaded), or False for backend memory.");
 
   d.def("grad_sum_squares",
         [](py::object model, size_t lo, size_t hi) {

@@ -633,8 +633,6 @@ def check_switches(ap, args) -> None:
         for flag in ("matmul_tuning", "cuda_graphs", "offload"):
             if getattr(args, flag):
                 ap.error(f"--{flag.replace('_', '-')} needs --device cuda (it does nothing on the CPU)")
-    if args.offload and (args.nproc > 1 or args.zero):
-        ap.error("--offload is for one process (offload with ZeRO ranks is not implemented)")
     if args.nproc == 1 and not args.scaling and "WORLD_SIZE" not in os.environ and not args.result_json:
         for flag, on in ((f"--zero {args.zero}", args.zero), ("--no-overlap-comm", args.no_overlap_comm)):
             if on:

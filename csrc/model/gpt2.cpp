@@ -86,8 +86,6 @@ void GPT2Model<T>::set_offload(bool on) {
   if (on && !backend_->has_offload())
     throw std::invalid_argument(std::string("set_offload: the ") + backend_->name() + " backend's memory is the "
                                 "host's already: optimizer offload is for a GPU (device 'cuda')");
-  if (grad_sharded_)
-    throw std::logic_error("set_offload: the gradients are sharded (ZeRO-2): offload with ZeRO is not supported");
   Backend<T>& be = *backend_;
   drop_graph(optimizer_graph_);  // the update moves to the host (or back): no captured step holds
   const size_t n = num_params_;
@@ -113,14 +111,26 @@ void GPT2Model<T>::set_offload(bool on) {
       host_master_ = be.alloc_pinned(n);
       be.params_to_host(host_master_, params_, n);
     }
-    grad_host_ = be.alloc_pinned(n);
   } else {
     be.free_pinned(host_master_);
     be.free_pinned(grad_host_);
     host_master_ = grad_host_ = nullptr;
+    grad_host_n_ = 0;
   }
   offload_ = on;
   host_master_stale_ = false;
+}
+
+// The gradients' pinned host copy for an offloaded update of n values: sized by the first update (the whole model,
+// or a ZeRO rank's shard), grown if a later one needs more.
+template <typename T>
+typename GPT2Model<T>::M* GPT2Model<T>::host_grads(size_t n) {
+  if (n > grad_host_n_) {
+    backend_->free_pinned(grad_host_);
+    grad_host_ = backend_->alloc_pinned(n);
+    grad_host_n_ = n;
+  }
+  return grad_host_;
 }
 
 template <typename T>
@@ -147,7 +157,7 @@ double GPT2Model<T>::offload_optimizer_step(float lr, float beta1, float beta2, 
   const StepResult r = be.step_result();
   const float carried = r.scaler.scale;  // the scale these gradients carry (the scaler's update may change it)
   M* master = kHasMasterCopy<T> ? master_ : host_master_;
-  be.adamw_host(params_, master, grads_, grad_host_, m_, v_, 0, adamw_segments(0, n, weight_decay), beta1, beta2,
+  be.adamw_host(params_, master, grads_, host_grads(n), m_, v_, 0, adamw_segments(0, n, weight_decay), beta1, beta2,
                 eps, step_args(lr, beta1, beta2, step, 1.0f, grad_clip, r.sumsq), carried);
   if (loss_scaling_) be.loss_scale_update();
   const double sumsq = read_step_result();
@@ -412,8 +422,6 @@ template <typename T>
 void GPT2Model<T>::set_grad_shard(size_t lo, size_t hi) {
   backend_->make_current();
   require_training("set_grad_shard");
-  if (offload_)
-    throw std::logic_error("set_grad_shard: the optimizer is offloaded: ZeRO with offload is not supported");
   if (lo > hi || hi > num_params_)
     throw std::invalid_argument("set_grad_shard: need 0 <= lo <= hi <= num_parameters (" +
                                 std::to_string(num_params_) + "), got lo=" + std::to_string(lo) +
@@ -850,13 +858,27 @@ template <typename T>
 void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2,
                                       float eps, float weight_decay, int step, float grad_scale, double grad_clip,
                                       double sumsq) {
-  require_no_offload("adamw_update_range");
   backend_->make_current();
   if (step < 1) throw std::invalid_argument("adamw_update_range: step counts from 1");
   require_training("adamw_update_range");
   if (lo > hi || hi > num_params_) throw std::invalid_argument("adamw_update_range: bad range");
-  adamw_over(lo, hi, m, v, beta1, beta2, eps, weight_decay,
-             step_args(lr, beta1, beta2, step, grad_scale, grad_clip, sumsq));
+  const StepArgs args = step_args(lr, beta1, beta2, step, grad_scale, grad_clip, sumsq);
+  if (offload_) {  // ZeRO with offload: this rank's range on the host (m, v: its pinned shard of the moments)
+    Backend<T>& be = *backend_;
+    if constexpr (!kHasMasterCopy<T>) {
+      if (host_master_stale_) {  // the all-gather wrote the device weights: the host copy follows
+        be.params_to_host(host_master_, params_, num_params_);
+        host_master_stale_ = false;
+      }
+    }
+    be.set_step_args(args);  // the sumsq every rank was given, for the scaler's update below
+    const float carried = be.step_result().scaler.scale;  // the scale these gradients carry
+    M* master = kHasMasterCopy<T> ? master_ : host_master_;
+    be.adamw_host(params_ + lo, master + lo, grad_at(lo, hi - lo, "adamw_update_range"), host_grads(hi - lo), m, v, lo,
+                  adamw_segments(lo, hi, weight_decay), beta1, beta2, eps, args, carried);
+  } else {
+    adamw_over(lo, hi, m, v, beta1, beta2, eps, weight_decay, args);
+  }
   if (loss_scaling_) backend_->loss_scale_update();  // from the sumsq every rank was given: the same decision
   read_step_result();  // also waits: the host reads the shard next (all-gather)
   // the rest of the master weights arrive from the other ranks (all-gather), which calls params_changed();

@@ -146,8 +146,10 @@ class GPT2Model {
   // fp32 model: a host copy of its weights) and the AdamW moments move to pinned host memory, and optimizer_step
   // sums the gradients' squares on the device as always, copies the gradients to the host, runs AdamW there
   // (Backend::adamw_host: the kernel's own per-value arithmetic) and writes the storage-type weights back: the bits
-  // of the device update. The device keeps the weights it computes with and the gradients. AdamW only (Muon and the
-  // ZeRO range updates refuse); off moves everything back.
+  // of the device update. The device keeps the weights it computes with and the gradients. With ZeRO-1/2,
+  // adamw_update_range does the same for the rank's range, its moments in pinned memory too (dist.alloc_state);
+  // the caller then gathers the other ranks' new master weights. AdamW only (Muon refuses); off moves everything
+  // back.
   void set_offload(bool on);
   bool offload() const { return offload_; }
   // A training step with no host round trip until its end: forward_backward per micro-step, then optimizer_step.
@@ -335,6 +337,7 @@ class GPT2Model {
   LayerTensors<M> layer_grads_out(int l) const;
   void require_unsharded(const char* what) const;
   void require_no_offload(const char* what) const;
+  M* host_grads(size_t n);
   double offload_optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                                 double grad_clip);
   void free_grad_buckets();
@@ -424,7 +427,8 @@ class GPT2Model {
   // of its weights (stale after the device's were written from outside), and the gradients' host copy
   bool offload_ = false;
   M* host_master_ = nullptr;
-  M* grad_host_ = nullptr;
+  M* grad_host_ = nullptr;  // host_grads(n): grad_host_n_ values
+  size_t grad_host_n_ = 0;
   bool host_master_stale_ = false;
   M* m_ = nullptr;
   M* v_ = nullptr;

@@ -57,6 +57,7 @@ import numpy as np
 
 from . import _C
 from .config import TrainConfig
+from .memplan import STAGE_VALUES
 from .model import check_group_lrs, check_muon_args, check_step_args
 
 DEFAULT_PORT = 29500
@@ -205,8 +206,11 @@ class DataParallel:
         if hasattr(comm, "use_stream_of") and hasattr(model, "_m"):  # NCCL: collectives wait for the model's stream
             comm.use_stream_of(model._m)
         self.n = model.num_parameters
+        self._stage = None        # _through_stage's device buffer
         if broadcast:  # the replicas start identical even if their seeds or checkpoints differ
-            comm.broadcast(model.flat_params(), root=0)
+            self._broadcast_params()
+            if not zero:
+                self._stage = None  # only ZeRO gathers again
         self.lo, self.hi = comm.shard(self.n) if zero else (0, self.n)
         self.last_comm_ms = 0.0  # wall time of the last step's gradient/parameter collectives
         self.reducer = model.grad_allreducer(comm) if overlap else None  # the overlapped gradient allreduce
@@ -360,9 +364,55 @@ class DataParallel:
             return norm  # nothing written on any rank: nothing to all-gather
         m.step_count += 1
         t1 = time.perf_counter()
-        self.comm.all_gather(m.flat_params())
+        self._gather_params()
         self.last_comm_ms = comm_ms + (time.perf_counter() - t1) * 1e3
         return norm
+
+    # Values of the staging buffer through which an offloaded 16-bit model's master weights are gathered (64 MiB)
+    stage_values = STAGE_VALUES
+
+    def _gather_params(self) -> None:
+        """ZeRO: every rank's updated range of the master weights (flat_params()) to every rank, in place by one
+        all_gather, or through the staging buffer (_staged) when a 16-bit model's optimizer is offloaded. Reading
+        flat_params() marks the ops' 16-bit copy stale: it is rebuilt from the whole master with this step's
+        rounding seed before the next forward, the same bits as without offload."""
+        if not self._staged():
+            self.comm.all_gather(self.model.flat_params())
+            return
+        self._through_stage([(r, *self.comm.shard(self.n, r)) for r in range(self.world)])
+
+    def _broadcast_params(self) -> None:
+        """Rank 0's weights to every rank (the replicas start identical)."""
+        if not self._staged():
+            self.comm.broadcast(self.model.flat_params(), root=0)
+            return
+        self._through_stage([(0, 0, self.n)])
+
+    def _staged(self) -> bool:
+        """An offloaded 16-bit model keeps its master weights in pinned host memory, where NCCL cannot reach: its
+        collectives on them go through a device buffer."""
+        m = self.model
+        return bool(getattr(m, "offload", False)) and m.precision in ("bf16", "fp16")
+
+    def _through_stage(self, pieces) -> None:
+        """For each (root, lo, hi): flat_params()[lo:hi] from rank root to every rank, in chunks through one device
+        buffer of at most stage_values (a broadcast each): the same values, so the same bits, as the collective on
+        the host memory itself."""
+        flat = self.model.flat_params()
+        largest = max(hi - lo for lo, hi in (self.comm.shard(self.n, r) for r in range(self.world)))
+        size = max(1, min(self.stage_values, largest))  # the plan's: at most the largest ZeRO shard
+        if getattr(self, "_stage", None) is None or self._stage.size < size:
+            self._stage = None  # the old buffer first: at most one in backend memory
+            self._stage = _C.dist.alloc_state(self.model._m, size, pinned=False)
+        stage, me = self._stage, self.comm.rank
+        for root, lo, hi in pieces:
+            for a in range(lo, hi, stage.size):
+                k = min(hi, a + stage.size) - a
+                if root == me:
+                    stage[:k] = flat[a:a + k]
+                self.comm.broadcast(stage[:k], root=root)
+                if root != me:
+                    flat[a:a + k] = stage[:k]
 
     # ------------------------------------------------------------------ Muon over ranks
     def muon_share(self, rank: int | None = None) -> tuple[int, int]:

@@ -7,7 +7,8 @@ auto` (gpt2core.batchfit) chooses B with it. The parts (bytes per GPU; `host` is
 
   weights         the parameters the ops read: n x the storage type (4 fp32, 2 bf16 / fp16, 8 float64)
   master_weights  the fp32 master copy of a 16-bit model (n x 4), whole under ZeRO-1 and -2 (the all-gather after
-                  the update moves them); offload: none (host)
+                  the update moves them); offload: none (host), except with ZeRO the device buffer the ranks' new
+                  master weights are gathered through (DataParallel.stage_values, at most a shard)
   gradients       fp32 gradients (n x 4); ZeRO-2: this rank's shard plus the three bucket buffers backward fills
                   (one layer's, the head's, the embeddings': GPT2Model::set_grad_shard)
   optimizer       AdamW's two fp32 moments (2 n x 4); ZeRO-1/2: this rank's shard; offload: none (host)
@@ -16,12 +17,13 @@ auto` (gpt2core.batchfit) chooses B with it. The parts (bytes per GPU; `host` is
   logits          (B T, padded vocab) in the storage type: the largest single activation at small C
   workspace       the backend's scratch: the token ids and targets, the attention backward's scratch and the
                   column sums' partials (one buffer, the largest request), the matmul library's workspace
-  host            offload: the fp32 master weights, AdamW moments, the gradients' host copy and the new weights'
-                  staging (the storage type), per rank (GPT2Model::set_offload, CudaBackend::adamw_host)
+  host            offload: the fp32 master weights (whole, also under ZeRO), the AdamW moments, the gradients' host
+                  copy and the new weights' staging (the storage type), the last three of the rank's shard under
+                  ZeRO, per rank (GPT2Model::set_offload, CudaBackend::adamw_host)
 
-Which options are implemented for training: recompute none / gelu / layer, ZeRO 0 / 1 / 2, and optimizer offload
-in a run of one process. Offload with several ranks (each offloading its ZeRO shard) is planned here (issue 37)
-but `gpt2core-train` refuses it: its rows in the option table say "planned".
+Every option is implemented for training: recompute none / gelu / layer, ZeRO 0 / 1 / 2, and optimizer offload,
+in one process or on every rank (with ZeRO each rank offloads its shard). The table's "planned" mark stays for
+options a later plan may model before they train.
 
 The numbers are checked against allocations: tests/python/test_memplan.py (CPU backend) and
 tests/csrc/cuda/test_cuda_emu_memplan.py (the emulated CUDA device's allocation accounting) within 2%."""
@@ -43,6 +45,7 @@ CUBLASLT_WORKSPACE = 32 << 20  # csrc/cuda/seams_cublaslt.cu kWorkspaceBytes (th
 CUDA_CONTEXT = 512 << 20       # a card's memory the CUDA context and libraries take before the model (--gpu-memory
 #                                names the card's size; a measured free figure already lacks it)
 IMPLEMENTED = {"zero": (0, 1, 2), "offload": ("none", "optimizer")}
+STAGE_VALUES = 1 << 24  # distributed.DataParallel.stage_values
 _STORAGE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "float64": 8}
 # csrc/cuda/reduce.cuh (column sums' partials) and csrc/cuda/attention_tc.cuh (the 16-bit flash backward's dS)
 _COL_TILE, _COL_BLOCKS, _COL_MIN_ROWS, _TC_ROWS = 32, 1024, 32, 64
@@ -84,9 +87,8 @@ class Options:
 
     @property
     def implemented(self) -> bool:
-        """Whether gpt2core-train can train with these options today (the rest are planned): offload with one
-        process (several ranks offloading their shards is planned)."""
-        return self.zero in IMPLEMENTED["zero"] and (self.offload == "none" or self.world_size == 1)
+        """Whether gpt2core-train can train with these options today (the rest are planned)."""
+        return self.zero in IMPLEMENTED["zero"] and self.offload in IMPLEMENTED["offload"]
 
     def flags(self) -> str:
         """The options as gpt2core-train flags (the non-default ones)."""
@@ -179,9 +181,11 @@ def memory(config: GPT2Config | str, B: int, T: int, options: Options = Options(
         grads = (shard + grad_bucket_values(c)) * sm
     if o.offload == "optimizer":
         own = shard if o.zero else n
-        # master weights, two moments, the gradients' host copy, and the new weights' staging on their way back
-        host = own * 4 * 3 + own * 4 + own * st
-        master, moments = 0, 0
+        # master weights (whole), two moments, the gradients' host copy, and the new weights' staging on their way back
+        host = n * 4 + own * 4 * 2 + own * 4 + own * st
+        moments = 0
+        # with ZeRO, a 16-bit model's ranks gather the new master weights through one device buffer
+        master = 4 * min(STAGE_VALUES, shard) if (o.zero and st == 2) else 0
     a = _C.activation_counts(c.block_size, c.vocab_size, c.padded_vocab_size, c.n_layer, c.n_head, c.n_embd, B, T,
                              attention_state(c, B, T, o), o.recompute, position=c.position, norm=c.norm,
                              qk_norm=c.qk_norm, activation=c.activation, bias=c.bias,
@@ -272,7 +276,11 @@ def step_costs(config, B: int, T: int, options: Options) -> dict:
     if options.offload == "optimizer":
         own = -(-n // options.world_size) if options.zero else n
         st = 4 if options.precision in ("fp32", "tf32") else 2
-        moved = own * 4 + n * st  # fp32 gradients down, the updated storage-type weights up
+        moved = own * 4 + own * st  # fp32 gradients down, the updated storage-type weights up
+        if options.zero and st == 2:  # the other ranks' master weights to the host, then the 16-bit copy rebuilt
+            moved += (n - own) * 4 + n * 4  # from the whole host master (DataParallel._gather_params)
+        elif options.zero:  # fp32: the all-gathered weights re-read into the host copy the update starts from
+            moved += n * 4
         out["offload_pcie_bytes"] = moved
         out["offload_pcie_ms"] = moved / (PCIE_GBS * 1e9) * 1e3
         out["offload_host_bytes"] = own * (32 + 2 * st)

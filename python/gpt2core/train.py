@@ -175,7 +175,7 @@ class Trainer:
     def _check_process_flags(self) -> None:
         """Data-parallel switches in a run of one process would do nothing: --zero 1/2 is refused, the others
         warned about. ZeRO-2 with Muon is refused (Muon orthogonalises whole matrices of every rank's gradients);
-        --offload optimizer needs a GPU, AdamW and one process (with ZeRO it is not implemented: --plan models it)."""
+        --offload optimizer needs a GPU and AdamW (with ZeRO each rank offloads its shard)."""
         cfg = self.cfg
         if cfg.offload != "none":
             if not self.device.startswith("cuda"):
@@ -183,10 +183,6 @@ class Trainer:
                                "--device cuda (on the CPU that state is in host memory already)")
             if cfg.optimizer == "muon":
                 raise ArgError("--offload optimizer runs AdamW on the host: use --optimizer adamw with it")
-            if self.comm is not None:
-                raise ArgError("--offload optimizer with several processes (ZeRO with offload, each rank offloading "
-                               "its shard) is planned but not implemented yet: --plan shows what it would hold; "
-                               "train one process with offload, or the ranks with --zero 2 --recompute layer")
         if cfg.zero == 2 and cfg.optimizer == "muon":
             raise ArgError("--zero 2 shards the gradients, and --optimizer muon orthogonalises whole matrices from "
                            "every rank's gradients: use --zero 1 with Muon (it shards the optimizer state), or "
