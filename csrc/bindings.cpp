@@ -336,6 +336,12 @@ void bind_model(py::module_& m, const char* cls_name) {
                     "Optimizer offload (CUDA): the fp32 master weights and the AdamW moments in pinned host memory, "
                     "AdamW run on the host's cores with the kernel's arithmetic (bit for bit the device update), "
                     "the new weights written back to the device. False moves them back.")
+      .def("prefetch_grads", &M::prefetch_grads,
+           "Offloaded, one process: the next backward is the optimizer step's last micro-step; each group of "
+           "gradients it finishes goes to the host at once (a copy stream, overlapped with the rest of backward) "
+           "and optimizer_step skips its own copy.")
+      .def_property_readonly("grad_prefetches", &M::grad_prefetches,
+                             "backwards that copied their final gradients to the host (prefetch_grads)")
       .def_property_readonly("grad_bucket_values", &M::grad_bucket_values,
                              "values of the ZeRO-2 bucket buffers (0 unless sharded)")
       .def("grad_shard",

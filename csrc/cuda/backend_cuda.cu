@@ -171,6 +171,9 @@ class CudaBackend final : public Backend<T> {
     seams::release_matmul_stream(stream_);
     seams::release_attention_stream(stream_);
 #endif
+    if (copy_stream_) check(cudaStreamSynchronize(copy_stream_), "cudaStreamSynchronize");
+    if (copy_stream_) check(cudaStreamDestroy(copy_stream_), "cudaStreamDestroy");
+    if (grads_final_) check(cudaEventDestroy(grads_final_), "cudaEventDestroy");
     if (stream_) check(cudaStreamDestroy(stream_), "cudaStreamDestroy");
   }
 
@@ -570,14 +573,16 @@ class CudaBackend final : public Backend<T> {
   }
   void adamw_host(T* param, float* master, const float* grad, float* grad_host, float* m, float* v, size_t base,
                   const std::vector<AdamWSegment>& segments, float beta1, float beta2, float eps,
-                  const StepArgs& args, float scale) override {
+                  const StepArgs& args, float scale, bool grads_on_host) override {
+    if (grads_on_host && copy_stream_) CUDA_CHECK(cudaStreamSynchronize(copy_stream_));  // backward's copies
     if (segments.empty()) return;
     float factor = 0.0f;
     if (!update_factor(args, scale, &factor)) return;  // a non-finite norm writes nothing
     size_t hi = base;
     for (const AdamWSegment& sg : segments) hi = std::max(hi, sg.end);
     const size_t n = hi - base;
-    CUDA_CHECK(cudaMemcpyAsync(grad_host, grad, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    if (!grads_on_host)
+      CUDA_CHECK(cudaMemcpyAsync(grad_host, grad, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     sync();
     K* out = static_cast<K*>(offload_staging_.reserve(n * sizeof(K)));
     std::vector<AdamWParams> params(segments.size());  // each segment's values, as the kernel reads them
@@ -607,6 +612,15 @@ class CudaBackend final : public Backend<T> {
     CUDA_CHECK(cudaMemcpyAsync(k(param), out, n * sizeof(K), cudaMemcpyHostToDevice, stream_));
     offload_staging_.sent(stream_);
     sync();
+  }
+  void grads_to_host_async(float* dst, const float* src, size_t n) override {
+    if (!copy_stream_) {
+      CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+      CUDA_CHECK(cudaEventCreateWithFlags(&grads_final_, cudaEventDisableTiming));
+    }
+    CUDA_CHECK(cudaEventRecord(grads_final_, stream_));  // after the ops that wrote them
+    CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, grads_final_, 0));
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, copy_stream_));
   }
   void params_to_host(T* dst, const T* src, size_t n) override {
     if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream_));
@@ -843,6 +857,8 @@ class CudaBackend final : public Backend<T> {
     void sent(cudaStream_t stream) { CUDA_CHECK(cudaEventRecord(copied, stream)); }
   };
 
+  cudaStream_t copy_stream_ = nullptr;  // optimizer offload's gradient copies during backward (grads_to_host_async)
+  cudaEvent_t grads_final_ = nullptr;
   int device_ = 0;
   int sms_ = 1;  // the GPU's SM count (the decode attention's split, cuda::decode_splits)
   cuda::BgradbMemo bgradb_;  // the dW shapes whose bias-gradient epilogue the library refused (before matmul_mode_)

@@ -320,9 +320,16 @@ class Backend {
     throw std::logic_error(std::string("backend ") + name() + " has no optimizer offload (its memory is the host's)");
   }
   virtual void free_pinned(M* /*p*/) {}
+  // grads_on_host: grad_host already holds them (grads_to_host_async during backward): wait for those copies.
   virtual void adamw_host(T* /*param*/, M* /*master*/, const M* /*grad*/, M* /*grad_host*/, M* /*m*/, M* /*v*/,
                           size_t /*base*/, const std::vector<AdamWSegment>& /*segments*/, float /*beta1*/,
-                          float /*beta2*/, float /*eps*/, const StepArgs& /*args*/, float /*scale*/) {
+                          float /*beta2*/, float /*eps*/, const StepArgs& /*args*/, float /*scale*/,
+                          bool /*grads_on_host*/ = false) {
+    throw std::logic_error(std::string("backend ") + name() + " has no optimizer offload");
+  }
+  // n final gradient values (backend memory) into pinned host memory, on a copy stream after the ops queued so far
+  // (those that finished them): offload's copies overlapped with the rest of backward (GPT2Model::prefetch_grads)
+  virtual void grads_to_host_async(M* /*dst*/, const M* /*src*/, size_t /*n*/) {
     throw std::logic_error(std::string("backend ") + name() + " has no optimizer offload");
   }
   // backend memory -> host memory, n values of the storage type (fp32 models: the weights into the host master)

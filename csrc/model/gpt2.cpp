@@ -134,6 +134,15 @@ typename GPT2Model<T>::M* GPT2Model<T>::host_grads(size_t n) {
 }
 
 template <typename T>
+void GPT2Model<T>::prefetch_grads() {
+  if (!offload_) throw std::logic_error("prefetch_grads: the optimizer is not offloaded (--offload optimizer)");
+  if (grad_sharded_)
+    throw std::logic_error("prefetch_grads: the gradients are sharded (ZeRO-2): the shard is final only after the "
+                           "ranks' reduction");
+  prefetch_armed_ = true;
+}
+
+template <typename T>
 void GPT2Model<T>::require_no_offload(const char* what) const {
   if (offload_)
     throw std::logic_error(std::string(what) + ": the optimizer is offloaded to the host (--offload optimizer), "
@@ -158,7 +167,8 @@ double GPT2Model<T>::offload_optimizer_step(float lr, float beta1, float beta2, 
   const float carried = r.scaler.scale;  // the scale these gradients carry (the scaler's update may change it)
   M* master = kHasMasterCopy<T> ? master_ : host_master_;
   be.adamw_host(params_, master, grads_, host_grads(n), m_, v_, 0, adamw_segments(0, n, weight_decay), beta1, beta2,
-                eps, step_args(lr, beta1, beta2, step, 1.0f, grad_clip, r.sumsq), carried);
+                eps, step_args(lr, beta1, beta2, step, 1.0f, grad_clip, r.sumsq), carried, grads_on_host_);
+  grads_on_host_ = false;
   if (loss_scaling_) be.loss_scale_update();
   const double sumsq = read_step_result();
   return step_norm(sumsq, carried, step);
@@ -407,6 +417,7 @@ void GPT2Model<T>::zero_grad() {
   require_training("zero_grad");
   backend_->zero_master(grads_, grad_hi_ - grad_lo_);
   shard_fresh_ = true;
+  grads_on_host_ = false;
 }
 
 template <typename T>
@@ -539,6 +550,7 @@ void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
   const int L = config_.n_layer, V = config_.vocab_size, Vp = config_.padded_vocab_size;
   const int N = B_ * T_;
   const bool report = report_grads && grad_hook_;  // call the grad-ready hook in this backward
+  if (n_valid_ == 0) prefetch_armed_ = grads_on_host_ = false;  // the early returns below copy nothing
   if (grad_sharded_ && !bucket_hook_)
     throw std::logic_error("backward: the gradients are sharded (ZeRO-2): backward runs through the reducer that "
                            "set the bucket hook (DataParallel with zero=2)");
@@ -589,11 +601,21 @@ void GPT2Model<T>::backward_ops(bool report) {
   const bool sharded = grad_sharded_;
   if (sharded)
     for (int b = 0; b < 3; b++) be.zero_master(bucket_[b], bucket_n_[b]);
+  // optimizer offload's prefetch (prefetch_grads): each group of final gradients to the host on the copy stream,
+  // as the grad-ready hook would be told of it
+  const bool prefetch = prefetch_armed_ && offload_ && !sharded;
+  prefetch_armed_ = grads_on_host_ = false;
+  M* host = prefetch ? host_grads(num_params_) : nullptr;
+  auto final_grads = [&](const auto& ranges) {
+    if (report) grad_hook_(ranges);
+    if (prefetch)
+      for (const auto& r : ranges) be.grads_to_host_async(host + r.first, grads_ + r.first, r.second - r.first);
+  };
   be.matmul_backward(a_.dln, grad_out(head()), nullptr, dlogits, a_.lnf, param(head()), N, C, Vp, kWrite);
   norm_backward(a_.dres, grad_out(kLnfw), grad_out(kLnfb), a_.dln, a_.residual3 + (L - 1) * NC, param(kLnfw),
                 a_.lnf_mean, a_.lnf_rstd, N, kWrite);
   if (sharded && !head_grad_ranges().empty()) bucket_hook_(bucket_[1], head_grad_ranges());
-  if (report) grad_hook_(head_grad_ranges());
+  final_grads(head_grad_ranges());
   // a_.dres now holds d(loss)/d(output of the last layer); walk the layers backwards.
   for (int l = L - 1; l >= 0; l--) {
     if (recompute_ == Recompute::Layer) block_forward_ops(l, true);  // this block's activations, from its input
@@ -630,11 +652,15 @@ void GPT2Model<T>::backward_ops(bool report) {
     be.matmul_backward(a_.dln, g.qkvw, g.qkvb, a_.dqkv, a_.ln1 + s * NC, p.qkvw, N, C, 3 * C, kWrite);
     norm_backward(a_.dres, g.ln1w, g.ln1b, a_.dln, x, p.ln1w, a_.ln1_mean + s * N, a_.ln1_rstd + s * N, N, kAdd);
     if (sharded) bucket_hook_(bucket_[0], layer_grad_ranges(l));
-    if (report) grad_hook_(layer_grad_ranges(l));  // ln1w .. fcprojb of layer l
+    final_grads(layer_grad_ranges(l));  // ln1w .. fcprojb of layer l
   }
   be.encoder_backward(grad_out(kWte), grad_out(kWpe), a_.dres, inputs_, B, Tn, C);  // dwpe null with rope
   if (sharded) bucket_hook_(bucket_[2], tensor_grad_ranges(kWte, kWpe));
-  if (report) grad_hook_(tensor_grad_ranges(kWte, kWpe));  // wte (embedding and tied lm_head gradients), wpe
+  final_grads(tensor_grad_ranges(kWte, kWpe));  // wte (embedding and tied lm_head gradients), wpe
+  if (prefetch) {
+    grads_on_host_ = true;
+    grad_prefetches_++;
+  }
 }
 
 template <typename T>
@@ -657,6 +683,10 @@ void GPT2Model<T>::forward_backward(const int32_t* inp, const int32_t* targets, 
                              "that set the bucket hook");
     forward_backward_ops(grad_scale);
     shard_fresh_ = false;
+    return;
+  }
+  if (prefetch_armed_) {  // its copies run on a second stream, which a captured step does not hold
+    forward_backward_ops(grad_scale);
     return;
   }
   run_graphed(step_graph_, {double(B), double(Tn), grad_scale}, [&] { forward_backward_ops(grad_scale); });

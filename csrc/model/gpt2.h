@@ -152,6 +152,12 @@ class GPT2Model {
   // back.
   void set_offload(bool on);
   bool offload() const { return offload_; }
+  // Offloaded, one process: the next backward (or forward_backward) is the optimizer step's last micro-step, so
+  // each group of gradients it finishes is final: copy it to the host then (a copy stream, overlapped with the rest
+  // of backward), and optimizer_step skips its own copy. Not inside a CUDA graph (that micro-step runs directly).
+  // grad_prefetches: the backwards that did so.
+  void prefetch_grads();
+  long grad_prefetches() const { return grad_prefetches_; }
   // A training step with no host round trip until its end: forward_backward per micro-step, then optimizer_step.
   //
   // forward_backward: forward(inp, targets) and backward(grad_scale) in one call, the mean loss times grad_scale
@@ -429,6 +435,9 @@ class GPT2Model {
   M* host_master_ = nullptr;
   M* grad_host_ = nullptr;  // host_grads(n): grad_host_n_ values
   size_t grad_host_n_ = 0;
+  bool prefetch_armed_ = false;  // prefetch_grads() for the next backward
+  bool grads_on_host_ = false;   // the last backward copied every gradient to grad_host_ (none since)
+  long grad_prefetches_ = 0;
   bool host_master_stale_ = false;
   M* m_ = nullptr;
   M* v_ = nullptr;

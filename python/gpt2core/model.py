@@ -379,6 +379,13 @@ class GPT2:
         self._m.offload = bool(on)
         self.params = _Views(self._m.params())  # a 16-bit model's master weights moved: views of where they are
 
+    def prefetch_grads(self) -> None:
+        """With offload, in one process: the next backward (or forward_backward) is the optimizer step's last
+        micro-step, so each group of gradients it finishes (the head's, each layer's, the embeddings') is copied to
+        the host at once on a second stream, overlapped with the rest of backward, and step() does not copy them
+        again (gpt2core-train calls it before the last micro-step). The same bits either way."""
+        self._m.prefetch_grads()
+
     def shard_grads(self, lo: int, hi: int) -> None:
         """ZeRO-2 (DataParallel(zero=2) calls it): keep only the gradients of flat [lo, hi) plus the bucket buffers
         backward fills (the core's set_grad_shard); self.grads then refuses, naming the shard (the core's

@@ -622,8 +622,10 @@ class Trainer:
         t0 = time.perf_counter()
         lr = self.lr(step)
         m.zero_grad()
-        for _ in range(self.grad_accum):
+        for i in range(self.grad_accum):
             x, y = self.train_loader.next_batch()
+            if self.comm is None and cfg.offload != "none" and i == self.grad_accum - 1:
+                m.prefetch_grads()  # the last micro-step's gradients are final: to the host during its backward
             m.forward_backward(x, y, 1.0 / self.grad_accum)
         loss = m.take_loss()  # the mean over micro-steps (and ranks): the first wait for the device
         if not math.isfinite(loss):

@@ -53,9 +53,10 @@ SMALL = dict(CFG, n_layer=2, n_embd=64, n_head=2, max_seq_len=16)  # every op of
 B, T = 2, 16
 
 
-def run_steps(m, level, scaled, graphs=False, steps=2):
+def run_steps(m, level, scaled, graphs=False, steps=2, prefetch=False):
     """Optimizer steps of two micro-steps each (an ignored target, clipping active): the losses, gradients and
-    weights after each."""
+    weights after each. prefetch: the offloaded model copies the second micro-step's gradients to the host during
+    its backward (prefetch_grads)."""
     m.recompute = level
     m.cuda_graphs = graphs
     if scaled:
@@ -66,6 +67,8 @@ def run_steps(m, level, scaled, graphs=False, steps=2):
         for micro in range(2):
             x, y = batch(10 * step + micro, B, T, CFG["vocab_size"])
             y[0, 3] = -1
+            if prefetch and micro == 1:
+                m.prefetch_grads()
             m.forward_backward(x, y, 0.5)
         out.append(m.take_loss())
         out.append(m.flat_grads().copy())
@@ -191,31 +194,33 @@ def test_optimizer_offload_is_bit_identical_and_frees_the_optimizer_state(emu, p
     on, the same bits as a model never offloaded."""
     scaled = precision == "fp16"
     runs, held, scalers = {}, {}, {}
-    for offload in (False, True):
+    for offload in (False, True, "prefetch"):
         free0 = emu.cuda_mem_info(0)[0]
         m = getattr(emu, CLASSES[precision])(**SMALL, device="cuda", attention="flash", **MODERN)
         init_params(m)
         m.params_changed()
-        m.offload = offload
-        assert m.offload == offload
-        runs[offload] = run_steps(m, "none", scaled, steps=3)
+        m.offload = bool(offload)
+        assert m.offload == bool(offload)
+        runs[offload] = run_steps(m, "none", scaled, steps=3, prefetch=offload == "prefetch")
+        assert m.grad_prefetches == (3 if offload == "prefetch" else 0)
         runs[offload] += [m.adam_m()["qkvw"].copy(), m.adam_v()["fcw"].copy()]
         scalers[offload] = m.loss_scaler  # the scaler stepped on the device after the host's update, as always
         held[offload] = free0 - emu.cuda_mem_info(0)[0]
-        if offload:  # back on the device: one more step, as the model that never left
+        if offload is True:  # back on the device: one more step, as the model that never left
             m.offload = False
             runs["back"] = run_steps(m, "none", scaled, steps=1)
-        else:
+        elif offload is False:
             runs["stay"] = run_steps(m, "none", scaled, steps=1)
         del m
-    for a, b in zip(runs[False], runs[True]):
-        assert np.array_equal(np.asarray(a), np.asarray(b)), precision
-    assert scalers[True] == scalers[False] and scalers[True]["clean"] == (3 if scaled else 0)
+    for other in (True, "prefetch"):
+        for a, b in zip(runs[False], runs[other]):
+            assert np.array_equal(np.asarray(a), np.asarray(b)), (precision, other)
+    assert scalers[True] == scalers[False] == scalers["prefetch"] and scalers[True]["clean"] == (3 if scaled else 0)
     for a, b in zip(runs["stay"], runs["back"]):
         assert np.array_equal(np.asarray(a), np.asarray(b)), precision
     n = config_of(SMALL, MODERN).num_parameters()
     master = 4 * n if precision != "fp32" else 0
-    assert held[False] - held[True] == master + 8 * n
+    assert held[False] - held[True] == held[False] - held["prefetch"] == master + 8 * n
     plan = {o: memplan.memory(config_of(SMALL, MODERN), B, T, memplan.Options(
         device="cuda", precision=precision, offload=o, attention="flash", library_workspace=0))
         for o in ("none", "optimizer")}
