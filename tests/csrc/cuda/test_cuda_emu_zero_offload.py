@@ -10,6 +10,7 @@ offload as without; the staging buffer is made small (1,000 values), so every ra
 each rank's device then holds against the plan: the master weights and the moments gone, the staging buffer
 there (memplan.memory, the emulator's accounting)."""
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -125,9 +126,18 @@ TRAIN = textwrap.dedent("""
     gpt2core._cuda.load = lambda: []
     import gpt2core._plugins
     gpt2core._plugins.find = lambda: "emulated"
+    import os, signal
     from gpt2core import distributed, train
     _setup = distributed.setup
     distributed.setup = lambda device="cpu", timeout=60.0: (*_setup("cpu", timeout)[:2], device)
+    kill_after = int(os.environ.get("KILL_AFTER_CHECKPOINT", 0))
+    if kill_after:  # die (SIGKILL, every rank) right after the checkpoint of that step is saved
+        save = train.Trainer.save_checkpoint
+        def save_then_die(self, step):
+            save(self, step)
+            if step == kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+        train.Trainer.save_checkpoint = save_then_die
     sys.exit(train.console(sys.argv[2:]))
 """)
 
@@ -142,31 +152,45 @@ def data(tmp_path_factory):
 
 def test_train_zero2_with_offload_is_the_same_run_and_resumes_bit_exactly(emu, tmp_path, data):  # noqa: F811
     """gpt2core-train on two ranks (bf16, tiny preset, gradient accumulation 2, clipping at the default 1.0):
-    --zero 2 --offload optimizer gives --zero 2's losses and model.bin; stopped after the checkpoint of step 2 and
-    resumed (--resume auto: each rank's optimizer shard back into pinned memory), the same model.bin too."""
+    --zero 2 --offload optimizer gives --zero 2's losses and model.bin; killed (SIGKILL, both ranks) right after the
+    checkpoint of step 2 and resumed (--resume auto: each rank's optimizer shard back into pinned memory), the same
+    model.bin too. That checkpoint, consolidated, resumes in one process with offload (micro-batch 4: the same
+    global batch), the 2-rank run's continuation to fp32 rounding (the gradients summed in another order)."""
     if not hasattr(emu, "dist") or not emu.dist.have_gloo():
         pytest.skip("the emulated module was built without Gloo (apt-get install libgloo-dev)")
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    base = [sys.executable, str(script), str(BUILD), "--device", "cuda", "--data-dir", str(data), "--preset",
-            "tiny", "--precision", "bf16", "-T", "32", "-B", "2", "--total-batch-tokens", "256", "--val-every", "0",
-            "--sample-tokens", "0", "--threads", "1", "--attention", "flash", "--checkpoint-every", "2", "--zero", "2"]
+    common = [sys.executable, str(script), str(BUILD), "--device", "cuda", "--data-dir", str(data), "--preset",
+              "tiny", "--precision", "bf16", "-T", "32", "--total-batch-tokens", "256", "--val-every", "0",
+              "--sample-tokens", "0", "--threads", "1", "--attention", "flash", "--checkpoint-every", "2"]
+    base = common + ["-B", "2", "--zero", "2"]
 
-    def train(name, *extra):
-        procs = start_ranks(2, base + ["--output-dir", str(tmp_path / name), *extra], tmp_path, name)
+    def train(name, *extra, world=2, cmd=base, expect=0, env=None):
+        procs = start_ranks(world, cmd + ["--output-dir", str(tmp_path / name), *extra], tmp_path, name, env=env)
         codes = wait_all(procs, 900)
-        log = "".join((tmp_path / f"{name}.rank{r}.log").read_text() for r in range(2))
-        assert codes == [0, 0], log[-6000:]
+        log = "".join((tmp_path / f"{name}.rank{r}.log").read_text() for r in range(world))
+        assert codes == [expect] * world, log[-6000:]
         return tmp_path / name, log
 
     loss = lambda d: [json.loads(x)["loss"] for x in open(d / "metrics.jsonl") if '"loss"' in x]  # noqa: E731
+    weights = lambda d: np.fromfile(d / "model.bin", dtype=np.float32)[256:]  # noqa: E731  (past the header)
     plain, _ = train("plain", "--steps", "3")
     off, log = train("off", "--steps", "3", "--offload", "optimizer")
-    assert "ZeRO-2" in log or "zero 2" in log.lower(), log[-3000:]
     assert len(loss(plain)) == 3 and loss(off) == loss(plain)
     assert (off / "model.bin").read_bytes() == (plain / "model.bin").read_bytes()
-    half, _ = train("half", "--steps", "2", "--offload", "optimizer")
-    _, log = train("half", "--steps", "3", "--offload", "optimizer", "--resume", "auto")
+    run, _ = train("run", "--steps", "3", "--offload", "optimizer", expect=-9, env={"KILL_AFTER_CHECKPOINT": "2"})
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000002"]
+    _, log = train("run", "--steps", "3", "--offload", "optimizer", "--resume", "auto")
     assert "resumed from" in log
-    assert (half / "model.bin").read_bytes() == (plain / "model.bin").read_bytes()
-    assert loss(half) == loss(plain)
+    assert (run / "model.bin").read_bytes() == (plain / "model.bin").read_bytes()
+    assert loss(run) == loss(plain)
+    ck_dir = tmp_path / "step_000002"
+    shutil.copytree(off / "checkpoints" / "step_000002", ck_dir)
+    r = subprocess.run([sys.executable, "-m", "gpt2core.checkpoint", "consolidate", str(ck_dir)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    one, log = train("one", "--steps", "3", "--offload", "optimizer", "--resume", str(ck_dir), world=1,
+                     cmd=common + ["-B", "4"])
+    assert f"resumed from {ck_dir} at step 2" in log
+    np.testing.assert_allclose(weights(one), weights(plain), rtol=0, atol=2e-5)
+    np.testing.assert_allclose(loss(one), loss(plain), rtol=1e-5)
