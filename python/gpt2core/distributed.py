@@ -1,4 +1,5 @@
-"""Data-parallel training: the launcher's environment, the process group, gradient averaging, ZeRO-1.
+"""Data-parallel training: the launcher's environment, the process group, gradient averaging, ZeRO-1 and -2,
+optimizer offload on every rank.
 
 Environment (first match wins):
 
@@ -41,6 +42,11 @@ optimizer step, only the last one communicates; ``take_loss`` returns the loss a
   with gradient accumulation the shard sums the micro-steps' averages, where ZeRO-0/1 average the micro-steps' sum:
   bit-identical to ZeRO-1 with one micro-step per optimizer step, equal to fp32 rounding with several. AdamW only
   (Muon orthogonalises whole matrices from every rank's gradients: use zero=0 or 1).
+* Optimizer offload (``model.offload = True`` before wrapping; any zero): the rank's update runs on its host
+  (plain DDP: the whole model's, as in one process; ZeRO: its shard's, ``adamw_range``, with the shard's moments in
+  pinned memory). A 16-bit model's fp32 master weights are then in pinned host memory, where NCCL cannot reach, so
+  the first broadcast and ZeRO's all-gather of them go through one device buffer (``stage_values``, 64 MiB), a
+  broadcast per chunk from each range's owner: the same bits as without offload.
 
 ``last_comm_ms`` is the step's time spent waiting for gradient/parameter collectives: with overlap only the
 wait in ``finish`` (the part of the all-reduce that backward did not hide).

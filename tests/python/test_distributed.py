@@ -43,6 +43,20 @@ TRAIN_ARGS = ["--preset", "tiny", "-T", str(T), "--total-batch-tokens", str(GLOB
               "--val-every", "2", "--val-steps", "2", "--sample-tokens", "2", "--warmup", "2", "--lr", "3e-3",
               "--threads", "1"]
 
+# A rank script's lines (after `from gpt2core import train`): with KILL_AFTER_CHECKPOINT=N in its environment the
+# rank dies (SIGKILL) right after saving the checkpoint of step N
+KILL_HOOK = """
+import os, signal
+kill_after = int(os.environ.get("KILL_AFTER_CHECKPOINT", 0))
+if kill_after:
+    _save = train.Trainer.save_checkpoint
+    def _save_then_die(self, step):
+        _save(self, step)
+        if step == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+    train.Trainer.save_checkpoint = _save_then_die
+"""
+
 # Runs gpt2core.train's Trainer, recording the training batches it reads, then saves this rank's weights.
 RECORDER = textwrap.dedent("""
     import os, signal, sys
@@ -56,14 +70,7 @@ RECORDER = textwrap.dedent("""
             seen.append(x.copy())
         return x, y
     DataLoader.next_batch = record
-    kill_after = int(os.environ.get("KILL_AFTER_CHECKPOINT", 0))
-    if kill_after:  # die (SIGKILL, every rank) right after the checkpoint of that step is saved
-        save = train.Trainer.save_checkpoint
-        def save_then_die(self, step):
-            save(self, step)
-            if step == kill_after:
-                os.kill(os.getpid(), signal.SIGKILL)
-        train.Trainer.save_checkpoint = save_then_die
+""") + KILL_HOOK + textwrap.dedent("""
     t = train.Trainer(train.parse_args(sys.argv[2:]))
 
     class Counting:  # records (collective, buffer size) of every call the data-parallel wrapper makes

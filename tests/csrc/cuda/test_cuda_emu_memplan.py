@@ -146,8 +146,6 @@ def test_zero2_sharded_gradients_bit_for_bit_and_the_memory_it_frees(emu, precis
     accumulation is a device op: the CUDA backend's accumulate_master); fp16 with loss scaling (the shard carries
     the scale, as a full buffer does). The device memory it frees is the full buffer less the shard and the buckets
     (memplan.grad_bucket_values), by the emulator's accounting."""
-    from test_zero2 import own_part_hook
-
     config = config_of(SMALL, MODERN)
     scaled = precision == "fp16"
 
@@ -169,6 +167,13 @@ def test_zero2_sharded_gradients_bit_for_bit_and_the_memory_it_frees(emu, precis
     held_sharded = free0 - emu.cuda_mem_info(0)[0]
     assert sharded.grad_bucket_values == memplan.grad_bucket_values(config)
     assert held_full - held_sharded == 4 * (n - (hi - lo) - memplan.grad_bucket_values(config))
+    check_grad_shard(full, sharded, lo, hi)
+
+
+def check_grad_shard(full, sharded, lo, hi):
+    """sharded (set_grad_shard(lo, hi)) with the one-rank bucket hook holds full's gradients of [lo, hi) after one
+    micro-step, and the float32 sum of each micro-step's own after two."""
+    from test_zero2 import own_part_hook
     own_part_hook(sharded, lo, hi)
     micro = [batch(s, B, T, CFG["vocab_size"]) for s in (1, 2)]
     own = []

@@ -20,9 +20,11 @@ import pytest
 
 from gpt2core import GPT2Config, memplan
 from test_cuda_emu import BUILD, emu  # noqa: F401  (fixture)
-from test_distributed import start_ranks, wait_all
+from test_cuda_emu_memplan import data  # noqa: F401  (fixture)
+from test_distributed import KILL_HOOK, start_ranks, wait_all
 
-RANK = textwrap.dedent("""
+# gpt2core over the emulated core (argv[1]: its build folder), also in a build without a CUDA backend of its own
+EMULATED = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[1])
     import gpt2core_cuda_emu
@@ -33,6 +35,9 @@ RANK = textwrap.dedent("""
     gpt2core._cuda.load = lambda: []
     import gpt2core._plugins
     gpt2core._plugins.find = lambda: "emulated"
+""")
+
+RANK = EMULATED + textwrap.dedent("""
     import numpy as np
     from gpt2core import GPT2, GPT2Config, _C
     from gpt2core.distributed import DataParallel, setup
@@ -115,39 +120,13 @@ def test_zero_with_offload_is_bit_identical_to_zero_on_the_device(emu, tmp_path,
 
 # gpt2core-train's ranks over the emulated core: Gloo between the processes (the emulated module has no NCCL), every
 # rank's model on the one emulated device
-TRAIN = textwrap.dedent("""
-    import sys
-    sys.path.insert(0, sys.argv[1])
-    import gpt2core_cuda_emu
-    sys.modules["gpt2core._C"] = gpt2core_cuda_emu
-    import gpt2core._libs
-    gpt2core._libs.driver_problem = lambda: ""
-    import gpt2core._cuda
-    gpt2core._cuda.load = lambda: []
-    import gpt2core._plugins
-    gpt2core._plugins.find = lambda: "emulated"
-    import os, signal
+TRAIN = EMULATED + textwrap.dedent("""
     from gpt2core import distributed, train
     _setup = distributed.setup
     distributed.setup = lambda device="cpu", timeout=60.0: (*_setup("cpu", timeout)[:2], device)
-    kill_after = int(os.environ.get("KILL_AFTER_CHECKPOINT", 0))
-    if kill_after:  # die (SIGKILL, every rank) right after the checkpoint of that step is saved
-        save = train.Trainer.save_checkpoint
-        def save_then_die(self, step):
-            save(self, step)
-            if step == kill_after:
-                os.kill(os.getpid(), signal.SIGKILL)
-        train.Trainer.save_checkpoint = save_then_die
-    sys.exit(train.console(sys.argv[2:]))
-""")
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from gpt2core.data import shakespeare
-    d = tmp_path_factory.mktemp("shakespeare")
-    shakespeare.prepare(d)
-    return d
+""") + KILL_HOOK + """
+sys.exit(train.console(sys.argv[2:]))
+"""
 
 
 def test_train_zero2_with_offload_is_the_same_run_and_resumes_bit_exactly(emu, tmp_path, data):  # noqa: F811

@@ -420,24 +420,11 @@ def test_zero2_grad_shard_is_bit_identical_on_the_gpu(precision):
     """A model that keeps flat [lo, hi) of its gradients (one-rank bucket hook): after one micro-step the full
     model's gradients of that range, after two the float32 sum of each micro-step's own (accumulate_master on the
     device)."""
-    from test_cuda_emu_memplan import B as Bs, T as Ts, batch as small_batch
-    from test_zero2 import own_part_hook
+    from test_cuda_emu_memplan import check_grad_shard
     full, sharded = _small_model(precision), _small_model(precision)
     if precision == "fp16":
         for m in (full, sharded):
             m.set_loss_scaling(True, scale=1024.0)
     n = full.num_parameters
-    lo, hi = n // 3, n - 1000
-    sharded.set_grad_shard(lo, hi)
-    own_part_hook(sharded, lo, hi)
-    micro = [small_batch(s, Bs, Ts, 97) for s in (1, 2)]
-    own = []
-    for x, y in micro:
-        full.zero_grad()
-        full.forward_backward(x, y, 0.5)
-        own.append(full.flat_grads()[lo:hi].copy())
-    sharded.zero_grad()
-    sharded.forward_backward(*micro[0], 0.5)
-    assert np.array_equal(sharded.grad_shard(), own[0])
-    sharded.forward_backward(*micro[1], 0.5)
-    assert np.array_equal(sharded.grad_shard(), own[0] + own[1])
+    sharded.set_grad_shard(n // 3, n - 1000)
+    check_grad_shard(full, sharded, n // 3, n - 1000)
