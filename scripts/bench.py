@@ -131,7 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="CUDA: time cuBLASLt's candidate algorithms once per shape (the ladder's last rung)")
     ap.add_argument("--no-deterministic", action="store_true",
                     help="CUDA: let cuDNN's attention backward accumulate with atomics (GPT2(deterministic=False))")
-    ap.add_argument("--recompute-gelu", action="store_true")
+    ap.add_argument("--recompute", choices=["none", "gelu", "layer"], default="none",
+                    help="what backward recomputes: gelu (one MLP activation buffer), layer (each block's forward "
+                         "again just before its backward)")
+    ap.add_argument("--recompute-gelu", action="store_true", help="--recompute gelu")
     ap.add_argument("--model", metavar="GPU", default=None,
                     help="print the roofline model (scripts/gpu_model.py, MODELLED figures) of this GPU (H100, A100, "
                          "L4, T4, RTX4090) for the preset, B and T, instead of running")
@@ -210,17 +213,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="1: ZeRO-1 (sharded AdamW state); 2: ZeRO-2 (gradients sharded too)")
     g.add_argument("--offload", action="store_true",
                    help="--offload optimizer: master weights and AdamW moments in pinned host memory, AdamW on the "
-                        "host (CUDA, one process)")
+                        "host (CUDA; with ZeRO each rank offloads its shard)")
+    g.add_argument("--no-prefetch", action="store_true",
+                   help="--offload in one process: copy the gradients to the host at the step, not during the last "
+                        "micro-step's backward (GPT2.prefetch_grads)")
     g.add_argument("--no-overlap-comm", action="store_true", help="one gradient allreduce after backward")
     g.add_argument("--dist-timeout", type=cli.seconds, default=300.0, help="seconds a collective waits for the others")
     g.add_argument("--result-json", default=None, help=argparse.SUPPRESS)  # rank 0 writes its figures here
     return ap
 
 
-def timed_steps(model, ddp, rng, vocab, B, T, accum, warmup, steps, next_batch=None):
+def timed_steps(model, ddp, rng, vocab, B, T, accum, warmup, steps, next_batch=None, prefetch=False):
     """Run warmup + steps optimizer steps of `accum` micro-steps each on random tokens (or each on next_batch()'s
     (x, y), read inside the timed step); returns the timed steps' wall times and their forward / backward /
-    optimizer parts (seconds) and comm times (ms)."""
+    optimizer parts (seconds) and comm times (ms). prefetch: an offloaded model copies the last micro-step's
+    gradients to the host during its backward (as gpt2core-train does in one process)."""
     x = rng.integers(0, vocab, size=(B, T), dtype=np.int32)
     y = rng.integers(0, vocab, size=(B, T), dtype=np.int32)
     parts = {"fwd": [], "bwd": [], "opt": []}
@@ -230,10 +237,12 @@ def timed_steps(model, ddp, rng, vocab, B, T, accum, warmup, steps, next_batch=N
         fwd = bwd = 0.0
         t0 = time.perf_counter()
         net.zero_grad()
-        for _ in range(accum):
+        for micro in range(accum):
             ta = time.perf_counter()
             if next_batch is not None:
                 x, y = next_batch()
+            if prefetch and micro == accum - 1:
+                model.prefetch_grads()
             if model.cuda_graphs:  # one graph launch for forward and backward: no split to time
                 net.forward_backward(x, y, 1.0 / accum)
                 tb = ta
@@ -299,19 +308,25 @@ def single(args):
     cfg = bench_config(args)
     model = GPT2(cfg, device=args.device, seed=0, precision=args.precision, attention=args.attention,
                  fused=not args.no_fused, matmul_tuning=args.matmul_tuning, deterministic=not args.no_deterministic)
-    model.recompute_gelu = args.recompute_gelu
+    model.recompute = "gelu" if args.recompute_gelu else args.recompute
+    model.offload = args.offload
     model.cuda_graphs = args.cuda_graphs
     B, T = args.batch_size, args.seq_len
-    times, parts, _ = timed_steps(model, None, np.random.default_rng(0), cfg.vocab_size, B, T, 1,
-                                  args.warmup, args.steps)
+    total = args.total_batch_tokens or B * T
+    if total % (B * T):
+        raise SystemExit(f"bench: --total-batch-tokens {total} is not a multiple of B*T = {B * T}")
+    accum = total // (B * T)
+    times, parts, _ = timed_steps(model, None, np.random.default_rng(0), cfg.vocab_size, B, T, accum,
+                                  args.warmup, args.steps, prefetch=args.offload and not args.no_prefetch)
     dt = float(np.median(times))
-    tps = B * T / dt
+    tps = total / dt
     flops = cfg.flops_per_token(T)
     gflops = tps * flops / 1e9
     info = build_info()
     print(f"gpt2core {info['version']} | {args.device} | BLAS {info['blas']} | threads {threads} | "
           f"CPU code {info['cpu_isa']}")
     print(f"preset {args.preset} ({model.num_parameters:,} params) | precision {model.precision} | B={B} T={T} | "
+          f"grad_accum {accum} | recompute {model.recompute} | offload {model.offload} | "
           f"{flops / 1e9:.3f} GFLOP/token")
     print(f"ms/step {dt * 1e3:.1f} (median of {args.steps}) | tokens/s {tps:,.0f} | GFLOP/s {gflops:.1f}")
     if args.breakdown:
@@ -443,7 +458,7 @@ def ladder(args):
         model = GPT2(cfg, device=args.device, seed=0, precision=None if cpu else s["precision"],
                      attention=None if cpu else s["attention"], fused=s["fused"], matmul_tuning=s["matmul_tuning"],
                      deterministic=not args.no_deterministic)
-        model.recompute_gelu = args.recompute_gelu
+        model.recompute = "gelu" if args.recompute_gelu else args.recompute
         model.cuda_graphs = s["graphs"]
         times, _, _ = timed_steps(model, None, np.random.default_rng(0), cfg.vocab_size, B, T, 1, args.warmup,
                                   args.steps)
@@ -485,7 +500,7 @@ def worker(args):
     accum = total // (B * T * W)
     model = GPT2(cfg, device=device, seed=0, precision=args.precision, attention=args.attention,
                  fused=not args.no_fused, matmul_tuning=args.matmul_tuning, deterministic=not args.no_deterministic)
-    model.recompute_gelu = args.recompute_gelu
+    model.recompute = "gelu" if args.recompute_gelu else args.recompute
     model.offload = args.offload
     model.cuda_graphs = args.cuda_graphs
     ddp = None
@@ -493,7 +508,8 @@ def worker(args):
         ddp = DataParallel(model, comm, zero=args.zero, grad_accum=accum,
                            overlap=False if args.no_overlap_comm or args.cuda_graphs else None)
     times, parts, comm_ms = timed_steps(model, ddp, np.random.default_rng(env.rank), cfg.vocab_size, B, T, accum,
-                                        args.warmup, args.steps)
+                                        args.warmup, args.steps,
+                                        prefetch=args.offload and ddp is None and not args.no_prefetch)
     mine = np.zeros(2 * W, dtype=np.float32)  # every rank's median step time and comm time, gathered by a sum
     mine[env.rank], mine[W + env.rank] = np.median(times) * 1e3, np.median(comm_ms)
     if comm is not None:
@@ -633,6 +649,8 @@ def check_switches(ap, args) -> None:
         for flag in ("matmul_tuning", "cuda_graphs", "offload"):
             if getattr(args, flag):
                 ap.error(f"--{flag.replace('_', '-')} needs --device cuda (it does nothing on the CPU)")
+    if args.no_prefetch and not args.offload:
+        ap.error("--no-prefetch needs --offload (it chooses when the offloaded step's gradients are copied)")
     if args.nproc == 1 and not args.scaling and "WORLD_SIZE" not in os.environ and not args.result_json:
         for flag, on in ((f"--zero {args.zero}", args.zero), ("--no-overlap-comm", args.no_overlap_comm)):
             if on:

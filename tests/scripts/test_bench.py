@@ -51,6 +51,20 @@ def test_total_batch_tokens_must_divide_before_launching():
     assert "gpt2core.launch" not in p.stderr  # refused up front, no process started
 
 
+def test_one_process_takes_recompute_and_gradient_accumulation():
+    """One process measures the memory options too: --recompute layer, and --total-batch-tokens' micro-steps (tokens/s
+    over the whole optimizer step); --no-prefetch without --offload is a usage error."""
+    out = bench(*TINY, "--recompute", "layer", "--total-batch-tokens", "64").stdout
+    assert "grad_accum 2 | recompute layer | offload False" in out, out
+    ms, tps = re.search(r"^ms/step ([0-9.]+) .*\| tokens/s ([0-9,]+)", out, re.M).groups()
+    tps = float(tps.replace(",", ""))
+    assert abs(64 / (float(ms) / 1e3) - tps) <= 0.1 * tps  # the step's 64 tokens, not one micro-step's 32 (ms rounded)
+    p = bench(*TINY, "--no-prefetch", check=False)
+    assert p.returncode == 2 and "--no-prefetch needs --offload" in p.stderr, p.stderr
+    p = bench(*TINY, "--total-batch-tokens", "50", check=False)
+    assert p.returncode != 0 and "not a multiple of B*T = 32" in p.stderr, p.stderr
+
+
 def test_ladder_runs_every_rung_this_device_has_side_by_side():
     """--ladder: one row per rung in one run; on the CPU the CUDA-only rungs are listed, not measured."""
     out = bench(*TINY, "--ladder").stdout

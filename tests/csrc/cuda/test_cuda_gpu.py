@@ -400,19 +400,22 @@ def test_recompute_levels_are_bit_identical_on_the_gpu(precision, arch):
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_optimizer_offload_is_bit_identical_on_the_gpu(precision):
     """AdamW on the host's cores (pinned memory, the kernel's own adamw_one compiled for the CPU) against the
-    adamw kernel on the device: losses, gradients, weights and both moments bit for bit; then back on the device,
-    one more step as the model that never left."""
+    adamw kernel on the device: losses, gradients, weights and both moments bit for bit, also with the last
+    micro-step's gradients copied to the host during its backward (prefetch_grads: a second stream); then back on
+    the device, one more step as the model that never left."""
     from test_cuda_emu_memplan import run_steps
     runs = {}
-    for offload in (False, True):
+    for offload in (False, True, "prefetch"):  # prefetch: the last micro-step's gradients copied during backward
         m = _small_model(precision)
-        m.offload = offload
-        assert m.offload == offload
-        runs[offload] = run_steps(m, "none", precision == "fp16", steps=3)
+        m.offload = bool(offload)
+        assert m.offload == bool(offload)
+        runs[offload] = run_steps(m, "none", precision == "fp16", steps=3, prefetch=offload == "prefetch")
+        assert m.grad_prefetches == (3 if offload == "prefetch" else 0)
         runs[offload] += [m.adam_m()["qkvw"].copy(), m.adam_v()["fcw"].copy(), str(m.loss_scaler)]
         m.offload = False
         runs[offload] += run_steps(m, "none", precision == "fp16", steps=1)
     _equal_runs(runs[False], runs[True], precision)
+    _equal_runs(runs[False], runs["prefetch"], (precision, "prefetch"))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
