@@ -208,6 +208,7 @@ class DataParallel:
         if overlap is None:
             overlap = not zero and model.params["wte"].dtype != np.float64
         self.model, self.comm, self.zero, self.grad_accum = model, comm, zero, grad_accum
+        model._data_parallel = True  # GPT2.prefetch_grads refuses: the ranks change the gradients after backward
         self.world = comm.size
         if hasattr(comm, "use_stream_of") and hasattr(model, "_m"):  # NCCL: collectives wait for the model's stream
             comm.use_stream_of(model._m)
@@ -407,7 +408,7 @@ class DataParallel:
         flat = self.model.flat_params()
         largest = max(hi - lo for lo, hi in (self.comm.shard(self.n, r) for r in range(self.world)))
         size = max(1, min(self.stage_values, largest))  # the plan's: at most the largest ZeRO shard
-        if getattr(self, "_stage", None) is None or self._stage.size < size:
+        if self._stage is None or self._stage.size < size:
             self._stage = None  # the old buffer first: at most one in backend memory
             self._stage = _C.dist.alloc_state(self.model._m, size, pinned=False)
         stage, me = self._stage, self.comm.rank

@@ -383,7 +383,11 @@ class GPT2:
         """With offload, in one process: the next backward (or forward_backward) is the optimizer step's last
         micro-step, so each group of gradients it finishes (the head's, each layer's, the embeddings') is copied to
         the host at once on a second stream, overlapped with the rest of backward, and step() does not copy them
-        again (gpt2core-train calls it before the last micro-step). The same bits either way."""
+        again (gpt2core-train calls it before the last micro-step). The same bits either way. Not under
+        DataParallel: its ranks change the gradients after backward (the average over ranks, ZeRO's shard)."""
+        if getattr(self, "_data_parallel", False):
+            raise RuntimeError("prefetch_grads: this model is trained by DataParallel, whose averaging over the ranks "
+                               "changes the gradients after backward; the step copies them instead")
         self._m.prefetch_grads()
 
     def shard_grads(self, lo: int, hi: int) -> None:

@@ -54,6 +54,12 @@ RANK = EMULATED + textwrap.dedent("""
                      loss_scale_init=1024.0)  # rank 1's seed differs: the first broadcast makes them equal
             m.offload = offload
             dp = DataParallel(m, comm, zero=zero, grad_accum=2)
+            if offload:  # the ranks change the gradients after backward: no copy during it
+                try:
+                    m.prefetch_grads()
+                    raise SystemExit("prefetch_grads under DataParallel was not refused")
+                except RuntimeError as e:
+                    assert "DataParallel" in str(e), e
             rng = np.random.default_rng(100 + env.rank)
             losses, norms = [], []
             for step in range(3):
