@@ -136,9 +136,6 @@ typename GPT2Model<T>::M* GPT2Model<T>::host_grads(size_t n) {
 template <typename T>
 void GPT2Model<T>::prefetch_grads() {
   if (!offload_) throw std::logic_error("prefetch_grads: the optimizer is not offloaded (--offload optimizer)");
-  if (grad_sharded_)
-    throw std::logic_error("prefetch_grads: the gradients are sharded (ZeRO-2): the shard is final only after the "
-                           "ranks' reduction");
   prefetch_armed_ = true;
 }
 
@@ -459,7 +456,10 @@ void GPT2Model<T>::set_grad_shard(size_t lo, size_t hi) {
 
 template <typename T>
 void GPT2Model<T>::accumulate_grad_shard(const M* src, size_t flat_lo, size_t n) {
-  backend_->accumulate_master(grad_at(flat_lo, n, "accumulate_grad_shard"), src, n, !shard_fresh_);
+  M* dst = grad_at(flat_lo, n, "accumulate_grad_shard");
+  backend_->accumulate_master(dst, src, n, !shard_fresh_);
+  if (shard_prefetch_)  // the optimizer step's last micro-step: this part of the shard is final, to the host now
+    backend_->grads_to_host_async(host_grads(grad_hi_ - grad_lo_) + (flat_lo - grad_lo_), dst, n);
 }
 
 template <typename T>
@@ -604,6 +604,7 @@ void GPT2Model<T>::backward_ops(bool report) {
   // optimizer offload's prefetch (prefetch_grads): each group of final gradients to the host on the copy stream,
   // as the grad-ready hook would be told of it
   const bool prefetch = prefetch_armed_ && offload_ && !sharded;
+  shard_prefetch_ = prefetch_armed_ && offload_ && sharded;  // ZeRO-2: accumulate_grad_shard copies each part
   prefetch_armed_ = grads_on_host_ = false;
   M* host = prefetch ? host_grads(num_params_) : nullptr;
   auto final_grads = [&](const auto& ranges) {
@@ -657,7 +658,8 @@ void GPT2Model<T>::backward_ops(bool report) {
   be.encoder_backward(grad_out(kWte), grad_out(kWpe), a_.dres, inputs_, B, Tn, C);  // dwpe null with rope
   if (sharded) bucket_hook_(bucket_[2], tensor_grad_ranges(kWte, kWpe));
   final_grads(tensor_grad_ranges(kWte, kWpe));  // wte (embedding and tied lm_head gradients), wpe
-  if (prefetch) {
+  if (prefetch || shard_prefetch_) {
+    shard_prefetch_ = false;
     grads_on_host_ = true;
     grad_prefetches_++;
   }
@@ -904,8 +906,11 @@ void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr
     be.set_step_args(args);  // the sumsq every rank was given, for the scaler's update below
     const float carried = be.step_result().scaler.scale;  // the scale these gradients carry
     M* master = kHasMasterCopy<T> ? master_ : host_master_;
+    // grads_on_host_: ZeRO-2's shard, copied during the last backward (its range is this [lo, hi))
+    const bool on_host = grads_on_host_ && grad_sharded_ && lo == grad_lo_ && hi == grad_hi_;
     be.adamw_host(params_ + lo, master + lo, grad_at(lo, hi - lo, "adamw_update_range"), host_grads(hi - lo), m, v, lo,
-                  adamw_segments(lo, hi, weight_decay), beta1, beta2, eps, args, carried);
+                  adamw_segments(lo, hi, weight_decay), beta1, beta2, eps, args, carried, on_host);
+    grads_on_host_ = false;
   } else {
     adamw_over(lo, hi, m, v, beta1, beta2, eps, weight_decay, args);
   }

@@ -152,10 +152,11 @@ class GPT2Model {
   // back.
   void set_offload(bool on);
   bool offload() const { return offload_; }
-  // Offloaded, one process: the next backward (or forward_backward) is the optimizer step's last micro-step, so
-  // each group of gradients it finishes is final: copy it to the host then (a copy stream, overlapped with the rest
-  // of backward), and optimizer_step skips its own copy. Not inside a CUDA graph (that micro-step runs directly).
-  // grad_prefetches: the backwards that did so.
+  // Offloaded: the next backward (or forward_backward) is the optimizer step's last micro-step, so each group of
+  // gradients it finishes is final: copy it to the host then (a copy stream, overlapped with the rest of backward),
+  // and the offloaded update skips its own copy. One process: optimizer_step; ZeRO-2: each part of the shard once
+  // the bucket hook folded it in (accumulate_grad_shard), for adamw_update_range over the shard. Not inside a CUDA
+  // graph (that micro-step runs directly). grad_prefetches: the backwards that did so.
   void prefetch_grads();
   long grad_prefetches() const { return grad_prefetches_; }
   // A training step with no host round trip until its end: forward_backward per micro-step, then optimizer_step.
@@ -436,7 +437,8 @@ class GPT2Model {
   M* grad_host_ = nullptr;  // host_grads(n): grad_host_n_ values
   size_t grad_host_n_ = 0;
   bool prefetch_armed_ = false;  // prefetch_grads() for the next backward
-  bool grads_on_host_ = false;   // the last backward copied every gradient to grad_host_ (none since)
+  bool grads_on_host_ = false;   // the last backward copied every gradient (ZeRO-2: the shard) to grad_host_
+  bool shard_prefetch_ = false;  // this backward's accumulate_grad_shard copies what it folds in
   long grad_prefetches_ = 0;
   bool host_master_stale_ = false;
   M* m_ = nullptr;

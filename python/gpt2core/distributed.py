@@ -287,7 +287,10 @@ class DataParallel:
             self.model.forward_backward(idx, targets, grad_scale)
 
     def _scattered(self, micro_step) -> None:
-        """ZeRO-2: micro_step (the model's forward_backward or backward) with the bucket hook installed."""
+        """ZeRO-2: micro_step (the model's forward_backward or backward) with the bucket hook installed. The optimizer
+        step's last one, offloaded: each part of the shard goes to the host as soon as it is folded in."""
+        if self._micro == self.grad_accum and self.model.offload:
+            self.model._m.prefetch_grads()
         before = self.scatterer.stats()["seconds"]
         self.scatterer.run(micro_step)
         self._comm_ms += (self.scatterer.stats()["seconds"] - before) * 1e3  # its buckets' collectives only

@@ -333,7 +333,7 @@ class Plan:
             elif k == "offload_pcie_ms":
                 lines.append(f"  cost: --offload optimizer moves {self.costs['offload_pcie_bytes'] / 1e9:.2f} GB "
                              f"over PCIe per optimizer step: {v:.0f} ms at {PCIE_GBS:g} GB/s (PCIe 4.0 x16; in "
-                             "one process the gradients' copies overlap the last micro-step's backward)")
+                             "one process and with --zero 2 the gradients' copies overlap the last backward)")
             elif k == "offload_host_ms":
                 lines.append(f"  cost: its AdamW on the host streams {self.costs['offload_host_bytes'] / 1e9:.1f} GB "
                              f"through host memory per optimizer step: {v:.0f} ms at {HOST_GBS:g} GB/s (not "

@@ -71,6 +71,8 @@ RANK = EMULATED + textwrap.dedent("""
                     dp.forward_backward(x, y, grad_scale=0.5)
                 losses.append(dp.take_loss())
                 norms.append(dp.step(lr=1e-2, grad_clip=0.05))
+            # ZeRO-2's offloaded shard goes to the host during each step's last backward
+            assert m._m.grad_prefetches == (3 if offload and zero == 2 else 0), m._m.grad_prefetches
             key = f"z{zero}_{'off' if offload else 'dev'}"
             res[key + "_params"] = m.flat_params().copy()
             res[key + "_losses"] = np.array(losses)
