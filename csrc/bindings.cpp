@@ -163,6 +163,16 @@ std::string recompute_name(gpt2::Recompute r) {
 
 // The backend's options from the constructor's arguments (GPT2(precision=..., attention=..., fused=...,
 // matmul_tuning=..., deterministic=...)).
+// A 1-D, C-contiguous, writable array of F that is already backend memory (no conversion: a copy would be host
+// memory the device cannot reach, and writes to it would be lost): DataParallel's staging buffer.
+template <typename F>
+F* staging_array(py::array& a, const char* what) {
+  if (a.ndim() != 1 || !py::isinstance<py::array_t<F>>(a) || !(a.flags() & py::array::c_style) || !a.writeable())
+    throw py::value_error(std::string(what) + ": needs a 1-D, contiguous, writable float32 buffer in backend memory "
+                          "(_C.dist.alloc_state(model, n, pinned=False))");
+  return static_cast<F*>(a.mutable_data());
+}
+
 gpt2::BackendOptions backend_options(bool tf32, const std::string& attention, bool fused, bool matmul_tuning,
                                      bool deterministic) {
   gpt2::BackendOptions o;
@@ -336,6 +346,22 @@ void bind_model(py::module_& m, const char* cls_name) {
                     "Optimizer offload (CUDA): the fp32 master weights and the AdamW moments in pinned host memory, "
                     "AdamW run on the host's cores with the kernel's arithmetic (bit for bit the device update), "
                     "the new weights written back to the device. False moves them back.")
+      .def("offload_chunk_out",
+           [](M& self, size_t lo, py::array dst) {
+             F* p = staging_array<F>(dst, "offload_chunk_out");
+             self.offload_chunk_out(lo, p, size_t(dst.shape(0)));
+           },
+           py::arg("lo"), py::arg("dst"),
+           "Offloaded 16-bit model: the host master weights [lo, lo + dst.size) into dst, a float32 buffer in "
+           "backend memory (_C.dist.alloc_state(model, n, pinned=False)): DataParallel's staged gather.")
+      .def("offload_chunk_in",
+           [](M& self, size_t lo, py::array src) {
+             const F* p = staging_array<F>(src, "offload_chunk_in");
+             self.offload_chunk_in(lo, p, size_t(src.shape(0)));
+           },
+           py::arg("lo"), py::arg("src"),
+           "Offloaded 16-bit model: another rank's master weights [lo, lo + src.size), in backend memory, into the "
+           "host master and, rounded with param_round_seed, into the weights the ops read.")
       .def("prefetch_grads", &M::prefetch_grads,
            "Offloaded, one process: the next backward is the optimizer step's last micro-step; each group of "
            "gradients it finishes goes to the host at once (a copy stream, overlapped with the rest of backward) "

@@ -140,6 +140,26 @@ void GPT2Model<T>::prefetch_grads() {
 }
 
 template <typename T>
+void GPT2Model<T>::offload_chunk_out(size_t lo, M* dst, size_t n) const {
+  if (!offload_ || !kHasMasterCopy<T>)
+    throw std::logic_error("offload_chunk_out: for a 16-bit model whose optimizer is offloaded");
+  if (lo > num_params_ || n > num_params_ - lo) throw std::out_of_range("offload_chunk_out: past the parameters");
+  backend_->make_current();
+  std::memcpy(dst, master_ + lo, n * sizeof(M));  // backend memory is host-addressable (CUDA: managed)
+}
+
+template <typename T>
+void GPT2Model<T>::offload_chunk_in(size_t lo, const M* src, size_t n) {
+  if (!offload_ || !kHasMasterCopy<T>)
+    throw std::logic_error("offload_chunk_in: for a 16-bit model whose optimizer is offloaded");
+  if (lo > num_params_ || n > num_params_ - lo) throw std::out_of_range("offload_chunk_in: past the parameters");
+  backend_->make_current();
+  backend_->to_host_master(master_ + lo, src, n);
+  backend_->cast_params(params_ + lo, src, n, round_seed_, lo);
+  w16_stale_ = true;
+}
+
+template <typename T>
 void GPT2Model<T>::require_no_offload(const char* what) const {
   if (offload_)
     throw std::logic_error(std::string(what) + ": the optimizer is offloaded to the host (--offload optimizer), "

@@ -158,6 +158,11 @@ class GPT2Model {
   // the bucket hook folded it in (accumulate_grad_shard), for adamw_update_range over the shard. Not inside a CUDA
   // graph (that micro-step runs directly). grad_prefetches: the backwards that did so.
   void prefetch_grads();
+  // ZeRO with offload, a 16-bit model (DataParallel's staged gather): flat [lo, lo + n) of the host master weights
+  // out to dst (backend memory), and another rank's new values in from src (backend memory): into the host master,
+  // and cast into the weights the ops read with the rounding a full rebuild would use (param_round_seed()).
+  void offload_chunk_out(size_t lo, M* dst, size_t n) const;
+  void offload_chunk_in(size_t lo, const M* src, size_t n);
   long grad_prefetches() const { return grad_prefetches_; }
   // A training step with no host round trip until its end: forward_backward per micro-step, then optimizer_step.
   //

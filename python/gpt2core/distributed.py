@@ -383,9 +383,9 @@ class DataParallel:
 
     def _gather_params(self) -> None:
         """ZeRO: every rank's updated range of the master weights (flat_params()) to every rank, in place by one
-        all_gather, or through the staging buffer (_staged) when a 16-bit model's optimizer is offloaded. Reading
-        flat_params() marks the ops' 16-bit copy stale: it is rebuilt from the whole master with this step's
-        rounding seed before the next forward, the same bits as without offload."""
+        all_gather (reading flat_params() marks the ops' 16-bit copy stale: it is rebuilt from the whole master with
+        this step's rounding seed before the next forward), or through the staging buffer (_staged) when a 16-bit
+        model's optimizer is offloaded."""
         if not self._staged():
             self.comm.all_gather(self.model.flat_params())
             return
@@ -405,24 +405,26 @@ class DataParallel:
         return bool(getattr(m, "offload", False)) and m.precision in ("bf16", "fp16")
 
     def _through_stage(self, pieces) -> None:
-        """For each (root, lo, hi): flat_params()[lo:hi] from rank root to every rank, in chunks through one device
-        buffer of at most stage_values (a broadcast each): the same values, so the same bits, as the collective on
-        the host memory itself."""
-        flat = self.model.flat_params()
+        """For each (root, lo, hi): the master weights [lo, hi) from rank root to every rank, in chunks through one
+        device buffer of at most stage_values, a broadcast each. A receiving rank writes each chunk into its host
+        master and casts it into its 16-bit weights on the device with the rounding a full rebuild would use (the
+        core's offload_chunk_in): the same bits as the all-gather without offload, and no second pass over PCIe to
+        rebuild them from the host. The root's own range is already both (its update wrote them)."""
+        core = self.model._m
         largest = max(hi - lo for lo, hi in (self.comm.shard(self.n, r) for r in range(self.world)))
         size = max(1, min(self.stage_values, largest))  # the plan's: at most the largest ZeRO shard
         if self._stage is None or self._stage.size < size:
             self._stage = None  # the old buffer first: at most one in backend memory
-            self._stage = _C.dist.alloc_state(self.model._m, size, pinned=False)
+            self._stage = _C.dist.alloc_state(core, size, pinned=False)
         stage, me = self._stage, self.comm.rank
         for root, lo, hi in pieces:
             for a in range(lo, hi, stage.size):
-                k = min(hi, a + stage.size) - a
+                chunk = stage[:min(hi, a + stage.size) - a]
                 if root == me:
-                    stage[:k] = flat[a:a + k]
-                self.comm.broadcast(stage[:k], root=root)
+                    core.offload_chunk_out(a, chunk)
+                self.comm.broadcast(chunk, root=root)
                 if root != me:
-                    flat[a:a + k] = stage[:k]
+                    core.offload_chunk_in(a, chunk)
 
     # ------------------------------------------------------------------ Muon over ranks
     def muon_share(self, rank: int | None = None) -> tuple[int, int]:

@@ -277,8 +277,8 @@ def step_costs(config, B: int, T: int, options: Options) -> dict:
         own = -(-n // options.world_size) if options.zero else n
         st = 4 if options.precision in ("fp32", "tf32") else 2
         moved = own * 4 + own * st  # fp32 gradients down, the updated storage-type weights up
-        if options.zero and st == 2:  # the other ranks' master weights to the host, then the 16-bit copy rebuilt
-            moved += (n - own) * 4 + n * 4  # from the whole host master (DataParallel._gather_params)
+        if options.zero and st == 2:  # the other ranks' new master weights to the host (DataParallel._through_stage;
+            moved += (n - own) * 4       # the 16-bit copy is cast on the device from the staging buffer)
         elif options.zero:  # fp32: the all-gathered weights re-read into the host copy the update starts from
             moved += n * 4
         out["offload_pcie_bytes"] = moved

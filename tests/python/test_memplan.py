@@ -89,6 +89,15 @@ def test_per_parameter_bytes_and_shards_are_the_arithmetic():
     cost = memplan.step_costs("d48", 1, 1024, memplan.Options(precision="bf16", offload="optimizer"))
     assert cost["offload_pcie_bytes"] == 6 * n and cost["offload_host_bytes"] == 36 * n
     assert cost["offload_host_ms"] == pytest.approx(36 * n / (memplan.HOST_GBS * 1e9) * 1e3)
+    # ZeRO-2 with offload on 2 ranks: the whole master on each host, the rest of the optimizer state by the shard; the
+    # device keeps the staging buffer of the gather; PCIe: the shard's gradients down and weights up, the other
+    # ranks' new master weights to the host
+    o = memplan.Options(precision="bf16", world_size=2, zero=2, offload="optimizer")
+    zo, own = memplan.memory("d48", 1, 1024, o), -(-n // 2)
+    assert zo["host"] == 4 * n + 12 * own + 2 * own and zo["optimizer"] == 0  # master; moments, grads; staging
+    assert zo["master_weights"] == 4 * min(memplan.STAGE_VALUES, own) and zo["gradients"] == z2["gradients"]
+    cost = memplan.step_costs("d48", 1, 1024, o)
+    assert cost["offload_pcie_bytes"] == 6 * own + 4 * (n - own) and cost["offload_host_bytes"] == 36 * own
 
 
 def test_the_issue_goals_as_planned():
