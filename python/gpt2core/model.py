@@ -383,8 +383,9 @@ class GPT2:
         """With offload, in one process: the next backward (or forward_backward) is the optimizer step's last
         micro-step, so each group of gradients it finishes (the head's, each layer's, the embeddings') is copied to
         the host at once on a second stream, overlapped with the rest of backward, and step() does not copy them
-        again (gpt2core-train calls it before the last micro-step). The same bits either way. Not under
-        DataParallel: its ranks change the gradients after backward (the average over ranks, ZeRO's shard)."""
+        again (gpt2core-train calls it before the last micro-step). The same bits either way, provided nothing
+        writes the gradients between that backward and step() (zero_grad() or another backward cancels the copy).
+        Not under DataParallel: its ranks change the gradients after backward (the average over ranks)."""
         if getattr(self, "_data_parallel", False):
             raise RuntimeError("prefetch_grads: this model is trained by DataParallel, whose averaging over the ranks "
                                "changes the gradients after backward; the step copies them instead")
