@@ -161,8 +161,6 @@ std::string recompute_name(gpt2::Recompute r) {
   return r == gpt2::Recompute::Layer ? "layer" : r == gpt2::Recompute::Gelu ? "gelu" : "none";
 }
 
-// The backend's options from the constructor's arguments (GPT2(precision=..., attention=..., fused=...,
-// matmul_tuning=..., deterministic=...)).
 // A 1-D, C-contiguous, writable array of F that is already backend memory (no conversion: a copy would be host
 // memory the device cannot reach, and writes to it would be lost): DataParallel's staging buffer.
 template <typename F>
@@ -173,6 +171,8 @@ F* staging_array(py::array& a, const char* what) {
   return static_cast<F*>(a.mutable_data());
 }
 
+// The backend's options from the constructor's arguments (GPT2(precision=..., attention=..., fused=...,
+// matmul_tuning=..., deterministic=...)).
 gpt2::BackendOptions backend_options(bool tf32, const std::string& attention, bool fused, bool matmul_tuning,
                                      bool deterministic) {
   gpt2::BackendOptions o;

@@ -140,20 +140,22 @@ void GPT2Model<T>::prefetch_grads() {
 }
 
 template <typename T>
-void GPT2Model<T>::offload_chunk_out(size_t lo, M* dst, size_t n) const {
+void GPT2Model<T>::require_offload_chunk(size_t lo, size_t n, const char* what) const {
   if (!offload_ || !kHasMasterCopy<T>)
-    throw std::logic_error("offload_chunk_out: for a 16-bit model whose optimizer is offloaded");
-  if (lo > num_params_ || n > num_params_ - lo) throw std::out_of_range("offload_chunk_out: past the parameters");
+    throw std::logic_error(std::string(what) + ": for a 16-bit model whose optimizer is offloaded");
+  if (lo > num_params_ || n > num_params_ - lo) throw std::out_of_range(std::string(what) + ": past the parameters");
   backend_->make_current();
+}
+
+template <typename T>
+void GPT2Model<T>::offload_chunk_out(size_t lo, M* dst, size_t n) const {
+  require_offload_chunk(lo, n, "offload_chunk_out");
   std::memcpy(dst, master_ + lo, n * sizeof(M));  // backend memory is host-addressable (CUDA: managed)
 }
 
 template <typename T>
 void GPT2Model<T>::offload_chunk_in(size_t lo, const M* src, size_t n) {
-  if (!offload_ || !kHasMasterCopy<T>)
-    throw std::logic_error("offload_chunk_in: for a 16-bit model whose optimizer is offloaded");
-  if (lo > num_params_ || n > num_params_ - lo) throw std::out_of_range("offload_chunk_in: past the parameters");
-  backend_->make_current();
+  require_offload_chunk(lo, n, "offload_chunk_in");
   backend_->to_host_master(master_ + lo, src, n);
   backend_->cast_params(params_ + lo, src, n, round_seed_, lo);
   w16_stale_ = true;
@@ -172,20 +174,12 @@ double GPT2Model<T>::offload_optimizer_step(float lr, float beta1, float beta2, 
   Backend<T>& be = *backend_;
   ensure_optimizer_state();
   const size_t n = num_params_;
-  if constexpr (!kHasMasterCopy<T>) {
-    if (host_master_stale_) {  // an fp32 model's weights were written from outside: the host copy follows
-      be.params_to_host(host_master_, params_, n);
-      host_master_stale_ = false;
-    }
-  }
   be.set_step_args(step_args(lr, beta1, beta2, step, 1.0f, grad_clip, 0));
   be.grad_sum_squares(grads_, n);  // on the device, as the device update sums them
   const StepResult r = be.step_result();
   const float carried = r.scaler.scale;  // the scale these gradients carry (the scaler's update may change it)
-  M* master = kHasMasterCopy<T> ? master_ : host_master_;
-  be.adamw_host(params_, master, grads_, host_grads(n), m_, v_, 0, adamw_segments(0, n, weight_decay), beta1, beta2,
-                eps, step_args(lr, beta1, beta2, step, 1.0f, grad_clip, r.sumsq), carried, grads_on_host_);
-  grads_on_host_ = false;
+  adamw_host_over(0, n, m_, v_, beta1, beta2, eps, weight_decay,
+                  step_args(lr, beta1, beta2, step, 1.0f, grad_clip, r.sumsq), carried, "optimizer_step");
   if (loss_scaling_) be.loss_scale_update();
   const double sumsq = read_step_result();
   return step_norm(sumsq, carried, step);
@@ -916,21 +910,9 @@ void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr
   if (lo > hi || hi > num_params_) throw std::invalid_argument("adamw_update_range: bad range");
   const StepArgs args = step_args(lr, beta1, beta2, step, grad_scale, grad_clip, sumsq);
   if (offload_) {  // ZeRO with offload: this rank's range on the host (m, v: its pinned shard of the moments)
-    Backend<T>& be = *backend_;
-    if constexpr (!kHasMasterCopy<T>) {
-      if (host_master_stale_) {  // the all-gather wrote the device weights: the host copy follows
-        be.params_to_host(host_master_, params_, num_params_);
-        host_master_stale_ = false;
-      }
-    }
-    be.set_step_args(args);  // the sumsq every rank was given, for the scaler's update below
-    const float carried = be.step_result().scaler.scale;  // the scale these gradients carry
-    M* master = kHasMasterCopy<T> ? master_ : host_master_;
-    // grads_on_host_: ZeRO-2's shard, copied during the last backward (its range is this [lo, hi))
-    const bool on_host = grads_on_host_ && grad_sharded_ && lo == grad_lo_ && hi == grad_hi_;
-    be.adamw_host(params_ + lo, master + lo, grad_at(lo, hi - lo, "adamw_update_range"), host_grads(hi - lo), m, v, lo,
-                  adamw_segments(lo, hi, weight_decay), beta1, beta2, eps, args, carried, on_host);
-    grads_on_host_ = false;
+    backend_->set_step_args(args);  // the sumsq every rank was given, for the scaler's update below
+    adamw_host_over(lo, hi, m, v, beta1, beta2, eps, weight_decay, args, backend_->step_result().scaler.scale,
+                    "adamw_update_range");
   } else {
     adamw_over(lo, hi, m, v, beta1, beta2, eps, weight_decay, args);
   }
@@ -939,6 +921,27 @@ void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr
   // the rest of the master weights arrive from the other ranks (all-gather), which calls params_changed();
   // rebuilding the whole copy with this step's seed then gives every rank the bits a full update writes
   if (std::isfinite(sumsq)) round_seed_ = uint32_t(step);
+}
+
+// The offloaded update of flat [lo, hi) (moments m, v of that range, pinned) on the host's cores, the gradients
+// carrying the loss scale `carried`: an fp32 model's host copy of its weights first re-read if they were written
+// from outside (a checkpoint, ZeRO's all-gather); the gradients' host copy reused when the last backward made it
+// (prefetch_grads: it holds [grad_lo_, grad_hi_), the whole model or ZeRO-2's shard).
+template <typename T>
+void GPT2Model<T>::adamw_host_over(size_t lo, size_t hi, M* m, M* v, float beta1, float beta2, float eps,
+                                   float weight_decay, const StepArgs& args, float carried, const char* what) {
+  Backend<T>& be = *backend_;
+  if constexpr (!kHasMasterCopy<T>) {
+    if (host_master_stale_) {
+      be.params_to_host(host_master_, params_, num_params_);
+      host_master_stale_ = false;
+    }
+  }
+  M* master = kHasMasterCopy<T> ? master_ : host_master_;
+  const bool on_host = grads_on_host_ && lo == grad_lo_ && hi == grad_hi_;
+  grads_on_host_ = false;
+  be.adamw_host(params_ + lo, master + lo, grad_at(lo, hi - lo, what), host_grads(hi - lo), m, v,
+                lo, adamw_segments(lo, hi, weight_decay), beta1, beta2, eps, args, carried, on_host);
 }
 
 // AdamW over flat [lo, hi) (moments m, v of that range) with the step's values, each tensor's part with its

@@ -350,6 +350,9 @@ class GPT2Model {
   void require_unsharded(const char* what) const;
   void require_no_offload(const char* what) const;
   M* host_grads(size_t n);
+  void adamw_host_over(size_t lo, size_t hi, M* m, M* v, float beta1, float beta2, float eps, float weight_decay,
+                       const StepArgs& args, float carried, const char* what);
+  void require_offload_chunk(size_t lo, size_t n, const char* what) const;
   double offload_optimizer_step(float lr, float beta1, float beta2, float eps, float weight_decay, int step,
                                 double grad_clip);
   void free_grad_buckets();
