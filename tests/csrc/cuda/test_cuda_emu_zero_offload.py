@@ -46,44 +46,48 @@ RANK = EMULATED + textwrap.dedent("""
     env, comm, _ = setup("cpu", timeout=300)  # Gloo between the processes; the models on the emulated device
     c = GPT2Config(block_size=16, vocab_size=97, padded_vocab_size=128, n_layer=2, n_head=2, n_embd=64)
     res = {}
-    DataParallel.stage_values = 1000  # small: every range crosses several chunks
-    for zero in (0, 1, 2):
-        for offload in (False, True):
-            free0 = _C.cuda_mem_info(0)[0]
-            m = GPT2(c, device="cuda", seed=7 + env.rank, precision=precision, attention="flash",
-                     loss_scale_init=1024.0)  # rank 1's seed differs: the first broadcast makes them equal
-            m.offload = offload
-            dp = DataParallel(m, comm, zero=zero, grad_accum=2)
-            if offload:  # the ranks change the gradients after backward: no copy during it
-                try:
-                    m.prefetch_grads()
-                    raise SystemExit("prefetch_grads under DataParallel was not refused")
-                except RuntimeError as e:
-                    assert "DataParallel" in str(e), e
-            rng = np.random.default_rng(100 + env.rank)
-            losses, norms = [], []
-            for step in range(3):
-                dp.zero_grad()
-                for micro in range(2):
-                    x = rng.integers(0, 97, (2, 16)).astype(np.int32)
-                    y = rng.integers(0, 97, (2, 16)).astype(np.int32)
-                    y[0, 3] = -1
-                    dp.forward_backward(x, y, grad_scale=0.5)
-                losses.append(dp.take_loss())
-                norms.append(dp.step(lr=1e-2, grad_clip=0.05))
-            # ZeRO-2's offloaded shard goes to the host during each step's last backward
-            assert m._m.grad_prefetches == (3 if offload and zero == 2 else 0), m._m.grad_prefetches
-            key = f"z{zero}_{'off' if offload else 'dev'}"
-            res[key + "_params"] = m.flat_params().copy()
-            res[key + "_losses"] = np.array(losses)
-            res[key + "_norms"] = np.array(norms)
-            am, av = (dp.m, dp.v) if zero else (m._m.adam_m()["qkvw"], m._m.adam_v()["fcw"])
-            res[key + "_m"] = np.array(am, copy=True)
-            res[key + "_v"] = np.array(av, copy=True)
-            res[key + "_scale"] = np.array([m.loss_scale])
-            res[key + "_held"] = np.array([free0 - _C.cuda_mem_info(0)[0]])
-            res[key + "_lo_hi"] = np.array([dp.lo, dp.hi])
-            del dp, m, am, av
+    n = c.num_parameters()
+    largest = max(hi - lo for lo, hi in (comm.shard(n, r) for r in range(comm.size)))
+    # the staging buffer at 1,000 values (every range in many chunks), and on its boundaries with ZeRO-1: exactly
+    # the largest shard (one chunk) and one value short of it (a last chunk of one value)
+    runs = [(z, o, 1000) for z in (0, 1, 2) for o in (False, True)] + [(1, True, largest), (1, True, largest - 1)]
+    for zero, offload, stage in runs:
+        DataParallel.stage_values = stage
+        free0 = _C.cuda_mem_info(0)[0]
+        m = GPT2(c, device="cuda", seed=7 + env.rank, precision=precision, attention="flash",
+                 loss_scale_init=1024.0)  # rank 1's seed differs: the first broadcast makes them equal
+        m.offload = offload
+        dp = DataParallel(m, comm, zero=zero, grad_accum=2)
+        if offload:  # the ranks change the gradients after backward: no copy during it
+            try:
+                m.prefetch_grads()
+                raise SystemExit("prefetch_grads under DataParallel was not refused")
+            except RuntimeError as e:
+                assert "DataParallel" in str(e), e
+        rng = np.random.default_rng(100 + env.rank)
+        losses, norms = [], []
+        for step in range(3):
+            dp.zero_grad()
+            for micro in range(2):
+                x = rng.integers(0, 97, (2, 16)).astype(np.int32)
+                y = rng.integers(0, 97, (2, 16)).astype(np.int32)
+                y[0, 3] = -1
+                dp.forward_backward(x, y, grad_scale=0.5)
+            losses.append(dp.take_loss())
+            norms.append(dp.step(lr=1e-2, grad_clip=0.05))
+        # ZeRO-2's offloaded shard goes to the host during each step's last backward
+        assert m._m.grad_prefetches == (3 if offload and zero == 2 else 0), m._m.grad_prefetches
+        key = f"z{zero}_{'off' if offload else 'dev'}" + ("" if stage == 1000 else f"_stage{stage - largest}")
+        res[key + "_params"] = m.flat_params().copy()
+        res[key + "_losses"] = np.array(losses)
+        res[key + "_norms"] = np.array(norms)
+        am, av = (dp.m, dp.v) if zero else (m._m.adam_m()["qkvw"], m._m.adam_v()["fcw"])
+        res[key + "_m"] = np.array(am, copy=True)
+        res[key + "_v"] = np.array(av, copy=True)
+        res[key + "_scale"] = np.array([m.loss_scale])
+        res[key + "_held"] = np.array([free0 - _C.cuda_mem_info(0)[0]])
+        res[key + "_lo_hi"] = np.array([dp.lo, dp.hi])
+        del dp, m, am, av
     np.savez(out + f"/rank{env.rank}.npz", **res)
 """)
 
@@ -109,6 +113,9 @@ def test_zero_with_offload_is_bit_identical_to_zero_on_the_device(emu, tmp_path,
                 assert np.array_equal(z[r][dev + "_" + part], z[r][off + "_" + part]), (precision, r, zero, part)
             assert np.all(z[r][dev + "_norms"] > 0.05)  # clipping was active
             assert np.array_equal(z[r][dev + "_params"], z[0][dev + "_params"])  # the ranks agree
+        for edge in ("_stage0", "_stage-1"):  # the staging buffer at the largest shard, and one value short of it
+            for part in ("params", "losses", "norms", "m", "v"):
+                assert np.array_equal(z[r]["z1_dev_" + part], z[r]["z1_off" + edge + "_" + part]), (edge, part)
     # the device memory a rank's offloaded run holds less than its run on the device: the master weights (16-bit)
     # and the rank's moments, less the staging buffer (its 1,000 values) -- as the plan says
     c = GPT2Config(block_size=16, vocab_size=97, padded_vocab_size=128, n_layer=2, n_head=2, n_embd=64)
