@@ -559,5 +559,30 @@ inline double max(double a, double b) { return fmax(a, b); }
 // ---------------------------------------------------------------------------------- cooperative groups
 #include "emu/cooperative_groups.h"
 
+// ---------------------------------------------------------------------------------- asynchronous copies
+// cp.async (PTX ISA, "Data movement: cp.async"): each copy belongs to the calling thread's open group until
+// cp.async.commit_group closes it; cp.async.wait_group N returns once every committed group but the N most recent
+// has landed; cp.async.wait_all is commit_group then wait_group 0. Emulated with the data in flight made visible:
+// at issue the source is read (bounds-checked) and the shared destination is filled with the poison pattern
+// 0x7ff7fff7 (NaN as fp32, bf16 and fp16); the data lands only when the issuing thread's wait covers its group. The
+// memory checker records issue and landing as writes by the issuing thread (so another warp's read needs a
+// __syncthreads after the wait) and fails any access to a byte whose copy is still in flight (a missing wait).
+namespace gpt2emu {
+namespace detail {
+void async_copy(void* dst, const void* src, int cp_size, int src_size, const void* pc);
+void async_commit();
+void async_wait(int n, const void* pc);  // n < 0: wait_all
+}  // namespace detail
+// cp.async.{ca,cg}.shared.global [dst], [src], cp_size, src_size: cp_size 4, 8 or 16 bytes, both addresses aligned
+// to it, dst in shared memory; bytes src_size .. cp_size - 1 are zero-filled (src_size 0: src is not read).
+// noinline: the return address is the call site in the kernel, which the checker's messages name.
+__attribute__((noinline)) inline void cp_async(void* dst, const void* src, int cp_size, int src_size) {
+  detail::async_copy(dst, src, cp_size, src_size, __builtin_return_address(0));
+}
+inline void cp_async_commit_group() { detail::async_commit(); }
+__attribute__((noinline)) inline void cp_async_wait_group(int n) { detail::async_wait(n, __builtin_return_address(0)); }
+__attribute__((noinline)) inline void cp_async_wait_all() { detail::async_wait(-1, __builtin_return_address(0)); }
+}  // namespace gpt2emu
+
 // ---------------------------------------------------------------------------------- warp matrix instructions
 #include "emu/mma_emu.h"  // gpt2emu::mma_m16n8k16, ldmatrix_x4: what cuda/mma.cuh calls under GPT2CORE_EMU

@@ -88,6 +88,8 @@ struct Cell {              // one byte of shared memory
   const void* wpc;
   const void* rpc;
   const void* fpc;
+  uint16_t async;          // thread + 1 whose cp.async into the byte is in flight (0: none); kept across barriers
+  const void* apc;         // where that cp.async was issued
 };
 
 struct Region {
@@ -228,9 +230,18 @@ void shared_access(Worker& w, Region& r, uintptr_t a, size_t n, Kind k, const vo
       c = Cell{};
       c.epoch = w.epoch;
     } else if (c.epoch != w.epoch) {
+      const uint16_t async = c.async;
+      const void* apc = c.apc;
       c = Cell{};
       c.epoch = w.epoch;
+      c.async = async;
+      c.apc = apc;
     }
+    if (c.async)
+      fail_running_thread(fmt("cp.async in flight: %s %s byte %zu at %s, which %s's cp.async at %s is still copying "
+                              "into (a missing cp.async.wait_group / wait_all before the access)",
+                              kind_verb(k), r.what, size_t(a + i - r.lo), at(pc).c_str(),
+                              c.async == me ? "this thread" : thread_name(w, c.async - 1).c_str(), at(c.apc).c_str()));
     if (k == kAtomicRead || k == kAtomicWrite) continue;  // atomics do not race with each other
     if (k == kWrite) {
       if (conflicts(c.writer, c.wsync)) shared_race(w, r, a + i, k, pc, c.writer - 1, true, c.wpc);
@@ -300,7 +311,49 @@ inline void access(const volatile void* p, size_t n, Kind k, const void* pc) {
   check(*w, reinterpret_cast<uintptr_t>(p), n, k, pc);
 }
 
+Region* shared_region(Worker& w, uintptr_t a, size_t n) {
+  if (w.dyn.n && a >= w.dyn.lo && a + n <= w.dyn.lo + w.dyn.n) return &w.dyn;
+  if (w.st && a >= w.st->lo && a + n <= w.st->lo + w.st->n) return w.st;
+  return nullptr;
+}
+
+Worker* running() {
+  Worker* w = t_w;
+  return w && w->tid >= 0 ? w : nullptr;
+}
+
 }  // namespace
+
+bool is_shared(const void* p, size_t n) {
+  Worker* w = running();
+  return w && shared_region(*w, reinterpret_cast<uintptr_t>(p), n);
+}
+
+void read_global(const void* src, size_t n, const void* pc) {
+  if (Worker* w = running()) check(*w, reinterpret_cast<uintptr_t>(src), n, kRead, pc);
+}
+
+void async_issue(void* dst, size_t n, const void* pc) {
+  Worker* w = running();
+  if (!w) return;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(dst);
+  check(*w, a, n, kWrite, pc);
+  if (Region* r = shared_region(*w, a, n))
+    for (size_t i = 0; i < n; ++i) {
+      Cell& c = r->cells[a - r->lo + i];
+      c.async = static_cast<uint16_t>(w->tid + 1);
+      c.apc = pc;
+    }
+}
+
+void async_land(void* dst, size_t n, const void* pc) {
+  Worker* w = running();
+  if (!w) return;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(dst);
+  if (Region* r = shared_region(*w, a, n))
+    for (size_t i = 0; i < n; ++i) r->cells[a - r->lo + i].async = 0;
+  check(*w, a, n, kWrite, pc);
+}
 
 bool enabled() { return g_instrumented.load(std::memory_order_relaxed) && env_on(); }
 

@@ -47,6 +47,14 @@ void barrier();             // a __syncthreads completed
 void syncwarp(int warp);    // a __syncwarp of that warp completed
 void block_end();
 
+// ---- cp.async (runtime.cpp), for the running CUDA thread; no-ops while the checker is off
+bool is_shared(const void* p, size_t n);                   // inside the block's dynamic or static shared memory
+void read_global(const void* src, size_t n, const void* pc);  // the copy's source read (bounds-checked)
+// Issue: a write of the destination by this thread, which then stays in flight: any access to it fails until
+// async_land (the write that the issuing thread's cp.async.wait_group makes).
+void async_issue(void* dst, size_t n, const void* pc);
+void async_land(void* dst, size_t n, const void* pc);
+
 // Replaces the code addresses the checker wrote into a message ("@pc:0x...@") by file:line (function).
 std::string symbolize(const std::string& msg);
 

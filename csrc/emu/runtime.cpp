@@ -174,6 +174,16 @@ struct Fiber {
   size_t size = 0;
   alignas(16) unsigned char in[16];
   alignas(16) unsigned char out[16];
+  // cp.async copies in flight (issue order) and the number of groups committed so far (emu/cuda_emu.h)
+  struct AsyncCopy {
+    unsigned char* dst;
+    int bytes;
+    uint32_t group;  // the group it belongs to: the count of committed groups when it was issued
+    const void* pc;
+    alignas(16) unsigned char data[16];
+  };
+  std::vector<AsyncCopy> async;
+  uint32_t async_groups = 0;
 };
 
 struct Job;
@@ -248,6 +258,14 @@ std::string vformat(const char* fmt, va_list ap) {
   char buf[1024];
   vsnprintf(buf, sizeof buf, fmt, ap);
   return buf;
+}
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string format(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  std::string s = vformat(fmt, ap);
+  va_end(ap);
+  return s;
 }
 
 std::string where(const Block& b, const Fiber& f) {
@@ -574,6 +592,56 @@ void device_trap(const char* what, const char* file, int line) {
   abandon(f);
 }
 
+// ---- cp.async
+void async_copy(void* dst, const void* src, int cp_size, int src_size, const void* pc) {
+  Fiber& f = current_fiber("cp.async");
+  Block& b = *f.blk;
+  const auto fail = [&](const std::string& why) {
+    block_error(b, f, "cp.async at @pc:%p@: %s", pc, why.c_str());
+    abandon(f);
+  };
+  if (cp_size != 4 && cp_size != 8 && cp_size != 16) fail(format("copy size %d (4, 8 or 16 bytes)", cp_size));
+  if (src_size < 0 || src_size > cp_size) fail(format("source size %d outside 0..%d", src_size, cp_size));
+  const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+  if (d % cp_size || s % cp_size)
+    fail(format("%s address %p not aligned to the %d-byte copy", d % cp_size ? "shared" : "global",
+                     d % cp_size ? dst : src, cp_size));
+  const bool in_dynamic = b.smem && d >= reinterpret_cast<uintptr_t>(b.smem) &&
+                          d + cp_size <= reinterpret_cast<uintptr_t>(b.smem) + b.L->smem;
+  if (!in_dynamic && race::enabled() && !race::is_shared(dst, cp_size))
+    fail(format("destination %p is not the block's shared memory", dst));
+  Fiber::AsyncCopy c{static_cast<unsigned char*>(dst), cp_size, f.async_groups, pc, {}};
+  if (src_size) {
+    race::read_global(src, src_size, pc);
+    memcpy(c.data, src, src_size);
+  }
+  race::async_issue(dst, cp_size, pc);
+  static constexpr unsigned char kPoison[4] = {0xf7, 0xff, 0xf7, 0x7f};  // 0x7ff7fff7, as the memory checker's
+  for (int i = 0; i < cp_size; ++i) c.dst[i] = kPoison[(d + i) % 4];
+  f.async.push_back(c);
+}
+
+void async_commit() { ++current_fiber("cp.async.commit_group").async_groups; }
+
+void async_wait(int n, const void* pc) {
+  Fiber& f = current_fiber("cp.async.wait_group");
+  if (n < 0) {  // wait_all: commit_group, then wait_group 0
+    ++f.async_groups;
+    n = 0;
+  }
+  size_t kept = 0;
+  for (size_t i = 0; i < f.async.size(); ++i) {
+    Fiber::AsyncCopy& c = f.async[i];
+    if (c.group + uint32_t(n) < f.async_groups) {  // committed, and not among the n most recent groups: lands
+      race::async_land(c.dst, c.bytes, pc);
+      memcpy(c.dst, c.data, c.bytes);
+    } else {
+      f.async[kept++] = c;
+    }
+  }
+  f.async.resize(kept);
+}
+
 void race::fail_running_thread(const std::string& msg) {
   Fiber& f = current_fiber("the memory checker");
   block_error(*f.blk, f, "%s", msg.c_str());
@@ -668,6 +736,8 @@ void run_block(Worker& w, Job& job, size_t linear) {
     f.ts.thread_idx = uint3{static_cast<unsigned>(i % L.block.x), static_cast<unsigned>(i / L.block.x % L.block.y),
                             static_cast<unsigned>(i / (L.block.x * L.block.y))};
     f.ts.block_idx = b.bidx;
+    f.async.clear();
+    f.async_groups = 0;
     f.ts.block_dim = L.block;
     f.ts.grid_dim = L.grid;
     // Stagger the stack tops so the hot frames of different fibers do not all map to the same cache sets.

@@ -147,6 +147,28 @@ def test_memory_checker_reports_with_the_source_line(emu_build, case):
             assert f"with no {sync} between" in proc.stdout, proc.stdout
 
 
+CP_ASYNC_CASES = ["no_wait", "no_barrier", "no_reuse_barrier", "young_group", "uncommitted", "misaligned", "not_shared",
+                  "source_oob"]
+
+
+@pytest.mark.parametrize("case", CP_ASYNC_CASES)
+def test_cp_async_misuse_fails_naming_the_line(emu_build, case):
+    """Each planted cp.async bug of tests/csrc/emu/cp_async.cu (a missing cp.async.wait_group, a missing barrier
+    after the wait or before a double buffer is refilled, a read of a group still in flight or of an uncommitted
+    copy, bad addresses) fails its launch with a message naming the line (the program checks it), under lock-step
+    and run-ahead schedules."""
+    for sched in ["fwd", "rev", "high", "ahead:5"]:
+        _assert_ok(_run(emu_build, "cp_async", sched, case), f"emu_cp_async {case} under {sched}")
+
+
+def test_cp_async_destination_reads_as_poison_until_the_wait(emu_build):
+    """With the checker off, a read before the wait sees the poison pattern (NaN in every float type), not the data:
+    a missing wait still shows in the values."""
+    proc = _run(emu_build, "cp_async", "fwd", "poison_values", GPT2CORE_EMU_RACECHECK="0")
+    _assert_ok(proc, "emu_cp_async poison_values")
+    assert _values(proc.stdout)["poisoned_reads"] == 32, proc.stdout
+
+
 def test_schedules_are_reproducible(emu_build):
     a = _values(_run(emu_build, "missing_sync", "random:42", GPT2CORE_EMU_RACECHECK="0").stdout)
     b = _values(_run(emu_build, "missing_sync", "random:42", GPT2CORE_EMU_RACECHECK="0",
@@ -247,7 +269,9 @@ def test_kernels_compile_with_nvcc_for_sm80_sm90():
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")
-    inputs = [*KERNEL_FILES, TEST_DIR / "emu_test.h", TEST_DIR / "check.h", ROOT / "csrc" / "cuda" / "portable.h", ROOT / "scripts" / "check_cuda_compile.py"]
+    inputs = [*KERNEL_FILES, TEST_DIR / "emu_test.h", TEST_DIR / "check.h", ROOT / "csrc" / "cuda" / "portable.h",
+              ROOT / "csrc" / "cuda" / "mma.cuh", ROOT / "csrc" / "cuda" / "cp_async.cuh",
+              ROOT / "scripts" / "check_cuda_compile.py"]
     digest = hashlib.sha256(subprocess.run([nvcc, "--version"], capture_output=True).stdout)
     for path in inputs:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
