@@ -1,4 +1,4 @@
-// Token sampling: the distribution and the random numbers, the same for every backend (python/gpt2core/inference.py
+// Token sampling: the distribution and the random numbers, the same for every backend (python/gpt2core/model/engine.py
 // holds the numpy reference of both: sample_distribution / sample_reference and uniform).
 //
 // For one row of logits z (V values) and a SampleRow:

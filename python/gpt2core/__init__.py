@@ -23,7 +23,7 @@ _preload_blas()
 from . import _build_config, _C, _cuda, _plugins  # noqa: E402  (_C: no CUDA library; _cuda loads it on use)
 from .config import GPT2Config, PRESETS  # noqa: E402
 from .model import GPT2, load_model  # noqa: E402
-from .memplan import plan  # noqa: E402  (the memory plan: bytes per GPU by part, allocating nothing)
+from .planning.memplan import plan  # noqa: E402  (the memory plan: bytes per GPU by part, allocating nothing)
 
 __version__ = _C.build_info()["version"]
 
@@ -63,7 +63,7 @@ def build_info() -> dict:
 
 
 # Subpackages reachable as gpt2core.tokenizer etc. after a plain `import gpt2core`, imported on first use
-# (model files and checkpoints, llmc/pretrained/checkpoint, come with GPT2).
+# (model files and checkpoints, gpt2core.formats, come with GPT2).
 _LAZY_SUBMODULES = ("data", "tokenizer")
 
 
@@ -77,5 +77,65 @@ def __getattr__(name: str):
 def __dir__():
     return sorted(set(globals()) | set(_LAZY_SUBMODULES))
 
+
+# Module paths from before the package was grouped by job (CHANGELOG.md, 0.2.0): `import gpt2core.train`,
+# `from gpt2core import checkpoint` and `python -m gpt2core.train` still work and give the module at its new place,
+# the same object (patching one patches the other). gpt2core.model, .inference and .distributed are packages now
+# that re-export their old public names.
+MOVED = {
+    "_io": "formats.atomic", "runlock": "formats.runlock", "llmc": "formats.llmc",
+    "checkpoint": "formats.checkpoint", "pretrained": "formats.pretrained",
+    "memplan": "planning.memplan", "batchfit": "planning.batchfit", "perf": "planning.perf",
+    "generate": "inference.generate", "chat_cli": "inference.chat_cli", "scheduler": "inference.scheduler",
+    "serve": "inference.serve", "launch": "distributed.launch",
+    "evaluate": "evaluation.evaluate", "core_eval": "evaluation.core_eval", "lm_eval": "evaluation.lm_eval",
+    "scoring": "evaluation.scoring",
+    "train": "training.train", "schedule": "training.schedule", "runfolder": "training.runfolder",
+    "preemption": "training.preemption", "outliers": "training.outliers", "trackers": "training.trackers",
+    "plot": "training.plot",
+    "doctor": "runtime.doctor", "calibrate": "runtime.calibrate",
+}
+
+
+def _install_moved_finder() -> None:
+    import importlib
+    import importlib.abc
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    class MovedLoader(importlib.abc.Loader):
+        """Loads an old path as the module at its new place. The spec carries the new name, so that the module runs
+        in its own package (its relative imports resolve) when `python -m gpt2core.<old>` executes it as __main__."""
+
+        def __init__(self, old: str, spec):
+            self.old, self.spec = old, spec
+
+        def create_module(self, spec):
+            return importlib.import_module(self.spec.name)  # the one module object, imported at its new name
+
+        def exec_module(self, module):
+            module.__spec__ = self.spec  # the import system stamped the alias's spec on it: give back its own
+            sys.modules[self.old] = module
+
+        def get_code(self, fullname):  # runpy (python -m): the new module's code
+            return self.spec.loader.get_code(self.spec.name)
+
+        def is_package(self, fullname):
+            return False
+
+    class MovedFinder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path=None, target=None):
+            prefix, _, old = fullname.rpartition(".")
+            if prefix != __name__ or old not in MOVED:
+                return None
+            spec = importlib.util.find_spec(f"{__name__}.{MOVED[old]}")
+            return importlib.machinery.ModuleSpec(spec.name, MovedLoader(fullname, spec), origin=spec.origin)
+
+    if not any(type(f).__name__ == "MovedFinder" for f in sys.meta_path):
+        sys.meta_path.append(MovedFinder())
+
+
+_install_moved_finder()
 
 __all__ = ["GPT2", "GPT2Config", "PRESETS", "build_info", "load_model", "plan", "__version__"]

@@ -1,5 +1,5 @@
 import sys
 
-from .train import console
+from .training.train import console
 
 sys.exit(console())

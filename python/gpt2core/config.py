@@ -5,7 +5,6 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from . import cli
-from .trackers import LogKinds
 from .errors import ArgError
 
 # the largest model shapes the core takes (its int32 index arithmetic and a sane memory footprint)
@@ -16,6 +15,33 @@ MAX_DIM = 1 << 16
 
 # The architecture fields' values, default (GPT-2) first.
 ARCH_CHOICES = {"position": ("learned", "rope"), "norm": ("layernorm", "rmsnorm"), "activation": ("gelu", "relu2")}
+
+
+# --log's values (the trackers themselves: gpt2core.training.trackers)
+KINDS = ("tensorboard", "wandb")
+
+
+def parse_kinds(value) -> list[str]:
+    """'tensorboard', 'wandb', 'tensorboard,wandb' (or a list of them) -> the list; ArgError naming --log else."""
+    if value is None or value == "":
+        return []
+    names = value.split(",") if isinstance(value, str) else list(value)
+    names = [n.strip() for n in names if n.strip()]
+    bad = [n for n in names if n not in KINDS]
+    if bad:
+        raise ArgError(f"--log: {', '.join(bad)} is not a tracker; use tensorboard, wandb, or both comma-separated")
+    return list(dict.fromkeys(names))
+
+
+class LogKinds(cli.Check):
+    """--log's values: tensorboard, wandb, or both comma-separated."""
+    what = "tensorboard, wandb or tensorboard,wandb"
+
+    def valid(self, value) -> str | None:
+        try:
+            return None if parse_kinds(value) else "no tracker named"
+        except ArgError as e:
+            return str(e).removeprefix("--log: ")
 
 
 @dataclass(frozen=True)

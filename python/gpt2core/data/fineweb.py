@@ -48,10 +48,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import atomic_write
+from ..formats.atomic import atomic_write
 from .. import cli
 from ..errors import Error
-from ..runlock import RunLock
+from ..formats.runlock import RunLock
 from .shards import check_name, parse_shard_filename, read_header, shard_filename, write_shard
 
 EOT = 50256

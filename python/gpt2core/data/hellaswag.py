@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import cli
-from .._io import NPZ_ERRORS, atomic_write
+from ..formats.atomic import NPZ_ERRORS, atomic_write
 from ..errors import FileFormatError
 from ..progress import bar
 

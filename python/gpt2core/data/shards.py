@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import atomic_write
+from ..formats.atomic import atomic_write
 from ..errors import FileFormatError
 
 MAGIC = 20240520
