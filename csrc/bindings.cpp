@@ -485,6 +485,17 @@ void bind_model(py::module_& m, const char* cls_name) {
            "The loss summed by forward_backward since the last call (0.0 if none); resets the sum.")
       .def_property("cuda_graphs", &M::graphs, &M::set_graphs,
                     "Capture forward_backward's ops in a CUDA graph and replay it (CUDA backend; ignored elsewhere).")
+      .def_property("profile", &M::profile, &M::set_profile,
+                    "Time every op of forward, backward and the optimizer (each between two device synchronisations, "
+                    "no CUDA graphs; scripts/bench.py --profile); setting it True clears op_profile.")
+      .def_property_readonly("op_profile",
+                             [](const M& self) {
+                               py::list out;
+                               for (const gpt2::OpTime& t : self.op_profile())
+                                 out.append(py::make_tuple(t.name, t.seconds, t.calls));
+                               return out;
+                             },
+                             "(op, seconds, calls) of each op since profile was set True, in first-run order.")
       .def_property_readonly("graph_captures", &M::graph_captures, "CUDA graphs recorded so far.")
       .def_property_readonly("graph_replays", &M::graph_replays, "CUDA graph launches so far.")
       .def("set_grad_ready_hook",

@@ -138,9 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", metavar="GPU", default=None,
                     help="print the roofline model (scripts/gpu_model.py, MODELLED figures) of this GPU (H100, A100, "
                          "L4, T4, RTX4090) for the preset, B and T, instead of running")
+    ap.add_argument("--recipe", nargs="+", choices=["gpt2", "modern"], default=["gpt2"],
+                    help="training recipe(s) (gpt2core-train --recipe): each one's architecture, optimizer and "
+                         "tokens per optimizer step; two or more are timed in alternating --rounds and compared per "
+                         "token (the last against the first)")
     ap.add_argument("--profile", action="store_true",
-                    help="CUDA: print the measured step beside the model's (per kernel: run under "
-                         "`nsys profile --stats=true` and compare with gpu_model.py's table)")
+                    help="per-op profile of one training step: forward, loss, backward and optimizer split by op "
+                         "(GPT2's core timing each op between two synchronisations), per --recipe side by side; "
+                         "CUDA: also the measured step beside the roofline model's (gpu_model.py)")
     ap.add_argument("--ladder", action="store_true",
                     help="run every rung of the speed ladder (baseline, tf32, bf16, fusion, flash attention, padded "
                          "vocab, CUDA graphs) one after another and print them side by side")
@@ -223,11 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def timed_steps(model, ddp, rng, vocab, B, T, accum, warmup, steps, next_batch=None, prefetch=False):
+def timed_steps(model, ddp, rng, vocab, B, T, accum, warmup, steps, next_batch=None, prefetch=False, step_kw=None):
     """Run warmup + steps optimizer steps of `accum` micro-steps each on random tokens (or each on next_batch()'s
     (x, y), read inside the timed step); returns the timed steps' wall times and their forward / backward /
     optimizer parts (seconds) and comm times (ms). prefetch: an offloaded model copies the last micro-step's
-    gradients to the host during its backward (as gpt2core-train does in one process)."""
+    gradients to the host during its backward (as gpt2core-train does in one process). step_kw: the keywords of
+    GPT2.step (a recipe's optimizer; default AdamW at lr 1e-4)."""
     x = rng.integers(0, vocab, size=(B, T), dtype=np.int32)
     y = rng.integers(0, vocab, size=(B, T), dtype=np.int32)
     parts = {"fwd": [], "bwd": [], "opt": []}
@@ -252,7 +258,7 @@ def timed_steps(model, ddp, rng, vocab, B, T, accum, warmup, steps, next_batch=N
                 net.backward(1.0 / accum)
             fwd, bwd = fwd + tb - ta, bwd + time.perf_counter() - tb
         t2 = time.perf_counter()
-        net.step(lr=1e-4)
+        net.step(**(step_kw or {"lr": 1e-4}))
         if model.cuda_graphs:
             model.take_loss()  # as the training loop does once per step
         t3 = time.perf_counter()
@@ -335,6 +341,104 @@ def single(args):
     if args.profile and args.device.startswith("cuda"):
         modelled_vs_measured(args, cfg, dt)
     return {"ms_per_step": dt * 1e3, "tok_per_s": tps, "gflops": gflops}
+
+
+def recipe_setup(args, recipe: str):
+    """(model config, GPT2.step keywords, tokens per optimizer step) of a --recipe as gpt2core-train runs it: the
+    recipe's architecture on --preset, its optimizer at a step past every warm-up (the LR does not change the cost),
+    and --total-batch-tokens, else the recipe's own tokens per step, else B*T."""
+    from gpt2core.config import TrainConfig
+    from gpt2core.training.train import step_kwargs
+
+    tc = TrainConfig.from_recipe(recipe, preset=args.preset)
+    cfg = tc.model_config()
+    if args.padded_vocab_size:
+        cfg = cfg.replace(padded_vocab_size=args.padded_vocab_size)
+    kw = step_kwargs(tc, max(tc.warmup, tc.muon_momentum_warmup))
+    B, T = args.batch_size, args.seq_len
+    total = args.total_batch_tokens or tc.total_batch_tokens or B * T
+    if total % (B * T):
+        raise cli.ArgError(f"--recipe {recipe}: {total} tokens per step is not a multiple of B*T = {B * T}")
+    return cfg, kw, total
+
+
+PHASES = ("forward", "loss", "backward", "optimizer")
+
+
+def profile_table(runs: dict) -> list[str]:
+    """The per-op table of --profile: one row per op (grouped by phase, in the order the ops first ran), per recipe
+    its ms per optimizer step and share of the step, means over the timed steps; the phases' sums, what no op holds
+    (Python, zero_grad, the batch's upload) and the step."""
+    names = list(dict.fromkeys(n for r in runs.values() for n in r["ops"]))
+    names.sort(key=lambda n: PHASES.index(n.split(".")[0]) if n.split(".")[0] in PHASES else len(PHASES))
+    head = f"{'op (ms per optimizer step)':<40}" + "".join(f"{k:>18}" for k in runs)
+    lines = [head, "-" * len(head)]
+
+    def row(label, vals):
+        cells = "".join(f"{'-':>18}" if v is None else f"{v:>10.2f} {100 * v / r['ms_per_step_mean']:>5.1f}%"
+                        for v, r in zip(vals, runs.values()))
+        return f"{label:<40}{cells}"
+
+    for phase in PHASES:
+        ops = [n for n in names if n.startswith(phase + ".")]
+        lines += [row(n, [r["ops"].get(n) for r in runs.values()]) for n in ops]
+        if ops:
+            lines.append(row(f"  = {phase}", [sum(v for k, v in r["ops"].items() if k.startswith(phase + "."))
+                                               for r in runs.values()]))
+    lines.append(row("  in no op (Python, zero_grad, upload)",
+                     [r["ms_per_step_mean"] - sum(r["ops"].values()) for r in runs.values()]))
+    lines.append(row("  step (mean)", [r["ms_per_step_mean"] for r in runs.values()]))
+    return lines
+
+
+def recipes(args):
+    """One process, one model per --recipe (each with its own architecture, optimizer and tokens per step), timed in
+    --rounds alternating rounds so that all see the same machine load; with --profile, each op's ms per optimizer
+    step. Prints each recipe's ms/step and tokens/s, and each later recipe's time per token against the first's."""
+    from gpt2core import GPT2, _C, build_info
+
+    if args.threads:
+        _C.set_num_threads(args.threads)
+    B, T = args.batch_size, args.seq_len
+    models = {}
+    for recipe in args.recipe:
+        cfg, kw, total = recipe_setup(args, recipe)
+        model = GPT2(cfg, device=args.device, seed=0, precision=args.precision, attention=args.attention,
+                     fused=not args.no_fused, matmul_tuning=args.matmul_tuning,
+                     deterministic=not args.no_deterministic)
+        model.recompute = "gelu" if args.recompute_gelu else args.recompute
+        timed_steps(model, None, np.random.default_rng(0), cfg.vocab_size, B, T, total // (B * T), args.warmup, 0,
+                    step_kw=kw)
+        model._m.profile = args.profile  # noqa: SLF001 (the core's per-op timers; clears them)
+        models[recipe] = (model, cfg, kw, total)
+    times = {r: [] for r in models}
+    for _ in range(args.rounds):
+        for recipe, (model, cfg, kw, total) in models.items():
+            times[recipe] += timed_steps(model, None, np.random.default_rng(0), cfg.vocab_size, B, T,
+                                         total // (B * T), 0, args.steps, step_kw=kw)[0]
+    info = build_info()
+    print(f"gpt2core {info['version']} | {args.device} | BLAS {info['blas']} | threads {_C.get_num_threads()} | "
+          f"CPU code {info['cpu_isa']} | preset {args.preset} | B={B} T={T} | {args.rounds} rounds of {args.steps} "
+          f"steps, recipes alternating")
+    runs = {}
+    for recipe, (model, cfg, kw, total) in models.items():
+        dt = float(np.median(times[recipe]))
+        n = len(times[recipe])
+        ops = {name: 1e3 * sec / n for name, sec, _ in model._m.op_profile} if args.profile else {}  # noqa: SLF001
+        runs[recipe] = {"ms_per_step": dt * 1e3, "ms_per_step_mean": 1e3 * float(np.mean(times[recipe])),
+                        "tok_per_s": total / dt, "tokens_per_step": total,
+                        "ms_per_ktok": 1e6 * dt / total, "ops": ops, "params": model.num_parameters}
+        print(f"--recipe {recipe:<7} ({model.num_parameters:,} params, optimizer {kw.get('optimizer', 'adamw')}) | "
+              f"{total} tokens per step (grad_accum {total // (B * T)}) | ms/step {dt * 1e3:.1f} (median of {n}) | "
+              f"tokens/s {total / dt:,.0f} | ms per 1K tokens {1e6 * dt / total:.1f}")
+    if args.profile:
+        print("\n".join(profile_table(runs)))
+    first = args.recipe[0]
+    for recipe in args.recipe[1:]:
+        ratio = runs[recipe]["ms_per_ktok"] / runs[first]["ms_per_ktok"]
+        runs[recipe]["time_per_token_vs_first"] = ratio
+        print(f"time per token, --recipe {recipe} / --recipe {first}: {ratio:.3f}x")
+    return {"recipes": runs}
 
 
 def random_conversations(n: int, T: int, seed: int = 0) -> list:
@@ -690,6 +794,8 @@ def main(argv=None):
         return eval_bench(args)
     if args.nproc > 1 or args.scaling:
         return data_parallel(args, argv)
+    if len(args.recipe) > 1 or args.recipe != ["gpt2"] or (args.profile and args.device == "cpu"):
+        return recipes(args)
     if not args.ladder:
         return single(args)
     result = ladder(args)

@@ -7,6 +7,9 @@
 #include <limits>
 #include <stdexcept>
 
+// One op of the layer loop, timed under its name when profiling (GPT2Model::set_profile)
+#define GPT2CORE_TIMED(name, ...) timed(name, [&] { __VA_ARGS__; })
+
 namespace gpt2 {
 
 template <typename T>
@@ -293,8 +296,11 @@ double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, 
   have_targets_ = false;
   refresh_params();
   forward_ops(B, Tn);
-  if (config_.logit_softcap > 0) be.softcap_forward(a_.logits, config_.logit_softcap, size_t(N) * Vp);
-  be.crossentropy_forward(a_.losses, a_.lse, a_.logits, targets ? targets_ : nullptr, n_valid_dev_, N, V, Vp);
+  if (config_.logit_softcap > 0)
+    GPT2CORE_TIMED("forward.softcap", be.softcap_forward(a_.logits, config_.logit_softcap, size_t(N) * Vp));
+  GPT2CORE_TIMED("loss.crossentropy_forward", be.crossentropy_forward(a_.losses, a_.lse, a_.logits,
+                                                                      targets ? targets_ : nullptr, n_valid_dev_, N,
+                                                                      V, Vp));
   n_valid_ = 0;  // the count the backend keeps in its memory, from the host's copy of the targets
   if (!targets) return std::numeric_limits<double>::quiet_NaN();
   for (int i = 0; i < N; i++) n_valid_ += targets[i] >= 0;
@@ -309,26 +315,31 @@ double GPT2Model<T>::forward(const int32_t* inp, const int32_t* targets, int B, 
 // The config's norm: LayerNorm (weight, bias when the config has one) or RMSNorm (no parameters, no mean).
 template <typename T>
 void GPT2Model<T>::norm_forward(T* out, M* mean, M* rstd, const T* inp, const T* w, const T* b, int N) {
-  if (config_.norm == ModelConfig::Norm::RmsNorm) backend_->rmsnorm_forward(out, rstd, inp, N, config_.n_embd);
-  else backend_->layernorm_forward(out, mean, rstd, inp, w, b, N, config_.n_embd);
+  if (config_.norm == ModelConfig::Norm::RmsNorm)
+    GPT2CORE_TIMED("forward.rmsnorm", backend_->rmsnorm_forward(out, rstd, inp, N, config_.n_embd));
+  else
+    GPT2CORE_TIMED("forward.layernorm", backend_->layernorm_forward(out, mean, rstd, inp, w, b, N, config_.n_embd));
 }
 
 template <typename T>
 void GPT2Model<T>::residual_norm_forward(T* residual, T* out, M* mean, M* rstd, const T* a, const T* b, const T* w,
                                          const T* bias, int N) {
   if (config_.norm == ModelConfig::Norm::RmsNorm)
-    backend_->residual_rmsnorm_forward(residual, out, rstd, a, b, N, config_.n_embd);
+    GPT2CORE_TIMED("forward.residual+rmsnorm",
+                   backend_->residual_rmsnorm_forward(residual, out, rstd, a, b, N, config_.n_embd));
   else
-    backend_->residual_layernorm_forward(residual, out, mean, rstd, a, b, w, bias, N, config_.n_embd);
+    GPT2CORE_TIMED("forward.residual+layernorm",
+                   backend_->residual_layernorm_forward(residual, out, mean, rstd, a, b, w, bias, N, config_.n_embd));
 }
 
 template <typename T>
 void GPT2Model<T>::norm_backward(T* dinp, M* dw, M* db, const T* dout, const T* inp, const T* w, const M* mean,
                                  const M* rstd, int N, InputGrad mode) {
   if (config_.norm == ModelConfig::Norm::RmsNorm)
-    backend_->rmsnorm_backward(dinp, dout, inp, rstd, N, config_.n_embd, mode);
+    GPT2CORE_TIMED("backward.rmsnorm", backend_->rmsnorm_backward(dinp, dout, inp, rstd, N, config_.n_embd, mode));
   else
-    backend_->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, config_.n_embd, mode);
+    GPT2CORE_TIMED("backward.layernorm",
+                   backend_->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, config_.n_embd, mode));
 }
 
 // The forward through the layers into a_.logits (not soft-capped: the caller caps, or fuses the cap into the
@@ -338,11 +349,11 @@ void GPT2Model<T>::forward_ops(int B, int Tn) {
   Backend<T>& be = *backend_;
   const int C = config_.n_embd, Vp = config_.padded_vocab_size;
   const int N = B * Tn;
-  be.encoder_forward(a_.encoded, inputs_, param(kWte), param(kWpe), B, Tn, C);  // wpe null with rope
+  GPT2CORE_TIMED("forward.embedding", be.encoder_forward(a_.encoded, inputs_, param(kWte), param(kWpe), B, Tn, C));
   const LayerTensors<T> first = layer(params_, 0);
   norm_forward(a_.ln1, a_.ln1_mean, a_.ln1_rstd, a_.encoded, first.ln1w, first.ln1b, N);
   for (int l = 0; l < config_.n_layer; l++) block_forward_ops(l, false);
-  be.matmul_forward(a_.logits, a_.lnf, param(head()), nullptr, N, C, Vp);  // lm_head: wte when tied
+  GPT2CORE_TIMED("forward.lm_head", be.matmul_forward(a_.logits, a_.lnf, param(head()), nullptr, N, C, Vp));
 }
 
 template <typename T>
@@ -367,26 +378,27 @@ void GPT2Model<T>::block_forward_ops(int l, bool rebuild) {
   T* fcproj = a_.fcproj + s * NC;
   if (rebuild)  // bit for bit what the fused residual + norm wrote (Backend: "then the forward on the ROUNDED sum")
     norm_forward(ln1, a_.ln1_mean + s * N, a_.ln1_rstd + s * N, x, p.ln1w, p.ln1b, N);
-  be.matmul_forward(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
+  GPT2CORE_TIMED("forward.matmul_qkv", be.matmul_forward(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C));
   // q and k rotated, then normalised, in place: qkv is what attention (and its backward) reads
-  if (rope) be.rope_forward(qkv, B, Tn, C, NH, 0, c.rope_base);
-  if (c.qk_norm) be.qk_norm_forward(qkv, a_.qk_rstd + s * N * 2 * NH, B, Tn, C, NH);
-  be.attention_forward(atty, att, qkv, B, Tn, C, NH);
-  be.matmul_forward(attproj, atty, p.attprojw, p.attprojb, N, C, C);
+  if (rope) GPT2CORE_TIMED("forward.rope", be.rope_forward(qkv, B, Tn, C, NH, 0, c.rope_base));
+  if (c.qk_norm)
+    GPT2CORE_TIMED("forward.qk_norm", be.qk_norm_forward(qkv, a_.qk_rstd + s * N * 2 * NH, B, Tn, C, NH));
+  GPT2CORE_TIMED("forward.attention", be.attention_forward(atty, att, qkv, B, Tn, C, NH));
+  GPT2CORE_TIMED("forward.matmul_attproj", be.matmul_forward(attproj, atty, p.attprojw, p.attprojb, N, C, C));
   residual_norm_forward(res2, ln2, a_.ln2_mean + s * N, a_.ln2_rstd + s * N, x, attproj, p.ln2w, p.ln2b, N);
   // fch = ln2 @ fcw^T + fcb, fch_gelu = act(fch): one op so that a backend can fuse the activation into the matmul
   // Recompute::Gelu: act from the stored (rounded) fch, the value backward rebuilds it from. A fused epilogue
   // (cuBLASLt's GELU_AUX) applies GELU to the fp32 sum before rounding: in 16-bit its act is not gelu(fch), so the
   // recomputed one would differ in the last bit from what this forward used (measured on an H200).
   if (relu2) {
-    be.matmul_relu2_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C);
+    GPT2CORE_TIMED("forward.matmul_fc+relu2", be.matmul_relu2_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C));
   } else if (recompute_ == Recompute::Gelu) {
-    be.matmul_forward(fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
-    be.gelu_forward(fch_gelu, fch, size_t(N) * 4 * C);
+    GPT2CORE_TIMED("forward.matmul_fc", be.matmul_forward(fch, ln2, p.fcw, p.fcb, N, C, 4 * C));
+    GPT2CORE_TIMED("forward.gelu", be.gelu_forward(fch_gelu, fch, size_t(N) * 4 * C));
   } else {
-    be.matmul_gelu_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C);
+    GPT2CORE_TIMED("forward.matmul_fc+gelu", be.matmul_gelu_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C));
   }
-  be.matmul_forward(fcproj, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
+  GPT2CORE_TIMED("forward.matmul_fcproj", be.matmul_forward(fcproj, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C));
   if (rebuild) return;  // the block's output is kept (residual3), and the next norm is not needed again
   // residual3 = residual2 + fcproj, normalised by the next layer's ln1 (or, after the last layer, by lnf)
   T* res3 = a_.residual3 + l * NC;
@@ -586,10 +598,12 @@ void GPT2Model<T>::backward(float grad_scale, bool report_grads) {
   }
 
   if (config_.logit_softcap > 0)  // the logits hold the capped values forward wrote
-    be.crossentropy_softcap_backward(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, config_.logit_softcap, N, V,
-                                     Vp);
+    GPT2CORE_TIMED("loss.crossentropy_softcap_backward",
+                   be.crossentropy_softcap_backward(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale,
+                                                    config_.logit_softcap, N, V, Vp));
   else
-    be.crossentropy_backward(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, N, V, Vp);
+    GPT2CORE_TIMED("loss.crossentropy_backward",
+                   be.crossentropy_backward(a_.logits, a_.lse, targets_, n_valid_dev_, grad_scale, N, V, Vp));
   backward_ops(report);
   shard_fresh_ = false;
   be.synchronize();  // the gradients are read on the host next (numpy views)
@@ -626,7 +640,9 @@ void GPT2Model<T>::backward_ops(bool report) {
     if (prefetch)
       for (const auto& r : ranges) be.grads_to_host_async(host + r.first, grads_ + r.first, r.second - r.first);
   };
-  be.matmul_backward(a_.dln, grad_out(head()), nullptr, dlogits, a_.lnf, param(head()), N, C, Vp, kWrite);
+  GPT2CORE_TIMED("backward.lm_head",
+                 be.matmul_backward(a_.dln, grad_out(head()), nullptr, dlogits, a_.lnf, param(head()), N, C, Vp,
+                                    kWrite));
   norm_backward(a_.dres, grad_out(kLnfw), grad_out(kLnfb), a_.dln, a_.residual3 + (L - 1) * NC, param(kLnfw),
                 a_.lnf_mean, a_.lnf_rstd, N, kWrite);
   if (sharded && !head_grad_ranges().empty()) bucket_hook_(bucket_[1], head_grad_ranges());
@@ -644,32 +660,42 @@ void GPT2Model<T>::backward_ops(bool report) {
     // residual3 = residual2 + fcproj(act(fc(ln2(residual2))))
     const T* fch_gelu = a_.fch_gelu + s * NC * 4;
     if (recompute_ == Recompute::Gelu) {  // the forward kept only fch; rebuild act(fch) for this layer
-      if (relu2) be.relu2_forward(a_.fch_gelu, fch, NC * 4);
-      else be.gelu_forward(a_.fch_gelu, fch, NC * 4);
+      if (relu2) GPT2CORE_TIMED("backward.recompute_relu2", be.relu2_forward(a_.fch_gelu, fch, NC * 4));
+      else GPT2CORE_TIMED("backward.recompute_gelu", be.gelu_forward(a_.fch_gelu, fch, NC * 4));
       fch_gelu = a_.fch_gelu;
     }
     // dfch = (dres @ fcprojw) * act'(fch) (written; a_.dfch_gelu is the op's scratch), fcprojw/fcprojb grads +=
     if (relu2)
-      be.relu2_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, fch, fch_gelu, p.fcprojw, a_.dfch_gelu, N,
-                               4 * C, C);
+      GPT2CORE_TIMED("backward.matmul_fcproj+relu2",
+                     be.relu2_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, fch, fch_gelu, p.fcprojw,
+                                              a_.dfch_gelu, N, 4 * C, C));
     else
-      be.gelu_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, fch, fch_gelu, p.fcprojw, a_.dfch_gelu, N,
-                              4 * C, C);
-    be.matmul_backward(a_.dln, g.fcw, g.fcb, a_.dfch, a_.ln2 + s * NC, p.fcw, N, C, 4 * C, kWrite);
+      GPT2CORE_TIMED("backward.matmul_fcproj+gelu",
+                     be.gelu_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, fch, fch_gelu, p.fcprojw,
+                                             a_.dfch_gelu, N, 4 * C, C));
+    GPT2CORE_TIMED("backward.matmul_fc",
+                   be.matmul_backward(a_.dln, g.fcw, g.fcb, a_.dfch, a_.ln2 + s * NC, p.fcw, N, C, 4 * C, kWrite));
     norm_backward(a_.dres, g.ln2w, g.ln2b, a_.dln, a_.residual2 + s * NC, p.ln2w, a_.ln2_mean + s * N,
                   a_.ln2_rstd + s * N, N, kAdd);
     // residual2 = x + attproj(attention(qk_norm(rope(qkv(ln1(x))))))
-    be.matmul_backward(a_.datty, g.attprojw, g.attprojb, a_.dres, a_.atty + s * NC, p.attprojw, N, C, C, kWrite);
-    be.attention_backward(a_.dqkv, a_.datty, qkv, a_.atty + s * NC, a_.att + s * att_size_, B, Tn, C, NH, kWrite);
+    GPT2CORE_TIMED("backward.matmul_attproj",
+                   be.matmul_backward(a_.datty, g.attprojw, g.attprojb, a_.dres, a_.atty + s * NC, p.attprojw, N, C,
+                                      C, kWrite));
+    GPT2CORE_TIMED("backward.attention",
+                   be.attention_backward(a_.dqkv, a_.datty, qkv, a_.atty + s * NC, a_.att + s * att_size_, B, Tn, C,
+                                         NH, kWrite));
     // in place, in the reverse order of forward: through the QK-norm, then the rotation
-    if (c.qk_norm) be.qk_norm_backward(a_.dqkv, qkv, a_.qk_rstd + s * N * 2 * NH, B, Tn, C, NH);
-    if (rope) be.rope_backward(a_.dqkv, B, Tn, C, NH, 0, c.rope_base);
-    be.matmul_backward(a_.dln, g.qkvw, g.qkvb, a_.dqkv, a_.ln1 + s * NC, p.qkvw, N, C, 3 * C, kWrite);
+    if (c.qk_norm)
+      GPT2CORE_TIMED("backward.qk_norm", be.qk_norm_backward(a_.dqkv, qkv, a_.qk_rstd + s * N * 2 * NH, B, Tn, C, NH));
+    if (rope) GPT2CORE_TIMED("backward.rope", be.rope_backward(a_.dqkv, B, Tn, C, NH, 0, c.rope_base));
+    GPT2CORE_TIMED("backward.matmul_qkv",
+                   be.matmul_backward(a_.dln, g.qkvw, g.qkvb, a_.dqkv, a_.ln1 + s * NC, p.qkvw, N, C, 3 * C, kWrite));
     norm_backward(a_.dres, g.ln1w, g.ln1b, a_.dln, x, p.ln1w, a_.ln1_mean + s * N, a_.ln1_rstd + s * N, N, kAdd);
     if (sharded) bucket_hook_(bucket_[0], layer_grad_ranges(l));
     final_grads(layer_grad_ranges(l));  // ln1w .. fcprojb of layer l
   }
-  be.encoder_backward(grad_out(kWte), grad_out(kWpe), a_.dres, inputs_, B, Tn, C);  // dwpe null with rope
+  GPT2CORE_TIMED("backward.embedding",
+                 be.encoder_backward(grad_out(kWte), grad_out(kWpe), a_.dres, inputs_, B, Tn, C));  // no dwpe: rope
   if (sharded) bucket_hook_(bucket_[2], tensor_grad_ranges(kWte, kWpe));
   final_grads(tensor_grad_ranges(kWte, kWpe));  // wte (embedding and tied lm_head gradients), wpe
   if (prefetch || shard_prefetch_) {
@@ -717,7 +743,7 @@ template <typename T>
 template <class Ops>
 void GPT2Model<T>::run_graphed(GraphSlot& g, std::vector<double> key, Ops&& ops) {
   Backend<T>& be = *backend_;
-  if (!graphs_ || !be.can_capture()) {
+  if (!graphs_ || !be.can_capture() || profile_) {  // profiling times each op: nothing runs from a graph
     ops();
     return;
   }
@@ -759,11 +785,14 @@ void GPT2Model<T>::forward_backward_ops(float grad_scale) {
   const int N = B_ * T_, V = config_.vocab_size, Vp = config_.padded_vocab_size;
   forward_ops(B_, T_);
   if (config_.logit_softcap > 0)  // the raw logits, capped inside the fused pass
-    be.crossentropy_softcap_forward_backward(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_, grad_scale,
-                                             config_.logit_softcap, N, V, Vp);
+    GPT2CORE_TIMED("loss.crossentropy_softcap",
+                   be.crossentropy_softcap_forward_backward(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_,
+                                                            grad_scale, config_.logit_softcap, N, V, Vp));
   else
-    be.crossentropy_forward_backward(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_, grad_scale, N, V, Vp);
-  be.loss_accumulate(loss_acc_, a_.losses, n_valid_dev_, N, grad_scale);
+    GPT2CORE_TIMED("loss.crossentropy",
+                   be.crossentropy_forward_backward(a_.losses, a_.lse, a_.logits, targets_, n_valid_dev_, grad_scale,
+                                                    N, V, Vp));
+  GPT2CORE_TIMED("loss.accumulate", be.loss_accumulate(loss_acc_, a_.losses, n_valid_dev_, N, grad_scale));
   backward_ops(false);
 }
 
@@ -892,8 +921,8 @@ double GPT2Model<T>::optimizer_step(float lr, float beta1, float beta2, float ep
   const std::vector<AdamWSegment> segments = adamw_segments(0, num_params_, weight_decay);
   const bool scaling = loss_scaling_;
   run_graphed(optimizer_graph_, {beta1, beta2, eps, weight_decay, double(scaling)}, [&] {
-    be.grad_sum_squares(grads_, num_params_);
-    be.adamw(params_, master_, grads_, m_, v_, 0, segments, beta1, beta2, eps);
+    GPT2CORE_TIMED("optimizer.grad_norm", be.grad_sum_squares(grads_, num_params_));
+    adamw_ops(segments, beta1, beta2, eps);
     if (scaling) be.loss_scale_update();
   });
   const float carried = scaler_.scale;  // the scale these gradients carry (the update may change it)
@@ -967,6 +996,43 @@ std::vector<AdamWSegment> GPT2Model<T>::adamw_segments(size_t lo, size_t hi, flo
   return segments;
 }
 
+// The whole model's AdamW over segments in one backend call; profiling, one call per tensor group (embedding,
+// head, rest: the same per-value arithmetic, each segment's values independent of the others), timed apart.
+template <typename T>
+void GPT2Model<T>::adamw_ops(const std::vector<AdamWSegment>& segments, float beta1, float beta2, float eps) {
+  Backend<T>& be = *backend_;
+  if (!profile_) {
+    be.adamw(params_, master_, grads_, m_, v_, 0, segments, beta1, beta2, eps);
+    return;
+  }
+  static const char* const kNames[] = {"optimizer.adamw.rest", "optimizer.adamw.embedding", "optimizer.adamw.head"};
+  for (int group : {kLrEmbedding, kLrHead, kLrRest}) {
+    std::vector<AdamWSegment> part;
+    for (const AdamWSegment& s : segments)
+      if (s.group == group) part.push_back(s);
+    if (!part.empty())
+      GPT2CORE_TIMED(kNames[group], be.adamw(params_, master_, grads_, m_, v_, 0, part, beta1, beta2, eps));
+  }
+}
+
+template <typename T>
+void GPT2Model<T>::set_profile(bool on) {
+  backend_->make_current();
+  profile_ = on;
+  if (on) op_times_.clear();
+}
+
+template <typename T>
+void GPT2Model<T>::add_op_time(const char* name, double seconds) {
+  for (OpTime& t : op_times_)
+    if (t.name == name) {
+      t.seconds += seconds;
+      t.calls++;
+      return;
+    }
+  op_times_.push_back({name, seconds, 1});
+}
+
 // ------------------------------------------------------------------------------------------------------ Muon
 template <typename T>
 void GPT2Model<T>::muon_matrix_ops(const MuonStep& muon) {
@@ -984,9 +1050,12 @@ void GPT2Model<T>::muon_matrix_ops(const MuonStep& muon) {
   for (int j = muon.mat_lo; j < hi; j++) {
     const MuonMatrix& x = muon_mats_[j];
     M* u = grads_ + x.offset;
-    be.muon_orthogonalize(u, muon_scratch_, x.rows, x.cols, muon.args.ns_steps);
-    be.muon_apply(params_ + x.offset, master_ ? master_ + x.offset : nullptr, u, size_t(x.rows) * x.cols, x.offset,
-                  muon.args.weight_decay, muon_scale(x.rows, x.cols));
+    GPT2CORE_TIMED("optimizer.muon_newton_schulz",
+                   be.muon_orthogonalize(u, muon_scratch_, x.rows, x.cols, muon.args.ns_steps));
+    GPT2CORE_TIMED("optimizer.muon_apply",
+                   be.muon_apply(params_ + x.offset, master_ ? master_ + x.offset : nullptr, u,
+                                 size_t(x.rows) * x.cols, x.offset, muon.args.weight_decay,
+                                 muon_scale(x.rows, x.cols)));
   }
 }
 
@@ -1008,9 +1077,9 @@ double GPT2Model<T>::muon_optimizer_step(float lr, float beta1, float beta2, flo
               {beta1, beta2, eps, weight_decay, double(scaling), 1.0, muon.args.weight_decay,
                double(muon.args.ns_steps), double(muon.args.nesterov), double(muon.mat_lo), double(muon.mat_hi)},
               [&] {
-                be.grad_sum_squares(grads_, num_params_);
-                be.adamw(params_, master_, grads_, m_, v_, 0, adam, beta1, beta2, eps);
-                be.muon_momentum(grads_, m_, 0, mom, muon.args.nesterov);
+                GPT2CORE_TIMED("optimizer.grad_norm", be.grad_sum_squares(grads_, num_params_));
+                adamw_ops(adam, beta1, beta2, eps);
+                GPT2CORE_TIMED("optimizer.muon_momentum", be.muon_momentum(grads_, m_, 0, mom, muon.args.nesterov));
                 muon_matrix_ops(muon);
                 if (scaling) be.loss_scale_update();
               });

@@ -2,6 +2,7 @@
 // policy. The backend supplies memory and the ops. T is the storage type (float; double in tests).
 #pragma once
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -49,6 +50,14 @@ ActivationCounts activation_counts(const ModelConfig& c, int B, int Tn, size_t a
 template <typename P>
 struct LayerTensors {
   P *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+};
+
+// One op's share of the profiled steps (GPT2Model::set_profile): its name ("forward.attention", ...), the seconds
+// summed over its calls, and the calls.
+struct OpTime {
+  std::string name;
+  double seconds = 0;
+  long calls = 0;
 };
 
 // Flat gradient ranges [lo, hi) (offsets into grads()) and the callback backward reports them to.
@@ -199,6 +208,16 @@ class GPT2Model {
   // Graphs recorded and replays of them so far (for tests and benchmarks).
   long graph_captures() const { return graph_captures_; }
   long graph_replays() const { return graph_replays_; }
+  // Per-op timing of training steps (scripts/bench.py --profile), opt-in: off (the default), each op costs one
+  // branch. On, every op of forward, backward and the optimizer runs between two Backend::synchronize() calls and
+  // is timed on the host's steady clock (a GPU's queue drained before and after: its ops are timed one by one, at
+  // the cost of the overlap a real step has), nothing runs from a CUDA graph, and op_profile() holds the seconds
+  // and calls per op name since set_profile(true) (which clears them), in the order the ops first ran. Names are
+  // "<phase>.<op>" with phase forward, loss (the cross-entropy with its soft-cap, forward and backward fused),
+  // backward or optimizer; AdamW is timed per tensor group (optimizer.adamw.embedding / .head / .rest).
+  void set_profile(bool on);
+  bool profile() const { return profile_; }
+  const std::vector<OpTime>& op_profile() const { return op_times_; }
   void zero_grad();
   // The host-synchronous forms of the optimizer's device ops (each the ops plus one read of the sum of squares):
   // of flat gradients [lo, hi) as they are in memory (with loss scaling: scaled), accumulated in double
@@ -312,6 +331,20 @@ class GPT2Model {
   };
   template <class Ops>
   void run_graphed(GraphSlot& g, std::vector<double> key, Ops&& ops);
+  // op(): the op, timed under its name when profiling (set_profile)
+  template <class Op>
+  void timed(const char* name, Op&& op) {
+    if (!profile_) {
+      op();
+      return;
+    }
+    backend_->synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    op();
+    backend_->synchronize();
+    add_op_time(name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  void add_op_time(const char* name, double seconds);
   void drop_graph(GraphSlot& g);
   void release_activations();
   // (pointer in a, count) of every activation buffer for (B, Tn): the one layout (activation_counts sums it)
@@ -322,6 +355,8 @@ class GPT2Model {
   // with_muon: which tensors' parts to list (-1: every tensor; 0: the AdamW ones under Muon; 1: the Muon ones)
   std::vector<AdamWSegment> adamw_segments(size_t lo, size_t hi, float weight_decay, int with_muon = -1) const;
   void muon_matrix_ops(const MuonStep& muon);  // orthogonalise + apply the step's matrices
+  // AdamW over the whole model's segments (profiling: per tensor group, each timed)
+  void adamw_ops(const std::vector<AdamWSegment>& segments, float beta1, float beta2, float eps);
   std::vector<MuonMatrix> muon_mats_;
   M* muon_scratch_ = nullptr;
   size_t muon_scratch_n_ = 0;
@@ -473,6 +508,8 @@ class GPT2Model {
   bool loss_scaling_ = false;
   LossScaler scaler_;  // the host's copy of the backend's (as of the last optimizer step's read)
   long graph_captures_ = 0, graph_replays_ = 0;
+  bool profile_ = false;
+  std::vector<OpTime> op_times_;
 };
 
 extern template class GPT2Model<float>;

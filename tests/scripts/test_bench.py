@@ -122,3 +122,29 @@ def test_compare_native_alternates_the_two_builds():
     assert {r[2] for r in rounds} == {_C.cpu_isa()}
     m = re.search(r"^portable ([0-9.]+) ms/step \| native ([0-9.]+) ms/step .* portable / native = ([0-9.]+)$", out, re.M)
     assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0 and float(m.group(3)) > 0, out
+
+
+def test_profile_splits_each_recipes_step_by_op():
+    """--recipe gpt2 modern --profile: both recipes' steps in alternating rounds, one row per op (the modern one's
+    rotary, QK-norm, soft-capped loss, untied head's AdamW and Muon's Newton-Schulz among them) with each recipe's ms
+    per step, the phases' sums adding up to the ops, and the time per token of modern against gpt2."""
+    out = bench(*TINY, "--recipe", "gpt2", "modern", "--profile", "--rounds", "2").stdout
+    ms = {r: float(v) for r, v in re.findall(r"^--recipe (\w+) .*\| ms/step ([0-9.]+) \(median of 4\)", out, re.M)}
+    assert set(ms) == {"gpt2", "modern"}, out
+    lines = out[out.index("op (ms per optimizer step)"):].splitlines()
+    assert lines[0].split()[-2:] == ["gpt2", "modern"], out
+    # fixed width: the op in 40 characters, then one 18-character cell per recipe ("ms share%", or "-")
+    cell = lambda c: None if c.strip() == "-" else float(c.split()[0])  # noqa: E731
+    rows = {ln[:40].strip(): (cell(ln[40:58]), cell(ln[58:76])) for ln in lines[2:] if ln[:40].strip()
+            and not ln.startswith("time per token")}
+    for op in ("forward.rope", "forward.qk_norm", "backward.rope", "backward.qk_norm", "forward.matmul_fc+relu2",
+               "loss.crossentropy_softcap_backward", "optimizer.adamw.head", "optimizer.muon_newton_schulz"):
+        assert rows[op][0] is None and rows[op][1] is not None, (op, out)
+    for op in ("forward.matmul_fc+gelu", "forward.layernorm", "optimizer.adamw.rest"):
+        assert rows[op][0] is not None and rows[op][1] is None, (op, out)
+    for col in (0, 1):  # each recipe's phase sums are the sums of its ops (each rounded to 0.01 ms)
+        for phase in ("forward", "loss", "backward", "optimizer"):
+            ops = [v[col] for k, v in rows.items() if k.startswith(phase + ".") and v[col] is not None]
+            assert rows[f"= {phase}"][col] == pytest.approx(sum(ops), abs=0.006 * len(ops) + 0.01), (phase, out)
+    ratio = float(re.search(r"^time per token, --recipe modern / --recipe gpt2: ([0-9.]+)x", out, re.M).group(1))
+    assert ratio == pytest.approx(ms["modern"] / ms["gpt2"], rel=0.01)
