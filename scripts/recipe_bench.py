@@ -24,7 +24,12 @@ and <out>/recipe_bench.json after every run (a partial benchmark is not lost; a 
 finished), then <out>/recipe_bench.png (gpt2core-plot, the first seed and scale).
 
 Scale k trains k times the batch (tokens per step) for k times the steps, evaluating every k * --val-every steps
-(the same tokens apart). For each scale and row: the final val loss, the tokens to the GPT-2 row's final val loss
+(the same tokens apart). --steps and --val-every count micro-batches of B x T: a row that accumulates gradients
+(its --total-batch-tokens, or its recipe's own tokens per step) takes proportionally fewer optimizer steps, so every
+row trains the same tokens. --gpt2-lrs sweeps the baseline's LR at the first seed of each scale and makes the best
+one the gpt2 row of every seed (a baseline tuned on the very text it is measured on); --modern-tokens runs the
+modern row at each tokens-per-step value given. Seconds are training seconds: the steps' own wall times (dt_ms in
+metrics.jsonl; validation not counted) summed up to where the val curve reaches the target. For each scale and row: the final val loss, the tokens to the GPT-2 row's final val loss
 of the same seed (linear between evaluations) and the ratio, each as mean ± standard deviation over the seeds; how
 many seeds reached it; spikes: steps whose training loss is above the median training loss of the --spike-window
 steps before them by more than --spike-margin (2 nats; spikes() says why not against the val loss). The rows
@@ -150,6 +155,31 @@ def tokens_to_reach(curve, target: float) -> float | None:
     return None
 
 
+def seconds_curve(run: Path) -> list[tuple[int, float]]:
+    """(tokens, training seconds so far) after each step of a run: the steps' own wall times (metrics.jsonl's dt_ms:
+    forward, backward and the optimizer; validation and checkpoints not counted) summed."""
+    per_step, total, out = None, 0.0, [(0, 0.0)]
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if "run" in r:
+            per_step = r["run"]["tokens_per_step"]
+        elif "dt_ms" in r:
+            total += r["dt_ms"] / 1e3
+            out.append((r["step"] * per_step, total))
+    return out
+
+
+def seconds_at(curve: list[tuple[int, float]], tokens: float | None) -> float | None:
+    """The training seconds at which a run had trained `tokens` (linear between steps; None for None or past the
+    run's end)."""
+    if tokens is None:
+        return None
+    for (t0, s0), (t1, s1) in zip(curve, curve[1:]):
+        if t0 <= tokens <= t1:
+            return s0 + (s1 - s0) * (tokens - t0) / (t1 - t0) if t1 > t0 else s1
+    return None
+
+
 def train_tok_per_s(run: Path) -> float:
     """The median training throughput of a run's steps (metrics.jsonl's tok_per_s; validation not counted)."""
     v = sorted(json.loads(line)["tok_per_s"] for line in (run / "metrics.jsonl").read_text().splitlines()
@@ -191,27 +221,38 @@ def mean_sd(xs) -> tuple[float, float]:
 
 
 def summarize(results: list[dict]) -> list[dict]:
-    """Per scale and row, over the seeds: final val loss, the tokens to reach the GPT-2 row's final val loss of the
-    same seed (and scale) and the ratio (the GPT-2 run's tokens / these), mean and standard deviation; the spikes.
-    A seed whose run never reaches the target counts in `reached` only."""
+    """Per scale and row, over the seeds: final val loss, the tokens and training seconds to reach the GPT-2 row's
+    final val loss of the same seed (and scale) and the ratios (the GPT-2 run's tokens / these, its training seconds
+    / these), mean and standard deviation; the spikes. A seed whose run never reaches the target counts in `reached`
+    only."""
     base = {(r["scale"], r["seed"]): r for r in results if r["label"] == "gpt2"}
     out = []
     for key in dict.fromkeys((r["scale"], r["label"]) for r in results):
         runs = [r for r in results if (r["scale"], r["label"]) == key]
-        toks, ratios = [], []
+        toks, ratios, secs, sec_ratios = [], [], [], []
         for r in runs:
             b = base.get((r["scale"], r["seed"]))
             t = tokens_to_reach(r["curve"], b["final_val"]) if b else None
             r["tokens_to_target"] = t
             r["ratio"] = b["tokens"] / t if t else None
+            sec = seconds_at(r.get("seconds_curve") or [], t)
+            b_sec = (b.get("seconds_curve") or [(0, None)])[-1][1] if b else None
+            r["seconds_to_target"] = sec
+            r["seconds_ratio"] = b_sec / sec if sec and b_sec else None
             toks.append(t)
             ratios.append(r["ratio"])
+            secs.append(sec)
+            sec_ratios.append(r["seconds_ratio"])
         fm, fs = mean_sd(r["final_val"] for r in runs)
         tm, ts = mean_sd(toks)
         rm, rs = mean_sd(ratios)
+        sm, ss = mean_sd(secs)
+        qm, qs = mean_sd(sec_ratios)
         sp = [s for r in runs for s in r["spikes"]]
         out.append({"scale": key[0], "label": key[1], "seeds": [r["seed"] for r in runs], "tokens": runs[0]["tokens"],
                     "final_val": (fm, fs), "tokens_to_target": (tm, ts), "ratio": (rm, rs),
+                    "seconds_to_target": (sm, ss), "seconds_ratio": (qm, qs),
+                    "tokens_per_step": runs[0].get("tokens_per_step"), "flags": runs[0].get("flags"),
                     "ratio_min": min((x for x in ratios if x), default=None),
                     "ratio_max": max((x for x in ratios if x), default=None),
                     "reached": sum(t is not None for t in toks), "spikes": len(sp),
@@ -232,15 +273,19 @@ def write_report(a, results: list[dict]) -> list[dict]:
         rows_ = [s for s in summary if s["scale"] == scale]
         lines += [f"### scale {scale}x: B={a.batch_size * scale}, {a.steps * scale} steps, "
                   f"{rows_[0]['tokens']:,} tokens per run", "",
-                  "| row | final val loss (mean ± sd) | tokens to GPT-2's final val loss (mean ± sd) | fewer tokens "
-                  "(mean ± sd; min–max) | reached | spikes (worst) | train tok/s |", "|---|---|---|---|---|---|---|"]
+                  "| row | tokens per step | final val loss (mean ± sd) | tokens to GPT-2's final val loss (mean ± sd) "
+                  "| fewer tokens (mean ± sd; min–max) | training seconds to it (mean ± sd) | fewer seconds (mean ± sd) "
+                  "| reached | spikes (worst) | train tok/s |", "|---|---|---|---|---|---|---|---|---|---|"]
         for s in rows_:
             (fm, fs), (tm, ts), (rm, rs) = s["final_val"], s["tokens_to_target"], s["ratio"]
+            (sm, ss), (qm, qs) = s.get("seconds_to_target", (math.nan,) * 2), s.get("seconds_ratio", (math.nan,) * 2)
             w = s["worst_spike"]
             lines.append(
-                f"| {s['label']} | {fm:.4f} ± {fs:.4f} | "
+                f"| {s['label']} | {s.get('tokens_per_step') or '-'} | {fm:.4f} ± {fs:.4f} | "
                 + ("not reached" if math.isnan(tm) else f"{tm:,.0f} ± {ts:,.0f}") + " | "
                 + ("-" if math.isnan(rm) else f"{rm:.2f}x ± {rs:.2f} ({s['ratio_min']:.2f}–{s['ratio_max']:.2f})")
+                + " | " + ("-" if math.isnan(sm) else f"{sm:,.1f} ± {ss:,.1f}")
+                + " | " + ("-" if math.isnan(qm) else f"{qm:.2f}x ± {qs:.2f}")
                 + f" | {s['reached']}/{len(s['seeds'])} | {s['spikes']}"
                 + (f" (step {w['step']}: {w['loss']:.2f} vs {w['ref']:.2f})" if w else "")
                 + f" | {s['tok_per_s']:.0f} |")
@@ -257,17 +302,42 @@ def val_steps(a, scale: int) -> int:
     return max(1, -(-a.val_steps // scale))
 
 
+def accumulation(flags: list[str], micro_tokens: int) -> int:
+    """Micro-steps per optimizer step of a row: its --total-batch-tokens (the last one given), else its --recipe's own
+    tokens per step (RECIPES), else 1; refused unless a multiple of the micro-batch's tokens."""
+    total = None
+    for i, f in enumerate(flags[:-1]):
+        if f == "--recipe":
+            total = RECIPES[flags[i + 1]].get("total_batch_tokens", total)
+    for i, f in enumerate(flags[:-1]):
+        if f == "--total-batch-tokens":
+            total = int(flags[i + 1])
+    if not total:
+        return 1
+    if total % micro_tokens:
+        raise SystemExit(f"recipe_bench: {total} tokens per step is not a multiple of B*T = {micro_tokens}")
+    return total // micro_tokens
+
+
 def run_row(a, data: Path, run: Path, flags: list[str], scale: int, seed: int) -> dict:
     """One row at one scale and seed with gpt2core-train; a run that finished already (metrics.jsonl up to its
-    last step) is read back instead."""
-    steps, B = a.steps * scale, a.batch_size * scale
+    last step) is read back instead. Every row trains the same tokens: --steps micro-batches of B x T (times the
+    scale), so a row with k micro-steps per optimizer step (accumulation()) takes 1/k as many optimizer steps and
+    evaluates every 1/k as many (the same tokens apart)."""
+    B = a.batch_size * scale
+    accum = accumulation([*flags, *a.extra], B * a.seq_len)
+    if (a.steps * scale) % accum or (a.val_every * scale) % accum:
+        raise SystemExit(f"recipe_bench: --steps and --val-every (x scale) must be multiples of the {accum} "
+                         f"micro-steps per optimizer step of {' '.join(flags)}")
+    steps = a.steps * scale // accum
     cmd = [sys.executable, "-m", "gpt2core.train", "--preset", a.preset, "--steps", str(steps), "-B", str(B),
-           "-T", str(a.seq_len), "--val-every", str(a.val_every * scale), "--val-steps", str(val_steps(a, scale)),
+           "-T", str(a.seq_len), "--val-every", str(a.val_every * scale // accum),
+           "--val-steps", str(val_steps(a, scale)),
            "--data-dir", str(data), "--output-dir", str(run), "--sample-tokens", "0", "--seed", str(seed),
            *(["--threads", str(a.threads)] if a.threads else []), *flags, *a.extra]
     row = {"flags": flags, "command": " ".join(cmd[2:]), "run": str(run), "scale": scale, "seed": seed}
     done = (run / "metrics.jsonl").exists() and val_curve(run)
-    if done and done[-1][0] == steps * B * a.seq_len:  # this run finished already: reuse it
+    if done and done[-1][0] == steps * accum * B * a.seq_len:  # this run finished already: reuse it
         prev = json.loads((run / "row.json").read_text()) if (run / "row.json").exists() else {}
         row.update(seconds=prev.get("seconds"), tok_per_s=prev.get("tok_per_s"))
     else:
@@ -282,7 +352,10 @@ def run_row(a, data: Path, run: Path, flags: list[str], scale: int, seed: int) -
         row.update(seconds=time.perf_counter() - t0, tok_per_s=train_tok_per_s(run))
         (run / "row.json").write_text(json.dumps({"seconds": row["seconds"], "tok_per_s": row["tok_per_s"]}))
     curve = val_curve(run)
-    row.update(curve=curve, final_val=curve[-1][1], tokens=curve[-1][0],
+    per_step = next(json.loads(x)["run"]["tokens_per_step"] for x in (run / "metrics.jsonl").read_text().splitlines()
+                    if '"run"' in x)
+    row.update(curve=curve, final_val=curve[-1][1], tokens=curve[-1][0], seconds_curve=seconds_curve(run),
+               tokens_per_step=per_step,
                spikes=spikes(run, a.spike_margin, a.spike_window * scale))
     return row
 
@@ -352,6 +425,11 @@ def main(argv=None) -> int:
                     "warmup=0,10); the table goes to <out>/recipe_sweep.md")
     ap.add_argument("--no-base", action="store_true", help="--sweep: leave out the recipe's own point (run by "
                     "another sweep)")
+    ap.add_argument("--gpt2-lrs", type=float, nargs="+", default=None, help="sweep the GPT-2 recipe's --lr over these "
+                    "at the first seed of each scale; the best final val loss is the baseline (row gpt2) at every "
+                    "seed: a fair baseline, tuned on the text it is measured on")
+    ap.add_argument("--modern-tokens", type=int, nargs="+", default=None, help="run the modern row once per "
+                    "tokens per optimizer step given (--total-batch-tokens; gradient accumulation over B x T)")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more gpt2core-train flags for every row")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -365,16 +443,36 @@ def main(argv=None) -> int:
         return 0
     chosen = [(label, flags) for label, flags in rows(a.warmup)
               if not a.only or label in a.only or row_label(label) in a.only]
+    if a.modern_tokens:  # the modern row once per tokens-per-step value
+        chosen = [x for label, flags in chosen for x in (
+            [(f"{label}, {n} tokens/step", [*flags, "--total-batch-tokens", str(n)]) for n in a.modern_tokens]
+            if row_label(label) == "modern" else [(label, flags)])]
     results = []
+
+    def run(label, flags, scale, seed, slug=None):
+        slug = slug or "".join(c if c.isalnum() else "_" for c in row_label(label).replace("+ ", "plus_"))
+        r = run_row(a, data, a.out / f"x{scale}" / f"seed{seed}" / slug, flags, scale, seed)
+        results.append({"label": label, **r})
+        print(f"[{label}, {scale}x, seed {seed}] final val loss {r['final_val']:.4f} after {r['tokens']:,} "
+              f"tokens, {len(r['spikes'])} spikes", flush=True)
+        write_report(a, results)  # after every run: a partial benchmark is not lost
+        return r
+
     for scale in a.scales:
+        gpt2_flags = next((f for label, f in chosen if label == "gpt2"), None)
+        if gpt2_flags and a.gpt2_lrs:  # the baseline's LR swept at the first seed; the best one is "gpt2"
+            swept = {lr: run(f"gpt2, lr {lr:g} (sweep, seed {a.seeds[0]})", [*gpt2_flags, "--lr", f"{lr:g}"], scale,
+                             a.seeds[0], slug=f"gpt2_lr_{lr:g}".replace(".", "_").replace("-", "_"))
+                     for lr in a.gpt2_lrs}
+            best = min(swept, key=lambda lr: swept[lr]["final_val"])
+            gpt2_flags = [*gpt2_flags, "--lr", f"{best:g}"]
+            print(f"[{scale}x] the GPT-2 recipe's best LR at seed {a.seeds[0]}: {best:g}", flush=True)
         for seed in a.seeds:
             for label, flags in chosen:
-                slug = "".join(c if c.isalnum() else "_" for c in row_label(label).replace("+ ", "plus_"))
-                r = run_row(a, data, a.out / f"x{scale}" / f"seed{seed}" / slug, flags, scale, seed)
-                results.append({"label": label, **r})
-                print(f"[{label}, {scale}x, seed {seed}] final val loss {r['final_val']:.4f} after {r['tokens']:,} "
-                      f"tokens, {len(r['spikes'])} spikes", flush=True)
-                write_report(a, results)  # after every run: a partial benchmark is not lost
+                if label == "gpt2" and a.gpt2_lrs:
+                    run("gpt2", gpt2_flags, scale, seed, slug=f"gpt2_lr_{best:g}".replace(".", "_").replace("-", "_"))
+                else:
+                    run(label, flags, scale, seed)
     if not results:
         return 0
     try:

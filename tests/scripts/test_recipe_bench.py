@@ -92,7 +92,8 @@ def test_report_over_seeds_and_scales(rb, tmp_path):
     assert g["ratio"] == (1.0, 0.0) and g["reached"] == 2 and m["spikes"] == 1
     assert [s["scale"] for s in summary] == [1, 1, 4]
     md = (tmp_path / "recipe_bench.md").read_text()
-    assert "| m | 6.7500 ± 1.0607 | 256 ± 0 | 4.00x ± 0.00 (4.00–4.00) | 1/2 | 1 (step 3: 9.50 vs 8.00) |" in md
+    assert ("| m | - | 6.7500 ± 1.0607 | 256 ± 0 | 4.00x ± 0.00 (4.00–4.00) | - | - | 1/2 | 1 (step 3: 9.50 vs 8.00) |"
+            in md)
     assert "### scale 4x: B=8, 16 steps, 4,096 tokens per run" in md
     assert json.loads((tmp_path / "recipe_bench.json").read_text())["runs"][2]["ratio"] == 4.0
 
@@ -106,3 +107,44 @@ def test_iter_docs_reads_gzipped_rst_and_skips_html(rb, tmp_path):
     (tmp_path / "html" / "_sources" / "d.rst.txt").write_text("sphinx source\n")
     assert sorted(rb.iter_docs(tmp_path)) == ["Linux kernel release 6.x", "plain text"]
     assert list(rb.iter_docs(tmp_path, html_sources=True)) == ["sphinx source"]
+
+
+def test_seconds_to_the_target_from_the_steps_wall_times(rb, tmp_path):
+    """Seconds to the baseline's final val loss: the steps' own wall times (dt_ms) summed up to the tokens at which
+    the val curve reaches the target (linear within a step); the ratio is the baseline run's whole training time
+    over it."""
+    def write(name, per_step, dts, vals):
+        d = tmp_path / name
+        d.mkdir()
+        recs = [{"run": {"tokens_per_step": per_step}}, {"step": 0, "val_loss": 10.0}]
+        recs += [{"step": i + 1, "loss": 9.0, "dt_ms": dt} for i, dt in enumerate(dts)]
+        recs += [{"step": s, "val_loss": v} for s, v in vals]
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+        return d
+    base = write("base", 100, [500.0] * 4, [(2, 8.0), (4, 7.0)])  # 400 tokens in 2.0 s, final 7.0
+    fast = write("fast", 200, [1000.0, 3000.0], [(1, 7.5), (2, 6.0)])  # 400 tokens in 4.0 s
+    assert rb.seconds_curve(base) == [(0, 0.0), (100, 0.5), (200, 1.0), (300, 1.5), (400, 2.0)]
+    assert rb.seconds_at(rb.seconds_curve(fast), 300) == pytest.approx(2.5)  # halfway through the second step
+    assert rb.seconds_at(rb.seconds_curve(fast), None) is None and rb.seconds_at(rb.seconds_curve(fast), 401) is None
+    runs = [{"label": "gpt2", "scale": 1, "seed": 1, "curve": rb.val_curve(base), "final_val": 7.0, "tokens": 400,
+             "spikes": [], "seconds_curve": rb.seconds_curve(base)},
+            {"label": "m", "scale": 1, "seed": 1, "curve": rb.val_curve(fast), "final_val": 6.0, "tokens": 400,
+             "spikes": [], "seconds_curve": rb.seconds_curve(fast)}]
+    summary = rb.summarize(runs)
+    m = runs[1]
+    assert m["tokens_to_target"] == pytest.approx(200 + 200 / 3)  # 7.5 -> 6.0 over 200 tokens; 7.0 a third in
+    assert m["seconds_to_target"] == pytest.approx(1.0 + 3.0 / 3)
+    assert m["seconds_ratio"] == pytest.approx(2.0 / 2.0) and m["ratio"] == pytest.approx(400 / (800 / 3))
+    assert summary[1]["seconds_ratio"] == (pytest.approx(1.0), 0.0)
+
+
+def test_accumulation_rows_train_the_same_tokens(rb):
+    """A row's micro-steps per optimizer step: its last --total-batch-tokens, else its recipe's own, else 1; a total
+    that is not a multiple of B*T is refused."""
+    assert rb.accumulation(["--recipe", "gpt2"], 512) == 1
+    assert rb.accumulation(["--recipe", "gpt2", "--total-batch-tokens", "2048"], 512) == 4
+    assert rb.accumulation(["--total-batch-tokens", "1024", "--total-batch-tokens", "4096"], 512) == 8
+    own = rb.RECIPES["modern"].get("total_batch_tokens")
+    assert rb.accumulation(["--recipe", "modern"], 512) == (own // 512 if own else 1)
+    with pytest.raises(SystemExit, match="not a multiple of B\\*T = 512"):
+        rb.accumulation(["--total-batch-tokens", "700"], 512)
