@@ -1,0 +1,77 @@
+"""The documentation site builds with `mkdocs build --strict` (a broken link, a missing page or an API reference that
+does not resolve fails it), every public name of gpt2core has a reference page, and the README stays the short
+entry point it is meant to be (issue 47)."""
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+# The set-up commands, exactly: CI (.ci/run) runs the second one, and users copy both.
+TRAIN_COMMAND = "pip install -r requirements-dev.txt && pip install --no-build-isolation . && python -m gpt2core.train"
+TEST_COMMAND = "pip install -r requirements-dev.txt && pip install --no-build-isolation . && python -m pytest -q tests"
+
+
+def have_docs_tools() -> bool:
+    return all(importlib.util.find_spec(m) for m in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers"))
+
+
+@pytest.mark.skipif(not have_docs_tools(), reason="mkdocs not installed (pip install -r docs/requirements.txt)")
+def test_site_builds_strict(tmp_path):
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    problems = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith(("WARNING", "ERROR"))]
+    assert r.returncode == 0, "mkdocs build --strict failed:\n" + "\n".join(problems or [r.stderr[-4000:]])
+    # the API reference really rendered from the docstrings (not an empty page): GPT2's own methods are on it
+    html = (tmp_path / "site" / "reference" / "GPT2" / "index.html").read_text(encoding="utf-8")
+    assert "gpt2core.GPT2.forward_backward" in html and "gpt2core.GPT2.generate" in html
+
+
+def nav_pages() -> set[str]:
+    return set(re.findall(r"([\w./-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(encoding="utf-8"), re.M))
+
+
+def test_every_public_name_has_a_reference_page():
+    import gpt2core
+    names = [n for n in gpt2core.__all__ if not n.startswith("__")]
+    assert {"GPT2", "GPT2Config", "PRESETS", "build_info", "load_model", "plan"} <= set(names)
+    nav = nav_pages()
+    for name in names:
+        page = ROOT / "docs" / "reference" / f"{name}.md"
+        assert page.exists(), f"gpt2core.{name} has no reference page ({page.relative_to(ROOT)})"
+        assert f"::: gpt2core.{name}" in page.read_text(encoding="utf-8"), f"{page.name} does not render {name}"
+        assert f"reference/{name}.md" in nav, f"{page.name} is not in mkdocs.yml's nav"
+
+
+def test_every_page_is_in_the_nav():
+    docs = ROOT / "docs"
+    pages = {str(p.relative_to(docs)) for p in docs.rglob("*.md")}
+    missing = sorted(pages - nav_pages())
+    assert not missing, f"pages no reader can reach from the navigation: {missing}"
+
+
+def test_readme_is_short_and_keeps_the_set_up_commands():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 250
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    assert TRAIN_COMMAND + "\n" in blocks and TEST_COMMAND + "\n" in blocks
+
+
+def test_readme_links_resolve():
+    # the README is read on GitHub, outside the site: its relative links must name files of the repository (the
+    # site's own links are checked by mkdocs --strict)
+    text = README.read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links
+    for link in links:
+        if re.match(r"[a-z]+://", link) or link.startswith("#"):
+            continue
+        target = ROOT / link.split("#")[0]
+        assert target.exists(), f"README.md links to {link}, which does not exist"
