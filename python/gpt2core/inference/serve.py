@@ -52,116 +52,27 @@ import ipaddress
 import json
 import logging
 import math
-import numbers
 import os
-import re
-import secrets
 import signal
 import socket
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
 from .. import chat, cli, tokenizer
 from ..errors import ArgError, Error
-from .scheduler import (Job, ModelThread, Scheduler, SeqParams, SlotEngine,  # noqa: F401  (TextStream: tests, chat)
+from .protocol import (MAX_BODY, MAX_DEPTH, APIError, ChatShape, Completion, ModelCard, ModelList,  # noqa: F401
+                       TextShape, Usage, bad_request, dump, json_depth, parse_chat_completion, parse_completion,
+                       too_large)
+from .scheduler import (Job, ModelThread, Scheduler, SeqParams, SlotEngine,  # noqa: F401  (SeqParams, TextStream: tests)
                         TextStream)
 
-PAGE = Path(__file__).resolve().parent / "assets" / "serve.html"
+PAGE = Path(__file__).resolve().parent.parent / "assets" / "serve.html"
 log = logging.getLogger("gpt2core.serve")
-MAX_BODY = 1 << 20        # bytes of a request body
-MAX_DEPTH = 32            # nesting of JSON arrays / objects in a body (a request needs 3)
 BODY_TIMEOUT = 30.0       # seconds a client has to send the whole body once its headers are in
 DRAIN_MAX = 16 << 20      # bytes of a refused (too large) body read and dropped so that the client reads the 413
-MAX_STOP = 4              # stop strings per request (OpenAI's limit)
-SEED_MAX = 2**63 - 1
-
-KNOWN_FIELDS = {"prompt", "max_tokens", "temperature", "top_p", "stream", "stop", "seed", "model", "n", "user",
-                "stream_options", "logprobs", "echo"}
-MAX_LOGPROBS = 5          # alternatives per token (OpenAI's limit for completions)
-# /v1/chat/completions: messages instead of prompt; no legacy logprobs / echo (the chat API's logprobs differ)
-CHAT_FIELDS = (KNOWN_FIELDS - {"prompt", "logprobs", "echo"}) | {"messages", "max_completion_tokens"}
-
-
-# ------------------------------------------------------------------------------------------------ request parsing
-class APIError(Exception):
-    """An answer in OpenAI's error shape: {"error": {"message", "type", "param", "code"}} with HTTP `status`."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-@dataclass
-class Completion:
-    """A validated request: token ids per prompt and the sampling settings."""
-    prompts: list[list[int]]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    stream: bool
-    stop: list[str]
-    seed: int
-    include_usage: bool = False
-    logprobs: int | None = None   # alternatives per token (0..5); None: no log-probabilities
-    echo: bool = False            # the prompt comes back before the completion
-
-    def sequences(self) -> list[SeqParams]:
-        return [SeqParams(p, self.max_tokens, self.temperature, self.top_p, self.seed, self.stop, self.logprobs,
-                          self.echo) for p in self.prompts]
-
-
-def _bad(msg: str, param: str | None, code: str | None = None) -> APIError:
-    return APIError(400, msg, param, code)
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _flag(body: dict, name: str) -> bool:
-    """A true/false field (absent or null: false)."""
-    v = body.get(name)
-    if v is None:
-        return False
-    if not isinstance(v, bool):
-        raise _bad(f"{name} must be true or false, got {json.dumps(v)}", name)
-    return v
-
-
-def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool, text: str) -> float:
-    v = body.get(name)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise _bad(f"{name} must be a number in {text}, got {json.dumps(v)}", name)
-    v = float(v)
-    if not (math.isfinite(v) and lo <= v <= hi) or (lo_open and v == lo):
-        raise _bad(f"{name} must be a number in {text}, got {v!r}", name)
-    return v
-
-
-def _token_list(v, vocab_size: int, param: str) -> list[int] | None:
-    """v as a list of token ids if it is a list of integers (None if it is not such a list)."""
-    if not isinstance(v, list) or not v or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-        return None
-    for t in v:
-        if not 0 <= t < vocab_size:
-            raise _bad(f"{param} holds token id {t}, outside the vocabulary [0, {vocab_size})", "prompt")
-    return v
-
-
-def _too_large(size: str) -> APIError:
-    return APIError(413, f"request body of {size} bytes is over the limit of {MAX_BODY} bytes", None,
-                    "request_too_large")
 
 
 class ClientGone(Exception):
@@ -181,9 +92,9 @@ async def read_body(request, limit: int = MAX_BODY, timeout: float = BODY_TIMEOU
     from starlette.requests import ClientDisconnect
     length = request.headers.get("content-length")
     if length is not None and not length.strip().isdigit():
-        raise _bad(f"Content-Length must be a number of bytes, got {length!r}", None, "invalid_request")
+        raise bad_request(f"Content-Length must be a number of bytes, got {length!r}", None, "invalid_request")
     size = None if length is None else int(length)
-    refused = _too_large(f"{size}") if size is not None and size > limit else None
+    refused = too_large(f"{size}") if size is not None and size > limit else None
     if refused is not None and size > DRAIN_MAX:
         raise refused
 
@@ -194,7 +105,7 @@ async def read_body(request, limit: int = MAX_BODY, timeout: float = BODY_TIMEOU
                 continue  # drained and dropped (the Content-Length bounds it)
             n += len(chunk)
             if n > limit:
-                raise _too_large(f"more than {limit}")
+                raise too_large(f"more than {limit}")
             parts.append(chunk)
         if refused is not None:
             raise refused
@@ -208,166 +119,6 @@ async def read_body(request, limit: int = MAX_BODY, timeout: float = BODY_TIMEOU
         raise APIError(408, f"the request body did not arrive within {timeout:g} s", None, "request_timeout") from None
     except ClientDisconnect:
         raise ClientGone() from None
-
-
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-
-
-def json_depth(raw: bytes) -> int:
-    """The deepest nesting of arrays and objects in JSON text (brackets inside strings do not count)."""
-    b = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
-    if not b.size:
-        return 0
-    step = (b == ord("[")).astype(np.int32) + (b == ord("{")) - (b == ord("]")) - (b == ord("}"))
-    return int(np.cumsum(step).max(initial=0))
-
-
-def _json_body(raw: bytes) -> dict:
-    """A request body (already read within the limits, read_body) -> its JSON object, or APIError (400, 413)."""
-    if len(raw) > MAX_BODY:
-        raise _too_large(f"{len(raw)}")
-    depth = json_depth(raw)
-    if depth > MAX_DEPTH:
-        raise _bad(f"the request body nests arrays / objects {depth} deep: at most {MAX_DEPTH}", None, "invalid_json")
-    try:
-        body = json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise _bad(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
-    if not isinstance(body, dict):
-        raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None)
-    return body
-
-
-def parse_chat_completion(raw: bytes, block_size: int, vocab_size: int, max_batch: int,
-                          max_tokens_cap: int | None = None) -> Completion:
-    """The body of POST /v1/chat/completions -> Completion: the messages rendered for a reply (gpt2core.chat.prompt:
-    one prompt of token ids, ending in <|assistant_start|>), every other field as /v1/completions reads it
-    (max_completion_tokens is max_tokens; neither given: up to the end of the context). APIError as there; a bad
-    message names its field (param "messages[1].role")."""
-    body = _json_body(raw)
-    unknown = sorted(set(body) - CHAT_FIELDS)
-    if unknown:
-        raise _bad(f"unrecognized request argument supplied: {unknown[0]} (this endpoint takes "
-                   f"{', '.join(sorted(CHAT_FIELDS))})", unknown[0])
-    if vocab_size < chat.CHAT_VOCAB_SIZE:
-        raise _bad("this model has no chat format (its vocabulary has no chat tokens): fine-tune it on "
-                   "conversations (gpt2core-train --sft), or use /v1/completions", "messages", "model_not_chat")
-    if "messages" not in body:
-        raise _bad("messages is required: a list of {\"role\", \"content\"} objects", "messages")
-    try:
-        ids = chat.prompt(body["messages"]).tolist()
-    except chat.ChatFormatError as e:
-        raise _bad(str(e), e.field) from None
-    rest = {k: v for k, v in body.items() if k not in ("messages", "max_completion_tokens")}
-    if body.get("max_completion_tokens") is not None:
-        rest["max_tokens"] = body["max_completion_tokens"]
-    elif rest.get("max_tokens") is None:
-        rest["max_tokens"] = max(1, block_size - len(ids))
-    rest["prompt"] = ids
-    try:
-        return parse_completion(rest, block_size, vocab_size, max_batch, max_tokens_cap)
-    except APIError as e:
-        if e.param == "prompt":
-            e.param = "messages"
-        raise
-
-
-def parse_completion(raw: bytes | dict, block_size: int, vocab_size: int, max_batch: int,
-                     max_tokens_cap: int | None = None) -> Completion:
-    """The body of POST /v1/completions (bytes, or the decoded object) -> Completion, or APIError (400, 413) saying
-    which field is wrong. max_tokens_cap (--max-tokens-cap): max_tokens above it is lowered to it (the completion
-    then ends with finish_reason "length" there)."""
-    body = raw if isinstance(raw, dict) else _json_body(raw)
-    unknown = sorted(set(body) - KNOWN_FIELDS)
-    if unknown:
-        raise _bad(f"unrecognized request argument supplied: {unknown[0]} (this server takes "
-                   f"{', '.join(sorted(KNOWN_FIELDS))})", unknown[0])
-    for name in ("model", "user"):
-        if body.get(name) is not None and not isinstance(body[name], str):
-            raise _bad(f"{name} must be a string, got {json.dumps(body[name])}", name)
-    n = body.get("n")
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise _bad(f"n must be 1 (one completion per prompt), got {json.dumps(n)}", "n")
-
-    # prompt: a string, a list of strings, a list of token ids, or a list of lists of token ids
-    if "prompt" not in body:
-        raise _bad("prompt is required: a string, a list of strings, or token ids", "prompt")
-    p = body["prompt"]
-    ids = _token_list(p, vocab_size, "prompt")
-    if isinstance(p, str):
-        items = [p]
-    elif ids is not None:
-        items = [ids]
-    elif isinstance(p, list) and p:
-        items = p
-    else:
-        raise _bad(f"prompt must be a string, a non-empty list of strings, or a list of token ids, got "
-                   f"{json.dumps(p)[:80]}", "prompt")
-    if len(items) > max_batch:
-        raise _bad(f"prompt has {len(items)} prompts: at most {max_batch} per request (the server's "
-                   "--max-batch)", "prompt")
-    prompts = []
-    for i, item in enumerate(items):
-        if isinstance(item, str):
-            prompts.append(tokenizer.encode(item) or [tokenizer.EOT])  # "" -> <|endoftext|>, as GPT-2 starts
-            continue
-        t = _token_list(item, vocab_size, f"prompt[{i}]")
-        if t is None:
-            raise _bad(f"prompt[{i}] must be a string or a non-empty list of token ids, got "
-                       f"{json.dumps(item)[:80]}", "prompt")
-        prompts.append(t)
-
-    echo = _flag(body, "echo")
-    logprobs = body.get("logprobs")
-    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or
-                                 not 0 <= logprobs <= MAX_LOGPROBS):
-        raise _bad(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (alternatives per token) or null, got "
-                   f"{json.dumps(logprobs)}", "logprobs")
-    mt = body.get("max_tokens", 16)
-    if mt is None:
-        mt = 16
-    lowest = 0 if echo else 1  # 0 with echo: the prompt (and its log-probabilities) alone
-    if isinstance(mt, bool) or not isinstance(mt, int) or mt < lowest:
-        raise _bad(f"max_tokens must be an integer >= {lowest}{' (0 only with echo)' if not echo else ''}, got "
-                   f"{json.dumps(mt)}", "max_tokens")
-    if max_tokens_cap is not None:
-        mt = min(mt, max_tokens_cap)
-    longest = max(len(q) for q in prompts)
-    if longest + mt > block_size:
-        param = "prompt" if longest >= block_size else "max_tokens"
-        raise _bad(f"this model's maximum context length is {block_size} tokens, however you requested "
-                   f"{longest + mt} tokens ({longest} in your prompt; {mt} for the completion). Please reduce "
-                   "the prompt or max_tokens.", param, "context_length_exceeded")
-
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0, False, "[0, 2] (0: greedy)")
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0, True, "(0, 1]")
-    stream = _flag(body, "stream")
-    opts = body.get("stream_options")
-    include_usage = False
-    if opts is not None:
-        if not isinstance(opts, dict) or set(opts) - {"include_usage"} or \
-                not isinstance(opts.get("include_usage", False), bool):
-            raise _bad(f"stream_options must be {{\"include_usage\": true|false}}, got {json.dumps(opts)}",
-                       "stream_options")
-        if not stream:
-            raise _bad("stream_options is only allowed when stream is true", "stream_options")
-        include_usage = opts.get("include_usage", False)
-
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or len(stop) > MAX_STOP or not all(isinstance(s, str) and s for s in stop):
-        raise _bad(f"stop must be a non-empty string or a list of at most {MAX_STOP} non-empty strings, got "
-                   f"{json.dumps(body.get('stop'))[:80]}", "stop")
-
-    seed = body.get("seed")
-    if seed is None:
-        seed = secrets.randbits(63)  # no seed: a fresh one (OpenAI: not reproducible unless a seed is given)
-    elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
-        raise _bad(f"seed must be an integer in [0, {SEED_MAX}], got {json.dumps(seed)}", "seed")
-    return Completion(prompts, mt, temperature, top_p, stream, stop, seed, include_usage, logprobs, echo)
 
 
 # ------------------------------------------------------------------------------------------------ metrics
@@ -498,40 +249,6 @@ class _Answer:
             self.logprobs[i][k] += v
 
 
-class TextShape:
-    """/v1/completions' answer: its objects, a choice, a streamed chunk's choice (the chat shape differs only here)."""
-    prefix, object, chunk_object = "cmpl-", "text_completion", "text_completion"
-
-    @staticmethod
-    def choice(i: int, text: str, reason, logprobs=None) -> dict:
-        return {"text": text, "index": i, "logprobs": logprobs, "finish_reason": reason}
-
-    chunk = choice
-
-    @staticmethod
-    def opening(i: int) -> dict | None:
-        return None
-
-
-class ChatShape:
-    """/v1/chat/completions' answer (OpenAI's chat.completion and chat.completion.chunk): the reply as an assistant
-    message; streamed, a first delta with the role, then the content, then an empty delta with the finish reason."""
-    prefix, object, chunk_object = "chatcmpl-", "chat.completion", "chat.completion.chunk"
-
-    @staticmethod
-    def choice(i: int, text: str, reason, logprobs=None) -> dict:
-        return {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                "finish_reason": reason}
-
-    @staticmethod
-    def chunk(i: int, text: str, reason, logprobs=None) -> dict:
-        return {"index": i, "delta": {"content": text} if text else {}, "logprobs": None, "finish_reason": reason}
-
-    @staticmethod
-    def opening(i: int) -> dict | None:
-        return {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-
-
 def check_vocab(vocab_size: int) -> str | None:
     """Why a model with this vocab_size cannot be served (None: it can): the server speaks GPT-2's tokens, and the
     chat tokens (gpt2core.chat) of a fine-tuned model."""
@@ -599,8 +316,7 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
                              "prefills": st.prefills, "largest_batch": st.largest_batch})
 
     async def models(request):
-        return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model", "created": created_at,
-                                                         "owned_by": "gpt2core"}]})
+        return JSONResponse(ModelList(data=[ModelCard(id=model_name, created=created_at)]).model_dump())
 
     async def metrics_route(request):
         return Response(mx.render(), media_type=mx.pc.CONTENT_TYPE_LATEST)
@@ -638,11 +354,11 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
         sched.submit(job)
         t0 = time.monotonic()
         cid, created = f"{shape.prefix}{uuid.uuid4().hex}", int(time.time())
-        head = {"id": cid, "object": shape.object, "created": created, "model": model_name}
+        head = {"id": cid, "created": created, "model": model_name}
         n = len(req.prompts)
         ans = _Answer(n)
-        usage = lambda: {"prompt_tokens": sum(map(len, req.prompts)), "completion_tokens": sum(ans.made),
-                         "total_tokens": sum(map(len, req.prompts)) + sum(ans.made)}
+        usage = lambda: Usage(prompt_tokens=sum(map(len, req.prompts)), completion_tokens=sum(ans.made),
+                              total_tokens=sum(map(len, req.prompts)) + sum(ans.made))
 
         def took():
             seconds_per_request[0] = 0.9 * seconds_per_request[0] + 0.1 * (time.monotonic() - t0)
@@ -650,8 +366,8 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
         if req.stream:
             if mx is not None:
                 mx.answered(200)
-            return StreamingResponse(sse(job, events, {**head, "object": shape.chunk_object}, ans, usage, req, took,
-                                         shape), media_type="text/event-stream",
+            return StreamingResponse(sse(job, events, head, ans, usage, req, took, shape),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
         async def watch():  # the body has been read: the next ASGI message is the client going away
@@ -688,31 +404,31 @@ def create_app(model, model_name: str = "gpt2core", max_batch: int = 8, prefill_
         choices = [shape.choice(i, ans.texts[i], ans.reasons[i], ans.logprobs[i]) for i in range(n)]
         if mx is not None:
             mx.answered(200)
-        return JSONResponse({**head, "choices": choices, "usage": usage()})
+        return JSONResponse(dump(shape.answer(**head, choices=choices, usage=usage())))
 
     async def sse(job: Job, events, head: dict, ans: _Answer, usage, req: Completion, took, shape=TextShape):
-        def chunk(obj) -> str:
-            return f"data: {json.dumps(obj)}\n\n"
+        def chunk(choices, usage=None) -> str:
+            return f"data: {json.dumps(dump(shape.chunk_answer(**head, choices=choices, usage=usage)))}\n\n"
 
         left = len(ans.made)
         try:
             for i in range(left):
                 if shape.opening(i) is not None:
-                    yield chunk({**head, "choices": [shape.opening(i)]})
+                    yield chunk([shape.opening(i)])
             while left:
                 ev = await events.get()
                 if ev[0] == "text":
-                    yield chunk({**head, "choices": [shape.chunk(ev[1], ev[2], None, ev[3])]})
+                    yield chunk([shape.chunk(ev[1], ev[2], None, ev[3])])
                 elif ev[0] == "done":
                     ans.made[ev[1]] = ev[3]
                     left -= 1
-                    yield chunk({**head, "choices": [shape.chunk(ev[1], "", ev[2])]})
+                    yield chunk([shape.chunk(ev[1], "", ev[2])])
                 else:
-                    yield chunk(event_error(ev).body())
+                    yield f"data: {json.dumps(event_error(ev).body())}\n\n"
                     return
             took()
             if req.include_usage:
-                yield chunk({**head, "choices": [], "usage": usage()})
+                yield chunk([], usage())
             yield "data: [DONE]\n\n"
         finally:
             if left:  # the client went away (or the server is stopping): free its sequences

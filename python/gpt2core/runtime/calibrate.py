@@ -1,242 +1,332 @@
-"""`python -m gpt2core.doctor --calibrate`: everything a first GPU must answer, in order of value, each step bounded
-in time, into one report file (JSON, plus a readable summary printed and written beside it).
+"""The GPU lease driver (issue 48): turns any lease into the next rows of one report, in value order, continuing
+where the last lease stopped.
 
-Steps (STEPS, in this order; each runs in a subprocess killed at its time limit, so one hung or slow step costs
-its bound and no more):
-  doctor       the doctor's build, library and correctness checks (the CPU part: runs without a GPU)
-  gpu_tests    tests/csrc/cuda/test_cuda_gpu.py (a source checkout only)
-  d12_step     d12, B=64, T=1024, bf16: ms/step and tokens/s with cuDNN attention and with gpt2core's flash
-               kernels, per-phase times (forward / backward / optimizer, CUDA-synchronised) and, where nsys is
-               installed, an nsys kernel summary; beside scripts/gpu_model.py's modelled range for this GPU
-  bgradb       whether cuBLASLt accepted the bias-gradient epilogue (build_info()'s refusal counts after a step)
-  bitwise      two identical bf16 runs (3 steps of d12 at B=4, T=256), parameters compared bit for bit, with
-               deterministic=True (the default) and, for the record, deterministic=False
-  ladder       scripts/bench.py --ladder at d12
-  vs_cpu       20 training steps of d12 (B=2, T=128) on the GPU against the CPU backend: losses side by side
-  gemm         cuBLASLt GEMM timings for GPT-2 124M's shapes (forward, dinp and dweight of each Linear)
-Without a usable GPU: one line says so and the command exits 0 after the CPU part.
+    python -m gpt2core.calibrate --budget 480 --data lease_data --hellaswag hellaswag_val_full.txt --out lease_out
+    python -m gpt2core.calibrate --list                 # the steps in order, with their bounds
+    python -m gpt2core.calibrate --budget 900 --dry-run --device cpu --out /tmp/dry   # every step, tiny shapes
+    python -m gpt2core.calibrate --budget 300 --only serve dp                         # these, measured or not
+
+The steps (gpt2core.runtime.lease_steps.STEPS, in value order: doctor, gpu_tests, learn, d12_step, scale, serve, dp,
+fp16, eval, resume, then bitwise, bgradb, ladder, vs_cpu, gemm) each run in a subprocess of their own, bounded by
+min(the step's bound, the budget left); a step past its bound is killed (its whole process group: servers and
+ranks too) and is "cut", keeping the rows it wrote as it went. A step that cannot run on the device at hand is
+"skipped" with the reason as its row; a step that fails is "failed" (its error as the last row) and the driver goes
+on. A step already measured ("ok") for this commit on this GPU kind, in a report under --docs or in --out, is
+skipped unless --only names it: the next lease continues the list. The commit is the last one that changed
+anything outside docs/ (so committing a report does not make the next lease start over), "+dirty" when tracked
+files outside docs/ differ from it.
+
+Writes, after every step (a lease cut short keeps its report):
+  OUT/report.json   exactly {"gpu", "commit", "steps": {NAME: {"status": "ok"|"cut"|"skipped"|"failed",
+                    "seconds", "rows"}}}; steps/NAME/rows.jsonl and log.txt beside it
+  DOCS/<date>_<gpu kind>_<commit>.md and .json   the page (and its JSON: a same-named page of an earlier lease is
+                    merged), and DOCS/README.md, the index of every page (DOCS: --docs, default docs/gpu of the
+                    source checkout for a GPU run; a dry run or a run without a GPU writes them under OUT)
+Without a usable GPU (and without --dry-run) only the doctor runs: each GPU step is skipped, saying why.
+Exit status: 0 unless a step failed.
 """
 from __future__ import annotations
 
+import datetime
+import importlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # a source checkout (scripts/, tests/) when run from one
+from .. import cli
+from ..errors import ArgError
+from . import lease_steps
 
-# (name, what it answers, seconds allowed); the order is the value order
-STEPS = [
-    ("doctor", "build, libraries, correctness on every device", 240),
-    ("gpu_tests", "the GPU test suite against the CPU backend", 420),
-    ("d12_step", "d12 B=64 T=1024 step time, cuDNN and flash attention, against the model", 300),
-    ("bgradb", "was the bias-gradient GEMM epilogue accepted", 120),
-    ("bitwise", "two identical bf16 runs bit for bit", 240),
-    ("ladder", "the speed ladder at d12", 420),
-    ("vs_cpu", "20 steps of d12 against the CPU reference", 420),
-    ("gemm", "GEMM timings by shape", 180),
-]
-GPU_STEPS = [s[0] for s in STEPS if s[0] != "doctor"]
-# The model and the (B, T) of the in-process GPU steps: d12 at llm.c's step shape, and smaller shapes for the steps
-# that compare rather than time (a test sets a tiny preset to run these steps on the emulated device)
-PRESET = "d12"
-SHAPES = {"step": (64, 1024), "bgradb": (8, 256), "bitwise": (4, 256), "vs_cpu": (2, 128)}
-COUNTS = {"timing": 5, "bitwise": 3, "vs_cpu": 20}  # timed steps (after 2 warm-up ones), steps per run
-MODEL_SECONDS = 120  # d12_step: the modelled side's share of the step's 300 s
+ROOT = lease_steps.ROOT
+# How a step's process starts: this Python, then `-m STEPS_MODULE NAME ROWS BUDGET CTX`. A test puts the emulated
+# CUDA module in front (the emulated dry run) or names a module of its own steps.
+PYTHON = [sys.executable]
+STEPS_MODULE = "gpt2core.runtime.lease_steps"
+MIN_STEP_S = 10.0  # a step is not started with less of the budget left (a Python process and imports alone)
+STATUSES = ("ok", "cut", "skipped", "failed")
 
 
-def _d12_timing(attention: str, B: int | None = None, T: int | None = None, steps: int | None = None) -> dict:
-    import numpy as np
-
-    from ..model import GPT2
-    from ..config import PRESETS
-    from .. import _C
-    from ..planning.perf import gpu_peak_tflops
-
-    cfg = PRESETS[PRESET]
-    B, T = B or SHAPES["step"][0], T or SHAPES["step"][1]
-    steps = steps or COUNTS["timing"]
-    m = GPT2(cfg, device="cuda", seed=0, attention=attention)
-    x = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, T), dtype=np.int32)
-    parts = {"forward": [], "backward": [], "optimizer": []}
-    for i in range(steps + 2):
-        t0 = time.perf_counter()
-        m.zero_grad()
-        m.forward(x, x)  # returns the loss: synchronised
-        t1 = time.perf_counter()
-        m.backward()
-        m.grad_norm()  # a device read: backward has finished
-        t2 = time.perf_counter()
-        m.step(lr=1e-4)
-        t3 = time.perf_counter()
-        if i >= 2:
-            for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2)):
-                parts[k].append(v)
-    ms = {k: 1e3 * float(np.median(v)) for k, v in parts.items()}
-    step_ms = sum(ms.values())
-    tps = B * T / (step_ms / 1e3)
-    peak = gpu_peak_tflops(_C.cuda_device_name(0), m.precision)
-    mfu = tps * cfg.flops_per_token(T) / 1e12 / peak[0] if peak else None
-    return {"attention": attention, "precision": m.precision, "ms_per_step": step_ms, "tokens_per_s": tps,
-            "mfu": mfu, "phase_ms": ms}
+def steps() -> list:
+    return importlib.import_module(STEPS_MODULE).STEPS
 
 
-def step_doctor() -> dict:
-    # the doctor as its console script runs it (a process of its own: the doctor calls this module, not back)
-    r = subprocess.run([sys.executable, "-m", "gpt2core.doctor", "--seconds", "0"], capture_output=True, text=True)
-    return {"ok": r.returncode == 0, "lines": r.stdout.splitlines(), "stderr": r.stderr[-2000:]}
+def bound_of(step, dry: bool) -> float:
+    return float(step.dry_bound if dry else step.bound)
 
 
-def step_gpu_tests() -> dict:
-    tests = ROOT / "tests" / "csrc" / "cuda" / "test_cuda_gpu.py"
-    if not tests.exists():
-        return {"skipped": "no source checkout (tests/csrc/cuda/test_cuda_gpu.py not found)"}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", str(tests)], capture_output=True, text=True)
-    return {"ok": r.returncode == 0, "tail": (r.stdout + r.stderr)[-3000:]}
+# ------------------------------------------------------------------------------------------ the machine
+def code_commit(root: Path) -> str:
+    """The last commit that changed anything outside docs/ (short hash), +dirty when tracked files outside docs/
+    differ from it; "unknown" outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+    try:
+        r = git("log", "-1", "--format=%h", "--abbrev=12", "--", ".", ":(exclude)docs")
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if r.returncode != 0 or not r.stdout.strip():
+        return "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs").stdout.strip()
+    return r.stdout.strip() + ("+dirty" if dirty else "")
 
 
-def step_d12_step() -> dict:
-    out = {"runs": [_d12_timing(a) for a in ("cudnn", "flash")]}
-    # The model's side (scripts/gpu_model.py) compiles the CUDA emulator first where build/model is missing: minutes
-    # of CPU, which on the first GPU (2026-11-28, H100) ran past the step's bound and lost the timings above. It now
-    # gets what is left of the step's time, and a timeout keeps the measured rows.
-    model = ROOT / "scripts" / "gpu_model.py"
-    if model.exists():
-        try:
-            r = subprocess.run([sys.executable, str(model), "--reproduce-llmc"], capture_output=True, text=True,
-                               timeout=MODEL_SECONDS)
-            out["model"] = (r.stdout + r.stderr)[-3000:]
-        except subprocess.TimeoutExpired:
-            out["model"] = (f"skipped: scripts/gpu_model.py --reproduce-llmc took over {MODEL_SECONDS} s (it compiles "
-                            "the CUDA emulator first); run it on any machine, it needs no GPU")
-    return out
+def gpu_kind(name: str | None) -> str:
+    """A report's GPU kind: H100, H200, A100, ... from the driver's name; cpu without one."""
+    if not name:
+        return "cpu"
+    m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Za-z]?)\b", name.replace("NVIDIA", ""))
+    return m.group(1) if m else re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")
 
 
-def step_bgradb() -> dict:
-    import gpt2core
-
-    _d12_timing("auto", *SHAPES["bgradb"], steps=1)
-    info = gpt2core.build_info()
-    return {"accepted": info["bgradb_refused_shapes"] == 0, "refused_shapes": info["bgradb_refused_shapes"],
-            "fallbacks": info["bgradb_fallbacks"]}
-
-
-def _run_bits(deterministic: bool) -> bytes:
-    import numpy as np
-
-    from ..model import GPT2
-    from ..config import PRESETS
-
-    m = GPT2(PRESETS[PRESET], device="cuda", seed=0, deterministic=deterministic)
-    x = np.random.default_rng(1).integers(0, m.config.vocab_size, SHAPES["bitwise"], dtype=np.int32)
-    for _ in range(COUNTS["bitwise"]):
-        m.zero_grad()
-        m.forward(x, x)
-        m.backward()
-        m.step(lr=1e-4)
-    return m.flat_params().tobytes()
+def find_device(requested: str) -> tuple[str, str, str]:
+    """(device, GPU name, why no GPU) for --device auto|cpu|cuda."""
+    if requested == "cpu":
+        return "cpu", "", "--device cpu"
+    from gpt2core import _C, _libs
+    why = _libs.driver_problem() or _C.cuda_status()
+    if why:
+        if requested == "cuda":
+            raise ArgError(f"--device cuda: no usable GPU ({why})")
+        return "cpu", "", f"no usable GPU ({why})"
+    return "cuda", _C.cuda_device_name(0), ""
 
 
-def step_bitwise() -> dict:
-    return {f"deterministic={d}": _run_bits(d) == _run_bits(d) for d in (True, False)}
-
-
-def step_ladder() -> dict:
-    bench = ROOT / "scripts" / "bench.py"
-    if not bench.exists():
-        return {"skipped": "no source checkout (scripts/bench.py not found)"}
-    r = subprocess.run([sys.executable, str(bench), "--ladder", "--preset", "d12", "-B", "16", "-T", "1024",
-                        "--device", "cuda", "--steps", "3"], capture_output=True, text=True)
-    return {"ok": r.returncode == 0, "tail": (r.stdout + r.stderr)[-3000:]}
-
-
-def step_vs_cpu() -> dict:
-    import numpy as np
-
-    from ..model import GPT2
-    from ..config import PRESETS
-
-    x = np.random.default_rng(2).integers(0, PRESETS[PRESET].vocab_size, SHAPES["vs_cpu"], dtype=np.int32)
-    losses = {}
-    for device in ("cuda", "cpu"):
-        m = GPT2(PRESETS[PRESET], device=device, seed=0)
-        losses[device] = []
-        for _ in range(COUNTS["vs_cpu"]):
-            m.zero_grad()
-            losses[device].append(float(m.forward(x, x)))
-            m.backward()
-            m.step(lr=3e-4)
-    worst = max(abs(a - b) / abs(b) for a, b in zip(losses["cuda"], losses["cpu"]))
-    return {"losses": losses, "max_relative_difference": worst}
-
-
-def step_gemm() -> dict:
-    bench = ROOT / "scripts" / "bench.py"
-    if not bench.exists():
-        return {"skipped": "no source checkout (scripts/bench.py not found)"}
-    r = subprocess.run([sys.executable, str(bench), "--preset", "d12", "-B", "16", "-T", "1024", "--device", "cuda",
-                        "--profile", "--steps", "3"], capture_output=True, text=True)
-    return {"ok": r.returncode == 0, "tail": (r.stdout + r.stderr)[-3000:]}
-
-
-def run_step(name: str) -> dict:
-    """One step in this process (the subprocess side of run_bounded)."""
-    return globals()[f"step_{name}"]()
-
-
-def run_bounded(name: str, seconds: float) -> dict:
-    """Runs step `name` in a subprocess, killed after `seconds`: its result, or why there is none."""
+# ------------------------------------------------------------------------------------------ running a step
+def run_bounded(name: str, bound: float, ctx: lease_steps.Ctx, step_dir: Path, log=print) -> dict:
+    """Runs step `name` in a process group of its own, killed (SIGKILL, the whole group) after `bound` seconds:
+    {"status", "seconds", "rows"}, the rows as the step wrote them, whatever became of it."""
+    step_dir.mkdir(parents=True, exist_ok=True)
+    rows_path = step_dir / "rows.jsonl"
+    rows_path.unlink(missing_ok=True)
+    ctx.work = str(step_dir)
+    cmd = [*PYTHON, "-m", STEPS_MODULE, name, str(rows_path), f"{bound:.1f}", lease_steps.ctx_to_json(ctx)]
     t0 = time.perf_counter()
-    try:
-        r = subprocess.run([sys.executable, "-m", "gpt2core.calibrate", name], capture_output=True, text=True,
-                           timeout=seconds)
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout", "seconds": round(time.perf_counter() - t0, 1), "limit_s": seconds}
-    res = {"seconds": round(time.perf_counter() - t0, 1), "limit_s": seconds}
-    lines = r.stdout.strip().splitlines()
-    try:
-        res["result"] = json.loads(lines[-1]) if lines else None
-        res["status"] = "ok" if r.returncode == 0 else "failed"
-    except ValueError:
-        res["status"] = "failed"
-    if r.returncode != 0:
-        res["stderr"] = r.stderr[-2000:]
-    return res
+    with open(step_dir / "log.txt", "w") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, cwd=step_dir)
+        try:
+            code = proc.wait(timeout=bound)
+        except subprocess.TimeoutExpired:
+            code = None
+        # the step's children (a server, ranks, a training run) go with it, also after a normal exit
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    seconds = round(time.perf_counter() - t0, 1)
+    rows = read_rows(rows_path)
+    if code is None:
+        status = "cut"
+        rows.append({"cut": f"killed at its bound of {bound:.0f} s"})
+    elif code == 0:
+        status = "ok"
+    elif code == lease_steps.SKIPPED_EXIT:
+        status = "skipped"
+    else:
+        status = "failed"
+        tail = (step_dir / "log.txt").read_text(errors="replace")[-3000:]
+        rows.append({"error": f"exit status {code}", "log_tail": tail})
+    return {"status": status, "seconds": seconds, "rows": rows}
 
 
-def calibrate(report: Path, out=print, steps=None, gpu: bool | None = None) -> int:
-    """Runs the steps (default STEPS) in order and writes `report` (JSON) and report.with_suffix(".txt") (the
-    summary). gpu: whether a usable GPU is here (default: ask gpt2core). Returns the exit status: 0 unless a step
-    that ran failed (no GPU is not a failure)."""
-    from .. import _C
+def read_rows(path: Path) -> list:
+    """The rows a step wrote (one JSON per line); a line cut mid-write by a kill is left out."""
+    rows = []
+    if path.exists():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+    return rows
 
-    steps = STEPS if steps is None else steps
-    why = "" if gpu else (_C.cuda_status() if gpu is None else "none (told so)")
-    have_gpu = why == ""
-    results, summary = {}, []
-    for name, what, limit in steps:
-        if name in GPU_STEPS and not have_gpu:
-            results[name] = {"status": "skipped", "why": "no usable GPU"}
+
+# ------------------------------------------------------------------------------------------ the reports
+def page_name(gpu: str, commit: str, dry: bool, date: str | None = None) -> str:
+    date = date or datetime.date.today().isoformat()
+    return f"{date}_{gpu_kind(gpu)}_{commit}" + ("_dry-run" if dry else "")
+
+
+def measured(docs: Path, out: Path, kind: str, commit: str) -> dict:
+    """{step: where} of the steps already "ok" for this commit on this GPU kind: the reports in docs and out."""
+    found = {}
+    files = sorted(docs.glob("*.json")) if docs.is_dir() else []
+    for f in files + [out / "report.json"]:
+        try:
+            rep = json.loads(f.read_text())
+        except (OSError, ValueError):
             continue
-        res = run_bounded(name, limit)
-        results[name] = res
-        summary.append(f"{name:<10} {res['status']:<8} {res['seconds']:>7.1f} s (limit {limit} s)  {what}")
-        out(summary[-1])
-    if not have_gpu:
-        line = f"calibrate: no usable GPU ({why}): the GPU steps were skipped; the CPU part ran"
-        summary.append(line)
-        out(line)
+        if not isinstance(rep, dict) or rep.get("commit") != commit or gpu_kind(rep.get("gpu")) != kind:
+            continue
+        for name, st in (rep.get("steps") or {}).items():
+            if st.get("status") == "ok":
+                found.setdefault(name, str(f))
+    return found
+
+
+def write_json(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def render_page(report: dict, title: str, command: str) -> str:
+    lines = [f"# {title}", "", f"- **GPU**: {report['gpu'] or 'none (CPU)'}", f"- **commit**: `{report['commit']}`",
+             f"- **command**: `{command}`", "", "| step | status | seconds | rows |", "|---|---|---|---|"]
+    for name, st in report["steps"].items():
+        lines.append(f"| [{name}](#{name}) | {st['status']} | {st['seconds']} | {len(st['rows'])} |")
+    for name, st in report["steps"].items():
+        lines += ["", f"## {name}", "", f"{st['status']}, {st['seconds']} s", "", "```"]
+        for r in st["rows"]:
+            text = json.dumps(r)
+            lines.append(text if len(text) <= 2000 else text[:2000] + " ...")
+        lines.append("```")
+    return "\n".join(lines) + "\n"
+
+
+def write_index(docs: Path) -> None:
+    """docs/README.md: one line per report page, newest first."""
+    rows = []
+    for f in sorted(docs.glob("*.json"), reverse=True):
+        try:
+            rep = json.loads(f.read_text())
+            counts = {s: sum(st["status"] == s for st in rep["steps"].values()) for s in STATUSES}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        date = f.stem.split("_")[0]
+        rows.append(f"| {date} | {rep['gpu'] or 'CPU'} | `{rep['commit']}` | "
+                    + " / ".join(str(counts[s]) for s in STATUSES) + f" | [{f.stem}]({f.stem}.md) |")
+    text = ["# GPU reports", "",
+            "One page per lease (date, GPU kind, commit), written by `python -m gpt2core.calibrate` (issue 48: "
+            "`gpt2core/runtime/calibrate.py`); each step's rows are in the page, its JSON beside it. A step measured "
+            "(ok) for a commit on a GPU kind is skipped by the next lease on that commit and kind unless named with "
+            "`--only`. The README's GPU figures link to the row that measured them.", "",
+            "| date | GPU | commit | ok / cut / skipped / failed | page |", "|---|---|---|---|---|", *rows]
+    (docs / "README.md").write_text("\n".join(text) + "\n")
+
+
+# ------------------------------------------------------------------------------------------ the driver
+def build_parser():
+    ap = cli.ArgumentParser(prog="python -m gpt2core.calibrate", description=__doc__.split("\n")[0])
+    ap.add_argument("--budget", type=cli.Float(0, 86400, lo_open=True), default=None, metavar="SECONDS",
+                    help="seconds for all the steps together (default: the sum of their bounds)")
+    ap.add_argument("--only", nargs="+", metavar="STEP", default=None,
+                    help="run these steps (in value order), measured or not")
+    ap.add_argument("--list", action="store_true", help="print the steps in order with their bounds, then exit")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="every step at tiny shapes (seconds each): what a lease would run, on this device")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="auto (default): cuda where a GPU is usable, else cpu")
+    ap.add_argument("--out", default="calibrate_out", help="the report folder (default calibrate_out)")
+    ap.add_argument("--docs", default=None, help="where the Markdown pages and their index go (default: "
+                                                 "docs/gpu of the source checkout on a GPU; else OUT)")
+    ap.add_argument("--data", default=None, help="learn: scripts/lease_data.py's folder (manifest.json + shards)")
+    ap.add_argument("--hellaswag", default=None, help="eval: HellaSwag's validation set (.txt, .jsonl or .npz)")
+    ap.add_argument("--core-bundle", default=None, help="eval: a CORE bundle (folder or zip)")
+    ap.add_argument("--commit", default=None, help="the commit measured (default: the checkout's; see above)")
+    return ap
+
+
+def list_steps(dry: bool, out=print) -> None:
+    for i, s in enumerate(steps(), 1):
+        out(f"{i:>2}. {s.name:<10} {bound_of(s, dry):>5.0f} s  {s.what}")
+
+
+def drive(args, log=print) -> tuple[int, dict]:
+    """Runs the steps for parsed args; (exit status, report)."""
+    all_steps = steps()
+    names = [s.name for s in all_steps]
+    if args.only:
+        bad = [n for n in args.only if n not in names]
+        if bad:
+            raise ArgError(f"--only: unknown step {bad[0]!r} (the steps: {', '.join(names)})")
+    for flag, path in (("--data", args.data), ("--hellaswag", args.hellaswag), ("--core-bundle", args.core_bundle)):
+        if path and not Path(path).exists():
+            raise ArgError(f"{flag} {path}: no such file or folder")
+    device, gpu, why = find_device(args.device)
+    commit = args.commit or code_commit(ROOT)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    checkout = (ROOT / "docs").is_dir() and (ROOT / "python" / "gpt2core").is_dir()
+    gpu_report = device == "cuda" and not args.dry_run and checkout
+    docs = Path(args.docs).resolve() if args.docs else (ROOT / "docs" / "gpu" if gpu_report else out)
+    docs.mkdir(parents=True, exist_ok=True)
+    kind = gpu_kind(gpu)
+    done = measured(docs, out, kind, commit)
+    name = page_name(gpu, commit, args.dry_run)
+    page_json = docs / f"{name}.json"
+    previous = json.loads(page_json.read_text()) if page_json.exists() else {}
+    report = {"gpu": gpu or None, "commit": commit, "steps": {}}
+    ctx = lease_steps.Ctx(device=device, dry=args.dry_run, python=list(PYTHON), root=str(ROOT),
+                          data=str(Path(args.data).resolve()) if args.data else None,
+                          hellaswag=str(Path(args.hellaswag).resolve()) if args.hellaswag else None,
+                          core_bundle=str(Path(args.core_bundle).resolve()) if args.core_bundle else None, gpu=gpu)
+    budget = args.budget if args.budget is not None else sum(bound_of(s, args.dry_run) for s in all_steps)
+    command = "python -m gpt2core.calibrate " + " ".join(sys.argv[1:]) if sys.argv[1:] else "(in-process)"
+    log(f"calibrate: {gpu or 'CPU'} ({kind}), device {device}, commit {commit}, budget {budget:.0f} s"
+        + (", dry run" if args.dry_run else "") + (f"; {why}" if why else ""))
+    t_start = time.perf_counter()
+    status, measured_here = 0, set()
+    for s in all_steps:
+        if args.only and s.name not in args.only:
+            continue
+        left = budget - (time.perf_counter() - t_start)
+        if not args.only and s.name in done:
+            res = {"status": "skipped", "seconds": 0.0, "rows": [{"skipped": f"measured for {commit} on {kind}: "
+                                                                             f"{done[s.name]}"}]}
+            measured_here.add(s.name)
+        elif device == "cpu" and not args.dry_run and s.name != "doctor":
+            res = {"status": "skipped", "seconds": 0.0,
+                   "rows": [{"skipped": f"{why}: the GPU steps need one (--dry-run runs them at tiny shapes)"}]}
+        elif left < MIN_STEP_S:
+            res = {"status": "skipped", "seconds": 0.0,
+                   "rows": [{"skipped": f"the budget is spent ({left:.0f} s left of {budget:.0f})"}]}
+        else:
+            bound = min(bound_of(s, args.dry_run), left)
+            res = run_bounded(s.name, bound, ctx, out / "steps" / s.name)
+            if res["status"] == "failed":
+                status = 1
+        report["steps"][s.name] = res
+        log(f"{s.name:<10} {res['status']:<8} {res['seconds']:>7.1f} s  {len(res['rows'])} rows  {s.what}")
+        write_json(out / "report.json", report)
+        # the page: this run's steps over the earlier lease's of the same page, whose measurements stay
+        merged = {**report, "steps": {**previous.get("steps", {}), **{n: st for n, st in report["steps"].items()
+                                                                      if n not in measured_here}}}
+        write_json(page_json, merged)
+        title = f"GPU report: {gpu or 'CPU'}, commit {commit}" + (" (dry run)" if args.dry_run else "")
+        (docs / f"{name}.md").write_text(render_page(merged, title, command))
+    write_index(docs)
+    log(f"calibrate: wrote {out / 'report.json'} and {docs / (name + '.md')}")
+    return status, report
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list:
+        list_steps(args.dry_run)
+        return 0
+    return drive(args)[0]
+
+
+def calibrate(report, out=print) -> int:
+    """`gpt2core-doctor --calibrate --report FILE`: the driver with its defaults (every step within its bound;
+    without a GPU the doctor alone), the report written to FILE as well (and a one-line-per-step summary beside
+    it, FILE.txt)."""
     report = Path(report)
-    report.write_text(json.dumps({"gpu": have_gpu, "why_no_gpu": why or None, "steps": results}, indent=1,
-                                 default=str))
-    report.with_suffix(".txt").write_text("\n".join(summary) + "\n")
-    out(f"calibrate: wrote {report} and {report.with_suffix('.txt')}")
-    return 0 if all(r["status"] in ("ok", "skipped") for r in results.values()) else 1
+    args = build_parser().parse_args(["--out", str(report.with_suffix(""))])
+    status, rep = drive(args, out)
+    write_json(report, rep)
+    report.with_suffix(".txt").write_text("".join(f"{n} {st['status']} {st['seconds']} s\n"
+                                                  for n, st in rep["steps"].items()))
+    return status
 
 
-if __name__ == "__main__":  # one step, its result as the last line of stdout (JSON)
-    result = run_step(sys.argv[1])
-    print(json.dumps(result, default=lambda o: o.hex() if isinstance(o, bytes) else str(o)))
-    sys.exit(0 if result.get("ok", True) is not False else 1)
+console = cli.entry("python -m gpt2core.calibrate", main)
+
+if __name__ == "__main__":
+    sys.exit(console())
