@@ -5,18 +5,21 @@ is the (padded_vocab_size, n_embd) token embedding, and writing into it changes 
 """
 from __future__ import annotations
 
-import functools
 import math
-import numbers
 import threading
 
 import numpy as np
 
 from .. import _C
-from ..formats import llmc, pretrained
 from ..config import GPT2Config, TrainConfig, get_preset
 from .. import cli
 from ..errors import ArgError, Error
+from .checks import (_grad_scale, check_group_lrs, check_loss_scale_args,  # noqa: F401
+                     check_muon_args, check_step_args)
+from .files import Files
+from .generation import Generation
+from .sharding import FlatBuffers
+from .threads import locked as _locked
 
 # the tensors that are residual projections: init scaled by 1/sqrt(2 * n_layer) (GPT-2 paper, sec. 2.3)
 _RESIDUAL_PROJ = ("attprojw", "fcprojw")
@@ -64,15 +67,6 @@ class _Views(dict):
                         "in place")
 
     update = setdefault = pop = popitem = clear = _refuse
-
-
-def _locked(method):
-    """The method runs under the model's lock (GPT2.lock): one call at a time on the model's buffers."""
-    @functools.wraps(method)
-    def run(self, *args, **kwargs):
-        with self.lock:
-            return method(self, *args, **kwargs)
-    return run
 
 
 def _check_device(device: str) -> str:
@@ -138,7 +132,7 @@ def as_tokens(a, name: str) -> np.ndarray:
     return out
 
 
-class GPT2:
+class GPT2(Generation, Files, FlatBuffers):
     """GPT-2 (pre-LN, tanh GELU, tied lm_head) trained by the C++ core; or, by the config's architecture fields
     (GPT2Config.modern), the speedrun-era model: rotary positions, RMSNorm, QK-norm, ReLU^2, no biases, an untied
     head, zero-initialised projections, soft-capped logits. `params` holds exactly the tensors the config has.
@@ -250,19 +244,6 @@ class GPT2:
         (re-entrant). Writing into self.params from one thread while another computes is a race, as in PyTorch."""
         lock = self.__dict__.get("_lock")
         return lock if lock is not None else self.__dict__.setdefault("_lock", threading.RLock())
-
-    @property
-    def kv_cache_limit(self) -> int | None:
-        """Bytes the KV cache (keys and values of every live stream and generate call) may grow to; None (default):
-        90% of the memory free when it grows (CPU), what the GPU can allocate (CUDA). Beyond it a new stream raises
-        inference.KVCacheFull naming the live streams: close() the ones no longer read."""
-        from . import engine
-        return engine.SlotPool.of(self).limit
-
-    @kv_cache_limit.setter
-    def kv_cache_limit(self, nbytes: int | None) -> None:
-        from . import engine
-        engine.SlotPool.of(self).limit = None if nbytes is None else cli.Int(0).check(nbytes, "kv_cache_limit")
 
     # ------------------------------------------------------------------ parameters
     @property
@@ -418,33 +399,6 @@ class GPT2:
         """AdamW first and second moments by name (numpy views)."""
         return self._m.adam_m(), self._m.adam_v()
 
-    # ------------------------------------------------------------------ files (formats: llmc.py, pretrained.py)
-    @classmethod
-    def from_pretrained(cls, path, device: str = "cpu", padded_vocab_size: int | None = None,
-                        training: bool = True) -> "GPT2":
-        """Load a Hugging Face GPT-2 directory (config.json + model.safetensors or pytorch_model.bin), a
-        Hub name such as "gpt2" (needs huggingface_hub and network), an llm.c model file (v3/v5) or a
-        gpt2core checkpoint directory (weights only). padded_vocab_size: for HF models (default: vocab
-        rounded up to 128). Problems raise CheckpointError naming the file. training=False: inference-only (see
-        __init__)."""
-        config, flat, source = pretrained.read_weights(path, padded_vocab_size)
-        model = cls(config, device=device, init=False, training=training)
-        llmc.fill_params(model, flat, source)
-        return model
-
-    def save_pretrained(self, path):
-        """Write a Hugging Face GPT-2 directory (config.json + model.safetensors) that transformers'
-        GPT2LMHeadModel.from_pretrained loads; the padded vocab rows are dropped. A model with the modern
-        architecture is refused (ValueError naming the fields GPT-2's format cannot represent)."""
-        return pretrained.save_pretrained(self, path)
-
-    def save(self, path, dtype: str = "float32", format: str = "auto"):
-        """Write an llm.c model file: dtype "float32" (version 3) or "bfloat16" (version 5). A model with the
-        modern architecture is written in gpt2core's extension of the format (versions 1003 / 1005: the full
-        config in the header; load_model reads it, llm.c refuses it); format="llmc" demands llm.c's own format and
-        refuses such a model, naming the fields llm.c cannot represent."""
-        return llmc.save_model(self, path, dtype=dtype, format=format)
-
     # ------------------------------------------------------------------ compute
     def forward(self, idx, targets=None, return_logits: bool = False):
         """Mean cross-entropy of predicting targets from idx (NaN without targets); with return_logits
@@ -584,167 +538,6 @@ class GPT2:
         param_uses_muon); every other tensor is AdamW's."""
         return tuple(_C.muon_param_names())
 
-    # ------------------------------------------------------------------ flat buffers (data parallel, ZeRO-1)
-    def flat_params(self) -> np.ndarray:
-        """All parameters as one vector (a view, param_names() order): what collectives send."""
-        return self._m.flat_params()
-
-    def flat_grads(self) -> np.ndarray:
-        """All gradients as one vector (a view, the layout of flat_params)."""
-        return self._m.flat_grads()
-
-    @_locked
-    def grad_sum_squares(self, lo: int, hi: int) -> float:
-        """sum(g**2) over flat_grads()[lo:hi], accumulated in float64."""
-        if isinstance(self._m, _C.ModelF64):  # the core's routine serves float32 master gradients
-            g, total = self._m.flat_grads()[lo:hi], 0.0
-            for i in range(0, g.size, 1 << 20):  # chunk by chunk: no full-size temporary
-                c = g[i:i + (1 << 20)]
-                total += float(np.dot(c, c))
-            return total
-        return _C.dist.grad_sum_squares(self._m, lo, hi)
-
-    def alloc_optimizer_state(self, n: int) -> np.ndarray:
-        """n zeros in the backend's memory (device memory on GPUs), in the optimizer state's dtype."""
-        if isinstance(self._m, _C.ModelF64):
-            return np.zeros(n, dtype=np.float64)
-        return _C.dist.alloc_state(self._m, n)
-
-    @_locked
-    def adamw_range(self, lo: int, hi: int, m: np.ndarray, v: np.ndarray, lr: float, beta1: float, beta2: float,
-                    eps: float, weight_decay: float, step: int, grad_clip: float, sum_squares: float) -> None:
-        """AdamW on parameters [lo, hi) of flat_params() only, with moments m, v of length hi - lo (ZeRO-1's
-        shard): weight decay on 2-D weights, bias correction for `step`, the gradients clipped as step() clips
-        them to grad_clip (0: none) by the global norm sqrt(sum_squares), the sum over ALL gradients (every
-        rank's shard). Nothing is written when that norm is not finite."""
-        self._m.adamw_update_range(lo, hi, m, v, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
-                                   step=step, grad_clip=grad_clip, sum_squares=sum_squares)
-
-    def grad_allreducer(self, comm):
-        """A _C.dist.GradAllreducer over comm for this model: its backward(scale) is this model's backward,
-        with each group of final gradients averaged over the ranks while the rest of backward runs
-        (float32, bf16 and fp16 models)."""
-        return _C.dist.GradAllreducer(comm, self._m)
-
-    # ------------------------------------------------------------------ sampling (engine.py)
-    def generate(self, idx, max_new_tokens: int, top_k: int | None = 50, temperature: float = 1.0, seed=0,
-                 top_p: float | None = None, stop=None, stream: bool = False):
-        """Sample continuations of prompts through the KV-cache inference path (gpt2core.inference).
-
-        idx: int ids (T,) or (B, T), or a list of prompts of different lengths (lists of ids). Each sequence
-        stops after max_new_tokens, at <|endoftext|> (50256) or the chat format's <|assistant_end|> (50260) when the
-        vocabulary has them, or once its generated
-        text contains one of `stop` (a string or a list; the ids up to the token completing it are kept).
-        Sampling: logits / temperature (> 0), the top_k most likely (0 or None: all; 1: greedy), then the
-        smallest set whose probability reaches top_p (None: off). Seeded: the same seed gives the same ids.
-        max_new_tokens, top_k, temperature, top_p and seed may also be one value per prompt.
-
-        Returns (B, T + max_new_tokens) int32 ids for an array idx (a sequence that stopped early is padded with
-        <|endoftext|>), a list of 1-D arrays (prompt + generated) for a list of prompts; with stream=True an
-        inference.Stream, an iterator that yields, per step, the (B,) ids just made (-1 for a sequence that had
-        already stopped); it owns its KV-cache slots until it ends, close() or garbage collection, so live streams
-        and other calls on the model do not disturb each other (see `lock`; inference.KVCacheFull beyond
-        kv_cache_limit)."""
-        from . import engine
-        return engine.generate(self, idx, max_new_tokens, top_k=top_k, temperature=temperature, seed=seed,
-                                  top_p=top_p, stop=stop, stream=stream)
-
-    def chat(self, messages, max_new_tokens: int = 256, top_k: int | None = 50, temperature: float = 1.0,
-             top_p: float | None = None, seed: int = 0, stream: bool = False):
-        """The assistant's reply to a conversation (OpenAI's messages: [{"role": "system" | "user" | "assistant",
-        "content": str}, ...]), rendered by gpt2core.chat and generated up to the model's <|assistant_end|> (at most
-        max_new_tokens, and no further than the context holds). Sampling as generate. Returns the reply's text, or
-        with stream=True an iterator of its pieces as they are made. The model must have been fine-tuned on the chat
-        format (gpt2core-train --sft): a vocabulary without the chat tokens is refused (ArgError)."""
-        from .. import chat
-        return chat.generate_reply(self, messages, max_new_tokens, top_k=top_k, temperature=temperature,
-                                   top_p=top_p, seed=seed, stream=stream)
-
-    @property
-    def inference_weights(self) -> str:
-        """The weights decode reads: "fp32", or "bf16" / "fp16" (16-bit copies widened to fp32 in registers: half
-        the bytes per token), or "int8" (8-bit: each matrix row in blocks of 32 inputs with one fp32 scale per
-        block, max|w| / 127, the int8 values rounded to nearest; dequantised in registers: 1.125 bytes per weight);
-        CPU, inference-only models. Setting "bf16", "fp16" or "int8" rounds the model's matrices (wte, qkvw,
-        attprojw, fcw, fcprojw, an untied lm_head) to that type in self.params too, so prefill and decode agree."""
-        return ("fp32", "bf16", "fp16", "int8")[self._m.weights16]
-
-    @inference_weights.setter
-    def inference_weights(self, kind: str) -> None:
-        kinds = {"fp32": 0, "bf16": 1, "fp16": 2, "int8": 3}
-        if kind not in kinds:
-            raise ValueError(f"inference_weights must be 'fp32', 'bf16', 'fp16' or 'int8', got {kind!r}")
-        if kind != "fp32" and (self.training or self.device != "cpu"):
-            raise ValueError(f"inference_weights={kind!r} needs an inference-only CPU model (load_model(path, "
-                             "training=False) or GPT2(..., training=False)): it rounds the weights")
-        with self.lock:
-            self._m.weights16 = kinds[kind]
-
-    def _inference_engine(self, batch: int, max_len: int):
-        """The engine generate runs on: the core's KV cache where the backend has it, else the full forward."""
-        from . import engine
-        if hasattr(self._m, "kv_prefill") and self._m.kv_supported:
-            return engine.KVEngine(self, batch, max_len)
-        return engine.ForwardEngine(self, batch, max_len)
-
-
-def check_step_args(lr, weight_decay, beta1, beta2, eps, grad_clip) -> None:
-    """ValueError naming the argument unless every AdamW hyperparameter is a finite real number in its range:
-    lr >= 0, weight_decay >= 0, 0 <= beta1, beta2 < 1, eps > 0, grad_clip >= 0 or None (no clipping). One
-    NaN or Inf here would turn every weight into NaN in a single step."""
-    for name, v in (("lr", lr), ("weight_decay", weight_decay), ("beta1", beta1), ("beta2", beta2), ("eps", eps),
-                    ("grad_clip", 0.0 if grad_clip is None else grad_clip)):
-        _STEP_CHECKS[name].check(v, name)
-
-
-# the core computes the update in float32: each hyper-parameter must survive the rounding (lr=1e39 is inf there,
-# eps=1e-50 is 0, beta2=0.999999999 is 1.0), else one step turns every weight into NaN
-_STEP_CHECKS = {
-    "lr": cli.Float(0, float32=True, what="a finite number in [0, inf) representable in float32"),
-    "weight_decay": cli.Float(0, float32=True, what="a finite number in [0, inf) representable in float32"),
-    "beta1": cli.Float(0, 1, hi_open=True, float32=True, what="a finite number in [0, 1) in float32"),
-    "beta2": cli.Float(0, 1, hi_open=True, float32=True, what="a finite number in [0, 1) in float32"),
-    "eps": cli.Float(0, lo_open=True, float32=True, what="a finite number in (0, inf) representable in float32"),
-    "grad_clip": cli.Float(0, float32=True, what="a finite number in [0, inf) (0 or None: off) in float32"),
-}
-
-
-def _grad_scale(v) -> float:
-    return cli.Float(what="a finite number").check(v, "grad_scale")
-
-
-def check_muon_args(muon_lr, muon_momentum, muon_weight_decay, muon_ns_steps) -> None:
-    """ValueError naming the argument unless Muon's settings are in range: muon_lr >= 0, 0 <= muon_momentum < 1,
-    muon_weight_decay >= 0 (finite), muon_ns_steps an integer in [0, 100]."""
-    ranges = {"muon_lr": (muon_lr, 0.0, math.inf, "[0, inf)"), "muon_momentum": (muon_momentum, 0.0, 1.0, "[0, 1)"),
-              "muon_weight_decay": (muon_weight_decay, 0.0, math.inf, "[0, inf)")}
-    for name, (v, lo, hi, text) in ranges.items():
-        if not (isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and lo <= v < hi):
-            raise ValueError(f"{name} must be a finite number in {text}, got {v!r}")
-    if isinstance(muon_ns_steps, bool) or not isinstance(muon_ns_steps, numbers.Integral) or \
-            not 0 <= muon_ns_steps <= 100:
-        raise ValueError(f"muon_ns_steps must be an integer in [0, 100], got {muon_ns_steps!r}")
-
-
-def check_group_lrs(optimizer, embedding_lr, head_lr) -> None:
-    """ValueError naming the argument unless the AdamW group LRs are None or in range (as lr), and only given with
-    optimizer="muon" (under AdamW alone every tensor takes lr)."""
-    for name, v in (("embedding_lr", embedding_lr), ("head_lr", head_lr)):
-        if v is None:
-            continue
-        if optimizer != "muon":
-            raise ValueError(f"{name} is a group LR of optimizer='muon' (with {optimizer!r} every tensor takes lr)")
-        _STEP_CHECKS["lr"].check(v, name)
-
-
-def check_loss_scale_args(init, interval) -> None:
-    """ValueError naming the argument unless the loss scaler's initial scale is a finite number > 0 and its growth
-    interval an integer >= 1."""
-    if isinstance(init, bool) or not isinstance(init, numbers.Real) or not (math.isfinite(init) and init > 0):
-        raise ValueError(f"loss_scale_init must be a finite number > 0 (e.g. 65536 = 2**16), got {init!r}")
-    if isinstance(interval, bool) or not isinstance(interval, numbers.Integral) or not 1 <= interval < 2**31:
-        raise ValueError(f"loss_scale_interval must be an integer >= 1 (steps without overflow before the scale "
-                         f"doubles), got {interval!r}")
 
 
 def load_model(path, training: bool = False, device: str = "cpu", padded_vocab_size: int | None = None,
