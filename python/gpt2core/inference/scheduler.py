@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import functools
 import logging
 import math
 import queue
@@ -48,130 +47,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import tokenizer
+from .logprobs import LogprobsPiece, log_softmax, token_text, top_alternatives  # noqa: F401
+from .slots import ModelThread, SlotEngine  # noqa: F401  (the model side: serve.py takes them from here)
 
 log = logging.getLogger("gpt2core.serve")
 SEED_MAX = 2**63 - 1
 SHUTDOWN = "the server is shutting down"
 _GOLDEN = 0x9E3779B97F4A7C15
-
-
-# ------------------------------------------------------------------------------------------------ the model thread
-class ModelThread:
-    """One daemon thread that runs what it is given, in order: gpt2core-serve loads the model, reserves the KV cache
-    and runs the scheduler's loop in it, so that ONE thread makes every OpenMP call of the process.
-
-    Why: GNU OpenMP keeps a pool of worker threads per thread that has started a parallel region. Once two threads
-    have pools (the main thread loaded the model, the scheduler's thread decodes), the process holds more OpenMP
-    threads than cores, and libgomp stops letting its idle workers spin before they sleep; every small parallel
-    region of a decode step then waits for its workers to wake. Measured on 2 cores, d12, one decode step: 16.7 ms
-    (fp32) and 6.5 ms (int8) from the thread that loaded the model, 34 ms and 25 ms from another thread, 21.6 ms and
-    8.4 ms when that other thread did everything (the bench's serve numbers in the issue note)."""
-
-    def __init__(self, name: str = "gpt2core-serve-model"):
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
-        self._thread.start()
-
-    def _work(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            fn, future = item
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn())
-                except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
-                    future.set_exception(e)
-
-    def submit(self, fn, *args, **kwargs):
-        """fn(*args, **kwargs) in the thread, after what was submitted before: a concurrent.futures.Future."""
-        future = concurrent.futures.Future()
-        self._q.put((functools.partial(fn, *args, **kwargs), future))
-        return future
-
-    def call(self, fn, *args, **kwargs):
-        """fn(*args, **kwargs) in the thread; its result here (or its exception raised here)."""
-        return self.submit(fn, *args, **kwargs).result()
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def close(self) -> None:
-        """The thread ends once what was submitted has run."""
-        self._q.put(None)
-
-
-# ------------------------------------------------------------------------------------------------ the engine
-class SlotEngine:
-    """The core's KV-cache slot API for the scheduler: `slots` sequences of up to `max_len` tokens, reserved once.
-    The slots are taken from the model's SlotPool (gpt2core.inference: the scheduler's slot i is the core's slot
-    self.core_slots[i]), so that streams, generate calls or forwards of the same model elsewhere never share one;
-    `lock` is the model's lock, held by the scheduler around each iteration."""
-
-    def __init__(self, model, slots: int, max_len: int):
-        from ..model import engine as inference
-        self.m = model._m
-        if not (hasattr(self.m, "kv_free") and self.m.kv_supported):
-            raise ValueError(f"the {model.device} backend of this model has no KV-cache inference ops: the server "
-                             "needs them")
-        self.V = model.config.vocab_size
-        self.lock = inference.model_lock(model)
-        with self.lock:
-            self.core_slots = np.asarray(inference.SlotPool.of(model).acquire(slots, max_len, model.config), np.int32)
-        self.slots, self.max_len = slots, max_len
-
-    def prefill(self, slots, chunks, starts, all_logits: bool = False) -> None:
-        Tq = max(len(c) for c in chunks)
-        x = np.zeros((len(chunks), Tq), dtype=np.int32)
-        for i, c in enumerate(chunks):
-            x[i, :len(c)] = c
-        self.m.kv_prefill(x, np.array([len(c) for c in chunks], np.int32), self.core_slots[np.asarray(slots)],
-                          all_logits, np.asarray(starts, np.int32))
-
-    def decode(self, slots, tokens) -> None:
-        self.m.kv_decode(np.asarray(tokens, np.int32), self.core_slots[np.asarray(slots)])
-
-    def sample(self, temperature, top_k, top_p, seed, step) -> np.ndarray:
-        n = len(temperature)
-        return self.m.kv_sample([float(t) for t in temperature], [int(k) for k in top_k], [float(p) for p in top_p],
-                                [int(s) for s in seed], [0] * n, [int(i) for i in step])
-
-    def logits(self) -> np.ndarray:
-        """The last call's logits (rows, vocab_size), float64."""
-        return np.asarray(self.m.kv_logits()[:, :self.V], dtype=np.float64)
-
-    def free(self, slot: int) -> None:
-        self.m.kv_free(int(self.core_slots[slot]))
-
-
-def log_softmax(z: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float64."""
-    z = np.asarray(z, dtype=np.float64)
-    m = z.max(axis=-1, keepdims=True)
-    return z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))
-
-
-def token_text(t: int) -> str:
-    """A token as OpenAI's logprobs name it: its text, or "bytes:\\xNN..." when its bytes are not whole UTF-8."""
-    b = tokenizer.get_encoding().decode_single_token_bytes(int(t))
-    try:
-        return b.decode("utf-8")
-    except UnicodeDecodeError:
-        return "bytes:" + "".join(f"\\x{c:02x}" for c in b)
-
-
-def top_alternatives(lp: np.ndarray, k: int) -> dict:
-    """{token text: log-probability} of the k most likely tokens of one row of log-probabilities (most likely first;
-    ties towards the lower id)."""
-    if k <= 0:
-        return {}
-    idx = np.argpartition(-lp, k - 1)[:k]
-    idx = idx[np.lexsort((idx, -lp[idx]))]
-    out = {}
-    for t in idx:
-        out.setdefault(token_text(int(t)), float(lp[t]))
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ requests
@@ -264,7 +146,7 @@ class _Seq:
         # entries wait in echo_text / pending_lp until the first generated token's (or the prompt's end)
         self.echo_lp = p.echo and p.logprobs is not None
         self.echo_text: str | None = None
-        self.pending_lp: _LogprobsPiece | None = None
+        self.pending_lp: LogprobsPiece | None = None
 
     def chunk_end(self, chunk: int) -> int:
         """Where the next prefill chunk of the prompt ends: chunks at multiples of `chunk` (an echoed prompt's
@@ -465,7 +347,7 @@ class Scheduler:
             return
         t0 = int(s.prompt[0])
         s.echo_text = text
-        s.pending_lp = _LogprobsPiece()
+        s.pending_lp = LogprobsPiece()
         s.pending_lp.add(token_text(t0), None, None, 0)
         s.offset = len(tokenizer.decode([t0]))
 
@@ -578,7 +460,7 @@ class Scheduler:
         self.stats.tokens += 1
         piece = None
         if lp_row is not None:
-            piece = s.pending_lp or _LogprobsPiece()
+            piece = s.pending_lp or LogprobsPiece()
             s.pending_lp = None
             piece.add(token_text(t), float(lp_row[t]), top_alternatives(lp_row, s.p.logprobs), s.offset)
         if t in tokenizer.END_IDS:  # <|endoftext|>, or a chat model's <|assistant_end|>
@@ -625,18 +507,3 @@ class Scheduler:
         self.stats.running = len(self._running)
 
 
-class _LogprobsPiece:
-    """OpenAI's legacy logprobs object for some tokens: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}."""
-
-    def __init__(self):
-        self.tokens, self.token_logprobs, self.top_logprobs, self.text_offset = [], [], [], []
-
-    def add(self, token: str, logprob, top, offset: int) -> None:
-        self.tokens.append(token)
-        self.token_logprobs.append(logprob)
-        self.top_logprobs.append(top)
-        self.text_offset.append(offset)
-
-    def as_dict(self) -> dict:
-        return {"tokens": self.tokens, "token_logprobs": self.token_logprobs, "top_logprobs": self.top_logprobs,
-                "text_offset": self.text_offset}
