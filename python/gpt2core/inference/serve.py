@@ -47,8 +47,6 @@ block_size.
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
 import json
 import logging
 import math
@@ -63,6 +61,8 @@ from pathlib import Path
 
 from .. import chat, cli, tokenizer
 from ..errors import ArgError, Error
+from .auth import API_KEY_ENV, APIKeyGate, is_loopback, read_api_keys  # noqa: F401
+from .metrics import Metrics
 from .protocol import (MAX_BODY, MAX_DEPTH, APIError, ChatShape, Completion, ModelCard, ModelList,  # noqa: F401
                        TextShape, Usage, bad_request, dump, json_depth, parse_chat_completion, parse_completion,
                        too_large)
@@ -119,117 +119,6 @@ async def read_body(request, limit: int = MAX_BODY, timeout: float = BODY_TIMEOU
         raise APIError(408, f"the request body did not arrive within {timeout:g} s", None, "request_timeout") from None
     except ClientDisconnect:
         raise ClientGone() from None
-
-
-# ------------------------------------------------------------------------------------------------ metrics
-class Metrics:
-    """GET /metrics (--metrics) in Prometheus' text format through prometheus-client, in a registry of this app's
-    own: counts and timings only, never a prompt's or a completion's text."""
-
-    def __init__(self, sched, engine_slots: int):
-        try:
-            import prometheus_client as pc
-        except ImportError:  # pragma: no cover - the [serve] extra is missing
-            raise Error("--metrics needs prometheus-client: pip install 'gpt2core[serve]'") from None
-        self.pc = pc
-        self.registry = r = pc.CollectorRegistry()
-        self.requests = pc.Counter("gpt2core_requests", "Completion requests answered, by HTTP status",
-                                   ["status"], registry=r)
-        self.prompt = pc.Counter("gpt2core_prompt_tokens", "Prompt tokens prefilled", registry=r)
-        self.generated = pc.Counter("gpt2core_generation_tokens", "Tokens generated", registry=r)
-        pc.Gauge("gpt2core_sequences_running", "Sequences in KV-cache slots", registry=r).set_function(
-            sched.running)
-        pc.Gauge("gpt2core_requests_waiting", "Requests queued for a slot", registry=r).set_function(sched.waiting)
-        pc.Gauge("gpt2core_sequences_waiting", "Their sequences (one per prompt)", registry=r).set_function(
-            sched.waiting_sequences)
-        pc.Gauge("gpt2core_slots_used", "KV-cache slots in use", registry=r).set_function(sched.slots_used)
-        pc.Gauge("gpt2core_slots", "KV-cache slots (--max-batch)", registry=r).set(engine_slots)
-        self.ttft = pc.Histogram("gpt2core_time_to_first_token_seconds", "From a request's arrival to its first "
-                                 "token", registry=r, buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
-        self.itl = pc.Histogram("gpt2core_inter_token_latency_seconds", "Between a sequence's successive tokens",
-                                registry=r, buckets=(.005, .01, .02, .04, .08, .16, .32, .64, 1.28, 2.56))
-
-    def observe_ttft(self, s: float) -> None:
-        self.ttft.observe(s)
-
-    def observe_itl(self, s: float) -> None:
-        self.itl.observe(s)
-
-    def generated_tokens(self, n: int) -> None:
-        self.generated.inc(n)
-
-    def prompt_tokens(self, n: int) -> None:
-        self.prompt.inc(n)
-
-    def answered(self, status: int) -> None:
-        self.requests.labels(str(status)).inc()
-
-    def render(self) -> bytes:
-        return self.pc.generate_latest(self.registry)
-
-
-# ------------------------------------------------------------------------------------------------ API keys
-API_KEY_ENV = "GPT2CORE_API_KEY"
-
-
-def read_api_keys(path: str | None, env: dict | None = None) -> list[str]:
-    """The keys the server accepts: one a line of `path` (--api-key-file; blank lines and lines starting with #
-    skipped) and the environment variable GPT2CORE_API_KEY (a key on the command line would show in `ps`)."""
-    keys = []
-    if path is not None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ArgError(f"--api-key-file {path}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
-        keys = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-        if not keys:
-            raise ArgError(f"--api-key-file {path}: no key in it (one key a line)")
-    env_key = (os.environ if env is None else env).get(API_KEY_ENV, "").strip()
-    if env_key:
-        keys.append(env_key)
-    return keys
-
-
-class APIKeyGate:
-    """ASGI middleware: every route but GET /health and the page at GET / (a static file; it asks for the key and
-    sends it with its requests, as a browser cannot on a page load) needs `Authorization: Bearer <key>`, compared
-    with each key in constant time; otherwise 401 in OpenAI's error shape."""
-
-    OPEN = {("GET", "/health"), ("HEAD", "/health"), ("GET", "/"), ("HEAD", "/")}
-
-    def __init__(self, app, keys: list[str]):
-        self.app = app
-        self.keys = [k.encode() for k in keys]
-
-    def allowed(self, header: bytes | None) -> bool:
-        if header is None or not header[:7].lower() == b"bearer ":
-            return False
-        given = header[7:].strip()
-        ok = False
-        for k in self.keys:  # every key compared, whatever matched: the time does not say which
-            ok |= hmac.compare_digest(given, k)
-        return ok
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or (scope["method"], scope["path"]) in self.OPEN or scope["method"] == "OPTIONS":
-            return await self.app(scope, receive, send)
-        header = dict(scope["headers"]).get(b"authorization")
-        if self.allowed(header):
-            return await self.app(scope, receive, send)
-        msg = "a valid API key is required: send Authorization: Bearer <key>" if header is None else \
-            "incorrect API key provided"
-        body = json.dumps(APIError(401, msg, None, "invalid_api_key").body()).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"www-authenticate", b"Bearer")]})
-        await send({"type": "http.response.body", "body": body})
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 # ------------------------------------------------------------------------------------------------ the app
