@@ -17,15 +17,15 @@
 #
 # Before training, the script prints the memory plan of the command (gpt2core-train --plan: bytes per GPU by
 # part, the largest micro-batch that fits this GPU's free memory, which memory options fit) and stops with its
-# one-line suggestion when the run does not fit. The plans for common cards are in the README ("Memory: what
-# fits"). Environment knobs (defaults in brackets):
+# one-line suggestion when the run does not fit. The plans for common cards are in docs/training/memory.md
+# ("Memory and scale"). Environment knobs (defaults in brackets):
 #   NGPU [8]  B [llm.c's]  T [1024]  RECOMPUTE [none]  ZERO [1 with NGPU > 1, else 0]  OFFLOAD [none]  DATA
 #   HELLASWAG  OUT
 #   LAUNCHER [auto: torchrun if installed, else python -m gpt2core.launch]  PYTHON [python]  DEVICE [cuda]
 #   GPU_MEMORY [the GPU's free memory]: the plan's budget per GPU, e.g. 24GiB
 # Examples:
 #   scripts/train_gpt2_350m.sh                                   # 8 GPUs, llm.c's run
-#   NGPU=1 B=8 RECOMPUTE=layer scripts/train_gpt2_350m.sh        # one RTX 3080 10 GB (see the README's plan)
+#   NGPU=1 B=8 RECOMPUTE=layer scripts/train_gpt2_350m.sh        # one RTX 3080 10 GB (docs/training/memory.md's plan)
 #   NGPU=2 B=4 RECOMPUTE=layer scripts/train_gpt2_1558m.sh       # two RTX 4090 24 GB, ZeRO-1
 #   NGPU=2 B=8 RECOMPUTE=layer ZERO=2 scripts/train_gpt2_1558m.sh   # the same with ZeRO-2 (gradients sharded)
 #   NGPU=1 B=16 RECOMPUTE=layer OFFLOAD=optimizer scripts/train_gpt2_1558m.sh   # one RTX 4090: AdamW on the host

@@ -84,7 +84,8 @@ def test_every_page_is_in_the_nav():
     docs = ROOT / "docs"
     pages = {str(p.relative_to(docs)) for p in docs.rglob("*.md")}
     missing = sorted(pages - nav_pages())
-    assert not missing, f"pages no reader can reach from the navigation: {missing}"
+    assert not missing, (f"pages no reader can reach from the navigation: {missing}; add each to mkdocs.yml's nav "
+                         "(a GPU report: under Measurements)")
 
 
 def test_readme_is_short_and_keeps_the_set_up_commands():

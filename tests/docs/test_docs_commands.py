@@ -132,7 +132,8 @@ def test_parser_takes_the_marked_block_only():
 
 
 def test_parser_ignores_a_marker_shown_inside_another_block():
-    text = "````markdown\n<!-- runnable -->\n```bash\necho shown\n```\n````\n\n<!-- runnable -->\n~~~sh\necho ran\n~~~\n"
+    text = ("````markdown\n<!-- runnable -->\n```bash\necho shown\n```\n````\n"
+            "\n<!-- runnable -->\n~~~sh\necho ran\n~~~\n")
     assert runnable_blocks(text) == [(10, "echo ran\n")]
 
 

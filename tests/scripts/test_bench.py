@@ -115,7 +115,7 @@ def test_cpu_peak_is_measured_then_cached(tmp_path):
 def test_compare_native_alternates_the_two_builds():
     """--compare-native runs the installed package and the same package over another _C in alternating child
     processes and prints both medians and their ratio. Here the "native" module is the installed one (building
-    the -march=native core would cost CI minutes); the real comparison is in the README's figures."""
+    the -march=native core would cost CI minutes); the real comparison is in docs/measurements/cpu.md."""
     out = bench(*TINY, "--compare-native", "--rounds", "2", "--native-module", _C.__file__).stdout
     rounds = re.findall(r"^round ([12]) (portable|native)\s+\((\S+)\): ([0-9.]+) ms/step$", out, re.M)
     assert [(r[0], r[1]) for r in rounds] == [("1", "portable"), ("1", "native"), ("2", "portable"), ("2", "native")], out
