@@ -463,6 +463,17 @@ class ArgumentParser(argparse.ArgumentParser):
     def format_help(self) -> str:  # the exit codes as a table, whatever the formatter does to the epilog
         return super().format_help().rstrip("\n") + "\n\n" + EXIT_CODES_HELP + "\n"
 
+    _MINUS_VALUE = re.compile(r"-\.?[0-9]")
+
+    def _parse_optional(self, arg_string):
+        # A word that starts with a minus sign and a digit ("-5GiB", "-1e-3", "-.5") is a value, so that the flag
+        # before it answers with its own message ("--gpu-memory must be a positive size, got '-5GiB'"); argparse
+        # alone takes only plain negative numbers as values and says "expected one argument". No flag of gpt2core
+        # starts with a digit.
+        if self._MINUS_VALUE.match(arg_string) and not self._has_negative_number_optionals:
+            return None
+        return super()._parse_optional(arg_string)
+
 
 # ---------------------------------------------------------------------------------------------------- errors
 def describe_oserror(e: OSError) -> str:

@@ -17,6 +17,7 @@ from gpt2core import cli, doctor, evaluate, generate, launch, plot, train
 from gpt2core.data import __main__ as data_main
 from gpt2core.data.shards import write_shard
 from gpt2core.errors import ArgError
+from gpt2core.training import trainer
 from gpt2core.model import NoGradientsError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,11 +144,11 @@ def test_issue_case(files, capsys, name, argv, code, needle):
 
 def test_weights_or_a_micro_batch_beyond_the_machines_memory_are_refused(files, capsys, monkeypatch):
     args = T + ["--data-dir", files["data"], "--output-dir", files["dir"] / "o6", "-B", "8", "-T", "64"]
-    monkeypatch.setattr(train, "_physical_memory", lambda: 16 * 2**20)
+    monkeypatch.setattr(trainer, "_physical_memory", lambda: 16 * 2**20)
     got, err = _run(train.console, args, capsys)
     assert (got, err) == (2, "gpt2core-train: error: --preset tiny needs 50.7 MiB for its weights, gradients and AdamW "
                              "state, more than this machine's 16.0 MiB: choose a smaller --preset\n")
-    monkeypatch.setattr(train, "_physical_memory", lambda: 60 * 2**20)
+    monkeypatch.setattr(trainer, "_physical_memory", lambda: 60 * 2**20)
     got, err = _run(train.console, args, capsys)
     assert got == 2 and "gpt2core-train: error: -B 8 -T 64 needs " in err and " of memory for preset tiny (weights, " \
         "gradients, optimizer, activations), more than this machine's 60.0 MiB: lower -B" in err, err

@@ -253,3 +253,42 @@ def test_chat_refuses_a_model_without_the_chat_tokens():
     from gpt2core.errors import ArgError
     with pytest.raises(ArgError, match="--sft"):
         GPT2(chat_task.CONFIG, seed=0).chat([{"role": "user", "content": "hi"}])
+
+
+# ----------------------------------------------------------------------------------------------- issue 46
+def test_T_beyond_an_init_models_block_size_names_that_model_and_the_advice_works(tmp_path):
+    """The shape of an --init model is the file's: -T beyond its block size names that model and its block size,
+    and says -T <= it (raising --block-size, the preset's advice, changes nothing with --init). Following the
+    advice trains."""
+    from gpt2core.train import main
+    base = GPT2(GPT2Config(block_size=32, n_layer=1, n_head=1, n_embd=16), seed=0).save(tmp_path / "base.bin")
+    data = chat_task.write_conversations(tmp_path / "c.jsonl", 20, seed=1)
+    args = ["--sft", str(data), "--init", str(base), "-B", "1", "--steps", "1", "--val-every", "0",
+            "--sample-tokens", "0", "--no-progress"]
+    for extra in (["-T", "1024"], ["-T", "64", "--block-size", "64"]):  # the second: the old advice, followed
+        with pytest.raises(SystemExit) as e:
+            main(args + extra + ["--output-dir", str(tmp_path / "a")])
+        assert e.value.code == 2 and str(e.value) == (
+            f"gpt2core-train: error: -T {extra[1]} exceeds the block size 32 of the --init model {base} (its shape "
+            "comes from the file; --preset and --block-size do not change it): use -T 32 or less")
+    main(args + ["-T", "32", "--output-dir", str(tmp_path / "b")])
+    assert GPT2.from_pretrained(tmp_path / "b" / "model.bin").config.block_size == 32
+
+
+def test_the_sample_after_sft_is_the_models_chat_reply(tmp_path, capsys):
+    """The sample an --sft run prints is the reply in the chat format to --sample-prompt as a user message (the
+    text GPT2.chat gives from the saved model with the same seed and top-k), not a plain continuation; a blank
+    prompt (the default) asks SFT_SAMPLE_PROMPT."""
+    from gpt2core.train import main
+    from gpt2core.training.trainer import SFT_SAMPLE_PROMPT
+    base = GPT2(GPT2Config(block_size=32, n_layer=1, n_head=1, n_embd=16), seed=0).save(tmp_path / "base.bin")
+    data = chat_task.write_conversations(tmp_path / "c.jsonl", 20, seed=1)
+    for prompt, asked in (("2,3", "2,3"), (None, SFT_SAMPLE_PROMPT)):
+        out = tmp_path / f"run{prompt is None}"
+        main(["--sft", str(data), "--init", str(base), "-B", "2", "-T", "24", "--steps", "2", "--val-every", "0",
+              "--sample-tokens", "6", "--seed", "5", "--no-progress", "--output-dir", str(out)]
+             + (["--sample-prompt", prompt] if prompt else []))
+        last = capsys.readouterr().out.strip().splitlines()[-1]
+        want = GPT2.from_pretrained(out / "model.bin").chat([{"role": "user", "content": asked}], 6, top_k=50,
+                                                            seed=5)
+        assert last == f"sample (reply to {asked!r}): {want!r}"

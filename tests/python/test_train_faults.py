@@ -18,6 +18,7 @@ import pytest
 from gpt2core import GPT2, GPT2Config, _C, train
 from gpt2core import checkpoint as ck
 from gpt2core.preemption import EXIT_PREEMPTED
+from gpt2core.training import trainer
 
 from test_resume import _restore_threads, records, train_keeping_threads  # noqa: F401 -- _restore_threads is an autouse fixture
 
@@ -180,7 +181,7 @@ def test_warmup_longer_than_the_run_is_warned_about(data, tmp_path, capsys):
 def test_loss_outliers_are_warned_logged_and_skipped(data, tmp_path, monkeypatch, capsys, skip):
     """At a tiny LR the loss stays at its initial level, batch after batch; at step 9 a batch whose targets are
     the model's least likely tokens makes it jump: an outlier against the window of 6 steps before it."""
-    monkeypatch.setattr(train, "WINDOW", 6)
+    monkeypatch.setattr(trainer, "WINDOW", 6)
     cfg = train.parse_args(argv(data, tmp_path, "--steps", "10", "--val-every", "0", "--outlier-z", "3", "--lr", "1e-6",
                                 *(["--skip-outliers"] if skip else [])))
     with train.Trainer(cfg) as t:

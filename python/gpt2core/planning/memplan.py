@@ -45,6 +45,30 @@ CUBLASLT_WORKSPACE = 32 << 20  # csrc/cuda/seams_cublaslt.cu kWorkspaceBytes (th
 CUDA_CONTEXT = 512 << 20       # a card's memory the CUDA context and libraries take before the model (--gpu-memory
 #                                names the card's size; a measured free figure already lacks it)
 IMPLEMENTED = {"zero": (0, 1, 2), "offload": ("none", "optimizer")}
+OPTIMIZERS = ("adamw", "muon")  # Muon's momentum sits in AdamW's first-moment slots: the same bytes as AdamW
+
+
+def check_training_options(cuda: bool, zero: int, offload: str, optimizer: str) -> None:
+    """What gpt2core-train refuses whatever the memory, with the message training gives (the plan and the
+    trainer both call this, so --plan refuses what the run would): --offload optimizer off the GPU or with Muon,
+    ZeRO-2 with Muon."""
+    if offload != "none":
+        if not cuda:
+            raise ArgError("--offload optimizer needs --device cuda (on the CPU the optimizer is in host memory)")
+        if optimizer == "muon":
+            raise ArgError("--offload optimizer runs AdamW on the host: use --optimizer adamw with it")
+    if zero == 2 and optimizer == "muon":
+        raise ArgError("--zero 2 shards the gradients, and --optimizer muon orthogonalises whole matrices from "
+                       "every rank's gradients: use --zero 1 with Muon (it shards the optimizer state), or "
+                       "--optimizer adamw")
+
+
+def _trainable(cuda: bool, zero: int, offload: str, optimizer: str) -> bool:
+    try:
+        check_training_options(cuda, zero, offload, optimizer)
+    except ArgError:
+        return False
+    return True
 STAGE_VALUES = 1 << 24  # distributed.DataParallel.stage_values
 _STORAGE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "float64": 8}
 # csrc/cuda/reduce.cuh (column sums' partials) and csrc/cuda/attention_tc.cuh (the 16-bit flash backward's dS)
@@ -62,6 +86,7 @@ class Options:
     offload: str = "none"         # none, optimizer
     attention: str = "flash"      # CUDA: flash, cudnn or naive ("auto" plans as flash)
     library_workspace: int = CUBLASLT_WORKSPACE  # the matmul library's workspace (CUDA); 0 under the emulator
+    optimizer: str = "adamw"      # adamw, muon (the same bytes; Muon refuses ZeRO-2 and offload)
 
     def __post_init__(self):
         if self.device not in ("cuda", "cpu"):
@@ -80,8 +105,9 @@ class Options:
             raise ArgError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if self.offload not in OFFLOAD:
             raise ArgError(f"--offload must be one of {', '.join(OFFLOAD)}, got {self.offload!r}")
-        if self.offload != "none" and self.device != "cuda":
-            raise ArgError("--offload optimizer needs --device cuda (on the CPU the optimizer is in host memory)")
+        if self.optimizer not in OPTIMIZERS:
+            raise ArgError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        check_training_options(self.device == "cuda", self.zero, self.offload, self.optimizer)
         if self.attention not in ("auto", "flash", "cudnn", "naive"):
             raise ArgError(f"--attention must be auto, flash, cudnn or naive, got {self.attention!r}")
 
@@ -239,7 +265,8 @@ def combinations(options: Options):
     zeros = (0, 1, 2) if options.world_size > 1 else (0,)
     offloads = OFFLOAD if options.device == "cuda" else ("none",)
     combos = [replace(options, recompute=r, zero=z, offload=f)
-              for f, r, z in itertools.product(offloads, RECOMPUTE, zeros)]
+              for f, r, z in itertools.product(offloads, RECOMPUTE, zeros)
+              if _trainable(options.device == "cuda", z, f, options.optimizer)]
     return sorted(combos, key=lambda x: step_cost_rank(x))
 
 
@@ -425,6 +452,8 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
 def parse_bytes(text: str, flag: str = "--gpu-memory") -> int:
     """'24GiB', '10 GB', '512MiB', '80e9' -> bytes (GB = 10^9, GiB = 2^30)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", str(text).lower())
+    if str(text).strip().startswith("-"):
+        raise ArgError(f"{flag} must be a positive size such as 24GiB, 10GB or 512MiB, got {text!r}")
     if not m or m.group(2) not in _UNITS:
         raise ArgError(f"{flag} must be a size such as 24GiB, 10GB or 512MiB, got {text!r}")
     n = float(m.group(1)) * _UNITS[m.group(2)]

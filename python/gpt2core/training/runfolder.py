@@ -8,7 +8,10 @@ run id, when it started, and its config. Every checkpoint records the run id too
 - `--resume auto` continues only the run the folder records: a checkpoint of another run, or a model of another
   shape, is refused rather than mixed in;
 - `--overwrite` removes the old run's files (model.bin, metrics.jsonl, checkpoints/) before anything new is
-  written, so nothing of it is left to be resumed by mistake.
+  written, so nothing of it is left to be resumed by mistake; and only once the new run is known to start: taking
+  a folder is two calls, `check_claim` (reads, refuses, writes nothing) and `Claim.commit` (removes, writes
+  run.json), and gpt2core-train commits after every check that can fail (arguments, data, --init's weights read,
+  the plan, the device), so a run refused for any of them leaves the old one byte for byte.
 
 metrics.jsonl is appended one whole line at a time (append_line): one write(2) of the line, and if that fails
 (ENOSPC, EFBIG, EIO) the file is cut back to its previous length, so a reader never sees half a record;
@@ -21,6 +24,7 @@ import os
 import shutil
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..formats.atomic import atomic_write
@@ -117,11 +121,35 @@ def remove_run(folder) -> list[Path]:
     return gone
 
 
-def claim(folder, config: dict, model: dict, resume: str | None, overwrite: bool, log=print) -> dict:
-    """Take `folder` for a run of `config` (TrainConfig.to_dict()) and `model` (GPT2Config.to_dict()); returns
-    the manifest the run writes under. Call under the folder's RunLock, before anything of the run is written.
+@dataclass
+class Claim:
+    """A folder checked for a run (check_claim) and not yet changed: commit() takes it."""
+    folder: Path
+    record: dict               # the manifest the run writes under (a fresh one: written by commit)
+    previous: str | None = None  # --overwrite: the run commit removes (describe's words)
+    fresh: bool = False        # commit writes record as the folder's run.json
 
-    resume None: the folder must hold no run, unless overwrite (then the old run's files are deleted first).
+    def commit(self, log=print) -> dict:
+        """Take the folder: remove the previous run's files (--overwrite), write run.json of a fresh run; returns
+        the record. Call once everything that could refuse the new run has been checked."""
+        if self.previous:
+            gone = remove_run(self.folder)
+            log(f"--overwrite: removed the previous run in {self.folder} ({self.previous}): "
+                + ", ".join(p.name for p in gone))
+            self.previous = None
+        if self.fresh:
+            r = self.record
+            self.record = write_manifest(self.folder, r["run_id"], r["config"], r["model"])
+            self.fresh = False
+        return self.record
+
+
+def check_claim(folder, config: dict, model: dict, resume: str | None, overwrite: bool) -> Claim:
+    """Check that `folder` can be taken for a run of `config` (TrainConfig.to_dict()) and `model`
+    (GPT2Config.to_dict()), writing nothing: a RunFolderError names the folder and the ways on. Under the folder's
+    RunLock; the returned Claim's commit() then takes it.
+
+    resume None: the folder must hold no run, unless overwrite (commit then deletes the old run's files first).
     resume 'auto': the run the folder records continues; a folder whose model shape differs is refused, and so is
     a finished run without checkpoints (there is nothing to continue, and starting over would replace it).
     resume DIR: as 'auto' when the folder records a run; a folder that holds none starts one from that checkpoint."""
@@ -130,14 +158,14 @@ def claim(folder, config: dict, model: dict, resume: str | None, overwrite: bool
     man = read_manifest(folder)
     ways = (f"continue it with --resume auto, start over with --overwrite (deletes its {MODEL}, {METRICS} and "
             f"{CHECKPOINTS}/), or choose another --output-dir")
+    previous = None
     if overwrite and held:
-        gone = remove_run(folder)
-        log(f"--overwrite: removed the previous run in {folder} ({held}): " + ", ".join(p.name for p in gone))
-        held, man = None, None
+        previous, held, man = held, None, None
     if resume is None:
         if held:
             raise RunFolderError(f"{folder} holds another run ({held}); {ways}")
-        return write_manifest(folder, new_run_id(), config, model)
+        record = {"run_id": new_run_id(), "config": config, "model": model}
+        return Claim(folder, record, previous, fresh=True)
     if man is not None and man.get("model") not in (None, model):
         raise RunFolderError(f"{folder} holds a run of another model ({_shape(man['model'])}, this one is "
                              f"{_shape(model)}); use the same --preset, --block-size and --padded-vocab-size, or "
@@ -148,8 +176,14 @@ def claim(folder, config: dict, model: dict, resume: str | None, overwrite: bool
             raise RunFolderError(f"{folder} holds a finished run without checkpoints ({held}): --resume auto has "
                                  f"nothing to continue; start over with --overwrite, or choose another --output-dir")
     if man is None:  # a new folder, or one of an older version: adopt it (the checkpoints' run id, if any)
-        return {"run_id": None, "config": config, "model": model, "adopt": True}
-    return man
+        return Claim(folder, {"run_id": None, "config": config, "model": model, "adopt": True}, previous)
+    return Claim(folder, man, previous)
+
+
+def claim(folder, config: dict, model: dict, resume: str | None, overwrite: bool, log=print) -> dict:
+    """check_claim and commit at once (for a caller with nothing else to check first); returns the manifest the
+    run writes under."""
+    return check_claim(folder, config, model, resume, overwrite).commit(log)
 
 
 def _shape(m: dict) -> str:
@@ -214,5 +248,5 @@ def whole_lines(data: bytes) -> bytes:
     return data[:cut + 1] if cut >= 0 else b""
 
 
-__all__ = ["RunFolderError", "RUN_FILE", "claim", "describe", "read_manifest", "write_manifest", "remove_run",
-           "append_line", "read_records", "whole_lines", "new_run_id"]
+__all__ = ["RunFolderError", "RUN_FILE", "Claim", "check_claim", "claim", "describe", "read_manifest", "write_manifest",
+           "remove_run", "append_line", "read_records", "whole_lines", "new_run_id"]
