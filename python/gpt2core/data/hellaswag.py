@@ -124,8 +124,9 @@ def read_text(path, limit: int | None = None) -> list[dict]:
     return items
 
 
-def download(dest_dir=DEFAULT_DIR, url: str = HELLASWAG_URL) -> Path:
-    """Download hellaswag_val.jsonl into dest_dir (once); returns its path."""
+def download(dest_dir=DEFAULT_DIR, url: str = HELLASWAG_URL, flag: str = "--input") -> Path:
+    """Download hellaswag_val.jsonl into dest_dir (once); returns its path. flag: the calling command's flag for
+    a local copy, which the message of a failed download names."""
     dest = Path(dest_dir) / "hellaswag_val.jsonl"
     if dest.exists():
         return dest
@@ -139,17 +140,17 @@ def download(dest_dir=DEFAULT_DIR, url: str = HELLASWAG_URL) -> Path:
     except Exception as e:
         tmp.unlink(missing_ok=True)
         raise HellaSwagError(
-            f"could not download {url} ({e}); pass a local copy instead, e.g. --input "
+            f"could not download {url} ({e}); pass a local copy instead, e.g. {flag} "
             "path/to/hellaswag_val.jsonl (rowanz format) or hellaswag_val_full.txt (6-line text format)"
         ) from None
     os.replace(tmp, dest)
     return dest
 
 
-def load_items(path=None, limit: int | None = None) -> list[dict]:
-    """Items from a jsonl or 6-line text file; with no path, the downloaded val set."""
+def load_items(path=None, limit: int | None = None, flag: str = "--input") -> list[dict]:
+    """Items from a jsonl or 6-line text file; with no path, the downloaded val set (flag: see download)."""
     if path is None:
-        path = download()
+        path = download(flag=flag)
     path = Path(path)
     if not path.is_file():
         raise HellaSwagError(f"{path}: no such file")
@@ -289,13 +290,14 @@ def check_vocab(rendered: Rendered, vocab_size: int, path) -> None:
                              f"vocabulary size {vocab_size}; render the set with the model's tokenizer")
 
 
-def load(path=None, limit: int | None = None, progress: bool = False) -> Rendered:
+def load(path=None, limit: int | None = None, progress: bool = False, flag: str = "--input") -> Rendered:
     """A rendered set from a .npz made by `prepare`, or rendered now from a jsonl / text file (or the
-    downloaded val set when path is None). `limit` keeps the first items; progress: see render."""
+    downloaded val set when path is None; flag: the caller's flag for a local copy, named when the download
+    fails). `limit` keeps the first items; progress: see render."""
     if path is not None and str(path).endswith(".npz"):
         r = load_rendered(path)
         return r.subset(np.arange(min(limit, len(r)))) if limit is not None else r
-    return render(load_items(path, limit), progress=progress)
+    return render(load_items(path, limit, flag), progress=progress)
 
 
 def prepare(input=None, out=None, limit: int | None = None, log=print) -> Path:

@@ -4,12 +4,15 @@ Both work with any model object that has the GPT2 interface:
 ``forward(idx, targets)`` -> mean loss over targets != -1, ``token_losses()`` -> (B, T) per-token losses
 of that forward (0 where targets == -1), and ``config.block_size``.
 
-    python -m gpt2core.evaluate hellaswag --checkpoint out/model.bin      # or out/checkpoints/step_019073
+    python -m gpt2core.evaluate hellaswag --model out/model.bin      # or out/checkpoints/step_019073, or out
         [--data data/hellaswag/hellaswag_val.npz | hellaswag_val.jsonl | hellaswag_val_full.txt]
-    python -m gpt2core.evaluate val --checkpoint out/model.bin --data-dir data/edu_fineweb10B
+    python -m gpt2core.evaluate val --model out/model.bin --data-dir data/edu_fineweb10B
         [--batch-size 8 --seq-len 1024 --steps 20]            # val loss and bits per byte
     python -m gpt2core.evaluate core --model out/model.bin --bundle eval_bundle.zip
         [--max-per-task 100 --json core.json --csv core.csv]  # DCLM's CORE (gpt2core.core_eval)
+
+Every subcommand names the model with --model (-m), as gpt2core-generate, -chat and -serve do; --checkpoint (-c)
+is the same flag under its older name.
 
 GPT-2 124M (OpenAI's weights) scores acc 0.2859 / acc_norm 0.2955 on the 10,042 HellaSwag val items;
 random guessing gives 0.25.
@@ -179,8 +182,8 @@ def score_hellaswag(model, data=None, items_per_batch: int = 4, rank: int = 0, w
 # ------------------------------------------------------------------------------------ CLI
 def _cmd_hellaswag(args) -> int:
     try:
-        data = _hs.load(args.data, args.limit)
-        model = load_model(args.checkpoint, device=args.device)
+        data = _hs.load(args.data, args.limit, flag="--data")
+        model = load_model(args.model, device=args.device)
         _hs.check_vocab(data, int(model.config.vocab_size), args.data or "the downloaded HellaSwag set")
     except (ValueError, OSError) as e:      # HellaSwagError, CheckpointError, missing files
         print(f"error: {e}", file=sys.stderr)
@@ -196,14 +199,14 @@ def _cmd_hellaswag(args) -> int:
 def _cmd_val(args) -> int:
     from ..data.loader import DataLoader
     try:
-        model = load_model(args.checkpoint, device=args.device)
+        model = load_model(args.model, device=args.device)
     except (ValueError, OSError) as e:      # CheckpointError
         print(f"error: {e}", file=sys.stderr)
         return 1
     T = args.seq_len or int(model.config.block_size)
     if T > model.config.block_size:  # a usage error (exit 2), named with both numbers
         raise cli.ArgError(f"--seq-len/-T {T} is more than the model's block_size {model.config.block_size} "
-                           f"(--checkpoint {args.checkpoint}): use -T {model.config.block_size} or less")
+                           f"(--model {args.model}): use -T {model.config.block_size} or less")
     try:
         loader = DataLoader(args.data_dir, "val", args.batch_size, T, shuffle=False,
                             vocab_size=int(model.config.vocab_size))  # an id beyond it: ShardError naming the shard
@@ -236,28 +239,41 @@ def _cmd_core(args) -> int:
     return 0
 
 
+MODEL_HELP = ("the model: an llm.c model file (e.g. out/model.bin), a training checkpoint directory, a run folder "
+              "(its model.bin), a Hugging Face directory or Hub name (--checkpoint, -c: the same flag)")
+
+
+def _add_model_flag(p) -> None:
+    """--model (-m), with --checkpoint (-c), the older name val and hellaswag took, as its alias."""
+    p.add_argument("--model", "-m", "--checkpoint", "-c", dest="model", required=True, metavar="MODEL",
+                   help=MODEL_HELP)
+
+
+def _notice(message, category, filename, lineno, file=None, line=None) -> None:
+    """warnings.showwarning for the command line: one line, "gpt2core-eval: warning: ...", no source line."""
+    print(f"gpt2core-eval: warning: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv=None) -> int:
     p = cli.ArgumentParser(prog="gpt2core-eval", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    h = sub.add_parser("hellaswag", help="HellaSwag accuracy of a checkpoint")
-    h.add_argument("--checkpoint", "-c", required=True,
-                   help="model file (llm.c .bin), training checkpoint directory or Hugging Face model")
+    h = sub.add_parser("hellaswag", help="HellaSwag accuracy of a model")
+    _add_model_flag(h)
     h.add_argument("--data", type=cli.existing_file,
                    help="rendered .npz, rowanz jsonl or 6-line .txt (default: download)")
     h.add_argument("--limit", type=cli.positive_int, help="only the first N items")
     h.add_argument("--items-per-batch", type=cli.positive_int, default=4, help="items per forward (4 rows each)")
     h.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:N")
     h.add_argument("--no-progress", action="store_true")
-    v = sub.add_parser("val", help="validation loss of a checkpoint on a shard directory")
-    v.add_argument("--checkpoint", "-c", required=True)
+    v = sub.add_parser("val", help="validation loss and bits per byte of a model on a shard directory")
+    _add_model_flag(v)
     v.add_argument("--data-dir", required=True, type=cli.existing_dir, help="directory with *_val_*.bin shards")
     v.add_argument("--batch-size", "-B", type=cli.positive_int, default=8)
     v.add_argument("--seq-len", "-T", type=cli.positive_int, default=None, help="default: the model's block_size")
     v.add_argument("--steps", type=cli.positive_int, default=20)
     v.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:N")
     c = sub.add_parser("core", help="DCLM's CORE score over an eval bundle (gpt2core.core_eval)")
-    c.add_argument("--model", "-m", required=True,
-                   help="model file (llm.c .bin), training checkpoint directory or Hugging Face model")
+    _add_model_flag(c)
     c.add_argument("--bundle", required=True, type=cli.existing_path,
                    help="the eval bundle: its folder or zip (core.yaml, eval_meta_data.csv, eval_data/); nanochat's "
                         "is https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip")
@@ -271,7 +287,10 @@ def main(argv=None) -> int:
     c.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:N")
     c.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    return {"hellaswag": _cmd_hellaswag, "val": _cmd_val, "core": _cmd_core}[args.cmd](args)
+    with warnings.catch_warnings():  # the package's warnings (rows cut to the context, ...) as one-line notices
+        warnings.simplefilter("default")
+        warnings.showwarning = _notice
+        return {"hellaswag": _cmd_hellaswag, "val": _cmd_val, "core": _cmd_core}[args.cmd](args)
 
 
 console = cli.entry("gpt2core-eval", main)

@@ -172,12 +172,28 @@ def write_multiple_choice_task(folder, name: str, docs) -> str:
     return name
 
 
+HELP = """usage: python -m gpt2core.lm_eval --model-path PATH --tasks TASK [TASK ...] [lm-eval's flags]
+
+lm-evaluation-harness with gpt2core's model class registered (gpt2core.evaluation.lm_eval).
+
+gpt2core's flags:
+  --model-path PATH  the model: an llm.c model file (out/model.bin), a training checkpoint directory, a run folder
+                     or a Hugging Face model; stands for --model gpt2core --model_args path=PATH (merged with any
+                     --model_args: device, batch_tokens, max_gen_toks, inference_weights)
+  --device DEVICE    cpu (the default here; lm-eval's own is cuda:0), cuda or cuda:N
+
+lm-eval's own flags (its `lm-eval run --help`) follow.
+"""
+
+
 def main(argv=None) -> int:
     """lm-eval's command line with gpt2core registered; --model-path PATH = --model gpt2core --model_args path=PATH."""
     from lm_eval.__main__ import cli_evaluate
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "run":
         args = args[1:]
+    if "-h" in args or "--help" in args:  # gpt2core's own flags first, then lm-eval's help
+        print(HELP, flush=True)
     if "--model-path" in args or any(a.startswith("--model-path=") for a in args):
         i = next(j for j, a in enumerate(args) if a == "--model-path" or a.startswith("--model-path="))
         if args[i] == "--model-path":

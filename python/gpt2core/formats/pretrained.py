@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import _C
 from .atomic import atomic_write
-from .checkpoint import MANIFEST, load_checkpoint
+from .checkpoint import MANIFEST, list_checkpoints, load_checkpoint
 from ..config import GPT2Config
 from .llmc import CheckpointError, bf16_to_float32, read_model
 
@@ -416,6 +416,7 @@ def read_weights(path, padded_vocab_size: int | None = None) -> tuple[GPT2Config
 
     * an llm.c model file, version 3 (fp32) or 5 (bf16);
     * a training checkpoint directory (its model.bin, after checking the manifest);
+    * a run folder, gpt2core-train's --output-dir (its model.bin: the finished run's model);
     * a Hugging Face GPT-2 directory: config.json + model.safetensors or pytorch_model.bin;
     * a Hugging Face Hub repo id such as "gpt2" (needs huggingface_hub and network access).
 
@@ -428,8 +429,14 @@ def read_weights(path, padded_vocab_size: int | None = None) -> tuple[GPT2Config
             return (*ck.read_weights(), ck.path / "model.bin")
         if any((p / n).exists() for n in ("config.json", "model.safetensors", "pytorch_model.bin")):
             return read_hf(p, padded_vocab_size)
-        raise CheckpointError(f"{p}: directory holds neither a gpt2core checkpoint (manifest.json) nor a Hugging "
-                              "Face model (config.json)")
+        if (p / "model.bin").is_file():  # a run folder (gpt2core-train --output-dir): the run's final model
+            return (*read_model(p / "model.bin"), p / "model.bin")
+        steps = list_checkpoints(p / "checkpoints")
+        if steps:  # a run folder of a run that has not finished
+            raise CheckpointError(f"{p}: a run folder without model.bin (the run has not finished): give one of its "
+                                  f"checkpoints, e.g. {steps[0][1]}")
+        raise CheckpointError(f"{p}: directory holds neither a gpt2core checkpoint (manifest.json), a run's model.bin "
+                              "nor a Hugging Face model (config.json)")
     if p.exists():
         return (*read_model(p), p)
     if looks_like_hub_id(str(path)):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .. import chat, cli
-from ..errors import ArgError
+from .. import _C, chat, cli
+from ..errors import ArgError, Error
 from .generate import add_sampling_flags
 from ..model import load_model
 
@@ -21,8 +21,8 @@ from ..model import load_model
 def build_parser() -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(prog="gpt2core-chat", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="a model fine-tuned with gpt2core-train --sft (its model.bin, "
-                                                    "a checkpoint directory)")
+    ap.add_argument("--model", required=True, help="a model fine-tuned with gpt2core-train --sft: its run folder "
+                                                    "(e.g. out/sft), its model.bin or a checkpoint directory")
     ap.add_argument("--system", default=None, metavar="TEXT", help="a system message that opens every conversation")
     ap.add_argument("--max-new-tokens", type=cli.positive_int, default=256,
                     help="longest reply in tokens (default 256; never past the model's context)")
@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=cli.seed, default=42, help="sampling seed of the first reply; the n-th reply uses "
                                                               "seed + n (default 42)")
     ap.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    ap.add_argument("--threads", type=cli.positive_int, default=None,
+                    help="OpenMP threads of the CPU backend (default: all cores)")
     return ap
 
 
@@ -37,6 +39,11 @@ def main(argv=None, stdin=None, stdout=None) -> list[dict]:
     """Runs the chat until /quit or the end of input; returns the last conversation's messages."""
     args = build_parser().parse_args(argv)
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
+    if stdin is None or stdout is None:  # started with one of them closed (<&- or >&-)
+        raise Error(f"standard {'input' if stdin is None else 'output'} is closed: gpt2core-chat reads messages "
+                    "from standard input and writes the replies to standard output")
+    if args.threads is not None:
+        _C.set_num_threads(cli.threads(args.threads, "--threads"))
     cli.check_device_available(args.device)
     model = load_model(args.model, device=args.device)
     chat.check_model(model.config)

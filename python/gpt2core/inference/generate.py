@@ -14,7 +14,7 @@ import sys
 import time
 
 from .. import cli, tokenizer
-from ..errors import FileFormatError, utf8_text
+from ..errors import Error, FileFormatError, utf8_text
 from ..model.engine import truncate_at_stop
 from ..model import load_model
 
@@ -24,6 +24,8 @@ def read_prompts(path: str) -> list[str]:
     per line. Bytes that are not UTF-8 are refused the same way from either (FileFormatError naming the source)."""
     where = "standard input" if path == "-" else path
     if path == "-":
+        if sys.stdin is None:  # started with standard input closed (<&-)
+            raise Error("--prompts-file -: standard input is closed: give the prompts on it, or a file")
         raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
     else:
         with open(path, "rb") as f:
@@ -35,6 +37,16 @@ def read_prompts(path: str) -> list[str]:
     if not prompts:
         raise cli.ArgError(f"--prompts-file {path}: no prompts (one per line)")
     return prompts
+
+
+def check_vocab(config, model: str) -> None:
+    """The command line encodes prompts and decodes replies with GPT-2's tokenizer: a model whose vocabulary is
+    smaller than GPT-2's (50,257 tokens) cannot read them (ArgError naming --model)."""
+    if config.vocab_size < tokenizer.VOCAB_SIZE:
+        raise cli.ArgError(f"--model {model}: its vocabulary has {config.vocab_size:,} tokens, not GPT-2's "
+                           f"{tokenizer.VOCAB_SIZE:,}: it does not match GPT-2's tokenizer, which this command "
+                           "encodes and decodes text with (generate from Python with your own token ids: "
+                           "GPT2.generate)")
 
 
 def add_sampling_flags(ap, temperature: float = 1.0) -> None:
@@ -76,11 +88,15 @@ def main(argv=None) -> list[str]:
     args = ap.parse_args(argv)
     if args.prompt is not None and args.prompts_file is not None:
         ap.error("give a prompt or --prompts-file, not both")
+    if sys.stdout is None:  # started with standard output closed (>&-): the text would go nowhere
+        raise Error("standard output is closed: nothing to write the text to (redirect it to a file, or to "
+                    "/dev/null with --no-stats for the speed alone)")
     texts_in = read_prompts(args.prompts_file) if args.prompts_file else [args.prompt if args.prompt is not None
                                                                           else "\n"]
     try:
         cli.check_device_available(args.device)
         model = load_model(args.model, device=args.device, inference_weights=args.weights)
+        check_vocab(model.config, args.model)
     except BaseException as e:
         cli.reraise_as_exit("gpt2core-generate", e)
         raise
