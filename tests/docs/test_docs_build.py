@@ -106,3 +106,14 @@ def test_readme_links_resolve():
             continue
         target = ROOT / link.split("#")[0]
         assert target.exists(), f"README.md links to {link}, which does not exist"
+
+
+def test_changelog_lists_every_old_module_path():
+    # the old paths users may import keep working (gpt2core.MOVED, the alias finder); the changelog names each
+    import gpt2core
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert gpt2core.MOVED
+    for old, new in gpt2core.MOVED.items():
+        assert f"`gpt2core.{old}`" in text or f"`.{old}`" in text, f"CHANGELOG.md does not list gpt2core.{old}"
+        assert f"gpt2core.{new}`" in text or f"gpt2core.{new.split('.')[0]}.<same" in text, \
+            f"CHANGELOG.md does not give gpt2core.{old}'s new place, gpt2core.{new}"
