@@ -318,7 +318,7 @@ def test_resume_auto_skips_a_checkpoint_holding_nan(tmp_path, name, offset):
     raw[offset:offset + 4] = struct.pack("<f", float("nan"))
     f.write_bytes(bytes(raw))
     manifest = json.loads((d / "manifest.json").read_text())
-    manifest["files"][name]["sha256"] = ck._sha256(f)
+    manifest["files"][name]["sha256"] = ck.sha256_file(f)
     (d / "manifest.json").write_text(json.dumps(manifest))
     msgs = []
     assert ck.latest_checkpoint(tmp_path, log=msgs.append).step == 1

@@ -123,7 +123,7 @@ NAMESPACE_SCRIPT = """
     # 2. a save killed (SIGKILL) after model.bin: its temporary folder fills the disk until cleaned
     pid = os.fork()
     if pid == 0:
-        ck._save_flat = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
+        ck.save_flat = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
         ck.save_checkpoint(root, 3, trained(3))
         os._exit(0)
     _, status = os.waitpid(pid, 0)

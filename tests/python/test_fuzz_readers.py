@@ -273,7 +273,7 @@ def _copy(src, dst):
 
 def _rehash(d, name):
     manifest = json.loads((d / "manifest.json").read_text())
-    manifest["files"][name] = {"bytes": (d / name).stat().st_size, "sha256": ck._sha256(d / name)}
+    manifest["files"][name] = {"bytes": (d / name).stat().st_size, "sha256": ck.sha256_file(d / name)}
     (d / "manifest.json").write_text(json.dumps(manifest))
 
 

@@ -138,7 +138,8 @@ def _wait_for(pred, proc, what, timeout=240):
 # runs gpt2core-train, but blocks forever at a chosen point, so that the test kills it there with SIGKILL
 _HANG = """
 import sys, time
-from gpt2core import train, checkpoint
+from gpt2core import train
+from gpt2core.formats import manifest
 where = sys.argv.pop(1)
 if where == 'after-step-13':
     orig = train.Trainer.write_metrics
@@ -148,12 +149,12 @@ if where == 'after-step-13':
             time.sleep(1000)
     train.Trainer.write_metrics = wm
 else:  # inside the save of step 15: every file written but the manifest
-    orig = checkpoint._write_json
+    orig = manifest.write_json
     def wj(path, obj):
         if path.name == 'manifest.json' and obj.get('step') == 15:
             time.sleep(1000)
         orig(path, obj)
-    checkpoint._write_json = wj
+    manifest.write_json = wj
 train.main(sys.argv[1:])
 """
 

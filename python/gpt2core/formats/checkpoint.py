@@ -36,7 +36,6 @@ Hugging Face) into a new model is `GPT2.from_pretrained` (pretrained.py reads th
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -50,147 +49,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _C
 from .atomic import NPZ_ERRORS, npy_bytes, write_flat_npy
 from ..config import GPT2Config
-from ..errors import WriteError, write_error
 from .llmc import CheckpointError, NonFiniteError, describe, fill_params, first_nonfinite, read_model, save_model
+from .manifest import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CHECKPOINT_VERSIONS, MANIFEST, _STEP_DIR,  # noqa: F401
+                       Writing, check_finite_state, checkpoint_bytes, checkpoint_dir, checkpoint_state,
+                       finish_checkpoint, save_flat, sha256_file, shard_file, write_json)
 from .runlock import pid_alive
-
-CHECKPOINT_FORMAT = "gpt2core-checkpoint"
-CHECKPOINT_VERSION = 1   # full optimizer state (adam_m.npy, adam_v.npy)
-CHECKPOINT_VERSIONS = (1, 2)  # 2: ZeRO-1, one optimizer shard file per rank
-MANIFEST = "manifest.json"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-# ------------------------------------------------------------------------------------ checkpoints
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(1 << 22)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
-
-
-def _write_json(path: Path, obj) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _save_flat(path: Path, parts) -> None:
-    with open(path, "wb") as f:
-        write_flat_npy(f, sum(int(a.size) for a in parts), parts)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-class _Writing:
-    """Turns an OSError raised while writing the checkpoint `final` into a WriteError naming the file being
-    written (`self.file`, as it will be named in `final`) and the checkpoint's `needed` bytes."""
-
-    def __init__(self, final: Path, needed: int):
-        self.final, self.needed, self.file = final, needed, None
-
-    def __call__(self, name: str) -> str:
-        self.file = name
-        return name
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, e, tb):
-        if isinstance(e, OSError):
-            if isinstance(e, WriteError) and isinstance(e.__cause__, OSError):
-                e = e.__cause__  # a file writer's own WriteError: re-worded for the whole checkpoint
-            raise write_error(e, self.final / self.file if self.file else self.final, self.needed,
-                              what="write checkpoint") from e
-        return False
-
-
-def _checkpoint_bytes(model, metrics_path, full_optimizer: bool = True) -> int:
-    """About how many bytes a checkpoint of `model` takes: model.bin, the AdamW moments, metrics, JSON."""
-    n = model.num_parameters
-    metrics = Path(metrics_path).stat().st_size if metrics_path is not None and Path(metrics_path).exists() else 0
-    return 1024 + 4 * n + (2 * npy_bytes(n) if full_optimizer else 0) + metrics + (16 << 10)  # + JSON
-
-
-def check_finite_state(model, path) -> None:
-    """Raise NonFiniteError (naming `path` and the tensor) when the weights or AdamW moments hold NaN or
-    Inf: such a state is never written, since resuming from it could only produce NaN."""
-    names = list(model.params)
-    m, v = model.opt_state()
-    bad = first_nonfinite([(k, model.params[k]) for k in names] + [(f"adam_m[{k}]", m[k]) for k in names]
-                          + [(f"adam_v[{k}]", v[k]) for k in names])
-    if bad:
-        raise NonFiniteError(f"{path}: refusing to write a checkpoint with non-finite state ({bad}); the "
-                             "previous checkpoints are kept")
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def checkpoint_dir(root, step: int) -> Path:
-    return Path(root) / f"step_{step:06d}"
-
-
-def _shard_file(rank: int, world: int) -> str:
-    return f"optim_shard_r{rank}_of_{world}.npz"
-
-
-def _checkpoint_state(step: int, model, state: dict | None) -> dict:
-    names = list(model.params)  # the config's tensors in layout order (GPT-2: llm.c's 16)
-    st = dict(state or {})
-    st.update({
-        "step": int(step),
-        "optimizer": {"name": "adamw", "step_count": int(model.step_count), "param_order": names,
-                      "num_parameters": int(model.num_parameters), "loss_scaler": model.loss_scaler_state()},
-        "model_config": model.config.to_dict(),
-        "gpt2core_version": _C.build_info()["version"],
-        "device": getattr(model, "device", "cpu"),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    })
-    return st
-
-
-def _finish_checkpoint(tmp: Path, final: Path, step: int, w: _Writing, zero: dict | None = None) -> None:
-    """Hash every file of `tmp` into its manifest (written last), then rename tmp onto `final` (swapping out
-    an existing `final`). Version 1: full optimizer state; version 2: ZeRO-1 shards (`zero` in the manifest)."""
-    files = {}
-    for f in sorted(tmp.iterdir()):
-        files[f.name] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
-    manifest = {"format": CHECKPOINT_FORMAT, "version": 2 if zero else 1, "step": int(step), "files": files}
-    if zero:
-        manifest["zero"] = zero
-    _write_json(tmp / w(MANIFEST), manifest)
-    _fsync_dir(tmp)
-    root = final.parent
-    w("")  # renaming into place
-    if final.exists():  # the same step written again (e.g. by a resumed run): swap it out
-        old = root / f".{final.name}.old-{os.getpid()}"
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-    _fsync_dir(root)
-
 
 def save_checkpoint(root, step: int, model, state: dict | None = None, metrics_path=None, zero=None) -> Path:
     """Write a checkpoint of `model` (weights, AdamW moments, step count) after `step` optimizer steps
@@ -207,7 +72,7 @@ def save_checkpoint(root, step: int, model, state: dict | None = None, metrics_p
     final = checkpoint_dir(root, step)
     check_finite_state(model, final)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
-    with _Writing(final, _checkpoint_bytes(model, metrics_path)) as w:
+    with Writing(final, checkpoint_bytes(model, metrics_path)) as w:
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -216,12 +81,12 @@ def save_checkpoint(root, step: int, model, state: dict | None = None, metrics_p
             names = list(model.params)
             save_model(model, tmp / w("model.bin"))
             m, v = model.opt_state()
-            _save_flat(tmp / w("adam_m.npy"), [m[k] for k in names])
-            _save_flat(tmp / w("adam_v.npy"), [v[k] for k in names])
-            _write_json(tmp / w("state.json"), _checkpoint_state(step, model, state))
+            save_flat(tmp / w("adam_m.npy"), [m[k] for k in names])
+            save_flat(tmp / w("adam_v.npy"), [v[k] for k in names])
+            write_json(tmp / w("state.json"), checkpoint_state(step, model, state))
             if metrics_path is not None and Path(metrics_path).exists():
                 shutil.copyfile(metrics_path, tmp / w("metrics.jsonl"))
-            _finish_checkpoint(tmp, final, step, w)
+            finish_checkpoint(tmp, final, step, w)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -455,7 +320,7 @@ def load_checkpoint(path, verify: bool = True) -> Checkpoint:
         raise CheckpointError(f"{path}: incomplete checkpoint: no {MANIFEST} (it is written last, so the save "
                               "was interrupted)")
     manifest, files, step, world = _read_manifest(path)
-    optim = [_shard_file(r, world) for r in range(world)] if world else ["adam_m.npy", "adam_v.npy"]
+    optim = [shard_file(r, world) for r in range(world)] if world else ["adam_m.npy", "adam_v.npy"]
     for required in ("model.bin", "state.json", *optim):
         if required not in files:
             raise CheckpointError(f"{mpath}: manifest does not list {required}"
@@ -469,7 +334,7 @@ def load_checkpoint(path, verify: bool = True) -> Checkpoint:
         if size != info.get("bytes"):
             raise CheckpointError(f"{f}: has {size} bytes, the manifest says {info.get('bytes')}; truncated or "
                                   "modified")
-        if verify and _sha256(f) != info.get("sha256"):
+        if verify and sha256_file(f) != info.get("sha256"):
             raise CheckpointError(f"{f}: sha256 does not match the manifest; the file is corrupt")
     state = _read_state(path, world, optim)
     if state.get("step") != step:
@@ -539,10 +404,45 @@ def remove_stale_temporaries(root, locked: bool = False) -> list[Path]:
     return removed
 
 
+# ------------------------------------------------------------------------------------ ZeRO shards -> full state
 def consolidate(path, out=None) -> Path:
-    """Merge a ZeRO checkpoint's optimizer shards into the full AdamW state (gpt2core.formats.zero_shards)."""
-    from .zero_shards import consolidate
-    return consolidate(path, out)
+    """Merge a ZeRO-1 checkpoint's optimizer shards into full adam_m.npy / adam_v.npy, so that any world
+    size (a single process, plain data parallel, or ZeRO-1 over another number of ranks) can resume it.
+
+    Writes `out` (default: replaces `path` itself), atomically like save_checkpoint: a temporary directory
+    renamed into place after its manifest. Appends one shard's moments at a time to the output files, so it
+    never holds the full optimizer state in memory. Returns the verified consolidated checkpoint's path."""
+    ck = load_checkpoint(path)
+    if ck.zero is None:
+        raise CheckpointError(f"{ck.path}: not a ZeRO-1 checkpoint; it already holds the full optimizer state")
+    dest = Path(out) if out is not None else ck.path
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
+    n = int(ck.state["optimizer"]["num_parameters"])
+    with Writing(dest, sum(f.stat().st_size for f in ck.path.iterdir()) + 2 * npy_bytes(n)) as w:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        try:
+            for name in ("model.bin", "metrics.jsonl"):
+                if (ck.path / name).exists():
+                    shutil.copyfile(ck.path / name, tmp / w(name))
+            # the shards tile [0, n) in rank order (load_checkpoint checked it): append them one at a time,
+            # each moment in turn, so that only one shard's m or v is in memory
+            for i, name in enumerate(("adam_m.npy", "adam_v.npy")):
+                with open(tmp / w(name), "wb") as f:
+                    write_flat_npy(f, n, (ck._read_shard(r)[2 + i] for r in range(ck.zero["world_size"])))
+                    f.flush()
+                    os.fsync(f.fileno())
+            st = dict(ck.state)
+            st["consolidated_from"] = {"zero": st.pop("zero"), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                       time.gmtime())}
+            write_json(tmp / w("state.json"), st)
+            finish_checkpoint(tmp, dest, ck.step, w)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return load_checkpoint(dest).path
 
 
 def main(argv=None) -> None:

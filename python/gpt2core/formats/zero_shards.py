@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
 
-from .atomic import npy_bytes, write_flat_npy
 from .atomic import atomic_write
-from .checkpoint import (CheckpointError, _checkpoint_bytes, _checkpoint_state, _finish_checkpoint, _shard_file,
-                         _write_json, _Writing, checkpoint_dir, load_checkpoint)
-from .llmc import NonFiniteError, first_nonfinite, save_model
+from .manifest import (Writing, checkpoint_bytes, checkpoint_dir, checkpoint_state, finish_checkpoint, shard_file,
+                       write_json)
+from .llmc import CheckpointError, NonFiniteError, first_nonfinite, save_model
 
 
 def save_sharded(root: Path, step: int, model, state, metrics_path, dp) -> Path:
@@ -35,7 +33,7 @@ def save_sharded(root: Path, step: int, model, state, metrics_path, dp) -> Path:
     final = checkpoint_dir(root, step)
     flag = np.zeros(1, dtype=np.float32)
     error = None
-    w = _Writing(final, _checkpoint_bytes(model, metrics_path, full_optimizer=False)
+    w = Writing(final, checkpoint_bytes(model, metrics_path, full_optimizer=False)
                  + 2 * 4 * (dp.hi - dp.lo) + 1024)
     if rank == 0:
         try:
@@ -58,7 +56,7 @@ def save_sharded(root: Path, step: int, model, state, metrics_path, dp) -> Path:
         if bad:
             raise NonFiniteError(f"{final}: refusing to write a checkpoint with non-finite state on rank {rank} "
                                  f"({bad}); the previous checkpoints are kept")
-        with w, atomic_write(tmp / w(_shard_file(rank, world))) as f:
+        with w, atomic_write(tmp / w(shard_file(rank, world))) as f:
             np.savez(f, lo=np.int64(dp.lo), hi=np.int64(dp.hi), num_parameters=np.int64(model.num_parameters),
                      step_count=np.int64(model.step_count), m=np.asarray(dp.m, dtype="<f4"),
                      v=np.asarray(dp.v, dtype="<f4"))
@@ -83,52 +81,14 @@ def save_sharded(root: Path, step: int, model, state, metrics_path, dp) -> Path:
     try:
         shards = []
         for r in range(world):
-            with np.load(tmp / _shard_file(r, world), allow_pickle=False) as z:
-                shards.append({"file": _shard_file(r, world), "lo": int(z["lo"]), "hi": int(z["hi"])})
-        st = _checkpoint_state(step, model, state)
+            with np.load(tmp / shard_file(r, world), allow_pickle=False) as z:
+                shards.append({"file": shard_file(r, world), "lo": int(z["lo"]), "hi": int(z["hi"])})
+        st = checkpoint_state(step, model, state)
         st["zero"] = {"stage": 1, "world_size": world, "shards": shards}
         with w:
-            _write_json(tmp / w("state.json"), st)
-            _finish_checkpoint(tmp, final, step, w, zero={"stage": 1, "world_size": world})
+            write_json(tmp / w("state.json"), st)
+            finish_checkpoint(tmp, final, step, w, zero={"stage": 1, "world_size": world})
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
-def consolidate(path, out=None) -> Path:
-    """Merge a ZeRO-1 checkpoint's optimizer shards into full adam_m.npy / adam_v.npy, so that any world
-    size (a single process, plain data parallel, or ZeRO-1 over another number of ranks) can resume it.
-
-    Writes `out` (default: replaces `path` itself), atomically like save_checkpoint: a temporary directory
-    renamed into place after its manifest. Appends one shard's moments at a time to the output files, so it
-    never holds the full optimizer state in memory. Returns the verified consolidated checkpoint's path."""
-    ck = load_checkpoint(path)
-    if ck.zero is None:
-        raise CheckpointError(f"{ck.path}: not a ZeRO-1 checkpoint; it already holds the full optimizer state")
-    dest = Path(out) if out is not None else ck.path
-    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-    n = int(ck.state["optimizer"]["num_parameters"])
-    with _Writing(dest, sum(f.stat().st_size for f in ck.path.iterdir()) + 2 * npy_bytes(n)) as w:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        try:
-            for name in ("model.bin", "metrics.jsonl"):
-                if (ck.path / name).exists():
-                    shutil.copyfile(ck.path / name, tmp / w(name))
-            # the shards tile [0, n) in rank order (load_checkpoint checked it): append them one at a time,
-            # each moment in turn, so that only one shard's m or v is in memory
-            for i, name in enumerate(("adam_m.npy", "adam_v.npy")):
-                with open(tmp / w(name), "wb") as f:
-                    write_flat_npy(f, n, (ck._read_shard(r)[2 + i] for r in range(ck.zero["world_size"])))
-                    f.flush()
-                    os.fsync(f.fileno())
-            st = dict(ck.state)
-            st["consolidated_from"] = {"zero": st.pop("zero"), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                       time.gmtime())}
-            _write_json(tmp / w("state.json"), st)
-            _finish_checkpoint(tmp, dest, ck.step, w)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return load_checkpoint(dest).path
