@@ -80,12 +80,16 @@ def test_every_public_name_has_a_reference_page():
         assert f"reference/{name}.md" in nav, f"{page.name} is not in mkdocs.yml's nav"
 
 
+def hook_pages() -> list[str]:
+    return load_hook().gpu_pages(ROOT / "docs")
+
+
 def test_every_page_is_in_the_nav():
     docs = ROOT / "docs"
     pages = {str(p.relative_to(docs)) for p in docs.rglob("*.md")}
-    missing = sorted(pages - nav_pages())
+    missing = sorted(pages - nav_pages() - set(hook_pages()))
     assert not missing, (f"pages no reader can reach from the navigation: {missing}; add each to mkdocs.yml's nav "
-                         "(a GPU report: under Measurements)")
+                         "(a GPU report in docs/gpu/ joins it by itself: docs/hooks/gpu_reports.py)")
 
 
 def test_readme_is_short_and_keeps_the_set_up_commands():
@@ -117,3 +121,25 @@ def test_changelog_lists_every_old_module_path():
         assert f"`gpt2core.{old}`" in text or f"`.{old}`" in text, f"CHANGELOG.md does not list gpt2core.{old}"
         assert f"gpt2core.{new}`" in text or f"gpt2core.{new.split('.')[0]}.<same" in text, \
             f"CHANGELOG.md does not give gpt2core.{old}'s new place, gpt2core.{new}"
+
+
+def load_hook():
+    spec = importlib.util.spec_from_file_location("gpu_reports", ROOT / "docs" / "hooks" / "gpu_reports.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    return hook
+
+
+def test_gpu_reports_join_the_nav(tmp_path):
+    hook = load_hook()
+    assert hook.gpu_pages(tmp_path) == []  # no docs/gpu: nothing added
+    (tmp_path / "gpu").mkdir()
+    for name in ("2026-11-28_H100_aaa.md", "README.md", "2026-11-29_H200_bbb.md", "report.json"):
+        (tmp_path / "gpu" / name).write_text("# x\n")
+    pages = ["gpu/README.md", "gpu/2026-11-29_H200_bbb.md", "gpu/2026-11-28_H100_aaa.md"]
+    assert hook.gpu_pages(tmp_path) == pages
+    nav = [{"Home": "index.md"}, {"Measurements": ["measurements/index.md"]}, {"Changelog": "changelog.md"}]
+    hook.on_config({"docs_dir": str(tmp_path), "nav": nav})
+    assert nav[1] == {"Measurements": ["measurements/index.md", {"GPU reports": pages}]}
+    with pytest.raises(ValueError, match="no 'Measurements' section"):
+        hook.on_config({"docs_dir": str(tmp_path), "nav": [{"Home": "index.md"}]})
