@@ -3,6 +3,7 @@ where the last lease stopped.
 
     python -m gpt2core.calibrate --budget 480 --data lease_data --hellaswag hellaswag_val_full.txt --out lease_out
     python -m gpt2core.calibrate --list                 # the steps in order, with their bounds
+    python -m gpt2core.calibrate --index                # docs/gpu/README.md from the pages there
     python -m gpt2core.calibrate --budget 900 --dry-run --device cpu --out /tmp/dry   # every step, tiny shapes
     python -m gpt2core.calibrate --budget 300 --only serve dp                         # these, measured or not
 
@@ -35,6 +36,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -152,10 +154,11 @@ def page_name(gpu: str, commit: str, dry: bool, date: str | None = None) -> str:
     return f"{date}_{gpu_kind(gpu)}_{commit}" + ("_dry-run" if dry else "")
 
 
-def measured(docs: Path, out: Path, kind: str, commit: str) -> dict:
-    """{step: where} of the steps already "ok" for this commit on this GPU kind: the reports in docs and out."""
+def measured(folders: list, out: Path, kind: str, commit: str) -> dict:
+    """{step: where} of the steps already "ok" for this commit on this GPU kind: the reports (page JSONs) in
+    `folders` and out/report.json."""
     found = {}
-    files = sorted(docs.glob("*.json")) if docs.is_dir() else []
+    files = [f for d in folders if d.is_dir() for f in sorted(d.glob("*.json"))]
     for f in files + [out / "report.json"]:
         try:
             rep = json.loads(f.read_text())
@@ -203,11 +206,46 @@ def write_index(docs: Path) -> None:
                     + " / ".join(str(counts[s]) for s in STATUSES) + f" | [{f.stem}]({f.stem}.md) |")
     text = ["# GPU reports", "",
             "One page per lease (date, GPU kind, commit), written by `python -m gpt2core.calibrate` (issue 48: "
-            "`gpt2core/runtime/calibrate.py`); each step's rows are in the page, its JSON beside it. A step measured "
-            "(ok) for a commit on a GPU kind is skipped by the next lease on that commit and kind unless named with "
-            "`--only`. The README's GPU figures link to the row that measured them.", "",
-            "| date | GPU | commit | ok / cut / skipped / failed | page |", "|---|---|---|---|---|", *rows]
-    (docs / "README.md").write_text("\n".join(text) + "\n")
+            "`python/gpt2core/runtime/calibrate.py`, the steps in `runtime/lease_steps.py`); each step's rows are in "
+            "the page, its JSON beside it. A step measured (ok) for a commit on a GPU kind is skipped by the next "
+            "lease on that commit and kind unless named with `--only`, so each lease continues the list. The "
+            "commit is the last one that changed anything outside docs/.", "",
+            "## A lease, step by step", "",
+            "Here, before the lease (no GPU needed):", "",
+            "```bash",
+            "scripts/lease_build.sh 90          # the sm_90 wheel (H100/H200), repaired; dependency wheels in deps/",
+            "python scripts/lease_data.py --out lease_data --max-mib 24   # learn's tokens (docs/DATA_SOURCES.md)",
+            "python -m gpt2core.calibrate --dry-run --device cpu --out /tmp/dry   # every step at tiny shapes",
+            "```", "",
+            "Carry `build/lease-wheels/90`, `lease_data` and HellaSwag's `hellaswag_val_full.txt` (what travels is "
+            "64 MiB at most, the tree's ~7 MiB included: hence 24 of lease_data.py's default 60 MiB; learn repeats "
+            "them, the same tokens in the same order for both recipes); on the device, from the repository's root:",
+            "",
+            "```bash",
+            "python3 -m pip install -q --no-index --no-deps --target /tmp/site build/lease-wheels/90/*.whl \\",
+            "    build/lease-wheels/90/deps/*.whl",
+            "PYTHONPATH=/tmp/site python3 -m gpt2core.calibrate --budget 480 --data lease_data \\",
+            "    --hellaswag hellaswag_val_full.txt --out $OUT/lease --docs $OUT/lease \\",
+            "    --commit $(cat build/lease-wheels/90/COMMIT)",
+            "```", "",
+            "Then copy the page and its JSON from what `$OUT/lease` brought back into docs/gpu here, rerun "
+            "`python -m gpt2core.calibrate --index` (this index), and commit them. Steps measured in docs/gpu "
+            "for the same commit and GPU kind are skipped by the next lease.", "",
+            "## Reports", "",
+            "| date | GPU | commit | ok / cut / skipped / failed | page |", "|---|---|---|---|---|", *rows, "",
+            "Before the driver: the first leases' notes, [GPU_H100_2026-11-28.md](../GPU_H100_2026-11-28.md) "
+            "(an H100 and two H200 leases, driven by scripts outside the repository)."]
+    (docs / "README.md").write_text("\n".join(_wrap(text)) + "\n")
+
+
+def _wrap(lines: list[str], width: int = 120) -> list[str]:
+    """Markdown prose lines wrapped at `width`; code blocks, tables and headings as they are."""
+    out, code = [], False
+    for line in lines:
+        code ^= line.startswith("```")
+        keep = code or line.startswith(("```", "|", "#")) or len(line) <= width
+        out += [line] if keep else textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ the driver
@@ -218,6 +256,8 @@ def build_parser():
     ap.add_argument("--only", nargs="+", metavar="STEP", default=None,
                     help="run these steps (in value order), measured or not")
     ap.add_argument("--list", action="store_true", help="print the steps in order with their bounds, then exit")
+    ap.add_argument("--index", action="store_true",
+                    help="rewrite the index (README.md) of the pages in --docs (default docs/gpu), then exit")
     ap.add_argument("--dry-run", action="store_true",
                     help="every step at tiny shapes (seconds each): what a lease would run, on this device")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
@@ -257,7 +297,7 @@ def drive(args, log=print) -> tuple[int, dict]:
     docs = Path(args.docs).resolve() if args.docs else (ROOT / "docs" / "gpu" if gpu_report else out)
     docs.mkdir(parents=True, exist_ok=True)
     kind = gpu_kind(gpu)
-    done = measured(docs, out, kind, commit)
+    done = measured(list(dict.fromkeys([docs, ROOT / "docs" / "gpu"])), out, kind, commit)
     name = page_name(gpu, commit, args.dry_run)
     page_json = docs / f"{name}.json"
     previous = json.loads(page_json.read_text()) if page_json.exists() else {}
@@ -309,6 +349,13 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.list:
         list_steps(args.dry_run)
+        return 0
+    if args.index:
+        docs = Path(args.docs or ROOT / "docs" / "gpu")
+        if not docs.is_dir():
+            raise ArgError(f"--docs {docs}: no such folder")
+        write_index(docs)
+        print(f"calibrate: wrote {docs / 'README.md'}")
         return 0
     return drive(args)[0]
 

@@ -206,10 +206,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=cli.Float(0, 3600), default=20.0,
                     help="length of the GPU speed probe in seconds, 0..3600 (0: skip it; default 20)")
     ap.add_argument("--calibrate", action="store_true",
-                    help="everything a first GPU must answer, in order of value, each step time-bounded, into one "
-                         "report (gpt2core/calibrate.py); without a GPU: the CPU part, then exit 0")
+                    help="the GPU lease driver with its defaults (python -m gpt2core.calibrate: every step in value "
+                         "order, each time-bounded, into one report); without a GPU: the doctor's step, then exit 0")
     ap.add_argument("--report", default="calibrate.json", help="--calibrate: the report file (JSON; a .txt "
-                                                               "summary beside it)")
+                                                               "summary beside it, the step folders and the page "
+                                                               "in a folder of its name)")
     args = ap.parse_args(argv)
 
     def out(line: str) -> None:
