@@ -16,6 +16,7 @@
 #include "cpu/backend_cpu.h"
 #include "backends.h"
 #include "cpu/blas.h"
+#include "cpu/gemm_bf16.h"
 #include "model/gpt2.h"
 #include "bindings_infer.h"
 
@@ -626,6 +627,12 @@ void bind_model(py::module_& m, const char* cls_name) {
     s.args.nesterov = nesterov, s.mat_lo = mat_lo, s.mat_hi = mat_hi;
     return s;
   };
+  // Newton-Schulz's precision (MuonArgs::ns_bf16) from its name
+  auto ns_bf16 = [](const std::string& dtype) {
+    if (dtype != "float32" && dtype != "bfloat16")
+      throw py::value_error("ns_dtype must be 'float32' or 'bfloat16', got '" + dtype + "'");
+    return dtype == "bfloat16";
+  };
   cls.def_property_readonly("muon_matrices",
                             [](M& self) {
                               py::list out;
@@ -637,16 +644,17 @@ void bind_model(py::module_& m, const char* cls_name) {
                             "The matrices Muon orthogonalises, in flat-offset order: (offset, rows, cols, tensor, "
                             "layer); qkvw's layer slice is three (q, k, v).")
       .def("muon_optimizer_step",
-           [muon_step](M& self, float lr, float beta1, float beta2, float eps, float weight_decay, int step,
-                       double grad_clip, float muon_lr, float muon_momentum, float muon_weight_decay, int ns_steps,
-                       bool nesterov, int mat_lo, int mat_hi, std::optional<float> embedding_lr,
-                       std::optional<float> head_lr) {
+           [muon_step, ns_bf16](M& self, float lr, float beta1, float beta2, float eps, float weight_decay, int step,
+                                double grad_clip, float muon_lr, float muon_momentum, float muon_weight_decay,
+                                int ns_steps, bool nesterov, int mat_lo, int mat_hi, std::optional<float> embedding_lr,
+                                std::optional<float> head_lr, const std::string& ns_dtype) {
              if (!(lr >= 0)) throw py::value_error("lr must be >= 0");
              if (!(grad_clip >= 0) || !std::isfinite(grad_clip))
                throw py::value_error("grad_clip must be finite and >= 0");
              if (step < 1) throw py::value_error("step counts from 1");
-             const auto s = muon_step(muon_lr, muon_momentum, muon_weight_decay, ns_steps, nesterov, mat_lo, mat_hi,
-                                      embedding_lr, head_lr);
+             auto s = muon_step(muon_lr, muon_momentum, muon_weight_decay, ns_steps, nesterov, mat_lo, mat_hi,
+                                embedding_lr, head_lr);
+             s.args.ns_bf16 = ns_bf16(ns_dtype);
              py::gil_scoped_release nogil;
              return self.muon_optimizer_step(lr, beta1, beta2, eps, weight_decay, step, grad_clip, s);
            },
@@ -655,11 +663,13 @@ void bind_model(py::module_& m, const char* cls_name) {
            py::arg("grad_clip") = 1.0, py::arg("muon_lr") = 0.02f, py::arg("muon_momentum") = gpt2::kMuonBeta,
            py::arg("muon_weight_decay") = 0.0f, py::arg("ns_steps") = gpt2::kMuonNsSteps, py::arg("nesterov") = true,
            py::arg("mat_lo") = 0, py::arg("mat_hi") = -1, py::arg("embedding_lr") = py::none(),
-           py::arg("head_lr") = py::none(),
+           py::arg("head_lr") = py::none(), py::arg("ns_dtype") = "float32",
            "optimizer_step with Muon (csrc/model/optimizer.h) on the hidden matrices and AdamW on the rest; "
            "matrices [mat_lo, mat_hi) of muon_matrices are orthogonalised and applied (mat_hi -1: all), the "
            "momentum of every Muon tensor is updated. AdamW's LR: embedding_lr for wte and wpe, head_lr for an "
-           "untied lm_head (None: lr), lr for the rest. Returns the pre-clip norm.")
+           "untied lm_head (None: lr), lr for the rest. ns_dtype: 'bfloat16' rounds the Newton-Schulz products' "
+           "inputs to bf16 (fp32 sums; the CUDA backend's always are), 'float32' keeps them in the model's type. "
+           "Returns the pre-clip norm.")
       .def("muon_update_range",
            [muon_step](M& self, size_t lo, size_t hi, py::array m, py::array v, float lr, float beta1, float beta2,
                        float eps, float weight_decay, int step, double grad_clip, double sum_squares, float muon_lr,
@@ -692,14 +702,15 @@ void bind_model(py::module_& m, const char* cls_name) {
            "Muon tensors' part (m: its slots), the update written over the gradients there; all-gather the "
            "gradient buffer, then muon_update_matrices.")
       .def("muon_update_matrices",
-           [muon_step](M& self, int step, double sum_squares, float muon_weight_decay, int ns_steps, int mat_lo,
-                       int mat_hi) {
-             const auto s = muon_step(0.0f, 0.0f, muon_weight_decay, ns_steps, true, mat_lo, mat_hi);
+           [muon_step, ns_bf16](M& self, int step, double sum_squares, float muon_weight_decay, int ns_steps,
+                                int mat_lo, int mat_hi, const std::string& ns_dtype) {
+             auto s = muon_step(0.0f, 0.0f, muon_weight_decay, ns_steps, true, mat_lo, mat_hi);
+             s.args.ns_bf16 = ns_bf16(ns_dtype);
              py::gil_scoped_release nogil;
              self.muon_update_matrices(step, sum_squares, s);
            },
            py::arg("step"), py::arg("sum_squares"), py::arg("muon_weight_decay"), py::arg("ns_steps"),
-           py::arg("mat_lo"), py::arg("mat_hi"),
+           py::arg("mat_lo"), py::arg("mat_hi"), py::arg("ns_dtype") = "float32",
            "ZeRO-1 with Muon, part 2: orthogonalise and apply matrices [mat_lo, mat_hi) from the all-gathered "
            "updates (the step's lr and momentum as muon_update_range set them), then step the loss scaler.");
 }
@@ -802,6 +813,61 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
   }, py::arg("qkv"), py::arg("n_head"), py::arg("t0") = 0, py::arg("base") = 10000.0f, py::arg("inverse") = false,
      "The CPU backend's rotary embedding (Backend::rope_forward, or rope_backward with inverse) of a float64 qkv "
      "(B, T, 3C), returned as a new array: q and k rotated for positions t0 .. t0+T-1, v as it was.");
+  m.def("gemm_bf16", [](py::object a_obj, py::object b_obj, bool trans_a, bool trans_b) {
+    auto matrix = [](const py::object& obj, const char* name) {
+      const std::string what = std::string(name) + " must be a C-contiguous float32 numpy array of 2 dimensions";
+      if (!py::isinstance<py::array>(obj) || !py::array_t<float>::check_(obj)) arg_error(what);
+      auto arr = py::reinterpret_borrow<py::array_t<float>>(obj);
+      if (arr.ndim() != 2 || !(arr.flags() & py::array::c_style)) arg_error(what);
+      return arr;
+    };
+    auto a = matrix(a_obj, "a"), b = matrix(b_obj, "b");
+    const py::ssize_t M = a.shape(trans_a), K = a.shape(!trans_a), N = b.shape(!trans_b);
+    if (b.shape(trans_b) != K) arg_error("op(a) (M, K) @ op(b) (K, N): op(a) has K=" + std::to_string(K) +
+                                         " columns but op(b) has " + std::to_string(b.shape(trans_b)) + " rows");
+    if (std::max({M, N, K}) > std::numeric_limits<int>::max()) arg_error("a and b: each dimension must fit in int32");
+    py::array_t<float> c({M, N});
+    {
+      py::gil_scoped_release nogil;
+      gpt2::cpu::gemm_bf16(trans_a, trans_b, int(M), int(N), int(K), 1.0f, a.data(), int(a.shape(1)), b.data(),
+                           int(b.shape(1)), 0.0f, c.mutable_data(), int(N));
+    }
+    return c;
+  }, py::arg("a"), py::arg("b"), py::arg("trans_a") = false, py::arg("trans_b") = false,
+     "op(a) @ op(b) (op: transposed when trans_*) with the inputs rounded to bf16 and fp32 sums: the CPU's bf16 GEMM "
+     "of Muon's Newton-Schulz (csrc/cpu/gemm_bf16.h; AVX512-BF16 where the CPU has it, see has_avx512_bf16).");
+  m.def("has_avx512_bf16", &gpt2::cpu::has_avx512_bf16,
+        "Whether this CPU runs gemm_bf16's AVX512-BF16 kernel (else the rounded inputs go through sgemm).");
+  m.def("newton_schulz", [](py::object x_obj, int steps, const std::string& ns_dtype) {
+    if (!py::isinstance<py::array>(x_obj) || !(py::array_t<float>::check_(x_obj) || py::array_t<double>::check_(x_obj)))
+      arg_error("x must be a float32 or float64 numpy array of shape (batch, rows, cols)");
+    auto xa = py::reinterpret_borrow<py::array>(x_obj);
+    if (xa.ndim() != 3 || xa.size() == 0) arg_error("x must be a non-empty array of shape (batch, rows, cols)");
+    if (steps < 0 || steps > 100) arg_error("steps must be in [0, 100]");
+    if (ns_dtype != "float32" && ns_dtype != "bfloat16")
+      arg_error("ns_dtype must be 'float32' or 'bfloat16', got '" + ns_dtype + "'");
+    if (ns_dtype == "bfloat16" && !py::array_t<float>::check_(x_obj)) arg_error("ns_dtype 'bfloat16' needs a float32 x");
+    auto run = [&](auto tag) {
+      using F = decltype(tag);
+      auto x = py::array_t<F, py::array::c_style | py::array::forcecast>::ensure(xa);
+      py::array_t<F> out({x.shape(0), x.shape(1), x.shape(2)});
+      std::copy(x.data(), x.data() + x.size(), out.mutable_data());
+      const int batch = int(x.shape(0)), rows = int(x.shape(1)), cols = int(x.shape(2));
+      {
+        py::gil_scoped_release nogil;
+        auto be = gpt2::cpu::make_backend<F>();
+        be->set_step_args(gpt2::StepArgs{});
+        F* scratch = be->alloc_master(be->muon_batch_scratch_size(batch, rows, cols));
+        be->muon_orthogonalize_batch(out.mutable_data(), scratch, batch, rows, cols, steps, ns_dtype == "bfloat16");
+        be->free_master(scratch);
+      }
+      return py::object(out);
+    };
+    return py::array_t<float>::check_(x_obj) ? run(float{}) : run(double{});
+  }, py::arg("x"), py::arg("steps") = gpt2::kMuonNsSteps, py::arg("ns_dtype") = "float32",
+     "Muon's Newton-Schulz (csrc/model/optimizer.h) of each matrix x[b] through the CPU backend's batched op "
+     "(Backend::muon_orthogonalize_batch), as a new array of x's dtype: X = x / (||x||_F + 1e-7), then `steps` "
+     "quintic iterations; ns_dtype 'bfloat16' rounds the products' inputs to bf16 (float32 x only).");
   m.def("matmul", [](py::object a_obj, py::object b_obj) {
     auto matrix = [](const py::object& obj, const char* name) {
       const std::string what = std::string(name) + " must be a non-empty, C-contiguous float32 numpy array of 2 dimensions";

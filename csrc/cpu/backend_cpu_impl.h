@@ -15,7 +15,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include <omp.h>
+
 #include "cpu/blas.h"
+#include "cpu/gemm_bf16.h"
 #include "model/backend.h"
 #include "model/optimizer.h"
 #include "model/sampling.h"
@@ -285,6 +288,20 @@ class CpuBackend final : public Backend<T> {
       std::memcpy(x, Y, n * sizeof(T));
     }
   }
+  // The batched op: one matrix per thread (its products on that thread alone, gemm_serial / gemm_bf16), so a
+  // matrix's bits are the same whatever the batch and the thread count; the threads take the matrices dynamically.
+  size_t muon_batch_scratch_size(int batch, int rows, int cols) const override {
+    return ns_scratch(rows, cols) * size_t(std::max(1, std::min(batch, omp_get_max_threads())));
+  }
+  void muon_orthogonalize_batch(T* x, T* scratch, int batch, int rows, int cols, int steps, bool bf16) override {
+    float factor = 1.0f;
+    if (!update_factor(step_.args, step_.scaler.scale, &factor)) return;
+    const size_t n = size_t(rows) * cols, per = ns_scratch(rows, cols);
+    const int threads = std::max(1, std::min(batch, omp_get_max_threads()));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int b = 0; b < batch; b++)
+      newton_schulz_one(x + size_t(b) * n, scratch + size_t(omp_get_thread_num()) * per, rows, cols, steps, bf16);
+  }
   void muon_apply(T* param, T* /*master: none, M == T*/, const T* x, size_t n, size_t /*base*/, float decay,
                   float scale) override {
     float factor = 1.0f;
@@ -299,6 +316,51 @@ class CpuBackend final : public Backend<T> {
   StepResult step_result() override { return {step_.args.sumsq, step_.scaler}; }
 
  private:
+  // Newton-Schulz scratch of one matrix (newton_schulz_one): A, B (k, k) and Y, X (rows, cols)
+  static size_t ns_scratch(int rows, int cols) {
+    const size_t k = size_t(std::min(rows, cols));
+    return 2 * k * k + 2 * size_t(rows) * cols;
+  }
+  // One matrix's Newton-Schulz (model/optimizer.h) on the calling thread alone, on its wide form X (k, w), k <= w
+  // (a tall matrix is transposed into X and back): A = X X^T, B = b A + c A A, X = a X + B X. bf16 (float models):
+  // the products' inputs rounded to bf16 (cpu/gemm_bf16.h); the double model's are always fp64 (the reference).
+  static void newton_schulz_one(T* x, T* scratch, int rows, int cols, int steps, bool bf16) {
+    const size_t n = size_t(rows) * cols;
+    const bool tall = rows > cols;
+    const int k = tall ? cols : rows, w = tall ? rows : cols;
+    T* A = scratch;
+    T* Bm = A + size_t(k) * k;
+    T* Y = Bm + size_t(k) * k;
+    T* X = tall ? Y + n : x;
+    double ss = 0;
+    for (size_t i = 0; i < n; i++) ss += double(x[i]) * double(x[i]);
+    const T inv = T(1) / (T(std::sqrt(ss)) + T(kMuonNormEps));
+    if (tall) {
+      for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) X[size_t(c) * rows + r] = x[size_t(r) * cols + c] * inv;
+    } else {
+      for (size_t i = 0; i < n; i++) X[i] *= inv;
+    }
+    // C (M, N) = alpha op(A) op(B) + beta C on this thread
+    auto mm = [bf16](bool ta, bool tb, int M, int N, int K, T alpha, const T* a, int lda, const T* b, int ldb, T beta,
+                     T* c, int ldc) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (bf16) return gemm_bf16(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+      }
+      gemm_serial(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+    };
+    for (int s = 0; s < steps; s++) {
+      mm(false, true, k, k, w, T(1), X, w, X, w, T(0), A, k);  // A = X X^T
+      for (size_t i = 0; i < size_t(k) * k; i++) Bm[i] = T(kMuonB) * A[i];
+      mm(false, true, k, k, k, T(kMuonC), A, k, A, k, T(1), Bm, k);  // + c A A (A^T = A)
+      for (size_t i = 0; i < n; i++) Y[i] = T(kMuonA) * X[i];
+      mm(false, false, k, w, k, T(1), Bm, k, X, w, T(1), Y, w);  // + B X
+      std::memcpy(X, Y, n * sizeof(T));
+    }
+    if (tall)
+      for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) x[size_t(r) * cols + c] = X[size_t(c) * rows + r];
+  }
   // crossentropy_backward's dloss: grad_scale * loss scale / *n_valid, in double, rounded once (0: no valid target)
   T dloss(const int32_t* n_valid, float grad_scale) const {
     return *n_valid > 0 ? T(double(grad_scale) * double(step_.scaler.scale) / double(*n_valid)) : T(0);

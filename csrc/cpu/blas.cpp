@@ -58,6 +58,15 @@ void gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, 
   gemm_parallel(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+void gemm_serial(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+                 float beta, float* C, int ldc) {
+  blas_call(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void gemm_serial(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda, const double* B,
+                 int ldb, double beta, double* C, int ldc) {
+  blas_call(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 void blas_init() { GPT2CORE_BLAS(openblas_set_num_threads)(1); }
 
 }  // namespace gpt2::cpu

@@ -19,6 +19,12 @@ void gemm(bool transA, bool transB, int M, int N, int K, float alpha, const floa
 void gemm(bool transA, bool transB, int M, int N, int K, double alpha, const double* A, int lda,
           const double* B, int ldb, double beta, double* C, int ldc);
 
+// gemm on the calling thread alone, never split (work already split over threads: one matrix per thread).
+void gemm_serial(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
+                 const float* B, int ldb, float beta, float* C, int ldc);
+void gemm_serial(bool transA, bool transB, int M, int N, int K, double alpha, const double* A, int lda,
+                 const double* B, int ldb, double beta, double* C, int ldc);
+
 // Pin BLAS to one thread per caller (done once when the module loads).
 void blas_init();
 

@@ -358,6 +358,19 @@ class Backend {
   virtual void muon_orthogonalize(M* /*x*/, M* /*scratch*/, int /*rows*/, int /*cols*/, int /*steps*/) {
     throw std::logic_error(std::string("backend ") + name() + " has no Muon");
   }
+  // muon_orthogonalize of `batch` matrices of one shape at once: x + b * rows * cols for b < batch (consecutive in
+  // memory: the layers' slices of one tensor, or qkvw's q, k, v), each as muon_orthogonalize alone, so that a
+  // backend can batch the products of every matrix into one call per product and iteration. A matrix's result
+  // does not depend on the batch it is in (data parallel ranks orthogonalise different shares of the matrices).
+  // bf16: the Newton-Schulz products' inputs rounded to bf16, summed in fp32 (modded-nanogpt's precision; the CUDA
+  // backend's products always are bf16, cuda/muon.cuh); false: in the storage type. scratch holds
+  // muon_batch_scratch_size(batch, rows, cols) values. The default: muon_orthogonalize one matrix at a time.
+  virtual size_t muon_batch_scratch_size(int /*batch*/, int rows, int cols) const {
+    return muon_scratch_size(rows, cols);
+  }
+  virtual void muon_orthogonalize_batch(M* x, M* scratch, int batch, int rows, int cols, int steps, bool /*bf16*/) {
+    for (int b = 0; b < batch; b++) muon_orthogonalize(x + size_t(b) * rows * cols, scratch, rows, cols, steps);
+  }
   virtual void muon_apply(T* /*param*/, M* /*master*/, const M* /*x*/, size_t /*n*/, size_t /*base*/, float /*decay*/,
                           float /*scale*/) {
     throw std::logic_error(std::string("backend ") + name() + " has no Muon");

@@ -1040,21 +1040,46 @@ void GPT2Model<T>::muon_matrix_ops(const MuonStep& muon) {
   if (muon.mat_lo < 0 || muon.mat_lo > hi || hi > int(muon_mats_.size()))
     throw std::invalid_argument("muon: matrix range out of bounds");
   Backend<T>& be = *backend_;
-  size_t need = 0;
-  for (const MuonMatrix& x : muon_mats_) need = std::max(need, be.muon_scratch_size(x.rows, x.cols));
+  // runs of matrices [j, j + count) of one shape, consecutive in memory (a tensor's layer slices, qkvw's q, k, v):
+  // one batched Newton-Schulz and one update each
+  struct Run {
+    int j, count;
+  };
+  std::vector<Run> runs;
+  for (int j = muon.mat_lo; j < hi; j++) {
+    const MuonMatrix& x = muon_mats_[j];
+    if (!runs.empty()) {
+      const MuonMatrix& p = muon_mats_[runs.back().j + runs.back().count - 1];
+      if (p.rows == x.rows && p.cols == x.cols && p.offset + size_t(p.rows) * p.cols == x.offset) {
+        runs.back().count++;
+        continue;
+      }
+    }
+    runs.push_back({j, 1});
+  }
+  size_t need = 0;  // sized for every run of the whole model, so that a later range needs no new scratch
+  for (size_t j = 0, c = 1; j < muon_mats_.size(); j += c) {
+    const MuonMatrix& x = muon_mats_[j];
+    for (c = 1; j + c < muon_mats_.size() && muon_mats_[j + c].rows == x.rows && muon_mats_[j + c].cols == x.cols &&
+                muon_mats_[j + c].offset == x.offset + c * size_t(x.rows) * x.cols;
+         c++) {
+    }
+    for (size_t b = 1; b <= c; b++) need = std::max(need, be.muon_batch_scratch_size(int(b), x.rows, x.cols));
+  }
   if (need > muon_scratch_n_) {
     if (muon_scratch_) be.free_master(muon_scratch_);
     muon_scratch_ = be.alloc_master(need);
     muon_scratch_n_ = need;
   }
-  for (int j = muon.mat_lo; j < hi; j++) {
-    const MuonMatrix& x = muon_mats_[j];
+  for (const Run& r : runs) {
+    const MuonMatrix& x = muon_mats_[r.j];
     M* u = grads_ + x.offset;
     GPT2CORE_TIMED("optimizer.muon_newton_schulz",
-                   be.muon_orthogonalize(u, muon_scratch_, x.rows, x.cols, muon.args.ns_steps));
+                   be.muon_orthogonalize_batch(u, muon_scratch_, r.count, x.rows, x.cols, muon.args.ns_steps,
+                                               muon.args.ns_bf16));
     GPT2CORE_TIMED("optimizer.muon_apply",
                    be.muon_apply(params_ + x.offset, master_ ? master_ + x.offset : nullptr, u,
-                                 size_t(x.rows) * x.cols, x.offset, muon.args.weight_decay,
+                                 size_t(r.count) * x.rows * x.cols, x.offset, muon.args.weight_decay,
                                  muon_scale(x.rows, x.cols)));
   }
 }
@@ -1075,7 +1100,8 @@ double GPT2Model<T>::muon_optimizer_step(float lr, float beta1, float beta2, flo
   muon_matrix_ops(MuonStep{muon.lr, muon.beta, muon.args, 0, 0});  // sizes the scratch outside any capture
   run_graphed(optimizer_graph_,
               {beta1, beta2, eps, weight_decay, double(scaling), 1.0, muon.args.weight_decay,
-               double(muon.args.ns_steps), double(muon.args.nesterov), double(muon.mat_lo), double(muon.mat_hi)},
+               double(muon.args.ns_steps), double(muon.args.nesterov), double(muon.mat_lo), double(muon.mat_hi),
+               double(muon.args.ns_bf16)},
               [&] {
                 GPT2CORE_TIMED("optimizer.grad_norm", be.grad_sum_squares(grads_, num_params_));
                 adamw_ops(adam, beta1, beta2, eps);

@@ -146,6 +146,7 @@ struct MuonArgs {
   float weight_decay = 0.0f;
   int ns_steps = kMuonNsSteps;
   bool nesterov = true;
+  bool ns_bf16 = false;  // Newton-Schulz's products in bf16 (Backend::muon_orthogonalize_batch)
 };
 
 // The shape factor of a (rows, cols) matrix's update (see above).
