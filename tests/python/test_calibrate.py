@@ -263,6 +263,9 @@ def test_dry_run_of_every_step_on_the_cpu(tmp_path):
     dp = [r for r in s["dp"]["rows"] if "replicas_bit_identical" in r]
     # both ranks' replicas bit for bit; ZeRO and one process equal to fp32 rounding (the CPU's own tests say so)
     assert len(dp) == 3 and all(r["replicas_bit_identical"] and r["max_abs_diff_to_one_process"] < 2e-5 for r in dp)
+    ev = {k: v for r in s["eval"]["rows"] for k, v in r.items()}
+    assert ev["hellaswag"]["n"] == 16 and ev["items_per_s"] > 0
+    assert isinstance(ev["core"], float) and ev["items"] == 12  # 3 tasks of the built bundle, 4 items each
     assert s["resume"]["rows"][-1]["bit_identical"] is True and s["resume"]["rows"][0]["killed_with"] == -9
     assert all(r["bit_identical"] for r in s["bitwise"]["rows"])
     assert [r["recompute"] for r in s["scale"]["rows"] if "recompute" in r] == ["none", "gelu", "layer"]
