@@ -9,6 +9,7 @@ are documented in docs/contributing.md; runnable blocks use the tiny preset and 
 """
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -163,3 +164,124 @@ def test_a_failing_block_fails_the_page(tmp_path):
                        cwd=tmp_path, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert os.path.realpath(r.stdout.strip()) == os.path.realpath(sys.executable)
+
+
+# Every flag a page's commands use exists: the commands of every shell block (runnable or not: those need a GPU, a
+# download or hours) are read, and each flag is looked up in the --help of the command it is given to.
+
+PROGRAM = re.compile(r"^(gpt2core-[a-z]+|python3? -m gpt2core(\.[a-z_.]+)?|python3? scripts/[a-z_0-9]+\.py)$")
+
+
+def shell_blocks(text: str) -> list[str]:
+    """The code of every bash / sh / shell block."""
+    blocks, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        i += 1
+        if not m:
+            continue
+        fence, body = m["fence"], []
+        while i < len(lines):
+            c = FENCE.match(lines[i])
+            if c and c["fence"][0] == fence[0] and len(c["fence"]) >= len(fence) and not c["info"].strip():
+                break
+            body.append(lines[i])
+            i += 1
+        i += 1
+        if (m["info"].strip().split(" ")[0].lower() if m["info"].strip() else "") in SHELLS:
+            blocks.append("\n".join(body))
+    return blocks
+
+
+def commands(code: str) -> list[tuple[str, list[str]]]:
+    """(program, arguments) of each command of gpt2core or of a script in a block: continuation lines joined,
+    comments, environment assignments and heredoc bodies left out; `-m gpt2core.X` inside a launcher (torchrun,
+    python -m gpt2core.launch) is a command of its own with the arguments after it."""
+    found, heredoc = [], None
+    for line in code.replace("\\\n", " ").splitlines():
+        if heredoc is not None:
+            heredoc = None if line.strip() == heredoc else heredoc
+            continue
+        h = re.search(r"<<-?\s*'?\"?(\w+)", line)
+        if h:
+            heredoc = h[1]
+        line = re.sub(r"(^|\s)#.*$", "", line)
+        for seg in re.split(r"&&|\|\||;|(?<![\\'\"])\|(?![\w'\"])", line):
+            try:
+                toks = shlex.split(seg)
+            except ValueError:
+                toks = seg.split()
+            while toks and re.match(r"^[A-Z_][A-Z0-9_]*=", toks[0]):
+                toks = toks[1:]
+            for k in range(len(toks) - 1):  # a launcher: the module after -m runs with the arguments after it
+                if k >= 2 and toks[k] == "-m" and toks[k + 1].startswith("gpt2core."):  # not python's own -m
+                    found.append((f"python -m {toks[k + 1]}", toks[k + 2:]))
+                    toks = toks[:k]
+                    break
+            if not toks:
+                continue
+            python = toks[0] in ("python", "python3")
+            n = (3 if toks[1:2] == ["-m"] else 2) if python else 1  # python -m gpt2core.X, python scripts/x.py
+            prog = " ".join(toks[:n])
+            if PROGRAM.match(prog):
+                found.append((prog, toks[n:]))
+    return found
+
+
+_HELP: dict[tuple[str, ...], str] = {}
+
+
+def help_text(argv: tuple[str, ...], env: dict) -> str:
+    if argv not in _HELP:
+        r = subprocess.run(["bash", "-c", " ".join(shlex.quote(a) for a in argv) + " --help"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        _HELP[argv] = r.stdout + r.stderr if r.returncode == 0 else ""
+    return _HELP[argv]
+
+
+def flags_of(args: list[str]) -> list[str]:
+    out = []
+    for a in args:
+        a = a.strip("[]")
+        if re.match(r"^--[a-zA-Z][\w-]*(=.*)?$", a) or re.match(r"^-[A-Za-z]$", a):
+            out.append(a.split("=")[0])
+    return out
+
+
+def documented_commands() -> list[tuple[str, str, list[str]]]:
+    found = []
+    for page in pages():
+        for code in shell_blocks(page.read_text(encoding="utf-8")):
+            for prog, args in commands(code):
+                found.append((str(page.relative_to(ROOT)), prog, args))
+    return found
+
+
+def test_commands_are_read():
+    # the reader finds the commands it should: a launcher's module, continuation lines, environment prefixes
+    code = ("GPT2CORE_CUDA=OFF gpt2core-train --preset d12 \\\n    --zero 1   # a comment --not-a-flag\n"
+            "torchrun --standalone --nproc_per_node=8 -m gpt2core.train --preset d12 --device cuda\n"
+            "python -m gpt2core.launch --nproc-per-node 2 -m gpt2core.train -B 4\n"
+            "python - <<'PY'\nprint('--not-a-flag')\nPY\npython scripts/bench.py --ladder | tee x\n")
+    got = [(p, flags_of(a)) for p, a in commands(code)]
+    assert got == [("gpt2core-train", ["--preset", "--zero"]), ("python -m gpt2core.train", ["--preset", "--device"]),
+                   ("python -m gpt2core.train", ["-B"]), ("python -m gpt2core.launch", ["--nproc-per-node"]),
+                   ("python scripts/bench.py", ["--ladder"])]
+
+
+def test_documented_flags_exist(tmp_path):
+    env = shell_env(tmp_path)
+    missing = []
+    for page, prog, args in documented_commands():
+        argv = tuple(prog.split())
+        top = help_text(argv, env)
+        assert top, f"{page}: `{prog} --help` failed"
+        # a subcommand (gpt2core-eval val, python -m gpt2core.data fineweb, ...): the first word, if --help lists it
+        sub = [a for a in args if not a.startswith("-")][:1]
+        choices = re.search(r"\{([\w,-]+)\}", top)
+        if sub and args and args[0] == sub[0] and choices and sub[0] in choices[1].split(","):
+            argv, top = argv + (sub[0],), help_text(argv + (sub[0],), env)
+        for flag in flags_of(args):
+            if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", top):
+                missing.append(f"{page}: {' '.join(argv)} {flag}")
+    assert not missing, "flags the pages use that the commands do not have:\n" + "\n".join(sorted(set(missing)))
