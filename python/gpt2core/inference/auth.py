@@ -57,11 +57,14 @@ class APIKeyGate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or (scope["method"], scope["path"]) in self.OPEN or scope["method"] == "OPTIONS":
             return await self.app(scope, receive, send)
-        header = dict(scope["headers"]).get(b"authorization")
+        given = [v for k, v in scope["headers"] if k.lower() == b"authorization"]
+        header = given[0] if len(given) == 1 else None  # two Authorization headers: neither is believed
         if self.allowed(header):
             return await self.app(scope, receive, send)
-        msg = "a valid API key is required: send Authorization: Bearer <key>" if header is None else \
-            "incorrect API key provided"
+        msg = "incorrect API key provided" if given else \
+            "a valid API key is required: send Authorization: Bearer <key>"
+        if len(given) > 1:
+            msg = "send one Authorization header: this request has " + str(len(given))
         body = json.dumps(APIError(401, msg, None, "invalid_api_key").body()).encode()
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
