@@ -17,6 +17,7 @@
 #include "backends.h"
 #include "cpu/blas.h"
 #include "cpu/gemm_bf16.h"
+#include "model/fp8.h"
 #include "model/gpt2.h"
 #include "bindings_infer.h"
 
@@ -838,7 +839,7 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
      "of Muon's Newton-Schulz (csrc/cpu/gemm_bf16.h; AVX512-BF16 where the CPU has it, see has_avx512_bf16).");
   m.def("has_avx512_bf16", &gpt2::cpu::has_avx512_bf16,
         "Whether this CPU runs gemm_bf16's AVX512-BF16 kernel (else the rounded inputs go through sgemm).");
-  m.def("newton_schulz", [](py::object x_obj, int steps, const std::string& ns_dtype) {
+  m.def("newton_schulz", [](py::object x_obj, int steps, const std::string& ns_dtype, bool per_matrix) {
     if (!py::isinstance<py::array>(x_obj) || !(py::array_t<float>::check_(x_obj) || py::array_t<double>::check_(x_obj)))
       arg_error("x must be a float32 or float64 numpy array of shape (batch, rows, cols)");
     auto xa = py::reinterpret_borrow<py::array>(x_obj);
@@ -847,6 +848,7 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
     if (ns_dtype != "float32" && ns_dtype != "bfloat16")
       arg_error("ns_dtype must be 'float32' or 'bfloat16', got '" + ns_dtype + "'");
     if (ns_dtype == "bfloat16" && !py::array_t<float>::check_(x_obj)) arg_error("ns_dtype 'bfloat16' needs a float32 x");
+    if (ns_dtype == "bfloat16" && per_matrix) arg_error("per_matrix runs the unbatched op, which has no bf16");
     auto run = [&](auto tag) {
       using F = decltype(tag);
       auto x = py::array_t<F, py::array::c_style | py::array::forcecast>::ensure(xa);
@@ -857,17 +859,24 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
         py::gil_scoped_release nogil;
         auto be = gpt2::cpu::make_backend<F>();
         be->set_step_args(gpt2::StepArgs{});
-        F* scratch = be->alloc_master(be->muon_batch_scratch_size(batch, rows, cols));
-        be->muon_orthogonalize_batch(out.mutable_data(), scratch, batch, rows, cols, steps, ns_dtype == "bfloat16");
+        F* scratch = be->alloc_master(per_matrix ? be->muon_scratch_size(rows, cols)
+                                                 : be->muon_batch_scratch_size(batch, rows, cols));
+        if (per_matrix)  // the unbatched op, its GEMMs split over the threads (what the model ran before batching)
+          for (int b = 0; b < batch; b++)
+            be->muon_orthogonalize(out.mutable_data() + size_t(b) * rows * cols, scratch, rows, cols, steps);
+        else
+          be->muon_orthogonalize_batch(out.mutable_data(), scratch, batch, rows, cols, steps, ns_dtype == "bfloat16");
         be->free_master(scratch);
       }
       return py::object(out);
     };
     return py::array_t<float>::check_(x_obj) ? run(float{}) : run(double{});
-  }, py::arg("x"), py::arg("steps") = gpt2::kMuonNsSteps, py::arg("ns_dtype") = "float32",
+  }, py::arg("x"), py::arg("steps") = gpt2::kMuonNsSteps, py::arg("ns_dtype") = "float32", py::arg("per_matrix") = false,
      "Muon's Newton-Schulz (csrc/model/optimizer.h) of each matrix x[b] through the CPU backend's batched op "
      "(Backend::muon_orthogonalize_batch), as a new array of x's dtype: X = x / (||x||_F + 1e-7), then `steps` "
-     "quintic iterations; ns_dtype 'bfloat16' rounds the products' inputs to bf16 (float32 x only).");
+     "quintic iterations; ns_dtype 'bfloat16' rounds the products' inputs to bf16 (float32 x only). per_matrix: "
+     "one Backend::muon_orthogonalize per matrix instead (GEMMs split over the threads; float32 / float64 only), "
+     "the unbatched op scripts/bench.py --newton-schulz compares against.");
   m.def("matmul", [](py::object a_obj, py::object b_obj) {
     auto matrix = [](const py::object& obj, const char* name) {
       const std::string what = std::string(name) + " must be a non-empty, C-contiguous float32 numpy array of 2 dimensions";
@@ -895,6 +904,26 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
   }, py::arg("a"), py::arg("b"),
      "a @ b for float32 matrices through the CPU backend's GEMM (BLAS, C split over the OpenMP threads), as the "
      "model's matmuls run: scripts/bench.py times it for the CPU's fp32 peak.");
+  m.def("fp8_cast", [](py::object x_obj, const std::string& kind) {
+    gpt2::Fp8Kind k;
+    if (kind == "e4m3") k = gpt2::Fp8Kind::E4M3;
+    else if (kind == "e5m2") k = gpt2::Fp8Kind::E5M2;
+    else arg_error("kind must be 'e4m3' or 'e5m2', got '" + kind + "'");
+    if (!py::isinstance<py::array>(x_obj) || !py::array_t<float>::check_(x_obj))
+      arg_error("x must be a float32 numpy array" + (py::isinstance<py::array>(x_obj)
+                    ? ", got dtype " + std::string(py::str(py::reinterpret_borrow<py::array>(x_obj).dtype()))
+                    : std::string()));
+    // any layout and shape: a C-contiguous copy when needed (values only; the result is C-contiguous)
+    auto x = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(x_obj);
+    std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
+    py::array_t<float> out(shape);
+    const float* in = x.data();
+    float* o = out.mutable_data();
+    for (py::ssize_t i = 0; i < x.size(); i++) o[i] = gpt2::fp8_to_float(gpt2::float_to_fp8(in[i], k), k);
+    return out;
+  }, py::arg("x"), py::arg("kind"),
+     "x (float32) rounded to FP8 e4m3 or e5m2 as the GPU's cvt.rn.satfinite does (round to nearest even, "
+     "subnormals kept, saturating to +-448 / +-57344, NaN kept), returned as float32 (csrc/model/fp8.h).");
   m.def("muon_param_names", []() {
     std::vector<std::string> v;
     for (int i = 0; i < gpt2::kNumParamTensors; i++)

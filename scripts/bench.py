@@ -146,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="per-op profile of one training step: forward, loss, backward and optimizer split by op "
                          "(GPT2's core timing each op between two synchronisations), per --recipe side by side; "
                          "CUDA: also the measured step beside the roofline model's (gpu_model.py)")
+    ap.add_argument("--newton-schulz", action="store_true",
+                    help="time Muon's Newton-Schulz alone over the preset's Muon matrices (one optimizer step's, at "
+                         "--muon-ns-steps): the unbatched op (each matrix's GEMMs split over the threads), the batched "
+                         "op in fp32 and in bf16, alternating --rounds rounds")
+    ap.add_argument("--muon-ns-steps", type=cli.non_negative_int, default=5, help="--newton-schulz: iterations")
     ap.add_argument("--ladder", action="store_true",
                     help="run every rung of the speed ladder (baseline, tf32, bf16, fusion, flash attention, padded "
                          "vocab, CUDA graphs) one after another and print them side by side")
@@ -439,6 +444,48 @@ def recipes(args):
         runs[recipe]["time_per_token_vs_first"] = ratio
         print(f"time per token, --recipe {recipe} / --recipe {first}: {ratio:.3f}x")
     return {"recipes": runs}
+
+
+def muon_runs(cfg) -> list[tuple[int, int, int]]:
+    """(matrices, rows, cols) of each run of same-shape Muon matrices of a config, as the core batches them: q, k, v of
+    every layer (qkvw), attprojw's, fcw's and fcprojw's layers."""
+    L, C = cfg.n_layer, cfg.n_embd
+    return [(3 * L, C, C), (L, C, C), (L, 4 * C, C), (L, C, 4 * C)]
+
+
+def newton_schulz_bench(args):
+    """--newton-schulz: ms per optimizer step of Newton-Schulz over the preset's Muon matrices, three ways, in
+    alternating rounds (the median of each), with the GFLOP/s of each (4 k^2 w + 2 k^3 per iteration of a k x w wide
+    form)."""
+    from gpt2core import _C
+    from gpt2core.config import get_preset
+
+    if args.threads:
+        _C.set_num_threads(args.threads)
+    cfg, steps = get_preset(args.preset), args.muon_ns_steps
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(r, dtype=np.float32) for r in muon_runs(cfg)]
+    flops = sum(b * steps * (4 * min(r, c) ** 2 * max(r, c) + 2 * min(r, c) ** 3) for b, r, c in muon_runs(cfg))
+    ways = {"unbatched fp32 (before)": dict(per_matrix=True), "batched fp32": {}, "batched bf16": dict(
+        ns_dtype="bfloat16")}
+    times = {k: [] for k in ways}
+    for _ in range(args.rounds):
+        for k, kw in ways.items():
+            t0 = time.perf_counter()
+            for x in xs:
+                _C.newton_schulz(x, steps, **kw)
+            times[k].append(time.perf_counter() - t0)
+    print(f"Newton-Schulz, preset {args.preset}: {sum(b for b, _, _ in muon_runs(cfg))} matrices in runs "
+          + ", ".join(f"{b} x ({r}, {c})" for b, r, c in muon_runs(cfg)) + f" | {steps} iterations, "
+          f"{flops / 1e9:.1f} GFLOP per optimizer step | threads {_C.get_num_threads()} | AVX512-BF16 "
+          f"{_C.has_avx512_bf16()} | median of {args.rounds} alternating rounds")
+    base = float(np.median(times["unbatched fp32 (before)"]))
+    out = {}
+    for k, v in times.items():
+        t = float(np.median(v))
+        out[k] = t * 1e3
+        print(f"{k:>24}: {t * 1e3:9.1f} ms per optimizer step | {flops / t / 1e9:6.1f} GFLOP/s | {base / t:.2f}x")
+    return {"ms_per_step": out}
 
 
 def random_conversations(n: int, T: int, seed: int = 0) -> list:
@@ -794,6 +841,8 @@ def main(argv=None):
         return eval_bench(args)
     if args.nproc > 1 or args.scaling:
         return data_parallel(args, argv)
+    if args.newton_schulz:
+        return newton_schulz_bench(args)
     if len(args.recipe) > 1 or args.recipe != ["gpt2"] or (args.profile and args.device == "cpu"):
         return recipes(args)
     if not args.ladder:

@@ -467,4 +467,48 @@ void crossentropy_backward_inplace(T* logits, const T* lse, const int32_t* targe
   }
 }
 
+// crossentropy_forward then crossentropy_backward_inplace (with the soft-cap: softcap_forward first), one row at a
+// time: the row's passes (cap + max, sum of exponentials, gradient) run while its Vp values sit in the core's cache
+// instead of three sweeps over the whole (N, Vp) logits, with the same per-value arithmetic in the same order (the
+// same bits as the separate ops). logits hold the RAW z; targets not null; dloss as crossentropy_backward's.
+template <typename T>
+void crossentropy_forward_backward_rows(T* losses, T* lse, T* logits, const int32_t* targets, T dloss, int N, int V,
+                                        int Vp, T cap = T(0)) {
+  const T inv = cap > T(0) ? T(1) / cap : T(0);
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    T* row = logits + (size_t)n * Vp;
+    T maxv = -INFINITY;
+    if (cap > T(0)) {
+      for (int i = 0; i < V; i++) {
+        row[i] = cap * fast_tanh(row[i] * inv);
+        maxv = row[i] > maxv ? row[i] : maxv;
+      }
+    } else {
+      for (int i = 0; i < V; i++) maxv = row[i] > maxv ? row[i] : maxv;
+    }
+    T sum = 0;
+    for (int i = 0; i < V; i++) sum += fast_exp(row[i] - maxv);
+    const T l = maxv + std::log(sum);
+    lse[n] = l;
+    const int tg = targets[n];
+    if (tg < 0) {
+      losses[n] = 0;
+      for (int i = 0; i < Vp; i++) row[i] = 0;
+      continue;
+    }
+    losses[n] = l - row[tg];
+    if (cap > T(0)) {
+      for (int i = 0; i < V; i++) {
+        const T u = row[i] * inv;
+        row[i] = (fast_exp(row[i] - l) - (i == tg ? T(1) : T(0))) * dloss * (T(1) - u * u);
+      }
+    } else {
+      for (int i = 0; i < V; i++) row[i] = fast_exp(row[i] - l) * dloss;
+      row[tg] -= dloss;
+    }
+    for (int i = V; i < Vp; i++) row[i] = 0;
+  }
+}
+
 }  // namespace gpt2::cpu::GPT2CORE_CPU_ISA

@@ -148,3 +148,14 @@ def test_profile_splits_each_recipes_step_by_op():
             assert rows[f"= {phase}"][col] == pytest.approx(sum(ops), abs=0.006 * len(ops) + 0.01), (phase, out)
     ratio = float(re.search(r"^time per token, --recipe modern / --recipe gpt2: ([0-9.]+)x", out, re.M).group(1))
     assert ratio == pytest.approx(ms["modern"] / ms["gpt2"], rel=0.01)
+
+
+def test_newton_schulz_times_the_three_ways():
+    """--newton-schulz: one line per way (the unbatched op, batched fp32, batched bf16) with ms per optimizer step,
+    GFLOP/s and the speed-up over the first; the header counts the preset's Muon matrices (tiny: 2 layers, C=64)."""
+    out = bench("--preset", "tiny", "--newton-schulz", "--rounds", "1", "--threads", "1").stdout
+    assert "12 matrices in runs 6 x (64, 64), 2 x (64, 64), 2 x (256, 64), 2 x (64, 256)" in out, out
+    rows = re.findall(r"^\s*(unbatched fp32 \(before\)|batched fp32|batched bf16): +([0-9.]+) ms per optimizer step "
+                      r"\| +([0-9.]+) GFLOP/s \| ([0-9.]+)x$", out, re.M)
+    assert [r[0] for r in rows] == ["unbatched fp32 (before)", "batched fp32", "batched bf16"], out
+    assert float(rows[0][3]) == 1.0 and all(float(r[1]) > 0 for r in rows)
