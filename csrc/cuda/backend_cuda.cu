@@ -35,6 +35,7 @@
 #include "cuda/classifier.cuh"
 #include "cuda/common.cuh"
 #include "cuda/encoder.cuh"
+#include "cuda/fp8.cuh"
 #include "cuda/gelu.cuh"
 #include "cuda/global_norm.cuh"
 #include "cuda/infer.cuh"
@@ -293,7 +294,30 @@ class CudaBackend final : public Backend<T> {
     }
     Backend<T>::gelu_matmul_backward(dpre, dw, dbias, dout, pre, act, w, scratch_t, N, C, OC);
   }
-  // flash and cudnn: att is the logsumexp of each query row, (B, NH, T); the T x T matrix never exists.
+  // FP8 Linear (backend.h; fp8.cuh quantises with current per-tensor scales, matmul.cuh's fp8_linear_* multiply
+  // through the cuBLASLt seam's FP8 path). bf16 models only: the FP8 matmuls write bf16 (or fp32 dW) and take a
+  // bf16 bias.
+  uint8_t* alloc_fp8(size_t bytes) override { return static_cast<uint8_t*>(alloc_bytes(bytes)); }
+  void free_fp8(uint8_t* p) override { release(p); }
+  void fp8_quantize(Fp8Tensor out, const T* x, int rows, int cols, Fp8Kind kind) override {
+    cuda::fp8_quantize(out.q, out.qt, out.meta, k(x), rows, cols, kind, stream_);
+  }
+  void fp8_linear_forward(T* out, Fp8Tensor inp8, const T* inp, const Fp8Tensor& w8, const T* bias, int N, int C,
+                          int OC) override {
+    fp8_needs_bf16();
+    cuda::fp8_quantize(inp8.q, inp8.qt, inp8.meta, k(inp), N, C, Fp8Kind::E4M3, stream_);
+    cuda::fp8_linear_forward(k(out), inp8.q, inp8.meta, w8.q, w8.meta, k(bias), N, C, OC, matmul_mode_, stream_);
+  }
+  void fp8_linear_backward(T* dinp, float* dw, float* dbias, Fp8Tensor dout8, const T* dout, const Fp8Tensor& inp8,
+                           const Fp8Tensor& w8, int N, int C, int OC, InputGrad mode) override {
+    fp8_needs_bf16();
+    cuda::fp8_quantize(dout8.q, dout8.qt, dout8.meta, k(dout), N, OC, Fp8Kind::E5M2, stream_);
+    cuda::fp8_linear_backward(k(dinp), dw, dout8.q, dout8.qt, dout8.meta, inp8.qt, inp8.meta, w8.qt, w8.meta, N, C,
+                              OC, mode == InputGrad::Add, matmul_mode_, stream_);
+    if (dbias && N > 0 && OC > 0)  // from the unquantised gradient
+      cuda::column_sum_accumulate(dbias, k(dout), scratch(size_t(column_chunks(N, OC)) * OC), N, OC, stream_);
+  }
+  // flash and cudnn: att is the logsumexp of each query row, (B, NH, T); the T x T matrix never exists.  // flash and cudnn: att is the logsumexp of each query row, (B, NH, T); the T x T matrix never exists.
   // naive: att holds the softmax probabilities (B, NH, T, T), as on the CPU.
   size_t attention_state_size(int B, int NH, int Tn) const override {
     return attention_ == Attention::Naive ? size_t(B) * NH * Tn * Tn : size_t(B) * NH * Tn;
@@ -775,6 +799,11 @@ class CudaBackend final : public Backend<T> {
   }
 
   static constexpr const char* kOomHint = "; try a smaller micro-batch (B) or sequence length (T), or --recompute-gelu";
+  void fp8_needs_bf16() const {
+    if (!kIsBF16<K>)
+      throw std::invalid_argument("FP8 matmuls run in bf16 models (precision fp8 is bf16 mixed precision with FP8 "
+                                  "Linear layers); this model is " + std::string(kIsF16<K> ? "fp16" : "fp32"));
+  }
   void* alloc_bytes(size_t bytes) {
     const size_t want = bytes ? bytes : 1;
     size_t free_b = 0, total_b = 0;

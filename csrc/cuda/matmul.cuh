@@ -234,4 +234,68 @@ template <class floatX>
   return true;
 }
 
+// ------------------------------------------------------------------------------------------ FP8 Linear
+// The FP8 matmuls of an FP8 Linear layer (precision fp8, Backend::fp8_linear_*), on tensors fp8.cuh quantised
+// (q, its transpose qt, meta = [1 / s, amax]; the seam reads meta[0] as the operand's dequantisation factor):
+//   forward:  out (N, OC) = deq(inp) (N, C) @ deq(w)^T + bias          inp q (N, C) e4m3, w q (OC, C) e4m3
+//   backward: dinp (N, C) (+)= deq(dout) (N, OC) @ deq(w)              dout q (N, OC) e5m2, w qt (C, OC)
+//             dw (OC, C) += deq(dout)^T @ deq(inp)                     dout qt (OC, N) e5m2, inp qt (C, N)
+// Every product is "TN" (seams.h: both operands contiguous along k), which is why backward takes the transposes.
+// out, dinp, bias in floatX (bf16: cuBLASLt's FP8 kernels take a bf16 bias); dw fp32. Products accumulate in fp32.
+template <class floatX>
+void fp8_linear_forward(floatX* out,           // (N, OC)
+                        const uint8_t* inp_q,  // (N, C) e4m3
+                        const float* inp_meta, // (2)
+                        const uint8_t* w_q,    // (OC, C) e4m3
+                        const float* w_meta,   // (2)
+                        const floatX* bias,    // (OC) or null
+                        int N, int C, int OC, MatmulMode mode, cudaStream_t stream) {
+  if (N <= 0 || OC <= 0) return;
+  gpt2core::seams::MatmulParams p;
+  p.d = out; p.ldd = OC; p.d_type = seam_dtype<floatX>();
+  p.a = inp_q; p.lda = C; p.a_type = gpt2core::seams::DType::E4M3;
+  p.b = w_q; p.ldb = C; p.trans_b = true; p.b_type = gpt2core::seams::DType::E4M3;
+  p.m = N; p.n = OC; p.k = C;
+  p.bias = bias;
+  p.a_scale = inp_meta; p.b_scale = w_meta;
+  p.tune = mode.tune;
+  p.stream = stream;
+  MATMUL_CHECK(gpt2core::seams::matmul(p), "fp8 forward");
+}
+
+template <class floatX>
+void fp8_linear_backward(floatX* dinp,             // (N, C), accumulated into (accumulate) or written
+                         float* dw,                // (OC, C), accumulated into
+                         const uint8_t* dout_q,    // (N, OC) e5m2
+                         const uint8_t* dout_qt,   // (OC, N) e5m2
+                         const float* dout_meta,   // (2)
+                         const uint8_t* inp_qt,    // (C, N) e4m3
+                         const float* inp_meta,    // (2)
+                         const uint8_t* w_qt,      // (C, OC) e4m3
+                         const float* w_meta,      // (2)
+                         int N, int C, int OC, bool accumulate, MatmulMode mode, cudaStream_t stream) {
+  if (N <= 0 || C <= 0 || OC <= 0) return;
+  using gpt2core::seams::DType;
+  gpt2core::seams::MatmulParams p;  // dinp (N, C) (+)= dout (N, OC) @ w (OC, C), w as its transpose (C, OC)
+  p.d = dinp; p.ldd = C; p.d_type = seam_dtype<floatX>();
+  p.a = dout_q; p.lda = OC; p.a_type = DType::E5M2;
+  p.b = w_qt; p.ldb = OC; p.trans_b = true; p.b_type = DType::E4M3;
+  p.m = N; p.n = C; p.k = OC;
+  p.accumulate = accumulate;
+  p.a_scale = dout_meta; p.b_scale = w_meta;
+  p.tune = mode.tune;
+  p.stream = stream;
+  MATMUL_CHECK(gpt2core::seams::matmul(p), "fp8 backward dinp");
+  gpt2core::seams::MatmulParams q;  // dw (OC, C) += dout^T (OC, N) @ inp (N, C), inp as its transpose (C, N)
+  q.d = dw; q.ldd = C; q.d_type = DType::F32;
+  q.a = dout_qt; q.lda = N; q.a_type = DType::E5M2;
+  q.b = inp_qt; q.ldb = N; q.trans_b = true; q.b_type = DType::E4M3;
+  q.m = OC; q.n = C; q.k = N;
+  q.accumulate = true;
+  q.a_scale = dout_meta; q.b_scale = inp_meta;
+  q.tune = mode.tune;
+  q.stream = stream;
+  MATMUL_CHECK(gpt2core::seams::matmul(q), "fp8 backward dweight");
+}
+
 }  // namespace gpt2::cuda

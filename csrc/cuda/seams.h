@@ -24,9 +24,11 @@
 
 namespace gpt2core::seams {
 
-enum class DType : int { F32 = 0, BF16 = 1, F16 = 2 };  // F16: IEEE half precision (__half)
+// F16: IEEE half precision (__half); E4M3, E5M2: the FP8 formats of csrc/model/fp8.h (matmul inputs only)
+enum class DType : int { F32 = 0, BF16 = 1, F16 = 2, E4M3 = 3, E5M2 = 4 };
 
-inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+inline bool is_fp8(DType t) { return t == DType::E4M3 || t == DType::E5M2; }
+inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : is_fp8(t) ? 1 : 2; }
 
 // ---------------------------------------------------------------------------------------- matmul
 enum class Epilogue : int {
@@ -47,6 +49,16 @@ enum class Epilogue : int {
 // (a weight gradient dW = dout^T @ inp, op(A) = dout^T, gets dbias = column sums of dout); cuBLASLt's BGRADB
 // epilogue. Only with Epilogue::None, no bias and batch 1 (cudaErrorInvalidValue otherwise); D may accumulate.
 // The cuBLASLt implementation maps this row-major product onto column-major D^T = op(B)^T op(A)^T.
+//
+// FP8 (a_type and b_type E4M3 / E5M2, not both E5M2; sm_89 / sm_90): D = alpha * (*a_scale) * (*b_scale) *
+// (op(A) @ op(B)) (+ bias) (+ D), each fp8 value widened exactly, products accumulated in fp32 (cuBLASLt's fast
+// accumulation off), D in F32, BF16 or F16. a_scale / b_scale: device pointers to one float each, the
+// dequantisation factors of A and B (null: 1), read when the matmul runs. cuBLASLt's FP8 kernels take the "TN"
+// layout only, which in this row-major seam is trans_a = false, trans_b = true (both operands contiguous along
+// k); they also need k, lda and ldb multiples of 16, ldd a multiple of 16 bytes and A, B, D 16-byte aligned.
+// Anything else with FP8 inputs is cudaErrorInvalidValue; a GELU epilogue, bias_grad, batch > 1, or a bias with an
+// F32 D (cuBLASLt's FP8 kernels then take a bf16 bias) are cudaErrorNotSupported. Scale pointers without FP8
+// inputs, or an FP8 D, are cudaErrorInvalidValue.
 struct MatmulParams {
   void* d = nullptr;
   DType d_type = DType::F32;
@@ -74,14 +86,32 @@ struct MatmulParams {
   // time the library's candidate algorithms once per problem and keep the fastest (else its heuristic's first);
   // the CPU implementation has one algorithm and ignores it
   bool tune = false;
+  const float* a_scale = nullptr;  // FP8 only: A's dequantisation factor (device memory; null: 1)
+  const float* b_scale = nullptr;  // FP8 only: B's
   cudaStream_t stream = nullptr;
 };
 cudaError_t matmul(const MatmulParams& p);
 
 // The argument checks every matmul implementation shares (shapes, pointers, leading dimensions, GELU
-// backward needs pre_gelu, bias_grad alone, no GELU epilogue with accumulate). The empty product (m == 0 or n == 0) is valid.
+// backward needs pre_gelu, bias_grad alone, no GELU epilogue with accumulate, the FP8 rules above). The empty
+// product (m == 0 or n == 0) is valid.
+inline cudaError_t validate_fp8_matmul(const MatmulParams& p) {
+  const bool a8 = is_fp8(p.a_type), b8 = is_fp8(p.b_type);
+  if (is_fp8(p.d_type)) return cudaErrorInvalidValue;
+  if (!a8 && !b8) return p.a_scale || p.b_scale ? cudaErrorInvalidValue : cudaSuccess;
+  if (a8 != b8 || (p.a_type == DType::E5M2 && p.b_type == DType::E5M2)) return cudaErrorInvalidValue;
+  if (p.trans_a || !p.trans_b || p.k % 16 || p.lda % 16 || p.ldb % 16 || (p.ldd * dtype_size(p.d_type)) % 16)
+    return cudaErrorInvalidValue;
+  auto misaligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 != 0; };
+  if (misaligned(p.a) || misaligned(p.b) || misaligned(p.d)) return cudaErrorInvalidValue;
+  if (p.epilogue != Epilogue::None || p.bias_grad || p.batch > 1 || (p.bias && p.d_type == DType::F32))
+    return cudaErrorNotSupported;
+  return cudaSuccess;
+}
+
 inline cudaError_t validate_matmul(const MatmulParams& p) {
   if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 1) return cudaErrorInvalidValue;
+  if (const cudaError_t e = validate_fp8_matmul(p); e != cudaSuccess) return e;
   if (p.m == 0 || p.n == 0) return cudaSuccess;
   const int a_cols = p.trans_a ? p.m : p.k, b_cols = p.trans_b ? p.k : p.n;
   if (!p.d || p.ldd < p.n || (p.k > 0 && (!p.a || !p.b || p.lda < a_cols || p.ldb < b_cols)))

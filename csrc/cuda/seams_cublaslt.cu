@@ -4,7 +4,9 @@
 // D^T (n, m) = op(B)^T @ op(A)^T: cuBLASLt's "A" is our B and its "B" is our A, with the transposes swapped
 // accordingly; the bias (n) is then a per-row vector of D^T, which is what cuBLASLt's bias epilogue takes.
 // Compute: fp32 (CUBLAS_COMPUTE_32F), or TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) for fp32 inputs
-// when the call's params say tf32; bf16 and fp16 inputs accumulate in fp32 (scale type fp32 throughout). Epilogues:
+// when the call's params say tf32; bf16 and fp16 inputs accumulate in fp32 (scale type fp32 throughout). FP8 inputs
+// (e4m3 / e5m2, "TN" as seams.h states) take their dequantisation factors through cuBLASLt's A / B scale pointers
+// (device memory, swapped like the operands) and accumulate in fp32 without fast accumulation. Epilogues:
 // bias, GELU (+ bias, + saving the pre-activation as aux, in D's type: the aux type is left at its default), GELU
 // backward (dGELU from aux), bias gradient (BGRADB: cuBLASLt's B is our A, so the sums over k of op(A)'s rows,
 // written to bias_grad in D's type); no GELU epilogue with accumulation (seams.h). A fused epilogue cuBLASLt
@@ -87,7 +89,14 @@ State& state() {
 thread_local std::string t_last_error;
 
 cudaDataType_t cuda_type(DType t) {
-  return t == DType::F32 ? CUDA_R_32F : t == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    case DType::E4M3: return CUDA_R_8F_E4M3;
+    case DType::E5M2: return CUDA_R_8F_E5M2;
+  }
+  return CUDA_R_32F;
 }
 
 template <class V>
@@ -149,6 +158,11 @@ void describe_matmul(const MatmulParams& p, size_t workspace_bytes, CublasLtCall
   if (p.bias_grad) {  // the bias gradient's output: cuBLASLt's bias pointer, in D's type (cublasLt.h)
     set(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias_grad);
     set(call.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(p.d_type));
+  }
+  if (is_fp8(p.a_type)) {  // FP8: the dequantisation factors (cuBLASLt's A is our B), fp32 accumulation
+    set(call.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(p.b_scale));
+    set(call.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(p.a_scale));
+    set(call.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t(0));
   }
   if (p.pre_gelu) {  // aux: (m, n) like D, ld and batch stride of D; its type defaults to D's (cublasLt.h)
     set(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.pre_gelu);
@@ -304,7 +318,10 @@ void release_matmul_stream(void* stream) {
 
 cudaError_t matmul(const MatmulParams& p) {
   if (const cudaError_t e = validate_matmul(p); e != cudaSuccess) {
-    if (e == cudaErrorNotSupported)
+    if (is_fp8(p.a_type) || is_fp8(p.b_type) || is_fp8(p.d_type) || p.a_scale || p.b_scale)
+      t_last_error = "FP8 matmul outside what cuBLASLt's FP8 kernels take (seams.h: e4m3 / e5m2 inputs, not both "
+                     "e5m2, trans_a false and trans_b true, k, lda, ldb multiples of 16, 16-byte aligned, no epilogue)";
+    else if (e == cudaErrorNotSupported)
       t_last_error = "a GELU epilogue does not combine with accumulate (cuBLASLt would apply GELU to alpha AB + C)";
     else if (p.epilogue == Epilogue::GeluBackward && !p.pre_gelu)
       t_last_error = "GELU backward epilogue needs pre_gelu";

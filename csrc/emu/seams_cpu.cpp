@@ -1,7 +1,8 @@
 // seams_cpu.cpp: host implementations of the library seams (seams.h) for the emulated build.
 //
 // matmul:     D = epilogue(op(A) @ op(B)) with fp32 accumulation, GELU (tanh form, as GPT-2) applied to
-//             the fp32 value, one rounding per stored output.
+//             the fp32 value, one rounding per stored output; FP8 inputs (model/fp8.h) widened exactly and
+//             scaled by their dequantisation factors, as cuBLASLt's FP8 kernels do (seams.h).
 // attention:  causal softmax attention in fp32 (forward saves the logsumexp per row; backward uses it,
 //             with D_t = dout_t . out_t as the fused kernels do).
 // collectives: one rank only, so they are copies.
@@ -10,6 +11,7 @@
 // gpt2emu::enqueue: it runs now, or becomes a graph node when the stream is capturing.
 #include "emu/cuda_emu.h"  // before any NVIDIA header (it defines __shared__ first)
 #include "cuda/seams.h"
+#include "model/fp8.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -27,6 +29,8 @@ namespace {
 
 inline float load(const void* p, DType t, size_t i) {
   if (t == DType::F32) return static_cast<const float*>(p)[i];
+  if (t == DType::E4M3) return gpt2::fp8_to_float(static_cast<const uint8_t*>(p)[i], gpt2::Fp8Kind::E4M3);
+  if (t == DType::E5M2) return gpt2::fp8_to_float(static_cast<const uint8_t*>(p)[i], gpt2::Fp8Kind::E5M2);
   if (t == DType::F16) return __half2float(static_cast<const __half*>(p)[i]);
   return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
 }
@@ -67,6 +71,9 @@ void parallel_rows(int n, double work, F f) {
 cudaError_t run_matmul(const MatmulParams& p) {
   if (p.m == 0 || p.n == 0) return cudaSuccess;
   const int m = p.m, n = p.n, k = p.k;
+  // FP8: the fp8 values widened exactly, their products (exact in fp32) summed in fp32, the sum times
+  // alpha * a_scale * b_scale (read now: the scales are device values written by earlier stream work)
+  const float alpha = p.alpha * (p.a_scale ? *p.a_scale : 1.0f) * (p.b_scale ? *p.b_scale : 1.0f);
   std::vector<float> af(size_t(m) * k), bt(size_t(n) * k);  // op(A) row-major, op(B)^T row-major
   for (int bi = 0; bi < p.batch; ++bi) {
     const char* a = static_cast<const char*>(p.a) + bi * p.stride_a * long(dtype_size(p.a_type));
@@ -92,7 +99,7 @@ cudaError_t run_matmul(const MatmulParams& p) {
           const float* br = &bt[size_t(j) * k];
           float acc = 0.0f;
           for (int kk = 0; kk < k; ++kk) acc += ar[kk] * br[kk];
-          float v = p.alpha * acc;
+          float v = alpha * acc;
           const size_t at = size_t(i) * p.ldd + j;
           switch (p.epilogue) {
             case Epilogue::None:
@@ -215,7 +222,15 @@ cudaError_t copy_collective(const char* what, Comm* comm, void* out, const void*
 }
 
 // The launch log's record of a seam call (GPT2CORE_EMU_LAUNCH_LOG): what a cost model needs.
-const char* dtype_name(DType t) { return t == DType::F32 ? "f32" : t == DType::F16 ? "f16" : "bf16"; }
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "f32";
+    case DType::F16: return "f16";
+    case DType::E4M3: return "e4m3";
+    case DType::E5M2: return "e5m2";
+    default: return "bf16";
+  }
+}
 void log_matmul(const MatmulParams& p) {
   char buf[320];
   snprintf(buf, sizeof buf,

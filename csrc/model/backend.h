@@ -16,6 +16,7 @@
 
 #include "model/config.h"
 #include "model/dtypes.h"
+#include "model/fp8.h"
 #include "model/optimizer.h"
 #include "model/sampling.h"
 
@@ -28,6 +29,14 @@ namespace gpt2 {
 //          buffer does, so that no zero fill precedes it and no read of the zeros follows (llm.c's beta = 0).
 // Parameter gradients (dw, db) always accumulate: they sum over the micro-steps of an optimizer step.
 enum class InputGrad { Add, Write };
+
+// An FP8 tensor in backend memory (the FP8 ops below): fp8 values (rows, cols), their transpose (cols, rows) (either
+// may be null when an op does not need it) and meta = [1 / s, amax] (two floats).
+struct Fp8Tensor {
+  uint8_t* q = nullptr;
+  uint8_t* qt = nullptr;
+  float* meta = nullptr;
+};
 
 template <typename T>
 class Backend {
@@ -114,6 +123,41 @@ class Backend {
     matmul_backward(scratch, dw, dbias, dout, act, w, N, C, OC, InputGrad::Write);
     zero(dpre, n);
     gelu_backward(dpre, pre, scratch, n);
+  }
+  // ---- FP8 Linear layers (precision fp8: e4m3 activations and weights forward, e5m2 gradients backward; the formats,
+  // the conversion and the per-tensor scale in model/fp8.h). Current scaling: each quantisation reduces the amax of
+  // the tensor it quantises, then casts with the power-of-two scale s = fp8_scale(amax, kind) (csrc/cuda/fp8.cuh says
+  // why current, not delayed). A quantised tensor lives in backend memory as an Fp8Tensor: the fp8 values q (rows,
+  // cols), their transpose qt (cols, rows) (FP8 matmuls are "TN": each operand contiguous along k, so backward reads
+  // the transposes), and meta = [1 / s, amax] (two floats: the dequantisation factor, value = fp8 * meta[0]).
+  // Backends without FP8 ops keep the defaults, which throw.
+  //
+  // fp8_quantize: out.q and / or out.qt (null: not written) and out.meta from x (rows, cols).
+  virtual void fp8_quantize(Fp8Tensor /*out*/, const T* /*x*/, int /*rows*/, int /*cols*/, Fp8Kind /*kind*/) {
+    no_fp8();
+  }
+  // Bytes of backend memory for fp8 values and metas (zero-filled; a meta is 2 floats = 8 bytes, 16-byte aligned).
+  virtual uint8_t* alloc_fp8(size_t /*bytes*/) {
+    no_fp8();
+    return nullptr;  // not reached
+  }
+  virtual void free_fp8(uint8_t* /*p*/) { no_fp8(); }
+  // out (N, OC) = deq(inp8.q) @ deq(w8.q)^T + bias, products of the fp8 values accumulated in fp32 and scaled by
+  // both dequantisation factors, rounded once to T; bias (OC, may be null) added to the fp32 value. First inp (N, C)
+  // is quantised to e4m3 into inp8 (q and qt: qt is what backward's dW reads). w8: the weight (OC, C) quantised to
+  // e4m3 (fp8_quantize, q and qt), made once per optimizer step by the caller.
+  virtual void fp8_linear_forward(T* /*out*/, Fp8Tensor /*inp8*/, const T* /*inp*/, const Fp8Tensor& /*w8*/,
+                                  const T* /*bias*/, int /*N*/, int /*C*/, int /*OC*/) {
+    no_fp8();
+  }
+  // Backward of fp8_linear_forward: dout (N, OC) is quantised to e5m2 into dout8 (q and qt, scratch), then
+  //   dinp (N, C) (+)= deq(dout8) @ deq(w8)       (reads w8.qt; mode as matmul_backward; rounded once to T)
+  //   dw (OC, C)   += deq(dout8)^T @ deq(inp8)    (reads dout8.qt and inp8.qt; fp32 accumulation into M)
+  //   dbias (OC)   += sum_n dout                  (the unquantised gradient; dbias may be null)
+  virtual void fp8_linear_backward(T* /*dinp*/, M* /*dw*/, M* /*dbias*/, Fp8Tensor /*dout8*/, const T* /*dout*/,
+                                   const Fp8Tensor& /*inp8*/, const Fp8Tensor& /*w8*/, int /*N*/, int /*C*/,
+                                   int /*OC*/, InputGrad /*mode*/) {
+    no_fp8();
   }
   // ---- The modern architecture's ops (ModelConfig: norm, position, qk_norm, activation, logit_softcap). Each is
   // its own piece of math; the layer loop (model/gpt2.cpp) picks them from the config. eps = kNormEps (1e-5).
@@ -385,6 +429,10 @@ class Backend {
   }
 
  private:
+  [[noreturn]] void no_fp8() const {
+    throw std::logic_error(std::string("backend ") + name() + " has no FP8 ops (FP8 matmuls: a bf16 CUDA model on "
+                           "sm_89 / sm_90, or the CPU reference)");
+  }
   [[noreturn]] void no_kv() const {
     throw std::logic_error(std::string("backend ") + name() + " has no KV-cache inference ops");
   }

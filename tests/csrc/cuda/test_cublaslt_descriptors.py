@@ -33,13 +33,14 @@ from test_cuda_emu import emu  # noqa: F401  (fixture)
 from test_emu import ROOT, _seam_cuda_include as _cuda_include
 
 CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14     # library_types.h
+CUDA_R_8F_E4M3, CUDA_R_8F_E5M2 = 28, 29
 COMPUTE_32F, COMPUTE_32F_FAST_TF32 = 68, 77      # cublas_api.h
 OP_N, OP_T = 0, 1
 ORDER_COL = 0
 # cublasLtEpilogue_t values -> what they do (cublasLt.h)
 EPILOGUES = {1: set(), 4: {"bias"}, 32: {"gelu"}, 36: {"bias", "gelu"}, 160: {"gelu", "aux"},
              164: {"bias", "gelu", "aux"}, 192: {"dgelu"}, 512: {"bgradb"}}
-F32, BF16, F16 = 0, 1, 2                        # seams::DType
+F32, BF16, F16, E4M3, E5M2 = 0, 1, 2, 3, 4        # seams::DType
 NONE, GELU, GELU_BACKWARD = 0, 1, 2              # seams::Epilogue
 SOURCES = [ROOT / "csrc" / "cuda" / "seams_cublaslt.cu", ROOT / "tests" / "csrc" / "cuda" / "cublaslt" / "describe.cpp"]
 HEADERS = [ROOT / "csrc" / "cuda" / h for h in ("seams_cublaslt_call.h", "seams_cublaslt.h", "seams_check.h")] + [
@@ -51,7 +52,7 @@ class SeamParams(ctypes.Structure):
         (f, ctypes.c_int32) for f in ("d_type", "a_type", "b_type", "lda", "ldb", "ldd", "trans_a", "trans_b", "m",
                                       "n", "k", "accumulate", "epilogue", "batch", "tf32")] + [
         ("alpha", ctypes.c_float)] + [(f, ctypes.c_int64) for f in ("stride_a", "stride_b", "stride_d")] + [
-        ("bias_grad", ctypes.c_uint64)]
+        ("bias_grad", ctypes.c_uint64), ("a_scale", ctypes.c_uint64), ("b_scale", ctypes.c_uint64)]
 
 
 class Layout(ctypes.Structure):
@@ -67,7 +68,8 @@ class Described(ctypes.Structure):
         ("aux_ld", ctypes.c_int64), ("aux_batch_stride", ctypes.c_int64)] + [
         (f, Layout) for f in ("a", "b", "c", "d")] + [("max_workspace", ctypes.c_uint64)] + [
         (f, ctypes.c_uint32) for f in ("align_a", "align_b", "align_c", "align_d")] + [
-        (f, ctypes.c_uint64) for f in ("A", "B", "C", "D")] + [("alpha", ctypes.c_float), ("beta", ctypes.c_float)]
+        (f, ctypes.c_uint64) for f in ("A", "B", "C", "D")] + [("alpha", ctypes.c_float), ("beta", ctypes.c_float)] + [
+        ("a_scale", ctypes.c_uint64), ("b_scale", ctypes.c_uint64), ("fast_accum", ctypes.c_int32)]
 
 
 def _cublaslt():
@@ -118,10 +120,14 @@ def tf32(x):
 
 def read(ptr, type_, rows, cols, ld, batch_stride, batch):
     """Column-major (rows, cols) matrix number `batch` at address ptr, as float64."""
-    size = 4 if type_ == CUDA_R_32F else 2
+    size = {CUDA_R_32F: 4, CUDA_R_8F_E4M3: 1, CUDA_R_8F_E5M2: 1}.get(type_, 2)
     n = (rows - 1) + (cols - 1) * ld + 1
-    raw = np.ctypeslib.as_array(((ctypes.c_float if size == 4 else ctypes.c_uint16) * n).from_address(
+    raw = np.ctypeslib.as_array(({4: ctypes.c_float, 2: ctypes.c_uint16, 1: ctypes.c_uint8}[size] * n).from_address(
         ptr + batch * batch_stride * size))
+    if size == 1:  # FP8: decoded by ml_dtypes, independently of the C++ conversion
+        import ml_dtypes
+        fp8 = ml_dtypes.float8_e4m3fn if type_ == CUDA_R_8F_E4M3 else ml_dtypes.float8_e5m2
+        return raw.view(fp8).astype(np.float64)[np.arange(rows)[:, None] + np.arange(cols)[None, :] * ld]
     widen = {CUDA_R_32F: lambda r: r, CUDA_R_16F: lambda r: r.view(np.float16),
              CUDA_R_16BF: lambda r: (r.astype(np.uint32) << 16).view(np.float32)}[type_]
     vals = widen(raw).astype(np.float64)
@@ -156,6 +162,10 @@ def interpret(ds):
             a, b = tf32(a), tf32(b)
         else:
             assert ds.compute_type == COMPUTE_32F
+        if ds.a_scale or ds.b_scale:  # FP8: the dequantisation factors (one float each, device memory)
+            assert ds.compute_type == COMPUTE_32F and ds.fast_accum == 0
+            a = a * (ctypes.c_float.from_address(ds.a_scale).value if ds.a_scale else 1.0)
+            b = b * (ctypes.c_float.from_address(ds.b_scale).value if ds.b_scale else 1.0)
         opa, opb = (a if ds.transa == OP_N else a.T), (b if ds.transb == OP_N else b.T)
         assert opa.shape[1] == opb.shape[0] and (opa.shape[0], opb.shape[1]) == (ds.d.rows, ds.d.cols)
         assert c.shape == (ds.d.rows, ds.d.cols)
@@ -288,3 +298,92 @@ def test_the_describer_runs_the_toolkits_own_cublaslt(describe):
     assert lt.cublasLtGetCudartVersion() // 1000 == want // 1000, (maps[0], lt.cublasLtGetCudartVersion(), want)
     assert lt.cublasLtGetVersion() // 10000 == want // 1000
     print(f"cuBLASLt {lt.cublasLtGetVersion()} (CUDA runtime {lt.cublasLtGetCudartVersion()}) from {maps[0]}")
+
+
+# ------------------------------------------------------------------------------------------ FP8
+def fp8_buffer(rng, n, dtype, offset, keep):
+    """n random finite fp8 values of seams dtype E4M3 / E5M2 (many binades, subnormals included) at `offset` bytes
+    into a fresh 256-aligned buffer (kept alive in `keep`): the address."""
+    import ml_dtypes
+    raw = np.zeros(n + offset + 256, np.uint8)
+    base = (-raw.ctypes.data) % 256
+    view = raw[base + offset: base + offset + n]
+    vals = rng.uniform(-2, 2, n) * 2.0 ** rng.integers(-9, 7, n)
+    view[:] = vals.astype(np.float32).astype(ml_dtypes.float8_e4m3fn if dtype == E4M3 else
+                                             ml_dtypes.float8_e5m2).view(np.uint8)
+    assert np.isfinite(view.view(ml_dtypes.float8_e5m2 if dtype == E5M2 else ml_dtypes.float8_e4m3fn)
+                       .astype(np.float32)).all()
+    keep.append(raw)
+    return view.ctypes.data
+
+
+def test_cublaslt_descriptors_describe_the_fp8_matmul(emu, describe):  # noqa: F811
+    """FP8 inputs ("TN": trans_a false, trans_b true), every input pair cuBLASLt takes (e4m3 x e4m3, e5m2 x e4m3,
+    e4m3 x e5m2), D in bf16 / fp32 / fp16, with and without bias and accumulation: the scale pointers reach
+    cuBLASLt swapped like the operands, fast accumulation stays off, and what the descriptors say (interpreted with
+    ml_dtypes' decoding) equals the emulator's seam on the same buffers."""
+    keep, checked = [], 0
+    for i, ((a_t, b_t), d_t, (has_bias, acc)) in enumerate(itertools.product(
+            [(E4M3, E4M3), (E5M2, E4M3), (E4M3, E5M2)], (BF16, F32, F16), [(0, 0), (1, 0), (0, 1), (1, 1)])):
+        if has_bias and d_t == F32:
+            continue  # NotSupported (cuBLASLt's FP8 kernels take a bf16 bias for an fp32 D): checked below
+        rng = np.random.default_rng(1000 + i)
+        m, n, k = int(rng.integers(1, 40)), 8 * int(rng.integers(1, 6)), 16 * int(rng.integers(1, 5))
+        lda, ldb = k + 16 * int(rng.integers(0, 2)), k + 16 * int(rng.integers(0, 2))
+        ldd = n + 8 * int(rng.integers(0, 2))
+        scales = [np.array([v], np.float32) for v in (2.0 ** rng.integers(-5, 5), rng.choice([0.375, 3.0, 2.0 ** -7]))]
+        keep += scales
+        p = SeamParams(a=fp8_buffer(rng, m * lda, a_t, int(rng.choice([0, 16, 32])), keep),
+                       b=fp8_buffer(rng, n * ldb, b_t, int(rng.choice([0, 16, 64])), keep),
+                       d=buffer(rng, m * ldd, d_t, int(rng.choice([0, 16])), keep),
+                       bias=buffer(rng, n, d_t, int(rng.choice([0, 2, 16])), keep) if has_bias else 0,
+                       d_type=d_t, a_type=a_t, b_type=b_t, lda=lda, ldb=ldb, ldd=ldd, trans_a=0, trans_b=1, m=m,
+                       n=n, k=k, accumulate=acc, epilogue=NONE, batch=1, tf32=0,
+                       alpha=float(rng.choice([1.0, 0.5, -1.25])),
+                       a_scale=scales[0].ctypes.data, b_scale=scales[1].ctypes.data)
+        what = f"fp8 case {i}: a {a_t} b {b_t} d {d_t} bias {has_bias} accumulate {acc} (m, n, k) {(m, n, k)}"
+        ds = describe(p)
+        assert (ds.A, ds.B, ds.a_scale, ds.b_scale) == (p.b, p.a, p.b_scale, p.a_scale), what  # swapped together
+        assert ds.fast_accum == 0 and ds.compute_type == COMPUTE_32F, what
+        assert (ds.a.type, ds.b.type) == tuple({E4M3: CUDA_R_8F_E4M3, E5M2: CUDA_R_8F_E5M2}[t] for t in (b_t, a_t))
+        assert (ds.transa, ds.transb) == (OP_T, OP_N), what  # cuBLASLt's "TN", the only FP8 layout on sm_89 / sm_90
+        if has_bias:
+            assert ds.bias_type == ds.d.type, what
+        expected = interpret(ds)
+        assert emu.seam_matmul(d=p.d, a=p.a, b=p.b, bias=p.bias, pre_gelu=0, d_type=d_t, a_type=a_t, b_type=b_t,
+                               lda=lda, ldb=ldb, ldd=ldd, trans_a=False, trans_b=True, m=m, n=n, k=k, alpha=p.alpha,
+                               accumulate=bool(acc), epilogue=NONE, batch=1, stride_a=0, stride_b=0, stride_d=0,
+                               a_scale=p.a_scale, b_scale=p.b_scale) == 0, what
+        v, _, mag, _ = expected[0]
+        got = read(ds.D, ds.d.type, ds.d.rows, ds.d.cols, ds.d.ld, 0, 0)
+        # products of fp8 values are exact in fp32; sums of <= 64 of them: ~4e-6 of the magnitude (fp32 order);
+        # a non-power-of-two scale applied to the sum rather than to each input: a few fp32 roundings more;
+        # a 16-bit D: one rounding
+        tol = 8e-6 * mag + {F32: 0.0, BF16: 2.0 ** -8, F16: 2.0 ** -11}[d_t] * np.abs(v)
+        bad = np.abs(got - v) > tol
+        assert not bad.any(), f"{what}: {np.argwhere(bad)[:3].tolist()} {got[bad][:3]} vs {v[bad][:3]}"
+        checked += 1
+    assert checked == 3 * 3 * 4 - 3 * 2
+
+
+def test_fp8_matmul_params_cublaslt_refuses_are_refused_by_the_seam(emu):  # noqa: F811
+    """The FP8 rules of seams.h, as every implementation checks them (validate_matmul): what cuBLASLt's FP8 kernels
+    cannot take is refused before any work, with InvalidValue (layout, types, sizes, alignment) or NotSupported
+    (epilogues, batching, an fp32 D with a bias), and the same params with k = 16 and TN are accepted."""
+    keep = []
+    a = np.zeros(4096 + 256, np.uint8)
+    keep.append(a)
+    base = a.ctypes.data + (-a.ctypes.data) % 256
+    ok = dict(d=base + 2048, a=base, b=base + 1024, bias=0, pre_gelu=0, d_type=BF16, a_type=E4M3, b_type=E4M3,
+              lda=16, ldb=16, ldd=16, trans_a=False, trans_b=True, m=4, n=16, k=16, alpha=1.0, accumulate=False,
+              epilogue=NONE, batch=1, stride_a=0, stride_b=0, stride_d=0)
+    assert emu.seam_matmul(**ok) == 0
+    invalid, not_supported = 1, 801  # cudaErrorInvalidValue, cudaErrorNotSupported
+    for change in [dict(trans_b=False), dict(trans_a=True, lda=16), dict(k=8, lda=16, ldb=16), dict(lda=24),
+                   dict(ldb=8), dict(a_type=E5M2, b_type=E5M2), dict(a_type=BF16), dict(b_type=F32),
+                   dict(a=base + 8), dict(b=base + 1024 + 4), dict(d=base + 2048 + 2), dict(ldd=12),
+                   dict(d_type=E4M3), dict(a_type=BF16, b_type=BF16, a_scale=base + 3072)]:
+        assert emu.seam_matmul(**{**ok, **change}) == invalid, change
+    for change in [dict(epilogue=GELU), dict(batch=2, stride_a=64, stride_b=256, stride_d=64),
+                   dict(bias_grad=base + 3072), dict(d_type=F32, bias=base + 3072)]:
+        assert emu.seam_matmul(**{**ok, **change}) == not_supported, change

@@ -16,13 +16,15 @@ using namespace gpt2core::seams;
 
 extern "C" {
 
-// seams::MatmulParams with C types (pointers as addresses); tf32: the compute mode switch; bias_grad last.
+// seams::MatmulParams with C types (pointers as addresses); tf32: the compute mode switch; bias_grad, then the FP8
+// scale pointers last.
 struct SeamParams {
   uint64_t d, a, b, bias, pre_gelu;
   int32_t d_type, a_type, b_type, lda, ldb, ldd, trans_a, trans_b, m, n, k, accumulate, epilogue, batch, tf32;
   float alpha;
   int64_t stride_a, stride_b, stride_d;
   uint64_t bias_grad;
+  uint64_t a_scale, b_scale;
 };
 
 struct Layout {
@@ -41,6 +43,8 @@ struct Described {
   uint32_t align_a, align_b, align_c, align_d;
   uint64_t A, B, C, D;  // the pointers cublasLtMatmul would get
   float alpha, beta;
+  uint64_t a_scale, b_scale;  // CUBLASLT_MATMUL_DESC_A / B_SCALE_POINTER (cuBLASLt's A and B)
+  int32_t fast_accum;         // CUBLASLT_MATMUL_DESC_FAST_ACCUM
 };
 
 }  // extern "C"
@@ -94,6 +98,7 @@ extern "C" int gpt2_describe_matmul(const SeamParams* s, Described* out, char* e
     p.epilogue = Epilogue(s->epilogue), p.batch = s->batch;
     p.stride_a = s->stride_a, p.stride_b = s->stride_b, p.stride_d = s->stride_d;
     p.bias_grad = reinterpret_cast<void*>(s->bias_grad);
+    p.a_scale = reinterpret_cast<const float*>(s->a_scale), p.b_scale = reinterpret_cast<const float*>(s->b_scale);
     if (validate_matmul(p) != cudaSuccess) throw std::runtime_error("validate_matmul refused the params");
 
     CublasLtCall call;
@@ -123,6 +128,13 @@ extern "C" int gpt2_describe_matmul(const SeamParams* s, Described* out, char* e
     o.A = reinterpret_cast<uint64_t>(call.A), o.B = reinterpret_cast<uint64_t>(call.B);
     o.C = reinterpret_cast<uint64_t>(call.C), o.D = reinterpret_cast<uint64_t>(call.D);
     o.alpha = call.alpha, o.beta = call.beta;
+    get(call.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ptr);
+    o.a_scale = reinterpret_cast<uint64_t>(ptr);
+    get(call.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ptr);
+    o.b_scale = reinterpret_cast<uint64_t>(ptr);
+    int8_t fast = -1;
+    get(call.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast);
+    o.fast_accum = fast;
     return 0;
   } catch (const std::exception& e) {
     std::snprintf(err, size_t(errlen), "%s", e.what());

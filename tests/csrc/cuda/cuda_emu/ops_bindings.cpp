@@ -20,10 +20,12 @@
 #include <type_traits>
 #include <vector>
 
+#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
 #include "backends.h"
 #include "cuda/seams.h"
+#include "model/fp8.h"
 
 namespace gpt2emu {
 void set_schedule(const char* spec);
@@ -72,6 +74,7 @@ struct Ops {
   std::vector<T*> tbufs;
   std::vector<float*> mbufs;
   std::vector<int32_t*> ibufs;
+  std::vector<uint8_t*> u8bufs;  // FP8 values and metas (alloc_fp8)
   int shift = 0;  // misalign: buffers start one element into their allocation (not 16-byte aligned)
 
   Ops(const std::string& device, bool misalign, const std::string& attention, bool fused)
@@ -87,6 +90,8 @@ struct Ops {
     for (auto* p : tbufs) be->free(p);
     for (auto* p : mbufs) be->free_master(p);
     for (auto* p : ibufs) be->free_i32(p);
+    for (auto* p : u8bufs) be->free_fp8(p);
+    u8bufs.clear();
     tbufs.clear();
     mbufs.clear();
     ibufs.clear();
@@ -168,6 +173,32 @@ struct Ops {
     out.append(dm(vv, {sn}));
     clear();
     return py::tuple(out);
+  }
+  // An FP8 tensor of n values in backend memory, poisoned: q and qt all 0xFF (NaN in both formats), meta NaN.
+  gpt2::Fp8Tensor fp8_tensor(size_t n) {
+    auto bytes = [&](size_t k) {
+      uint8_t* p = be->alloc_fp8(k ? k : 1);
+      u8bufs.push_back(p);
+      std::memset(p, 0xff, k ? k : 1);
+      return p;
+    };
+    gpt2::Fp8Tensor t;
+    t.q = bytes(n), t.qt = bytes(n), t.meta = reinterpret_cast<float*>(bytes(2 * sizeof(float)));
+    return t;
+  }
+  static py::array_t<uint8_t> du8(const uint8_t* p, std::vector<py::ssize_t> shape) {
+    py::array_t<uint8_t> out(shape);
+    if (out.size()) std::memcpy(out.mutable_data(), p, size_t(out.size()));
+    return out;
+  }
+  // (q, qt, meta) of an Fp8Tensor of (rows, cols) values, as numpy arrays
+  static py::tuple fp8_out(const gpt2::Fp8Tensor& t, int rows, int cols) {
+    return py::make_tuple(du8(t.q, {rows, cols}), du8(t.qt, {cols, rows}), dm(t.meta, {2}));
+  }
+  static gpt2::Fp8Kind fp8_kind(const std::string& kind) {
+    if (kind == "e4m3") return gpt2::Fp8Kind::E4M3;
+    if (kind == "e5m2") return gpt2::Fp8Kind::E5M2;
+    throw py::value_error("kind must be 'e4m3' or 'e5m2'");
   }
   static F dm(const float* p, std::vector<py::ssize_t> shape) {
     F out(shape);
@@ -259,6 +290,56 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              o.be->matmul_backward(a, b, c, o.ut(dout), o.ut(inp), o.ut(w), N, C, OC, O::mode(write));
              py::object cb = c ? py::object(O::dm(c, {OC})) : py::object(py::none());
              auto r = py::make_tuple(O::dt(a, {N, C}), O::dm(b, {OC, C}), cb);
+             o.clear();
+             return r;
+           },
+           py::arg("dinp"), py::arg("dw"), py::arg("dbias"), py::arg("dout"), py::arg("inp"), py::arg("w"),
+           py::arg("write") = false)
+      // FP8 (backend.h's FP8 Linear ops). Inputs are rounded to T on the way in; fp8 tensors come back as (q, qt,
+      // meta) with q, qt uint8 bit patterns and meta = [1 / s, amax]; every output starts poisoned (NaN).
+      .def("fp8_quantize",  // x (rows, cols) -> (q, qt, meta); q / qt False: that layout not asked for (null)
+           [](O& o, F x, const std::string& kind, bool q, bool qt) {
+             const int rows = x.shape(0), cols = x.shape(1);
+             gpt2::Fp8Tensor t = o.fp8_tensor(size_t(rows) * cols);
+             gpt2::Fp8Tensor asked = t;
+             if (!q) asked.q = nullptr;
+             if (!qt) asked.qt = nullptr;
+             o.be->fp8_quantize(asked, o.ut(x), rows, cols, O::fp8_kind(kind));
+             o.be->synchronize();
+             auto r = O::fp8_out(t, rows, cols);
+             o.clear();
+             return r;
+           },
+           py::arg("x"), py::arg("kind"), py::arg("q") = true, py::arg("qt") = true)
+      .def("fp8_linear_forward",  // -> (out, inp (q, qt, meta), w (q, qt, meta)); w quantised first (e4m3)
+           [](O& o, F inp, F w, py::object bias) {
+             const int N = inp.shape(0), C = inp.shape(1), OC = w.shape(0);
+             T* out = o.zt(size_t(N) * OC);
+             for (size_t i = 0; i < size_t(N) * OC; i++) out[i] = O::cvt(NAN);
+             const T* bp = bias.is_none() ? nullptr : o.ut(bias.cast<F>());
+             gpt2::Fp8Tensor w8 = o.fp8_tensor(size_t(OC) * C), x8 = o.fp8_tensor(size_t(N) * C);
+             o.be->fp8_quantize(w8, o.ut(w), OC, C, gpt2::Fp8Kind::E4M3);
+             o.be->fp8_linear_forward(out, x8, o.ut(inp), w8, bp, N, C, OC);
+             o.be->synchronize();
+             auto r = py::make_tuple(O::dt(out, {N, OC}), O::fp8_out(x8, N, C), O::fp8_out(w8, OC, C));
+             o.clear();
+             return r;
+           },
+           py::arg("inp"), py::arg("w"), py::arg("bias"))
+      .def("fp8_linear_backward",  // -> (dinp, dw, dbias, dout (q, qt, meta)); w and inp quantised as forward does
+           [](O& o, F dinp, F dw, py::object dbias, F dout, F inp, F w, bool write) {
+             const int N = inp.shape(0), C = inp.shape(1), OC = w.shape(0);
+             gpt2::Fp8Tensor w8 = o.fp8_tensor(size_t(OC) * C), x8 = o.fp8_tensor(size_t(N) * C);
+             gpt2::Fp8Tensor g8 = o.fp8_tensor(size_t(N) * OC);
+             o.be->fp8_quantize(w8, o.ut(w), OC, C, gpt2::Fp8Kind::E4M3);
+             o.be->fp8_linear_forward(o.zt(size_t(N) * OC), x8, o.ut(inp), w8, nullptr, N, C, OC);
+             T* a = o.ut(dinp);
+             float* b = o.um(dw);
+             float* c = dbias.is_none() ? nullptr : o.um(dbias.cast<F>());
+             o.be->fp8_linear_backward(a, b, c, g8, o.ut(dout), x8, w8, N, C, OC, O::mode(write));
+             o.be->synchronize();
+             py::object cb = c ? py::object(O::dm(c, {OC})) : py::object(py::none());
+             auto r = py::make_tuple(O::dt(a, {N, C}), O::dm(b, {OC, C}), cb, O::fp8_out(g8, N, OC));
              o.clear();
              return r;
            },
@@ -764,7 +845,8 @@ void bind_cuda_emu_ops(py::module_& m) {
   m.def("seam_matmul", [](uint64_t d, uint64_t a, uint64_t b, uint64_t bias, uint64_t pre_gelu, int d_type, int a_type,
                           int b_type, int lda, int ldb, int ldd, bool trans_a, bool trans_b, int m, int n, int k,
                           float alpha, bool accumulate, int epilogue, int batch, long long stride_a,
-                          long long stride_b, long long stride_d, uint64_t bias_grad) {
+                          long long stride_b, long long stride_d, uint64_t bias_grad, uint64_t a_scale,
+                          uint64_t b_scale) {
     namespace s = gpt2core::seams;
     s::MatmulParams p;
     p.d = reinterpret_cast<void*>(d), p.a = reinterpret_cast<const void*>(a), p.b = reinterpret_cast<const void*>(b);
@@ -774,12 +856,32 @@ void bind_cuda_emu_ops(py::module_& m) {
     p.alpha = alpha, p.accumulate = accumulate, p.epilogue = s::Epilogue(epilogue), p.batch = batch;
     p.stride_a = stride_a, p.stride_b = stride_b, p.stride_d = stride_d;
     p.bias_grad = reinterpret_cast<void*>(bias_grad);
+    p.a_scale = reinterpret_cast<const float*>(a_scale), p.b_scale = reinterpret_cast<const float*>(b_scale);
     return int(s::matmul(p));
   }, py::kw_only(), py::arg("d"), py::arg("a"), py::arg("b"), py::arg("bias"), py::arg("pre_gelu"), py::arg("d_type"),
      py::arg("a_type"), py::arg("b_type"), py::arg("lda"), py::arg("ldb"), py::arg("ldd"), py::arg("trans_a"),
      py::arg("trans_b"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("alpha"), py::arg("accumulate"),
      py::arg("epilogue"), py::arg("batch"), py::arg("stride_a"), py::arg("stride_b"), py::arg("stride_d"),
-     py::arg("bias_grad") = 0);
+     py::arg("bias_grad") = 0, py::arg("a_scale") = 0, py::arg("b_scale") = 0);
+  // NVIDIA's own float -> fp8 conversion (cuda_fp8.h's host code, __NV_SATFINITE) on float32 values, as bit
+  // patterns: what tests/csrc/cuda/test_fp8.py checks model/fp8.h's conversion against, beside ml_dtypes.
+  m.def("nv_float_to_fp8", [](F x, const std::string& kind) {
+    const __nv_fp8_interpretation_t k = kind == "e4m3" ? __NV_E4M3 : __NV_E5M2;
+    py::array_t<uint8_t> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+    for (py::ssize_t i = 0; i < x.size(); i++)
+      out.mutable_data()[i] = uint8_t(__nv_cvt_float_to_fp8(x.data()[i], __NV_SATFINITE, k));
+    return out;
+  }, py::arg("x"), py::arg("kind"));
+  // model/fp8.h's conversion as bit patterns (gpt2core.fp8_cast returns the values)
+  m.def("float_to_fp8", [](F x, const std::string& kind) {
+    const gpt2::Fp8Kind k = kind == "e4m3" ? gpt2::Fp8Kind::E4M3 : gpt2::Fp8Kind::E5M2;
+    py::array_t<uint8_t> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+    for (py::ssize_t i = 0; i < x.size(); i++) out.mutable_data()[i] = gpt2::float_to_fp8(x.data()[i], k);
+    return out;
+  }, py::arg("x"), py::arg("kind"));
+  m.def("fp8_scale", [](float amax, const std::string& kind) {
+    return gpt2::fp8_scale(amax, kind == "e4m3" ? gpt2::Fp8Kind::E4M3 : gpt2::Fp8Kind::E5M2);
+  }, py::arg("amax"), py::arg("kind"));
   // The attention seam's CPU implementation in a 16-bit dtype (1 = BF16, 2 = F16) on raw addresses
   // (tests/csrc/cuda/test_cudnn_graph.py): forward when dqkv is 0 (writes out, stats), backward otherwise (writes dqkv).
   m.def("seam_attention", [](uint64_t qkv, uint64_t out, uint64_t stats, uint64_t dout, uint64_t dqkv, int B, int T,
