@@ -17,6 +17,7 @@
 #include "backends.h"
 #include "cpu/blas.h"
 #include "cpu/gemm_bf16.h"
+#include "model/fp8.h"
 #include "model/gpt2.h"
 #include "bindings_infer.h"
 
@@ -903,6 +904,26 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
   }, py::arg("a"), py::arg("b"),
      "a @ b for float32 matrices through the CPU backend's GEMM (BLAS, C split over the OpenMP threads), as the "
      "model's matmuls run: scripts/bench.py times it for the CPU's fp32 peak.");
+  m.def("fp8_cast", [](py::object x_obj, const std::string& kind) {
+    gpt2::Fp8Kind k;
+    if (kind == "e4m3") k = gpt2::Fp8Kind::E4M3;
+    else if (kind == "e5m2") k = gpt2::Fp8Kind::E5M2;
+    else arg_error("kind must be 'e4m3' or 'e5m2', got '" + kind + "'");
+    if (!py::isinstance<py::array>(x_obj) || !py::array_t<float>::check_(x_obj))
+      arg_error("x must be a float32 numpy array" + (py::isinstance<py::array>(x_obj)
+                    ? ", got dtype " + std::string(py::str(py::reinterpret_borrow<py::array>(x_obj).dtype()))
+                    : std::string()));
+    // any layout and shape: a C-contiguous copy when needed (values only; the result is C-contiguous)
+    auto x = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(x_obj);
+    std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
+    py::array_t<float> out(shape);
+    const float* in = x.data();
+    float* o = out.mutable_data();
+    for (py::ssize_t i = 0; i < x.size(); i++) o[i] = gpt2::fp8_to_float(gpt2::float_to_fp8(in[i], k), k);
+    return out;
+  }, py::arg("x"), py::arg("kind"),
+     "x (float32) rounded to FP8 e4m3 or e5m2 as the GPU's cvt.rn.satfinite does (round to nearest even, "
+     "subnormals kept, saturating to +-448 / +-57344, NaN kept), returned as float32 (csrc/model/fp8.h).");
   m.def("muon_param_names", []() {
     std::vector<std::string> v;
     for (int i = 0; i < gpt2::kNumParamTensors; i++)

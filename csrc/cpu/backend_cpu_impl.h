@@ -4,6 +4,7 @@
 // ops and their OpenMP loop bodies included, is compiled for that target; the headers above it stay at the
 // baseline, so the inline code the variants share (std::, model/backend.h) is the same in every object file.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -97,6 +98,57 @@ class CpuBackend final : public Backend<T> {
                        InputGrad mode) override {
     if (mode == InputGrad::Write) zero(dinp, size_t(N) * C);
     ops::matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
+  }
+  // FP8 Linear (backend.h): the reference of the CUDA backend's FP8 ops. The amax, the scale and the cast are
+  // model/fp8.h's (the values converted to float first, as a bf16 model's are exactly); the matmuls run on the
+  // dequantised values (fp8 * 1 / s: exact in T) through the BLAS GEMM, so they agree with the device's fp32 sums of
+  // the same fp8 products up to summation order. Backward reads the transposes (qt) as the device does.
+  uint8_t* alloc_fp8(size_t bytes) override { return static_cast<uint8_t*>(zeroed(bytes)); }
+  void free_fp8(uint8_t* p) override { release(p); }
+  void fp8_quantize(Fp8Tensor out, const T* x, int rows, int cols, Fp8Kind kind) override {
+    const size_t n = size_t(rows) * size_t(cols);
+    uint32_t amax = 0;  // the bits of max |x| (NaN's above Inf's, as the device's unsigned max)
+#pragma omp parallel for reduction(max : amax)
+    for (size_t i = 0; i < n; i++) amax = std::max(amax, float_bits(float(x[i])) & 0x7fffffffu);
+    const float s = fp8_scale(bits_float(amax), kind);
+#pragma omp parallel for
+    for (int r = 0; r < rows; r++)
+      for (int c = 0; c < cols; c++) {
+        const uint8_t b = float_to_fp8(float(x[size_t(r) * cols + c]) * s, kind);
+        if (out.q) out.q[size_t(r) * cols + c] = b;
+        if (out.qt) out.qt[size_t(c) * rows + r] = b;
+      }
+    out.meta[0] = 1.0f / s;
+    out.meta[1] = bits_float(amax);
+  }
+  void fp8_linear_forward(T* out, Fp8Tensor inp8, const T* inp, const Fp8Tensor& w8, const T* bias, int N, int C,
+                          int OC) override {
+    fp8_quantize(inp8, inp, N, C, Fp8Kind::E4M3);
+    const std::vector<T> a = dequantize(inp8.q, inp8.meta, size_t(N) * C, Fp8Kind::E4M3);
+    const std::vector<T> w = dequantize(w8.q, w8.meta, size_t(OC) * C, Fp8Kind::E4M3);
+    ops::matmul_forward(out, a.data(), w.data(), bias, N, C, OC);
+  }
+  void fp8_linear_backward(T* dinp, T* dw, T* dbias, Fp8Tensor dout8, const T* dout, const Fp8Tensor& inp8,
+                           const Fp8Tensor& w8, int N, int C, int OC, InputGrad mode) override {
+    fp8_quantize(dout8, dout, N, OC, Fp8Kind::E5M2);
+    const std::vector<T> g = dequantize(dout8.q, dout8.meta, size_t(N) * OC, Fp8Kind::E5M2);     // (N, OC)
+    const std::vector<T> gt = dequantize(dout8.qt, dout8.meta, size_t(N) * OC, Fp8Kind::E5M2);   // (OC, N)
+    const std::vector<T> wt = dequantize(w8.qt, w8.meta, size_t(OC) * C, Fp8Kind::E4M3);         // (C, OC)
+    const std::vector<T> xt = dequantize(inp8.qt, inp8.meta, size_t(N) * C, Fp8Kind::E4M3);      // (C, N)
+    if (N > 0 && C > 0 && OC > 0) {
+      gemm(false, true, N, C, OC, T(1), g.data(), OC, wt.data(), OC, mode == InputGrad::Add ? T(1) : T(0), dinp, C);
+      gemm(false, true, OC, C, N, T(1), gt.data(), N, xt.data(), N, T(1), dw, C);
+    } else if (mode == InputGrad::Write) {
+      zero(dinp, size_t(N) * C);
+    }
+    if (dbias) {
+#pragma omp parallel for
+      for (int o = 0; o < OC; o++) {
+        T sum = 0;
+        for (int r = 0; r < N; r++) sum += dout[size_t(r) * OC + o];
+        dbias[o] += sum;
+      }
+    }
   }
   void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH) override {
     ops::attention_forward(out, att, qkv, B, Tn, C, NH);
@@ -391,6 +443,13 @@ class CpuBackend final : public Backend<T> {
   // model's thread
   std::unordered_map<void*, size_t> sizes_;
   size_t in_use_ = 0;
+  // n fp8 values (bits q) times the dequantisation factor meta[0], in T (exact)
+  static std::vector<T> dequantize(const uint8_t* q, const float* meta, size_t n, Fp8Kind kind) {
+    std::vector<T> v(n);
+    const T f = T(meta[0]);
+    for (size_t i = 0; i < n; i++) v[i] = T(fp8_to_float(q[i], kind)) * f;
+    return v;
+  }
   void* zeroed(size_t bytes) {
     void* p = zeroed_block(bytes);
     sizes_[p] = bytes;
