@@ -14,19 +14,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _C, chat, cli, progress, tokenizer
+from .. import _C, chat, cli, progress
 from ..planning import batchfit, memplan
-from ..evaluation import core_eval
 from ..distributed import parallel as distributed
 from . import runfolder, trackers
-from ..formats.checkpoint import (CheckpointError, checkpoint_dir, latest_checkpoint, list_checkpoints,
-    load_checkpoint, prune_checkpoints, remove_stale_temporaries, save_checkpoint)
 from ..config import RECIPES, TrainConfig
 from ..data import hellaswag, sft, shakespeare
 from ..data.loader import DataLoader
 from ..data.shards import ShardError
 from ..errors import ArgError, Error, Preempted, WriteError
-from ..evaluation.evaluate import bits_per_byte, evaluate_val, score_hellaswag
 from ..formats.llmc import fill_params
 from ..model import GPT2
 from .outliers import WINDOW, OutlierDetector
@@ -35,9 +31,10 @@ from .preemption import GracefulStop
 from .runfolder import RunFolderError
 from ..formats.runlock import RunLock, RunLockedError
 from .schedule import lr_at, muon_momentum_at
+from .evals import SFT_SAMPLE_PROMPT, Evaluations  # noqa: F401  (SFT_SAMPLE_PROMPT: tests)
+from .resume import Checkpoints
 
 
-SFT_SAMPLE_PROMPT = "Hello!"  # the user message of an --sft run's samples when --sample-prompt is blank (its default)
 
 
 class TrainingStopped(Preempted):
@@ -66,7 +63,7 @@ def step_kwargs(cfg: TrainConfig, step: int) -> dict:
     return kw
 
 
-class Trainer:
+class Trainer(Checkpoints, Evaluations):
     """The training loop of a TrainConfig. self.model is the GPT2, or in a multi-process run a
     distributed.DataParallel over it, which has the same methods: the loop is one path either way."""
 
@@ -374,98 +371,6 @@ class Trainer:
             self.comm.barrier()
         return shakespeare.ensure(self.out / "data")
 
-    @property
-    def zero1(self) -> bool:
-        """ZeRO-1: each rank holds and checkpoints only its shard of the AdamW state."""
-        return self.comm is not None and bool(self.cfg.zero)
-
-    def _newest(self, root: Path):
-        """The newest complete checkpoint under root, or None. In a multi-process run rank 0 chooses and
-        broadcasts its step, so that every rank resumes the same one."""
-        ck = latest_checkpoint(root, log=self.log) if self.dist.is_master else None
-        if self.comm is None:
-            return ck
-        step = np.array([ck.step if ck is not None else -1], dtype=np.float32)  # exact below 2**24 steps
-        self.comm.broadcast(step, root=0)
-        if step[0] < 0:
-            return None
-        return ck if ck is not None else load_checkpoint(checkpoint_dir(root, int(step[0])))
-
-    def resume(self, model: GPT2, where: str):
-        """Restore weights, AdamW state and step count into `model`, and the loader position and metrics, from a
-        checkpoint; returns it (None when 'auto' found none). With ZeRO-1 the AdamW moments are left to
-        DataParallel(resume_from=...), which reads only this rank's range."""
-        if where == "auto":
-            if self.dist.is_master:  # under the lock no other run writes here: what a killed save left is stale
-                for d in remove_stale_temporaries(self.ckpt_root, locked=True):
-                    self.log(f"removed {d}, left by an interrupted checkpoint")
-            ck = self._newest(self.ckpt_root)
-            if ck is None:
-                self.log(f"resume auto: no complete checkpoint in {self.ckpt_root}; starting from step 0")
-                return None
-        else:
-            d = Path(where)
-            if d.is_dir() and not (d / "manifest.json").exists() and list_checkpoints(d):
-                ck = self._newest(d)  # a checkpoints/ folder: its newest complete one
-                if ck is None:
-                    raise CheckpointError(f"{d}: no complete checkpoint in this directory")
-            else:
-                ck = load_checkpoint(d)
-        run_id = self.run_record.get("run_id")
-        if run_id and ck.state.get("run_id") not in (None, run_id):
-            raise RunFolderError(f"{ck.path} belongs to run {ck.state['run_id']}, but {self.out} holds run {run_id} "
-                                 f"({runfolder.RUN_FILE}): resume that run's own checkpoints, or start over with "
-                                 "--overwrite, or in another --output-dir")
-        if ck.config != self.config:
-            raise CheckpointError(f"{ck.path}: checkpoint model {ck.config} does not match this run's {self.config} "
-                                  "(use the same --preset, --block-size and --padded-vocab-size)")
-        saved, now = ck.state.get("args", {}), self.cfg.to_dict()
-        changed = [f"--{k.replace('_', '-')} {saved[k]!r} -> {now[k]!r}"
-                   for k in TrainConfig.TRAJECTORY if k in saved and saved[k] != now[k]]
-        if changed:
-            self.log("warning: resuming with changed arguments, the run will not match an uninterrupted one: "
-                     + ", ".join(changed))
-        if ck.zero is not None and (not self.zero1 or ck.zero["world_size"] != self.dist.world_size):
-            raise ck.layout_error(self.dist.world_size, self.zero1)
-        ck.restore(model, optimizer=not self.zero1)
-        try:
-            self.train_loader.load_state_dict(ck.state["train_loader"])
-            for k, d in ck.state.get("outliers", {}).items():
-                self.outliers[k].load_state_dict(d)
-        except (KeyError, ValueError, TypeError) as e:
-            raise CheckpointError(f"{ck.path}: cannot restore the data loader position or outlier windows: "
-                                  f"{e}") from e
-        self.start_step = ck.step
-        self.log(f"resumed from {ck.path} at step {ck.step}")
-        return ck
-
-    def save_checkpoint(self, step: int) -> Path | None:
-        """Checkpoint after `step` optimizer steps (rank 0 writes it; with ZeRO-1 every rank also writes its
-        optimizer shard, a collective), then prune to --keep-last (rank 0, once every shard is on disk)."""
-        if not (self.zero1 or self.dist.is_master):
-            return None
-        cfg = self.cfg
-        t0 = time.perf_counter()
-        state = {
-            "train_loader": self.train_loader.state_dict(),
-            "args": cfg.to_dict(),
-            "run_id": self.run_record.get("run_id"),
-            "lr_next": self.lr(step),
-            "outliers": {k: d.state_dict() for k, d in self.outliers.items()},
-            "grad_accum": self.grad_accum,
-            "world_size": self.dist.world_size,
-            # the data order is a function of (seed, loader position); sampling is seeded per call
-            "rng": {"data": "train_loader position + seed", "sampling": f"seed {cfg.seed} per call"},
-        }
-        path = save_checkpoint(self.ckpt_root, step, self.model, state, metrics_path=self.metrics_path,
-                               zero=self.model if self.zero1 else None)
-        if not self.dist.is_master:
-            return path
-        removed = prune_checkpoints(self.ckpt_root, cfg.keep_last)  # also removes temporary dirs left by a crash
-        self.log(f"checkpoint {path} ({time.perf_counter() - t0:.1f} s)"
-                 + (f"; removed {len(removed)} old" if removed else ""))
-        return path
-
     def log(self, msg: str) -> None:
         if self.dist.is_master:
             print(msg, flush=True)
@@ -504,68 +409,6 @@ class Trainer:
 
     def lr(self, step: int) -> float:
         return schedule_lr(self.cfg, step)
-
-    def val_metrics(self) -> dict:
-        """{"val_loss", "val_bpb"} of --val-steps fixed validation batches (each rank reads its own rows; the loss
-        averaged over ranks, bits per byte from the nats and bytes summed over ranks)."""
-        v = evaluate_val(self.model, self.val_loader, self.cfg.val_steps)
-        loss, nats, nbytes = self.over_ranks("sum", v["val_loss"], v["val_nats"], v["val_bytes"])
-        return {"val_loss": loss / self.dist.world_size, "val_bpb": bits_per_byte(nats, nbytes)}
-
-    def hellaswag_eval(self) -> dict:
-        """HellaSwag accuracy: each rank scores items i % world_size == rank, counts summed over ranks."""
-        cfg = self.cfg
-        # batches of about one training micro-batch's tokens: activations the size training already uses
-        row_len = min(self.config.block_size, self.hellaswag.max_row_len())
-        per = max(1, (cfg.batch_size * cfg.seq_len) // (4 * row_len))
-        r = score_hellaswag(self.model, self.hellaswag, items_per_batch=per, rank=self.dist.rank,
-                            world_size=self.dist.world_size, progress=self.progress)
-        counts = self.over_ranks("sum", r["n"], r["correct"], r["correct_norm"])  # float32: exact below 2**24
-        n, c, cn = (int(round(v)) for v in counts)
-        return {"n": n, "acc": c / n, "acc_norm": cn / n}
-
-    @staticmethod
-    def _core_tasks(cfg: TrainConfig):
-        """--core-every: the bundle's tasks, read once before training (a bad bundle fails the run at its start)."""
-        if not cfg.core_every:
-            return None
-        if not cfg.core_bundle:
-            raise ArgError("--core-every needs --core-bundle: the eval bundle's folder or zip (nanochat's is "
-                           f"{core_eval.BUNDLE_URL})")
-        return core_eval.load_bundle(cfg.core_bundle)
-
-    def core_metrics(self) -> dict:
-        """{"core", "core_tasks": {label: centered}}: each rank scores items i % world_size == rank of the first
-        --core-max-per-task items of every task, in forwards of one training micro-batch's tokens."""
-        cfg = self.cfg
-        r = core_eval.evaluate_core(self.model, self.core_tasks, max_per_task=cfg.core_max_per_task,
-                                    batch_tokens=cfg.batch_size * cfg.seq_len, rank=self.dist.rank,
-                                    world_size=self.dist.world_size, comm=self.comm, progress=self.progress)
-        return {"core": r["core"], "core_tasks": {k: v["centered"] for k, v in r["tasks"].items()}}
-
-    def sample(self) -> str:
-        """A text sample of at most --sample-tokens tokens (top-k 50, --seed): the continuation of --sample-prompt;
-        after --sft the reply in the chat format to --sample-prompt as a user message (SFT_SAMPLE_PROMPT in place of
-        a blank one), up to <|assistant_end|>, as gpt2core-chat would answer it."""
-        cfg = self.cfg
-        if cfg.sft:
-            try:
-                return chat.generate_reply(self.model, [{"role": "user", "content": self.sample_prompt()}],
-                                           cfg.sample_tokens, top_k=50, seed=cfg.seed)
-            except ArgError:  # the prompt fills the context: no room for a reply
-                return ""
-        prompt = tokenizer.encode(cfg.sample_prompt) or [tokenizer.EOT]
-        out = self.model.generate(np.array([prompt]), cfg.sample_tokens, top_k=50, seed=cfg.seed)
-        return tokenizer.decode(out[0, len(prompt):])
-
-    def sample_prompt(self) -> str:
-        """The text sample() starts from: --sample-prompt, or after --sft SFT_SAMPLE_PROMPT for a blank one."""
-        p = self.cfg.sample_prompt
-        return p if not self.cfg.sft or p.strip() else SFT_SAMPLE_PROMPT
-
-    def _sample_line(self) -> str:
-        what = f"sample (reply to {self.sample_prompt()!r})" if self.cfg.sft else "sample"
-        return f"{what}: {self.sample()!r}"
 
     def train_step(self, step: int) -> dict:
         """One optimizer step: grad_accum micro-steps (forward + backward, the loss summed on the device), then
