@@ -1,7 +1,7 @@
 """The GPU lease driver (issue 48): turns any lease into the next rows of one report, in value order, continuing
 where the last lease stopped.
 
-    python -m gpt2core.calibrate --budget 480 --data lease_data --hellaswag hellaswag_val_full.txt --out lease_out
+    python -m gpt2core.calibrate --budget 540 --data lease_data --hellaswag hellaswag_val_full.txt --out lease_out
     python -m gpt2core.calibrate --list                 # the steps in order, with their bounds
     python -m gpt2core.calibrate --index                # docs/gpu/README.md from the pages there
     python -m gpt2core.calibrate --budget 900 --dry-run --device cpu --out /tmp/dry   # every step, tiny shapes
@@ -99,7 +99,7 @@ def find_device(requested: str) -> tuple[str, str, str]:
 
 
 # ------------------------------------------------------------------------------------------ running a step
-def run_bounded(name: str, bound: float, ctx: lease_steps.Ctx, step_dir: Path, log=print) -> dict:
+def run_bounded(name: str, bound: float, ctx: lease_steps.Ctx, step_dir: Path) -> dict:
     """Runs step `name` in a process group of its own, killed (SIGKILL, the whole group) after `bound` seconds:
     {"status", "seconds", "rows"}, the rows as the step wrote them, whatever became of it."""
     step_dir.mkdir(parents=True, exist_ok=True)
@@ -224,7 +224,7 @@ def write_index(docs: Path) -> None:
             "```bash",
             "python3 -m pip install -q --no-index --no-deps --target /tmp/site build/lease-wheels/90/*.whl \\",
             "    build/lease-wheels/90/deps/*.whl",
-            "PYTHONPATH=/tmp/site python3 -m gpt2core.calibrate --budget 480 --data lease_data \\",
+            "PYTHONPATH=/tmp/site python3 -m gpt2core.calibrate --budget 540 --data lease_data \\",
             "    --hellaswag hellaswag_val_full.txt --out $OUT/lease --docs $OUT/lease \\",
             "    --commit $(cat build/lease-wheels/90/COMMIT)",
             "```", "",

@@ -70,12 +70,21 @@ REAL = {"preset": "d12", "B": 64, "T": 1024, "timing_steps": 5, "scale_steps": 3
         "scale_presets": ["d24", "d36", "d48"], "serve_streams": [1, 8, 32, 64], "serve_new": 128, "serve_prompt": 64,
         "fp16_steps": 50, "dp_B": 4, "dp_T": 256, "resume_steps": 6, "learn_B": 64, "learn_T": 1024}
 DRY = {"preset": "tiny", "B": 2, "T": 32, "timing_steps": 1, "scale_steps": 1, "scale_max_B": 4,
-       "scale_presets": ["tiny"], "serve_streams": [1, 2], "serve_new": 4, "serve_prompt": 8, "fp16_steps": 3,
+       "scale_presets": ["dry"], "serve_streams": [1, 2], "serve_new": 4, "serve_prompt": 8, "fp16_steps": 3,
        "dp_B": 2, "dp_T": 16, "resume_steps": 4, "learn_B": 2, "learn_T": 32}
 
 
 def shapes(ctx: Ctx) -> dict:
     return DRY if ctx.dry else REAL
+
+
+def random_token_config(ctx: Ctx, preset: str = "d12"):
+    """The model of a step that trains on random tokens: the preset, or in a dry run 2 layers of 64 with a vocabulary
+    of 256 (tiny's 50,304 rows would make the emulated device's optimizer take seconds a step)."""
+    from gpt2core import GPT2Config, PRESETS
+    if ctx.dry:
+        return GPT2Config(block_size=64, vocab_size=256, padded_vocab_size=256, n_layer=2, n_head=2, n_embd=64)
+    return PRESETS[preset]
 
 
 def need_gpu(ctx: Ctx, what: str) -> None:
@@ -130,15 +139,18 @@ def random_batch(vocab: int, B: int, T: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, vocab, (B, T), dtype=np.int32)
 
 
-def time_steps(m, x, steps: int, step_kw: dict | None = None, warmup: int = 2) -> dict:
+def time_steps(m, x, steps: int, step_kw: dict | None = None, warmup: int = 2, prefetch: bool = False) -> dict:
     """Median forward / backward / optimizer times (ms) of `steps` training steps after `warmup`, each phase ended
-    by a device read (forward returns the loss, grad_norm reads the gradients)."""
+    by a device read (forward returns the loss, grad_norm reads the gradients). prefetch: with offload, the
+    gradients go to the host during backward (GPT2.prefetch_grads), as gpt2core-train does."""
     parts = {"forward": [], "backward": [], "optimizer": []}
     for i in range(steps + warmup):
         t0 = time.perf_counter()
         m.zero_grad()
         m.forward(x, x)
         t1 = time.perf_counter()
+        if prefetch:
+            m.prefetch_grads()
         m.backward()
         m.grad_norm()
         t2 = time.perf_counter()
@@ -191,15 +203,15 @@ def step_gpu_tests(budget: float, ctx: Ctx):
 def step_d12_step(budget: float, ctx: Ctx):
     """d12, B=64, T=1024, bf16: the step with cuDNN's attention and with gpt2core's flash kernels (per-phase times),
     beside scripts/gpu_model.py's modelled range for this GPU."""
-    from gpt2core import GPT2, PRESETS
+    from gpt2core import GPT2
     s = shapes(ctx)
     atts = ("cudnn", "flash") if ctx.device == "cuda" else ("auto",)
     t0 = time.perf_counter()
+    cfg = random_token_config(ctx)
     for att in atts:
-        cfg = PRESETS[s["preset"]]
         m = GPT2(cfg, device=ctx.device, seed=0, attention=att if ctx.device == "cuda" else None)
         ms = time_steps(m, random_batch(cfg.vocab_size, s["B"], s["T"]), s["timing_steps"])
-        yield timing_row(ctx, m, s["B"], s["T"], ms, preset=s["preset"], attention=att)
+        yield timing_row(ctx, m, s["B"], s["T"], ms, preset=s["preset"] if not ctx.dry else "dry", attention=att)
         del m
     left = budget - (time.perf_counter() - t0) - 5
     if ctx.device == "cuda" and not ctx.dry:
@@ -348,8 +360,9 @@ def step_learn(budget: float, ctx: Ctx):
 def step_scale(budget: float, ctx: Ctx):
     """d24, d36, d48 in bf16 at T=1024: the largest micro-batch the memory plan allows at each recompute level on
     this GPU, with cuDNN's attention and ours: tokens/s, MFU, forward / backward / optimizer times; then
-    --offload optimizer once (d48, layer recompute). gpu_model.py models C=768 only: no paper figure here."""
-    from gpt2core import GPT2, PRESETS, _C
+    --offload optimizer at d48 with layer recompute, B=4, with the gradients' copies overlapped with backward and
+    without (the GPU notes' two bench commands). gpu_model.py models C=768 only: no paper figure here."""
+    from gpt2core import GPT2, _C
     from gpt2core.planning import memplan
     s = shapes(ctx)
     T = s["T"]
@@ -357,7 +370,7 @@ def step_scale(budget: float, ctx: Ctx):
         free = _C.cuda_mem_info(0)[0]
         budget_bytes = memplan.budget_of(free, measured=True)
     for preset in s["scale_presets"]:
-        cfg = PRESETS[preset]
+        cfg = random_token_config(ctx, preset)
         # cuDNN's attention first (the faster on an H100), then ours; within each, the cheapest recompute first
         for att in (("cudnn", "flash") if ctx.device == "cuda" else ("auto",)):
             for recompute in ("none", "gelu", "layer"):
@@ -383,13 +396,15 @@ def step_scale(budget: float, ctx: Ctx):
         yield {"offload": "skipped: --offload optimizer needs a GPU"}
         return
     preset = s["scale_presets"][-1]
-    cfg = PRESETS[preset]
+    cfg = random_token_config(ctx, preset)
     m = GPT2(cfg, device="cuda", seed=0)
     m.recompute = "layer"
     m.offload = True
     B = 4 if not ctx.dry else s["B"]
-    ms = time_steps(m, random_batch(cfg.vocab_size, B, T), 2, warmup=1)
-    yield timing_row(ctx, m, B, T, ms, preset=preset, recompute="layer", attention="auto", offload="optimizer")
+    for prefetch in (True, False):  # the gradients' copies overlapped with backward, and at the step
+        ms = time_steps(m, random_batch(cfg.vocab_size, B, T), 2, warmup=1, prefetch=prefetch)
+        yield timing_row(ctx, m, B, T, ms, preset=preset, recompute="layer", attention="auto", offload="optimizer",
+                         prefetch=prefetch)
 
 
 def _free_port() -> int:
@@ -515,16 +530,16 @@ def _round(url: str, prompts: list, new: int) -> tuple[list[dict], float]:
 DP_RANK = """
 import json, os, sys
 import numpy as np
-from gpt2core import GPT2, GPT2Config, PRESETS
+from gpt2core import GPT2, GPT2Config
 from gpt2core.distributed import DataParallel, setup
-out, device, preset, B, T, zero, offload, world = sys.argv[1:9]
+out, device, config, B, T, zero, offload, world = sys.argv[1:9]
 B, T, zero, offload, world = int(B), int(T), int(zero), offload == "1", int(world)
 rank = 0
 comm = None
 if world > 1:
     env, comm, _ = setup("cpu", timeout=120)  # Gloo between the ranks (NCCL refuses two ranks on one GPU)
     rank = env.rank
-cfg = PRESETS[preset]
+cfg = GPT2Config(**json.loads(config))
 m = GPT2(cfg, device=device, seed=7)
 if offload:
     m.offload = True
@@ -562,7 +577,7 @@ def step_dp(budget: float, ctx: Ctx):
     work = Path(ctx.work)
     script = work / "dp_rank.py"
     script.write_text(DP_RANK)
-    common = [ctx.device, s["preset"], s["dp_B"], s["dp_T"]]
+    common = [ctx.device, json.dumps(asdict(random_token_config(ctx))), s["dp_B"], s["dp_T"]]
 
     def run(name, zero, offload, world):
         out = str(work / name)
@@ -600,16 +615,15 @@ def step_dp(budget: float, ctx: Ctx):
     if ctx.device != "cuda" or not _C.dist.have_nccl():
         yield {"nccl": "skipped: " + ("--device cpu" if ctx.device != "cuda" else "this build has no NCCL")}
         return
-    yield {"nccl": _nccl_one_rank(s)}
+    yield {"nccl": _nccl_one_rank(s, random_token_config(ctx))}
 
 
-def _nccl_one_rank(s: dict) -> dict:
-    from gpt2core import GPT2, PRESETS, _C
+def _nccl_one_rank(s: dict, cfg) -> dict:
+    from gpt2core import GPT2, _C
     from gpt2core.distributed import DataParallel
     from gpt2core.distributed.launch import free_port
     t0 = time.perf_counter()
     comm = _C.dist.init_nccl(0, 1, "127.0.0.1", free_port(), timeout=60.0, device=0)
-    cfg = PRESETS[s["preset"]]
     m = GPT2(cfg, device="cuda", seed=0)
     comm.use_stream_of(m._m)
     g = m.flat_grads()
@@ -640,9 +654,9 @@ def step_fp16(budget: float, ctx: Ctx):
     """d12 with dynamic loss scaling (fp16), 50 steps against bf16 on the same batches: losses side by side, the
     scale and the skipped steps; tokens/s of each."""
     need_gpu(ctx, "fp16 and bf16 are CUDA precisions")
-    from gpt2core import GPT2, PRESETS
+    from gpt2core import GPT2
     s = shapes(ctx)
-    cfg = PRESETS[s["preset"]]
+    cfg = random_token_config(ctx)
     B, T = (s["B"], s["T"]) if ctx.dry else (16, 1024)
     rng = np.random.default_rng(3)
     batches = [rng.integers(0, cfg.vocab_size, (B, T)).astype(np.int32) for _ in range(4)]
@@ -754,9 +768,9 @@ def step_resume(budget: float, ctx: Ctx):
 
 
 def _run_bits(ctx: Ctx, deterministic: bool) -> bytes:
-    from gpt2core import GPT2, PRESETS
+    from gpt2core import GPT2
     s = shapes(ctx)
-    m = GPT2(PRESETS[s["preset"]], device=ctx.device, seed=0, deterministic=deterministic)
+    m = GPT2(random_token_config(ctx), device=ctx.device, seed=0, deterministic=deterministic)
     x = random_batch(m.config.vocab_size, *((s["B"], s["T"]) if ctx.dry else (4, 256)), seed=1)
     for _ in range(3 if not ctx.dry else 1):
         m.zero_grad()
@@ -777,9 +791,9 @@ def step_bgradb(budget: float, ctx: Ctx):
     """Whether cuBLASLt accepted the bias-gradient epilogue (build_info()'s refusal counts after a step)."""
     need_gpu(ctx, "the cuBLASLt epilogue")
     import gpt2core
-    from gpt2core import GPT2, PRESETS
+    from gpt2core import GPT2
     s = shapes(ctx)
-    m = GPT2(PRESETS[s["preset"]], device="cuda", seed=0)
+    m = GPT2(random_token_config(ctx), device="cuda", seed=0)
     time_steps(m, random_batch(m.config.vocab_size, *((s["B"], s["T"]) if ctx.dry else (8, 256))), 1, warmup=0)
     info = gpt2core.build_info()
     yield {"accepted": info["bgradb_refused_shapes"] == 0, "refused_shapes": info["bgradb_refused_shapes"],
@@ -806,9 +820,9 @@ def step_ladder(budget: float, ctx: Ctx):
 def step_vs_cpu(budget: float, ctx: Ctx):
     """20 training steps of d12 (B=2, T=128) on the GPU against the CPU backend: losses side by side."""
     need_gpu(ctx, "compares the GPU with the CPU")
-    from gpt2core import GPT2, PRESETS
+    from gpt2core import GPT2
     s = shapes(ctx)
-    cfg = PRESETS[s["preset"]]
+    cfg = random_token_config(ctx)
     x = random_batch(cfg.vocab_size, *((s["B"], s["T"]) if ctx.dry else (2, 128)), seed=2)
     losses = {}
     for device in ("cuda", "cpu"):
@@ -837,12 +851,13 @@ class Step:
     dry_bound: float  # seconds at tiny shapes (CPU or the emulated device)
 
 
-# the value order: what a user asks first comes first (issue 48); the bounds fit one 10-minute lease for the first
-# four (the doctor, the GPU tests, learn sized to what is left, the d12 step)
+# the value order: what a user asks first comes first (issue 48). The first four's bounds (the doctor, the GPU tests,
+# learn sized to its bound, the d12 step) add up to 530 s: one 10-minute lease with a minute for the install
+# (--budget 540); the next lease continues with scale
 STEPS = [
     Step("doctor", "build, libraries, correctness on every device", 90, 120),
     Step("gpu_tests", "the GPU test suite against the CPU backend", 150, 120),
-    Step("learn", "d12 T=1024: --recipe modern against gpt2 to gpt2's final val loss, tokens and seconds", 240, 300),
+    Step("learn", "d12 T=1024: --recipe modern against gpt2 to gpt2's final val loss, tokens and seconds", 200, 300),
     Step("d12_step", "d12 B=64 T=1024 step time, cuDNN and flash attention, against the paper model", 90, 120),
     Step("scale", "d24/d36/d48 bf16 at the largest batch per recompute level: tokens/s, MFU, phases", 420, 240),
     Step("serve", "gpt2core-serve at 1/8/32/64 streams against generate at the same batch", 240, 180),

@@ -125,38 +125,68 @@ def test_each_entry_point_makes_its_own_gpu_current(emu, tmp_path):  # noqa: F81
     assert "stream of device 0 while device 1 is current" in res["refused"], res["refused"]
 
 
-# calibrate's in-process GPU steps (d12_step, bgradb, bitwise, vs_cpu) with gpt2core's core the emulated module, at
-# the tiny preset and small shapes (the emulator cannot run d12 at B=64, T=1024 in a test's time)
-_CALIBRATE = """
-import json, sys
-sys.path.insert(0, sys.argv[1])
+# The lease driver's dry run (python -m gpt2core.calibrate --dry-run, issue 48) with gpt2core's core the emulated
+# module: the driver, every step's process and the processes a step starts (its ranks, its training runs) run
+# through this wrapper (calibrate.PYTHON), which puts the emulated module in place of gpt2core._C first
+_EMU_PYTHON = """
+import runpy, sys
+build = sys.argv[1]
+sys.path.insert(0, build)
 import gpt2core_cuda_emu
 sys.modules["gpt2core._C"] = gpt2core_cuda_emu
 import gpt2core._libs
 gpt2core._libs.driver_problem = lambda: ""
 import gpt2core._cuda
 gpt2core._cuda.load = lambda: []  # the emulated plugin stays: never the real _C_cuda
-from gpt2core import calibrate
-calibrate.PRESET = "tiny"
-calibrate.SHAPES = {"step": (1, 16), "bgradb": (1, 16), "bitwise": (1, 16), "vs_cpu": (1, 16)}
-calibrate.COUNTS = {"timing": 1, "bitwise": 1, "vs_cpu": 4}
-out = {name: calibrate.run_step(name) for name in ("d12_step", "bgradb", "bitwise", "vs_cpu")}
-print(json.dumps(out, default=str))
+import gpt2core._plugins
+gpt2core._plugins.find = lambda: "emulated"  # also in a build without a CUDA backend of its own
+import gpt2core
+gpt2core.build_info = gpt2core_cuda_emu.build_info  # what the emulated backend counted (bgradb's refusals)
+args = sys.argv[2:]
+if args[:2] == ["-m", "gpt2core.calibrate"]:  # the driver: its steps start through this wrapper too
+    from gpt2core.runtime import calibrate
+    calibrate.PYTHON = [sys.executable, __file__, build]
+    sys.exit(calibrate.console(args[2:]))
+if args[0] == "-m":  # sys.argv as python -m would set it: [the module's path, its arguments...]
+    sys.argv = args[1:]
+    runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+else:  # a script: [the script, its arguments...]
+    sys.argv = args
+    runpy.run_path(args[0], run_name="__main__")
 """
+# The steps whose CUDA paths the emulator can run at the dry run's tiny shapes in a test's time: the timings (cuDNN's
+# attention and ours), the scale step's recompute levels and offload, fp16 with loss scaling against bf16, two ranks
+# over Gloo at ZeRO 0/1/2 with and without offload, the bit-for-bit and bias-gradient checks and the CPU
+# comparison. learn, serve, eval and resume run the same code on the CPU dry run (tests/python/test_calibrate.py).
+EMU_STEPS = ["d12_step", "scale", "dp", "fp16", "bitwise", "bgradb", "vs_cpu"]
 
 
-def test_calibrate_gpu_steps_run_on_the_emulated_device(emu):  # noqa: F811
-    r = subprocess.run([sys.executable, "-c", _CALIBRATE, str(BUILD)], capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
-    runs = res["d12_step"]["runs"]
+@pytest.mark.slow
+def test_calibrate_dry_run_on_the_emulated_device(emu, tmp_path):  # noqa: F811
+    wrapper = tmp_path / "emu_python.py"
+    wrapper.write_text(_EMU_PYTHON)
+    r = subprocess.run([sys.executable, str(wrapper), str(BUILD), "-m", "gpt2core.calibrate", "--dry-run",
+                        "--device", "cuda", "--out", str(tmp_path / "out"), "--only", *EMU_STEPS],
+                       capture_output=True, text=True, timeout=1500)
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + json.dumps(rep)[-4000:]
+    s = rep["steps"]
+    assert list(s) == EMU_STEPS and all(st["status"] == "ok" for st in s.values()), json.dumps(s)[-4000:]
+    runs = s["d12_step"]["rows"]
     assert [x["attention"] for x in runs] == ["cudnn", "flash"]
     assert all(x["tokens_per_s"] > 0 and x["ms_per_step"] > 0 and x["precision"] == "bf16" for x in runs), runs
-    assert "H100" in res["d12_step"].get("model", "H100")  # gpu_model.py --reproduce-llmc's table, when present
-    assert res["bgradb"] == {"accepted": True, "refused_shapes": 0, "fallbacks": 0}
-    assert res["bitwise"]["deterministic=True"] is True
-    losses = res["vs_cpu"]["losses"]
-    assert len(losses["cuda"]) == len(losses["cpu"]) == 4
+    scale = s["scale"]["rows"]
+    assert [(x["attention"], x["recompute"]) for x in scale if "recompute" in x and "offload" not in x] == \
+        [(a, r) for a in ("cudnn", "flash") for r in ("none", "gelu", "layer")]
+    assert [(x["offload"], x["prefetch"]) for x in scale[-2:]] == [("optimizer", True), ("optimizer", False)]
+    assert all(x["tokens_per_s"] > 0 for x in scale[-2:])
+    dp = [x for x in s["dp"]["rows"] if "replicas_bit_identical" in x]
+    assert len(dp) == 6 and all(x["replicas_bit_identical"] for x in dp), dp
+    assert [x["same_bits_as_without_offload"] for x in dp if "offload" in x["run"]] == [True] * 3, dp
+    fp16 = {x["precision"]: x for x in s["fp16"]["rows"] if "precision" in x}
+    assert fp16["fp16"]["loss_scale"] > 0 and fp16["bf16"]["loss_scale"] is None
+    assert s["fp16"]["rows"][-1]["max_relative_difference"] < 2e-2
+    assert {x["deterministic"]: x["bit_identical"] for x in s["bitwise"]["rows"]}[True] is True
+    assert s["bgradb"]["rows"] == [{"accepted": True, "refused_shapes": 0, "fallbacks": 0}]
     # the emulated device computes in bf16 there (the default on sm_90): within bf16's training tolerance of the CPU
-    assert res["vs_cpu"]["max_relative_difference"] < 2e-2, res["vs_cpu"]
-    assert losses["cuda"][-1] < losses["cuda"][0]
+    assert s["vs_cpu"]["rows"][0]["max_relative_difference"] < 2e-2
