@@ -80,6 +80,16 @@ rm -rf "$WORK/raw" && mkdir -p "$WORK/raw"
    > "$WORK/wheel.log" 2>&1) || { tail -n 60 "$WORK/wheel.log" >&2; die "pip wheel failed (log: $WORK/wheel.log)"; }
 raw=$(ls "$WORK"/raw/gpt2core-*.whl)
 log "pip wheel: $((SECONDS - t0)) s"
+# what CMake found, from the wheel's own _build_config.py: a lease without cuDNN or NCCL learns it too late (the
+# third lease's build went without both, silently, when CMake took the wrong CUDA libraries)
+cfg=$(unzip -p "$raw" gpt2core/_build_config.py)
+if [ "$ARCH" != cpu ]; then
+  for flag in HAS_CUDNN HAS_CUDNN_SDPA HAS_NCCL; do
+    grep -q "^$flag = True" <<< "$cfg" || die "the build has $flag = False (log: $WORK/wheel.log): a GPU lease needs it"
+  done
+  grep -q "^CUDA_ARCHS = \"$ARCH\"" <<< "$cfg" || die "the build's CUDA archs are not $ARCH: $(grep ^CUDA_ARCHS <<< "$cfg")"
+fi
+log "built: $(grep -E '^(CUDA_VERSION|CUDA_ARCHS|CUDNN_VERSION|NCCL_VERSION) ' <<< "$cfg" | sed 's/  *#.*//' | tr '\n' ' ')"
 excludes=(--exclude 'libcublas*' --exclude 'libcudnn*' --exclude 'libnccl.so.*' --exclude 'libnvrtc*'
           --exclude 'libcudart.so.*' --exclude 'libscipy_openblas.so')
 rm -f "$OUT"/gpt2core-*.whl
@@ -112,7 +122,9 @@ if [ $CHECK = 1 ]; then
   "$PY" -m venv "$WORK/check" && "$WORK/check/bin/pip" install -q "$whl" >&2
   site=$("$WORK/check/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   for so in "$site"/gpt2core/*.so; do
-    missing=$(ldd "$so" | grep "not found" | grep -vE "lib(cublas|cudnn|nccl|nvrtc|cudart|cuda)[^ ]*" || true)
+    # (NVIDIA's libraries and scipy-openblas32's BLAS: from their wheels, which gpt2core loads before the extension)
+    missing=$(ldd "$so" | grep "not found" | grep -vE "lib(cublas|cudnn|nccl|nvrtc|cudart|cuda|scipy_openblas)[^ ]*" \
+              || true)
     [ -z "$missing" ] || die "$(basename "$so") needs libraries the wheel lacks: $missing"
     if ldd "$so" | grep -q "libgloo" && ! ldd "$so" | grep "libgloo" | grep -q "gpt2core.libs"; then
       die "$(basename "$so") takes libgloo from the system, not from the wheel's gpt2core.libs"
