@@ -62,6 +62,14 @@ def build_info() -> dict:
     return info
 
 
+def fp8_cast(x, kind: str):
+    """x (a float32 numpy array) rounded to FP8 -- kind "e4m3" (largest finite value 448) or "e5m2" (57344) -- as the
+    GPU's cvt.rn.satfinite rounds it: to nearest even, subnormals kept, beyond the largest finite value (infinities
+    included) saturated to it, NaN kept. Returns the rounded values as a new float32 array of x's shape. The
+    conversion the FP8 matmuls quantise with (csrc/model/fp8.h). ValueError names a bad x or kind."""
+    return _C.fp8_cast(x, kind)
+
+
 # Subpackages reachable as gpt2core.tokenizer etc. after a plain `import gpt2core`, imported on first use
 # (model files and checkpoints, gpt2core.formats, come with GPT2).
 _LAZY_SUBMODULES = ("data", "tokenizer")
@@ -138,4 +146,4 @@ def _install_moved_finder() -> None:
 
 _install_moved_finder()
 
-__all__ = ["GPT2", "GPT2Config", "PRESETS", "build_info", "load_model", "plan", "__version__"]
+__all__ = ["GPT2", "GPT2Config", "PRESETS", "build_info", "fp8_cast", "load_model", "plan", "__version__"]

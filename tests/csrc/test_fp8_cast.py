@@ -6,6 +6,7 @@ patterns; bad arguments raise a ValueError naming the argument."""
 import numpy as np
 import pytest
 
+import gpt2core
 from gpt2core import _C
 
 from fp8 import KINDS, MAX, MIN_SUB, boundaries, codes, random_floats, ref_cast, ties
@@ -69,3 +70,11 @@ def test_bad_arguments_name_the_argument():
         _C.fp8_cast(np.ones(3, np.int32), "e4m3")
     with pytest.raises(ValueError, match="x must be a float32 numpy array"):
         _C.fp8_cast([1.0, 2.0], "e5m2")
+
+
+def test_the_public_function_is_the_binding():
+    x = np.array([1.0, 460.0, -1e-3, np.inf], np.float32)
+    assert np.array_equal(gpt2core.fp8_cast(x, "e4m3"), _C.fp8_cast(x, "e4m3"))
+    assert list(gpt2core.fp8_cast(x, "e4m3")) == [1.0, 448.0, -0.001953125, 448.0]
+    with pytest.raises(ValueError, match="kind must be"):
+        gpt2core.fp8_cast(x, "fp8")
