@@ -54,6 +54,21 @@ CASES = [  # (name, C, NH, T, misalign, accumulate)
     ("write hs=64 T=70", 128, 2, 70, False, False),
     ("write hs=128 T=33", 256, 2, 33, False, False),
 ]
+TILE_CASES = [
+    # the forward's tiles (128 queries for hs = 64, 64 for hs = 128; 64-key tiles, two K / V buffers): one row, one
+    # key tile exactly and one past it, one query tile exactly and one past it, several query and key tiles (warps
+    # that skip the tiles above their rows)
+    ("hs=64 T=1", 64, 1, 1, False, True),
+    ("hs=64 T=64", 64, 1, 64, False, True),
+    ("hs=64 T=65", 64, 1, 65, False, True),
+    ("hs=64 T=129", 64, 1, 129, False, True),
+    ("hs=64 T=257", 64, 1, 257, False, True),
+    ("hs=128 T=1", 128, 1, 1, False, True),
+    ("hs=128 T=64", 128, 1, 64, False, True),
+    ("hs=128 T=65", 128, 1, 65, False, True),
+    ("hs=128 T=192", 128, 1, 192, False, True),
+    ("misaligned hs=128 T=129", 128, 1, 129, True, True),
+]
 
 
 def to_bits(x, dtype):
@@ -91,14 +106,16 @@ def lse_reference(qkv, NH):
     return (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0]
 
 
-def run_cases(module_dir, dtype):
-    """Script mode: every case in dtype; prints {"errors": {case: {...ratios}}, "digest": sha256 of the outputs}."""
+def run_cases(module_dir, arg):
+    """Script mode: arg = dtype ('f16', 'bf16'), or dtype:tiles for TILE_CASES; prints {"errors": {case: {...ratios}},
+    "digest": sha256 of the outputs}."""
     sys.path.insert(0, str(module_dir))
     import gpt2core_cuda_emu as E
 
+    dtype, _, which = arg.partition(":")
     rng = np.random.default_rng(14)
     errors, digest = {}, hashlib.sha256()
-    for name, C, NH, T, misalign, accumulate in CASES:
+    for name, C, NH, T, misalign, accumulate in (TILE_CASES if which == "tiles" else CASES):
         qkv_b, qkv = to_bits(rng.standard_normal((B, T, 3 * C)), dtype)
         dout_b, dout = to_bits(rng.standard_normal((B, T, C)), dtype)
         dqkv_b, dqkv = to_bits(rng.standard_normal((B, T, 3 * C)) if accumulate else np.zeros((B, T, 3 * C)), dtype)
@@ -134,6 +151,45 @@ def test_attention_tc_matches_float64_reference(emu, dtype):  # noqa: F811
     if not hasattr(emu, "attention_tc"):
         pytest.skip("gpt2core_cuda_emu has no attention_tc binding")
     check_under_schedules(HERE, dtype, CASES, ("low", "high", "ahead:7"), f"{dtype} tensor-core attention")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_attention_tc_tile_edges(emu, dtype):  # noqa: F811
+    """The forward's tile boundaries (T = 1, one key tile and one past it, one query tile and one past it, several of
+    each) in a lock-step and a run-ahead schedule (about 25 s each)."""
+    if not hasattr(emu, "attention_tc"):
+        pytest.skip("gpt2core_cuda_emu has no attention_tc binding")
+    check_under_schedules(HERE, f"{dtype}:tiles", TILE_CASES, ("fwd", "ahead:3"), f"{dtype} tensor-core attention")
+
+
+def test_attention_tc_single_buffer_on_sm75(emu, monkeypatch):  # noqa: F811
+    """On sm_75 (no cp.async; 64 KiB of shared memory) the forward keeps one K / V buffer: the same results, under
+    a run-ahead schedule (hs = 128 runs too here, though the backend never picks it on sm_75)."""
+    if not hasattr(emu, "attention_tc"):
+        pytest.skip("gpt2core_cuda_emu has no attention_tc binding")
+    monkeypatch.setenv("GPT2CORE_EMU_COMPUTE_CAPABILITY", "75")
+    check_under_schedules(HERE, "f16", CASES, ("high",), "fp16 tensor-core attention on sm_75")
+
+
+@pytest.mark.parametrize(("C", "T", "rows"), [(64, 256, 128), (128, 128, 64)])
+def test_forward_never_reads_key_tiles_above_the_diagonal(emu, C, T, rows):  # noqa: F811
+    """Keys and values after the first query tile are NaN: that tile's rows (128 for hs = 64, 64 for hs = 128) must
+    come out exact, so no key tile above the diagonal was loaded into them (a masked NaN still poisons P V)."""
+    if not hasattr(emu, "attention_tc"):
+        pytest.skip("gpt2core_cuda_emu has no attention_tc binding")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, T, 3 * C))
+    x[:, rows:, C:] = np.nan  # K and V of the later keys
+    qkv_b, qkv = to_bits(x, "bf16")
+    dout_b, _ = to_bits(rng.standard_normal((1, T, C)), "bf16")
+    out_b, lse, _ = emu.attention_tc(False, qkv_b, dout_b, np.zeros_like(qkv_b), 1, False, False)
+    out = from_bits(out_b, "bf16")[:, :rows]
+    ref_out, _, pv_abs, _ = reference(qkv[:, :rows], np.zeros((1, rows, C)), np.zeros((1, rows, 3 * C)), 1, True,
+                                      out)
+    assert error_ratio(out, ref_out, UNIT["bf16"], pv_abs) <= 1.0
+    ref_lse = lse_reference(qkv[:, :rows], 1)
+    assert np.all(np.abs(lse[..., :rows] - ref_lse) <= 1e-5 * (1 + np.abs(ref_lse)))
 
 
 # One fp16 attention forward + backward through the backend (OpsF16, attention='flash'), hs = C / NH with C = 64 NH.
