@@ -269,3 +269,23 @@ def test_dry_run_of_every_step_on_the_cpu(tmp_path):
     assert s["resume"]["rows"][-1]["bit_identical"] is True and s["resume"]["rows"][0]["killed_with"] == -9
     assert all(r["bit_identical"] for r in s["bitwise"]["rows"])
     assert [r["recompute"] for r in s["scale"]["rows"] if "recompute" in r] == ["none", "gelu", "layer"]
+
+
+def test_learn_checks_the_carried_shards_against_their_manifest(tmp_path):
+    """A damaged copy of scripts/lease_data.py's folder is refused before any training, naming the file."""
+    import hashlib
+
+    import numpy as np
+
+    from gpt2core.data.shards import write_shard
+    files = []
+    for i, name in enumerate(["lease_val_000000.bin", "lease_train_000001.bin"]):
+        p = write_shard(tmp_path / name, np.arange(100 + i, dtype=np.uint16))
+        files.append({"path": name, "sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "tokens": 100 + i})
+    (tmp_path / "manifest.json").write_text(json.dumps({"files": files, "source": "test", "licence": "CC0-1.0"}))
+    assert lease_steps.check_manifest(tmp_path)["licence"] == "CC0-1.0"
+    raw = bytearray((tmp_path / "lease_train_000001.bin").read_bytes())
+    raw[-1] ^= 1
+    (tmp_path / "lease_train_000001.bin").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="lease_train_000001.bin: sha256 differs"):
+        lease_steps.check_manifest(tmp_path)

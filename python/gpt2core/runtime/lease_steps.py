@@ -323,10 +323,11 @@ def step_learn(budget: float, ctx: Ctx):
     curves = {}
     for recipe in ("gpt2", "modern"):
         out = Path(ctx.work) / f"learn_{recipe}"
-        proc = subprocess.Popen(_learn_cmd(ctx, recipe, data, out, steps, val_every), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        log_path = Path(ctx.work) / f"learn_{recipe}.log"
+        with open(log_path, "w") as log:  # a file, not a pipe: a line a step would fill a pipe nobody reads
+            proc = subprocess.Popen(_learn_cmd(ctx, recipe, data, out, steps, val_every), stdout=log,
+                                    stderr=subprocess.STDOUT)
         seen = 0
-        log = []
         while True:
             done = proc.poll() is not None
             recs, _ = val_records(out / "metrics.jsonl")
@@ -336,9 +337,9 @@ def step_learn(budget: float, ctx: Ctx):
             if done:
                 break
             time.sleep(0.5)
-        log = proc.stdout.read()
         if proc.returncode != 0:
-            raise RuntimeError(f"gpt2core-train --recipe {recipe} exited with {proc.returncode}: {log[-1500:]}")
+            raise RuntimeError(f"gpt2core-train --recipe {recipe} exited with {proc.returncode}: "
+                               f"{log_path.read_text(errors='replace')[-1500:]}")
         curves[recipe] = val_records(out / "metrics.jsonl")[0]
     target = curves["gpt2"][-1]["val_loss"]
     res = {"target_val_loss": target, "gpt2_tokens": curves["gpt2"][-1]["tokens"],
