@@ -351,17 +351,18 @@ def single(args):
 def recipe_setup(args, recipe: str):
     """(model config, GPT2.step keywords, tokens per optimizer step) of a --recipe as gpt2core-train runs it: the
     recipe's architecture on --preset, its optimizer at a step past every warm-up (the LR does not change the cost),
-    and --total-batch-tokens, else the recipe's own tokens per step, else B*T."""
+    and --total-batch-tokens, else the recipe's own tokens per step (TrainConfig.tokens_per_step: the modern
+    recipe accumulates until Newton-Schulz is its --newton-schulz-share of the step's FLOPs), else B*T."""
     from gpt2core.config import TrainConfig
     from gpt2core.training.train import step_kwargs
 
-    tc = TrainConfig.from_recipe(recipe, preset=args.preset)
+    tc = TrainConfig.from_recipe(recipe, preset=args.preset, seq_len=args.seq_len)
     cfg = tc.model_config()
     if args.padded_vocab_size:
         cfg = cfg.replace(padded_vocab_size=args.padded_vocab_size)
     kw = step_kwargs(tc, max(tc.warmup, tc.muon_momentum_warmup))
     B, T = args.batch_size, args.seq_len
-    total = args.total_batch_tokens or tc.total_batch_tokens or B * T
+    total = args.total_batch_tokens or tc.tokens_per_step(cfg, B * T)
     if total % (B * T):
         raise cli.ArgError(f"--recipe {recipe}: {total} tokens per step is not a multiple of B*T = {B * T}")
     return cfg, kw, total

@@ -43,7 +43,8 @@ steps before them by more than --spike-margin (2 nats; spikes() says why not aga
     + untied head, zero-init proj, soft-cap 15   --untied --zero-init-proj --logit-softcap 15
     + Muon                                --optimizer muon (Muon's settings from --recipe modern)
     + AdamW group LRs                     --embedding-lr, --head-lr (the recipe's)
-    + WSD, warm-up (= --recipe modern)    --recipe modern itself
+    + WSD, warm-up, tokens per step (= --recipe modern)   --recipe modern itself (its --newton-schulz-share: the
+                                          micro-batches accumulated per step, so the rows train the same tokens)
 
 On a GPU the same script runs at d12 on FineWeb (--data-dir of FineWeb shards, --preset d12 --extra --device cuda).
 """
@@ -110,7 +111,8 @@ def rows(warmup: int = 10) -> list[tuple[str, list[str]]]:
     head = [*relu2, "--untied", "--zero-init-proj", "--logit-softcap", str(MODERN_ARCH["logit_softcap"])]
     muon = [*head, "--optimizer", "muon", "--muon-lr", str(modern["muon_lr"]), "--muon-momentum",
             str(modern["muon_momentum"]), "--muon-momentum-warmup", str(modern["muon_momentum_warmup"]),
-            "--muon-weight-decay", str(modern["muon_weight_decay"])]
+            "--muon-weight-decay", str(modern["muon_weight_decay"]),
+            *(["--muon-ns-dtype", modern["muon_ns_dtype"]] if "muon_ns_dtype" in modern else [])]
     groups = [*muon, *[f for k in GROUP_LRS if modern.get(k) is not None
                        for f in (f"--{k.replace('_', '-')}", str(modern[k]))]]
     group_label = ", ".join(f"{k.split('_')[0]} {modern[k]:g}" for k in GROUP_LRS if modern.get(k) is not None)
@@ -122,7 +124,8 @@ def rows(warmup: int = 10) -> list[tuple[str, list[str]]]:
             ("+ untied head, zero-init proj, soft-cap 15", head),
             ("+ Muon", muon),
             (f"+ AdamW group LRs ({group_label})", groups),
-            (f"+ WSD, warm-up {modern['warmup']} (= --recipe modern)", ["--recipe", "modern"])]
+            (f"+ WSD, warm-up {modern['warmup']}, Newton-Schulz share {modern.get('newton_schulz_share')} of a step "
+             "(= --recipe modern)", ["--recipe", "modern"])]
 
 
 def row_label(label: str) -> str:
@@ -302,36 +305,29 @@ def val_steps(a, scale: int) -> int:
     return max(1, -(-a.val_steps // scale))
 
 
-def accumulation(flags: list[str], micro_tokens: int) -> int:
-    """Micro-steps per optimizer step of a row: its --total-batch-tokens (the last one given), else its --recipe's own
-    tokens per step (RECIPES), else 1; refused unless a multiple of the micro-batch's tokens."""
-    total = None
-    for i, f in enumerate(flags[:-1]):
-        if f == "--recipe":
-            total = RECIPES[flags[i + 1]].get("total_batch_tokens", total)
-    for i, f in enumerate(flags[:-1]):
-        if f == "--total-batch-tokens":
-            total = int(flags[i + 1])
-    if not total:
-        return 1
-    if total % micro_tokens:
-        raise SystemExit(f"recipe_bench: {total} tokens per step is not a multiple of B*T = {micro_tokens}")
-    return total // micro_tokens
+def accumulation(preset: str, flags: list[str], B: int, T: int) -> int:
+    """Micro-steps per optimizer step of a row, as gpt2core-train settles them (TrainConfig.tokens_per_step): its
+    --total-batch-tokens, else its recipe's own rule (the modern recipe's --newton-schulz-share), else 1; refused
+    unless a multiple of the micro-batch's B*T tokens."""
+    from gpt2core.training import train
+    cfg = train.parse_args(["--preset", preset, "-B", str(B), "-T", str(T), *flags])
+    total = cfg.tokens_per_step(cfg.model_config(), B * T)
+    if total % (B * T):
+        raise SystemExit(f"recipe_bench: {total} tokens per step is not a multiple of B*T = {B * T}")
+    return total // (B * T)
 
 
 def run_row(a, data: Path, run: Path, flags: list[str], scale: int, seed: int) -> dict:
     """One row at one scale and seed with gpt2core-train; a run that finished already (metrics.jsonl up to its
     last step) is read back instead. Every row trains the same tokens: --steps micro-batches of B x T (times the
-    scale), so a row with k micro-steps per optimizer step (accumulation()) takes 1/k as many optimizer steps and
-    evaluates every 1/k as many (the same tokens apart)."""
+    scale), so a row with k micro-steps per optimizer step (accumulation()) takes 1/k as many optimizer steps
+    (rounded up: up to k - 1 micro-batches more) and evaluates every 1/k as many (rounded: about the same tokens
+    apart; the comparisons interpolate on tokens)."""
     B = a.batch_size * scale
-    accum = accumulation([*flags, *a.extra], B * a.seq_len)
-    if (a.steps * scale) % accum or (a.val_every * scale) % accum:
-        raise SystemExit(f"recipe_bench: --steps and --val-every (x scale) must be multiples of the {accum} "
-                         f"micro-steps per optimizer step of {' '.join(flags)}")
-    steps = a.steps * scale // accum
+    accum = accumulation(a.preset, [*flags, *a.extra], B, a.seq_len)
+    steps = -(-a.steps * scale // accum)  # rounded up: at most accum - 1 micro-batches more than the other rows
     cmd = [sys.executable, "-m", "gpt2core.train", "--preset", a.preset, "--steps", str(steps), "-B", str(B),
-           "-T", str(a.seq_len), "--val-every", str(a.val_every * scale // accum),
+           "-T", str(a.seq_len), "--val-every", str(max(1, round(a.val_every * scale / accum))),
            "--val-steps", str(val_steps(a, scale)),
            "--data-dir", str(data), "--output-dir", str(run), "--sample-tokens", "0", "--seed", str(seed),
            *(["--threads", str(a.threads)] if a.threads else []), *flags, *a.extra]

@@ -164,6 +164,14 @@ class GPT2Config:
         (rotary adds none; RMSNorm has no gain; an untied head adds padded_vocab_size * n_embd)."""
         return sum(math.prod(s) for s in self.param_shapes().values())
 
+    def newton_schulz_flops(self, steps: int = 5) -> int:
+        """FLOPs of Muon's Newton-Schulz over every Muon matrix of one optimizer step (csrc/model/config.h
+        muon_matrices: q, k, v and the attention projection (C, C), the MLP's (4C, C) and (C, 4C) per layer): per
+        iteration on the k x w wide form (k <= w) 2 k^2 w (X X^T) + 2 k^3 (A A) + 2 k^2 w (B X)."""
+        C, L = self.n_embd, self.n_layer
+        per = lambda k, w: 4 * k * k * w + 2 * k ** 3  # noqa: E731
+        return steps * L * (4 * per(C, C) + 2 * per(C, 4 * C))
+
     def flops_per_token(self, T: int | None = None) -> int:
         """Training FLOPs per token: 6*N (matmuls, forward + backward) + 6*L*C*T (attention), with N the
         parameter count less the embeddings that are lookups, not matmuls: wpe, and wte when the lm_head is untied
@@ -237,7 +245,8 @@ RECIPES: dict[str, dict] = {
     # AdamW's group LRs, Muon's LR and the warm-up: swept on linux-doc-6.12 at s4 (README "AdamW's learning rates by
     # group"; issue 35): the embedding's LR well above the head's, as in modded-nanogpt and nanochat
     "modern": {**arch_flags(MODERN_ARCH), "optimizer": "muon", "muon_lr": 0.01, "muon_momentum": 0.95,
-               "muon_momentum_warmup": 300, "muon_weight_decay": 0.0, "lr": 6e-3, "embedding_lr": 0.1,
+               "muon_momentum_warmup": 300, "muon_weight_decay": 0.0, "muon_ns_dtype": "bfloat16",
+               "newton_schulz_share": 0.2, "lr": 6e-3, "embedding_lr": 0.1,
                "head_lr": 6e-3, "beta1": 0.8, "beta2": 0.95, "weight_decay": 0.0, "schedule": "wsd",
                "cooldown_frac": 0.4, "warmup": 5, "min_lr_frac": 0.0},
 }
@@ -396,6 +405,15 @@ class TrainConfig:
                                           "--muon-momentum (modded-nanogpt's warm-up; 0: none)", "optimization")
     muon_weight_decay: float = _opt(0.0, "Muon's decoupled weight decay (lr * wd per step)", "optimization")
     muon_ns_steps: int = _opt(5, "Newton-Schulz iterations per Muon step", "optimization")
+    newton_schulz_share: float | None = _opt(
+        None, "--optimizer muon without --total-batch-tokens: accumulate micro-batches (B*T*world each) until "
+              "Newton-Schulz's FLOPs are at most this share of the optimizer step's forward + backward FLOPs, so that "
+              "Muon's fixed cost per step is amortised over enough tokens (TrainConfig.tokens_per_step); unset: one "
+              "micro-batch per step", "optimization")
+    muon_ns_dtype: str = _opt("float32", "Newton-Schulz's products: float32 (the model's type), or bfloat16 (inputs "
+                                         "rounded to bf16, fp32 sums: AVX512-BF16 on CPUs that have it; the CUDA "
+                                         "backend's always are bf16)", "optimization",
+                              choices=["float32", "bfloat16"])
     # AdamW's LR groups under --optimizer muon (csrc/model/config.h param_lr_group), each following the --schedule
     # as --lr does; modded-nanogpt and nanochat give the embedding a much higher LR than the head (README "Modern
     # recipe")
@@ -475,7 +493,7 @@ class TrainConfig:
                   "no_shuffle", "steps", "lr", "min_lr_frac", "warmup", "schedule", "weight_decay", "grad_clip",
                   "beta1", "beta2", "eps", "seed", "loss_scaling", "loss_scale_init", "loss_scale_interval",
                   "cooldown_frac", "optimizer", "muon_lr", "muon_momentum", "muon_momentum_warmup",
-                  "muon_weight_decay", "muon_ns_steps", "embedding_lr", "head_lr", "scalar_lr", "sft", "init",
+                  "muon_weight_decay", "muon_ns_steps", "muon_ns_dtype", "embedding_lr", "head_lr", "scalar_lr", "sft", "init",
                   "epochs", "sft_val_frac")
 
     def __post_init__(self):
@@ -583,13 +601,26 @@ class TrainConfig:
             sft.pop("epochs", None)
         return cls(**{**RECIPES[recipe], **sft, **explicit, "recipe": recipe})
 
+    def tokens_per_step(self, model: "GPT2Config", tokens_per_micro: int) -> int:
+        """Tokens per optimizer step: --total-batch-tokens; else, with --optimizer muon and --newton-schulz-share,
+        the fewest micro-batches of tokens_per_micro whose forward + backward FLOPs are at least Newton-Schulz's
+        FLOPs / the share (GPT2Config.newton_schulz_flops, flops_per_token); else one micro-batch."""
+        if self.total_batch_tokens:
+            return self.total_batch_tokens
+        if self.optimizer != "muon" or not self.newton_schulz_share:
+            return tokens_per_micro
+        need = model.newton_schulz_flops(self.muon_ns_steps) / (self.newton_schulz_share *
+                                                                 model.flops_per_token(self.seq_len))
+        return max(1, math.ceil(need / tokens_per_micro)) * tokens_per_micro
+
     def optimizer_kw(self) -> dict:
         """The keywords of GPT2.step / DataParallel.step besides lr (and muon_lr, muon_momentum, which follow the
         schedules: Trainer.train_step)."""
         kw = dict(weight_decay=self.weight_decay, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
                   grad_clip=self.grad_clip)
         if self.optimizer == "muon":
-            kw.update(optimizer="muon", muon_weight_decay=self.muon_weight_decay, muon_ns_steps=self.muon_ns_steps)
+            kw.update(optimizer="muon", muon_weight_decay=self.muon_weight_decay, muon_ns_steps=self.muon_ns_steps,
+                      muon_ns_dtype=self.muon_ns_dtype)
         return kw
 
 
@@ -631,7 +662,8 @@ _CHECKS = {
     "muon_lr": _F(0, float32=True, what="a finite number >= 0"),
     "muon_momentum": _F(0, 1, hi_open=True, float32=True, what="a number in [0, 1)"),
     "muon_momentum_warmup": _I(0), "muon_weight_decay": _F(0, float32=True, what="a finite number >= 0"),
-    "muon_ns_steps": _I(0, 100),
+    "muon_ns_steps": _I(0, 100), "muon_ns_dtype": cli.Choice("float32", "bfloat16"),
+    "newton_schulz_share": cli.Optional(_F(0, 1, lo_open=True, what="a share in (0, 1]")),
     **{k: cli.Optional(_F(0, float32=True, what="a finite number >= 0")) for k in ("embedding_lr", "head_lr",
                                                                                    "scalar_lr")},
     "position": cli.Choice("learned", "rope"), "norm": cli.Choice("layernorm", "rmsnorm"),

@@ -39,11 +39,13 @@ def test_ablation_rows_add_one_ingredient_at_a_time(rb):
     groups = sorted(k for k in rb.GROUP_LRS if modern.get(k) is not None)
     assert groups  # the recipe sets AdamW's group LRs
     # Muon's row: the optimizer, and Muon's settings where the recipe's differ from TrainConfig's defaults
-    muon = sorted(["optimizer"] + [k for k in ("muon_lr", "muon_momentum", "muon_momentum_warmup", "muon_weight_decay")
-                                   if modern[k] != getattr(config.TrainConfig, k)])
+    muon = sorted(["optimizer"] + [k for k in ("muon_lr", "muon_momentum", "muon_momentum_warmup", "muon_weight_decay",
+                                               "muon_ns_dtype")
+                                   if k in modern and modern[k] != getattr(config.TrainConfig, k)])
     assert diffs == [["beta1", "lr", "weight_decay"], ["position"], ["no_bias", "norm", "qk_norm"], ["activation"],
                      ["logit_softcap", "untied", "zero_init_proj"], muon, groups,
-                     sorted(["min_lr_frac", "schedule"] + (["warmup"] if modern["warmup"] != 5 else []))]
+                     sorted(["min_lr_frac", "schedule"] + (["warmup"] if modern["warmup"] != 5 else [])
+                            + (["newton_schulz_share"] if modern.get("newton_schulz_share") else []))]
     assert rows[-1][1] == ["--recipe", "modern"] and cfgs[-1]["recipe"] == "modern"
     assert cfgs[0]["warmup"] == 5 and cfgs[-1]["warmup"] == modern["warmup"]
     models = [train.parse_args(["--preset", "s4", *flags]).model_config() for _, flags in rows]
@@ -139,12 +141,22 @@ def test_seconds_to_the_target_from_the_steps_wall_times(rb, tmp_path):
 
 
 def test_accumulation_rows_train_the_same_tokens(rb):
-    """A row's micro-steps per optimizer step: its last --total-batch-tokens, else its recipe's own, else 1; a total
+    """A row's micro-steps per optimizer step, as gpt2core-train settles them: its last --total-batch-tokens, else
+    its recipe's rule (modern: until Newton-Schulz is --newton-schulz-share of the step's FLOPs), else 1; a total
     that is not a multiple of B*T is refused."""
-    assert rb.accumulation(["--recipe", "gpt2"], 512) == 1
-    assert rb.accumulation(["--recipe", "gpt2", "--total-batch-tokens", "2048"], 512) == 4
-    assert rb.accumulation(["--total-batch-tokens", "1024", "--total-batch-tokens", "4096"], 512) == 8
-    own = rb.RECIPES["modern"].get("total_batch_tokens")
-    assert rb.accumulation(["--recipe", "modern"], 512) == (own // 512 if own else 1)
+    from gpt2core.config import TrainConfig, get_preset, modern_config
+    assert rb.accumulation("s4", ["--recipe", "gpt2"], 4, 128) == 1
+    assert rb.accumulation("s4", ["--recipe", "gpt2", "--total-batch-tokens", "2048"], 4, 128) == 4
+    assert rb.accumulation("s4", ["--total-batch-tokens", "1024", "--total-batch-tokens", "4096"], 4, 128) == 8
+    assert rb.accumulation("s4", ["--recipe", "modern", "--total-batch-tokens", "512"], 4, 128) == 1
+    # the modern recipe's rule, from the FLOPs: s4 at T=128: Newton-Schulz 20.1 GFLOP per step, 97 MFLOP per token
+    m = modern_config(get_preset("s4"))
+    assert m.newton_schulz_flops(5) == 5 * 4 * (4 * (6 * 256 ** 3) + 2 * (4 * 256 ** 2 * 1024 + 2 * 256 ** 3))
+    need = m.newton_schulz_flops(5) / (0.2 * m.flops_per_token(128))
+    assert 1024 < need <= 1536
+    assert rb.accumulation("s4", ["--recipe", "modern"], 4, 128) == 3
+    assert rb.accumulation("s4", ["--recipe", "modern", "--newton-schulz-share", "1"], 4, 128) == 1
+    assert rb.accumulation("s4", ["--recipe", "modern", "--optimizer", "adamw"], 4, 128) == 1
+    assert TrainConfig.from_recipe("modern").newton_schulz_share == 0.2
     with pytest.raises(SystemExit, match="not a multiple of B\\*T = 512"):
-        rb.accumulation(["--total-batch-tokens", "700"], 512)
+        rb.accumulation("s4", ["--total-batch-tokens", "700"], 4, 128)

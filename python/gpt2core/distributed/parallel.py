@@ -334,7 +334,7 @@ class DataParallel:
              muon_lr: float = TrainConfig.muon_lr, muon_momentum: float = TrainConfig.muon_momentum,
              muon_weight_decay: float = TrainConfig.muon_weight_decay,
              muon_ns_steps: int = TrainConfig.muon_ns_steps, *, embedding_lr: float | None = None,
-             head_lr: float | None = None) -> float:
+             head_lr: float | None = None, muon_ns_dtype: str = TrainConfig.muon_ns_dtype) -> float:
         """Average the gradients over ranks and take one clipped AdamW step (see the module doc); returns
         the pre-clip global grad norm, the same on every rank. optimizer="muon" as GPT2.step: each rank
         orthogonalises its share of the matrices (muon_share) and the results are all-gathered, as modded-nanogpt
@@ -349,7 +349,8 @@ class DataParallel:
                 raise ValueError("optimizer='muon' needs every rank's gradients of a whole matrix to orthogonalise "
                                  "it: use zero=0 or zero=1 with Muon (ZeRO-2 shards the gradients)")
             return self._muon_step(lr, weight_decay, beta1, beta2, eps, grad_clip, muon_lr, muon_momentum,
-                                   muon_weight_decay, muon_ns_steps, dict(embedding_lr=embedding_lr, head_lr=head_lr))
+                                   muon_weight_decay, muon_ns_steps, dict(embedding_lr=embedding_lr, head_lr=head_lr),
+                                   muon_ns_dtype)
         m = self.model
         norm = self.grad_norm() if self.zero else None  # ZeRO-1: reduce-scatter + one allreduce of sum(g**2)
         self._finish()
@@ -459,7 +460,7 @@ class DataParallel:
                 at += r * c
 
     def _muon_step(self, lr, weight_decay, beta1, beta2, eps, grad_clip, muon_lr, muon_momentum, muon_weight_decay,
-                   muon_ns_steps, group_lrs: dict) -> float:
+                   muon_ns_steps, group_lrs: dict, muon_ns_dtype: str = TrainConfig.muon_ns_dtype) -> float:
         m = self.model
         norm = self.grad_norm() if self.zero else None
         self._finish()
@@ -474,7 +475,7 @@ class DataParallel:
             norm = m.step(lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, eps=eps, grad_clip=grad_clip,
                           optimizer="muon", muon_lr=muon_lr, muon_momentum=muon_momentum,
                           muon_weight_decay=muon_weight_decay, muon_ns_steps=muon_ns_steps, muon_matrices=share,
-                          **group_lrs)
+                          muon_ns_dtype=muon_ns_dtype, **group_lrs)
             if math.isfinite(norm):
                 t1 = time.perf_counter()
                 self._gather_muon()
@@ -496,7 +497,7 @@ class DataParallel:
             self.comm.all_gather(m.flat_grads())
         comm_ms += (time.perf_counter() - t1) * 1e3
         m._m.muon_update_matrices(step=step, sum_squares=self._sumsq, muon_weight_decay=muon_weight_decay,
-                                  ns_steps=muon_ns_steps, mat_lo=share[0], mat_hi=share[1])
+                                  ns_steps=muon_ns_steps, mat_lo=share[0], mat_hi=share[1], ns_dtype=muon_ns_dtype)
         if not math.isfinite(norm):
             self.last_comm_ms = comm_ms
             return norm

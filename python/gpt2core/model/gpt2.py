@@ -478,13 +478,15 @@ class GPT2(Generation, Files, FlatBuffers):
              muon_lr: float = TrainConfig.muon_lr, muon_momentum: float = TrainConfig.muon_momentum,
              muon_weight_decay: float = TrainConfig.muon_weight_decay,
              muon_ns_steps: int = TrainConfig.muon_ns_steps, *, muon_matrices: tuple[int, int] | None = None,
+             muon_ns_dtype: str = TrainConfig.muon_ns_dtype,
              embedding_lr: float | None = None, head_lr: float | None = None) -> float:
         """Clip the global gradient norm to grad_clip (0 disables), take one AdamW step, return the
         pre-clip norm.
 
         optimizer="muon": Muon (csrc/model/optimizer.h) for the hidden matrices (muon_params(): attention q, k, v
         and projection, the MLP's two matrices) with its own muon_lr, muon_momentum (this step's, after any
-        warm-up: schedule.muon_momentum_at) and muon_weight_decay, muon_ns_steps Newton-Schulz iterations; AdamW
+        warm-up: schedule.muon_momentum_at) and muon_weight_decay, muon_ns_steps Newton-Schulz iterations (their
+        products in muon_ns_dtype: "float32", the model's type, or "bfloat16", inputs rounded to bf16); AdamW
         (lr, weight_decay, betas, eps) for the rest, with embedding_lr for the embeddings (wte, wpe; a tied head
         is wte) and head_lr for an untied lm_head in place of lr where given (the per-group LRs of modded-nanogpt
         and nanochat; csrc/model/config.h param_lr_group). The momentum lives in opt_state()'s first moment (m) of those
@@ -509,11 +511,14 @@ class GPT2(Generation, Files, FlatBuffers):
         check_group_lrs(optimizer, embedding_lr, head_lr)
         if optimizer == "muon":
             check_muon_args(muon_lr, muon_momentum, muon_weight_decay, muon_ns_steps)
+            if muon_ns_dtype not in ("float32", "bfloat16"):
+                raise ValueError(f"muon_ns_dtype must be 'float32' or 'bfloat16', got {muon_ns_dtype!r}")
             lo, hi = muon_matrices or (0, -1)
             norm = self._m.muon_optimizer_step(
                 lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, step=self.step_count + 1,
                 grad_clip=clip, muon_lr=muon_lr, muon_momentum=muon_momentum, muon_weight_decay=muon_weight_decay,
-                ns_steps=muon_ns_steps, mat_lo=lo, mat_hi=hi, embedding_lr=embedding_lr, head_lr=head_lr)
+                ns_steps=muon_ns_steps, mat_lo=lo, mat_hi=hi, embedding_lr=embedding_lr, head_lr=head_lr,
+                ns_dtype=muon_ns_dtype)
         elif optimizer == "adamw":
             norm = self._m.optimizer_step(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
                                           step=self.step_count + 1, grad_clip=clip)

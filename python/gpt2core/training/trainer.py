@@ -289,14 +289,14 @@ class Trainer(Checkpoints, Evaluations):
             raise ArgError(f"-T {T} exceeds the block size {bs} of preset {cfg.preset} (raise it with --block-size "
                            f"{T}, or use -T {bs} or less)")
         if B == "auto":  # B is chosen in _setup (batchfit): the total batch does not depend on it
-            total = cfg.total_batch_tokens or batchfit.DEFAULT_BATCH * T * W
+            total = cfg.tokens_per_step(self.config, batchfit.DEFAULT_BATCH * T * W)
             try:
                 batchfit.sequences_per_step(total, T, W)
             except ValueError as e:
                 raise ArgError(str(e)) from None
             return 0, total
         tokens_per_micro = B * T * W
-        total = cfg.total_batch_tokens or tokens_per_micro
+        total = cfg.tokens_per_step(self.config, tokens_per_micro)
         if total % tokens_per_micro:
             raise ArgError(f"--total-batch-tokens {total} is not a multiple of B*T*world_size = {B}*{T}*{W} = "
                            f"{tokens_per_micro}")

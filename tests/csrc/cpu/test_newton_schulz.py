@@ -127,3 +127,30 @@ def test_zero_steps_only_normalises_and_bad_arguments_name_themselves():
         _C.newton_schulz(x.astype(np.float64), 5, "bfloat16")
     with pytest.raises(ValueError, match="shape \\(batch, rows, cols\\)"):
         _C.newton_schulz(x[0], 5)
+
+
+def test_the_models_muon_step_takes_the_precision_by_name():
+    """GPT2.step(optimizer="muon", muon_ns_dtype=...): "bfloat16" moves the Muon matrices by an update within bf16's
+    few percent of the float32 one (and not equal to it), leaves the AdamW tensors bit for bit; a wrong name is
+    refused naming the argument, before anything is written."""
+    from gpt2core import GPT2, GPT2Config
+    cfg = GPT2Config(block_size=16, vocab_size=100, padded_vocab_size=128, n_layer=2, n_head=3, n_embd=24)
+    models = {d: GPT2(cfg, seed=1) for d in ("float32", "bfloat16")}
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal(models["float32"].flat_grads().size).astype(np.float32)
+    before = models["float32"].flat_params().copy()
+    for d, m in models.items():
+        m.flat_grads()[:] = g
+        m.step(lr=1e-3, optimizer="muon", muon_lr=0.05, muon_momentum=0.0, muon_ns_dtype=d)
+    p32, p16 = (models[d].flat_params() for d in ("float32", "bfloat16"))
+    muon = np.zeros(p32.size, bool)
+    for off, r, c, _, _ in models["float32"].muon_matrix_list():
+        muon[off:off + r * c] = True
+    assert np.array_equal(p32[~muon], p16[~muon])
+    d32, d16 = p32[muon] - before[muon], p16[muon] - before[muon]
+    assert 0 < np.abs(d16 - d32).max() <= 0.1 * np.abs(d32).max()
+    m = GPT2(cfg, seed=1)
+    m.flat_grads()[:] = g
+    with pytest.raises(ValueError, match="muon_ns_dtype must be 'float32' or 'bfloat16', got 'bf16'"):
+        m.step(lr=1e-3, optimizer="muon", muon_ns_dtype="bf16")
+    assert np.array_equal(m.flat_params(), before)
