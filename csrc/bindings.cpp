@@ -272,6 +272,28 @@ void bind_model(py::module_& m, const char* cls_name) {
           [](M& self, const std::string& r) { self.set_recompute(parse_recompute(r)); },
           "What backward recomputes instead of keeping: 'none', 'gelu' (the activation's output) or 'layer' (each "
           "block from its input, one block at a time).")
+      .def("set_fp8", [](M& self, bool on, bool head) {
+             try {
+               self.set_fp8(on, head);
+             } catch (const std::logic_error& e) {  // a backend without FP8 ops, or a bad shape: the caller's error
+               throw py::value_error(e.what());
+             }
+           },
+           py::arg("on"), py::arg("head") = false,
+           "precision fp8 (csrc/model/gpt2.h, set_fp8): the four Linear layers of every block (and, with head, the "
+           "lm_head) multiply in FP8 (e4m3 forward, e5m2 gradients, per-tensor current scales, fp32 accumulation). "
+           "ValueError without FP8 ops (a bf16 CUDA model or the CPU backend) or when n_embd (padded_vocab_size with "
+           "head) is not a multiple of 16.")
+      .def_property_readonly("fp8", &M::fp8, "Whether the block Linears multiply in FP8 (set_fp8).")
+      .def_property_readonly("fp8_head", &M::fp8_head, "Whether the lm_head multiplies in FP8 too (set_fp8).")
+      .def("fp8_weight_meta", [](M& self) {
+             const std::vector<float> v = self.fp8_weight_meta();
+             py::array_t<float> out({py::ssize_t(v.size() / 2), py::ssize_t(2)});
+             std::copy(v.begin(), v.end(), out.mutable_data());
+             return out;
+           },
+           "(n, 2) float32: [1 / scale, amax] of each FP8 weight copy (per layer qkvw, attprojw, fcw, fcprojw, then "
+           "the head), of the weights as they are now.")
       .def("memory_bytes",
            [](M& self, int B, int Tn) {
              if (B <= 0 || Tn <= 0) throw py::value_error("memory_bytes: B and T must be positive");

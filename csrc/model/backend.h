@@ -144,8 +144,9 @@ class Backend {
   virtual void free_fp8(uint8_t* /*p*/) { no_fp8(); }
   // out (N, OC) = deq(inp8.q) @ deq(w8.q)^T + bias, products of the fp8 values accumulated in fp32 and scaled by
   // both dequantisation factors, rounded once to T; bias (OC, may be null) added to the fp32 value. First inp (N, C)
-  // is quantised to e4m3 into inp8 (q and qt: qt is what backward's dW reads). w8: the weight (OC, C) quantised to
-  // e4m3 (fp8_quantize, q and qt), made once per optimizer step by the caller.
+  // is quantised to e4m3 into inp8 (q, and qt unless null: qt is what backward's dW reads; the model quantises the
+  // kept input again in backward instead). w8: the weight (OC, C) quantised to e4m3 (fp8_quantize, q and qt), made
+  // once per optimizer step by the caller. C and OC multiples of 16 (cuBLASLt's FP8 kernels), and in backward N too.
   virtual void fp8_linear_forward(T* /*out*/, Fp8Tensor /*inp8*/, const T* /*inp*/, const Fp8Tensor& /*w8*/,
                                   const T* /*bias*/, int /*N*/, int /*C*/, int /*OC*/) {
     no_fp8();

@@ -16,33 +16,25 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define GPT2_FP8_HD __host__ __device__ __forceinline__
-#else
-#define GPT2_FP8_HD inline
-#endif
+#include "model/host_device.h"
+
+// One code path for host and device (model/host_device.h): memcpy for the bit casts, which nvcc compiles in device
+// code as a register move.
+#define GPT2_FP8_HD inline GPT2CORE_HOST_DEVICE
 
 namespace gpt2 {
 
 enum class Fp8Kind : int { E4M3 = 0, E5M2 = 1 };
 
 GPT2_FP8_HD uint32_t fp8_float_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
   uint32_t u;
-  std::memcpy(&u, &f, 4);
+  memcpy(&u, &f, 4);
   return u;
-#endif
 }
 GPT2_FP8_HD float fp8_bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
   float f;
-  std::memcpy(&f, &u, 4);
+  memcpy(&f, &u, 4);
   return f;
-#endif
 }
 
 // The format's constants: fraction bits, exponent bias, the largest finite code and its value.

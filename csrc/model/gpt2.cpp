@@ -43,6 +43,7 @@ GPT2Model<T>::~GPT2Model() {
   drop_graph(optimizer_graph_);
   drop_graph(decode_graph_);
   kv_release();
+  fp8_release();
   backend_->free_i32(n_valid_dev_);
   backend_->free_master(loss_acc_);
   backend_->free(params_);
@@ -159,6 +160,7 @@ void GPT2Model<T>::offload_chunk_out(size_t lo, M* dst, size_t n) const {
 template <typename T>
 void GPT2Model<T>::offload_chunk_in(size_t lo, const M* src, size_t n) {
   require_offload_chunk(lo, n, "offload_chunk_in");
+  fp8_stale_ = true;
   backend_->to_host_master(master_ + lo, src, n);
   backend_->cast_params(params_ + lo, src, n, round_seed_, lo);
   w16_stale_ = true;
@@ -195,6 +197,131 @@ void GPT2Model<T>::refresh_params() {
     if (params_stale_) backend_->cast_params(params_, master_, num_params_, round_seed_, 0);
   }
   params_stale_ = false;
+  fp8_refresh_weights();  // after the storage-type weights it is made from
+}
+
+// ------------------------------------------------------------------------------------------ FP8 Linear layers
+template <typename T>
+void GPT2Model<T>::set_fp8(bool on, bool head) {
+  backend_->make_current();
+  if (on && config_.n_embd % 16)
+    throw std::invalid_argument("precision fp8: n_embd must be a multiple of 16 (cuBLASLt's FP8 kernels), got " +
+                                std::to_string(config_.n_embd));
+  if (on && head && config_.padded_vocab_size % 16)
+    throw std::invalid_argument("precision fp8 with the head in FP8: padded_vocab_size must be a multiple of 16, got " +
+                                std::to_string(config_.padded_vocab_size));
+  if (!on && head) throw std::invalid_argument("the head in FP8 (fp8_head) needs precision fp8");
+  fp8_release();
+  fp8_ = fp8_head_ = false;
+  if (!on) return;
+  const size_t n = 4 * size_t(config_.n_layer) + (head ? 1 : 0);  // fp8_weight(4 n_layer) is the head
+  size_t bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    const T* w;
+    int out, in;
+    fp8_weight(i, &w, &out, &in);
+    bytes += 2 * size_t(out) * in;
+  }
+  fp8_wmem_ = backend_->alloc_fp8(bytes);  // throws for a backend without FP8 ops
+  fp8_meta_ = backend_->alloc_fp8((n + 2) * 2 * sizeof(float));
+  float* meta = reinterpret_cast<float*>(fp8_meta_);
+  uint8_t* at = fp8_wmem_;
+  fp8_w_.resize(n);
+  for (size_t i = 0; i < n; i++) {
+    const T* w;
+    int out, in;
+    fp8_weight(i, &w, &out, &in);
+    const size_t k = size_t(out) * in;
+    fp8_w_[i] = Fp8Tensor{at, at + k, meta + 2 * i};
+    at += 2 * k;
+  }
+  fp8_x_.meta = meta + 2 * n;
+  fp8_g_.meta = meta + 2 * n + 2;
+  fp8_ = true;
+  fp8_head_ = head;
+  fp8_stale_ = true;
+  drop_graph(step_graph_);  // the captured step holds the other matmuls
+}
+
+template <typename T>
+void GPT2Model<T>::fp8_weight(size_t i, const T** w, int* out, int* in) const {
+  const int C = config_.n_embd;
+  if (i == 4 * size_t(config_.n_layer)) {  // the head
+    *w = param(head()), *out = config_.padded_vocab_size, *in = C;
+    return;
+  }
+  const LayerTensors<T> p = layer(params_, int(i / 4));
+  switch (i % 4) {
+    case 0: *w = p.qkvw, *out = 3 * C, *in = C; return;
+    case 1: *w = p.attprojw, *out = C, *in = C; return;
+    case 2: *w = p.fcw, *out = 4 * C, *in = C; return;
+    default: *w = p.fcprojw, *out = C, *in = 4 * C; return;
+  }
+}
+
+template <typename T>
+void GPT2Model<T>::fp8_refresh_weights() {
+  if (!fp8_ || !fp8_stale_) return;
+  for (size_t i = 0; i < fp8_w_.size(); i++) {
+    const T* w;
+    int out, in;
+    fp8_weight(i, &w, &out, &in);
+    GPT2CORE_TIMED("forward.fp8_weights", backend_->fp8_quantize(fp8_w_[i], w, out, in, Fp8Kind::E4M3));
+  }
+  fp8_stale_ = false;
+}
+
+template <typename T>
+std::vector<float> GPT2Model<T>::fp8_weight_meta() {
+  if (!fp8_) return {};
+  refresh_params();
+  backend_->synchronize();
+  std::vector<float> out(2 * fp8_w_.size());
+  for (size_t i = 0; i < fp8_w_.size(); i++) {  // backend memory the host reads (CPU; CUDA managed memory)
+    out[2 * i] = fp8_w_[i].meta[0];
+    out[2 * i + 1] = fp8_w_[i].meta[1];
+  }
+  return out;
+}
+
+// Scratch for one Linear at a time: its input (q, qt; N x 4C at most) and its output gradient (q, qt; N x 4C, or
+// N x Vp with the head in FP8).
+template <typename T>
+void GPT2Model<T>::fp8_ensure_scratch(int N) {
+  if (N % 16)
+    throw std::invalid_argument("precision fp8: B * T must be a multiple of 16 (cuBLASLt's FP8 kernels), got " +
+                                std::to_string(N));
+  if (size_t(N) <= fp8_rows_) return;
+  if (fp8_smem_) backend_->free_fp8(fp8_smem_);
+  fp8_smem_ = nullptr;
+  fp8_rows_ = 0;
+  const size_t x = size_t(N) * 4 * config_.n_embd;
+  const size_t g = size_t(N) * std::max<size_t>(4 * size_t(config_.n_embd), fp8_head_ ? config_.padded_vocab_size : 0);
+  fp8_smem_ = backend_->alloc_fp8(2 * x + 2 * g);
+  fp8_x_.q = fp8_smem_, fp8_x_.qt = fp8_smem_ + x;
+  fp8_g_.q = fp8_smem_ + 2 * x, fp8_g_.qt = fp8_smem_ + 2 * x + g;
+  fp8_rows_ = size_t(N);
+}
+
+template <typename T>
+void GPT2Model<T>::fp8_release() {
+  for (uint8_t** p : {&fp8_wmem_, &fp8_meta_, &fp8_smem_}) {
+    if (*p) backend_->free_fp8(*p);
+    *p = nullptr;
+  }
+  fp8_w_.clear();
+  fp8_x_ = fp8_g_ = Fp8Tensor{};
+  fp8_rows_ = 0;
+}
+
+template <typename T>
+void GPT2Model<T>::linear_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC, size_t wi) {
+  if (!fp8_ || wi >= fp8_w_.size()) {
+    backend_->matmul_forward(out, inp, w, bias, N, C, OC);
+    return;
+  }
+  Fp8Tensor x{fp8_x_.q, nullptr, fp8_x_.meta};  // backward quantises the input again, into the transpose
+  backend_->fp8_linear_forward(out, x, inp, fp8_w_[wi], bias, N, C, OC);
 }
 
 // (pointer, count) of every activation buffer for (B, Tn), in layout order. Recompute::Gelu: the activation's
@@ -349,11 +476,13 @@ void GPT2Model<T>::forward_ops(int B, int Tn) {
   Backend<T>& be = *backend_;
   const int C = config_.n_embd, Vp = config_.padded_vocab_size;
   const int N = B * Tn;
+  if (fp8_) fp8_ensure_scratch(N);
   GPT2CORE_TIMED("forward.embedding", be.encoder_forward(a_.encoded, inputs_, param(kWte), param(kWpe), B, Tn, C));
   const LayerTensors<T> first = layer(params_, 0);
   norm_forward(a_.ln1, a_.ln1_mean, a_.ln1_rstd, a_.encoded, first.ln1w, first.ln1b, N);
   for (int l = 0; l < config_.n_layer; l++) block_forward_ops(l, false);
-  GPT2CORE_TIMED("forward.lm_head", be.matmul_forward(a_.logits, a_.lnf, param(head()), nullptr, N, C, Vp));
+  GPT2CORE_TIMED("forward.lm_head",
+                 linear_forward(a_.logits, a_.lnf, param(head()), nullptr, N, C, Vp, 4 * size_t(config_.n_layer)));
 }
 
 template <typename T>
@@ -378,19 +507,24 @@ void GPT2Model<T>::block_forward_ops(int l, bool rebuild) {
   T* fcproj = a_.fcproj + s * NC;
   if (rebuild)  // bit for bit what the fused residual + norm wrote (Backend: "then the forward on the ROUNDED sum")
     norm_forward(ln1, a_.ln1_mean + s * N, a_.ln1_rstd + s * N, x, p.ln1w, p.ln1b, N);
-  GPT2CORE_TIMED("forward.matmul_qkv", be.matmul_forward(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C));
+  const size_t wi = 4 * size_t(l);  // the block's FP8 weights (set_fp8): qkvw, attprojw, fcw, fcprojw
+  GPT2CORE_TIMED("forward.matmul_qkv", linear_forward(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C, wi));
   // q and k rotated, then normalised, in place: qkv is what attention (and its backward) reads
   if (rope) GPT2CORE_TIMED("forward.rope", be.rope_forward(qkv, B, Tn, C, NH, 0, c.rope_base));
   if (c.qk_norm)
     GPT2CORE_TIMED("forward.qk_norm", be.qk_norm_forward(qkv, a_.qk_rstd + s * N * 2 * NH, B, Tn, C, NH));
   GPT2CORE_TIMED("forward.attention", be.attention_forward(atty, att, qkv, B, Tn, C, NH));
-  GPT2CORE_TIMED("forward.matmul_attproj", be.matmul_forward(attproj, atty, p.attprojw, p.attprojb, N, C, C));
+  GPT2CORE_TIMED("forward.matmul_attproj", linear_forward(attproj, atty, p.attprojw, p.attprojb, N, C, C, wi + 1));
   residual_norm_forward(res2, ln2, a_.ln2_mean + s * N, a_.ln2_rstd + s * N, x, attproj, p.ln2w, p.ln2b, N);
   // fch = ln2 @ fcw^T + fcb, fch_gelu = act(fch): one op so that a backend can fuse the activation into the matmul
   // Recompute::Gelu: act from the stored (rounded) fch, the value backward rebuilds it from. A fused epilogue
   // (cuBLASLt's GELU_AUX) applies GELU to the fp32 sum before rounding: in 16-bit its act is not gelu(fch), so the
   // recomputed one would differ in the last bit from what this forward used (measured on an H200).
-  if (relu2) {
+  if (fp8_) {  // the FP8 up-projection, then the activation as its own op
+    GPT2CORE_TIMED("forward.matmul_fc", linear_forward(fch, ln2, p.fcw, p.fcb, N, C, 4 * C, wi + 2));
+    if (relu2) GPT2CORE_TIMED("forward.relu2", be.relu2_forward(fch_gelu, fch, size_t(N) * 4 * C));
+    else GPT2CORE_TIMED("forward.gelu", be.gelu_forward(fch_gelu, fch, size_t(N) * 4 * C));
+  } else if (relu2) {
     GPT2CORE_TIMED("forward.matmul_fc+relu2", be.matmul_relu2_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C));
   } else if (recompute_ == Recompute::Gelu) {
     GPT2CORE_TIMED("forward.matmul_fc", be.matmul_forward(fch, ln2, p.fcw, p.fcb, N, C, 4 * C));
@@ -398,7 +532,8 @@ void GPT2Model<T>::block_forward_ops(int l, bool rebuild) {
   } else {
     GPT2CORE_TIMED("forward.matmul_fc+gelu", be.matmul_gelu_forward(fch, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C));
   }
-  GPT2CORE_TIMED("forward.matmul_fcproj", be.matmul_forward(fcproj, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C));
+  GPT2CORE_TIMED("forward.matmul_fcproj",
+                 linear_forward(fcproj, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C, wi + 3));
   if (rebuild) return;  // the block's output is kept (residual3), and the next norm is not needed again
   // residual3 = residual2 + fcproj, normalised by the next layer's ln1 (or, after the last layer, by lnf)
   T* res3 = a_.residual3 + l * NC;
@@ -640,9 +775,19 @@ void GPT2Model<T>::backward_ops(bool report) {
     if (prefetch)
       for (const auto& r : ranges) be.grads_to_host_async(host + r.first, grads_ + r.first, r.second - r.first);
   };
-  GPT2CORE_TIMED("backward.lm_head",
-                 be.matmul_backward(a_.dln, grad_out(head()), nullptr, dlogits, a_.lnf, param(head()), N, C, Vp,
-                                    kWrite));
+  // One Linear's backward: through the FP8 op (weight wi, set_fp8) or in the model's precision. FP8: the kept input
+  // is quantised again into the scratch's transpose (the bits forward multiplied), dout into the gradient scratch.
+  auto linear_backward = [&](T* dinp, M* dw, M* db, const T* dout, const T* inp, const T* w, int Cin, int OC,
+                             size_t wi, InputGrad mode) {
+    if (!fp8_ || wi >= fp8_w_.size()) {
+      be.matmul_backward(dinp, dw, db, dout, inp, w, N, Cin, OC, mode);
+      return;
+    }
+    be.fp8_quantize(Fp8Tensor{nullptr, fp8_x_.qt, fp8_x_.meta}, inp, N, Cin, Fp8Kind::E4M3);
+    be.fp8_linear_backward(dinp, dw, db, fp8_g_, dout, fp8_x_, fp8_w_[wi], N, Cin, OC, mode);
+  };
+  GPT2CORE_TIMED("backward.lm_head", linear_backward(a_.dln, grad_out(head()), nullptr, dlogits, a_.lnf,
+                                                     param(head()), C, Vp, 4 * size_t(L), kWrite));
   norm_backward(a_.dres, grad_out(kLnfw), grad_out(kLnfb), a_.dln, a_.residual3 + (L - 1) * NC, param(kLnfw),
                 a_.lnf_mean, a_.lnf_rstd, N, kWrite);
   if (sharded && !head_grad_ranges().empty()) bucket_hook_(bucket_[1], head_grad_ranges());
@@ -665,7 +810,14 @@ void GPT2Model<T>::backward_ops(bool report) {
       fch_gelu = a_.fch_gelu;
     }
     // dfch = (dres @ fcprojw) * act'(fch) (written; a_.dfch_gelu is the op's scratch), fcprojw/fcprojb grads +=
-    if (relu2)
+    const size_t wi = 4 * size_t(l);  // the block's FP8 weights (set_fp8)
+    if (fp8_) {  // the FP8 down-projection's backward into d act, then the activation's backward as its own op
+      GPT2CORE_TIMED("backward.matmul_fcproj", linear_backward(a_.dfch_gelu, g.fcprojw, g.fcprojb, a_.dres, fch_gelu,
+                                                               p.fcprojw, 4 * C, C, wi + 3, kWrite));
+      be.zero(a_.dfch, NC * 4);
+      if (relu2) GPT2CORE_TIMED("backward.relu2", be.relu2_backward(a_.dfch, fch, a_.dfch_gelu, NC * 4));
+      else GPT2CORE_TIMED("backward.gelu", be.gelu_backward(a_.dfch, fch, a_.dfch_gelu, NC * 4));
+    } else if (relu2)
       GPT2CORE_TIMED("backward.matmul_fcproj+relu2",
                      be.relu2_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, fch, fch_gelu, p.fcprojw,
                                               a_.dfch_gelu, N, 4 * C, C));
@@ -674,13 +826,13 @@ void GPT2Model<T>::backward_ops(bool report) {
                      be.gelu_matmul_backward(a_.dfch, g.fcprojw, g.fcprojb, a_.dres, fch, fch_gelu, p.fcprojw,
                                              a_.dfch_gelu, N, 4 * C, C));
     GPT2CORE_TIMED("backward.matmul_fc",
-                   be.matmul_backward(a_.dln, g.fcw, g.fcb, a_.dfch, a_.ln2 + s * NC, p.fcw, N, C, 4 * C, kWrite));
+                   linear_backward(a_.dln, g.fcw, g.fcb, a_.dfch, a_.ln2 + s * NC, p.fcw, C, 4 * C, wi + 2, kWrite));
     norm_backward(a_.dres, g.ln2w, g.ln2b, a_.dln, a_.residual2 + s * NC, p.ln2w, a_.ln2_mean + s * N,
                   a_.ln2_rstd + s * N, N, kAdd);
     // residual2 = x + attproj(attention(qk_norm(rope(qkv(ln1(x))))))
     GPT2CORE_TIMED("backward.matmul_attproj",
-                   be.matmul_backward(a_.datty, g.attprojw, g.attprojb, a_.dres, a_.atty + s * NC, p.attprojw, N, C,
-                                      C, kWrite));
+                   linear_backward(a_.datty, g.attprojw, g.attprojb, a_.dres, a_.atty + s * NC, p.attprojw, C, C,
+                                   wi + 1, kWrite));
     GPT2CORE_TIMED("backward.attention",
                    be.attention_backward(a_.dqkv, a_.datty, qkv, a_.atty + s * NC, a_.att + s * att_size_, B, Tn, C,
                                          NH, kWrite));
@@ -689,7 +841,7 @@ void GPT2Model<T>::backward_ops(bool report) {
       GPT2CORE_TIMED("backward.qk_norm", be.qk_norm_backward(a_.dqkv, qkv, a_.qk_rstd + s * N * 2 * NH, B, Tn, C, NH));
     if (rope) GPT2CORE_TIMED("backward.rope", be.rope_backward(a_.dqkv, B, Tn, C, NH, 0, c.rope_base));
     GPT2CORE_TIMED("backward.matmul_qkv",
-                   be.matmul_backward(a_.dln, g.qkvw, g.qkvb, a_.dqkv, a_.ln1 + s * NC, p.qkvw, N, C, 3 * C, kWrite));
+                   linear_backward(a_.dln, g.qkvw, g.qkvb, a_.dqkv, a_.ln1 + s * NC, p.qkvw, C, 3 * C, wi, kWrite));
     norm_backward(a_.dres, g.ln1w, g.ln1b, a_.dln, x, p.ln1w, a_.ln1_mean + s * N, a_.ln1_rstd + s * N, N, kAdd);
     if (sharded) bucket_hook_(bucket_[0], layer_grad_ranges(l));
     final_grads(layer_grad_ranges(l));  // ln1w .. fcprojb of layer l
@@ -831,6 +983,7 @@ double GPT2Model<T>::read_step_result() {
 
 template <typename T>
 double GPT2Model<T>::step_norm(double sumsq, float carried, int step) {
+  fp8_stale_ = true;  // the step's update (even a skipped one: the copy is made again, the same)
   const double norm = std::sqrt(sumsq / (double(carried) * double(carried)));
   if (std::isfinite(norm)) {  // else nothing was written
     round_seed_ = uint32_t(step);
@@ -879,6 +1032,7 @@ void GPT2Model<T>::adamw_update(float lr, float beta1, float beta2, float eps, f
   backend_->synchronize();  // the host may read the parameters next
   round_seed_ = uint32_t(step);
   params_stale_ = false;  // the update rewrote the ops' copy from the new master weights
+  fp8_stale_ = true;
 }
 
 // The step's values: the bias corrections of this step, and the step as the seed of the bf16 rounding.
@@ -934,6 +1088,7 @@ void GPT2Model<T>::adamw_update_range(size_t lo, size_t hi, M* m, M* v, float lr
                                       float eps, float weight_decay, int step, float grad_scale, double grad_clip,
                                       double sumsq) {
   backend_->make_current();
+  fp8_stale_ = true;
   if (step < 1) throw std::invalid_argument("adamw_update_range: step counts from 1");
   require_training("adamw_update_range");
   if (lo > hi || hi > num_params_) throw std::invalid_argument("adamw_update_range: bad range");
@@ -1118,6 +1273,7 @@ template <typename T>
 void GPT2Model<T>::muon_update_range(size_t lo, size_t hi, M* m, M* v, float lr, float beta1, float beta2, float eps,
                                      float weight_decay, int step, double grad_clip, double sumsq,
                                      const MuonStep& muon) {
+  fp8_stale_ = true;
   require_no_offload("muon_update_range");
   require_unsharded("muon_update_range");
   require_training("muon_update_range");
@@ -1132,6 +1288,7 @@ void GPT2Model<T>::muon_update_range(size_t lo, size_t hi, M* m, M* v, float lr,
 
 template <typename T>
 void GPT2Model<T>::muon_update_matrices(int step, double sumsq, const MuonStep& muon) {
+  fp8_stale_ = true;
   require_no_offload("muon_update_matrices");
   require_unsharded("muon_update_matrices");
   // the step's values are muon_update_range's (set_step_args), read again by these ops

@@ -94,6 +94,7 @@ class GPT2Model {
   void params_changed() {
     params_stale_ = kHasMasterCopy<T>;
     w16_stale_ = true;
+    fp8_stale_ = true;
     host_master_stale_ = offload_ && !kHasMasterCopy<T>;  // an fp32 model's weights: the host copy is re-read
   }
   // Seed of the stochastic rounding that produced the ops' copy: the step of the last AdamW update (0: round
@@ -306,6 +307,25 @@ class GPT2Model {
   bool q8_int_dot() const { return q8_int_dot_; }
   void set_q8_int_dot(bool v) { q8_int_dot_ = v; }
   void kv_logits_to_host(M* dst) const;  // (kv_logit_rows(), Vp)
+
+  // ---- FP8 Linear layers (precision fp8, issue 49; the Backend's FP8 ops, model/fp8.h). On, the four Linear layers
+  // of every block (qkv, attention projection, MLP up and down) -- and with head the lm_head -- multiply in FP8:
+  // e4m3 inputs and weights forward, e5m2 output gradients backward, per-tensor current scales, fp32 accumulation;
+  // norms, attention, the activation, the loss and the optimizer stay in the model's precision (bf16 mixed
+  // precision on the GPU). The weights' e4m3 copy (and its transpose) is made once per optimizer step: by the first
+  // forward after the weights changed (an update, params_changed), never per micro-step. Backward quantises each
+  // Linear's kept input again (the same bits as forward: the quantisation is a function of the tensor) instead of
+  // keeping an fp8 copy per layer. The MLP's activation runs as its own op after the FP8 up-projection. Needs a
+  // backend with the FP8 ops (a bf16 CUDA model on sm_89 / sm_90, or the CPU reference), n_embd a multiple of 16
+  // (with head also padded_vocab_size), and B * T a multiple of 16 at each training forward (cuBLASLt's FP8 kernels).
+  // KV-cache inference stays in the model's precision. Current scaling keeps no amax history, so resuming needs
+  // nothing beyond the weights to stay bit-exact; fp8_weight_meta() gives the scales of the weights' copy.
+  void set_fp8(bool on, bool head = false);
+  bool fp8() const { return fp8_; }
+  bool fp8_head() const { return fp8_head_; }
+  // [1 / s, amax] of every FP8 weight in order (per layer qkvw, attprojw, fcw, fcprojw; then the head with
+  // fp8_head): 2 * (4 * n_layer + head) floats, of the weights as they are now (the copy is refreshed first).
+  std::vector<float> fp8_weight_meta();
   int last_B() const { return B_; }
   int last_T() const { return T_; }
 
@@ -420,6 +440,14 @@ class GPT2Model {
   // the lm_head (untied, or wte) over `rows` rows into kv_.logits, soft-capped when the config caps
   void kv_head(const T* in, int rows);
   void kv_refresh_w16();
+  // FP8 (set_fp8): weight i's (out, in) shape and pointer in fp8_weight_meta's order; the weights' e4m3 copy when
+  // stale; the scratch of one Linear's input (q, qt) and output gradient (q, qt) for N rows; the buffers freed
+  void fp8_weight(size_t i, const T** w, int* out, int* in) const;
+  void fp8_refresh_weights();
+  void fp8_ensure_scratch(int N);
+  void fp8_release();
+  // out (N, OC) = inp @ w^T + bias through the FP8 op (weight index wi) or the model's precision
+  void linear_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC, size_t wi);
 
   ModelConfig config_;
   std::unique_ptr<Backend<T>> backend_;
@@ -459,6 +487,14 @@ class GPT2Model {
     q8_ = nullptr;
     q8_scales_ = nullptr;
   }
+  // FP8 (set_fp8): the weights' copy (q then qt of each, fp8_weight_meta's order) and their metas, the scratch
+  bool fp8_ = false, fp8_head_ = false, fp8_stale_ = true;
+  std::vector<Fp8Tensor> fp8_w_;
+  uint8_t* fp8_wmem_ = nullptr;     // the weights' fp8 values
+  uint8_t* fp8_meta_ = nullptr;     // 2 floats per weight, then 2 for each scratch tensor
+  uint8_t* fp8_smem_ = nullptr;     // the scratch's fp8 values
+  size_t fp8_rows_ = 0;             // rows the scratch holds
+  Fp8Tensor fp8_x_{}, fp8_g_{};     // a Linear's input, its output gradient
   int w16_kind_ = 0;
   bool w16_stale_ = true;  // the last forward() ran through the inference path (logits/losses are kv_'s)
   std::array<size_t, kNumParamTensors> sizes_{}, offsets_{};

@@ -107,7 +107,8 @@ def test_ops_match_cpu_and_every_kernel_runs(emu, sched, tmp_path):
                     "crossentropy_counted", "clipped_adamw", "layernorm_backward write", "matmul_backward write",
                     "matmul_backward bgrad refused", "auto attention write", "naive attention write", "cudnn attention write", "crossentropy_fused",
                     "unaligned crossentropy_fused", "loss_scale_update",
-                    "attention_kv_forward", "attention_kv_forward split", "encoder_forward_at", "gather_rows", "sample_tokens"}
+                    "attention_kv_forward", "attention_kv_forward split", "encoder_forward_at", "gather_rows", "sample_tokens",
+                    "fp8_quantize"}
     modern = {"rmsnorm_forward", "residual_rmsnorm_forward", "rmsnorm_backward", "rmsnorm_backward write",
               "rope_forward", "rope_backward", "qk_norm_forward", "qk_norm_backward", "relu2_forward", "relu2_backward",
               "softcap_forward", "crossentropy_softcap", "crossentropy_softcap_fused"}

@@ -40,6 +40,10 @@ NVCC_ONLY = {
     "cuda/attention_tc.cuh": ("tc_arch_runs: which head sizes an architecture below sm_80 compiles",
                               "test_cuda_gpu.py (GPU) against attention_tc_fits, which picks the kernels on the host"),
     "cuda/matmul.cuh": ("cuBLASLt's last error message (library call)", "test_cublaslt_descriptors.py"),
+    "cuda/fp8.cuh": ("the hardware's cvt.rn.satfinite (cuda_fp8.h's __nv_cvt_float_to_fp8) on sm_89 / sm_90, where "
+                     "the emulator runs model/fp8.h's conversion", "tests/csrc/cuda/test_fp8.py: model/fp8.h against "
+                     "ml_dtypes and against cuda_fp8.h's own host conversion (NVIDIA's statement of the instruction), "
+                     "bit for bit; check_cuda_compile.py builds fp8_instantiations.cu for sm_89 / sm_90"),
     "cuda/layernorm.cuh": ("the layernorm backward's minimum blocks per SM in its launch bounds on sm_75 (1024 threads "
                            "per SM): a per-architecture compile-time constant", "check_cuda_compile.py / "
                            "test_launch_bounds.py read ptxas's report for every arch built"),

@@ -365,6 +365,15 @@ for settings in ((1.0, 1, 1.0), (0.9, 0, 1.0), (0.8, 20, 0.9)):
     ids_gpu, ids_cpu = both("sample_tokens", slog, V, *sargs)
     errors["sample_tokens"] = max(errors.get("sample_tokens", 0.0), float(np.mean(ids_gpu != ids_cpu)))
 
+# FP8 quantisation (cuda/fp8.cuh: the amax and cast kernels), bit for bit against the CPU reference: 0 or inf
+# (tests/csrc/cuda/test_fp8.py checks both against numpy and the FP8 Linear ops)
+for kind, scale in (("e4m3", 3.0), ("e5m2", 1e-3)):
+    x8 = f32(N, C, scale=scale)
+    x8[5, 7] = 0.0
+    g8, c8 = both("fp8_quantize", x8, kind)
+    same = all(np.array_equal(a, b) for a, b in zip(g8, c8))
+    errors["fp8_quantize"] = max(errors.get("fp8_quantize", 0.0), 0.0 if same else float("inf"))
+
 # Muon's kernels (cuda/muon.cuh) launch here too, for the every-kernel trace; their numbers are checked against the CPU
 # backend in test_cuda_emu_muon.py (its Newton-Schulz runs in bf16: not within this file's 1e-5)
 muon_model = E.Model(max_seq_len=40, vocab_size=97, padded_vocab_size=128, n_layer=1, n_head=3, n_embd=192,
