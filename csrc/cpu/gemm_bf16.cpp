@@ -33,6 +33,7 @@ inline uint16_t to_bf16(float f) { return float_to_bf16(f).bits; }
 
 // n floats into bf16 (nearest even): 32 at a time by VCVTNE2PS2BF16 where the CPU has it
 #if GPT2CORE_BF16_KERNEL
+namespace x86_64_v4 {  // AVX-512 code lives in the dispatched variants' namespace (test_cpu_dispatch)
 __attribute__((target("avx512f,avx512bf16"))) void row_to_bf16_avx512(uint16_t* dst, const float* src, int n) {
   int i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -41,10 +42,11 @@ __attribute__((target("avx512f,avx512bf16"))) void row_to_bf16_avx512(uint16_t* 
   }
   for (; i < n; i++) dst[i] = to_bf16(src[i]);
 }
+}  // namespace x86_64_v4
 #endif
 void row_to_bf16(uint16_t* dst, const float* src, int n) {
 #if GPT2CORE_BF16_KERNEL
-  if (has_avx512_bf16()) return row_to_bf16_avx512(dst, src, n);
+  if (has_avx512_bf16()) return x86_64_v4::row_to_bf16_avx512(dst, src, n);
 #endif
   for (int i = 0; i < n; i++) dst[i] = to_bf16(src[i]);
 }
@@ -87,6 +89,7 @@ void pack_b(std::vector<uint16_t>& Bp, bool tb, int K, int N, const float* B, in
 }
 
 #if GPT2CORE_BF16_KERNEL
+namespace x86_64_v4 {
 __attribute__((target("avx512f,avx512bf16"))) void kernel_avx512_bf16(
     const uint16_t* Ap, const uint16_t* Bp, int M, int N, int Mp, int Np, int Kp, float alpha, float beta, float* C,
     int ldc) {
@@ -122,6 +125,7 @@ __attribute__((target("avx512f,avx512bf16"))) void kernel_avx512_bf16(
     }
   }
 }
+}  // namespace x86_64_v4
 #endif
 
 // The fallback: op(A) and op(B) rounded to bf16 (as floats), then sgemm
@@ -159,7 +163,7 @@ void gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float* 
     thread_local std::vector<uint16_t> Ap, Bp;
     pack_a(Ap, ta, M, K, A, lda, Mp, Kp);
     pack_b(Bp, tb, K, N, B, ldb, Np, Kp);
-    kernel_avx512_bf16(Ap.data(), Bp.data(), M, N, Mp, Np, Kp, alpha, beta, C, ldc);
+    x86_64_v4::kernel_avx512_bf16(Ap.data(), Bp.data(), M, N, Mp, Np, Kp, alpha, beta, C, ldc);
     return;
   }
 #endif
