@@ -47,7 +47,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-EMU_BUILD = ROOT / "build" / "emu-py"
+# GPT2CORE_EMU_BUILD (the tests' knob): another build of the emulated module to run, e.g. one engineer's own
+EMU_BUILD = Path(os.environ.get("GPT2CORE_EMU_BUILD") or ROOT / "build" / "emu-py")
 
 
 # ------------------------------------------------------------------------------------------- GPUs
@@ -118,6 +119,13 @@ GPU_EFF = {
         "cudnn_bwd_eff": (0.30, 0.35, "the same source: backward ~348 TFLOP/s; low end: guess"),
         "mem_eff": (0.80, 0.90, "STREAM-like copies reach 80-90% of the 3.35 TB/s HBM3 (guess from public "
                                 "bandwidth tests)"),
+        "mma_fwd_eff": (0.12, 0.23, "FlashAttention-2 (mma.sync, the structure of attention_tc.cuh) forward, causal, "
+                                    "hs=64, T=1k on an H100: ~229 TFLOP/s (FA3 paper, arXiv 2407.08608) = the high "
+                                    "end; low end: half of it (guess; the previous kernel measured 53)"),
+        "mma_bwd_eff": (0.10, 0.17, "FlashAttention-2's backward on H100, hs=64: ~150-170 TFLOP/s (the same paper's "
+                                    "figures, approximately) = the high end; low end: guess (the previous kernels "
+                                    "measured 60)"),
+        "mma_sm90_scale": (1.0, 1.0, "the H100 mma_*_eff above are already sm_90 figures"),
     },
     "A100": {
         "gemm_eff": (0.70, 0.87, "cuBLAS best-case bf16 GEMM ~87% of the 312 TFLOP/s peak (issue 29 audit); "
@@ -240,15 +248,40 @@ def _attn_dq(a, cfg, es):  # S, dP recomputed again; dQ: 3 matmuls
                 blocks=ceil_div(T, 32) * NH * B)
 
 
-def _attn_tc_fwd(a, cfg, es):  # attention_tc.cuh: 64-query tiles, 4 warps; Q K^T and P V on tensor cores
+def tc_fwd_rows(hs: int) -> int:  # attention_tc.cuh TcFwd: 4 warps of 32 query rows (hs <= 64) or of 16
+    return 128 if hs <= 64 else 64
+
+
+def tc_fwd_pairs(T: int, hs: int) -> int:
+    """(query, key) pairs the FlashAttention-2-structured forward multiplies: each warp (32 or 16 rows) takes the
+    64-key tiles up to the one holding its last row, within the tiles its block loads (up to min(T, the block's last
+    row)); tiles wholly after a warp's rows are skipped."""
+    rows = tc_fwd_rows(hs)
+    wr = rows // 4
+    total = 0
+    for q0 in range(0, T, rows):
+        nkt = (min(T, q0 + rows) - 1) // 64 + 1
+        for w in range(4):
+            total += wr * 64 * min(nkt, (q0 + w * wr + wr - 1) // 64 + 1)
+    return total
+
+
+def tc_dkdv_pairs(T: int) -> int:
+    """Pairs the dkdv kernel multiplies: each 64-key tile against the 32-row query slabs from its first key to T."""
+    return sum(64 * 32 * ceil_div(T - k0, 32) for k0 in range(0, T, 64))
+
+
+def _attn_tc_fwd(a, cfg, es):  # attention_tc.cuh: 128 (64) queries x 64-key tiles, 4 warps; Q K^T, P V on tensor cores
     T, NH, hs, B = a["T"], a["NH"], a["hs"], cfg.B
-    return dict(tc_flops=4 * B * NH * hs * causal_pairs(T, 64), flops=6 * B * NH * causal_pairs(T, 64),
-                bytes=B * T * NH * hs * es * 4 + 4 * B * NH * T, blocks=ceil_div(T, 64) * NH * B)
+    pairs = tc_fwd_pairs(T, hs)
+    return dict(tc_flops=4 * B * NH * hs * pairs, flops=6 * B * NH * pairs,
+                bytes=B * T * NH * hs * es * 4 + 4 * B * NH * T, blocks=ceil_div(T, tc_fwd_rows(hs)) * NH * B)
 
 
-def _attn_tc_dkdv(a, cfg, es):  # attention_tc.cuh: 64-key tiles; S^T, dP^T, dV, dK: 4 products on tensor cores;
-    T, NH, hs, B = a["T"], a["NH"], a["hs"], cfg.B  # + the dS^T tiles written (es bytes per tiled causal pair)
-    return dict(tc_flops=8 * B * NH * hs * causal_pairs(T, 64), flops=8 * B * NH * causal_pairs(T, 64),
+def _attn_tc_dkdv(a, cfg, es):  # attention_tc.cuh: 64-key tiles, 32-query slabs; S^T, dP^T, dV, dK: 4 products on
+    T, NH, hs, B = a["T"], a["NH"], a["hs"], cfg.B  # tensor cores, + the dS^T tiles written (es per tiled pair)
+    pairs = tc_dkdv_pairs(T)
+    return dict(tc_flops=8 * B * NH * hs * pairs, flops=8 * B * NH * pairs,
                 bytes=B * T * NH * hs * es * 8 + 8 * B * NH * T + B * NH * causal_pairs(T, 64) * es,
                 blocks=ceil_div(T, 64) * NH * B)
 

@@ -112,6 +112,24 @@ def test_ptxas_report_is_read_per_variant(tmp_path):
     assert gm.kernel_resources(p, 80, "column_partial_sum_kernel", "bf16", None, A) == (A["regs_unknown"], 0)
 
 
+def test_flash_tiles_count_the_pairs_the_kernels_multiply():
+    """attention_tc.cuh's tiles, by hand: the forward's 128-query blocks (hs = 64; 64 for hs = 128) of four warps
+    over 64-key tiles (a warp stops at the tile holding its last row), the dkdv kernel's 64-key tiles against
+    32-query slabs; and the grids."""
+    # T = 1: one block, each of its 4 warps (32 rows) multiplies one 64-key tile
+    assert gm.tc_fwd_pairs(1, 64) == 4 * 32 * 64 and gm.tc_fwd_pairs(1, 128) == 4 * 16 * 64
+    # T = 128, hs = 64: warps 0, 1 (rows 0-63) take key tile 0, warps 2, 3 take tiles 0 and 1
+    assert gm.tc_fwd_pairs(128, 64) == 2 * 32 * 64 + 2 * 32 * 128
+    # a multiple of 128: the 64 x 64 tile-granular causal count
+    assert gm.tc_fwd_pairs(1024, 64) == gm.tc_fwd_pairs(1024, 128) == gm.causal_pairs(1024, 64)
+    # T = 100: key tile 0 sees 4 slabs of 32 queries (0-127), key tile 1 two (64-127)
+    assert gm.tc_dkdv_pairs(100) == 64 * 32 * 4 + 64 * 32 * 2
+    a = {"T": 1024, "NH": 12, "hs": 64}
+    assert gm._attn_tc_fwd(a, gm.TARGET, 2)["blocks"] == 8 * 12 * gm.TARGET.B
+    assert gm._attn_tc_fwd(dict(a, hs=128), gm.TARGET, 2)["blocks"] == 16 * 12 * gm.TARGET.B
+    assert gm._attn_tc_dkdv(a, gm.TARGET, 2)["blocks"] == 16 * 12 * gm.TARGET.B
+
+
 def test_stale_grid_rule_and_unknown_kernel_are_errors(tmp_path):
     log = tmp_path / "bad.jsonl"
     rec = {"kernel": "layernorm_forward_kernel", "grid": [99, 1, 1], "block": [256, 1, 1], "args": [120, 128]}

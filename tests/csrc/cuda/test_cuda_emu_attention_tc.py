@@ -192,6 +192,42 @@ def test_forward_never_reads_key_tiles_above_the_diagonal(emu, C, T, rows):  # n
     assert np.all(np.abs(lse[..., :rows] - ref_lse) <= 1e-5 * (1 + np.abs(ref_lse)))
 
 
+_SMEM_RUN = """
+import sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+import gpt2core_cuda_emu as E
+for C in (64, 128):
+    x = np.zeros((1, 9, 3 * C), np.uint16) + 0x3c00
+    E.attention_tc(True, x, x[:, :, :C].copy(), x.copy(), 1, False, True)
+"""
+
+
+@pytest.mark.parametrize("cc", ["90", "75"])
+def test_kernel_resources_knows_the_dynamic_shared_memory(emu, tmp_path, cc):  # noqa: F811
+    """scripts/kernel_resources.py's DYNAMIC_SMEM (which its occupancy figures add to ptxas's static shared memory)
+    equals what the launchers request, read from the emulator's launch log, for hs = 64 and 128 with two buffers
+    (sm_90) and one (sm_75)."""
+    sys.path.insert(0, str(HERE.parents[3] / "scripts"))
+    import kernel_resources as kr
+
+    log = tmp_path / "launches.jsonl"
+    env = dict(os.environ, GPT2CORE_EMU_COMPUTE_CAPABILITY=cc, GPT2CORE_EMU_LAUNCH_LOG=str(log))
+    r = subprocess.run([sys.executable, "-c", _SMEM_RUN, str(BUILD)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    seen = set()
+    for line in log.read_text().splitlines():
+        rec = json.loads(line)
+        name = rec.get("kernel", "").strip("()").split("<")[0]
+        if name not in kr.DYNAMIC_SMEM:
+            continue
+        hs = rec["args"][2]  # T, NH, hs
+        stages = 2 if cc == "90" else 1
+        assert rec["smem"] == kr.DYNAMIC_SMEM[name](hs, stages), (name, hs, rec)
+        seen.add((name, hs))
+    assert seen == {(k, hs) for k in kr.DYNAMIC_SMEM for hs in (64, 128)}
+
+
 # One fp16 attention forward + backward through the backend (OpsF16, attention='flash'), hs = C / NH with C = 64 NH.
 _KERNELS_RUN = """
 import sys, numpy as np
