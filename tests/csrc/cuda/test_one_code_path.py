@@ -37,8 +37,15 @@ NVCC_ONLY = {
     "cuda/mma.cuh": ("inline PTX: mma.sync m16n8k16 / m16n8k8 and ldmatrix .x4 (.trans); below sm_75/sm_80 a trap "
                      "or the k8 split", "tests/csrc/emu/mma.cu: the emulator's fragment layouts (PTX ISA) against a "
                      "float64 product; test_cuda_gpu.py runs the PTX on a GPU against the emulated kernels"),
-    "cuda/attention_tc.cuh": ("tc_arch_runs: which head sizes an architecture below sm_80 compiles",
-                              "test_cuda_gpu.py (GPU) against attention_tc_fits, which picks the kernels on the host"),
+    "cuda/attention_tc.cuh": ("tc_arch_runs: which head sizes an architecture below sm_80 compiles; kTcSm75: the "
+                              "backward's minimum blocks per SM in its launch bounds below sm_80",
+                              "test_cuda_gpu.py (GPU) against attention_tc_fits, which picks the kernels on the host; "
+                              "check_cuda_compile.py / kernel_resources.py read ptxas's report for every arch built"),
+    "cuda/cp_async.cuh": ("inline PTX: cp.async (16 and 4 bytes, src-size zero fill), commit_group, wait_group, "
+                          "wait_all; below sm_80 plain copies",
+                          "tests/csrc/emu/cp_async.cu: the emulator's cp.async against the PTX ISA's group rules "
+                          "(poisoned until the wait; planted missing waits and barriers fail); test_cuda_gpu.py runs "
+                          "the PTX on a GPU against the emulated kernels"),
     "cuda/matmul.cuh": ("cuBLASLt's last error message (library call)", "test_cublaslt_descriptors.py"),
     "cuda/fp8.cuh": ("the hardware's cvt.rn.satfinite (cuda_fp8.h's __nv_cvt_float_to_fp8) on sm_89 / sm_90, where "
                      "the emulator runs model/fp8.h's conversion", "tests/csrc/cuda/test_fp8.py: model/fp8.h against "
