@@ -307,10 +307,12 @@ void bind_model(py::module_& m, const char* cls_name) {
              d["grads"] = n * sizeof(F);
              d["optimizer"] = 2 * n * sizeof(F);
              d["activations"] = self.activation_bytes_for(B, Tn);
+             if (self.fp8()) d["fp8"] = self.fp8_bytes(B, Tn);  // precision fp8's weight copy and scratch
              return d;
            },
            py::arg("B"), py::arg("T"),
-           "Bytes of parameters (with the fp32 master copy in bf16 / fp16), gradients, AdamW state and activations for (B, T).")
+           "Bytes of parameters (with the fp32 master copy in bf16 / fp16), gradients, AdamW state and activations for "
+           "(B, T); with precision fp8 also 'fp8' (the weights' FP8 copy and the FP8 scratch, GPT2Model::fp8_bytes).")
       .def_property_readonly("dtype", [](M&) -> std::string {
                                if constexpr (std::is_same_v<T, gpt2::bf16>) return "bfloat16";
                                else if constexpr (std::is_same_v<T, gpt2::f16>) return "float16";

@@ -284,6 +284,20 @@ std::vector<float> GPT2Model<T>::fp8_weight_meta() {
   return out;
 }
 
+template <typename T>
+size_t GPT2Model<T>::fp8_bytes(int B, int Tn) const {
+  if (!fp8_) return 0;
+  size_t bytes = (fp8_w_.size() + 2) * 2 * sizeof(float);  // the metas
+  for (size_t i = 0; i < fp8_w_.size(); i++) {
+    const T* w;
+    int out, in;
+    fp8_weight(i, &w, &out, &in);
+    bytes += 2 * size_t(out) * in;
+  }
+  const size_t N = size_t(B) * Tn, C4 = 4 * size_t(config_.n_embd);
+  return bytes + 2 * N * C4 + 2 * N * std::max<size_t>(C4, fp8_head_ ? config_.padded_vocab_size : 0);
+}
+
 // Scratch for one Linear at a time: its input (q, qt; N x 4C at most) and its output gradient (q, qt; N x 4C, or
 // N x Vp with the head in FP8).
 template <typename T>

@@ -326,6 +326,10 @@ class GPT2Model {
   // [1 / s, amax] of every FP8 weight in order (per layer qkvw, attprojw, fcw, fcprojw; then the head with
   // fp8_head): 2 * (4 * n_layer + head) floats, of the weights as they are now (the copy is refreshed first).
   std::vector<float> fp8_weight_meta();
+  // Backend bytes the FP8 buffers take for micro-batch (B, Tn) (0 when off): the weights' copy (q and qt, 2 bytes a
+  // weight), their metas, and the scratch of one Linear's input (2 x B*Tn x 4C) and output gradient (2 x B*Tn x 4C,
+  // or x padded_vocab_size with the head). What the memory plan adds for precision fp8.
+  size_t fp8_bytes(int B, int Tn) const;
   int last_B() const { return B_; }
   int last_T() const { return T_; }
 

@@ -122,3 +122,20 @@ def test_fp8_refuses_shapes_it_cannot_take(emu):  # noqa: F811
         m32.forward_backward(*batches(1)[0], 1.0)
     m.set_fp8(False)
     assert not m.fp8 and m.fp8_weight_meta().shape == (0, 2)
+
+
+@pytest.mark.parametrize("head", [False, True])
+def test_fp8_bytes_are_what_the_backend_allocates(emu, head):  # noqa: F811
+    """memory_bytes' 'fp8' (GPT2Model::fp8_bytes: the weights' copy, metas and scratch) equals what the CPU backend
+    counts as allocated by set_fp8 and the first FP8 step; no 'fp8' key without FP8."""
+    m = make(emu, "Model", "cpu")
+    train(m, steps=1)
+    before = m.backend_bytes_in_use
+    assert "fp8" not in m.memory_bytes(B8, T8)
+    m.set_fp8(True, head=head)
+    train(m, steps=1)
+    want = m.memory_bytes(B8, T8)["fp8"]
+    assert m.backend_bytes_in_use - before == want
+    C, L, Vp, N = CFG8["n_embd"], CFG8["n_layer"], CFG8["padded_vocab_size"], B8 * T8
+    n_w = 4 * L + head
+    assert want == 2 * (12 * C * C * L + head * Vp * C) + 8 * (n_w + 2) + 2 * N * 4 * C + 2 * N * max(4 * C, head * Vp)
