@@ -121,9 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--measure-peak", action="store_true",
                     help="CPU: measure the sgemm peak again instead of reading the cached figure")
     ap.add_argument("--breakdown", action="store_true", help="also time forward / backward / optimizer")
-    ap.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default=None,
-                    help="fp32, tf32, bf16 or fp16 mixed precision (CUDA); default bf16 on sm_80+, fp16 on sm_70 / "
-                         "sm_75, else fp32")
+    ap.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16", "fp8"], default=None,
+                    help="fp32, tf32, bf16 or fp16 mixed precision (CUDA); fp8: bf16 with the blocks' Linear layers in "
+                         "FP8 (sm_89 / sm_90); default bf16 on sm_80+, fp16 on sm_70 / sm_75, else fp32")
+    ap.add_argument("--fp8-head", action="store_true", help="--precision fp8: the head in FP8 too")
     ap.add_argument("--attention", choices=["auto", "flash", "cudnn", "naive"], default=None, help="CUDA attention kernel")
     ap.add_argument("--no-fused", action="store_true",
                     help="CUDA: separate residual + layernorm and matmul + GELU kernels (the unfused rung)")
@@ -318,7 +319,8 @@ def single(args):
     threads = _C.get_num_threads()
     cfg = bench_config(args)
     model = GPT2(cfg, device=args.device, seed=0, precision=args.precision, attention=args.attention,
-                 fused=not args.no_fused, matmul_tuning=args.matmul_tuning, deterministic=not args.no_deterministic)
+                 fused=not args.no_fused, matmul_tuning=args.matmul_tuning, deterministic=not args.no_deterministic,
+                 fp8_head=args.fp8_head)
     model.recompute = "gelu" if args.recompute_gelu else args.recompute
     model.offload = args.offload
     model.cuda_graphs = args.cuda_graphs

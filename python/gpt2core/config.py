@@ -225,10 +225,10 @@ def get_preset(name: str) -> GPT2Config:
 
 # Training recipes (--recipe): the values a recipe sets; any flag given explicitly overrides them. "gpt2" is the
 # 2019 recipe as gpt2core trains it by default (the TrainConfig defaults, AdamW + cosine), unchanged. "modern" is
-# the modded-nanogpt / nanochat line (README "Modern recipe"): the architecture of issue 26 (rotary positions,
-# RMSNorm, QK-norm, ReLU^2, no biases, untied head, zero-initialised projections, logit soft-cap: GPT2Config
-# fields, see MODERN_ARCH, set through their own train flags) trained with Muon for the hidden matrices and AdamW for
-# the rest, warmup-stable-decay.
+# the modded-nanogpt / nanochat line (docs/training/recipes.md, "The modern recipe"): the architecture of issue 26
+# (rotary positions, RMSNorm, QK-norm, ReLU^2, no biases, untied head, zero-initialised projections, logit soft-cap:
+# GPT2Config fields, see MODERN_ARCH, set through their own train flags) trained with Muon for the hidden matrices and
+# AdamW for the rest, warmup-stable-decay.
 MODERN_ARCH = {"position": "rope", "norm": "rmsnorm", "qk_norm": True, "activation": "relu2", "bias": False,
                "tie_embeddings": False, "zero_init_proj": True, "logit_softcap": 15.0}
 
@@ -242,8 +242,8 @@ def arch_flags(arch: dict) -> dict:
 
 RECIPES: dict[str, dict] = {
     "gpt2": {},
-    # AdamW's group LRs, Muon's LR and the warm-up: swept on linux-doc-6.12 at s4 (README "AdamW's learning rates by
-    # group"; issue 35): the embedding's LR well above the head's, as in modded-nanogpt and nanochat
+    # AdamW's group LRs, Muon's LR and the warm-up: swept on linux-doc-6.12 at s4 (docs/training/recipes.md, "AdamW's
+    # learning rates by group"; issue 35): the embedding's LR well above the head's, as in modded-nanogpt and nanochat
     "modern": {**arch_flags(MODERN_ARCH), "optimizer": "muon", "muon_lr": 0.01, "muon_momentum": 0.95,
                "muon_momentum_warmup": 300, "muon_weight_decay": 0.0, "muon_ns_dtype": "bfloat16",
                "newton_schulz_share": 0.2, "lr": 6e-3, "embedding_lr": 0.1,
@@ -305,7 +305,10 @@ class TrainConfig:
     precision: str | None = _opt(None, "fp32; tf32 (CUDA: TF32 tensor-core matmuls); bf16 (CUDA: bf16 activations "
                                        "and weights copy, fp32 master weights and optimizer state); fp16 (CUDA: "
                                        "the same in half precision, sm_70+). Default: bf16 on sm_80+ GPUs, fp16 on "
-                                       "sm_70 / sm_75, else fp32", "model", choices=["fp32", "tf32", "bf16", "fp16"])
+                                       "sm_70 / sm_75, else fp32; fp8 (sm_89 / sm_90: bf16 with the blocks' Linear layers "
+                                       "multiplied in FP8, per-tensor scales from each tensor's amax)", "model",
+                                 choices=["fp32", "tf32", "bf16", "fp16", "fp8"])
+    fp8_head: bool = _opt(False, "--precision fp8: multiply the head (the logits) in FP8 too", "model")
     attention: str | None = _opt(None, "CUDA attention: auto (default: cuDNN's fused attention for bf16 when it "
                                        "passes a self-check at start, else flash), flash (gpt2core's kernel), cudnn, "
                                        "or the materialised 'naive' rung", "model",
@@ -415,8 +418,8 @@ class TrainConfig:
                                          "backend's always are bf16)", "optimization",
                               choices=["float32", "bfloat16"])
     # AdamW's LR groups under --optimizer muon (csrc/model/config.h param_lr_group), each following the --schedule
-    # as --lr does; modded-nanogpt and nanochat give the embedding a much higher LR than the head (README "Modern
-    # recipe")
+    # as --lr does; modded-nanogpt and nanochat give the embedding a much higher LR than the head
+    # (docs/training/recipes.md, "The modern recipe")
     embedding_lr: float | None = _opt(None, "--optimizer muon: AdamW's max LR for the embeddings (wte, wpe; a tied "
                                             "head is wte) (default: --lr)", "optimization")
     head_lr: float | None = _opt(None, "--optimizer muon: AdamW's max LR for the untied lm_head (default: --lr)",
@@ -525,6 +528,14 @@ class TrainConfig:
         object.__setattr__(self, "recompute_gelu", self.recompute == "gelu")
         if self.device == "cpu" and self.offload != "none":
             raise ArgError("--offload optimizer needs --device cuda (on the CPU the optimizer is in host memory)")
+        if self.fp8_head and self.precision != "fp8":
+            raise ArgError(f"--fp8-head needs --precision fp8, got --precision {self.precision}")
+        if self.precision == "fp8" and self.device == "cpu":
+            raise ArgError("--precision fp8 needs an NVIDIA GPU with FP8 tensor cores, sm_89 (RTX 40xx, L4, L40) or "
+                           "sm_90 (H100, H200); --device cpu has none")
+        if self.precision == "fp8" and self.batch_size != "auto" and (self.batch_size * self.seq_len) % 16:
+            raise ArgError(f"--precision fp8: -B * -T = {self.batch_size * self.seq_len} must be a multiple of 16 "
+                           "(cuBLASLt's FP8 matmuls take inner dimensions in multiples of 16)")
         if self.device == "cpu" and self.precision not in (None, "fp32"):
             raise ArgError(f"--precision {self.precision} needs --device cuda (the CPU backend computes in fp32)")
         if self.device == "cpu" and self.attention in ("flash", "cudnn"):

@@ -83,7 +83,7 @@ def _check_device(device: str) -> str:
         if backend is None:
             raise DeviceError(
                 f"device={device!r}: {_plugins.why_none()}. Use device='cpu', or build from source on a machine with "
-                "a CUDA compiler: GPT2CORE_CUDA=ON pip install --no-build-isolation . (README: Install).")
+                "a CUDA compiler: GPT2CORE_CUDA=ON pip install --no-build-isolation . (docs/install.md: Build options).")
         # the driver first: without this, a missing or too old driver surfaces as cudart's "CUDA driver version
         # is insufficient for CUDA runtime version", which names neither the cause nor the fix
         why = _libs.driver_problem() or _C.cuda_status()  # "" when the CUDA backend can run here
@@ -113,6 +113,21 @@ def pick_precision(precision: str | None, capability: int, dtype: str = "float32
         raise DeviceError(f"precision='fp16' needs fp16 tensor cores (sm_70+: V100, T4, RTX 20xx); this one is "
                           f"sm_{capability}: use precision='fp32' (or None, which picks it)")
     return precision
+
+
+FP8_ARCHS = (89, 90)  # FP8 tensor cores with fp32 accumulation: Ada (RTX 40xx, L4, L40) and Hopper (H100, H200)
+
+
+def check_fp8_device(device: str) -> None:
+    """DeviceError naming the device unless it has FP8 tensor cores (sm_89, sm_90): precision='fp8'."""
+    if device == "cpu":
+        raise DeviceError("precision='fp8' needs an NVIDIA GPU with FP8 tensor cores, sm_89 (RTX 40xx, L4, L40) or "
+                          "sm_90 (H100, H200); device 'cpu' has none: use precision 'fp32' on the CPU")
+    index = int(device.partition(":")[2] or 0)
+    cap = _C.cuda_capability(index)
+    if cap not in FP8_ARCHS:
+        raise DeviceError(f"precision='fp8' needs FP8 tensor cores, sm_89 (RTX 40xx, L4, L40) or sm_90 (H100, "
+                          f"H200); {device} is {_C.cuda_device_name(index)}, sm_{cap}: use precision='bf16' or None")
 
 
 def as_tokens(a, name: str) -> np.ndarray:
@@ -145,10 +160,14 @@ class GPT2(Generation, Files, FlatBuffers):
                  dtype: str = "float32", init: bool = True, precision: str | None = None,
                  attention: str | None = None, fused: bool = True, matmul_tuning: bool = False,
                  deterministic: bool = True, loss_scaling: bool | None = None, loss_scale_init: float = 2.0**16,
-                 loss_scale_interval: int = 2000, training: bool = True):
+                 loss_scale_interval: int = 2000, training: bool = True, fp8_head: bool = False):
         """precision: "fp32"; "tf32" (CUDA: TF32 tensor-core matmuls); "bf16" (CUDA: bf16 weights copy and
         activations, fp32 master weights, gradients, AdamW state, softmax and loss); "fp16" (CUDA: the same in
-        IEEE half precision, for sm_70 / sm_75 GPUs; trained with dynamic loss scaling by default, below). None
+        IEEE half precision, for sm_70 / sm_75 GPUs; trained with dynamic loss scaling by default, below); "fp8"
+        (sm_89 / sm_90 GPUs: bf16 as above, with the four Linear layers of every block multiplied in FP8 through
+        cuBLASLt, e4m3 activations and weights forward, e5m2 gradients backward, fp32 accumulation, per-tensor
+        power-of-two scales from each tensor's current amax; fp8_head=True multiplies the head in FP8 too; n_embd,
+        B*T and, with the head, padded_vocab_size must be multiples of 16). None
         picks bf16 on a GPU with bf16 tensor cores (sm_80+), fp16 on sm_70 / sm_75 (V100, T4, which refuse bf16
         and tf32), fp32 below. attention (CUDA): "auto" (default: cuDNN's
         fused attention for bf16 when it checks out, else "flash"), "flash" (never materialises T x T), "cudnn"
@@ -178,8 +197,20 @@ class GPT2(Generation, Files, FlatBuffers):
             raise TypeError(f"config must be a GPT2Config or a preset name, got {type(config).__name__} {config!r}"
                             + ("; GPT2Config(**config) makes one from a dict" if isinstance(config, dict) else ""))
         self.config = config
-        if precision not in (None, "fp32", "tf32", "bf16", "fp16"):
-            raise ValueError(f"precision must be 'fp32', 'tf32', 'bf16' or 'fp16', got {precision!r}")
+        if precision not in (None, "fp32", "tf32", "bf16", "fp16", "fp8"):
+            raise ValueError(f"precision must be 'fp32', 'tf32', 'bf16', 'fp16' or 'fp8', got {precision!r}")
+        if fp8_head not in (True, False):
+            raise ValueError(f"fp8_head must be True or False, got {fp8_head!r}")
+        if fp8_head and precision != "fp8":
+            raise ValueError(f"fp8_head=True multiplies the head in FP8: it needs precision='fp8', got {precision!r}")
+        if precision == "fp8":
+            check_fp8_device(_check_device(device))
+            bad = [f"{k}={v}" for k, v in (("n_embd", config.n_embd),
+                                           ("padded_vocab_size", config.padded_vocab_size if fp8_head else 16))
+                   if v % 16]
+            if bad:
+                raise ValueError(f"precision='fp8': {', '.join(bad)} must be a multiple of 16 (cuBLASLt's FP8 "
+                                 "matmuls take inner dimensions in multiples of 16)")
         if attention not in (None, "auto", "flash", "cudnn", "naive"):
             raise ValueError(f"attention must be 'auto', 'flash', 'cudnn' or 'naive', got {attention!r}")
         if device == "cpu" and (precision not in (None, "fp32") or attention in ("flash", "cudnn")):
@@ -196,11 +227,12 @@ class GPT2(Generation, Files, FlatBuffers):
             raise ValueError(f"attention='cudnn' needs precision='bf16' or 'fp16' (cuDNN's fused attention has no fp32 "
                              f"inputs); this model is precision={precision!r}: use attention='flash' or a 16-bit "
                              "precision")
-        if precision in ("bf16", "fp16") and dtype != "float32":
+        if precision in ("bf16", "fp16", "fp8") and dtype != "float32":
             raise ValueError(f"precision={precision!r} keeps float32 master weights: use dtype='float32'")
         self.precision = precision
         cls = {"float64": _C.ModelF64,
-               "float32": {"bf16": _C.ModelBF16, "fp16": _C.ModelF16}.get(precision, _C.Model)}[dtype]
+               "float32": {"bf16": _C.ModelBF16, "fp8": _C.ModelBF16, "fp16": _C.ModelF16}.get(precision,
+                                                                                               _C.Model)}[dtype]
         c = config
         self._m = cls(max_seq_len=c.block_size, vocab_size=c.vocab_size, padded_vocab_size=c.padded_vocab_size,
                       n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, device=self.device,
@@ -210,6 +242,8 @@ class GPT2(Generation, Files, FlatBuffers):
                       norm=c.norm, qk_norm=c.qk_norm, activation=c.activation, bias=c.bias,
                       tie_embeddings=c.tie_embeddings, logit_softcap=float(c.logit_softcap or 0.0))
         self._adopt(self._m, config, self.device, precision, training, deterministic)
+        if precision == "fp8":  # bf16 mixed precision, the block Linears (and the head) in FP8 (csrc/model/fp8.h)
+            self._m.set_fp8(True, head=bool(fp8_head))
         if loss_scaling not in (None, True, False):
             raise ValueError(f"loss_scaling must be True, False or None (on for fp16 only), got {loss_scaling!r}")
         check_loss_scale_args(loss_scale_init, loss_scale_interval)
@@ -335,7 +369,7 @@ class GPT2(Generation, Files, FlatBuffers):
         input is kept, and backward runs each block's forward again just before its backward: one more forward of
         the blocks). 'layer' gives 'none''s bits; so does 'gelu', except on CUDA with fused=True and GPT-2's GELU,
         where its forward uses gpt2core's GELU kernel instead of cuBLASLt's epilogue (which backward could not
-        rebuild): the last bits differ from 'none''s (README: Memory)."""
+        rebuild): the last bits differ from 'none''s (docs/training/memory.md)."""
         return self._m.recompute
 
     @recompute.setter

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, replace
 from ..config import GPT2Config, get_preset
 from ..errors import ArgError
 
-PARTS = ("weights", "master_weights", "gradients", "optimizer", "activations", "logits", "workspace")
+PARTS = ("weights", "master_weights", "gradients", "optimizer", "activations", "logits", "workspace", "fp8")
 RECOMPUTE = ("none", "gelu", "layer")
 OFFLOAD = ("none", "optimizer")
 SAFETY = 0.05                 # the share of a budget kept back (fragmentation, a later step's growth): as batchfit
@@ -70,7 +70,7 @@ def _trainable(cuda: bool, zero: int, offload: str, optimizer: str) -> bool:
         return False
     return True
 STAGE_VALUES = 1 << 24  # distributed.DataParallel.stage_values
-_STORAGE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "float64": 8}
+_STORAGE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2, "float64": 8}  # fp8: bf16 storage
 # csrc/cuda/reduce.cuh (column sums' partials) and csrc/cuda/attention_tc.cuh (the 16-bit flash backward's dS)
 _COL_TILE, _COL_BLOCKS, _COL_MIN_ROWS, _TC_ROWS = 32, 1024, 32, 64
 
@@ -79,7 +79,7 @@ _COL_TILE, _COL_BLOCKS, _COL_MIN_ROWS, _TC_ROWS = 32, 1024, 32, 64
 class Options:
     """What a run's memory depends on besides the config and (B, T)."""
     device: str = "cuda"          # "cuda" or "cpu"
-    precision: str = "bf16"       # fp32, tf32, bf16, fp16 (CUDA); fp32 or float64 (CPU)
+    precision: str = "bf16"       # fp32, tf32, bf16, fp16, fp8 (CUDA); fp32 or float64 (CPU)
     world_size: int = 1
     zero: int = 0                 # 0, 1 or 2
     recompute: str = "none"       # none, gelu, layer
@@ -87,11 +87,12 @@ class Options:
     attention: str = "flash"      # CUDA: flash, cudnn or naive ("auto" plans as flash)
     library_workspace: int = CUBLASLT_WORKSPACE  # the matmul library's workspace (CUDA); 0 under the emulator
     optimizer: str = "adamw"      # adamw, muon (the same bytes; Muon refuses ZeRO-2 and offload)
+    fp8_head: bool = False        # precision fp8: the head multiplied in FP8 too (its copy and scratch)
 
     def __post_init__(self):
         if self.device not in ("cuda", "cpu"):
             raise ArgError(f"device must be 'cuda' or 'cpu', got {self.device!r}")
-        allowed = ("fp32", "float64") if self.device == "cpu" else ("fp32", "tf32", "bf16", "fp16")
+        allowed = ("fp32", "float64") if self.device == "cpu" else ("fp32", "tf32", "bf16", "fp16", "fp8")
         if self.precision not in allowed:
             raise ArgError(f"--precision {self.precision} is not one of {', '.join(allowed)} on {self.device}")
         if not isinstance(self.world_size, int) or self.world_size < 1:
@@ -105,6 +106,8 @@ class Options:
             raise ArgError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if self.offload not in OFFLOAD:
             raise ArgError(f"--offload must be one of {', '.join(OFFLOAD)}, got {self.offload!r}")
+        if self.fp8_head and self.precision != "fp8":
+            raise ArgError(f"--fp8-head needs --precision fp8, got --precision {self.precision}")
         if self.optimizer not in OPTIMIZERS:
             raise ArgError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         check_training_options(self.device == "cuda", self.zero, self.offload, self.optimizer)
@@ -125,6 +128,8 @@ class Options:
             out.append(f"--zero {self.zero}")
         if self.offload != "none":
             out.append(f"--offload {self.offload}")
+        if self.fp8_head:
+            out.append("--fp8-head")
         return " ".join(out) or "(no options)"
 
 
@@ -166,7 +171,7 @@ def _workspace(c: GPT2Config, B: int, T: int, o: Options) -> int:
     floats = [2 * _column_chunks(N, C) * C] if c.norm == "layernorm" else []
     if c.bias:
         floats += [_column_chunks(N, oc) * oc for oc in (3 * C, C, 4 * C)]
-    sixteen = o.precision in ("bf16", "fp16")
+    sixteen = o.precision in ("bf16", "fp16", "fp8")
     if o.attention == "naive":
         floats.append(B * NH * T * T)
     elif o.attention != "cudnn" and sixteen and c.head_size in (64, 128):  # the tensor-core flash backward
@@ -218,7 +223,19 @@ def memory(config: GPT2Config | str, B: int, T: int, options: Options = Options(
                              tie_embeddings=c.tie_embeddings)
     return {"weights": n * st, "master_weights": master, "gradients": grads, "optimizer": moments,
             "activations": a["t"] * st + a["m"] * sm, "logits": a["logits"] * st,
-            "workspace": _workspace(c, B, T, o), "host": host}
+            "workspace": _workspace(c, B, T, o),
+            "fp8": fp8_bytes(c, B * T, o.fp8_head) if o.precision == "fp8" else 0, "host": host}
+
+
+def fp8_bytes(c: GPT2Config, N: int, head: bool) -> int:
+    """precision fp8's bytes beyond bf16's (GPT2Model::fp8_bytes): each FP8 weight's e4m3 copy and its transpose
+    (the block's qkv, projection, MLP up and down: 12 C^2 a layer; the head's Vp x C with fp8_head), two floats of
+    scale state per weight and two more, and one Linear's scratch at a time: its input quantised (with its
+    transpose) and its output gradient (with its transpose), N = B * T rows of at most 4C (or Vp with the head)."""
+    C, L, Vp = c.n_embd, c.n_layer, c.padded_vocab_size
+    weights = 12 * C * C * L + (Vp * C if head else 0)
+    metas = (4 * L + (1 if head else 0) + 2) * 2 * 4
+    return 2 * weights + metas + 2 * N * 4 * C + 2 * N * max(4 * C, Vp if head else 0)
 
 
 def grad_bucket_values(c: GPT2Config) -> int:
@@ -349,7 +366,8 @@ class Plan:
                  f"({gib(self.budget)} usable: {int(SAFETY * 100)}% kept back"
                  + (", the CUDA context taken off)" if self.budget < self.gpu_memory * (1 - SAFETY) - 1 else ")")]
         for k in PARTS:
-            lines.append(f"  {k:<15}{gib(self.per_gpu_bytes[k]):>12}")
+            if k != "fp8" or self.per_gpu_bytes[k]:  # the fp8 line only for precision fp8
+                lines.append(f"  {k:<15}{gib(self.per_gpu_bytes[k]):>12}")
         lines.append(f"  {'total per GPU' if o.device == 'cuda' else 'total':<15}{gib(total(self.per_gpu_bytes)):>12}")
         if self.host_bytes:
             lines.append(f"  {'host (pinned)':<15}{gib(self.host_bytes):>12} per rank")

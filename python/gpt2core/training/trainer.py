@@ -313,7 +313,7 @@ class Trainer(Checkpoints, Evaluations):
             self._check_plan_fits(cfg, free_before)
         try:
             model = GPT2(self.config, device=self.device, seed=cfg.seed, precision=cfg.precision,
-                         attention=cfg.attention, matmul_tuning=cfg.matmul_tuning,
+                         fp8_head=cfg.fp8_head, attention=cfg.attention, matmul_tuning=cfg.matmul_tuning,
                          deterministic=not cfg.no_deterministic, loss_scaling=cfg.loss_scaling_on,
                          loss_scale_init=cfg.loss_scale_init, loss_scale_interval=cfg.loss_scale_interval)
         except RuntimeError as e:
@@ -577,4 +577,4 @@ def plan_options(cfg: TrainConfig, world_size: int, library_workspace: int = mem
     return memplan.Options(device="cuda" if cuda else "cpu", precision=precision, world_size=world_size,
                            zero=cfg.zero, recompute=cfg.recompute, offload=cfg.offload,
                            attention="flash" if cfg.attention in (None, "auto") else cfg.attention,
-                           library_workspace=library_workspace, optimizer=cfg.optimizer)
+                           library_workspace=library_workspace, optimizer=cfg.optimizer, fp8_head=cfg.fp8_head)
