@@ -129,7 +129,9 @@ def test_profile_splits_each_recipes_step_by_op():
     rotary, QK-norm, soft-capped loss, untied head's AdamW and Muon's Newton-Schulz among them) with each recipe's ms
     per step, the phases' sums adding up to the ops, and the time per token of modern against gpt2."""
     out = bench(*TINY, "--recipe", "gpt2", "modern", "--profile", "--rounds", "2").stdout
-    ms = {r: float(v) for r, v in re.findall(r"^--recipe (\w+) .*\| ms/step ([0-9.]+) \(median of 4\)", out, re.M)}
+    found = re.findall(r"^--recipe (\w+) .*\| (\d+) tokens per step \(grad_accum \d+\) \| ms/step ([0-9.]+) "
+                       r"\(median of 4\)", out, re.M)
+    ms = {r: float(v) / int(tok) for r, tok, v in found}  # ms per token: each recipe's own tokens per step
     assert set(ms) == {"gpt2", "modern"}, out
     lines = out[out.index("op (ms per optimizer step)"):].splitlines()
     assert lines[0].split()[-2:] == ["gpt2", "modern"], out
