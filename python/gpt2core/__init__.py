@@ -76,14 +76,14 @@ _LAZY_SUBMODULES = ("data", "tokenizer")
 
 
 def __getattr__(name: str):
-    if name in _LAZY_SUBMODULES:
+    if name in _LAZY_SUBMODULES or name in MOVED:  # MOVED (below): gpt2core.checkpoint is the module at its new place
         import importlib
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES) | set(MOVED))
 
 
 # Module paths from before the package was grouped by job (CHANGELOG.md, 0.2.0): `import gpt2core.train`,

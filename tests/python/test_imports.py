@@ -77,15 +77,20 @@ def test_find_cycle_sees_function_local_imports(tmp_path):
 
 def test_package_import_graph_has_no_cycle():
     graph = import_graph(PACKAGE)
-    assert {"gpt2core.model", "gpt2core.llmc", "gpt2core.pretrained", "gpt2core.checkpoint"} <= set(graph)
+    assert {"gpt2core.model.gpt2", "gpt2core.formats.llmc", "gpt2core.formats.pretrained",
+            "gpt2core.formats.checkpoint"} <= set(graph)
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
 def test_persistence_is_layered():
-    """llm.c format <- training checkpoints <- any-format loading <- the model class."""
+    """llm.c format <- training checkpoints <- any-format loading <- the model class (gpt2core.formats, then
+    gpt2core.model; the groups' order as a whole: test_layout.py)."""
     g = import_graph(PACKAGE)
-    assert "gpt2core.model" in g["gpt2core.train"]
-    assert g["gpt2core.llmc"] & {"gpt2core.checkpoint", "gpt2core.pretrained", "gpt2core.model"} == set()
-    assert "gpt2core.llmc" in g["gpt2core.checkpoint"] and "gpt2core.model" not in g["gpt2core.checkpoint"]
-    assert {"gpt2core.llmc", "gpt2core.checkpoint"} <= g["gpt2core.pretrained"]
-    assert "gpt2core.model" not in g["gpt2core.pretrained"]
+    model = {"gpt2core.model", "gpt2core.model.gpt2"}
+    llmc, ck, pre = "gpt2core.formats.llmc", "gpt2core.formats.checkpoint", "gpt2core.formats.pretrained"
+    assert "gpt2core.model" in g["gpt2core.training.trainer"]
+    assert g[llmc] & ({ck, pre} | model) == set()
+    assert llmc in g[ck] and not model & g[ck]
+    assert {llmc, ck} <= g[pre]
+    assert not model & g[pre]
+    assert {"gpt2core.formats.llmc", "gpt2core.formats.pretrained"} <= g["gpt2core.model.files"]

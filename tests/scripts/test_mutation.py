@@ -42,7 +42,7 @@ def test_inference_mutants_name_their_exposing_tests():
     assert len(judged) >= 20
     # the server's stop strings live in scheduler.TextStream
     files = {"infer.cuh", "rope.cuh", "relu2.cuh", "muon.cuh", "../cpu/ops_infer.h", "../model/sampling.h",
-             "../model/gpt2_infer.h", "../cpu/backend_cpu.cpp", "py:inference.py", "py:scheduler.py"}
+             "../model/gpt2_infer.h", "../cpu/backend_cpu.cpp", "py:model/engine.py", "py:inference/scheduler.py"}
     assert files <= {m.file for m in judged}, files - {m.file for m in judged}
     for m in judged:
         assert not m.unreachable and not m.threshold, m.name
