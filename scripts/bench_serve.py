@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2core.inference.serve import wait_ready
+
 HOL_LONG, HOL_SHORT, HOL_N, HOL_DELAY = 400, 8, 4, 1.0
 
 
@@ -46,20 +48,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
-
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600) -> None:
-    import httpx
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the server at {url} did not become ready in {timeout:.0f} s")
 
 
 def stream_one(client, url: str, body: dict, out: dict) -> None:
@@ -168,7 +156,7 @@ def start_gpt2core(model_file: str, weights: str, threads: int, slots: int, log=
            str(threads), "--max-batch", str(slots), "--weights", weights, "--max-queue", "1000"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
-    _wait_ready(url, proc)
+    wait_ready(url, proc)
     return proc, url
 
 
@@ -178,7 +166,7 @@ def start_llama(binary: str, gguf: Path, threads: int, slots: int, ctx: int):
            str(ctx * slots), "--threads", str(threads), "--threads-batch", str(threads), "-cb"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    _wait_ready(url, proc)
+    wait_ready(url, proc)
     return proc, url
 
 

@@ -403,6 +403,23 @@ def build_parser():
     return ap
 
 
+def wait_ready(url: str, proc, timeout: float = 600) -> None:
+    """Block until the gpt2core-serve process `proc` at `url` answers GET /health with 200 (a benchmark's or the
+    lease driver's start); RuntimeError when it exits first or `timeout` seconds pass."""
+    import httpx
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gpt2core-serve exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"gpt2core-serve at {url} did not answer /health within {timeout:.0f} s")
+
+
 def graceful_server(app, sched: Scheduler, **config):
     """A uvicorn.Server whose SIGINT / SIGTERM ends the running requests (each gets a 503 error, code
     server_shutdown: a stream as its last event), answers waiting requests with 503, lets the responses finish and

@@ -435,7 +435,8 @@ def step_serve(budget: float, ctx: Ctx):
     P, new = s["serve_prompt"], s["serve_new"]
     served = {}
     try:
-        _wait_ready(url, proc, min(300, budget / 2))
+        from ..inference.serve import wait_ready
+        wait_ready(url, proc, min(300, budget / 2))
         _round(url, [rng.integers(0, 50257, P).tolist()], new)  # warm-up
         for n in s["serve_streams"]:
             outs, wall = _round(url, [rng.integers(0, 50257, P).tolist() for _ in range(n)], new)
@@ -467,20 +468,6 @@ def step_serve(budget: float, ctx: Ctx):
     if ctx.device == "cuda" and not ctx.dry:
         yield {"paper_model": paper_model(ctx, ["--decode"], 60)}
 
-
-def _wait_ready(url: str, proc, timeout: float) -> None:
-    import httpx
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gpt2core-serve exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"gpt2core-serve did not answer /health within {timeout:.0f} s")
 
 
 def _round(url: str, prompts: list, new: int) -> tuple[list[dict], float]:
