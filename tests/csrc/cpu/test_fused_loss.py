@@ -21,6 +21,11 @@ def test_fused_loss_has_the_bits_of_the_separate_ops(cap, dtype):
     y[0, 2] = -1
     y[2, 8] = -1  # the last row ignored too
     a, b = GPT2(cfg, seed=1, dtype=dtype), GPT2(cfg, seed=1, dtype=dtype)
+    # the head's padded rows (61..63) nonzero: their logits are then nonzero too, and only the loss's zeroing of the
+    # padded columns keeps them out of the gradients (a fused pass that skipped it would show here)
+    pad = rng.standard_normal((3, cfg.n_embd))
+    for m in (a, b):
+        m._m.params()["lm_head" if cap else "wte"][61:] = pad
     g = a.flat_grads()
     g[:] = np.nan  # poison: backward must write or add into zeroed gradients only
     a.zero_grad()
