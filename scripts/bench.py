@@ -576,11 +576,13 @@ LADDER = [
     ("vocab 50304", "vocab padded to a multiple of 128", dict(padded=True)),
     ("cuda graphs", "micro-step and optimizer step replayed from CUDA graphs", dict(graphs=True)),
     ("tuned gemms", "cuBLASLt's candidate algorithms timed once per shape", dict(matmul_tuning=True)),
+    ("fp8", "the blocks' Linear layers in FP8 (per-tensor current scaling)", dict(precision="fp8")),
 ]
 CPU_RUNGS = {"baseline", "vocab 50304"}  # the CPU backend is fp32 with materialised attention, unfused
 # the compute capability a precision needs (model.pick_precision refuses it below): a GPU without it skips that
 # rung, and the rungs after it keep the last precision it has (fp16 on sm_70 / sm_75)
-MIN_CAPABILITY = {"fp32": 0, "fp16": 70, "tf32": 80, "bf16": 80}
+MIN_CAPABILITY = {"fp32": 0, "fp16": 70, "tf32": 80, "bf16": 80, "fp8": 89}
+FP8_ARCHS = (89, 90)  # FP8 tensor cores: Ada and Hopper (gpt2core.model.gpt2.FP8_ARCHS)
 
 
 def ladder(args):
@@ -600,9 +602,10 @@ def ladder(args):
     capability = 0 if cpu else _C.cuda_capability(int(args.device.partition(":")[2] or 0))
     s, rows, base = {}, [], None
     for rung, what, change in LADDER:
-        if not cpu and capability < MIN_CAPABILITY[change.get("precision", "fp32")]:
+        need = change.get("precision", "fp32")
+        if not cpu and (capability < MIN_CAPABILITY[need] or (need == "fp8" and capability not in FP8_ARCHS)):
             print(f"{rung:<12} | {'-':>9} | {'-':>10} | {'-':>8} | {'-':>6} | {'-':>8} | {what} (needs sm_"
-                  f"{MIN_CAPABILITY[change['precision']]}+)")
+                  + ("89 / sm_90)" if need == "fp8" else f"{MIN_CAPABILITY[need]}+)"))
             continue
         s.update(change)
         if cpu and rung not in CPU_RUNGS:

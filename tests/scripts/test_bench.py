@@ -70,7 +70,7 @@ def test_ladder_runs_every_rung_this_device_has_side_by_side():
     out = bench(*TINY, "--ladder").stdout
     rows = {m.group(1).strip(): m.group(2) for m in re.finditer(r"^([a-z0-9 ]+?)\s+\|\s+([0-9.,-]+) \|", out, re.M)}
     assert list(rows) == ["baseline", "tf32", "fp16", "bf16", "fused", "flash", "vocab 50304", "cuda graphs",
-                          "tuned gemms"], out
+                          "tuned gemms", "fp8"], out
     for rung, ms in rows.items():
         if rung in ("baseline", "vocab 50304"):
             assert float(ms) > 0, out
