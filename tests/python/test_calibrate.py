@@ -20,7 +20,7 @@ import pytest
 from gpt2core.runtime import calibrate, lease_steps
 
 ROOT = Path(__file__).resolve().parents[2]
-VALUE_ORDER = ["doctor", "gpu_tests", "learn", "d12_step", "scale", "serve", "dp", "fp16", "eval", "resume",
+VALUE_ORDER = ["doctor", "gpu_tests", "learn", "d12_step", "scale", "serve", "dp", "fp16", "fp8", "eval", "resume",
                "bitwise", "bgradb", "ladder", "vs_cpu", "gemm"]
 
 FAKE = textwrap.dedent('''
@@ -245,7 +245,7 @@ def test_dry_run_of_every_step_on_the_cpu(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr + json.dumps(rep)[-3000:]
     s = rep["steps"]
     assert list(s) == VALUE_ORDER
-    gpu_only = {"fp16", "bgradb", "ladder", "vs_cpu", "gemm"}
+    gpu_only = {"fp16", "fp8", "bgradb", "ladder", "vs_cpu", "gemm"}
     for n, st in s.items():
         if n in gpu_only:
             assert st["status"] == "skipped" and "needs a GPU" in st["rows"][0]["skipped"], (n, st)
