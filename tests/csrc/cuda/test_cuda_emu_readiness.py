@@ -156,9 +156,10 @@ else:  # a script: [the script, its arguments...]
 """
 # The steps whose CUDA paths the emulator can run at the dry run's tiny shapes in a test's time: the timings (cuDNN's
 # attention and ours), the scale step's recompute levels and offload, fp16 with loss scaling against bf16, two ranks
-# over Gloo at ZeRO 0/1/2 with and without offload, the bit-for-bit and bias-gradient checks and the CPU
-# comparison. learn, serve, eval and resume run the same code on the CPU dry run (tests/python/test_calibrate.py).
-EMU_STEPS = ["d12_step", "scale", "dp", "fp16", "bitwise", "bgradb", "vs_cpu"]
+# over Gloo at ZeRO 0/1/2 with and without offload, FP8 against bf16 (the emulated device is an sm_90: throughput
+# and two short gpt2core-train runs), the bit-for-bit and bias-gradient checks and the CPU comparison. learn, serve,
+# eval and resume run the same code on the CPU dry run (tests/python/test_calibrate.py).
+EMU_STEPS = ["d12_step", "scale", "dp", "fp16", "fp8", "bitwise", "bgradb", "vs_cpu"]
 
 
 @pytest.mark.slow
@@ -186,6 +187,10 @@ def test_calibrate_dry_run_on_the_emulated_device(emu, tmp_path):  # noqa: F811
     fp16 = {x["precision"]: x for x in s["fp16"]["rows"] if "precision" in x}
     assert fp16["fp16"]["loss_scale"] > 0 and fp16["bf16"]["loss_scale"] is None
     assert s["fp16"]["rows"][-1]["max_relative_difference"] < 2e-2
+    fp8 = s["fp8"]["rows"]  # both precisions timed, then both trained through gpt2core-train --precision
+    assert [x["precision"] for x in fp8 if "tokens_per_s" in x] == ["bf16", "fp8"], fp8
+    res = fp8[-1]["result"]
+    assert res["all_finite"] and abs(res["relative"]) < 1e-2, res  # emulated: 5e-5 after 6 tiny steps
     assert {x["deterministic"]: x["bit_identical"] for x in s["bitwise"]["rows"]}[True] is True
     assert s["bgradb"]["rows"] == [{"accepted": True, "refused_shapes": 0, "fallbacks": 0}]
     # the emulated device computes in bf16 there (the default on sm_90): within bf16's training tolerance of the CPU
