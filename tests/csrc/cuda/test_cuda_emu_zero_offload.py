@@ -136,7 +136,8 @@ def test_zero_with_offload_is_bit_identical_to_zero_on_the_device(emu, tmp_path,
 # gpt2core-train's ranks over the emulated core: Gloo between the processes (the emulated module has no NCCL), every
 # rank's model on the one emulated device
 TRAIN = EMULATED + textwrap.dedent("""
-    from gpt2core import distributed, train
+    from gpt2core import train
+    from gpt2core.distributed import parallel as distributed  # the module whose setup the trainer calls
     _setup = distributed.setup
     distributed.setup = lambda device="cpu", timeout=60.0: (*_setup("cpu", timeout)[:2], device)
 """) + KILL_HOOK + """

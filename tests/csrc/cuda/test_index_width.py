@@ -32,6 +32,7 @@ BOUNDS = {
     "BT": ROWS, "B": MAX_B, "T": MAX_T, "C": 4 * MAX_C, "OC": 4 * MAX_C, "C3": 3 * MAX_C, "V": VP, "Vp": VP,
     "NH": MAX_NH, "hs": MAX_HS, "HS": MAX_HS, "R": 1024, "U": ROWS, "n": MAX_PARAMS, "units": MAX_PARAMS,
     "rows": ROWS, "rows_per_chunk": ROWS, "VV": VP, "VZ": VP,
+    "ROWS": 128,  # attention_tc.cuh's tile rows (a template parameter: 32 .. 128)
     # indices over those sizes
     "row": ROWS, "bt": ROWS, "b": MAX_B, "t": MAX_T, "h": MAX_NH, "c": 4 * MAX_C, "c0": 4 * MAX_C, "r": 1024,
     "r0": ROWS, "r1": ROWS, "u": ROWS, "idx": ROWS * 4 * MAX_C, "i": MAX_PARAMS, "j": MAX_T, "qi": MAX_T,
