@@ -437,6 +437,22 @@ long crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* tar
   return valid;
 }
 
+// One valid row's dlogits in place (crossentropy_backward_inplace's rule): row holds the (capped) logits, l their
+// log-sum-exp, tg the target; inv = 1 / cap (0: no cap).
+template <typename T>
+inline void crossentropy_grad_row(T* row, T l, int tg, T dloss, int V, int Vp, T cap, T inv) {
+  if (cap > T(0)) {
+    for (int i = 0; i < V; i++) {
+      const T u = row[i] * inv;
+      row[i] = (fast_exp(row[i] - l) - (i == tg ? T(1) : T(0))) * dloss * (T(1) - u * u);
+    }
+  } else {
+    for (int i = 0; i < V; i++) row[i] = fast_exp(row[i] - l) * dloss;
+    row[tg] -= dloss;
+  }
+  for (int i = V; i < Vp; i++) row[i] = 0;
+}
+
 // In place: logits (N, Vp) become dlogits = (softmax - onehot) * dloss for valid rows, 0 elsewhere,
 // and 0 in the padded columns V..Vp-1.
 // cap > 0: the logits held are capped, c = cap * tanh(z / cap), and the gradient is the one with respect to z:
@@ -454,16 +470,7 @@ void crossentropy_backward_inplace(T* logits, const T* lse, const int32_t* targe
     }
     const T l = lse[n];
     const int tg = targets[n];
-    if (cap > T(0)) {
-      for (int i = 0; i < V; i++) {
-        const T u = row[i] * inv;
-        row[i] = (fast_exp(row[i] - l) - (i == tg ? T(1) : T(0))) * dloss * (T(1) - u * u);
-      }
-    } else {
-      for (int i = 0; i < V; i++) row[i] = fast_exp(row[i] - l) * dloss;
-      row[tg] -= dloss;
-    }
-    for (int i = V; i < Vp; i++) row[i] = 0;
+    crossentropy_grad_row(row, l, tg, dloss, V, Vp, cap, inv);
   }
 }
 
@@ -498,16 +505,7 @@ void crossentropy_forward_backward_rows(T* losses, T* lse, T* logits, const int3
       continue;
     }
     losses[n] = l - row[tg];
-    if (cap > T(0)) {
-      for (int i = 0; i < V; i++) {
-        const T u = row[i] * inv;
-        row[i] = (fast_exp(row[i] - l) - (i == tg ? T(1) : T(0))) * dloss * (T(1) - u * u);
-      }
-    } else {
-      for (int i = 0; i < V; i++) row[i] = fast_exp(row[i] - l) * dloss;
-      row[tg] -= dloss;
-    }
-    for (int i = V; i < Vp; i++) row[i] = 0;
+    crossentropy_grad_row(row, l, tg, dloss, V, Vp, cap, inv);
   }
 }
 
