@@ -11,24 +11,12 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from gpt2core import train
-from gpt2core.data.shards import write_shard
 from gpt2core.training import trainer
 
-BASE = ["--preset", "tiny", "-B", "1", "-T", "16", "--val-every", "0", "--sample-tokens", "0", "--warmup", "0",
-        "--no-progress"]
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    rng = np.random.default_rng(0)
-    write_shard(d / "t_val_000000.bin", rng.integers(0, 50257, 3000))
-    write_shard(d / "t_train_000001.bin", rng.integers(0, 50257, 20_000))
-    return d
+from test_run_folder import BASE, data  # noqa: E402,F401  (data: the shards fixture, shared)
 
 
 @pytest.fixture(scope="module")
