@@ -94,7 +94,7 @@ MOVED = {
     "_io": "formats.atomic", "runlock": "formats.runlock", "llmc": "formats.llmc",
     "checkpoint": "formats.checkpoint", "pretrained": "formats.pretrained",
     "memplan": "planning.memplan", "batchfit": "planning.batchfit", "perf": "planning.perf",
-    "generate": "inference.generate", "chat_cli": "inference.chat_cli", "scheduler": "inference.scheduler",
+    "generate": "inference.generate_cli", "chat_cli": "inference.chat_cli", "scheduler": "inference.scheduler",
     "serve": "inference.serve", "launch": "distributed.launch",
     "evaluate": "evaluation.evaluate", "core_eval": "evaluation.core_eval", "lm_eval": "evaluation.lm_eval",
     "scoring": "evaluation.scoring",

@@ -183,15 +183,20 @@ def test_skip_if_measured_reads_an_earlier_report_of_the_same_commit_and_gpu_kin
 
 
 def test_the_budget_bounds_each_step_and_stops_starting_them(fake):
-    """Budget 7 s: each step's bound is the least of its own and what is left, and once less than MIN_STEP_S is
-    left the rest are not started, saying so."""
+    """Budget 5.9 s: "fine" runs, "hang" is cut at its own bound of 4 s (the least of 4 and what is left), and then
+    less than MIN_STEP_S (2 s) is left whatever the machine's speed (5.9 - 4 - fine's time), so the rest are not
+    started, saying so. With --only hang and a budget of 3 s the budget is the lesser: hang is cut at 3 s."""
     t0 = time.perf_counter()
-    _, rep, _ = drive(fake, "--budget", 7)
-    assert time.perf_counter() - t0 < 7 + 8  # the kills and the reports
+    _, rep, _ = drive(fake, "--budget", 5.9)
+    assert time.perf_counter() - t0 < 5.9 + 8  # the kills and the reports
     s = rep["steps"]
     assert s["fine"]["status"] == "ok" and s["hang"]["status"] in ("cut", "skipped")
-    assert sum(st["seconds"] for st in s.values()) <= 7 + 2
-    assert s["after"]["status"] == "skipped" and "the budget is spent" in s["after"]["rows"][0]["skipped"]
+    assert sum(st["seconds"] for st in s.values()) <= 5.9 + 2
+    for name in ("boom", "nogpu", "after"):
+        assert s[name]["status"] == "skipped" and "the budget is spent" in s[name]["rows"][0]["skipped"], s[name]
+    _, rep, _ = drive(fake, "--budget", 3, "--only", "hang")
+    h = rep["steps"]["hang"]
+    assert h["status"] == "cut" and 2.9 <= h["seconds"] < 3.9 and h["rows"][-1]["cut"] == "killed at its bound of 3 s"
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path):

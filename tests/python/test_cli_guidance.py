@@ -15,7 +15,7 @@ import gpt2core
 from gpt2core import GPT2, GPT2Config, _C, train
 from gpt2core.data.shards import write_shard
 from gpt2core.evaluation import evaluate, lm_eval
-from gpt2core.inference import chat_cli, generate
+from gpt2core.inference import chat_cli, generate_cli
 
 HELLASWAG_TWO = """Roof shingle removal: A man is sitting on a roof. he
 3
@@ -149,7 +149,7 @@ def test_generate_with_a_closed_standard_stream_is_one_line(files, closed, needl
 def test_generate_refuses_a_model_whose_vocabulary_is_not_gpt2s(files, tmp_path, capsys):
     small = GPT2(GPT2Config(block_size=16, vocab_size=1000, padded_vocab_size=1024, n_layer=1, n_head=1, n_embd=16),
                  seed=0).save(tmp_path / "v1000.bin")
-    code, _, err = run(generate.console, ["--model", small, "hello"], capsys)
+    code, _, err = run(generate_cli.console, ["--model", small, "hello"], capsys)
     assert code == 2 and err == (
         f"gpt2core-generate: error: --model {small}: its vocabulary has 1,000 tokens, not GPT-2's 50,257: it does not "
         "match GPT-2's tokenizer, which this command encodes and decodes text with (generate from Python with your "

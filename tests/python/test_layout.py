@@ -134,3 +134,19 @@ def test_python_m_old_paths_run(mod):
                        timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "usage" in r.stdout.lower(), r.stdout[:500]
+
+
+def test_no_submodule_shadows_a_name_its_package_exports():
+    """A package's name and a submodule's file name must differ: importing gpt2core.inference.generate (a file)
+    would set the package's attribute `generate` to the module, over the function `__init__` exported under that
+    name, and `inference.generate(...)` would then fail only after some other test imported the file. Every
+    package's exported names are checked against its files here, and again after importing every submodule."""
+    import pkgutil
+    for init in sorted(SRC.rglob("__init__.py")):
+        pkg = importlib.import_module(_module_name(init))
+        exported = {k: v for k, v in vars(pkg).items() if not k.startswith("__") and not isinstance(v, type(sys))}
+        files = {m.name for m in pkgutil.iter_modules([str(init.parent)])} - {"__main__"}
+        assert not set(exported) & files, f"{pkg.__name__}: {sorted(set(exported) & files)} are files and names"
+        for m in files:
+            importlib.import_module(f"{pkg.__name__}.{m}")
+        assert all(getattr(pkg, k) is v for k, v in exported.items()), pkg.__name__

@@ -1,4 +1,4 @@
-"""Serving what a model writes: the generate and chat command lines (generate, chat_cli), the continuous-batching
+"""Serving what a model writes: the generate and chat command lines (generate_cli, chat_cli), the continuous-batching
 scheduler (scheduler) and the OpenAI-compatible server (serve).
 
 `gpt2core.inference` was the KV-cache engine's module before the package was grouped by job; its public names are

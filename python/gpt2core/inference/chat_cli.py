@@ -14,7 +14,7 @@ import sys
 
 from .. import _C, chat, cli
 from ..errors import ArgError, Error
-from .generate import add_sampling_flags
+from .generate_cli import add_sampling_flags
 from ..model import load_model
 
 
