@@ -317,15 +317,17 @@ def accumulation(preset: str, flags: list[str], B: int, T: int) -> int:
     return total // (B * T)
 
 
-def run_row(a, data: Path, run: Path, flags: list[str], scale: int, seed: int) -> dict:
+def run_row(a, data: Path, run: Path, flags: list[str], scale: int, seed: int, fraction: float = 1.0) -> dict:
     """One row at one scale and seed with gpt2core-train; a run that finished already (metrics.jsonl up to its
     last step) is read back instead. Every row trains the same tokens: --steps micro-batches of B x T (times the
     scale), so a row with k micro-steps per optimizer step (accumulation()) takes 1/k as many optimizer steps
     (rounded up: up to k - 1 micro-batches more) and evaluates every 1/k as many (rounded: about the same tokens
-    apart; the comparisons interpolate on tokens)."""
+    apart; the comparisons interpolate on tokens). fraction < 1: the run trains that share of the tokens, a shorter
+    run with its schedule over its own length (--modern-fraction)."""
     B = a.batch_size * scale
     accum = accumulation(a.preset, [*flags, *a.extra], B, a.seq_len)
-    steps = -(-a.steps * scale // accum)  # rounded up: at most accum - 1 micro-batches more than the other rows
+    micro = math.ceil(a.steps * scale * fraction)
+    steps = -(-micro // accum)  # rounded up: at most accum - 1 micro-batches more than the other rows
     cmd = [sys.executable, "-m", "gpt2core.train", "--preset", a.preset, "--steps", str(steps), "-B", str(B),
            "-T", str(a.seq_len), "--val-every", str(max(1, round(a.val_every * scale / accum))),
            "--val-steps", str(val_steps(a, scale)),
@@ -426,8 +428,13 @@ def main(argv=None) -> int:
                     "seed: a fair baseline, tuned on the text it is measured on")
     ap.add_argument("--modern-tokens", type=int, nargs="+", default=None, help="run the modern row once per "
                     "tokens per optimizer step given (--total-batch-tokens; gradient accumulation over B x T)")
+    ap.add_argument("--modern-fraction", type=float, default=1.0, help="the modern rows train this share of the "
+                    "tokens (0.5: half), a shorter run with its schedule over its own length: does the modern recipe "
+                    "at half the tokens reach the GPT-2 recipe's final val loss? (issue 51's check)")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more gpt2core-train flags for every row")
     a = ap.parse_args(argv)
+    if not 0 < a.modern_fraction <= 1:
+        ap.error(f"--modern-fraction: a share of the tokens in (0, 1], got {a.modern_fraction:g}")
     a.out.mkdir(parents=True, exist_ok=True)
     data = a.data_dir or a.out / "data"
     if not any(data.glob("*_val_*.bin")):
@@ -445,9 +452,16 @@ def main(argv=None) -> int:
             if row_label(label) == "modern" else [(label, flags)])]
     results = []
 
+    if a.modern_fraction < 1:
+        chosen = [(f"{label}, {a.modern_fraction:g} of the tokens", flags) if row_label(label) == "modern"
+                  else (label, flags) for label, flags in chosen]
+
     def run(label, flags, scale, seed, slug=None):
-        slug = slug or "".join(c if c.isalnum() else "_" for c in row_label(label).replace("+ ", "plus_"))
-        r = run_row(a, data, a.out / f"x{scale}" / f"seed{seed}" / slug, flags, scale, seed)
+        # the modern row's variants (--modern-tokens, --modern-fraction) each get a folder of their own
+        variant = label.split("(= --recipe modern)", 1)[1] if row_label(label) == "modern" else ""
+        slug = slug or "".join(c if c.isalnum() else "_" for c in (row_label(label) + variant).replace("+ ", "plus_"))
+        fraction = a.modern_fraction if row_label(label) == "modern" else 1.0
+        r = run_row(a, data, a.out / f"x{scale}" / f"seed{seed}" / slug, flags, scale, seed, fraction)
         results.append({"label": label, **r})
         print(f"[{label}, {scale}x, seed {seed}] final val loss {r['final_val']:.4f} after {r['tokens']:,} "
               f"tokens, {len(r['spikes'])} spikes", flush=True)

@@ -160,3 +160,40 @@ def test_accumulation_rows_train_the_same_tokens(rb):
     assert TrainConfig.from_recipe("modern").newton_schulz_share == 0.2
     with pytest.raises(SystemExit, match="not a multiple of B\\*T = 512"):
         rb.accumulation("s4", ["--total-batch-tokens", "700"], 4, 128)
+
+
+def test_modern_fraction_and_tokens_runs_get_their_own_steps_and_folders(rb, tmp_path, monkeypatch):
+    """--modern-fraction 0.5 with --modern-tokens 512 1536: the GPT-2 row trains --steps micro-batches, each modern
+    variant half of them (its optimizer steps: those micro-batches over its tokens per step, rounded up), every run
+    in a folder of its own (two variants in one folder would overwrite each other's run), and a fraction outside
+    (0, 1] is refused naming the flag. gpt2core-train is stood in for: it writes the metrics a run would."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "x_val_000000.bin").write_bytes(b"")
+    calls = []
+
+    def fake_run(cmd, **kw):
+        if "gpt2core.train" in cmd:
+            args = cmd[cmd.index("gpt2core.train") + 1:]
+            steps, out = int(args[args.index("--steps") + 1]), Path(args[args.index("--output-dir") + 1])
+            tps = 512 * (3 if "--total-batch-tokens" not in args and "modern" in args else 1)
+            if "--total-batch-tokens" in args:
+                tps = int(args[args.index("--total-batch-tokens") + 1])
+            calls.append((str(out.relative_to(tmp_path / "o")), steps, tps))
+            recs = [{"run": {"tokens_per_step": tps}}]
+            recs += [{"step": s, "loss": 5.0, "dt_ms": 100.0, "tok_per_s": 1.0} for s in range(1, steps + 1)]
+            recs += [{"step": steps, "val_loss": 4.0 + steps / 100}]
+            (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        return type("R", (), {"returncode": 0, "stdout": ""})()
+
+    monkeypatch.setattr(rb.subprocess, "run", fake_run)
+    common = ["--data-dir", str(data), "--out", str(tmp_path / "o"), "--preset", "s4", "-B", "4", "-T", "128",
+              "--steps", "12", "--val-every", "4", "--seeds", "7", "--scales", "1", "--only", "gpt2", "modern"]
+    assert rb.main([*common, "--modern-tokens", "512", "1536", "--modern-fraction", "0.5"]) == 0
+    assert [(steps, tps) for _, steps, tps in calls] == [(12, 512), (6, 512), (2, 1536)]
+    assert len({folder for folder, _, _ in calls}) == 3
+    summary = json.loads((tmp_path / "o" / "recipe_bench.json").read_text())["summary"]
+    assert [s["tokens"] for s in summary] == [6144, 3072, 3072]
+    for bad in ("0", "1.5", "-0.5"):
+        with pytest.raises(SystemExit):
+            rb.main([*common, "--modern-fraction", bad])
