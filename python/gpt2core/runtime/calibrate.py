@@ -206,7 +206,7 @@ def write_index(docs: Path) -> None:
                     + " / ".join(str(counts[s]) for s in STATUSES) + f" | [{f.stem}]({f.stem}.md) |")
     text = ["# GPU reports", "",
             "One page per lease (date, GPU kind, commit), written by `python -m gpt2core.calibrate` (issue 48: "
-            "`python/gpt2core/runtime/calibrate.py`, the steps in `runtime/lease_steps.py`); each step's rows are in "
+            "`python/gpt2core/runtime/calibrate.py`, the steps in `runtime/lease_steps/`); each step's rows are in "
             "the page, its JSON beside it. A step measured (ok) for a commit on a GPU kind is skipped by the next "
             "lease on that commit and kind unless named with `--only`, so each lease continues the list. The "
             "commit is the last one that changed anything outside docs/.", "",
