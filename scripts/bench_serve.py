@@ -26,82 +26,19 @@ Figures are wall-clock on whatever else the machine runs: on a shared machine co
 """
 from __future__ import annotations
 
-import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 
+from gpt2core.distributed.launch import free_port
 from gpt2core.inference.serve import wait_ready
+from gpt2core.inference.stream_clients import stream_burst
 
 HOL_LONG, HOL_SHORT, HOL_N, HOL_DELAY = 400, 8, 4, 1.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-
-def stream_one(client, url: str, body: dict, out: dict) -> None:
-    """One streamed completion through an httpx.Client made beforehand (its set-up is not timed): out["ttft"] (s to
-    the first chunk with text), out["tokens"], out["end"]."""
-    t0 = time.monotonic()
-    chunks, usage = 0, None
-    with client.stream("POST", url + "/v1/completions", json=dict(body, stream=True,
-                                                                   stream_options={"include_usage": True})) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            if ev.get("usage"):
-                usage = ev["usage"].get("completion_tokens")
-            for ch in ev.get("choices") or []:
-                if ch.get("text"):
-                    out.setdefault("ttft", time.monotonic() - t0)
-                    chunks += 1
-    out["end"] = time.monotonic()
-    out["tokens"] = usage if usage is not None else chunks  # llama-server streams one token per chunk
-
-
-def run_round(url: str, bodies: list[dict], delays: list[float] | None = None) -> tuple[list[dict], float]:
-    outs = [{} for _ in bodies]
-    delays = delays or [0.0] * len(bodies)
-
-    import httpx
-    clients = [httpx.Client(timeout=600) for _ in bodies]
-    ready = threading.Barrier(len(bodies) + 1)
-
-    def go(i):
-        ready.wait()
-        time.sleep(delays[i])
-        outs[i]["start"] = time.monotonic()
-        try:
-            stream_one(clients[i], url, bodies[i], outs[i])
-        except Exception as e:  # noqa: BLE001 - reported below, from the main thread
-            outs[i]["error"] = f"{type(e).__name__}: {e}"
-
-    ts = [threading.Thread(target=go, args=(i,)) for i in range(len(bodies))]
-    for t in ts:
-        t.start()
-    ready.wait()
-    t0 = time.monotonic()
-    for t in ts:
-        t.join()
-    for c in clients:
-        c.close()
-    failed = [o["error"] for o in outs if "error" in o]
-    if failed:
-        raise RuntimeError(f"{len(failed)} of {len(outs)} requests failed: {failed[0]}")
-    return outs, time.monotonic() - t0
 
 
 class Prompts:
@@ -119,10 +56,10 @@ class Prompts:
 
 def measure(url: str, prompts: Prompts, clients: list[int], new: int, block: int, log=print) -> dict:
     body = lambda: dict(prompt=prompts.next(), max_tokens=new, temperature=0)  # noqa: E731
-    run_round(url, [body()])  # warm-up
+    stream_burst(url, [body()])  # warm-up
     res = {"clients": {}}
     for n in clients:
-        outs, wall = run_round(url, [body() for _ in range(n)])
+        outs, wall = stream_burst(url, [body() for _ in range(n)])
         ttft = [o["ttft"] for o in outs if "ttft" in o]
         res["clients"][n] = {"tok_s": sum(o["tokens"] for o in outs) / wall, "ttft_p50": float(np.median(ttft)),
                              "ttft_p95": float(np.percentile(ttft, 95))}
@@ -131,12 +68,12 @@ def measure(url: str, prompts: Prompts, clients: list[int], new: int, block: int
     P = prompts.P
     long = dict(prompt=prompts.next(), max_tokens=min(HOL_LONG, block - P), temperature=0)
     shorts = [dict(prompt=prompts.next(), max_tokens=HOL_SHORT, temperature=0) for _ in range(HOL_N)]
-    outs, _ = run_round(url, [long] + shorts, [0.0] + [HOL_DELAY] * HOL_N)
+    outs, _ = stream_burst(url, [long] + shorts, [0.0] + [HOL_DELAY] * HOL_N)
     sh = [o["ttft"] for o in outs[1:]]
-    idle = res["clients"].get(1, {}).get("ttft_p50") or run_round(url, [body()])[0][0]["ttft"]
+    idle = res["clients"].get(1, {}).get("ttft_p50") or stream_burst(url, [body()])[0][0]["ttft"]
     # the same shorts (new prompts of the same length) at the same moment on the idle server: what the long one adds
-    alone, _ = run_round(url, [dict(prompt=prompts.next(), max_tokens=HOL_SHORT, temperature=0)
-                               for _ in range(HOL_N)])
+    alone, _ = stream_burst(url, [dict(prompt=prompts.next(), max_tokens=HOL_SHORT, temperature=0)
+                                  for _ in range(HOL_N)])
     res["hol"] = {"short_ttft_p50": float(np.median(sh)), "short_ttft_p95": float(np.percentile(sh, 95)),
                   "idle_ttft": idle, "idle_shorts_ttft_p95": float(np.percentile([o["ttft"] for o in alone], 95)),
                   "long_s": outs[0]["end"] - outs[0]["start"],
@@ -151,7 +88,7 @@ def measure(url: str, prompts: Prompts, clients: list[int], new: int, block: int
 
 
 def start_gpt2core(model_file: str, weights: str, threads: int, slots: int, log=print):
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "gpt2core.serve", "--model", model_file, "--port", str(port), "--threads",
            str(threads), "--max-batch", str(slots), "--weights", weights, "--max-queue", "1000"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -161,7 +98,7 @@ def start_gpt2core(model_file: str, weights: str, threads: int, slots: int, log=
 
 
 def start_llama(binary: str, gguf: Path, threads: int, slots: int, ctx: int):
-    port = _free_port()
+    port = free_port()
     cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots), "-c",
            str(ctx * slots), "--threads", str(threads), "--threads-batch", str(threads), "-cb"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

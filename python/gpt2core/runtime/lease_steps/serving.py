@@ -1,10 +1,8 @@
 """The serve step: gpt2core-serve under bursts of streaming clients against GPT2.generate at the same batch."""
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -14,24 +12,19 @@ import numpy as np
 from .common import Ctx, gpt2core_cmd, paper_model, shapes
 
 
-def _free_port() -> int:
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        return sk.getsockname()[1]
-
-
 def step_serve(budget: float, ctx: Ctx):
     """gpt2core-serve on this device, d12 (bf16 weights on a GPU), continuous batching at 1, 8, 32 and 64 concurrent
     streams: tokens/s and time to first token p50 / p95, against GPT2.generate's tokens/s at the same batch (the
     scheduler's cost); beside scripts/gpu_model.py --decode's modelled decode rate."""
     import httpx  # noqa: F401  (the clients; fails here, not in a thread)
     from gpt2core import GPT2, PRESETS
+    from gpt2core.distributed.launch import free_port
     s = shapes(ctx)
     cfg = PRESETS[s["preset"]]
     weights = "bf16" if ctx.device == "cuda" else "fp32"
     model_file = Path(ctx.work) / "serve_model.bin"
     GPT2(cfg, device="cpu", seed=0).save(model_file)
-    port, slots = _free_port(), max(s["serve_streams"])
+    port, slots = free_port(), max(s["serve_streams"])
     cmd = gpt2core_cmd(ctx, "gpt2core.serve", "--model", model_file, "--port", port, "--device", ctx.device,
                        "--max-batch", slots, "--weights", weights, "--max-queue", 1000)
     log = open(Path(ctx.work) / "serve.log", "w")
@@ -78,43 +71,9 @@ def step_serve(budget: float, ctx: Ctx):
 def _round(url: str, prompts: list, new: int) -> tuple[list[dict], float]:
     """One streamed greedy completion per prompt, all sent at the same moment: per request the time to the first
     chunk with text and the tokens made; the round's wall time."""
-    import threading
-
-    import httpx
-    outs = [{} for _ in prompts]
-    clients = [httpx.Client(timeout=600) for _ in prompts]
-    ready = threading.Barrier(len(prompts) + 1)
-
-    def go(i):
-        ready.wait()
-        t0 = time.monotonic()
-        body = {"prompt": prompts[i], "max_tokens": new, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
-        try:
-            with clients[i].stream("POST", url + "/v1/completions", json=body) as r:
-                r.raise_for_status()
-                for line in r.iter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    ev = json.loads(line[6:])
-                    if ev.get("usage"):
-                        outs[i]["tokens"] = ev["usage"]["completion_tokens"]
-                    if any(ch.get("text") for ch in ev.get("choices") or []):
-                        outs[i].setdefault("ttft", time.monotonic() - t0)
-        except Exception as e:  # noqa: BLE001 - raised below, from the step's thread
-            outs[i]["error"] = f"{type(e).__name__}: {e}"
-
-    ts = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
-    for t in ts:
-        t.start()
-    ready.wait()
-    t0 = time.monotonic()
-    for t in ts:
-        t.join()
-    wall = time.monotonic() - t0
-    for c in clients:
-        c.close()
-    bad = [o for o in outs if "error" in o or "ttft" not in o]
+    from gpt2core.inference.stream_clients import stream_burst
+    outs, wall = stream_burst(url, [{"prompt": p, "max_tokens": new, "temperature": 0} for p in prompts])
+    bad = [o for o in outs if "ttft" not in o]
     if bad:
-        raise RuntimeError(f"{len(bad)} of {len(outs)} streamed requests failed: {bad[0]}")
+        raise RuntimeError(f"{len(bad)} of {len(outs)} streamed requests sent no text: {bad[0]}")
     return outs, wall
