@@ -1,5 +1,5 @@
 """Serving what a model writes: the generate and chat command lines (generate_cli, chat_cli), the continuous-batching
-scheduler (scheduler) and the OpenAI-compatible server (serve).
+scheduler (scheduler), the OpenAI-compatible server (serve) and the streaming clients that time it (stream_clients).
 
 `gpt2core.inference` was the KV-cache engine's module before the package was grouped by job; its public names are
 still here (the engine itself is gpt2core.model.engine, which GPT2.generate uses)."""
