@@ -4,6 +4,9 @@
 Where the numbers come from:
   - the built module (gpt2core's _C_cuda, or --module PATH) through `cuobjdump --dump-resource-usage` (REG, SHARED,
     LOCAL per function and arch) and `cuobjdump -elf` (each entry's EIATTR_MAX_THREADS: its __launch_bounds__);
+    cuobjdump from the toolkit or from NVIDIA's wheel (pip install nvidia-cuda-cuobjdump). Its SHARED is ptxas's
+    static shared memory plus 1 KiB on sm_90 (measured on the CI build: registers, spills and launch bounds agree
+    exactly; tests/scripts/test_kernel_resources.py);
   - or, where the toolkit has no cuobjdump (or with --compile), the sources the module is built from compiled again
     with `ptxas -v` for the same architectures (scripts/check_cuda_compile.py's compile: registers, spill stores and
     loads, static shared memory, and each entry's .maxntid from the PTX).
@@ -175,6 +178,14 @@ def find_tool(name: str) -> str | None:
     for base in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if base and Path(base, "bin", name).exists():
             return str(Path(base, "bin", name))
+    # NVIDIA's PyPI wheels (pip install nvidia-cuda-cuobjdump: nvidia/cu13/bin/cuobjdump)
+    try:
+        import nvidia
+        for root in nvidia.__path__:
+            for found in sorted(Path(root).glob(f"*/bin/{name}")):
+                return str(found)
+    except ImportError:
+        pass
     return None
 
 

@@ -132,3 +132,29 @@ def test_attention_kernels_of_the_build_spill_nothing_and_keep_their_occupancy(c
     assert rc == 0, err
     assert {r["arch"] for r in table} == set(archs)
     assert all(r["spill_bytes"] == 0 for r in table)
+
+
+@pytest.mark.slow
+def test_cuobjdump_of_the_built_module_agrees_with_ptxas(capsys):
+    """The two sources of the numbers on the real build: cuobjdump on the installed module (NVIDIA's wheel
+    nvidia-cuda-cuobjdump, requirements-dev.txt) and the attention sources compiled again with ptxas -v. Every
+    attention kernel of every build architecture in both, with the same registers, spills and launch bounds;
+    cuobjdump's shared memory is ptxas's plus at most the 1 KiB it reports on sm_90."""
+    archs = _cuda_archs()
+    if not archs:
+        pytest.skip("no CUDA build of gpt2core installed")
+    if not (kr.find_tool("cuobjdump") and kr.installed_module()) or kr.find_tool("nvcc") is None:
+        pytest.skip("needs cuobjdump (pip install nvidia-cuda-cuobjdump) and nvcc")
+    tables = []
+    for extra in ([], ["--compile", "--sources", str(ROOT / "tests" / "csrc" / "cuda" / "cuda_compile" /
+                                                     "attention_tc.cu"),
+                       "--cache-dir", str(ROOT / "build" / "kernel-resources")]):
+        assert kr.main(["--json", "--attention", "--archs", ",".join(archs), *extra]) == 0
+        tables.append({(r["kernel"], r["arch"]): r for r in json.loads(capsys.readouterr().out)})
+    obj, ptx = tables
+    assert set(obj) == set(ptx) and {a for _, a in obj} == set(archs)
+    assert {k.split("<")[0] for k, _ in obj} == {f"void gpt2::cuda::{n}" for n in kr.ATTENTION}
+    for key, o in obj.items():
+        p = ptx[key]
+        assert (o["registers"], o["spill_bytes"], o["threads"]) == (p["registers"], p["spill_bytes"], p["threads"]), key
+        assert 0 <= o["shared_bytes"] - p["shared_bytes"] <= (1024 if key[1] == "90" else 0), key
