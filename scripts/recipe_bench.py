@@ -458,7 +458,7 @@ def main(argv=None) -> int:
 
     def run(label, flags, scale, seed, slug=None):
         # the modern row's variants (--modern-tokens, --modern-fraction) each get a folder of their own
-        variant = label.split("(= --recipe modern)", 1)[1] if row_label(label) == "modern" else ""
+        variant = label.partition("(= --recipe modern)")[2] if row_label(label) == "modern" else ""
         slug = slug or "".join(c if c.isalnum() else "_" for c in (row_label(label) + variant).replace("+ ", "plus_"))
         fraction = a.modern_fraction if row_label(label) == "modern" else 1.0
         r = run_row(a, data, a.out / f"x{scale}" / f"seed{seed}" / slug, flags, scale, seed, fraction)
