@@ -863,7 +863,8 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
      "of Muon's Newton-Schulz (csrc/cpu/gemm_bf16.h; AVX512-BF16 where the CPU has it, see has_avx512_bf16).");
   m.def("has_avx512_bf16", &gpt2::cpu::has_avx512_bf16,
         "Whether this CPU runs gemm_bf16's AVX512-BF16 kernel (else the rounded inputs go through sgemm).");
-  m.def("newton_schulz", [](py::object x_obj, int steps, const std::string& ns_dtype, bool per_matrix) {
+  m.def("newton_schulz", [](py::object x_obj, int steps, const std::string& ns_dtype, bool per_matrix,
+                            const std::string& device) {
     if (!py::isinstance<py::array>(x_obj) || !(py::array_t<float>::check_(x_obj) || py::array_t<double>::check_(x_obj)))
       arg_error("x must be a float32 or float64 numpy array of shape (batch, rows, cols)");
     auto xa = py::reinterpret_borrow<py::array>(x_obj);
@@ -871,36 +872,50 @@ PYBIND11_MODULE(GPT2CORE_MODULE_NAME, m) {
     if (steps < 0 || steps > 100) arg_error("steps must be in [0, 100]");
     if (ns_dtype != "float32" && ns_dtype != "bfloat16")
       arg_error("ns_dtype must be 'float32' or 'bfloat16', got '" + ns_dtype + "'");
+    const bool cuda = gpt2::is_cuda_device(device);
+    if (!cuda && device != "cpu") arg_error("device must be 'cpu' or 'cuda[:N]', got '" + device + "'");
+    if (cuda && (ns_dtype != "bfloat16" || !py::array_t<float>::check_(x_obj)))
+      arg_error("device 'cuda' runs Newton-Schulz in bf16 (cuda/muon.cuh): give ns_dtype='bfloat16' and a float32 x");
     if (ns_dtype == "bfloat16" && !py::array_t<float>::check_(x_obj)) arg_error("ns_dtype 'bfloat16' needs a float32 x");
-    if (ns_dtype == "bfloat16" && per_matrix) arg_error("per_matrix runs the unbatched op, which has no bf16");
+    if (!cuda && ns_dtype == "bfloat16" && per_matrix)
+      arg_error("per_matrix on the CPU runs the unbatched op, which has no bf16");
+    if (cuda) load_cuda_backend();
     auto run = [&](auto tag) {
       using F = decltype(tag);
       auto x = py::array_t<F, py::array::c_style | py::array::forcecast>::ensure(xa);
       py::array_t<F> out({x.shape(0), x.shape(1), x.shape(2)});
-      std::copy(x.data(), x.data() + x.size(), out.mutable_data());
       const int batch = int(x.shape(0)), rows = int(x.shape(1)), cols = int(x.shape(2));
+      const size_t n = size_t(x.size());
       {
         py::gil_scoped_release nogil;
-        auto be = gpt2::cpu::make_backend<F>();
+        auto be = gpt2::make_backend<F>(device);
         be->set_step_args(gpt2::StepArgs{});
+        F* u = be->alloc_master(n);
         F* scratch = be->alloc_master(per_matrix ? be->muon_scratch_size(rows, cols)
                                                  : be->muon_batch_scratch_size(batch, rows, cols));
-        if (per_matrix)  // the unbatched op, its GEMMs split over the threads (what the model ran before batching)
+        be->synchronize();  // backend memory is host-addressable (CUDA: managed) once its zero-fill has run
+        std::copy(x.data(), x.data() + n, u);
+        if (per_matrix)  // the unbatched op (CPU: its GEMMs split over the threads, what the model ran before batching)
           for (int b = 0; b < batch; b++)
-            be->muon_orthogonalize(out.mutable_data() + size_t(b) * rows * cols, scratch, rows, cols, steps);
+            be->muon_orthogonalize(u + size_t(b) * rows * cols, scratch, rows, cols, steps);
         else
-          be->muon_orthogonalize_batch(out.mutable_data(), scratch, batch, rows, cols, steps, ns_dtype == "bfloat16");
+          be->muon_orthogonalize_batch(u, scratch, batch, rows, cols, steps, ns_dtype == "bfloat16");
+        be->synchronize();
+        be->to_host_master(out.mutable_data(), u, n);
         be->free_master(scratch);
+        be->free_master(u);
       }
       return py::object(out);
     };
     return py::array_t<float>::check_(x_obj) ? run(float{}) : run(double{});
   }, py::arg("x"), py::arg("steps") = gpt2::kMuonNsSteps, py::arg("ns_dtype") = "float32", py::arg("per_matrix") = false,
-     "Muon's Newton-Schulz (csrc/model/optimizer.h) of each matrix x[b] through the CPU backend's batched op "
+     py::arg("device") = "cpu",
+     "Muon's Newton-Schulz (csrc/model/optimizer.h) of each matrix x[b] through a backend's batched op "
      "(Backend::muon_orthogonalize_batch), as a new array of x's dtype: X = x / (||x||_F + 1e-7), then `steps` "
      "quintic iterations; ns_dtype 'bfloat16' rounds the products' inputs to bf16 (float32 x only). per_matrix: "
-     "one Backend::muon_orthogonalize per matrix instead (GEMMs split over the threads; float32 / float64 only), "
-     "the unbatched op scripts/bench.py --newton-schulz compares against.");
+     "one Backend::muon_orthogonalize per matrix instead (CPU: GEMMs split over the threads, float32 / float64 "
+     "only), the unbatched op scripts/bench.py --newton-schulz compares against. device 'cuda[:N]': the CUDA "
+     "backend's (cuda/muon.cuh: bf16 products, one strided-batched call per product; ns_dtype 'bfloat16', float32).");
   m.def("matmul", [](py::object a_obj, py::object b_obj) {
     auto matrix = [](const py::object& obj, const char* name) {
       const std::string what = std::string(name) + " must be a non-empty, C-contiguous float32 numpy array of 2 dimensions";

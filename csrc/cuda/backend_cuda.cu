@@ -574,9 +574,21 @@ class CudaBackend final : public Backend<T> {
       cuda::muon_momentum(grad, mom, spans.data() + i, int(std::min<size_t>(kAdamWMaxSegments, spans.size() - i)),
                           nesterov, step_dev_, stream_);
   }
-  size_t muon_scratch_size(int rows, int cols) const override { return cuda::muon_ns_scratch_floats(rows, cols); }
+  size_t muon_scratch_size(int rows, int cols) const override { return cuda::muon_ns_scratch_floats(1, rows, cols); }
   void muon_orthogonalize(float* x, float* scratch, int rows, int cols, int steps) override {
-    cuda::muon_newton_schulz(x, scratch, rows, cols, steps, norm_work_, step_dev_, stream_);
+    cuda::muon_newton_schulz(x, scratch, 1, rows, cols, steps, norm_work_, step_dev_, stream_);
+  }
+  // the matrices of one shape in one strided-batched product per step, up to muon_ns_batch_cap at a time (a
+  // matrix's bits as alone: cuda/muon.cuh); the products always bf16, whatever `bf16` says
+  size_t muon_batch_scratch_size(int batch, int rows, int cols) const override {
+    return cuda::muon_ns_scratch_floats(std::min(batch, cuda::muon_ns_batch_cap(rows, cols)), rows, cols);
+  }
+  void muon_orthogonalize_batch(float* x, float* scratch, int batch, int rows, int cols, int steps,
+                                bool /*bf16*/) override {
+    const int cap = cuda::muon_ns_batch_cap(rows, cols);
+    for (int b = 0; b < batch; b += cap)
+      cuda::muon_newton_schulz(x + size_t(b) * rows * cols, scratch, std::min(cap, batch - b), rows, cols, steps,
+                               norm_work_, step_dev_, stream_);
   }
   void muon_apply(T* param, float* master, const float* x, size_t n, size_t base, float decay,
                   float scale) override {

@@ -80,6 +80,12 @@ struct MatmulParams {
   void* bias_grad = nullptr;
   int batch = 1;
   long long stride_a = 0, stride_b = 0, stride_d = 0;  // elements between batch entries
+  // batch > 1: each entry's D bitwise what the same call with batch 1 at that entry's pointers gives, so that a
+  // result does not depend on the batch it is computed in (Muon's Newton-Schulz: data-parallel ranks batch
+  // different shares of the matrices). cuBLASLt runs the batch-of-one's algorithm over the whole batch when every
+  // alignment is its 256-byte maximum and cuBLASLt accepts that algorithm for the batched layout, else one call
+  // per entry; the CPU implementation has one algorithm and ignores it
+  bool batch_invariant = false;
   // all-fp32 products may use TF32 tensor cores (inputs rounded to a 10-bit mantissa; cuBLASLt's
   // CUBLAS_COMPUTE_32F_FAST_TF32); the CPU implementation computes in fp32 either way
   bool tf32 = false;

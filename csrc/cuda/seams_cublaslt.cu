@@ -15,7 +15,8 @@
 // alignment of every pointer, the heuristic's first (p.tune false, the default: as llm.c), or (p.tune) the
 // heuristic's best kCandidates timed with CUDA events and the fastest is cached (matmul_algo_choice.h); while
 // the stream captures a CUDA graph nothing is timed and the heuristic's first runs (uncached: the model's first,
-// uncaptured step has chosen before capture). The preference states the actual alignments (cuBLASLt otherwise
+// uncaptured step has chosen before capture). A batch_invariant batch runs with the algorithm its entry 0 gets as
+// a batch of one, checked against the batched layout (cublasLtMatmulAlgoCheck), or entry by entry. The preference states the actual alignments (cuBLASLt otherwise
 // assumes 256 bytes and may pick a kernel that faults on a less aligned matrix). The choice is per process: two
 // processes may time different winners, whose fp32 sums may round differently. One handle per device and a
 // 32 MiB workspace per (device, stream), i.e. per backend: two models on two streams or devices never share
@@ -251,8 +252,26 @@ float time_algo(cublasLtHandle_t handle, const CublasLtCall& call, const MatmulP
   return ms;
 }
 
-// Runs p; false when cuBLASLt refuses its fused epilogue (nothing was written; t_last_error says why).
-bool matmul_impl(const MatmulParams& p) {
+// What matmul_impl did with p.
+enum class Ran {
+  Yes,       // ran
+  Refused,   // cuBLASLt refused its fused epilogue (nothing was written; t_last_error says why)
+  PerEntry,  // nothing: p (batch_invariant) is to run as one call per batch entry (entry_of)
+};
+
+// Entry b of a batched p as a call of its own (batch 1).
+MatmulParams entry_of(const MatmulParams& p, int b) {
+  MatmulParams q = p;
+  q.batch = 1;
+  q.stride_a = q.stride_b = q.stride_d = 0;
+  q.a = static_cast<const char*>(p.a) + b * p.stride_a * (long long)dtype_size(p.a_type);
+  q.b = static_cast<const char*>(p.b) + b * p.stride_b * (long long)dtype_size(p.b_type);
+  q.d = static_cast<char*>(p.d) + b * p.stride_d * (long long)dtype_size(p.d_type);
+  if (p.pre_gelu) q.pre_gelu = static_cast<char*>(p.pre_gelu) + b * p.stride_d * (long long)dtype_size(p.d_type);
+  return q;
+}
+
+Ran matmul_impl(const MatmulParams& p) {
   State& S = state();
   std::lock_guard<std::mutex> lock(S.mu);
   int device = 0;
@@ -268,26 +287,37 @@ bool matmul_impl(const MatmulParams& p) {
   auto refused = [&](const char* what, cublasStatus_t st) {
     t_last_error = std::string("cuBLASLt refused the fused ") + (p.bias_grad ? "bias gradient" : "GELU") +
                    " epilogue (" + what + ": " + cublasLtGetStatusName(st) + ")";
-    return false;
+    return Ran::Refused;
   };
+  // batch_invariant (seams.h): the algorithm is the one entry 0 gets as a batch of one (its key, its heuristic,
+  // its timing); with every alignment at 256 bytes each entry's own batch-of-one call would get the same one
+  const bool pinned = p.batch > 1 && p.batch_invariant;
   const Alignments al = alignments_of(p);
-  const AlgoKey key = {device, p.m, p.n, p.k, p.lda, p.ldb, p.ldd, p.trans_a, p.trans_b, int(p.a_type),
-                       int(p.b_type), int(p.d_type), int(epilogue_of(p)), p.bias != nullptr, p.accumulate,
-                       p.batch, p.stride_a, p.stride_b, p.stride_d, int(compute_of(p)),
-                       al.a, al.b, al.d, al.bias, al.aux, p.tune};
+  if (pinned && (al.a != 256 || al.b != 256 || al.d != 256 || (p.pre_gelu && al.aux != 256))) return Ran::PerEntry;
+  const MatmulParams one = pinned ? entry_of(p, 0) : p;
+  CublasLtCall one_call;
+  if (pinned) describe_matmul(one, kWorkspaceBytes, one_call);
+  const CublasLtCall& chosen_for = pinned ? one_call : call;
+  const Alignments ol = alignments_of(one);
+  const AlgoKey key = {device, one.m, one.n, one.k, one.lda, one.ldb, one.ldd, one.trans_a, one.trans_b,
+                       int(one.a_type), int(one.b_type), int(one.d_type), int(epilogue_of(one)), one.bias != nullptr,
+                       one.accumulate, one.batch, one.stride_a, one.stride_b, one.stride_d, int(compute_of(one)),
+                       ol.a, ol.b, ol.d, ol.bias, ol.aux, one.tune};
   cublasStatus_t heuristic = CUBLAS_STATUS_SUCCESS;
   auto candidates = [&] {
     std::array<cublasLtMatmulHeuristicResult_t, kCandidates> res{};
     int found = 0;
-    heuristic = cublasLtMatmulAlgoGetHeuristic(handle, call.op, call.a, call.b, call.c, call.d, call.pref, kCandidates,
-                                               res.data(), &found);
+    heuristic = cublasLtMatmulAlgoGetHeuristic(handle, chosen_for.op, chosen_for.a, chosen_for.b, chosen_for.c,
+                                               chosen_for.d, chosen_for.pref, kCandidates, res.data(), &found);
     std::vector<cublasLtMatmulAlgo_t> algos;
     for (int i = 0; heuristic == CUBLAS_STATUS_SUCCESS && i < found; i++)
       if (res[size_t(i)].state == CUBLAS_STATUS_SUCCESS) algos.push_back(res[size_t(i)].algo);
     return algos;
   };
   Scratch scratch;
-  auto time = [&](const cublasLtMatmulAlgo_t& algo) { return time_algo(handle, call, p, algo, workspace, scratch); };
+  auto time = [&](const cublasLtMatmulAlgo_t& algo) {
+    return time_algo(handle, chosen_for, one, algo, workspace, scratch);
+  };
   const std::optional<cublasLtMatmulAlgo_t> algo = S.algos.choose(key, p.tune, can_time(p.stream), candidates, time);
   if (!algo) {
     if (fused && (heuristic == CUBLAS_STATUS_NOT_SUPPORTED || heuristic == CUBLAS_STATUS_INVALID_VALUE ||
@@ -297,13 +327,21 @@ bool matmul_impl(const MatmulParams& p) {
     throw std::runtime_error("cuBLASLt has no algorithm for this matmul (m=" + std::to_string(p.m) + " n=" +
                              std::to_string(p.n) + " k=" + std::to_string(p.k) + ")");
   }
+  if (pinned) {  // the batch-of-one's algorithm over the batched layout, if cuBLASLt takes it there
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(handle, call.op, call.a, call.b, call.c, call.d, &*algo, &check) !=
+            CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize > kWorkspaceBytes)
+      return Ran::PerEntry;
+  }
   const cublasStatus_t st = cublasLtMatmul(handle, call.op, &call.alpha, call.A, call.a, call.B, call.b, &call.beta,
                                            call.C, call.c, call.D, call.d, &*algo, workspace, kWorkspaceBytes,
                                            p.stream);
   if (fused && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE))
     return refused("cublasLtMatmul", st);
+  if (pinned && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) return Ran::PerEntry;
   CUBLAS_CHECK(st);
-  return true;
+  return Ran::Yes;
 }
 
 }  // namespace
@@ -328,9 +366,12 @@ cudaError_t matmul(const MatmulParams& p) {
     return e;
   }
   if (p.m == 0 || p.n == 0) return cudaSuccess;
-  bool ran = true;
+  Ran ran = Ran::Yes;
   const cudaError_t e = run_guarded(t_last_error, [&] { ran = matmul_impl(p); });
-  return e == cudaSuccess && !ran ? cudaErrorNotSupported : e;
+  if (e == cudaSuccess && ran == Ran::PerEntry)  // batch_invariant, not batchable here: each entry on its own
+    for (int b = 0; b < p.batch; b++)
+      if (const cudaError_t eb = matmul(entry_of(p, b)); eb != cudaSuccess) return eb;
+  return e == cudaSuccess && ran == Ran::Refused ? cudaErrorNotSupported : e;
 }
 
 }  // namespace gpt2core::seams

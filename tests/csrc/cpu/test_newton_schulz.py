@@ -154,3 +154,20 @@ def test_the_models_muon_step_takes_the_precision_by_name():
     with pytest.raises(ValueError, match="muon_ns_dtype must be 'float32' or 'bfloat16', got 'bf16'"):
         m.step(lr=1e-3, optimizer="muon", muon_ns_dtype="bf16")
     assert np.array_equal(m.flat_params(), before)
+
+
+def test_newton_schulz_device_argument_is_checked():
+    """device names a backend; the CUDA one computes in bf16 only, so other requests name what it needs (and a
+    build or machine without a GPU says so, never a crash)."""
+    x = random((2, 8, 8))
+    with pytest.raises(ValueError, match="device must be"):
+        _C.newton_schulz(x, device="gpu")
+    with pytest.raises(ValueError, match="ns_dtype='bfloat16'"):
+        _C.newton_schulz(x, device="cuda")
+    with pytest.raises(ValueError, match="float32 x"):
+        _C.newton_schulz(x.astype(np.float64), ns_dtype="bfloat16", device="cuda")
+    if _C.cuda_status() != "":
+        with pytest.raises(Exception) as e:
+            _C.newton_schulz(x, ns_dtype="bfloat16", device="cuda")
+        assert "cuda" in str(e.value).lower() or "gpu" in str(e.value).lower()
+    np.testing.assert_array_equal(_C.newton_schulz(x, device="cpu"), _C.newton_schulz(x))

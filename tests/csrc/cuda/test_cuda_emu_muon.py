@@ -78,3 +78,53 @@ def test_emulated_cuda_muon_skips_a_non_finite_step(emu):
     assert not np.isfinite(norm)
     np.testing.assert_array_equal(dev.flat_params(), before)
     assert not np.any(dev.adam_m()["fcw"])
+
+
+# ------------------------------------------------------------------------------------- batched Newton-Schulz
+# (batch, rows, cols): square, wide, tall; sizes whose n and k*k are not multiples of the 128-element slot
+# (cuda/muon.cuh) and one that is exactly (128 = 8 x 16, k*k = 64: one slot, and 16 x 16 = 256: two), single rows
+NS_SHAPES = [(3, 24, 24), (2, 24, 96), (4, 96, 24), (5, 7, 13), (3, 13, 7), (2, 8, 16), (3, 16, 16), (2, 1, 9),
+             (1, 37, 53)]
+A_, B_, C_ = 3.4445, -4.7750, 2.0315
+
+
+def bf16(x):
+    """x rounded to bf16 (nearest even), as float64."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def ns_bf16_ref(G, steps=5):
+    """cuda/muon.cuh's Newton-Schulz in float64, rounding to bf16 where it stores: X, A = X X^T, B = b A rounded
+    then B + c A A rounded, Y = a X rounded then Y + B X rounded (on X^T when tall)."""
+    X = G.astype(np.float64)
+    tall = X.shape[0] > X.shape[1]
+    if tall:
+        X = X.T
+    X = bf16(X / (np.float32(np.sqrt(np.sum(X * X))) + 1e-7))
+    for _ in range(steps):
+        Am = bf16(X @ X.T)
+        Bm = bf16(C_ * (Am @ Am) + bf16(B_ * Am))
+        X = bf16(Bm @ X + bf16(A_ * X))
+    return X.T if tall else X
+
+
+@pytest.mark.parametrize("shape", NS_SHAPES)
+def test_emulated_cuda_newton_schulz_batched_is_each_matrix_alone(emu, shape):
+    """Backend::muon_orthogonalize_batch on the emulated CUDA backend (one strided-batched product per step over
+    the matrices' padded slots, scratch poisoned): each matrix bitwise what muon_orthogonalize gives it alone and
+    what it gets in a smaller batch (the data-parallel ranks' shares), and within bf16's rounding of the float64
+    reference that rounds where the kernels store."""
+    x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+    ops = emu.Ops("cuda")
+    batched = ops.newton_schulz(x)
+    alone = ops.newton_schulz(x, per_matrix=True)
+    assert np.isfinite(batched).all()
+    np.testing.assert_array_equal(batched, alone)
+    if shape[0] > 1:
+        np.testing.assert_array_equal(ops.newton_schulz(x[1:]), batched[1:])
+    for b in range(shape[0]):
+        want = ns_bf16_ref(x[b])
+        # fp32 sums against float64 ones may flip a bf16 rounding, which later iterations carry (measured: 8.6e-4 at worst)
+        assert normwise(batched[b], want) < 5e-3, (b, normwise(batched[b], want))

@@ -431,3 +431,22 @@ def test_zero2_grad_shard_is_bit_identical_on_the_gpu(precision):
     n = full.num_parameters
     sharded.set_grad_shard(n // 3, n - 1000)
     check_grad_shard(full, sharded, n // 3, n - 1000)
+
+
+# (batch, rows, cols): d12's Muon matrices by shape (qkvw's 36 of 768 x 768: three batches of at most 13,
+# muon_ns_batch_cap; the MLP's 12 of 3072 x 768 and 768 x 3072), and odd sizes whose slots (cuda/muon.cuh) are not
+# 256-byte multiples of their data
+@pytest.mark.parametrize("shape", [(36, 768, 768), (4, 3072, 768), (4, 768, 3072), (5, 37, 53), (3, 53, 37)])
+def test_batched_newton_schulz_is_each_matrix_alone_on_the_gpu(shape):
+    """Backend::muon_orthogonalize_batch on the GPU: one strided-batched cuBLASLt call per product (batch_invariant:
+    the batch-of-one's algorithm, or one call per matrix) gives each matrix bitwise what it gets alone and in a
+    smaller batch (data-parallel ranks batch different shares), and agrees with the CPU's bf16 Newton-Schulz to
+    within bf16's rounding amplified by the quintic (the emulated test's bound, test_cuda_emu_muon.py)."""
+    x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+    kw = dict(ns_dtype="bfloat16", device="cuda")
+    batched = _C.newton_schulz(x, **kw)
+    np.testing.assert_array_equal(batched, _C.newton_schulz(x, per_matrix=True, **kw))
+    np.testing.assert_array_equal(batched[1:], _C.newton_schulz(x[1:], **kw))
+    cpu = _C.newton_schulz(x, ns_dtype="bfloat16")
+    for b in range(shape[0]):
+        assert normwise(batched[b], cpu[b]) < 1e-1, b

@@ -708,6 +708,27 @@ void bind_ops(py::module_& m, const char* name, const char* doc) {
              o.be->set_loss_scaler(gpt2::LossScaler{});
              return py::make_tuple(r.sumsq, r.scaler.scale, r.scaler.clean, r.scaler.skipped);
            })
+      .def("newton_schulz",  // Muon's Newton-Schulz of each x[b] (batch, rows, cols), in place on an upload of x
+           [](O& o, F x, int steps, bool per_matrix, bool bf16) {
+             if (x.ndim() != 3) throw py::value_error("x must be (batch, rows, cols)");
+             const int batch = int(x.shape(0)), rows = int(x.shape(1)), cols = int(x.shape(2));
+             float* u = o.um(x);
+             const size_t need = per_matrix ? o.be->muon_scratch_size(rows, cols)
+                                            : o.be->muon_batch_scratch_size(batch, rows, cols);
+             float* scratch = o.zm(need);
+             std::memset(scratch, 0xff, need * sizeof(float));  // poisoned: NaN until the op writes it
+             o.be->set_step_args(gpt2::StepArgs{0.0f, 1.0f, 1.0f, 1.0f, 0, 0.0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0});
+             if (per_matrix)
+               for (int b = 0; b < batch; b++)
+                 o.be->muon_orthogonalize(u + size_t(b) * rows * cols, scratch, rows, cols, steps);
+             else
+               o.be->muon_orthogonalize_batch(u, scratch, batch, rows, cols, steps, bf16);
+             o.be->synchronize();
+             auto r = O::dm(u, {batch, rows, cols});
+             o.clear();
+             return r;
+           },
+           py::arg("x"), py::arg("steps") = 5, py::arg("per_matrix") = false, py::arg("bf16") = true)
       .def("cast_params",
            [](O& o, F master, uint32_t seed, size_t offset) {
              const size_t n = master.size();
