@@ -260,7 +260,15 @@ def test_dry_run_of_every_step_on_the_cpu(tmp_path):
             assert st["status"] == "ok", (n, st)
     assert s["gpu_tests"]["rows"][0]["collect_only"] is True
     learn = {k: v for r in s["learn"]["rows"] for k, v in r.items()}
-    assert set(learn["muon_share"]) == {"gpt2", "modern"} and 0 < learn["muon_share"]["modern"]["optimizer_share"] < 1
+    share = learn["muon_share"]
+    assert set(share) == {"gpt2", "modern", "ratio"} and 0 < share["modern"]["optimizer_share"] < 1
+    # each recipe's time per token with its own micro-batches per step, and their ratio
+    for r in ("gpt2", "modern"):
+        p, k = share[r]["phase_ms"], share[r]["micro_batches_per_step"]
+        want = (k * (p["forward"] + p["backward"]) + p["optimizer"]) / (k * 2 * 32) * 1e3  # dry: B=2, T=32
+        assert k >= 1 and share[r]["ms_per_1k_tokens"] == pytest.approx(want, rel=1e-2)  # phases rounded
+    assert share["ratio"] == pytest.approx(share["modern"]["ms_per_1k_tokens"] / share["gpt2"]["ms_per_1k_tokens"],
+                                           rel=1e-3)
     assert [r["recipe"] for r in s["learn"]["rows"] if "recipe" in r].count("modern") == 9  # steps 0..8
     assert learn["result"]["target_val_loss"] > 0 and "tokens_ratio" in learn["result"]
     assert [r["streams"] for r in s["serve"]["rows"] if "streams" in r] == [1, 2]

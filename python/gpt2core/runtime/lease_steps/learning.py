@@ -49,20 +49,28 @@ def reach(curve: list[dict], target: float, key: str) -> float | None:
 
 
 def muon_share(ctx: Ctx, steps: int) -> dict:
-    """The optimizer step's share of a training step for both recipes at learn's shape (the Muon step's cost)."""
+    """The optimizer step's share of a training step for both recipes at learn's shape (the Muon step's cost), and
+    each recipe's time per token with its own tokens per optimizer step (TrainConfig.tokens_per_step: k
+    micro-batches of forward + backward, then one optimizer step): ms_per_1k_tokens, and under "ratio" the modern
+    recipe's over the GPT-2 recipe's (issue 51's GPU goal: <= 1.10 at d12 B=64 T=1024)."""
     from gpt2core import GPT2
     from gpt2core.training import train
     s = shapes(ctx)
     out = {}
+    micro = s["learn_B"] * s["learn_T"]
     for recipe in ("gpt2", "modern"):
-        cfg = train.parse_args(["--recipe", recipe, "--preset", s["preset"], "-T", str(s["learn_T"]),
-                                "--steps", "100"])
+        cfg = train.parse_args(["--recipe", recipe, "--preset", s["preset"], "-B", str(s["learn_B"]), "-T",
+                                str(s["learn_T"]), "--steps", "100"])
         m = GPT2(cfg.model_config(), device=ctx.device, seed=0)
         kw = train.step_kwargs(cfg, 10)
         ms = time_steps(m, random_batch(m.config.vocab_size, s["learn_B"], s["learn_T"]), steps, kw)
+        k = cfg.tokens_per_step(m.config, micro) // micro
+        own = (k * (ms["forward"] + ms["backward"]) + ms["optimizer"]) / (k * micro) * 1e3
         out[recipe] = {"optimizer": cfg.optimizer, "phase_ms": {k: round(v, 3) for k, v in ms.items()},
-                       "optimizer_share": round(ms["optimizer"] / sum(ms.values()), 4)}
+                       "optimizer_share": round(ms["optimizer"] / sum(ms.values()), 4),
+                       "micro_batches_per_step": k, "ms_per_1k_tokens": round(own, 4)}
         del m
+    out["ratio"] = round(out["modern"]["ms_per_1k_tokens"] / out["gpt2"]["ms_per_1k_tokens"], 4)
     return out
 
 
@@ -83,7 +91,7 @@ def step_learn(budget: float, ctx: Ctx):
         raise Skip("no --data folder (scripts/lease_data.py --out DIR makes it; the lease carries it)")
     probe = muon_share(ctx, 2 if ctx.dry else 5)
     yield {"muon_share": probe}
-    step_s = max(sum(p["phase_ms"].values()) for p in probe.values()) / 1e3
+    step_s = max(sum(p["phase_ms"].values()) for r, p in probe.items() if r != "ratio") / 1e3
     left = budget - (time.perf_counter() - t_start)
     # both runs in what is left: each ~40% of it (start-up, validation and the model's loading take the rest)
     steps = 8 if ctx.dry else max(20, int(0.40 * left / (step_s * 1.15)) // 10 * 10)
