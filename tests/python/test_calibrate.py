@@ -20,7 +20,7 @@ import pytest
 from gpt2core.runtime import calibrate, lease_steps
 
 ROOT = Path(__file__).resolve().parents[2]
-VALUE_ORDER = ["doctor", "gpu_tests", "learn", "d12_step", "scale", "serve", "dp", "fp16", "fp8", "eval", "resume",
+VALUE_ORDER = ["doctor", "gpu_tests", "learn", "d12_step", "recipe_profile", "scale", "serve", "dp", "fp16", "fp8", "eval", "resume",
                "bitwise", "bgradb", "ladder", "vs_cpu", "gemm"]
 
 FAKE = textwrap.dedent('''

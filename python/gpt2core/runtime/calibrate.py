@@ -7,8 +7,8 @@ where the last lease stopped.
     python -m gpt2core.calibrate --budget 900 --dry-run --device cpu --out /tmp/dry   # every step, tiny shapes
     python -m gpt2core.calibrate --budget 300 --only serve dp                         # these, measured or not
 
-The steps (gpt2core.runtime.lease_steps.STEPS, in value order: doctor, gpu_tests, learn, d12_step, scale, serve, dp,
-fp16, eval, resume, then bitwise, bgradb, ladder, vs_cpu, gemm) each run in a subprocess of their own, bounded by
+The steps (gpt2core.runtime.lease_steps.STEPS, in value order: doctor, gpu_tests, learn, d12_step, recipe_profile,
+scale, serve, dp, fp16, fp8, eval, resume, then bitwise, bgradb, ladder, vs_cpu, gemm) each run in a subprocess of their own, bounded by
 min(the step's bound, the budget left); a step past its bound is killed (its whole process group: servers and
 ranks too) and is "cut", keeping the rows it wrote as it went. A step that cannot run on the device at hand is
 "skipped" with the reason as its row; a step that fails is "failed" (its error as the last row) and the driver goes

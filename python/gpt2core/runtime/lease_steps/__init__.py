@@ -14,7 +14,7 @@ The steps live by what they measure; each module imports only common, and this o
     common     Ctx, Skip, the shapes, the checkout, command lines, the paper model, step timing, validation curves
     checks     is the build right here: doctor, gpu_tests, resume, bitwise, bgradb, vs_cpu
     learning   how far a recipe gets on the carried tokens: learn
-    speed      how fast this device trains and evaluates: d12_step, scale, eval, ladder, gemm
+    speed      how fast this device trains and evaluates: d12_step, recipe_profile, scale, eval, ladder, gemm
     serving    the server under streaming clients: serve
     parallel   data parallel over ranks: dp
     precision  fp16 and FP8 against bf16: fp16, fp8
@@ -36,7 +36,7 @@ from .learning import check_manifest, muon_share, reach, step_learn  # noqa: F40
 from .parallel import DP_RANK, step_dp  # noqa: F401
 from .precision import step_fp8, step_fp16  # noqa: F401
 from .serving import step_serve  # noqa: F401
-from .speed import step_d12_step, step_eval, step_gemm, step_ladder, step_scale  # noqa: F401
+from .speed import step_d12_step, step_eval, step_gemm, step_ladder, step_recipe_profile, step_scale  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ STEPS = [
     Step("gpu_tests", "the GPU test suite against the CPU backend", 150, 120),
     Step("learn", "d12 T=1024: --recipe modern against gpt2 to gpt2's final val loss, tokens and seconds", 200, 300),
     Step("d12_step", "d12 B=64 T=1024 step time, cuDNN and flash attention, against the paper model", 90, 120),
+    Step("recipe_profile", "d12 T=1024 --recipe gpt2 and modern step by op, time per token (issue 51)", 120, 120),
     Step("scale", "d24/d36/d48 bf16 at the largest batch per recompute level: tokens/s, MFU, phases", 420, 240),
     Step("serve", "gpt2core-serve at 1/8/32/64 streams against generate at the same batch", 240, 180),
     Step("dp", "2 ranks over Gloo (ZeRO 0/1/2, offload) bit for bit; NCCL's collectives on one rank", 240, 240),

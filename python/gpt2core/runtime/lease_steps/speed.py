@@ -30,6 +30,29 @@ def step_d12_step(budget: float, ctx: Ctx):
                                                 str(s["T"])], left)}
 
 
+def step_recipe_profile(budget: float, ctx: Ctx):
+    """scripts/bench.py --recipe gpt2 modern --profile at d12, T=1024 (issue 51): each recipe's training step split
+    by op (attention with rotary and QK-norm, RMSNorm, ReLU², the soft-capped head, AdamW, Muon's Newton-Schulz), one
+    model per recipe in one process, alternating rounds, and the modern recipe's time per token against the GPT-2
+    recipe's, each with its own tokens per optimizer step. B=64 where both models fit (100 GiB free), else 32."""
+    import importlib.util
+    s = shapes(ctx)
+    B = s["B"]
+    if ctx.device == "cuda" and not ctx.dry:
+        from gpt2core import _C
+        B = 64 if _C.cuda_mem_info(0)[0] >= 100 * 2**30 else 32
+    spec = importlib.util.spec_from_file_location("gpt2core_lease_bench", checkout(ctx, "scripts", "bench.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    r = bench.main(["--preset", s["preset"], "-B", str(B), "-T", str(s["T"]), "--device", ctx.device,
+                    "--recipe", "gpt2", "modern", "--profile", "--steps", "1" if ctx.dry else "3",
+                    "--rounds", "1" if ctx.dry else "2", "--warmup", "1"])
+    for recipe, run in r["recipes"].items():
+        yield {"recipe": recipe, "B": B, "T": s["T"], "preset": s["preset"],
+               **{k: round(v, 4) if isinstance(v, float) else v for k, v in run.items() if k != "ops"},
+               "ops_ms": {k: round(v, 4) for k, v in run["ops"].items()}}
+
+
 def step_scale(budget: float, ctx: Ctx):
     """d24, d36, d48 in bf16 at T=1024: the largest micro-batch the memory plan allows at each recompute level on
     this GPU, with cuDNN's attention and ours: tokens/s, MFU, forward / backward / optimizer times; then
