@@ -16,11 +16,11 @@
 // heuristic's best kCandidates timed with CUDA events and the fastest is cached (matmul_algo_choice.h); while
 // the stream captures a CUDA graph nothing is timed and the heuristic's first runs (uncached: the model's first,
 // uncaptured step has chosen before capture). A batch_invariant batch runs with the algorithm its entry 0 gets as
-// a batch of one, checked against the batched layout (cublasLtMatmulAlgoCheck), or entry by entry. The preference states the actual alignments (cuBLASLt otherwise
-// assumes 256 bytes and may pick a kernel that faults on a less aligned matrix). The choice is per process: two
-// processes may time different winners, whose fp32 sums may round differently. One handle per device and a
-// 32 MiB workspace per (device, stream), i.e. per backend: two models on two streams or devices never share
-// one; release_matmul_stream frees a stream's before the stream goes.
+// a batch of one, checked against the batched layout (cublasLtMatmulAlgoCheck), or entry by entry. The preference
+// states the actual alignments (cuBLASLt otherwise assumes 256 bytes and may pick a kernel that faults on a less
+// aligned matrix). The choice is per process: two processes may time different winners, whose fp32 sums may
+// round differently. One handle per device and a 32 MiB workspace per (device, stream), i.e. per backend: two
+// models on two streams or devices never share one; release_matmul_stream frees a stream's before the stream goes.
 //
 // describe_matmul (seams_cublaslt_call.h) builds the descriptors, which need no GPU; matmul_impl picks the
 // algorithm and runs it.
@@ -73,8 +73,8 @@ constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr int kCandidates = 8;  // algorithms asked of the heuristic and timed
 constexpr int kTimedRuns = 3;   // timed runs per candidate, after one warm-up run
 
-// Algorithm cache key: device, shapes, leading dimensions, transposes, types, epilogue, accumulate, batch, strides,
-// compute type and the alignments of A, B, D, bias and aux (the heuristic's answer depends on all of them).
+// Algorithm cache key: device, shapes, leading dimensions, transposes, types, epilogue, accumulate, batch, strides
+// (0 at batch 1, where cuBLASLt never sees them), compute type and the alignments of A, B, D, bias and aux (the heuristic's answer depends on all of them).
 using AlgoKey = std::array<long long, 26>;
 
 struct State {
@@ -301,7 +301,8 @@ Ran matmul_impl(const MatmulParams& p) {
   const Alignments ol = alignments_of(one);
   const AlgoKey key = {device, one.m, one.n, one.k, one.lda, one.ldb, one.ldd, one.trans_a, one.trans_b,
                        int(one.a_type), int(one.b_type), int(one.d_type), int(epilogue_of(one)), one.bias != nullptr,
-                       one.accumulate, one.batch, one.stride_a, one.stride_b, one.stride_d, int(compute_of(one)),
+                       one.accumulate, one.batch, one.batch > 1 ? one.stride_a : 0, one.batch > 1 ? one.stride_b : 0,
+                       one.batch > 1 ? one.stride_d : 0, int(compute_of(one)),
                        ol.a, ol.b, ol.d, ol.bias, ol.aux, one.tune};
   cublasStatus_t heuristic = CUBLAS_STATUS_SUCCESS;
   auto candidates = [&] {
