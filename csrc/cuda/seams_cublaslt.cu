@@ -74,7 +74,8 @@ constexpr int kCandidates = 8;  // algorithms asked of the heuristic and timed
 constexpr int kTimedRuns = 3;   // timed runs per candidate, after one warm-up run
 
 // Algorithm cache key: device, shapes, leading dimensions, transposes, types, epilogue, accumulate, batch, strides
-// (0 at batch 1, where cuBLASLt never sees them), compute type and the alignments of A, B, D, bias and aux (the heuristic's answer depends on all of them).
+// (0 at batch 1, where cuBLASLt never sees them), compute type and the alignments of A, B, D, bias and aux (the
+// heuristic's answer depends on all of them).
 using AlgoKey = std::array<long long, 26>;
 
 struct State {
